@@ -1,0 +1,214 @@
+//! The decision table of SPEC S5, as one pure function. Stores and middleware both use
+//! it; nothing else decides what an existing record means.
+
+use std::time::Duration;
+
+use crate::{Fingerprint, Lease, Record, RecordState, StoredResponse, Timestamp};
+
+/// What to do with an incoming keyed request, given the record (if any) for its scope.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Decision {
+    /// No live record, or a dead attempt's: execute as `attempt`. A store turns this into
+    /// a [`Reservation::Acquired`] only through its atomic reserve.
+    Execute {
+        /// 1 for a fresh record, n+1 to take over an expired lease.
+        attempt: u32,
+    },
+    /// A completed record with the same fingerprint: answer with it.
+    Replay(StoredResponse),
+    /// Another attempt holds a live lease: answer 409 with `Retry-After`.
+    InProgress {
+        /// How long until the lease lapses (at least one second).
+        retry_after: Duration,
+    },
+    /// The key was used for a request with a different fingerprint: answer 422.
+    Mismatch,
+}
+
+/// Decides SPEC S5's table:
+///
+/// | record                      | request            | decision                  |
+/// |-----------------------------|--------------------|---------------------------|
+/// | none, or expired            | any                | `Execute { attempt: 1 }`  |
+/// | any state                   | fingerprint differs| `Mismatch`                |
+/// | in progress, lease alive    | same               | `InProgress`              |
+/// | in progress, lease expired  | same               | `Execute { attempt: n+1 }`|
+/// | completed                   | same               | `Replay`                  |
+pub fn decide(existing: Option<Record>, fingerprint: &Fingerprint, now: Timestamp) -> Decision {
+    let Some(record) = existing.filter(|r| !r.is_expired(now)) else {
+        return Decision::Execute { attempt: 1 };
+    };
+    if record.fingerprint != *fingerprint {
+        return Decision::Mismatch;
+    }
+    match record.state {
+        RecordState::InProgress { lease_until } if lease_until > now => Decision::InProgress {
+            retry_after: retry_after(lease_until.since(now)),
+        },
+        RecordState::InProgress { .. } => Decision::Execute {
+            attempt: record.attempt.saturating_add(1),
+        },
+        RecordState::Completed { response, .. } => Decision::Replay(response),
+    }
+}
+
+/// Whole seconds, rounded up, and never zero: `Retry-After: 0` invites a hot loop.
+fn retry_after(remaining: Duration) -> Duration {
+    let secs = remaining.as_millis().div_ceil(1000).max(1);
+    Duration::from_secs(secs as u64)
+}
+
+/// The outcome of [`Store::reserve`](crate::Store::reserve).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Reservation {
+    /// This caller won the reservation and must execute, then complete or release.
+    Acquired(Lease),
+    /// A completed record: replay it; do not execute.
+    Replay(StoredResponse),
+    /// Another attempt holds a live lease.
+    InProgress {
+        /// How long until the lease lapses (at least one second).
+        retry_after: Duration,
+    },
+    /// The key was used with a different payload.
+    Mismatch,
+}
+
+impl Reservation {
+    /// The reservation an existing record implies when this caller's atomic reserve did
+    /// not take it, or `None` when [`decide`] says the record may now be taken (it
+    /// expired or its lease lapsed between the store's write and its read): the store
+    /// then tries its atomic reserve again.
+    pub fn from_existing(
+        existing: Record,
+        fingerprint: &Fingerprint,
+        now: Timestamp,
+    ) -> Option<Reservation> {
+        match decide(Some(existing), fingerprint, now) {
+            Decision::Execute { .. } => None,
+            Decision::Replay(r) => Some(Reservation::Replay(r)),
+            Decision::InProgress { retry_after } => Some(Reservation::InProgress { retry_after }),
+            Decision::Mismatch => Some(Reservation::Mismatch),
+        }
+    }
+
+    /// The lease, when acquired.
+    pub fn lease(&self) -> Option<&Lease> {
+        match self {
+            Reservation::Acquired(l) => Some(l),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Endpoint, FencingToken, Key, Scope, ScopeMode, Tenant};
+
+    fn fp(b: &[u8]) -> Fingerprint {
+        Fingerprint::compute("POST", "POST /x", None, b, &Default::default())
+    }
+
+    fn record(state: RecordState, attempt: u32) -> Record {
+        Record {
+            scope: Scope::new(
+                ScopeMode::Public,
+                Tenant::anonymous(),
+                Endpoint::new("POST", "/x"),
+                Key::new("k").unwrap(),
+            ),
+            fingerprint: fp(b"a"),
+            created_at: Timestamp::from_millis(0),
+            expires_at: Timestamp::from_millis(100_000),
+            attempt,
+            token: FencingToken::from_u64(7),
+            state,
+        }
+    }
+
+    const T: Timestamp = Timestamp::from_millis(10_000);
+
+    #[test]
+    fn absent_executes_first_attempt() {
+        assert_eq!(decide(None, &fp(b"a"), T), Decision::Execute { attempt: 1 });
+    }
+
+    #[test]
+    fn expired_counts_as_absent_even_with_other_payload() {
+        let r = record(
+            RecordState::Completed {
+                response: StoredResponse::new(200, "x"),
+                completed_at: T,
+            },
+            1,
+        );
+        let later = Timestamp::from_millis(100_000);
+        assert_eq!(
+            decide(Some(r), &fp(b"b"), later),
+            Decision::Execute { attempt: 1 }
+        );
+    }
+
+    #[test]
+    fn mismatched_payload_wins_over_state() {
+        let live = record(
+            RecordState::InProgress {
+                lease_until: Timestamp::from_millis(20_000),
+            },
+            1,
+        );
+        assert_eq!(decide(Some(live), &fp(b"b"), T), Decision::Mismatch);
+        let done = record(
+            RecordState::Completed {
+                response: StoredResponse::new(200, "x"),
+                completed_at: T,
+            },
+            1,
+        );
+        assert_eq!(decide(Some(done), &fp(b"b"), T), Decision::Mismatch);
+    }
+
+    #[test]
+    fn live_lease_is_in_progress_with_rounded_up_retry_after() {
+        let r = record(
+            RecordState::InProgress {
+                lease_until: Timestamp::from_millis(11_001),
+            },
+            1,
+        );
+        assert_eq!(
+            decide(Some(r), &fp(b"a"), T),
+            Decision::InProgress {
+                retry_after: Duration::from_secs(2)
+            }
+        );
+    }
+
+    #[test]
+    fn expired_lease_is_taken_over_as_next_attempt() {
+        let r = record(
+            RecordState::InProgress {
+                lease_until: Timestamp::from_millis(10_000),
+            },
+            3,
+        );
+        assert_eq!(
+            decide(Some(r), &fp(b"a"), T),
+            Decision::Execute { attempt: 4 }
+        );
+    }
+
+    #[test]
+    fn completed_replays() {
+        let resp = StoredResponse::new(201, "made").with_header("Location", "/o/1");
+        let r = record(
+            RecordState::Completed {
+                response: resp.clone(),
+                completed_at: T,
+            },
+            1,
+        );
+        assert_eq!(decide(Some(r), &fp(b"a"), T), Decision::Replay(resp));
+    }
+}

@@ -1,0 +1,67 @@
+//! The Idempotency-Key protocol, without I/O.
+//!
+//! `idem-core` holds what every part of idem agrees on: how a header value becomes a
+//! [`Key`] (SPEC S2), whose key it is ([`Scope`], S3), what makes two requests the same
+//! ([`Fingerprint`], S4), the decision table ([`decide`], S5) and the [`Store`] trait
+//! that backends implement (S10), with an in-memory [`MemoryStore`]. The `testing`
+//! feature adds the contract suite every store runs.
+//!
+//! # Examples
+//!
+//! One request's life against a store:
+//!
+//! ```
+//! # tokio_test();
+//! # fn tokio_test() {
+//! # let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+//! # rt.block_on(async {
+//! use idem_core::*;
+//!
+//! let store = MemoryStore::new();
+//! let key = Key::parse(b"\"8e03978e-40d5-43e8-bc93-6894a57f9324\"").unwrap();
+//! let endpoint = Endpoint::new("POST", "/v1/charges");
+//! let scope = Scope::new(ScopeMode::Public, Tenant::from_credential(b"Bearer sk_1"),
+//!     endpoint.clone(), key);
+//! let body = br#"{"amount":100}"#;
+//! let fp = Fingerprint::compute("POST", endpoint.as_str(), Some("application/json"),
+//!     body, &FingerprintOptions::default());
+//! let request = ReserveRequest::new(scope, fp);
+//!
+//! // First arrival: reserve, execute, complete.
+//! let Reservation::Acquired(lease) = store.reserve(&request).await.unwrap() else {
+//!     unreachable!()
+//! };
+//! store.complete(&lease, &StoredResponse::new(201, "charged")).await.unwrap();
+//!
+//! // The retry is answered from the record.
+//! match store.reserve(&request).await.unwrap() {
+//!     Reservation::Replay(r) => assert_eq!(r.status, 201),
+//!     other => panic!("{other:?}"),
+//! }
+//! # });
+//! # }
+//! ```
+
+mod clock;
+pub mod codec;
+mod decision;
+mod fingerprint;
+mod key;
+mod memory;
+mod record;
+mod scope;
+mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp, duration_millis};
+pub use decision::{Decision, Reservation, decide};
+pub use fingerprint::{DEFAULT_BODY_LIMIT, Fingerprint, FingerprintOptions, PointerError};
+pub use key::{Key, KeyError, MAX_KEY_LEN};
+pub use memory::MemoryStore;
+pub use record::{
+    DEFAULT_LEASE, DEFAULT_TTL, FencingToken, Lease, Record, RecordState, ReserveRequest,
+    StoredResponse,
+};
+pub use scope::{Endpoint, Scope, ScopeMode, Tenant};
+pub use store::{Result, Store, StoreError};

@@ -1,0 +1,197 @@
+//! What a store keeps per scope.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::{Fingerprint, Scope, Timestamp};
+
+/// Records expire this long after creation unless configured otherwise (SPEC S8).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// An attempt's lease lasts this long unless renewed (SPEC S7).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
+/// A value unique to one attempt (SPEC S7). Complete, renew and release succeed only
+/// with the token of the attempt that currently holds the record, so a worker whose
+/// lease was taken over cannot overwrite the new attempt's record.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// A new random token (64 bits from the operating system's generator).
+    pub fn generate() -> FencingToken {
+        // An all-zero token is never generated, so zero can mean "none" in storage.
+        loop {
+            let t = getrandom::u64().expect("the operating system's random generator failed");
+            if t != 0 {
+                return FencingToken(t);
+            }
+        }
+    }
+
+    /// A token from its stored value.
+    pub const fn from_u64(v: u64) -> FencingToken {
+        FencingToken(v)
+    }
+
+    /// The stored value.
+    pub const fn as_u64(self) -> u64 {
+        self.0
+    }
+
+    /// The stored value as a signed 64-bit integer, for SQL `BIGINT` columns.
+    pub const fn as_i64(self) -> i64 {
+        self.0 as i64
+    }
+
+    /// A token from a SQL `BIGINT` column.
+    pub const fn from_i64(v: i64) -> FencingToken {
+        FencingToken(v as u64)
+    }
+}
+
+impl fmt::Debug for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FencingToken({:016x})", self.0)
+    }
+}
+
+/// A recorded answer: status, allow-listed headers and body (SPEC S6).
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct StoredResponse {
+    /// HTTP status code.
+    pub status: u16,
+    /// Allow-listed headers, names in lower case, in their original order.
+    pub headers: Vec<(String, Bytes)>,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl StoredResponse {
+    /// A response with no headers.
+    pub fn new(status: u16, body: impl Into<Bytes>) -> StoredResponse {
+        StoredResponse {
+            status,
+            headers: Vec::new(),
+            body: body.into(),
+        }
+    }
+
+    /// Adds a header.
+    pub fn with_header(mut self, name: &str, value: impl Into<Bytes>) -> StoredResponse {
+        self.headers.push((name.to_ascii_lowercase(), value.into()));
+        self
+    }
+}
+
+/// Where a record stands.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum RecordState {
+    /// An attempt is executing and holds the lease until `lease_until`.
+    InProgress {
+        /// When the lease lapses unless renewed.
+        lease_until: Timestamp,
+    },
+    /// The attempt finished and its answer is recorded.
+    Completed {
+        /// The recorded answer.
+        response: StoredResponse,
+        /// When it was recorded.
+        completed_at: Timestamp,
+    },
+}
+
+/// One scope's record.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Record {
+    /// Whose record it is.
+    pub scope: Scope,
+    /// The fingerprint of the request that created it.
+    pub fingerprint: Fingerprint,
+    /// When it was created (reset when an expired record is replaced).
+    pub created_at: Timestamp,
+    /// When it stops counting (SPEC S8).
+    pub expires_at: Timestamp,
+    /// 1 for the first execution, n+1 after each lease takeover.
+    pub attempt: u32,
+    /// The token of the attempt that holds (or completed) the record.
+    pub token: FencingToken,
+    /// In progress or completed.
+    pub state: RecordState,
+}
+
+impl Record {
+    /// Whether the record has expired at `now` and so counts as absent.
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        self.expires_at <= now
+    }
+
+    /// Whether the record is completed.
+    pub fn is_completed(&self) -> bool {
+        matches!(self.state, RecordState::Completed { .. })
+    }
+}
+
+/// The right to execute, handed to exactly one caller per attempt.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Lease {
+    /// The record's scope.
+    pub scope: Scope,
+    /// This attempt's fencing token.
+    pub token: FencingToken,
+    /// 1 for a first execution, n+1 after a takeover.
+    pub attempt: u32,
+}
+
+impl Lease {
+    /// Whether this attempt took over a record whose earlier attempt died (SPEC S7): the
+    /// handler should consult its business records before acting again.
+    pub fn recovered(&self) -> bool {
+        self.attempt > 1
+    }
+}
+
+/// What a caller asks of [`Store::reserve`](crate::Store::reserve).
+#[derive(Clone, Debug)]
+pub struct ReserveRequest {
+    /// The record's scope.
+    pub scope: Scope,
+    /// The incoming request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// How long a new record lives (SPEC S8).
+    pub ttl: Duration,
+    /// How long the lease lasts before it must be renewed (SPEC S7).
+    pub lease: Duration,
+}
+
+impl ReserveRequest {
+    /// A request with the default TTL (24 h) and lease (60 s).
+    pub fn new(scope: Scope, fingerprint: Fingerprint) -> ReserveRequest {
+        ReserveRequest {
+            scope,
+            fingerprint,
+            ttl: DEFAULT_TTL,
+            lease: DEFAULT_LEASE,
+        }
+    }
+
+    /// Sets the TTL.
+    pub fn ttl(mut self, ttl: Duration) -> ReserveRequest {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets the lease.
+    pub fn lease(mut self, lease: Duration) -> ReserveRequest {
+        self.lease = lease;
+        self
+    }
+
+    /// When a record created now expires: the TTL, but never before the first lease
+    /// lapses, so an in-progress record cannot expire under a live attempt.
+    pub fn expires_at(&self, now: Timestamp) -> Timestamp {
+        now.plus(self.ttl.max(self.lease))
+    }
+}

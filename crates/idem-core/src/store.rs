@@ -1,0 +1,118 @@
+//! The `Store` trait every backend implements (SPEC S10).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{Lease, Record, Reservation, ReserveRequest, Scope, StoredResponse};
+
+/// What can go wrong in a store. Middleware maps every variant but `Fenced` to a
+/// fail-closed 503 with `Retry-After` (SPEC S10).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The caller's fencing token is not the record's: its lease was taken over, or the
+    /// record was released, expired or purged. The caller must not write.
+    #[error("the lease is no longer held: the record was taken over, released or expired")]
+    Fenced,
+    /// The store cannot be reached or refused the operation.
+    #[error("the idempotency store is unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A bounded store is full of records it may not evict (in-progress ones).
+    #[error("the idempotency store is full")]
+    Full,
+    /// A stored record could not be decoded.
+    #[error("a stored record is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// Wraps any error as [`StoreError::Unavailable`].
+    pub fn unavailable(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
+        StoreError::Unavailable(e.into())
+    }
+}
+
+/// `Result` with [`StoreError`].
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// A place records live. Every implementation passes the contract suite in
+/// [`testing`](crate::testing) (feature `testing`).
+///
+/// Stores read the current time from their own [`Clock`](crate::Clock), injected at
+/// construction, so tests control leases and expiry without sleeping.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Atomically reserves the scope (SPEC S5 stage 1).
+    ///
+    /// When no live record exists (none, or expired) the store inserts an in-progress
+    /// record with a new fencing token and returns [`Reservation::Acquired`]; when the
+    /// record is in progress with a lapsed lease and the same fingerprint, it takes it
+    /// over atomically as attempt n+1. Otherwise it returns what
+    /// [`decide`](crate::decide) says of the existing record. Of any number of
+    /// concurrent callers, at most one acquires.
+    async fn reserve(&self, request: &ReserveRequest) -> Result<Reservation>;
+
+    /// Records the response and marks the record completed in one write (stages 3–4).
+    ///
+    /// Fails with [`StoreError::Fenced`] unless `lease` is the current attempt's.
+    /// Completing again with the same lease succeeds and keeps the first response, so a
+    /// handler that completed inside its own transaction (SPEC S9) and the middleware
+    /// after it do not conflict.
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<()>;
+
+    /// Extends the lease to `now + lease_for` while the attempt still runs (SPEC S7).
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<()>;
+
+    /// Deletes the in-progress record so the key may execute again (SPEC S6).
+    async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// The record for a scope, expired or not.
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>>;
+
+    /// Deletes a record whatever its state (an operator's purge). Returns whether one
+    /// existed.
+    async fn remove(&self, scope: &Scope) -> Result<bool>;
+
+    /// Deletes at most `limit` expired records; returns how many (SPEC S8).
+    async fn purge_expired(&self, limit: usize) -> Result<usize>;
+
+    /// Checks that the store answers (readiness).
+    async fn ping(&self) -> Result<()>;
+}
+
+macro_rules! forward_store {
+    ($($ptr:tt)*) => {
+        #[async_trait]
+        impl<S: Store + ?Sized> Store for $($ptr)*<S> {
+            async fn reserve(&self, request: &ReserveRequest) -> Result<Reservation> {
+                (**self).reserve(request).await
+            }
+            async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<()> {
+                (**self).complete(lease, response).await
+            }
+            async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<()> {
+                (**self).renew(lease, lease_for).await
+            }
+            async fn release(&self, lease: &Lease) -> Result<()> {
+                (**self).release(lease).await
+            }
+            async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
+                (**self).get(scope).await
+            }
+            async fn remove(&self, scope: &Scope) -> Result<bool> {
+                (**self).remove(scope).await
+            }
+            async fn purge_expired(&self, limit: usize) -> Result<usize> {
+                (**self).purge_expired(limit).await
+            }
+            async fn ping(&self) -> Result<()> {
+                (**self).ping().await
+            }
+        }
+    };
+}
+
+forward_store!(Arc);
+forward_store!(Box);

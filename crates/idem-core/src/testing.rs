@@ -1,0 +1,601 @@
+//! The store contract suite (SPEC S10) and helpers for tests that need a live service.
+//!
+//! A store crate runs the whole suite with one macro call in an integration test:
+//!
+//! ```ignore
+//! idem_core::store_contract_tests!(|clock: idem_core::ManualClock, _ns: String| async move {
+//!     Some(idem_core::MemoryStore::with_clock(std::sync::Arc::new(clock)))
+//! });
+//! ```
+//!
+//! The macro expands to one `#[tokio::test]` per contract case, named after the case,
+//! so the test output lists every case for every store. The factory receives the
+//! case's [`ManualClock`] (the store must read time from it) and a namespace unique to
+//! the case (a table prefix, key prefix or file name), so that cases running in
+//! parallel against one shared server never see each other's records. A factory
+//! returns `None` to skip when its service is unreachable; see [`service_unavailable`].
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::{
+    Endpoint, Fingerprint, FingerprintOptions, Key, Lease, ManualClock, RecordState, Reservation,
+    ReserveRequest, Scope, ScopeMode, Store, StoreError, StoredResponse, Tenant,
+};
+
+/// Runs every contract case as its own `#[tokio::test]`. See the [module docs](self).
+#[macro_export]
+macro_rules! store_contract_tests {
+    ($factory:expr) => {
+        $crate::store_contract_tests!(@cases $factory;
+            concurrent_reservers_exactly_one_wins,
+            concurrent_takeover_exactly_one_wins,
+            replays_completed_response,
+            large_binary_body_round_trips,
+            mismatched_payload_is_rejected,
+            live_lease_is_in_progress_with_retry_after,
+            expired_lease_is_taken_over_as_next_attempt,
+            stale_token_cannot_complete_renew_or_release,
+            renew_extends_the_lease,
+            complete_is_idempotent_for_the_same_lease,
+            release_lets_the_key_execute_again,
+            expired_record_counts_as_absent,
+            purge_removes_only_expired_in_bounded_batches,
+            scopes_never_collide,
+            get_and_remove_show_and_delete_records
+        );
+    };
+    (@cases $factory:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let clock = $crate::ManualClock::starting_now();
+                let ns = $crate::testing::unique_namespace(stringify!($case));
+                let factory = $factory;
+                let Some(store) = factory(clock.clone(), ns).await else {
+                    return;
+                };
+                $crate::testing::cases::$case(store, clock).await;
+            }
+        )*
+    };
+}
+
+/// A namespace unique to this process and case: lower-case ASCII letters, digits and
+/// `_`, at most 40 characters, safe as a SQL identifier suffix or a key prefix.
+pub fn unique_namespace(case: &str) -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let rand = getrandom::u32().unwrap_or(0);
+    let short: String = case
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .take(20)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    format!("{short}_{rand:08x}{n}")
+}
+
+/// Whether CI demands that every service be reachable (`IDEM_REQUIRE_SERVICES=1`).
+pub fn services_required() -> bool {
+    std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
+}
+
+/// The URL of a test service: the environment variable's value, else `default`.
+pub fn service_url(env_var: &str, default: &str) -> String {
+    std::env::var(env_var).unwrap_or_else(|_| default.to_owned())
+}
+
+/// Reports an unreachable service: panics under `IDEM_REQUIRE_SERVICES=1`, otherwise
+/// prints a loud notice to stderr so the skip is seen. Returns `None` for a factory to
+/// pass on.
+pub fn service_unavailable<T>(
+    service: &str,
+    url: &str,
+    error: &dyn std::fmt::Display,
+) -> Option<T> {
+    assert!(
+        !services_required(),
+        "{service} at {url} is unreachable and IDEM_REQUIRE_SERVICES=1: {error}"
+    );
+    eprintln!(
+        "\n*** SKIPPED: {service} at {url} is unreachable ({error}); \
+         set IDEM_REQUIRE_SERVICES=1 to make this a failure ***\n"
+    );
+    None
+}
+
+/// A scope for tests: a fresh random tenant, so cases never collide even in one
+/// namespace.
+pub fn test_scope(endpoint: &str, key: &str) -> Scope {
+    Scope::new(
+        ScopeMode::Public,
+        Tenant::new(format!("tenant-{:016x}", getrandom::u64().unwrap_or(0))),
+        Endpoint::new("POST", endpoint),
+        Key::new(key).expect("test keys are valid"),
+    )
+}
+
+/// A fingerprint of `body` for tests.
+pub fn test_fingerprint(body: &str) -> Fingerprint {
+    Fingerprint::compute(
+        "POST",
+        "POST /test",
+        Some("application/json"),
+        body.as_bytes(),
+        &FingerprintOptions::default(),
+    )
+}
+
+/// The contract cases. Each takes a store reading time from `clock`.
+pub mod cases {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(60);
+    const TTL: Duration = Duration::from_secs(24 * 3600);
+
+    fn request(scope: &Scope, body: &str) -> ReserveRequest {
+        ReserveRequest::new(scope.clone(), test_fingerprint(body))
+            .ttl(TTL)
+            .lease(LEASE)
+    }
+
+    async fn acquire<S: Store>(store: &S, req: &ReserveRequest) -> Lease {
+        match store.reserve(req).await.expect("reserve") {
+            Reservation::Acquired(lease) => lease,
+            other => panic!("expected to acquire {:?}, got {other:?}", req.scope),
+        }
+    }
+
+    fn response() -> StoredResponse {
+        StoredResponse::new(201, r#"{"id":"ch_1"}"#)
+            .with_header("content-type", "application/json")
+            .with_header("location", "/v1/charges/ch_1")
+    }
+
+    fn assert_fenced(result: crate::Result<()>, what: &str) {
+        match result {
+            Err(StoreError::Fenced) => {}
+            other => panic!("{what} with a stale token must fail Fenced, got {other:?}"),
+        }
+    }
+
+    /// 64 tasks reserve one key at once: exactly one acquires; every other sees the
+    /// record in progress.
+    pub async fn concurrent_reservers_exactly_one_wins<S: Store>(store: S, _clock: ManualClock) {
+        let store = Arc::new(store);
+        let scope = test_scope("/race", "race-key");
+        let req = request(&scope, r#"{"amount":100}"#);
+        let barrier = Arc::new(tokio::sync::Barrier::new(64));
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let (store, req, barrier) = (store.clone(), req.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.reserve(&req).await.expect("reserve")
+                })
+            })
+            .collect();
+        let mut acquired = 0;
+        let mut in_progress = 0;
+        for t in tasks {
+            match t.await.expect("task") {
+                Reservation::Acquired(l) => {
+                    assert_eq!(l.attempt, 1);
+                    acquired += 1;
+                }
+                Reservation::InProgress { retry_after } => {
+                    assert!(retry_after >= Duration::from_secs(1));
+                    in_progress += 1;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(acquired, 1, "exactly one reserver may win");
+        assert_eq!(in_progress, 63);
+    }
+
+    /// After the lease lapses, 64 tasks race to take over: exactly one gets attempt 2.
+    pub async fn concurrent_takeover_exactly_one_wins<S: Store>(store: S, clock: ManualClock) {
+        let store = Arc::new(store);
+        let scope = test_scope("/race", "takeover-key");
+        let req = request(&scope, "{}");
+        acquire(&*store, &req).await;
+        clock.advance(LEASE + Duration::from_millis(1));
+        let barrier = Arc::new(tokio::sync::Barrier::new(64));
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let (store, req, barrier) = (store.clone(), req.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.reserve(&req).await.expect("reserve")
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for t in tasks {
+            match t.await.expect("task") {
+                Reservation::Acquired(l) => winners.push(l),
+                Reservation::InProgress { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "exactly one taker-over may win");
+        assert_eq!(winners[0].attempt, 2);
+        assert!(winners[0].recovered());
+    }
+
+    /// A completed record replays status, headers and body byte for byte.
+    pub async fn replays_completed_response<S: Store>(store: S, _clock: ManualClock) {
+        let scope = test_scope("/v1/charges", "replay-key");
+        let req = request(&scope, r#"{"amount":100}"#);
+        let lease = acquire(&store, &req).await;
+        store.complete(&lease, &response()).await.expect("complete");
+        for _ in 0..2 {
+            assert_eq!(
+                store.reserve(&req).await.expect("reserve"),
+                Reservation::Replay(response())
+            );
+        }
+        let record = store.get(&scope).await.expect("get").expect("stored");
+        assert!(record.is_completed());
+        assert_eq!(record.attempt, 1);
+        assert_eq!(record.token, lease.token);
+    }
+
+    /// A 1 MiB body of every byte value survives storage unchanged.
+    pub async fn large_binary_body_round_trips<S: Store>(store: S, _clock: ManualClock) {
+        let scope = test_scope("/blob", "blob-key");
+        let req = request(&scope, "{}");
+        let lease = acquire(&store, &req).await;
+        let body: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
+        let resp = StoredResponse {
+            status: 200,
+            headers: vec![("x-bin".into(), Bytes::from_static(&[0, 0xff, b'\r', b'\n']))],
+            body: Bytes::from(body),
+        };
+        store.complete(&lease, &resp).await.expect("complete");
+        assert_eq!(
+            store.reserve(&req).await.expect("reserve"),
+            Reservation::Replay(resp)
+        );
+    }
+
+    /// A different payload under the same key is a mismatch, in progress or completed.
+    pub async fn mismatched_payload_is_rejected<S: Store>(store: S, _clock: ManualClock) {
+        let scope = test_scope("/v1/charges", "mismatch-key");
+        let lease = acquire(&store, &request(&scope, r#"{"amount":100}"#)).await;
+        let other = request(&scope, r#"{"amount":1000}"#);
+        assert_eq!(
+            store.reserve(&other).await.expect("reserve"),
+            Reservation::Mismatch
+        );
+        store.complete(&lease, &response()).await.expect("complete");
+        assert_eq!(
+            store.reserve(&other).await.expect("reserve"),
+            Reservation::Mismatch
+        );
+        // The mismatch changed nothing.
+        let record = store.get(&scope).await.expect("get").expect("stored");
+        assert_eq!(record.fingerprint, test_fingerprint(r#"{"amount":100}"#));
+        assert!(record.is_completed());
+    }
+
+    /// A live lease answers in progress with the time left, rounded up to seconds.
+    pub async fn live_lease_is_in_progress_with_retry_after<S: Store>(
+        store: S,
+        clock: ManualClock,
+    ) {
+        let scope = test_scope("/v1/charges", "busy-key");
+        let req = request(&scope, "{}");
+        acquire(&store, &req).await;
+        assert_eq!(
+            store.reserve(&req).await.expect("reserve"),
+            Reservation::InProgress {
+                retry_after: Duration::from_secs(60)
+            }
+        );
+        clock.advance(Duration::from_millis(50_500));
+        assert_eq!(
+            store.reserve(&req).await.expect("reserve"),
+            Reservation::InProgress {
+                retry_after: Duration::from_secs(10)
+            }
+        );
+        let record = store.get(&scope).await.expect("get").expect("stored");
+        assert!(matches!(record.state, RecordState::InProgress { .. }));
+    }
+
+    /// A lapsed lease is taken over as attempt n+1, marked recovered, with a new token.
+    pub async fn expired_lease_is_taken_over_as_next_attempt<S: Store>(
+        store: S,
+        clock: ManualClock,
+    ) {
+        use crate::Clock;
+        let scope = test_scope("/v1/charges", "takeover-key");
+        let req = request(&scope, "{}");
+        let start = clock.now();
+        let first = acquire(&store, &req).await;
+        assert!(!first.recovered());
+        clock.advance(LEASE);
+        let second = acquire(&store, &req).await;
+        assert_eq!(second.attempt, 2);
+        assert!(second.recovered());
+        assert_ne!(second.token, first.token);
+        clock.advance(LEASE + Duration::from_secs(1));
+        let third = acquire(&store, &req).await;
+        assert_eq!(third.attempt, 3);
+        store.complete(&third, &response()).await.expect("complete");
+        let record = store.get(&scope).await.expect("get").expect("stored");
+        assert_eq!(record.attempt, 3);
+        // Takeover keeps the creation time: expiry counts from the first attempt.
+        assert_eq!(record.created_at, start);
+        assert_eq!(record.expires_at, start.plus(TTL));
+    }
+
+    /// The attempt whose lease was taken over cannot complete, renew or release; the
+    /// new attempt's record is untouched.
+    pub async fn stale_token_cannot_complete_renew_or_release<S: Store>(
+        store: S,
+        clock: ManualClock,
+    ) {
+        let scope = test_scope("/v1/charges", "fence-key");
+        let req = request(&scope, "{}");
+        let stale = acquire(&store, &req).await;
+        clock.advance(LEASE + Duration::from_secs(1));
+        let current = acquire(&store, &req).await;
+        assert_fenced(
+            store
+                .complete(&stale, &StoredResponse::new(500, "late"))
+                .await,
+            "complete",
+        );
+        assert_fenced(store.renew(&stale, LEASE).await, "renew");
+        assert_fenced(store.release(&stale).await, "release");
+        let record = store.get(&scope).await.expect("get").expect("stored");
+        assert_eq!(record.token, current.token);
+        assert!(matches!(record.state, RecordState::InProgress { .. }));
+        store
+            .complete(&current, &response())
+            .await
+            .expect("complete");
+        assert_eq!(
+            store.reserve(&req).await.expect("reserve"),
+            Reservation::Replay(response())
+        );
+        // A forged token is no better than a stale one.
+        let forged = Lease {
+            token: crate::FencingToken::generate(),
+            ..current
+        };
+        assert_fenced(store.release(&forged).await, "release");
+    }
+
+    /// Renewal pushes the lease out, so a running attempt is not taken over.
+    pub async fn renew_extends_the_lease<S: Store>(store: S, clock: ManualClock) {
+        let scope = test_scope("/v1/charges", "renew-key");
+        let req = request(&scope, "{}");
+        let lease = acquire(&store, &req).await;
+        for _ in 0..3 {
+            clock.advance(Duration::from_secs(50));
+            store.renew(&lease, LEASE).await.expect("renew");
+        }
+        clock.advance(Duration::from_secs(50));
+        assert_eq!(
+            store.reserve(&req).await.expect("reserve"),
+            Reservation::InProgress {
+                retry_after: Duration::from_secs(10)
+            }
+        );
+        store.complete(&lease, &response()).await.expect("complete");
+        assert_fenced(store.renew(&lease, LEASE).await, "renew after complete");
+    }
+
+    /// Completing twice with one lease keeps the first response (SPEC S9).
+    pub async fn complete_is_idempotent_for_the_same_lease<S: Store>(
+        store: S,
+        _clock: ManualClock,
+    ) {
+        let scope = test_scope("/v1/charges", "twice-key");
+        let req = request(&scope, "{}");
+        let lease = acquire(&store, &req).await;
+        store.complete(&lease, &response()).await.expect("complete");
+        store
+            .complete(&lease, &StoredResponse::new(500, "second"))
+            .await
+            .expect("second complete with the same lease");
+        assert_eq!(
+            store.reserve(&req).await.expect("reserve"),
+            Reservation::Replay(response())
+        );
+        // A completed record is not released.
+        assert_fenced(store.release(&lease).await, "release after complete");
+        assert!(store.get(&scope).await.expect("get").is_some());
+    }
+
+    /// A released key executes again as a fresh first attempt.
+    pub async fn release_lets_the_key_execute_again<S: Store>(store: S, _clock: ManualClock) {
+        let scope = test_scope("/v1/charges", "release-key");
+        let req = request(&scope, r#"{"amount":1}"#);
+        let lease = acquire(&store, &req).await;
+        store.release(&lease).await.expect("release");
+        assert!(store.get(&scope).await.expect("get").is_none());
+        // Even a corrected payload may now use the key.
+        let corrected = request(&scope, r#"{"amount":2}"#);
+        let again = acquire(&store, &corrected).await;
+        assert_eq!(again.attempt, 1);
+        assert!(!again.recovered());
+        assert_ne!(again.token, lease.token);
+    }
+
+    /// An expired record counts as absent: the key executes again, any payload.
+    pub async fn expired_record_counts_as_absent<S: Store>(store: S, clock: ManualClock) {
+        let scope = test_scope("/v1/charges", "expiry-key");
+        let req = request(&scope, r#"{"amount":1}"#);
+        let lease = acquire(&store, &req).await;
+        store.complete(&lease, &response()).await.expect("complete");
+        clock.advance(TTL - Duration::from_secs(1));
+        assert_eq!(
+            store.reserve(&req).await.expect("reserve"),
+            Reservation::Replay(response())
+        );
+        clock.advance(Duration::from_secs(1));
+        let other = request(&scope, r#"{"amount":2}"#);
+        let again = acquire(&store, &other).await;
+        assert_eq!(again.attempt, 1);
+        let record = store.get(&scope).await.expect("get").expect("stored");
+        assert_eq!(record.fingerprint, test_fingerprint(r#"{"amount":2}"#));
+        assert!(!record.is_completed());
+        // The old attempt cannot write into the new record.
+        assert_fenced(
+            store
+                .complete(&lease, &StoredResponse::new(200, "old"))
+                .await,
+            "complete after expiry",
+        );
+    }
+
+    /// Purge deletes only expired records, at most `limit` per call.
+    pub async fn purge_removes_only_expired_in_bounded_batches<S: Store>(
+        store: S,
+        clock: ManualClock,
+    ) {
+        let short = Duration::from_secs(10);
+        let mut old = Vec::new();
+        for i in 0..25 {
+            let scope = test_scope("/purge", &format!("old-{i}"));
+            let req = ReserveRequest::new(scope.clone(), test_fingerprint("{}"))
+                .ttl(short)
+                .lease(Duration::from_secs(5));
+            let lease = acquire(&store, &req).await;
+            if i % 2 == 0 {
+                store.complete(&lease, &response()).await.expect("complete");
+            }
+            old.push(scope);
+        }
+        let mut live = Vec::new();
+        for i in 0..5 {
+            let scope = test_scope("/purge", &format!("live-{i}"));
+            let lease = acquire(&store, &request(&scope, "{}")).await;
+            store.complete(&lease, &response()).await.expect("complete");
+            live.push(scope);
+        }
+        assert_eq!(
+            store.purge_expired(100).await.expect("purge"),
+            0,
+            "nothing expired yet"
+        );
+        clock.advance(short);
+        let mut purged = 0;
+        let mut calls = 0;
+        loop {
+            let n = store.purge_expired(10).await.expect("purge");
+            assert!(n <= 10, "a batch removed {n} > 10 records");
+            purged += n;
+            calls += 1;
+            if n == 0 {
+                break;
+            }
+            assert!(calls < 100, "purge does not converge");
+        }
+        assert_eq!(purged, 25);
+        assert!(
+            calls >= 3,
+            "25 records in batches of 10 take at least 3 calls"
+        );
+        for s in &old {
+            assert!(
+                store.get(s).await.expect("get").is_none(),
+                "{s:?} not purged"
+            );
+        }
+        for s in &live {
+            assert!(
+                store.get(s).await.expect("get").is_some(),
+                "{s:?} purged too early"
+            );
+        }
+    }
+
+    /// The same key under two tenants, or two endpoints in public mode, names two
+    /// records; in internal mode two endpoints share one.
+    pub async fn scopes_never_collide<S: Store>(store: S, _clock: ManualClock) {
+        let key = Key::new("shared-key").expect("key");
+        let a = Tenant::new(format!("a-{:x}", getrandom::u64().unwrap_or(1)));
+        let b = Tenant::new(format!("b-{:x}", getrandom::u64().unwrap_or(2)));
+        let ep1 = Endpoint::new("POST", "/v1/orders");
+        let ep2 = Endpoint::new("POST", "/v1/refunds");
+        let scopes = [
+            Scope::new(ScopeMode::Public, a.clone(), ep1.clone(), key.clone()),
+            Scope::new(ScopeMode::Public, b.clone(), ep1.clone(), key.clone()),
+            Scope::new(ScopeMode::Public, a.clone(), ep2.clone(), key.clone()),
+            Scope::new(ScopeMode::Internal, a.clone(), ep1.clone(), key.clone()),
+        ];
+        let mut tokens = HashSet::new();
+        for (i, scope) in scopes.iter().enumerate() {
+            let lease = acquire(&store, &request(scope, "{}")).await;
+            tokens.insert(lease.token);
+            let resp = StoredResponse::new(200, format!("answer {i}"));
+            store.complete(&lease, &resp).await.expect("complete");
+        }
+        assert_eq!(tokens.len(), 4);
+        for (i, scope) in scopes.iter().enumerate() {
+            assert_eq!(
+                store.reserve(&request(scope, "{}")).await.expect("reserve"),
+                Reservation::Replay(StoredResponse::new(200, format!("answer {i}"))),
+                "{scope:?} must see only its own answer"
+            );
+        }
+        let internal_other_endpoint = Scope::new(ScopeMode::Internal, a, ep2, key);
+        assert_eq!(
+            store
+                .reserve(&request(&internal_other_endpoint, "{}"))
+                .await
+                .expect("reserve"),
+            Reservation::Replay(StoredResponse::new(200, "answer 3"))
+        );
+    }
+
+    /// `get` shows every field of a record; `remove` deletes it whatever its state.
+    pub async fn get_and_remove_show_and_delete_records<S: Store>(store: S, clock: ManualClock) {
+        use crate::Clock;
+        let scope = test_scope("/v1/charges", "inspect-key");
+        assert!(store.get(&scope).await.expect("get").is_none());
+        assert!(!store.remove(&scope).await.expect("remove"));
+        let start = clock.now();
+        let lease = acquire(&store, &request(&scope, r#"{"a":1}"#)).await;
+        let record = store.get(&scope).await.expect("get").expect("stored");
+        assert_eq!(record.scope, scope);
+        assert_eq!(record.fingerprint, test_fingerprint(r#"{"a":1}"#));
+        assert_eq!(record.created_at, start);
+        assert_eq!(record.expires_at, start.plus(TTL));
+        assert_eq!(record.attempt, 1);
+        assert_eq!(record.token, lease.token);
+        assert_eq!(
+            record.state,
+            RecordState::InProgress {
+                lease_until: start.plus(LEASE)
+            }
+        );
+        clock.advance(Duration::from_secs(3));
+        store.complete(&lease, &response()).await.expect("complete");
+        let record = store.get(&scope).await.expect("get").expect("stored");
+        assert_eq!(
+            record.state,
+            RecordState::Completed {
+                response: response(),
+                completed_at: start.plus(Duration::from_secs(3))
+            }
+        );
+        assert!(store.remove(&scope).await.expect("remove"));
+        assert!(store.get(&scope).await.expect("get").is_none());
+        assert_fenced(
+            store.complete(&lease, &response()).await,
+            "complete after remove",
+        );
+    }
+}
