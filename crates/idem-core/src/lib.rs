@@ -51,6 +51,8 @@ mod memory;
 mod record;
 mod scope;
 mod store;
+#[cfg(feature = "sweeper")]
+mod sweeper;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -65,3 +67,5 @@ pub use record::{
 };
 pub use scope::{Endpoint, Scope, ScopeMode, Tenant};
 pub use store::{Result, Store, StoreError};
+#[cfg(feature = "sweeper")]
+pub use sweeper::{Sweeper, SweeperConfig, sweep_once};

@@ -1,0 +1,3 @@
+//! A retrying HTTP client that keeps one Idempotency-Key per operation
+//!
+//! Work in progress.

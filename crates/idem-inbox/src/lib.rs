@@ -1,0 +1,3 @@
+//! Message de-duplication for at-least-once consumers, with a NATS JetStream adapter
+//!
+//! Work in progress.

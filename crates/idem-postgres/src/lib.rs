@@ -1,0 +1,3 @@
+//! PostgreSQL store for idem, shared by many instances
+//!
+//! Work in progress.

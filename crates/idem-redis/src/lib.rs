@@ -1,0 +1,3 @@
+//! Redis store for idem, shared by many instances
+//!
+//! Work in progress.

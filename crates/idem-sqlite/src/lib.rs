@@ -1,0 +1,3 @@
+//! SQLite store for idem: the embedded default
+//!
+//! Work in progress.

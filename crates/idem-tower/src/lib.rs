@@ -1,0 +1,3 @@
+//! Idempotency-Key middleware for tower and axum
+//!
+//! Work in progress.
