@@ -1,3 +1,109 @@
-//! SQLite store for idem: the embedded default
+//! SQLite store for idem: the embedded default (SPEC S10).
 //!
-//! Work in progress.
+//! [`SqliteStore`] keeps idempotency records in one table of a SQLite database file, so
+//! a single-instance service gets records that survive restarts without running a
+//! database server. It passes idem's store contract suite.
+//!
+//! # Examples
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+//! use idem_core::*;
+//! use idem_sqlite::SqliteStore;
+//!
+//! let store = SqliteStore::connect(&url).await?; // e.g. "sqlite://idem.db"
+//!
+//! let key = Key::parse(b"8e03978e-40d5-43e8-bc93-6894a57f9324")?;
+//! let endpoint = Endpoint::new("POST", "/v1/charges");
+//! let scope = Scope::new(ScopeMode::Public, Tenant::anonymous(), endpoint.clone(), key);
+//! let fp = Fingerprint::compute("POST", endpoint.as_str(), None, b"amount=100",
+//!     &FingerprintOptions::default());
+//! let request = ReserveRequest::new(scope, fp);
+//!
+//! let Reservation::Acquired(lease) = store.reserve(&request).await? else {
+//!     unreachable!("the first arrival acquires")
+//! };
+//! store.complete(&lease, &StoredResponse::new(201, "charged")).await?;
+//!
+//! // The retry is answered from the record.
+//! assert_eq!(store.reserve(&request).await?,
+//!     Reservation::Replay(StoredResponse::new(201, "charged")));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Completing in the handler's own transaction (SPEC S9), so that the business write
+//! and the completion commit together or not at all:
+//!
+//! ```no_run
+//! # async fn handler(store: idem_sqlite::SqliteStore, lease: idem_core::Lease)
+//! #     -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_core::StoredResponse;
+//!
+//! let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await?;
+//! sqlx::query("INSERT INTO orders (id, amount) VALUES (?1, ?2)")
+//!     .bind("ord_1")
+//!     .bind(100)
+//!     .execute(&mut *tx)
+//!     .await?;
+//! // Fails with StoreError::Fenced if another attempt took the key over: dropping `tx`
+//! // then rolls the order back.
+//! store.complete_in(&mut tx, &lease, &StoredResponse::new(201, "ord_1")).await?;
+//! tx.commit().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Design
+//!
+//! - **sqlx, not rusqlite.** The PostgreSQL store and the applications that complete
+//!   records inside their own transactions (S9) use sqlx; on sqlx the SQLite store takes
+//!   the same `Pool`/`Transaction` types, so a handler's transaction can span its
+//!   business tables and the records table, and switching backends changes little.
+//!   sqlx runs each SQLite connection on its own worker thread, so blocking file I/O
+//!   never stalls the async runtime, which rusqlite would leave to us.
+//! - **One statement reserves.** `INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING`
+//!   inserts a fresh record, replaces an expired one, or takes over a lapsed lease with
+//!   the same fingerprint, atomically; the `WHERE` mirrors `idem_core::decide`'s
+//!   execute rows. When it writes nothing the store reads the row and answers what
+//!   `decide` says of it. Complete, renew and release are single statements fenced by
+//!   the attempt's token.
+//! - **Time from the clock, not SQLite.** Every timestamp is milliseconds from the
+//!   store's injected clock, so tests move time by hand and several processes on one
+//!   file agree as far as their clocks do.
+//! - **WAL, `synchronous = NORMAL`, `busy_timeout`** (set by [`SqliteStore::connect`];
+//!   [`SqliteStoreBuilder::connect_options`] gives them for a pool of one's own).
+//!   In WAL mode readers never block the writer nor it them. `NORMAL` syncs the WAL at
+//!   checkpoints, not at every commit: the database can never be corrupted, but a
+//!   power loss or OS crash (not a process crash) may lose the last commits. For idem
+//!   that means a just-completed record may come back as absent, so the retry executes
+//!   again, as after expiry (S8); a business unique constraint closes that hole. Use
+//!   `synchronous = FULL` via [`SqliteStoreBuilder::connect_with`] if it must not.
+//!   SQLite allows one writer at a time; writers wait up to `busy_timeout` for the
+//!   lock and then fail, which middleware answers with a fail-closed 503.
+//! - **Embedded migration** on every open, idempotent and serialised by
+//!   `BEGIN IMMEDIATE`, with a version per records table in `idem_schema_versions`.
+//!
+//! # Schema
+//!
+//! Primary key `(tenant, endpoint, idem_key)`, `endpoint` empty in internal scope mode;
+//! `fingerprint` BLOB; `created_at`, `expires_at`, `lease_until`, `completed_at`
+//! INTEGER milliseconds; `attempt`; `token` (the fencing token as a signed 64-bit
+//! integer); `state` (`in_progress` or `completed`); `status`, `headers`
+//! (`idem_core::codec`), `body` BLOB. An index on `expires_at` serves
+//! [`purge_expired`](idem_core::Store::purge_expired), which deletes in bounded
+//! batches; run `idem_core::Sweeper` to keep the file bounded.
+
+mod error;
+mod schema;
+mod store;
+
+pub use error::{Error, Result};
+pub use schema::{DEFAULT_TABLE, SCHEMA_VERSION, VERSIONS_TABLE, validate_table_name};
+pub use store::{DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, SqliteStore, SqliteStoreBuilder};
+
+/// The sqlx types this crate's API takes, re-exported so callers use the same version.
+pub use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool};

@@ -1,0 +1,56 @@
+//! What can go wrong opening a [`SqliteStore`](crate::SqliteStore).
+//!
+//! Once open, the store speaks [`idem_core::StoreError`] like every backend; this
+//! error covers construction and migration, where the caller is an operator who wants
+//! to know which of its settings is wrong.
+
+use idem_core::StoreError;
+
+/// An error opening or migrating a [`SqliteStore`](crate::SqliteStore).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The table name is not a plain SQL identifier.
+    #[error(
+        "invalid table name {0:?}: use 1 to 63 ASCII letters, digits and '_', not starting \
+         with a digit or with \"sqlite_\""
+    )]
+    InvalidTableName(String),
+    /// The table was migrated by a newer idem-sqlite than this one.
+    #[error(
+        "table {table} has schema version {found}, newer than version {supported} that this \
+         idem-sqlite knows; upgrade idem-sqlite"
+    )]
+    SchemaTooNew {
+        /// The table.
+        table: String,
+        /// The version recorded in the database.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// The database refused or failed an operation.
+    #[error("SQLite: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<Error> for StoreError {
+    fn from(e: Error) -> StoreError {
+        StoreError::unavailable(e)
+    }
+}
+
+/// Maps a driver error met while serving requests. Decoding failures mean a row holds
+/// something this store never writes; everything else means the database cannot serve
+/// now, which middleware answers with a fail-closed 503.
+pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
+            StoreError::Corrupt(e.to_string())
+        }
+        other => StoreError::unavailable(other),
+    }
+}

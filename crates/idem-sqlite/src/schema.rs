@@ -1,0 +1,228 @@
+//! The embedded migration and the SQL text of every statement the store runs.
+//!
+//! Table names cannot be bound as parameters, so the statements are built once per
+//! store from a name that [`validate_table_name`] has admitted; every value is bound.
+
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, Connection, SqliteConnection};
+
+use crate::error::{Error, Result};
+
+/// The table idem keeps records in unless told otherwise.
+pub const DEFAULT_TABLE: &str = "idem_records";
+
+/// The schema version this build writes and reads.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The table that records, per records table, which schema version it has. One
+/// database may hold several records tables (one per service, say), so SQLite's single
+/// `user_version` would not do.
+pub const VERSIONS_TABLE: &str = "idem_schema_versions";
+
+/// Admits 1 to 63 ASCII letters, digits and `_`, not starting with a digit, and not in
+/// SQLite's reserved `sqlite_` namespace.
+pub fn validate_table_name(name: &str) -> Result<()> {
+    let mut chars = name.chars();
+    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 63
+        && !name.to_ascii_lowercase().starts_with("sqlite_")
+        && !name.eq_ignore_ascii_case(VERSIONS_TABLE);
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidTableName(name.to_owned()))
+    }
+}
+
+/// Version 1. `endpoint` is `Scope::endpoint_str()`: the empty string in internal mode,
+/// so the primary key is always the three columns. Times are milliseconds since the
+/// Unix epoch from the store's clock, never SQLite's. Headers are
+/// `idem_core::codec::encode_headers`. A rowid table rather than `WITHOUT ROWID`: bodies
+/// may be a megabyte, which rowid tables keep in overflow pages off the key's b-tree.
+fn v1(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (
+            tenant       TEXT    NOT NULL,
+            endpoint     TEXT    NOT NULL,
+            idem_key     TEXT    NOT NULL,
+            fingerprint  BLOB    NOT NULL,
+            created_at   INTEGER NOT NULL,
+            expires_at   INTEGER NOT NULL,
+            attempt      INTEGER NOT NULL,
+            token        INTEGER NOT NULL,
+            state        TEXT    NOT NULL CHECK (state IN ('in_progress', 'completed')),
+            lease_until  INTEGER,
+            status       INTEGER,
+            headers      BLOB,
+            body         BLOB,
+            completed_at INTEGER,
+            PRIMARY KEY (tenant, endpoint, idem_key)
+        );
+        CREATE INDEX IF NOT EXISTS {table}_expires_at ON {table} (expires_at);"
+    )
+}
+
+/// Brings `table` to [`SCHEMA_VERSION`]; running it again changes nothing.
+///
+/// It runs under `BEGIN IMMEDIATE`, which takes SQLite's write lock up front (waiting
+/// out `busy_timeout`), so two processes opening one file at once migrate one after the
+/// other instead of both creating the table.
+pub(crate) async fn migrate(conn: &mut SqliteConnection, table: &str) -> Result<()> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS idem_schema_versions (
+            table_name TEXT PRIMARY KEY,
+            version    INTEGER NOT NULL
+        )",
+    )
+    .execute(&mut *tx)
+    .await?;
+    let found: Option<i64> =
+        sqlx::query_scalar("SELECT version FROM idem_schema_versions WHERE table_name = ?1")
+            .bind(table)
+            .fetch_optional(&mut *tx)
+            .await?;
+    match found.unwrap_or(0) {
+        0 => {
+            sqlx::raw_sql(AssertSqlSafe(v1(table)))
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("INSERT INTO idem_schema_versions (table_name, version) VALUES (?1, ?2)")
+                .bind(table)
+                .bind(SCHEMA_VERSION)
+                .execute(&mut *tx)
+                .await?;
+        }
+        SCHEMA_VERSION => {}
+        found => {
+            return Err(Error::SchemaTooNew {
+                table: table.to_owned(),
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The store's statements for one table, built once.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub reserve: Arc<str>,
+    pub select: Arc<str>,
+    pub complete: Arc<str>,
+    pub completed_by: Arc<str>,
+    pub renew: Arc<str>,
+    pub release: Arc<str>,
+    pub remove: Arc<str>,
+    pub purge: Arc<str>,
+}
+
+/// The columns [`Statements::select`] returns, in order.
+pub(crate) const RECORD_COLUMNS: &str = "fingerprint, created_at, expires_at, attempt, token, \
+     state, lease_until, status, headers, body, completed_at";
+
+impl Statements {
+    pub(crate) fn new(t: &str) -> Statements {
+        const PK: &str = "tenant = ?1 AND endpoint = ?2 AND idem_key = ?3";
+        // Fenced: the caller's token holds a record that has not expired (?4 token,
+        // ?5 now). Expiry fences too: an expired record counts as absent (SPEC S8).
+        const FENCE: &str = "token = ?4 AND expires_at > ?5";
+        Statements {
+            // The S5 table's Execute rows, as the WHERE of the conflict branch, which
+            // must say exactly what `idem_core::decide` says:
+            //   expired                                     -> attempt 1, a fresh record
+            //   in progress, lease lapsed, same fingerprint -> attempt n+1, created_at
+            //       kept, expires_at pushed to cover the new lease
+            // Otherwise nothing is written and nothing returned, and the store reads the
+            // row to learn which other answer applies. SET expressions see the old row.
+            // ?4 fingerprint, ?5 now, ?6 expires_at of a fresh record, ?7 token,
+            // ?8 lease_until.
+            reserve: format!(
+                "INSERT INTO {t} (tenant, endpoint, idem_key, fingerprint, created_at,
+                     expires_at, attempt, token, state, lease_until)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 1, ?7, 'in_progress', ?8)
+                 ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
+                     fingerprint  = excluded.fingerprint,
+                     created_at   = CASE WHEN expires_at <= ?5 THEN ?5 ELSE created_at END,
+                     expires_at   = CASE WHEN expires_at <= ?5 THEN ?6
+                                         ELSE max(expires_at, ?8) END,
+                     attempt      = CASE WHEN expires_at <= ?5 THEN 1
+                                         ELSE min(attempt + 1, 4294967295) END,
+                     token        = ?7,
+                     state        = 'in_progress',
+                     lease_until  = ?8,
+                     status       = NULL,
+                     headers      = NULL,
+                     body         = NULL,
+                     completed_at = NULL
+                 WHERE expires_at <= ?5
+                    OR (state = 'in_progress' AND lease_until <= ?5 AND fingerprint = ?4)
+                 RETURNING attempt"
+            )
+            .into(),
+            select: format!("SELECT {RECORD_COLUMNS} FROM {t} WHERE {PK}").into(),
+            // ?6 status, ?7 headers, ?8 body.
+            complete: format!(
+                "UPDATE {t} SET state = 'completed', status = ?6, headers = ?7, body = ?8,
+                     completed_at = ?5, lease_until = NULL
+                 WHERE {PK} AND {FENCE} AND state = 'in_progress'"
+            )
+            .into(),
+            // Tells a repeated completion by the same attempt (success, first response
+            // kept) from a fenced one, after `complete` changed no row.
+            completed_by: format!(
+                "SELECT 1 FROM {t} WHERE {PK} AND {FENCE} AND state = 'completed'"
+            )
+            .into(),
+            // ?6 new lease_until. Expiry never falls before the lease it covers.
+            renew: format!(
+                "UPDATE {t} SET lease_until = ?6, expires_at = max(expires_at, ?6)
+                 WHERE {PK} AND {FENCE} AND state = 'in_progress'"
+            )
+            .into(),
+            release: format!("DELETE FROM {t} WHERE {PK} AND {FENCE} AND state = 'in_progress'")
+                .into(),
+            remove: format!("DELETE FROM {t} WHERE {PK}").into(),
+            // ?1 now, ?2 limit. The subquery walks the expires_at index.
+            purge: format!(
+                "DELETE FROM {t} WHERE rowid IN
+                     (SELECT rowid FROM {t} WHERE expires_at <= ?1 LIMIT ?2)"
+            )
+            .into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_plain_identifiers() {
+        for ok in ["idem_records", "_t", "Records2", &"a".repeat(63)] {
+            assert!(validate_table_name(ok).is_ok(), "{ok:?} should be admitted");
+        }
+        for bad in [
+            "",
+            "1records",
+            "idem-records",
+            "idem records",
+            "t; DROP TABLE x",
+            "\"quoted\"",
+            "sqlite_master",
+            "SQLITE_x",
+            "idem_schema_versions",
+            "tablé",
+            &"a".repeat(64),
+        ] {
+            assert!(
+                matches!(validate_table_name(bad), Err(Error::InvalidTableName(n)) if n == bad),
+                "{bad:?} should be refused"
+            );
+        }
+    }
+}
