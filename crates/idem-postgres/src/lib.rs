@@ -1,3 +1,61 @@
-//! PostgreSQL store for idem, shared by many instances
+//! PostgreSQL store for idem: [`PgStore`], the shared store for several instances on
+//! several machines (SPEC S10).
 //!
-//! Work in progress.
+//! - **Reserve in one round trip.** One statement inserts the record if absent, takes
+//!   over an expired record or a lapsed lease atomically, or else hands back the
+//!   existing row, which [`idem_core::Reservation::from_existing`] interprets. The
+//!   primary key on the scope decides who is first (SPEC S5 stage 1).
+//! - **Fenced writes.** `complete`, `renew` and `release` are single statements that
+//!   match the attempt's fencing token (SPEC S7).
+//! - **Same-transaction completion.** [`PgStore::complete_in`] completes the record on
+//!   the caller's connection, inside the transaction that holds the business writes
+//!   (SPEC S9).
+//! - **Bounded purge.** `purge_expired` deletes at most a batch of expired rows through
+//!   the `expires_at` index, skipping rows others hold; [`PgStore::spawn_sweeper`] runs
+//!   it in the background (SPEC S8).
+//! - **Embedded migration.** The table and its indexes are created on connect; see
+//!   [`schema`] for the index design.
+//! - **Fail closed.** Connection errors, pool timeouts and a server that stops answering
+//!   are [`idem_core::StoreError::Unavailable`], never a reservation.
+//!
+//! "Now" always comes from the injected clock, passed as a parameter, never from the
+//! server's `now()`. TLS is not enabled in this build: use it over loopback or a
+//! private network.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use idem_core::{Endpoint, Fingerprint, Key, Reservation, ReserveRequest, Scope,
+//!     ScopeMode, Store, StoredResponse, Tenant};
+//! use idem_postgres::PgStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = PgStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
+//!
+//! let endpoint = Endpoint::new("POST", "/v1/charges");
+//! let scope = Scope::new(ScopeMode::Public, Tenant::from_credential(b"Bearer sk_1"),
+//!     endpoint.clone(), Key::new("8e03978e-40d5-43e8-bc93-6894a57f9324")?);
+//! let fp = Fingerprint::compute("POST", endpoint.as_str(), None, b"amount=100",
+//!     &Default::default());
+//! let request = ReserveRequest::new(scope, fp);
+//!
+//! match store.reserve(&request).await? {
+//!     Reservation::Acquired(lease) => {
+//!         // Execute the side effect once, then record its answer.
+//!         store.complete(&lease, &StoredResponse::new(201, "charged")).await?;
+//!     }
+//!     Reservation::Replay(response) => println!("replay {}", response.status),
+//!     Reservation::InProgress { retry_after } => println!("409, retry in {retry_after:?}"),
+//!     Reservation::Mismatch => println!("422"),
+//! }
+//! # Ok(()) }
+//! ```
+
+mod error;
+pub mod schema;
+mod store;
+
+pub use error::{Error, Result};
+pub use schema::{DEFAULT_TABLE, validate_table_name};
+pub use store::{PgStore, PgStoreOptions};

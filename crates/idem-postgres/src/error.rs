@@ -1,0 +1,41 @@
+//! Errors: what `PgStore`'s constructors return, and how sqlx errors become
+//! [`StoreError`]s.
+
+use idem_core::StoreError;
+
+/// What building a [`PgStore`](crate::PgStore) can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The table name is not a plain SQL identifier the store can use.
+    #[error("invalid table name {name:?}: {reason}")]
+    InvalidTableName {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The connection URL or options were rejected before any connection was tried.
+    #[error("invalid PostgreSQL connection options: {0}")]
+    Config(#[source] sqlx::Error),
+    /// The server could not be reached, or the migration failed on it.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Maps a sqlx error to the store's error: a row that does not decode is
+/// [`StoreError::Corrupt`]; everything else (I/O, pool timeouts, a closed pool, protocol
+/// and server errors) is [`StoreError::Unavailable`], which callers answer fail-closed
+/// with a 503 (SPEC S10).
+pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnIndexOutOfBounds { .. } => StoreError::Corrupt(e.to_string()),
+        other => StoreError::unavailable(other),
+    }
+}

@@ -1,0 +1,250 @@
+//! The embedded migration: the records table and its indexes, created on first
+//! connect and versioned per table in `idem_schema_migrations`.
+//!
+//! # Indexes, and why
+//!
+//! - **Primary key `(tenant, endpoint, idem_key)`** (a B-tree). It is the scope's
+//!   unique constraint (SPEC S3): `reserve`'s `INSERT … ON CONFLICT` arbitrates on it,
+//!   and every fenced statement finds its row through it, so each is one O(log n)
+//!   descent. The key columns use the `"C"` collation: bytewise comparison is cheaper
+//!   than a locale's, and the order (irrelevant here) no longer depends on the
+//!   database's locale.
+//! - **`expires_at`** (a B-tree). The sweeper's bounded `DELETE` reads the oldest
+//!   expired rows from the start of this index and stops after its batch, so a purge
+//!   costs O(log n + batch) instead of a scan of the table.
+//!
+//! Nothing else is indexed: each extra index is one more write on every reserve, and
+//! neither the token nor the state is ever searched without the primary key. The table
+//! is created with `fillfactor = 90` so that `complete` (which changes no indexed
+//! column) can usually update its row in place on the same page (a HOT update),
+//! without touching either index.
+
+use idem_core::StoreError;
+use sqlx::{AssertSqlSafe, Executor, PgPool};
+
+use crate::error::{Error, store_error};
+
+/// The table records live in unless configured otherwise.
+pub const DEFAULT_TABLE: &str = "idem_records";
+
+/// The longest accepted table name: PostgreSQL keeps 63 bytes of an identifier, and the
+/// index names add a suffix of up to 8.
+pub const MAX_TABLE_NAME_LEN: usize = 55;
+
+/// The table that records which migrations ran on which records table.
+pub const MIGRATIONS_TABLE: &str = "idem_schema_migrations";
+
+/// Serialises migrations across processes: two instances starting together must not
+/// both run `CREATE TABLE` (the loser would fail on the catalog's unique index).
+const MIGRATION_LOCK: i64 = 0x6964_656d_5f70_6731; // "idem_pg1"
+
+/// Checks that `name` is a plain, lower-case SQL identifier that needs no quoting:
+/// ASCII letters, digits and `_`, not starting with a digit, at most
+/// [`MAX_TABLE_NAME_LEN`] bytes. The name is spliced into SQL text, so nothing else
+/// is accepted.
+pub fn validate_table_name(name: &str) -> Result<(), Error> {
+    let reason = if name.is_empty() {
+        Some("it is empty")
+    } else if name.len() > MAX_TABLE_NAME_LEN {
+        Some("it is longer than 55 bytes")
+    } else if name.starts_with(|c: char| c.is_ascii_digit()) {
+        Some("it starts with a digit")
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        Some("only lower-case ASCII letters, digits and '_' are allowed")
+    } else if name.starts_with("pg_") {
+        Some("the pg_ prefix is reserved for system tables")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(Error::InvalidTableName {
+            name: name.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// One migration step: its version, what it does, and its statements for `table`.
+struct Migration {
+    version: i32,
+    description: &'static str,
+    statements: fn(&str) -> Vec<String>,
+}
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "records table, primary key on the scope, index on expires_at",
+    statements: |t| {
+        vec![
+            format!(
+                "CREATE TABLE {t} (
+                    tenant       TEXT COLLATE \"C\" NOT NULL,
+                    endpoint     TEXT COLLATE \"C\" NOT NULL,
+                    idem_key     TEXT COLLATE \"C\" NOT NULL,
+                    fingerprint  BYTEA   NOT NULL,
+                    created_at   BIGINT  NOT NULL,
+                    expires_at   BIGINT  NOT NULL,
+                    attempt      INTEGER NOT NULL,
+                    token        BIGINT  NOT NULL,
+                    state        TEXT    NOT NULL,
+                    lease_until  BIGINT,
+                    status       INTEGER,
+                    headers      BYTEA,
+                    body         BYTEA,
+                    completed_at BIGINT,
+                    CONSTRAINT {t}_pkey PRIMARY KEY (tenant, endpoint, idem_key),
+                    CONSTRAINT {t}_state CHECK (
+                        (state = 'in_progress' AND lease_until IS NOT NULL
+                            AND status IS NULL AND completed_at IS NULL)
+                        OR (state = 'completed' AND lease_until IS NULL
+                            AND status IS NOT NULL AND headers IS NOT NULL
+                            AND body IS NOT NULL AND completed_at IS NOT NULL))
+                ) WITH (fillfactor = 90)"
+            ),
+            format!("CREATE INDEX {t}_expires ON {t} (expires_at)"),
+        ]
+    },
+}];
+
+/// The newest schema version this build knows.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// Brings `table` up to [`SCHEMA_VERSION`], running each missing step in one
+/// transaction under a cluster-wide advisory lock. Safe to call from many instances at
+/// once and on every start.
+pub async fn migrate(pool: &PgPool, table: &str) -> Result<(), Error> {
+    validate_table_name(table)?;
+    let mut tx = pool.begin().await.map_err(store_error)?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_error)?;
+    tx.execute(
+        "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
+            table_name  TEXT    NOT NULL,
+            version     INTEGER NOT NULL,
+            description TEXT    NOT NULL,
+            applied_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (table_name, version)
+        )",
+    )
+    .await
+    .map_err(store_error)?;
+    let applied: Option<i32> =
+        sqlx::query_scalar("SELECT max(version) FROM idem_schema_migrations WHERE table_name = $1")
+            .bind(table)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(store_error)?;
+    let applied = applied.unwrap_or(0);
+    if applied > SCHEMA_VERSION {
+        return Err(Error::Store(StoreError::Corrupt(format!(
+            "table {table} is at schema version {applied}, newer than this build's \
+             {SCHEMA_VERSION}"
+        ))));
+    }
+    for m in MIGRATIONS.iter().filter(|m| m.version > applied) {
+        for statement in (m.statements)(table) {
+            tx.execute(AssertSqlSafe(statement))
+                .await
+                .map_err(store_error)?;
+        }
+        sqlx::query(
+            "INSERT INTO idem_schema_migrations (table_name, version, description) \
+             VALUES ($1, $2, $3)",
+        )
+        .bind(table)
+        .bind(m.version)
+        .bind(m.description)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_error)?;
+        tracing::info!(
+            table,
+            version = m.version,
+            "applied idempotency schema migration"
+        );
+    }
+    tx.commit().await.map_err(store_error)?;
+    Ok(())
+}
+
+/// Drops `table` and forgets its migrations: for tests and for an operator retiring a
+/// table. Every record in it is lost.
+pub async fn drop_table(pool: &PgPool, table: &str) -> Result<(), Error> {
+    validate_table_name(table)?;
+    let mut tx = pool.begin().await.map_err(store_error)?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_error)?;
+    tx.execute(AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
+        .await
+        .map_err(store_error)?;
+    let tracked: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('idem_schema_migrations')::text")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(store_error)?;
+    if tracked.is_some() {
+        sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = $1")
+            .bind(table)
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error)?;
+    }
+    tx.commit().await.map_err(store_error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_must_be_plain_identifiers() {
+        for ok in ["idem_records", "idem_records_case_0a1b2c3d7", "t", "_x9"] {
+            assert!(validate_table_name(ok).is_ok(), "{ok}");
+        }
+        let long = "a".repeat(MAX_TABLE_NAME_LEN + 1);
+        for bad in [
+            "",
+            "9lives",
+            "Idem",
+            "idem-records",
+            "idem records",
+            "x;DROP TABLE y",
+            "\"quoted\"",
+            "schema.table",
+            "pg_records",
+            long.as_str(),
+        ] {
+            assert!(
+                matches!(
+                    validate_table_name(bad),
+                    Err(Error::InvalidTableName { .. })
+                ),
+                "{bad:?} must be rejected"
+            );
+        }
+        assert!(validate_table_name(&"a".repeat(MAX_TABLE_NAME_LEN)).is_ok());
+    }
+
+    #[test]
+    fn migrations_are_numbered_in_order_up_to_the_schema_version() {
+        let versions: Vec<i32> = MIGRATIONS.iter().map(|m| m.version).collect();
+        let expected: Vec<i32> = (1..=SCHEMA_VERSION).collect();
+        assert_eq!(versions, expected);
+        for m in MIGRATIONS {
+            for s in (m.statements)("t_x") {
+                assert!(s.contains("t_x"), "{s}");
+            }
+        }
+    }
+}

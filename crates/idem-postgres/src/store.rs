@@ -1,0 +1,638 @@
+//! `PgStore`: the [`Store`] on PostgreSQL.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use idem_core::codec::{decode_headers, encode_headers};
+use idem_core::{
+    FencingToken, Fingerprint, Lease, Record, RecordState, Reservation, ReserveRequest, Scope,
+    SharedClock, Store, StoreError, StoredResponse, Sweeper, SweeperConfig, SystemClock, Timestamp,
+};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
+
+use crate::error::{Error, store_error};
+use crate::schema::{self, DEFAULT_TABLE};
+
+/// How long `reserve` keeps retrying when its statement saw neither its own insert nor
+/// the existing row (a row committed by a concurrent transaction after the statement's
+/// snapshot). Each retry takes a new snapshot, so two or three suffice in practice.
+const RESERVE_ROUNDS: usize = 16;
+
+/// Settings for a [`PgStore`]; start from [`PgStore::options`].
+#[derive(Clone)]
+pub struct PgStoreOptions {
+    table: String,
+    clock: SharedClock,
+    acquire_timeout: Duration,
+    operation_timeout: Duration,
+    max_connections: u32,
+    migrate: bool,
+}
+
+impl fmt::Debug for PgStoreOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStoreOptions")
+            .field("table", &self.table)
+            .field("clock", &self.clock)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("operation_timeout", &self.operation_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("migrate", &self.migrate)
+            .finish()
+    }
+}
+
+impl Default for PgStoreOptions {
+    fn default() -> Self {
+        PgStoreOptions {
+            table: DEFAULT_TABLE.to_owned(),
+            clock: Arc::new(SystemClock),
+            acquire_timeout: Duration::from_secs(2),
+            operation_timeout: Duration::from_secs(5),
+            max_connections: 10,
+            migrate: true,
+        }
+    }
+}
+
+impl PgStoreOptions {
+    /// The table records live in (default `idem_records`). It must be a plain
+    /// lower-case identifier; see [`validate_table_name`](crate::validate_table_name).
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// The clock every statement's "now" comes from (default: the system clock). The
+    /// server's own `now()` is never used, so tests move time by hand and several
+    /// instances agree as far as their clocks do.
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// How long an operation waits for a pooled connection, including opening a new
+    /// one, before failing with [`StoreError::Unavailable`] (default 2 s). Only used
+    /// when this crate builds the pool ([`connect`](Self::connect)).
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// The bound on one store operation, round trips and retries included (default
+    /// 5 s). A server that accepts connections but stops answering yields
+    /// [`StoreError::Unavailable`] after this long instead of a hung request.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// The pool size when this crate builds the pool (default 10).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Whether to run the embedded migration when the store is built (default true).
+    /// Turn it off where the application's role may not create tables, and run
+    /// [`PgStore::migrate`] from a role that may.
+    pub fn migrate(mut self, run: bool) -> Self {
+        self.migrate = run;
+        self
+    }
+
+    /// Connects to `url` (`postgres://user@host:port/db`), builds a pool and, unless
+    /// turned off, runs the migration. An unreachable server is
+    /// [`Error::Store`]`(`[`StoreError::Unavailable`]`)`.
+    pub async fn connect(self, url: &str) -> Result<PgStore, Error> {
+        let pool = self.pool_options().connect_lazy_with(parse_url(url)?);
+        self.from_pool(pool).await
+    }
+
+    /// Like [`connect`](Self::connect) but touches neither the server nor the schema:
+    /// the first operation connects. For processes that must start while the database
+    /// is down; operations fail with [`StoreError::Unavailable`] until it is up.
+    pub fn connect_lazy(self, url: &str) -> Result<PgStore, Error> {
+        let pool = self.pool_options().connect_lazy_with(parse_url(url)?);
+        self.build(pool)
+    }
+
+    /// Uses an existing pool (its own acquire timeout and size apply) and, unless
+    /// turned off, runs the migration.
+    pub async fn from_pool(self, pool: PgPool) -> Result<PgStore, Error> {
+        let run = self.migrate;
+        let store = self.build(pool)?;
+        if run {
+            store.migrate().await?;
+        }
+        Ok(store)
+    }
+
+    fn pool_options(&self) -> PgPoolOptions {
+        PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
+    }
+
+    fn build(self, pool: PgPool) -> Result<PgStore, Error> {
+        schema::validate_table_name(&self.table)?;
+        Ok(PgStore {
+            sql: Arc::new(Statements::for_table(&self.table)),
+            pool,
+            clock: self.clock,
+            operation_timeout: self.operation_timeout,
+        })
+    }
+}
+
+fn parse_url(url: &str) -> Result<PgConnectOptions, Error> {
+    PgConnectOptions::from_str(url).map_err(Error::Config)
+}
+
+/// A [`Store`] on PostgreSQL, shared by every instance that points at the same table.
+///
+/// Every operation is one statement on one pooled connection (reserve may repeat its
+/// statement in a rare race; see [`Store::reserve`] below), and reads "now" from the
+/// injected clock. Cloning is cheap and shares the pool.
+///
+/// TLS is not enabled in this build: connect over loopback or a private network.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    clock: SharedClock,
+    operation_timeout: Duration,
+    sql: Arc<Statements>,
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("table", &self.sql.table)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Default settings, to adjust before connecting.
+    pub fn options() -> PgStoreOptions {
+        PgStoreOptions::default()
+    }
+
+    /// Connects with default settings and runs the migration.
+    pub async fn connect(url: &str) -> Result<PgStore, Error> {
+        PgStore::options().connect(url).await
+    }
+
+    /// Uses `pool` with default settings and runs the migration.
+    pub async fn from_pool(pool: PgPool) -> Result<PgStore, Error> {
+        PgStore::options().from_pool(pool).await
+    }
+
+    /// The pool, for the caller's own transactions (SPEC S9, see
+    /// [`complete_in`](Self::complete_in)).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The records table.
+    pub fn table(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// Runs the embedded migration for this store's table (idempotent).
+    pub async fn migrate(&self) -> Result<(), Error> {
+        schema::migrate(&self.pool, &self.sql.table).await
+    }
+
+    /// Starts a background [`Sweeper`] that deletes expired records in bounded batches
+    /// (SPEC S8). It stops when dropped.
+    pub fn spawn_sweeper(&self, config: SweeperConfig) -> Sweeper {
+        Sweeper::spawn(Arc::new(self.clone()), config)
+    }
+
+    /// Completes `lease` with `response` on the caller's connection, typically inside
+    /// the transaction that holds the handler's business writes (SPEC S9): both commit
+    /// together or neither does. Until the transaction ends the record's row stays
+    /// locked, so a concurrent retry of the same key waits for the commit; keep the
+    /// transaction short.
+    ///
+    /// Fails with [`StoreError::Fenced`] unless `lease` is the record's current attempt;
+    /// the caller should then roll back. Completing again afterwards (the middleware
+    /// does) succeeds and keeps this response.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: idem_postgres::PgStore, lease: idem_core::Lease)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = store.pool().begin().await?;
+    /// sqlx::query("INSERT INTO orders (id, amount) VALUES ($1, $2)")
+    ///     .bind("ord_1")
+    ///     .bind(100_i64)
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// let response = idem_core::StoredResponse::new(201, r#"{"id":"ord_1"}"#);
+    /// store.complete_in(&mut tx, &lease, &response).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn complete_in(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.bounded(self.complete_on(conn, lease, response)).await
+    }
+
+    async fn bounded<T>(
+        &self,
+        op: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.operation_timeout, op).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::unavailable(format!(
+                "no answer from PostgreSQL within {:?}",
+                self.operation_timeout
+            ))),
+        }
+    }
+
+    async fn reserve_once(&self, req: &ReserveRequest) -> Result<Option<Reservation>, StoreError> {
+        let now = self.clock.now();
+        let token = FencingToken::generate();
+        let lease_until = now.plus(req.lease);
+        let scope = &req.scope;
+        let row = sqlx::query(AssertSqlSafe(self.sql.reserve.clone()))
+            .bind(scope.tenant().as_str())
+            .bind(scope.endpoint_str())
+            .bind(scope.key().as_str())
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(now.as_millis())
+            .bind(req.expires_at(now).as_millis())
+            .bind(token.as_i64())
+            .bind(lease_until.as_millis())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            // The row exists (the insert conflicted) but was committed after this
+            // statement's snapshot, so the read half could not see it: look again.
+            return Ok(None);
+        };
+        let acquired: bool = row.try_get("acquired").map_err(store_error)?;
+        if acquired {
+            let stored = FencingToken::from_i64(row.try_get("token").map_err(store_error)?);
+            if stored != token {
+                return Err(StoreError::Corrupt(
+                    "reserve returned another attempt's token".into(),
+                ));
+            }
+            return Ok(Some(Reservation::Acquired(Lease {
+                scope: scope.clone(),
+                token,
+                attempt: attempt_from(&row)?,
+            })));
+        }
+        let existing = record_from_row(scope, &row)?;
+        // `None`: the row read was an older version that may now be taken (its lease or
+        // life ran out, or another writer changed it after the snapshot). Try again.
+        Ok(Reservation::from_existing(existing, &req.fingerprint, now))
+    }
+
+    async fn complete_on(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let scope = &lease.scope;
+        let done = sqlx::query(AssertSqlSafe(self.sql.complete.clone()))
+            .bind(scope.tenant().as_str())
+            .bind(scope.endpoint_str())
+            .bind(scope.key().as_str())
+            .bind(lease.token.as_i64())
+            .bind(now.as_millis())
+            .bind(i32::from(response.status))
+            .bind(encode_headers(&response.headers))
+            .bind(&response.body[..])
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        // Not in progress under this token. Completing twice with one lease is fine
+        // (the first response stays); anything else is fenced. This read runs as its
+        // own statement so that it sees a completion committed while the update
+        // waited for the row.
+        let already: Option<i32> = sqlx::query_scalar(AssertSqlSafe(self.sql.completed_by.clone()))
+            .bind(scope.tenant().as_str())
+            .bind(scope.endpoint_str())
+            .bind(scope.key().as_str())
+            .bind(lease.token.as_i64())
+            .bind(now.as_millis())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        match already {
+            Some(_) => Ok(()),
+            None => Err(StoreError::Fenced),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    /// One statement: insert the record, or take over an expired record or a lapsed
+    /// lease, or else read the existing row. The insert half's `ON CONFLICT … WHERE`
+    /// holds exactly `decide`'s `Execute` rows; a row it did not take is interpreted by
+    /// [`Reservation::from_existing`].
+    async fn reserve(&self, req: &ReserveRequest) -> Result<Reservation, StoreError> {
+        self.bounded(async {
+            for _ in 0..RESERVE_ROUNDS {
+                if let Some(r) = self.reserve_once(req).await? {
+                    return Ok(r);
+                }
+            }
+            Err(StoreError::unavailable(
+                "reserve kept racing concurrent writers; try again",
+            ))
+        })
+        .await
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        self.bounded(async {
+            let mut conn = self.pool.acquire().await.map_err(store_error)?;
+            self.complete_on(&mut conn, lease, response).await
+        })
+        .await
+    }
+
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let scope = &lease.scope;
+        let done = self
+            .bounded(async {
+                sqlx::query(AssertSqlSafe(self.sql.renew.clone()))
+                    .bind(scope.tenant().as_str())
+                    .bind(scope.endpoint_str())
+                    .bind(scope.key().as_str())
+                    .bind(lease.token.as_i64())
+                    .bind(now.as_millis())
+                    .bind(now.plus(lease_for).as_millis())
+                    .execute(&self.pool)
+                    .await
+                    .map_err(store_error)
+            })
+            .await?;
+        fenced_unless_one(done.rows_affected())
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let scope = &lease.scope;
+        let done = self
+            .bounded(async {
+                sqlx::query(AssertSqlSafe(self.sql.release.clone()))
+                    .bind(scope.tenant().as_str())
+                    .bind(scope.endpoint_str())
+                    .bind(scope.key().as_str())
+                    .bind(lease.token.as_i64())
+                    .bind(now.as_millis())
+                    .execute(&self.pool)
+                    .await
+                    .map_err(store_error)
+            })
+            .await?;
+        fenced_unless_one(done.rows_affected())
+    }
+
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        let row = self
+            .bounded(async {
+                sqlx::query(AssertSqlSafe(self.sql.get.clone()))
+                    .bind(scope.tenant().as_str())
+                    .bind(scope.endpoint_str())
+                    .bind(scope.key().as_str())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(store_error)
+            })
+            .await?;
+        row.map(|r| record_from_row(scope, &r)).transpose()
+    }
+
+    async fn remove(&self, scope: &Scope) -> Result<bool, StoreError> {
+        let done = self
+            .bounded(async {
+                sqlx::query(AssertSqlSafe(self.sql.remove.clone()))
+                    .bind(scope.tenant().as_str())
+                    .bind(scope.endpoint_str())
+                    .bind(scope.key().as_str())
+                    .execute(&self.pool)
+                    .await
+                    .map_err(store_error)
+            })
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let now = self.clock.now();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let done = self
+            .bounded(async {
+                sqlx::query(AssertSqlSafe(self.sql.purge.clone()))
+                    .bind(now.as_millis())
+                    .bind(limit)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(store_error)
+            })
+            .await?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.bounded(async {
+            sqlx::query("SELECT 1")
+                .execute(&self.pool)
+                .await
+                .map_err(store_error)
+                .map(drop)
+        })
+        .await
+    }
+}
+
+fn fenced_unless_one(rows: u64) -> Result<(), StoreError> {
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::Fenced)
+    }
+}
+
+fn attempt_from(row: &PgRow) -> Result<u32, StoreError> {
+    let attempt: i32 = row.try_get("attempt").map_err(store_error)?;
+    u32::try_from(attempt).map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))
+}
+
+/// A record from the columns every query below selects.
+fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record, StoreError> {
+    let ms = |col: &str| -> Result<Timestamp, StoreError> {
+        Ok(Timestamp::from_millis(
+            row.try_get::<i64, _>(col).map_err(store_error)?,
+        ))
+    };
+    let fingerprint: Vec<u8> = row.try_get("fingerprint").map_err(store_error)?;
+    let fingerprint = Fingerprint::from_slice(&fingerprint)
+        .ok_or_else(|| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
+    let state: String = row.try_get("state").map_err(store_error)?;
+    let state = match state.as_str() {
+        "in_progress" => RecordState::InProgress {
+            lease_until: ms("lease_until")?,
+        },
+        "completed" => {
+            let status: i32 = row.try_get("status").map_err(store_error)?;
+            let status = u16::try_from(status)
+                .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
+            let headers: Vec<u8> = row.try_get("headers").map_err(store_error)?;
+            let body: Vec<u8> = row.try_get("body").map_err(store_error)?;
+            RecordState::Completed {
+                response: StoredResponse {
+                    status,
+                    headers: decode_headers(&headers)?,
+                    body: Bytes::from(body),
+                },
+                completed_at: ms("completed_at")?,
+            }
+        }
+        other => return Err(StoreError::Corrupt(format!("unknown state {other:?}"))),
+    };
+    Ok(Record {
+        scope: scope.clone(),
+        fingerprint,
+        created_at: ms("created_at")?,
+        expires_at: ms("expires_at")?,
+        attempt: attempt_from(row)?,
+        token: FencingToken::from_i64(row.try_get("token").map_err(store_error)?),
+        state,
+    })
+}
+
+/// Every statement, spelled once for the configured table. The table name was validated
+/// as a plain identifier, so splicing it is safe; all values are bound parameters.
+struct Statements {
+    table: String,
+    reserve: Arc<str>,
+    complete: Arc<str>,
+    completed_by: Arc<str>,
+    renew: Arc<str>,
+    release: Arc<str>,
+    get: Arc<str>,
+    remove: Arc<str>,
+    purge: Arc<str>,
+}
+
+/// The columns a record is read from, in the order both halves of `reserve` return them.
+const RECORD_COLUMNS: &str = "attempt, token, fingerprint, created_at, expires_at, state, \
+                              lease_until, status, headers, body, completed_at";
+
+/// The scope's primary key, as parameters $1..$3.
+const BY_SCOPE: &str = "tenant = $1 AND endpoint = $2 AND idem_key = $3";
+
+impl Statements {
+    fn for_table(t: &str) -> Statements {
+        // reserve: $1 tenant, $2 endpoint, $3 key, $4 fingerprint, $5 now, $6 expires_at
+        // of a fresh record, $7 the new token, $8 lease_until.
+        //
+        // The DO UPDATE's WHERE is decide()'s Execute rows and nothing else: the record
+        // expired (any payload: start afresh as attempt 1, new creation time and
+        // expiry), or it is in progress, its lease lapsed, and the payload is the same
+        // (take over as attempt n+1, keeping the creation time; expiry never before the
+        // new lease ends). When the insert took nothing, the second half reads the row.
+        let reserve = format!(
+            "WITH ins AS (
+                INSERT INTO {t} AS r (tenant, endpoint, idem_key, fingerprint, created_at,
+                                      expires_at, attempt, token, state, lease_until)
+                VALUES ($1, $2, $3, $4, $5::BIGINT, $6::BIGINT, 1, $7::BIGINT,
+                        'in_progress', $8::BIGINT)
+                ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
+                    fingerprint  = EXCLUDED.fingerprint,
+                    created_at   = CASE WHEN r.expires_at <= $5 THEN EXCLUDED.created_at
+                                        ELSE r.created_at END,
+                    expires_at   = CASE WHEN r.expires_at <= $5 THEN EXCLUDED.expires_at
+                                        ELSE GREATEST(r.expires_at, EXCLUDED.lease_until) END,
+                    attempt      = CASE WHEN r.expires_at <= $5 THEN 1
+                                        ELSE LEAST(r.attempt, 2147483646) + 1 END,
+                    token        = EXCLUDED.token,
+                    state        = 'in_progress',
+                    lease_until  = EXCLUDED.lease_until,
+                    status       = NULL,
+                    headers      = NULL,
+                    body         = NULL,
+                    completed_at = NULL
+                WHERE r.expires_at <= $5
+                   OR (r.state = 'in_progress' AND r.lease_until <= $5
+                       AND r.fingerprint = EXCLUDED.fingerprint)
+                RETURNING {RECORD_COLUMNS}
+            )
+            SELECT TRUE AS acquired, {RECORD_COLUMNS} FROM ins
+            UNION ALL
+            SELECT FALSE AS acquired, {RECORD_COLUMNS} FROM {t}
+             WHERE {BY_SCOPE} AND NOT EXISTS (SELECT 1 FROM ins)"
+        );
+        // complete: $4 token, $5 now, $6 status, $7 headers, $8 body.
+        let complete = format!(
+            "UPDATE {t} SET state = 'completed', lease_until = NULL, status = $6,
+                    headers = $7, body = $8, completed_at = $5
+              WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'in_progress'"
+        );
+        let completed_by = format!(
+            "SELECT 1 FROM {t}
+              WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'completed'"
+        );
+        // renew: $5 now, $6 the new lease_until.
+        let renew = format!(
+            "UPDATE {t} SET lease_until = $6, expires_at = GREATEST(expires_at, $6)
+              WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'in_progress'"
+        );
+        let release = format!(
+            "DELETE FROM {t}
+              WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'in_progress'"
+        );
+        let get = format!("SELECT {RECORD_COLUMNS} FROM {t} WHERE {BY_SCOPE}");
+        let remove = format!("DELETE FROM {t} WHERE {BY_SCOPE}");
+        // At most $2 rows, found through the expires_at index; rows another
+        // transaction holds (a reserve taking one over) are skipped, not waited for.
+        let purge = format!(
+            "DELETE FROM {t}
+              WHERE ctid = ANY(ARRAY(
+                        SELECT ctid FROM {t} WHERE expires_at <= $1
+                         ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+                AND expires_at <= $1"
+        );
+        Statements {
+            table: t.to_owned(),
+            reserve: reserve.into(),
+            complete: complete.into(),
+            completed_by: completed_by.into(),
+            renew: renew.into(),
+            release: release.into(),
+            get: get.into(),
+            remove: remove.into(),
+            purge: purge.into(),
+        }
+    }
+}
