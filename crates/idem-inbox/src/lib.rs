@@ -1,3 +1,95 @@
-//! Message de-duplication for at-least-once consumers, with a NATS JetStream adapter
+//! Exactly-once effects for at-least-once message consumers (SPEC S12).
 //!
-//! Work in progress.
+//! Brokers deliver a message at least once: after a consumer crash, a lost ack or a
+//! publisher's retry, the same message arrives again. An [`Inbox`] keeps a
+//! processed-message table keyed by `(consumer, message_id)` with a unique constraint,
+//! and [`Inbox::process`] inserts that row and runs the caller's effects **in one
+//! transaction**: the first delivery commits both; a later one finds the row, skips the
+//! effects and reports [`Outcome::Duplicate`] so the caller acks it.
+//!
+//! | backend | feature | guarantee |
+//! |---|---|---|
+//! | [`SqliteInbox`] | `sqlite` | exactly once, effects in the same SQLite transaction |
+//! | [`PgInbox`] | `postgres` | exactly once, effects in the same PostgreSQL transaction, many consumers |
+//! | [`RedisInbox`] | `redis` | effects outside any transaction: at least once across crashes (see its docs) |
+//!
+//! [`JetStreamInbox`] (feature `nats`) drives a NATS JetStream pull consumer through an
+//! inbox and acks each message only after its transaction committed; [`Publisher`] sets
+//! `Nats-Msg-Id` so JetStream's own duplicate window applies too. Rows are kept for a
+//! retention ([`DEFAULT_RETENTION`], 7 days), purged in bounded batches
+//! ([`Inbox::purge`], [`Purger`]); [`Inbox::check_retention`] and
+//! [`JetStreamInbox::check_retention`] warn when the broker may redeliver a message
+//! after the inbox forgot it.
+//!
+//! # Examples
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # fn main() -> Result<(), idem_inbox::Error> {
+//! # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+//! # rt.block_on(async {
+//! use idem_inbox::{Inbox, Outcome, SqliteInbox};
+//!
+//! let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+//! sqlx::query("CREATE TABLE points (account TEXT PRIMARY KEY, balance INTEGER NOT NULL)")
+//!     .execute(&pool)
+//!     .await?;
+//! let inbox = SqliteInbox::new(pool.clone(), "points")?;
+//! inbox.migrate().await?;
+//!
+//! let credit = |tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>| -> futures_util::future::BoxFuture<'_, Result<(), idem_inbox::Error>> {
+//!     Box::pin(async move {
+//!         sqlx::query(
+//!             "INSERT INTO points VALUES ('alice', 10) \
+//!              ON CONFLICT (account) DO UPDATE SET balance = balance + 10",
+//!         )
+//!         .execute(&mut **tx)
+//!         .await?;
+//!         Ok(())
+//!     })
+//! };
+//! // The broker delivers message "m-1" twice; the points are credited once.
+//! assert_eq!(inbox.process("m-1", credit).await?, Outcome::Processed(()));
+//! assert_eq!(inbox.process("m-1", credit).await?, Outcome::Duplicate);
+//!
+//! let balance: i64 = sqlx::query_scalar("SELECT balance FROM points WHERE account = 'alice'")
+//!     .fetch_one(&pool)
+//!     .await?;
+//! assert_eq!(balance, 10);
+//! # Ok(()) })
+//! # }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
+//! ```
+
+mod error;
+mod inbox;
+#[cfg(feature = "nats")]
+mod nats;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
+mod retention;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+pub use error::{Error, Result};
+pub use futures_util::future::BoxFuture;
+pub use inbox::{Inbox, MAX_ID_LEN, Outcome};
+#[cfg(feature = "nats")]
+pub use nats::{
+    ConsumerStats, Delivery, IdSource, JetStreamInbox, NATS_MSG_ID, NatsOptions, Publisher,
+    broker_window,
+};
+#[cfg(feature = "postgres")]
+pub use postgres::PgInbox;
+#[cfg(feature = "redis")]
+pub use redis::{DEFAULT_IN_FLIGHT_LEASE, RedisInbox};
+pub use retention::{DEFAULT_RETENTION, PurgeConfig, Purger, RetentionWarning, check_retention};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sql::DEFAULT_TABLE;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteInbox;
