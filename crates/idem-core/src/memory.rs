@@ -36,11 +36,15 @@ struct Inner {
 
 impl Inner {
     fn insert(&mut self, record: Record) {
-        self.by_expiry
-            .insert((record.expires_at, record.scope.clone()));
-        if let Some(old) = self.records.insert(record.scope.clone(), record) {
+        // Unindex the old record first: a takeover may keep the same expiry, and
+        // removing its index entry after adding the new one would drop both, leaving a
+        // record that is never purged.
+        if let Some(old) = self.records.remove(&record.scope) {
             self.unindex(&old);
         }
+        self.by_expiry
+            .insert((record.expires_at, record.scope.clone()));
+        self.records.insert(record.scope.clone(), record);
     }
 
     fn unindex(&mut self, old: &Record) {
@@ -249,5 +253,33 @@ impl Store for MemoryStore {
 
     async fn ping(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{test_fingerprint, test_scope};
+    use crate::{Clock, ManualClock};
+
+    #[tokio::test]
+    async fn takeover_that_keeps_the_expiry_stays_purgeable() {
+        let clock = ManualClock::starting_now();
+        let store = MemoryStore::with_clock(Arc::new(clock.clone()));
+        let req = ReserveRequest::new(test_scope("/x", "k"), test_fingerprint("{}"))
+            .ttl(Duration::from_secs(90))
+            .lease(Duration::from_secs(30));
+        let expires_at = req.expires_at(clock.now());
+        assert!(store.reserve(&req).await.unwrap().lease().is_some());
+        clock.advance(Duration::from_secs(30));
+        let Reservation::Acquired(l) = store.reserve(&req).await.unwrap() else {
+            panic!("lapsed lease is taken over")
+        };
+        assert_eq!(l.attempt, 2);
+        let record = store.get(&req.scope).await.unwrap().unwrap();
+        assert_eq!(record.expires_at, expires_at, "the takeover kept the expiry");
+        clock.set(expires_at);
+        assert_eq!(store.purge_expired(10).await.unwrap(), 1);
+        assert!(store.is_empty());
     }
 }
