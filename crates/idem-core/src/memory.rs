@@ -277,7 +277,10 @@ mod tests {
         };
         assert_eq!(l.attempt, 2);
         let record = store.get(&req.scope).await.unwrap().unwrap();
-        assert_eq!(record.expires_at, expires_at, "the takeover kept the expiry");
+        assert_eq!(
+            record.expires_at, expires_at,
+            "the takeover kept the expiry"
+        );
         clock.set(expires_at);
         assert_eq!(store.purge_expired(10).await.unwrap(), 1);
         assert!(store.is_empty());
