@@ -1,3 +1,165 @@
-//! Idempotency-Key middleware for tower and axum
+//! `Idempotency-Key` middleware for tower and axum.
 //!
-//! Work in progress.
+//! [`IdempotencyLayer`] gives an existing service Stripe-style idempotency keys over any
+//! [`idem_core::Store`]: the first request with a key executes and its answer is
+//! recorded; a retry with the same key gets that answer back, marked
+//! `Idempotent-Replayed: true`, and the handler does not run again.
+//!
+//! # Examples
+//!
+//! ```
+//! use axum::{Router, body::Body, http::StatusCode, routing::post};
+//! use http::Request;
+//! use idem_core::MemoryStore;
+//! use idem_tower::IdempotencyLayer;
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let app = Router::new()
+//!     .route("/v1/orders", post(|| async { (StatusCode::CREATED, "order 1") }))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()));
+//!
+//! let request = || {
+//!     Request::post("/v1/orders")
+//!         .header("idempotency-key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+//!         .body(Body::from(r#"{"sku":"tea","qty":2}"#))
+//!         .unwrap()
+//! };
+//! let first = app.clone().oneshot(request()).await.unwrap();
+//! assert_eq!(first.status(), 201);
+//!
+//! let retry = app.oneshot(request()).await.unwrap();
+//! assert_eq!(retry.status(), 201);
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! # }
+//! ```
+//!
+//! Configure it with the builder:
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{HeaderName, Method};
+//! use idem_core::{FingerprintOptions, MemoryStore, ScopeMode};
+//! use idem_tower::{IdempotencyLayer, RouteConfig};
+//!
+//! let layer = IdempotencyLayer::new(MemoryStore::new())
+//!     .keyed_methods([Method::POST, Method::PATCH])
+//!     .require_key_if(|parts| parts.uri.path().starts_with("/v1/charges"))
+//!     .scope_mode(ScopeMode::Public)
+//!     .fingerprint_options(FingerprintOptions::default().ignore_pointer("/sent_at").unwrap())
+//!     .body_limit(256 * 1024)
+//!     .ttl(Duration::from_secs(24 * 3600))
+//!     .lease(Duration::from_secs(60))
+//!     .store_headers([HeaderName::from_static("x-order-version")])
+//!     .route_config(|parts| {
+//!         parts.uri.path().ends_with("/capture").then(|| {
+//!             RouteConfig::new().endpoint("/v1/orders/{id}/capture").require_key(true)
+//!         })
+//!     });
+//! # let _ = layer;
+//! ```
+//!
+//! # What happens to a request (SPEC S2–S8)
+//!
+//! - Methods that are not keyed (default: anything but POST and PATCH) pass through
+//!   untouched and streaming, key or not. So does a keyed request without a key on a
+//!   route that does not require one; on a route that does (see
+//!   [`IdempotencyLayer::require_key`], [`IdempotencyLayer::require_key_if`],
+//!   [`RouteConfig::require_key`]) it is answered 400 `missing-key`.
+//! - The key is read in the quoted Structured Field form or the bare form; anything
+//!   malformed, and two key fields on one request, is 400 `invalid-key`.
+//! - The scope is `(tenant, endpoint, key)` in public mode, `(tenant, key)` in internal
+//!   mode. The tenant defaults to the SHA-256 of the `Authorization` value
+//!   ([`default_tenant`]); the endpoint is `METHOD route-template`, the template coming
+//!   from [`RouteConfig::endpoint`], else axum's `MatchedPath` (feature `axum`, on by
+//!   default; present when the layer is added with `Router::layer` or `route_layer`),
+//!   else the path.
+//! - The body is buffered up to the limit (default 1 MiB; over it: 413 `body-too-large`,
+//!   nothing reserved) and fingerprinted over the method, the request target (path and
+//!   query) and the body, JSON normalised. The fingerprint takes the concrete path, not
+//!   the template: a key reused on `/orders/2/capture` after `/orders/1/capture` is a
+//!   422, never order 1's replay.
+//! - The store's atomic reserve then decides, through [`idem_core::decide`]:
+//!
+//! | record                        | answer                                                    |
+//! |-------------------------------|-----------------------------------------------------------|
+//! | none or expired               | execute (attempt 1)                                       |
+//! | fingerprint differs           | 422 `key-reused`                                          |
+//! | in progress, lease alive      | 409 `request-in-progress` + `Retry-After`                 |
+//! | in progress, lease expired    | execute as attempt n+1, `recovered = true`                |
+//! | completed                     | replay: status, stored headers, body, `Idempotent-Replayed: true` |
+//! | store error                   | 503 `store-unavailable` + `Retry-After`; handler not called |
+//!
+//! # Execution
+//!
+//! The handler runs in a task of its own. A client that disconnects does not cancel it:
+//! it runs to completion and its answer is recorded, so the client's retry gets the
+//! replay. While it runs, the lease is renewed every third of its length. Its request
+//! carries an [`IdempotencyContext`] extension (key, scope, attempt, `recovered`, lease)
+//! with [`IdempotencyContext::derive`] for deterministic downstream keys.
+//!
+//! **A handler that panics, or whose service or response body fails, may already have
+//! had effects**: the layer records a 500 `handler-failed` problem and replays it to
+//! every retry of that key. Map errors you know to be harmless to a response with
+//! [`Disposition::Release`] yourself.
+//!
+//! What is recorded (SPEC S6): every answer of an execution that started, 5xx and
+//! 402-style refusals included, except statuses that say the request never started —
+//! 400 401 403 404 405 408 409 413 415 422 429 503 by default
+//! ([`IdempotencyLayer::release_statuses`]) — which release the key so a corrected
+//! retry may execute. A [`Disposition`] response extension overrides that for one
+//! response. Stored headers are an allow-list (`content-type`, `location`, plus
+//! [`IdempotencyLayer::store_headers`]); [`NEVER_STORED_HEADERS`] are refused. The first
+//! caller receives the handler's full response; replays receive only what was stored.
+//!
+//! On shutdown, stop accepting connections, then await
+//! [`IdempotencyLayer::in_flight`]`().wait()` so every started execution is recorded.
+//!
+//! # Problem types
+//!
+//! Every error answer is an RFC 9457 `application/problem+json` body with `type`,
+//! `title`, `status` and `detail`. The `type` URIs are stable:
+//!
+//! | status | `type`                                          | meaning                               |
+//! |--------|-------------------------------------------------|---------------------------------------|
+//! | 400    | `https://idem.dev/problems/invalid-key`         | malformed or repeated key header      |
+//! | 400    | `https://idem.dev/problems/missing-key`         | the route requires a key              |
+//! | 400    | `https://idem.dev/problems/body-unreadable`     | the request body could not be read    |
+//! | 413    | `https://idem.dev/problems/body-too-large`      | body over the limit; nothing reserved |
+//! | 409    | `https://idem.dev/problems/request-in-progress` | another attempt runs; `Retry-After`   |
+//! | 422    | `https://idem.dev/problems/key-reused`          | key reused with a different payload   |
+//! | 500    | `https://idem.dev/problems/handler-failed`      | the handler panicked or failed (recorded) |
+//! | 503    | `https://idem.dev/problems/store-unavailable`   | store unreachable; `Retry-After`      |
+//!
+//! # Limits of this version
+//!
+//! - The response future is boxed (one allocation per request).
+//! - A keyed request's response is buffered whole to be recorded; there is no limit on
+//!   its size.
+
+mod body;
+mod config;
+mod context;
+mod future;
+mod in_flight;
+mod layer;
+mod policy;
+mod problem;
+mod service;
+
+pub use body::IdempotencyBody;
+pub use config::{
+    DEFAULT_HEADER_NAME, DEFAULT_RELEASE_STATUSES, DEFAULT_STORED_HEADERS, NEVER_STORED_HEADERS,
+    RouteConfig, default_tenant, is_storable_header,
+};
+pub use context::IdempotencyContext;
+pub use future::ResponseFuture;
+pub use in_flight::InFlight;
+pub use layer::IdempotencyLayer;
+pub use policy::{Disposition, Observer, Outcome};
+pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
+pub use service::{IDEMPOTENT_REPLAYED, Idempotency};
+
+/// The error type the layer's bounds convert inner errors into.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

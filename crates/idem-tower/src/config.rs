@@ -1,0 +1,221 @@
+//! What the layer is configured with: the builder's settings and per-route overrides.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::{HeaderName, Method};
+use idem_core::{
+    DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, FingerprintOptions, PointerError, ScopeMode,
+    Tenant,
+};
+
+use crate::policy::{NoopObserver, Observer};
+
+/// The header that carries the key unless configured otherwise.
+pub const DEFAULT_HEADER_NAME: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// Response statuses that release the key by default (SPEC S6): the request did not
+/// start executing, so a corrected retry with the same key may run.
+pub const DEFAULT_RELEASE_STATUSES: [u16; 12] =
+    [400, 401, 403, 404, 405, 408, 409, 413, 415, 422, 429, 503];
+
+/// Response headers stored and replayed by default (SPEC S6).
+pub const DEFAULT_STORED_HEADERS: [&str; 2] = ["content-type", "location"];
+
+/// Response headers that are never stored, whatever the allow-list says: they describe
+/// one transmission (date, framing, connection), carry a client's session
+/// (`set-cookie`), or identify one request's trace, so replaying them would lie.
+pub const NEVER_STORED_HEADERS: [&str; 20] = [
+    "date",
+    "set-cookie",
+    "set-cookie2",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "trailer",
+    "upgrade",
+    "proxy-authenticate",
+    "traceparent",
+    "tracestate",
+    "b3",
+    "request-id",
+    "x-request-id",
+    "x-correlation-id",
+    "x-trace-id",
+    "x-amzn-trace-id",
+    "x-cloud-trace-context",
+    "uber-trace-id",
+];
+
+/// Whether a response header may be stored (see [`NEVER_STORED_HEADERS`]; `x-b3-*`
+/// trace headers are refused too).
+pub fn is_storable_header(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    !NEVER_STORED_HEADERS.contains(&name) && !name.starts_with("x-b3-")
+}
+
+pub(crate) type PartsPredicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
+pub(crate) type TenantExtractor = Arc<dyn Fn(&Parts) -> Tenant + Send + Sync>;
+pub(crate) type RouteConfigFn = Arc<dyn Fn(&Parts) -> Option<RouteConfig> + Send + Sync>;
+
+/// The layer's settings, shared by every service it makes.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) header_name: HeaderName,
+    pub(crate) keyed_methods: Vec<Method>,
+    pub(crate) require_key: PartsPredicate,
+    pub(crate) scope_mode: ScopeMode,
+    pub(crate) tenant_from: TenantExtractor,
+    pub(crate) fingerprint: FingerprintOptions,
+    pub(crate) body_limit: usize,
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) stored_headers: Vec<HeaderName>,
+    pub(crate) release_statuses: BTreeSet<u16>,
+    pub(crate) route_config: Option<RouteConfigFn>,
+    pub(crate) observer: Arc<dyn Observer>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            header_name: DEFAULT_HEADER_NAME,
+            keyed_methods: vec![Method::POST, Method::PATCH],
+            require_key: Arc::new(|_| false),
+            scope_mode: ScopeMode::Public,
+            tenant_from: Arc::new(default_tenant),
+            fingerprint: FingerprintOptions::default(),
+            body_limit: DEFAULT_BODY_LIMIT,
+            ttl: DEFAULT_TTL,
+            lease: DEFAULT_LEASE,
+            stored_headers: DEFAULT_STORED_HEADERS
+                .iter()
+                .map(|h| HeaderName::from_static(h))
+                .collect(),
+            release_statuses: DEFAULT_RELEASE_STATUSES.into_iter().collect(),
+            route_config: None,
+            observer: Arc::new(NoopObserver),
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("header_name", &self.header_name)
+            .field("keyed_methods", &self.keyed_methods)
+            .field("scope_mode", &self.scope_mode)
+            .field("fingerprint", &self.fingerprint)
+            .field("body_limit", &self.body_limit)
+            .field("ttl", &self.ttl)
+            .field("lease", &self.lease)
+            .field("stored_headers", &self.stored_headers)
+            .field("release_statuses", &self.release_statuses)
+            .field("route_config", &self.route_config.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The default tenant (SPEC S3): the SHA-256 of the first `Authorization` value, else
+/// [`Tenant::anonymous`]. The raw credential is neither stored nor logged.
+pub fn default_tenant(parts: &Parts) -> Tenant {
+    match parts.headers.get(http::header::AUTHORIZATION) {
+        Some(v) => Tenant::from_credential(v.as_bytes()),
+        None => Tenant::anonymous(),
+    }
+}
+
+/// Per-route overrides, returned by the closure given to
+/// [`IdempotencyLayer::route_config`](crate::IdempotencyLayer::route_config).
+///
+/// Every setting left unset falls back to the layer's.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_tower::RouteConfig;
+///
+/// let capture = RouteConfig::new()
+///     .endpoint("/v1/orders/{id}/capture")
+///     .require_key(true)
+///     .ttl(Duration::from_secs(3600))
+///     .ignore_pointer("/client_sent_at")
+///     .unwrap();
+/// # let _ = capture;
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct RouteConfig {
+    pub(crate) endpoint: Option<String>,
+    pub(crate) keyed: Option<bool>,
+    pub(crate) require_key: Option<bool>,
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) lease: Option<Duration>,
+    pub(crate) fingerprint: Option<FingerprintOptions>,
+    pub(crate) stored_headers: Vec<HeaderName>,
+}
+
+impl RouteConfig {
+    /// No overrides.
+    pub fn new() -> RouteConfig {
+        RouteConfig::default()
+    }
+
+    /// The route template that names the endpoint in the scope (SPEC S3), e.g.
+    /// `/v1/orders/{id}/capture`; the method is prefixed by the layer.
+    pub fn endpoint(mut self, template: impl Into<String>) -> RouteConfig {
+        self.endpoint = Some(template.into());
+        self
+    }
+
+    /// Whether requests to this route are keyed at all, whatever their method.
+    pub fn keyed(mut self, keyed: bool) -> RouteConfig {
+        self.keyed = Some(keyed);
+        self
+    }
+
+    /// Whether a keyed request to this route must carry a key (missing → 400).
+    pub fn require_key(mut self, required: bool) -> RouteConfig {
+        self.require_key = Some(required);
+        self
+    }
+
+    /// How long records of this route live (SPEC S8).
+    pub fn ttl(mut self, ttl: Duration) -> RouteConfig {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long an attempt's lease lasts on this route (SPEC S7).
+    pub fn lease(mut self, lease: Duration) -> RouteConfig {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Fingerprint options for this route. They replace the layer's.
+    pub fn fingerprint_options(mut self, options: FingerprintOptions) -> RouteConfig {
+        self.fingerprint = Some(options);
+        self
+    }
+
+    /// Leaves a JSON pointer out of this route's fingerprint (SPEC S4). The route's
+    /// options start empty and replace the layer's.
+    pub fn ignore_pointer(mut self, pointer: &str) -> Result<RouteConfig, PointerError> {
+        let options = self.fingerprint.take().unwrap_or_default();
+        self.fingerprint = Some(options.ignore_pointer(pointer)?);
+        Ok(self)
+    }
+
+    /// Response headers stored for this route on top of the layer's allow-list. Names in
+    /// [`NEVER_STORED_HEADERS`] are ignored.
+    pub fn store_headers<I>(mut self, names: I) -> RouteConfig
+    where
+        I: IntoIterator<Item = HeaderName>,
+    {
+        self.stored_headers
+            .extend(names.into_iter().filter(is_storable_header));
+        self
+    }
+}

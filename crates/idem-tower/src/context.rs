@@ -1,0 +1,116 @@
+//! What the inner service learns about a keyed request (SPEC S7).
+
+use idem_core::{Fingerprint, Key, Lease, Scope};
+use sha2::{Digest, Sha256};
+
+/// A request extension the inner service sees on every keyed request that won its
+/// reservation.
+///
+/// ```
+/// use axum::Extension;
+/// use idem_tower::IdempotencyContext;
+///
+/// async fn charge(Extension(ctx): Extension<IdempotencyContext>) -> String {
+///     if ctx.recovered {
+///         // An earlier attempt died mid-way: look for its effects before acting again.
+///     }
+///     // The payment provider sees the same key on every attempt of this operation.
+///     let provider_key = ctx.derive("charge");
+///     format!("attempt {} uses {provider_key}", ctx.attempt)
+/// }
+/// # let _ = charge;
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct IdempotencyContext {
+    /// The client's key.
+    pub key: Key,
+    /// The record's scope: tenant, endpoint (public mode) and key.
+    pub scope: Scope,
+    /// 1 for a first execution, n+1 after a takeover of a dead attempt's lease.
+    pub attempt: u32,
+    /// Whether this attempt took over from one that died (`attempt > 1`): the handler
+    /// should consult its business records before acting again.
+    pub recovered: bool,
+    /// This attempt's lease. With a SQL store a handler may complete the record inside
+    /// its own business transaction (SPEC S9) with
+    /// [`Store::complete`](idem_core::Store::complete); the layer's own completion
+    /// afterwards keeps that first response.
+    pub lease: Lease,
+    /// The request's fingerprint.
+    pub fingerprint: Fingerprint,
+}
+
+impl IdempotencyContext {
+    pub(crate) fn new(lease: Lease, fingerprint: Fingerprint) -> IdempotencyContext {
+        IdempotencyContext {
+            key: lease.scope.key().clone(),
+            scope: lease.scope.clone(),
+            attempt: lease.attempt,
+            recovered: lease.recovered(),
+            lease,
+            fingerprint,
+        }
+    }
+
+    /// A deterministic child key for a downstream call (SPEC S7): the hex SHA-256 of
+    /// this record's scope and `label`.
+    ///
+    /// Every attempt of one operation derives the same child keys, so a recovered attempt
+    /// reuses the downstream keys of the attempt that died. The scope (tenant, endpoint
+    /// in public mode, key) goes in rather than the key alone, so two tenants, or two
+    /// endpoints, that happen to use the same key never share a downstream key.
+    pub fn derive(&self, label: &str) -> Key {
+        let mut h = Sha256::new();
+        let digest = self.scope.digest();
+        for part in [digest.as_bytes(), label.as_bytes()] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part);
+        }
+        Key::new(hex::encode(h.finalize())).expect("64 hex digits are a valid key")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::{Endpoint, FencingToken, ScopeMode, Tenant};
+
+    fn context(tenant: &str, endpoint: &str, attempt: u32) -> IdempotencyContext {
+        let scope = Scope::new(
+            ScopeMode::Public,
+            Tenant::new(tenant),
+            Endpoint::new("POST", endpoint),
+            Key::new("k-1").unwrap(),
+        );
+        let lease = Lease {
+            scope,
+            token: FencingToken::generate(),
+            attempt,
+        };
+        IdempotencyContext::new(
+            lease,
+            Fingerprint::compute("POST", endpoint, None, b"", &Default::default()),
+        )
+    }
+
+    #[test]
+    fn derived_keys_are_stable_across_attempts() {
+        let first = context("t", "/charges", 1);
+        let recovered = context("t", "/charges", 2);
+        assert!(!first.recovered);
+        assert!(recovered.recovered);
+        assert_eq!(first.derive("charge"), recovered.derive("charge"));
+        assert_ne!(first.derive("charge"), first.derive("email"));
+        assert_eq!(first.derive("charge").as_str().len(), 64);
+    }
+
+    #[test]
+    fn derived_keys_differ_between_scopes() {
+        let a = context("a", "/charges", 1);
+        let b = context("b", "/charges", 1);
+        let c = context("a", "/refunds", 1);
+        assert_ne!(a.derive("x"), b.derive("x"));
+        assert_ne!(a.derive("x"), c.derive("x"));
+    }
+}

@@ -1,0 +1,213 @@
+//! [`IdempotencyLayer`]: the builder.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::{HeaderName, Method, StatusCode};
+use idem_core::{FingerprintOptions, ScopeMode, Store, Tenant};
+use tower::Layer;
+
+use crate::config::{Config, RouteConfig, is_storable_header};
+use crate::in_flight::InFlight;
+use crate::policy::Observer;
+use crate::service::Idempotency;
+
+/// What every service made by one layer shares.
+pub(crate) struct Shared<St: ?Sized> {
+    pub(crate) config: Config,
+    pub(crate) in_flight: InFlight,
+    pub(crate) store: Arc<St>,
+}
+
+impl<St: ?Sized> Clone for Shared<St> {
+    fn clone(&self) -> Self {
+        Shared {
+            config: self.config.clone(),
+            in_flight: self.in_flight.clone(),
+            store: self.store.clone(),
+        }
+    }
+}
+
+/// Applies [`Idempotency`] to a service: Idempotency-Key handling over any
+/// [`Store`].
+///
+/// Every builder method has a default that follows SPEC; see the [crate docs](crate).
+pub struct IdempotencyLayer<St> {
+    pub(crate) shared: Arc<Shared<St>>,
+}
+
+impl<St> Clone for IdempotencyLayer<St> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<St> fmt::Debug for IdempotencyLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("config", &self.shared.config)
+            .field("in_flight", &self.shared.in_flight.count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store> IdempotencyLayer<St> {
+    /// A layer keeping its records in `store` (any [`Store`], `Arc<dyn Store>` too).
+    pub fn new(store: St) -> IdempotencyLayer<St> {
+        IdempotencyLayer::from_arc(Arc::new(store))
+    }
+
+    /// A layer keeping its records in a store shared with other code (a sweeper, an
+    /// operator endpoint).
+    pub fn from_arc(store: Arc<St>) -> IdempotencyLayer<St> {
+        IdempotencyLayer {
+            shared: Arc::new(Shared {
+                config: Config::default(),
+                in_flight: InFlight::default(),
+                store,
+            }),
+        }
+    }
+}
+
+impl<St> IdempotencyLayer<St> {
+    fn config(&mut self) -> &mut Config {
+        // Builders run before the layer is shared; cloning here is the rare case of a
+        // layer reconfigured after use, which keeps the earlier services unchanged.
+        &mut Arc::make_mut(&mut self.shared).config
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<St> {
+        &self.shared.store
+    }
+
+    /// A handle on the executions this layer's services have spawned, for graceful
+    /// shutdown.
+    pub fn in_flight(&self) -> InFlight {
+        self.shared.in_flight.clone()
+    }
+
+    /// The header that carries the key (default `Idempotency-Key`).
+    pub fn header_name(mut self, name: HeaderName) -> Self {
+        self.config().header_name = name;
+        self
+    }
+
+    /// The methods whose requests are keyed (default POST and PATCH). Other methods pass
+    /// through untouched, key or not.
+    pub fn keyed_methods<I: IntoIterator<Item = Method>>(mut self, methods: I) -> Self {
+        self.config().keyed_methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether every keyed request must carry a key (default `false`: requests without
+    /// one pass through). A missing key on a required route is answered 400.
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.config().require_key = Arc::new(move |_| required);
+        self
+    }
+
+    /// Requires a key on the keyed requests for which `predicate` holds.
+    pub fn require_key_if<F>(mut self, predicate: F) -> Self
+    where
+        F: Fn(&Parts) -> bool + Send + Sync + 'static,
+    {
+        self.config().require_key = Arc::new(predicate);
+        self
+    }
+
+    /// Whether the endpoint is part of the scope (default [`ScopeMode::Public`]).
+    pub fn scope_mode(mut self, mode: ScopeMode) -> Self {
+        self.config().scope_mode = mode;
+        self
+    }
+
+    /// How a request's tenant is found (default: SHA-256 of the `Authorization` value,
+    /// see [`default_tenant`](crate::default_tenant)).
+    pub fn tenant_from<F>(mut self, extractor: F) -> Self
+    where
+        F: Fn(&Parts) -> Tenant + Send + Sync + 'static,
+    {
+        self.config().tenant_from = Arc::new(extractor);
+        self
+    }
+
+    /// How bodies are fingerprinted (JSON pointers to leave out).
+    pub fn fingerprint_options(mut self, options: FingerprintOptions) -> Self {
+        self.config().fingerprint = options;
+        self
+    }
+
+    /// The largest keyed request body buffered, in bytes (default 1 MiB). Larger bodies
+    /// are answered 413 and nothing is reserved.
+    pub fn body_limit(mut self, limit: usize) -> Self {
+        self.config().body_limit = limit;
+        self
+    }
+
+    /// How long records live (default 24 h).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config().ttl = ttl;
+        self
+    }
+
+    /// How long an attempt's lease lasts (default 60 s); a running handler's lease is
+    /// renewed every third of it.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config().lease = lease.max(Duration::from_millis(3));
+        self
+    }
+
+    /// Response headers to store and replay besides `content-type` and `location`.
+    /// Names in [`NEVER_STORED_HEADERS`](crate::NEVER_STORED_HEADERS) (`date`,
+    /// `set-cookie`, trace and request ids, framing) are ignored.
+    pub fn store_headers<I: IntoIterator<Item = HeaderName>>(mut self, names: I) -> Self {
+        let config = self.config();
+        for name in names.into_iter().filter(is_storable_header) {
+            if !config.stored_headers.contains(&name) {
+                config.stored_headers.push(name);
+            }
+        }
+        self
+    }
+
+    /// The response statuses that release the key instead of recording the response
+    /// (default SPEC S6's 400 401 403 404 405 408 409 413 415 422 429 503). Replaces the
+    /// set.
+    pub fn release_statuses<I: IntoIterator<Item = StatusCode>>(mut self, statuses: I) -> Self {
+        self.config().release_statuses = statuses.into_iter().map(|s| s.as_u16()).collect();
+        self
+    }
+
+    /// Per-route overrides: called once per request; `None` keeps the layer's settings.
+    pub fn route_config<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<RouteConfig> + Send + Sync + 'static,
+    {
+        self.config().route_config = Some(Arc::new(f));
+        self
+    }
+
+    /// Hooks for metrics and logs.
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.config().observer = observer;
+        self
+    }
+}
+
+impl<S, St> Layer<S> for IdempotencyLayer<St> {
+    type Service = Idempotency<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}

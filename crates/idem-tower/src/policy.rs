@@ -1,0 +1,100 @@
+//! How an execution's response is treated, and what the layer reports as it works.
+
+use std::fmt;
+use std::time::Duration;
+
+/// A response extension by which the inner service overrides SPEC S6's default
+/// record-or-release decision for one response.
+///
+/// ```
+/// use idem_tower::Disposition;
+///
+/// // A 503 produced after the charge went through must not let a retry charge again.
+/// let mut response = http::Response::builder().status(503).body(()).unwrap();
+/// response.extensions_mut().insert(Disposition::Record);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Disposition {
+    /// Record the response and replay it to every retry.
+    Record,
+    /// Delete the in-progress record: the request had no effect, and a retry with the
+    /// same key executes.
+    Release,
+    /// The outcome is unknown (an upstream timed out after the request was sent): leave
+    /// the record in progress and stop renewing its lease. Retries get 409 until the
+    /// lease lapses, then one takes over as attempt n+1 with `recovered = true` and can
+    /// check its business records first.
+    KeepInProgress,
+}
+
+/// What the layer did with one request, as reported to an [`Observer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The handler ran and its response was recorded.
+    Executed,
+    /// A completed record was replayed; the handler did not run.
+    Replayed,
+    /// Another attempt holds the key: 409.
+    Conflict,
+    /// The key was reused with a different payload: 422.
+    Mismatch,
+    /// The handler ran and its response released the key.
+    Released,
+    /// The handler ran and asked to keep the record in progress
+    /// ([`Disposition::KeepInProgress`]).
+    KeptInProgress,
+    /// The request was refused before reserving: bad or missing key (400), body too large
+    /// (413) or unreadable (400).
+    Rejected,
+    /// The store failed: 503, handler not called.
+    StoreUnavailable,
+    /// The request was not keyed (method, route, or no key on an optional route) and
+    /// went to the handler untouched.
+    PassedThrough,
+}
+
+impl Outcome {
+    /// A short, stable name (`executed`, `replayed`, …) for metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Executed => "executed",
+            Outcome::Replayed => "replayed",
+            Outcome::Conflict => "conflict",
+            Outcome::Mismatch => "mismatch",
+            Outcome::Released => "released",
+            Outcome::KeptInProgress => "kept_in_progress",
+            Outcome::Rejected => "rejected",
+            Outcome::StoreUnavailable => "store_unavailable",
+            Outcome::PassedThrough => "passed_through",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Hooks the layer calls as it works (metrics, logs). Every method has a no-op default.
+///
+/// Methods are called inline on the request path: keep them cheap and never block.
+pub trait Observer: Send + Sync + 'static {
+    /// One request's outcome.
+    fn outcome(&self, outcome: Outcome) {
+        let _ = outcome;
+    }
+
+    /// One store call (`reserve`, `complete`, `renew`, `release`), how long it took and
+    /// whether it succeeded.
+    fn store_call(&self, op: &'static str, elapsed: Duration, ok: bool) {
+        let _ = (op, elapsed, ok);
+    }
+}
+
+/// The default observer: does nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct NoopObserver;
+
+impl Observer for NoopObserver {}

@@ -1,0 +1,210 @@
+//! Every error answer the layer gives, as an RFC 9457 problem body. Statuses and `type`
+//! URIs live here and nowhere else.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+/// The media type of problem bodies.
+pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
+
+/// How long a client should wait after a 503 for an unavailable store.
+pub const STORE_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The kinds of problem the layer answers with. Each has a stable `type` URI (see
+/// [`ProblemKind::type_uri`]) that clients may match on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// 400: the `Idempotency-Key` header is malformed or repeated (SPEC S2).
+    InvalidKey,
+    /// 400: the route requires a key and none was sent (SPEC S5).
+    MissingKey,
+    /// 400: the request body could not be read.
+    BodyUnreadable,
+    /// 413: the body is over the limit; nothing was reserved (SPEC S4).
+    BodyTooLarge,
+    /// 409 + `Retry-After`: another attempt with this key is executing (SPEC S5).
+    RequestInProgress,
+    /// 422: the key was used for a request with a different payload (SPEC S5).
+    KeyReused,
+    /// 500: the handler panicked or failed after it started; it may have had effects, so
+    /// this answer is recorded and replayed.
+    HandlerFailed,
+    /// 503 + `Retry-After`: the idempotency store is unreachable; the handler was not
+    /// called (SPEC S10).
+    StoreUnavailable,
+}
+
+impl ProblemKind {
+    /// Every kind, for documentation and tests.
+    pub const ALL: [ProblemKind; 8] = [
+        ProblemKind::InvalidKey,
+        ProblemKind::MissingKey,
+        ProblemKind::BodyUnreadable,
+        ProblemKind::BodyTooLarge,
+        ProblemKind::RequestInProgress,
+        ProblemKind::KeyReused,
+        ProblemKind::HandlerFailed,
+        ProblemKind::StoreUnavailable,
+    ];
+
+    /// The stable `type` URI, `https://idem.dev/problems/<slug>`.
+    pub fn type_uri(self) -> &'static str {
+        match self {
+            ProblemKind::InvalidKey => "https://idem.dev/problems/invalid-key",
+            ProblemKind::MissingKey => "https://idem.dev/problems/missing-key",
+            ProblemKind::BodyUnreadable => "https://idem.dev/problems/body-unreadable",
+            ProblemKind::BodyTooLarge => "https://idem.dev/problems/body-too-large",
+            ProblemKind::RequestInProgress => "https://idem.dev/problems/request-in-progress",
+            ProblemKind::KeyReused => "https://idem.dev/problems/key-reused",
+            ProblemKind::HandlerFailed => "https://idem.dev/problems/handler-failed",
+            ProblemKind::StoreUnavailable => "https://idem.dev/problems/store-unavailable",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ProblemKind::InvalidKey | ProblemKind::MissingKey | ProblemKind::BodyUnreadable => {
+                StatusCode::BAD_REQUEST
+            }
+            ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProblemKind::RequestInProgress => StatusCode::CONFLICT,
+            ProblemKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemKind::HandlerFailed => StatusCode::INTERNAL_SERVER_ERROR,
+            ProblemKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// A short, fixed summary.
+    pub fn title(self) -> &'static str {
+        match self {
+            ProblemKind::InvalidKey => "Invalid Idempotency-Key",
+            ProblemKind::MissingKey => "Idempotency-Key required",
+            ProblemKind::BodyUnreadable => "Request body could not be read",
+            ProblemKind::BodyTooLarge => "Request body too large",
+            ProblemKind::RequestInProgress => "Request in progress",
+            ProblemKind::KeyReused => "Idempotency-Key reused with a different payload",
+            ProblemKind::HandlerFailed => "Request failed",
+            ProblemKind::StoreUnavailable => "Idempotency store unavailable",
+        }
+    }
+}
+
+/// One problem answer: a kind, a detail for this occurrence, and for 409 and 503 how
+/// long to wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    kind: ProblemKind,
+    detail: String,
+    retry_after: Option<Duration>,
+}
+
+impl Problem {
+    /// A problem of `kind` with a human-readable `detail`.
+    pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Problem {
+        let retry_after = match kind {
+            ProblemKind::StoreUnavailable => Some(STORE_UNAVAILABLE_RETRY_AFTER),
+            ProblemKind::RequestInProgress => Some(Duration::from_secs(1)),
+            _ => None,
+        };
+        Problem {
+            kind,
+            detail: detail.into(),
+            retry_after,
+        }
+    }
+
+    /// Sets `Retry-After` (whole seconds, rounded up, at least 1).
+    pub fn retry_after(mut self, wait: Duration) -> Problem {
+        self.retry_after = Some(wait);
+        self
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> ProblemKind {
+        self.kind
+    }
+
+    /// The detail.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The `application/problem+json` body.
+    pub fn body(&self) -> Bytes {
+        let body = serde_json::json!({
+            "type": self.kind.type_uri(),
+            "title": self.kind.title(),
+            "status": self.kind.status().as_u16(),
+            "detail": self.detail,
+        });
+        Bytes::from(body.to_string())
+    }
+
+    /// The full response: status, `Content-Type`, `Retry-After` when set, body.
+    pub fn to_response(&self) -> Response<Bytes> {
+        let mut response = Response::new(self.body());
+        *response.status_mut() = self.kind.status();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(PROBLEM_CONTENT_TYPE),
+        );
+        if let Some(wait) = self.retry_after {
+            let secs = wait.as_millis().div_ceil(1000).max(1);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
+        }
+        response
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.title(), self.detail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problem_body_has_rfc9457_members() {
+        let p = Problem::new(ProblemKind::KeyReused, "the key was used for another body");
+        let r = p.to_response();
+        assert_eq!(r.status(), 422);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], PROBLEM_CONTENT_TYPE);
+        assert!(r.headers().get(header::RETRY_AFTER).is_none());
+        let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(v["type"], "https://idem.dev/problems/key-reused");
+        assert_eq!(v["title"], ProblemKind::KeyReused.title());
+        assert_eq!(v["status"], 422);
+        assert_eq!(v["detail"], "the key was used for another body");
+    }
+
+    #[test]
+    fn conflict_and_unavailable_carry_retry_after() {
+        let r = Problem::new(ProblemKind::RequestInProgress, "busy")
+            .retry_after(Duration::from_millis(2_001))
+            .to_response();
+        assert_eq!(r.status(), 409);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "3");
+        let r = Problem::new(ProblemKind::StoreUnavailable, "down").to_response();
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn type_uris_are_distinct_and_stable() {
+        let uris: std::collections::HashSet<_> =
+            ProblemKind::ALL.iter().map(|k| k.type_uri()).collect();
+        assert_eq!(uris.len(), ProblemKind::ALL.len());
+        for uri in uris {
+            assert!(uri.starts_with("https://idem.dev/problems/"), "{uri}");
+        }
+    }
+}

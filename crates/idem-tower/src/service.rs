@@ -1,0 +1,591 @@
+//! [`Idempotency`]: the middleware service, and the five stages of SPEC S5 at the HTTP
+//! level.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idem_core::{
+    Endpoint, Fingerprint, FingerprintOptions, Key, Lease, Reservation, ReserveRequest, Scope,
+    Store, StoreError, StoredResponse,
+};
+use tokio::sync::oneshot;
+use tower::{Layer, Service};
+
+use crate::config::RouteConfig;
+use crate::context::IdempotencyContext;
+use crate::future::ResponseFuture;
+use crate::layer::{IdempotencyLayer, Shared};
+use crate::policy::{Disposition, Observer, Outcome};
+use crate::problem::{Problem, ProblemKind};
+use crate::{BoxError, IdempotencyBody};
+
+/// The header that marks a replayed answer.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// How often, and with what pauses, recording a response is tried before giving up. The
+/// record then stays in progress and its lease lapses, so a retry takes over.
+const COMPLETE_BACKOFF: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+];
+
+/// Idempotency-Key handling around an inner service; made by [`IdempotencyLayer`].
+pub struct Idempotency<S, St> {
+    pub(crate) inner: S,
+    pub(crate) shared: Arc<Shared<St>>,
+}
+
+impl<S, St: Store> Idempotency<S, St> {
+    /// Wraps `inner` with the default settings, keeping records in `store`.
+    pub fn new(inner: S, store: St) -> Idempotency<S, St> {
+        IdempotencyLayer::new(store).layer(inner)
+    }
+
+    /// A layer to configure (same as [`IdempotencyLayer::new`]).
+    pub fn layer(store: St) -> IdempotencyLayer<St> {
+        IdempotencyLayer::new(store)
+    }
+}
+
+impl<S, St> Idempotency<S, St> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// A handle on the executions spawned by this service (and its layer's others).
+    pub fn in_flight(&self) -> crate::InFlight {
+        self.shared.in_flight.clone()
+    }
+}
+
+impl<S: Clone, St> Clone for Idempotency<S, St> {
+    fn clone(&self) -> Self {
+        Idempotency {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St> fmt::Debug for Idempotency<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, St>
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    St: Store,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<IdempotencyBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The instance that was driven ready is the one to call; keep a fresh clone.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        let config = &shared.config;
+        let (parts, body) = request.into_parts();
+
+        let route = config
+            .route_config
+            .as_ref()
+            .and_then(|f| f(&parts))
+            .unwrap_or_default();
+        let keyed = route
+            .keyed
+            .unwrap_or_else(|| config.keyed_methods.contains(&parts.method));
+        if !keyed {
+            return pass_through(&mut inner, &*config.observer, parts, body);
+        }
+
+        let fields = parts.headers.get_all(&config.header_name);
+        let key = match Key::from_fields(fields.iter().map(HeaderValue::as_bytes)) {
+            Ok(Some(key)) => key,
+            Ok(None) => {
+                let required = route
+                    .require_key
+                    .unwrap_or_else(|| (config.require_key)(&parts));
+                if !required {
+                    return pass_through(&mut inner, &*config.observer, parts, body);
+                }
+                let detail = format!(
+                    "{} {} requires an {} header; generate one key per operation and \
+                     send it with every retry",
+                    parts.method,
+                    parts.uri.path(),
+                    config.header_name
+                );
+                return reject(
+                    &*config.observer,
+                    Problem::new(ProblemKind::MissingKey, detail),
+                );
+            }
+            Err(e) => {
+                return reject(
+                    &*config.observer,
+                    Problem::new(ProblemKind::InvalidKey, e.to_string()),
+                );
+            }
+        };
+
+        let plan = Plan::new(&shared, &route, &parts, key);
+        ResponseFuture::new(handle_keyed(shared, inner, parts, body, plan))
+    }
+}
+
+/// What a keyed request will be reserved and recorded as.
+struct Plan {
+    scope: Scope,
+    /// `METHOD request-target`: the fingerprint covers the concrete path and query, so
+    /// a key reused on `/orders/2/capture` is a mismatch, never order 1's replay.
+    target: String,
+    fingerprint: FingerprintOptions,
+    ttl: Duration,
+    lease: Duration,
+    stored_headers: Vec<HeaderName>,
+}
+
+impl Plan {
+    fn new<St>(shared: &Shared<St>, route: &RouteConfig, parts: &Parts, key: Key) -> Plan {
+        let config = &shared.config;
+        let template = route
+            .endpoint
+            .as_deref()
+            .or_else(|| matched_path(parts))
+            .unwrap_or_else(|| parts.uri.path());
+        let endpoint = Endpoint::new(parts.method.as_str(), template);
+        let tenant = (config.tenant_from)(parts);
+        let target = parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
+        let mut stored_headers = config.stored_headers.clone();
+        stored_headers.extend(route.stored_headers.iter().cloned());
+        Plan {
+            scope: Scope::new(config.scope_mode, tenant, endpoint, key),
+            target: format!("{} {}", parts.method, target),
+            fingerprint: route
+                .fingerprint
+                .clone()
+                .unwrap_or_else(|| config.fingerprint.clone()),
+            ttl: route.ttl.unwrap_or(config.ttl),
+            lease: route.lease.unwrap_or(config.lease),
+            stored_headers,
+        }
+    }
+}
+
+/// The route template axum matched, when the layer runs inside a `Router`.
+fn matched_path(parts: &Parts) -> Option<&str> {
+    #[cfg(feature = "axum")]
+    if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return Some(path.as_str());
+    }
+    let _ = parts;
+    None
+}
+
+fn pass_through<S, ReqBody, ResBody>(
+    inner: &mut S,
+    observer: &dyn Observer,
+    parts: Parts,
+    body: ReqBody,
+) -> ResponseFuture<ResBody, S::Error>
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
+    S::Future: Send + 'static,
+{
+    observer.outcome(Outcome::PassedThrough);
+    let future = inner.call(Request::from_parts(parts, IdempotencyBody::stream(body)));
+    ResponseFuture::new(async move { Ok(future.await?.map(IdempotencyBody::stream)) })
+}
+
+fn reject<B, E>(observer: &dyn Observer, problem: Problem) -> ResponseFuture<B, E>
+where
+    B: Send + 'static,
+    E: Send + 'static,
+{
+    observer.outcome(Outcome::Rejected);
+    let response = problem.to_response().map(IdempotencyBody::buffered);
+    ResponseFuture::new(std::future::ready(Ok(response)))
+}
+
+/// Buffers the body, then hands the rest to a task of its own: once the body is read, a
+/// client that goes away can no longer cancel anything.
+async fn handle_keyed<S, St, ReqBody, ResBody>(
+    shared: Arc<Shared<St>>,
+    inner: S,
+    parts: Parts,
+    body: ReqBody,
+    plan: Plan,
+) -> Result<Response<IdempotencyBody<ResBody>>, S::Error>
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    St: Store,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let observer = shared.config.observer.clone();
+    let bytes = match buffer(&parts, body, shared.config.body_limit).await {
+        Ok(bytes) => bytes,
+        Err(problem) => {
+            observer.outcome(Outcome::Rejected);
+            return Ok(problem.to_response().map(IdempotencyBody::buffered));
+        }
+    };
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let fingerprint = Fingerprint::compute(
+        parts.method.as_str(),
+        &plan.target,
+        content_type,
+        &bytes,
+        &plan.fingerprint,
+    );
+    let request = ReserveRequest::new(plan.scope, fingerprint)
+        .ttl(plan.ttl)
+        .lease(plan.lease);
+
+    let guard = shared.in_flight.enter();
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let response = answer(&shared, inner, parts, bytes, request, plan.stored_headers).await;
+        // The client may be gone; the answer is recorded either way.
+        let _ = tx.send(response);
+        drop(guard);
+    });
+    let response = rx.await.unwrap_or_else(|_| {
+        Problem::new(
+            ProblemKind::HandlerFailed,
+            "the request's execution task ended without an answer",
+        )
+        .to_response()
+    });
+    Ok(response.map(IdempotencyBody::buffered))
+}
+
+/// Reads a keyed request's body up to `limit` bytes (SPEC S4).
+async fn buffer<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, Problem>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let too_large = || {
+        Problem::new(
+            ProblemKind::BodyTooLarge,
+            format!("the request body is over the {limit}-byte limit for keyed requests"),
+        )
+    };
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(Problem::new(
+            ProblemKind::BodyUnreadable,
+            format!("the request body could not be read: {e}"),
+        )),
+    }
+}
+
+/// SPEC S5's stages for one keyed request whose body is in hand.
+async fn answer<S, St, ReqBody, ResBody>(
+    shared: &Shared<St>,
+    inner: S,
+    parts: Parts,
+    bytes: Bytes,
+    request: ReserveRequest,
+    stored_headers: Vec<HeaderName>,
+) -> Response<Bytes>
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    St: Store,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let observer = &*shared.config.observer;
+    let store = &*shared.store;
+    match timed(observer, "reserve", store.reserve(&request)).await {
+        Err(e) => {
+            tracing::warn!(error = %e, "idempotency store failed; answering 503 without calling the handler");
+            observer.outcome(Outcome::StoreUnavailable);
+            Problem::new(
+                ProblemKind::StoreUnavailable,
+                "the idempotency store cannot be reached, so the request was not executed; retry with the same key",
+            )
+            .to_response()
+        }
+        Ok(Reservation::Replay(stored)) => {
+            observer.outcome(Outcome::Replayed);
+            replay(stored)
+        }
+        Ok(Reservation::InProgress { retry_after }) => {
+            observer.outcome(Outcome::Conflict);
+            Problem::new(
+                ProblemKind::RequestInProgress,
+                "a request with this key is still being processed; retry after the indicated time",
+            )
+            .retry_after(retry_after)
+            .to_response()
+        }
+        Ok(Reservation::Mismatch) => {
+            observer.outcome(Outcome::Mismatch);
+            Problem::new(
+                ProblemKind::KeyReused,
+                "this key was already used for a request with a different method, path or body; \
+                 use a new key for a new operation",
+            )
+            .to_response()
+        }
+        Ok(Reservation::Acquired(lease)) => {
+            let context = IdempotencyContext::new(lease.clone(), request.fingerprint);
+            let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
+            req.extensions_mut().insert(context);
+            execute(shared, inner, req, &lease, request.lease, &stored_headers).await
+        }
+    }
+}
+
+/// Stages 2–4: runs the handler in its own task while renewing the lease, then records
+/// or releases.
+async fn execute<S, St, ReqBody, ResBody>(
+    shared: &Shared<St>,
+    mut inner: S,
+    request: Request<IdempotencyBody<ReqBody>>,
+    lease: &Lease,
+    lease_for: Duration,
+    stored_headers: &[HeaderName],
+) -> Response<Bytes>
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    St: Store,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let observer = &*shared.config.observer;
+    let store = &*shared.store;
+
+    // A task of its own, so that the heartbeat below never holds the handler up and a
+    // panic in it surfaces as a `JoinError` instead of unwinding through the layer.
+    let call = inner.call(request);
+    let mut handler = tokio::spawn(async move {
+        let response = call.await.map_err(Into::into)?;
+        let (head, body) = response.into_parts();
+        let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
+        Ok::<_, BoxError>((head, bytes))
+    });
+
+    let beat = (lease_for / 3).max(Duration::from_millis(1));
+    let mut renewing = true;
+    let result = loop {
+        match tokio::time::timeout(beat, &mut handler).await {
+            Ok(result) => break result,
+            Err(_) if renewing => {
+                match timed(observer, "renew", store.renew(lease, lease_for)).await {
+                    Ok(()) => {}
+                    Err(StoreError::Fenced) => {
+                        tracing::warn!(
+                            scope = %lease.scope.digest(),
+                            attempt = lease.attempt,
+                            "lease lost while the handler runs; its answer will not be recorded"
+                        );
+                        renewing = false;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "lease renewal failed; retrying at the next beat")
+                    }
+                }
+            }
+            Err(_) => {}
+        }
+    };
+
+    let (mut head, body, disposition) = match result {
+        Ok(Ok((mut head, body))) => {
+            let disposition = head.extensions.remove::<Disposition>().unwrap_or_else(|| {
+                if shared
+                    .config
+                    .release_statuses
+                    .contains(&head.status.as_u16())
+                {
+                    Disposition::Release
+                } else {
+                    Disposition::Record
+                }
+            });
+            (head, body, disposition)
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "handler failed after it started; recording a 500");
+            failed_response()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "handler panicked or was cancelled; recording a 500");
+            failed_response()
+        }
+    };
+
+    match disposition {
+        Disposition::Record => {
+            let stored = StoredResponse {
+                status: head.status.as_u16(),
+                headers: head
+                    .headers
+                    .iter()
+                    .filter(|(name, _)| stored_headers.contains(name))
+                    .map(|(name, value)| {
+                        (
+                            name.as_str().to_owned(),
+                            Bytes::copy_from_slice(value.as_bytes()),
+                        )
+                    })
+                    .collect(),
+                body: body.clone(),
+            };
+            complete(store, observer, lease, &stored).await;
+            observer.outcome(Outcome::Executed);
+        }
+        Disposition::Release => {
+            if let Err(e) = timed(observer, "release", store.release(lease)).await {
+                // The lease lapses on its own; a retry then takes over.
+                tracing::warn!(error = %e, "could not release the key");
+            }
+            observer.outcome(Outcome::Released);
+        }
+        Disposition::KeepInProgress => observer.outcome(Outcome::KeptInProgress),
+    }
+    head.extensions.clear();
+    Response::from_parts(head, body)
+}
+
+fn failed_response() -> (http::response::Parts, Bytes, Disposition) {
+    let (head, body) = Problem::new(
+        ProblemKind::HandlerFailed,
+        "the request failed while it was being processed and may have had effects; \
+         this answer is final for this key",
+    )
+    .to_response()
+    .into_parts();
+    (head, body, Disposition::Record)
+}
+
+/// Stages 3–4, tried a few times: an answer that is not recorded leaves the record in
+/// progress until its lease lapses, and the retry after that executes again.
+async fn complete<St: Store>(
+    store: &St,
+    observer: &dyn Observer,
+    lease: &Lease,
+    stored: &StoredResponse,
+) {
+    for pause in COMPLETE_BACKOFF {
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        match timed(observer, "complete", store.complete(lease, stored)).await {
+            Ok(()) => return,
+            Err(StoreError::Fenced) => {
+                tracing::warn!(
+                    scope = %lease.scope.digest(),
+                    attempt = lease.attempt,
+                    "the record was taken over before this attempt finished; its answer is not recorded"
+                );
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, "recording the response failed"),
+        }
+    }
+    tracing::error!(
+        scope = %lease.scope.digest(),
+        "the response could not be recorded; the key stays in progress until its lease lapses"
+    );
+}
+
+/// Stage 5: the recorded answer, marked as a replay.
+fn replay(stored: StoredResponse) -> Response<Bytes> {
+    let mut response = Response::new(stored.body);
+    *response.status_mut() =
+        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    for (name, value) in stored.headers {
+        match (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value),
+        ) {
+            (Ok(name), Ok(value)) => {
+                headers.append(name, value);
+            }
+            _ => tracing::warn!(header = %name, "skipping a stored header that is not valid HTTP"),
+        }
+    }
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+async fn timed<T>(
+    observer: &dyn Observer,
+    op: &'static str,
+    call: impl Future<Output = idem_core::Result<T>>,
+) -> idem_core::Result<T> {
+    let started = Instant::now();
+    let result = call.await;
+    observer.store_call(op, started.elapsed(), result.is_ok());
+    result
+}
