@@ -1,0 +1,220 @@
+//! The admin listener (`--admin ADDR`): probes, metrics and key inspection.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /healthz` | 200 while the process runs |
+//! | `GET /readyz` | 200 when the store answers a ping, else 503 |
+//! | `GET /metrics` | Prometheus text |
+//! | `GET /keys?key=K[&tenant=T][&endpoint=E]` | the record as JSON, or 404 |
+//! | `DELETE /keys?key=K[&tenant=T][&endpoint=E]` | deletes the record, or 404 |
+//! | `POST /keys/purge-expired` | deletes expired records, `{"purged": n}` |
+//!
+//! With `--admin-token`, every route but the two probes needs
+//! `Authorization: Bearer TOKEN`. A bare `--admin PORT` binds to 127.0.0.1.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use idem_core::{Clock, Store, SystemClock};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::keys::{purge_expired, record_json, scope_for};
+use crate::metrics::Metrics;
+
+/// What the admin routes share.
+#[derive(Clone)]
+pub struct AdminState {
+    /// The record store.
+    pub store: Arc<dyn Store>,
+    /// The gateway's metrics.
+    pub metrics: Arc<Metrics>,
+    /// The bearer token, if one is required.
+    pub token: Option<Arc<str>>,
+}
+
+/// The admin router.
+pub fn router(state: AdminState) -> Router {
+    let protected = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/keys", get(show_key).delete(delete_key))
+        .route("/keys/purge-expired", post(purge))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .merge(protected)
+        .with_state(state)
+}
+
+async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    let Some(token) = &state.token else {
+        return next.run(req).await;
+    };
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        Some(p) if constant_time_eq(p.as_bytes(), token.as_bytes()) => next.run(req).await,
+        _ => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "a bearer token is required\n",
+        )
+            .into_response(),
+    }
+}
+
+async fn ready(State(state): State<AdminState>) -> Response {
+    match state.store.ping().await {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness: store unreachable");
+            (StatusCode::SERVICE_UNAVAILABLE, "store unreachable\n").into_response()
+        }
+    }
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct KeyQuery {
+    key: String,
+    tenant: Option<String>,
+    endpoint: Option<String>,
+}
+
+fn bad_request(detail: String) -> Response {
+    (StatusCode::BAD_REQUEST, Json(json!({ "error": detail }))).into_response()
+}
+
+fn store_error(e: idem_core::StoreError) -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({ "error": e.to_string() })),
+    )
+        .into_response()
+}
+
+async fn show_key(State(state): State<AdminState>, Query(q): Query<KeyQuery>) -> Response {
+    let scope = match scope_for(&q.key, q.tenant.as_deref(), q.endpoint.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return bad_request(e),
+    };
+    match state.store.get(&scope).await {
+        Ok(Some(record)) => Json(record_json(&record, SystemClock.now())).into_response(),
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": "no record for that key in that scope" })),
+        )
+            .into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+async fn delete_key(State(state): State<AdminState>, Query(q): Query<KeyQuery>) -> Response {
+    let scope = match scope_for(&q.key, q.tenant.as_deref(), q.endpoint.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return bad_request(e),
+    };
+    match state.store.remove(&scope).await {
+        Ok(true) => Json(json!({ "removed": 1 })).into_response(),
+        Ok(false) => (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": "no record for that key in that scope" })),
+        )
+            .into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+async fn purge(State(state): State<AdminState>) -> Response {
+    let n = purge_expired(&*state.store).await;
+    Json(json!({ "purged": n })).into_response()
+}
+
+/// A comparison whose time does not depend on where the inputs first differ, so the
+/// token cannot be guessed byte by byte from response times.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::MemoryStore;
+
+    #[test]
+    fn token_compare_is_exact() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+
+    async fn serve(token: Option<&str>) -> (String, Arc<MemoryStore>) {
+        let store = Arc::new(MemoryStore::new());
+        let state = AdminState {
+            store: store.clone(),
+            metrics: Arc::new(Metrics::new()),
+            token: token.map(Arc::from),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router(state)).await });
+        (format!("http://{addr}"), store)
+    }
+
+    async fn get_status(url: &str, token: Option<&str>) -> u16 {
+        use http_body_util::Empty;
+        use hyper_util::client::legacy::Client;
+        use hyper_util::rt::TokioExecutor;
+        let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+        let mut req = http::Request::get(url);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        client
+            .request(req.body(Empty::new()).unwrap())
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+
+    #[tokio::test]
+    async fn token_protects_all_but_probes() {
+        let (base, _store) = serve(Some("s3cret")).await;
+        assert_eq!(get_status(&format!("{base}/healthz"), None).await, 200);
+        assert_eq!(get_status(&format!("{base}/readyz"), None).await, 200);
+        assert_eq!(get_status(&format!("{base}/metrics"), None).await, 401);
+        assert_eq!(
+            get_status(&format!("{base}/metrics"), Some("wrong")).await,
+            401
+        );
+        assert_eq!(
+            get_status(&format!("{base}/metrics"), Some("s3cret")).await,
+            200
+        );
+        assert_eq!(
+            get_status(&format!("{base}/keys?key=nope"), Some("s3cret")).await,
+            404
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! The command line: `idem serve` and `idem keys show|purge`.
+//!
+//! Every `serve` option is also read from an `IDEM_*` environment variable and from the
+//! TOML file given by `--config`. The command line wins over the environment, which wins
+//! over the file, which wins over the defaults (see [`crate::config`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::parse_byte_size;
+
+/// `idem`: idempotency keys for any HTTP API.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Log format on standard error.
+    #[arg(
+        long,
+        env = "IDEM_LOG_FORMAT",
+        global = true,
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway in front of an upstream HTTP API.
+    Serve(Box<ServeArgs>),
+    /// Inspect or delete stored idempotency records.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Whose key is it: the scope mode (SPEC S3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScopeArg {
+    /// `(tenant, endpoint, key)`.
+    Public,
+    /// `(tenant, key)`.
+    Internal,
+}
+
+/// `idem serve`. Options left out here fall back to `--config`, then to the defaults.
+#[derive(Debug, Args, Default)]
+pub struct ServeArgs {
+    /// TOML file with these settings and per-route rules.
+    #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Base URL of the API to protect, e.g. http://127.0.0.1:3000 (required).
+    #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
+    pub upstream: Option<String>,
+
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+
+    /// Record store: memory://, sqlite://FILE, postgres://…, redis://… [default: sqlite://idem.db].
+    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
+    pub store: Option<String>,
+
+    /// Admin listener address (health, readiness, metrics, keys); off unless given. A bare
+    /// port binds to 127.0.0.1.
+    #[arg(long, env = "IDEM_ADMIN", value_name = "ADDR")]
+    pub admin: Option<String>,
+
+    /// Bearer token that the admin listener requires (all but /healthz and /readyz).
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+
+    /// Answer 400 to a keyed method that carries no Idempotency-Key.
+    #[arg(long, env = "IDEM_REQUIRE_KEY")]
+    pub require_key: bool,
+
+    /// How long records live [default: 24h].
+    #[arg(long, env = "IDEM_TTL", value_name = "DURATION", value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
+
+    /// How long an attempt holds its key without a heartbeat [default: 60s].
+    #[arg(long, env = "IDEM_LEASE", value_name = "DURATION", value_parser = parse_duration)]
+    pub lease: Option<Duration>,
+
+    /// How long to wait for the upstream's whole answer [default: 60s].
+    #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    pub upstream_timeout: Option<Duration>,
+
+    /// Largest keyed request body buffered for fingerprinting, e.g. 1MiB, 512KiB, 65536
+    /// [default: 1MiB].
+    #[arg(long, env = "IDEM_BODY_LIMIT", value_name = "BYTES", value_parser = parse_byte_size)]
+    pub body_limit: Option<usize>,
+
+    /// Header whose value (hashed) names the tenant [default: Authorization].
+    #[arg(long, env = "IDEM_TENANT_HEADER", value_name = "NAME")]
+    pub tenant_header: Option<String>,
+
+    /// Scope of a key: public = (tenant, endpoint, key), internal = (tenant, key)
+    /// [default: public].
+    #[arg(long, env = "IDEM_SCOPE", value_enum)]
+    pub scope: Option<ScopeArg>,
+
+    /// Methods that take an Idempotency-Key [default: POST,PATCH].
+    #[arg(
+        long,
+        env = "IDEM_KEYED_METHODS",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub keyed_methods: Option<Vec<String>>,
+
+    /// Time between sweeps of expired records [default: 60s].
+    #[arg(long, env = "IDEM_SWEEP_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]
+    pub sweep_interval: Option<Duration>,
+
+    /// Forward everything without Idempotency-Key handling: a plain reverse proxy, for
+    /// measuring the layer's cost or as an emergency bypass.
+    #[arg(long, env = "IDEM_PASSTHROUGH")]
+    pub passthrough: bool,
+
+    /// Longest wait at shutdown for in-flight requests to finish and record [default: the
+    /// upstream timeout plus 5s].
+    #[arg(long, env = "IDEM_SHUTDOWN_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    pub shutdown_timeout: Option<Duration>,
+}
+
+/// `idem keys …`.
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Print the record of one key as JSON.
+    Show(KeyTarget),
+    /// Delete one key's record, or with --expired every expired record.
+    Purge(PurgeArgs),
+}
+
+/// Which record: a key and the scope it lives in.
+#[derive(Debug, Args, Clone)]
+pub struct KeyTarget {
+    /// The key, as the client sent it (quoted or bare).
+    pub key: String,
+
+    /// The tenant as stored: `anonymous` or `sha256:<hex>` (see --tenant-credential-env).
+    #[arg(long, value_name = "T")]
+    pub tenant: Option<String>,
+
+    /// Name of an environment variable holding the tenant's credential (the tenant-header
+    /// value); its SHA-256 names the tenant. Keeps the credential off the command line.
+    #[arg(long, value_name = "VAR", conflicts_with = "tenant")]
+    pub tenant_credential_env: Option<String>,
+
+    /// The endpoint in public scope mode, `METHOD /path/or/{template}`; leave out in
+    /// internal mode.
+    #[arg(long, value_name = "E")]
+    pub endpoint: Option<String>,
+
+    /// Record store URL [default: sqlite://idem.db].
+    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
+    pub store: Option<String>,
+}
+
+/// `idem keys purge`.
+#[derive(Debug, Args, Clone)]
+pub struct PurgeArgs {
+    /// The key to delete (quoted or bare); leave out with --expired.
+    #[arg(required_unless_present = "expired")]
+    pub key: Option<String>,
+
+    /// Delete every expired record, in bounded batches.
+    #[arg(long, conflicts_with = "key")]
+    pub expired: bool,
+
+    /// The tenant as stored (see `keys show`).
+    #[arg(long, value_name = "T")]
+    pub tenant: Option<String>,
+
+    /// Name of an environment variable holding the tenant's credential.
+    #[arg(long, value_name = "VAR", conflicts_with = "tenant")]
+    pub tenant_credential_env: Option<String>,
+
+    /// The endpoint in public scope mode, `METHOD /path`.
+    #[arg(long, value_name = "E")]
+    pub endpoint: Option<String>,
+
+    /// Record store URL [default: sqlite://idem.db].
+    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
+    pub store: Option<String>,
+}
+
+/// Parses a humantime duration (`500ms`, `2s`, `24h`, `1h 30m`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (examples: 500ms, 2s, 24h)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn serve_flags_parse_with_their_issue_names() {
+        let cli = Cli::try_parse_from([
+            "idem",
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:3000",
+            "--listen",
+            "127.0.0.1:9000",
+            "--store",
+            "memory://",
+            "--admin",
+            "9091",
+            "--require-key",
+            "--ttl",
+            "2h",
+            "--lease",
+            "500ms",
+            "--upstream-timeout",
+            "5s",
+            "--body-limit",
+            "64KiB",
+            "--tenant-header",
+            "X-Api-Key",
+            "--scope",
+            "internal",
+            "--keyed-methods",
+            "POST,PUT",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(args.upstream.as_deref(), Some("http://127.0.0.1:3000"));
+        assert!(args.require_key);
+        assert_eq!(args.ttl, Some(Duration::from_secs(7200)));
+        assert_eq!(args.lease, Some(Duration::from_millis(500)));
+        assert_eq!(args.upstream_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(args.body_limit, Some(64 * 1024));
+        assert_eq!(args.scope, Some(ScopeArg::Internal));
+        assert_eq!(
+            args.keyed_methods,
+            Some(vec!["POST".to_owned(), "PUT".to_owned()])
+        );
+    }
+
+    #[test]
+    fn bad_duration_is_rejected_with_examples() {
+        let err = Cli::try_parse_from(["idem", "serve", "--ttl", "soon"]).unwrap_err();
+        assert!(err.to_string().contains("24h"), "{err}");
+    }
+
+    #[test]
+    fn purge_needs_a_key_or_expired() {
+        assert!(Cli::try_parse_from(["idem", "keys", "purge"]).is_err());
+        assert!(Cli::try_parse_from(["idem", "keys", "purge", "--expired"]).is_ok());
+        assert!(Cli::try_parse_from(["idem", "keys", "purge", "k1"]).is_ok());
+        assert!(Cli::try_parse_from(["idem", "keys", "purge", "k1", "--expired"]).is_err());
+    }
+}

@@ -1,0 +1,581 @@
+//! The resolved gateway settings: command line, then `IDEM_*` environment (both read by
+//! clap), then the `--config` TOML file, then the defaults.
+//!
+//! The TOML file takes the `serve` options under the same names (with `_` for `-`) and
+//! adds per-route rules:
+//!
+//! ```toml
+//! upstream = "http://127.0.0.1:3000"
+//! store = "sqlite://idem.db"
+//! ttl = "24h"
+//!
+//! [[route]]
+//! method = "POST"
+//! path = "/v1/orders/{id}/capture"
+//! require_key = true
+//! ttl = "1h"
+//! ignore = ["/client_sent_at"]
+//! store_headers = ["x-order-id"]
+//! ```
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use http::{HeaderName, Method, Uri};
+use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, ScopeMode};
+use serde::Deserialize;
+
+use crate::cli::{ScopeArg, ServeArgs};
+use crate::route::{PathTemplate, Route};
+
+/// The default listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// The default store: an SQLite file in the working directory.
+pub const DEFAULT_STORE: &str = "sqlite://idem.db";
+/// The default upstream timeout.
+pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
+/// The default time between sweeps of expired records.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
+/// A setting that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The `--config` file cannot be read.
+    #[error("cannot read the config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The `--config` file is not valid TOML for this program.
+    #[error("the config file {path} is invalid: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    /// A setting has an unusable value.
+    #[error("{setting}: {reason}")]
+    Invalid {
+        /// Which setting.
+        setting: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn invalid(setting: impl Into<String>, reason: impl ToString) -> ConfigError {
+    ConfigError::Invalid {
+        setting: setting.into(),
+        reason: reason.to_string(),
+    }
+}
+
+/// The `--config` file as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// `--upstream`.
+    pub upstream: Option<String>,
+    /// `--listen`.
+    pub listen: Option<String>,
+    /// `--store`.
+    pub store: Option<String>,
+    /// `--admin`.
+    pub admin: Option<String>,
+    /// `--admin-token`.
+    pub admin_token: Option<String>,
+    /// `--require-key`.
+    pub require_key: Option<bool>,
+    /// `--ttl`.
+    pub ttl: Option<String>,
+    /// `--lease`.
+    pub lease: Option<String>,
+    /// `--upstream-timeout`.
+    pub upstream_timeout: Option<String>,
+    /// `--body-limit`: a number of bytes or a string such as `"1MiB"`.
+    pub body_limit: Option<ByteSize>,
+    /// `--tenant-header`.
+    pub tenant_header: Option<String>,
+    /// `--scope`.
+    pub scope: Option<ScopeArg>,
+    /// `--keyed-methods`.
+    pub keyed_methods: Option<Vec<String>>,
+    /// `--sweep-interval`.
+    pub sweep_interval: Option<String>,
+    /// `--shutdown-timeout`.
+    pub shutdown_timeout: Option<String>,
+    /// Per-route rules, first match wins.
+    #[serde(default)]
+    pub route: Vec<RouteRule>,
+}
+
+/// A byte count in the file: an integer or a string with a unit.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ByteSize {
+    /// Bytes.
+    Bytes(u64),
+    /// `"64KiB"`, `"1MiB"`, `"1048576"`.
+    Text(String),
+}
+
+/// A `[[route]]` table as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteRule {
+    /// The method; any method when left out.
+    pub method: Option<String>,
+    /// The path template, e.g. `/v1/orders/{id}/capture`.
+    pub path: String,
+    /// Whether the key is required on this route.
+    pub require_key: Option<bool>,
+    /// Record lifetime on this route.
+    pub ttl: Option<String>,
+    /// JSON pointers left out of the fingerprint.
+    #[serde(default)]
+    pub ignore: Vec<String>,
+    /// Extra response headers stored and replayed.
+    #[serde(default)]
+    pub store_headers: Vec<String>,
+}
+
+/// Where the upstream is.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// `http`.
+    pub scheme: http::uri::Scheme,
+    /// Host and port.
+    pub authority: http::uri::Authority,
+    /// A path prefix without trailing slash (empty for none).
+    pub base_path: String,
+}
+
+impl Upstream {
+    /// Parses an `http://host:port[/prefix]` URL.
+    pub fn parse(url: &str) -> Result<Upstream, ConfigError> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| invalid("upstream", format!("{url:?} is not a URL: {e}")))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| invalid("upstream", "the URL needs a scheme, e.g. http://"))?;
+        if scheme != http::uri::Scheme::HTTP {
+            return Err(invalid(
+                "upstream",
+                "only http:// upstreams are supported (terminate TLS in front of the upstream's network)",
+            ));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| invalid("upstream", "the URL needs a host"))?;
+        if uri.query().is_some() {
+            return Err(invalid("upstream", "the URL may not carry a query"));
+        }
+        Ok(Upstream {
+            scheme,
+            authority,
+            base_path: uri.path().trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// The upstream URI for a request's path and query.
+    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.base_path, path_and_query))
+            .build()
+    }
+}
+
+/// Everything `idem serve` runs with.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// The upstream API.
+    pub upstream: Upstream,
+    /// The proxy's listen address.
+    pub listen: SocketAddr,
+    /// The store URL.
+    pub store: String,
+    /// The admin listener, if any.
+    pub admin: Option<SocketAddr>,
+    /// The admin bearer token, if any.
+    pub admin_token: Option<String>,
+    /// Whether keyed methods need a key.
+    pub require_key: bool,
+    /// Record lifetime.
+    pub ttl: Duration,
+    /// Attempt lease.
+    pub lease: Duration,
+    /// Upstream timeout.
+    pub upstream_timeout: Duration,
+    /// Keyed body limit in bytes.
+    pub body_limit: usize,
+    /// The header naming the tenant.
+    pub tenant_header: HeaderName,
+    /// The scope mode.
+    pub scope: ScopeMode,
+    /// The keyed methods.
+    pub keyed_methods: Vec<Method>,
+    /// Time between sweeps.
+    pub sweep_interval: Duration,
+    /// Longest graceful-shutdown wait.
+    pub shutdown_timeout: Duration,
+    /// Per-route rules.
+    pub routes: Vec<Route>,
+}
+
+impl GatewayConfig {
+    /// Merges the command line (and environment) over the file over the defaults.
+    pub fn resolve(args: &ServeArgs) -> Result<GatewayConfig, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        GatewayConfig::merge(args, file)
+    }
+
+    /// Merges already-read parts.
+    pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<GatewayConfig, ConfigError> {
+        let dur = |cli: Option<Duration>,
+                   file: &Option<String>,
+                   name: &str,
+                   default: Duration|
+         -> Result<Duration, ConfigError> {
+            match (cli, file) {
+                (Some(d), _) => Ok(d),
+                (None, Some(s)) => crate::cli::parse_duration(s).map_err(|e| invalid(name, e)),
+                (None, None) => Ok(default),
+            }
+        };
+        let upstream = args.upstream.clone().or(file.upstream).ok_or_else(|| {
+            invalid(
+                "upstream",
+                "required: give --upstream URL, IDEM_UPSTREAM or `upstream` in --config",
+            )
+        })?;
+        let listen = args
+            .listen
+            .clone()
+            .or(file.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+        let listen: SocketAddr = listen
+            .parse()
+            .map_err(|e| invalid("listen", format!("{listen:?}: {e}")))?;
+        let admin = args
+            .admin
+            .clone()
+            .or(file.admin)
+            .map(|a| parse_admin_addr(&a))
+            .transpose()?;
+        let body_limit = match (args.body_limit, file.body_limit) {
+            (Some(n), _) => n,
+            (None, Some(ByteSize::Bytes(n))) => {
+                usize::try_from(n).map_err(|_| invalid("body_limit", "too large"))?
+            }
+            (None, Some(ByteSize::Text(s))) => {
+                parse_byte_size(&s).map_err(|e| invalid("body_limit", e))?
+            }
+            (None, None) => DEFAULT_BODY_LIMIT,
+        };
+        let tenant_header = args
+            .tenant_header
+            .clone()
+            .or(file.tenant_header)
+            .unwrap_or_else(|| "authorization".to_owned());
+        let tenant_header = HeaderName::try_from(tenant_header.as_str())
+            .map_err(|e| invalid("tenant_header", format!("{tenant_header:?}: {e}")))?;
+        let scope = match args.scope.or(file.scope).unwrap_or(ScopeArg::Public) {
+            ScopeArg::Public => ScopeMode::Public,
+            ScopeArg::Internal => ScopeMode::Internal,
+        };
+        let methods = args
+            .keyed_methods
+            .clone()
+            .or(file.keyed_methods)
+            .unwrap_or_else(|| vec!["POST".into(), "PATCH".into()]);
+        let keyed_methods = parse_methods(&methods, "keyed_methods")?;
+        let upstream_timeout = dur(
+            args.upstream_timeout,
+            &file.upstream_timeout,
+            "upstream_timeout",
+            DEFAULT_UPSTREAM_TIMEOUT,
+        )?;
+        let routes = file
+            .route
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| route_from_rule(i, r))
+            .collect::<Result<Vec<_>, _>>()?;
+        let config = GatewayConfig {
+            upstream: Upstream::parse(&upstream)?,
+            listen,
+            store: args
+                .store
+                .clone()
+                .or(file.store)
+                .unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+            admin,
+            admin_token: args.admin_token.clone().or(file.admin_token),
+            require_key: args.require_key || file.require_key.unwrap_or(false),
+            ttl: dur(args.ttl, &file.ttl, "ttl", DEFAULT_TTL)?,
+            lease: dur(args.lease, &file.lease, "lease", DEFAULT_LEASE)?,
+            upstream_timeout,
+            body_limit,
+            tenant_header,
+            scope,
+            keyed_methods,
+            sweep_interval: dur(
+                args.sweep_interval,
+                &file.sweep_interval,
+                "sweep_interval",
+                DEFAULT_SWEEP_INTERVAL,
+            )?,
+            shutdown_timeout: dur(
+                args.shutdown_timeout,
+                &file.shutdown_timeout,
+                "shutdown_timeout",
+                upstream_timeout + Duration::from_secs(5),
+            )?,
+            routes,
+        };
+        if config.lease.is_zero() {
+            return Err(invalid("lease", "must be longer than zero"));
+        }
+        if config.ttl.is_zero() {
+            return Err(invalid("ttl", "must be longer than zero"));
+        }
+        Ok(config)
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.display().to_string(),
+        source: Box::new(source),
+    })
+}
+
+fn parse_methods(list: &[String], setting: &str) -> Result<Vec<Method>, ConfigError> {
+    list.iter()
+        .map(|m| m.trim())
+        .filter(|m| !m.is_empty())
+        .map(|m| {
+            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|e| invalid(setting, format!("{m:?}: {e}")))
+        })
+        .collect()
+}
+
+fn route_from_rule(i: usize, rule: RouteRule) -> Result<Route, ConfigError> {
+    let name = format!("route[{i}] ({})", rule.path);
+    let method = match rule.method.as_deref().map(str::trim) {
+        None | Some("*") | Some("") => None,
+        Some(m) => Some(parse_methods(&[m.to_owned()], &name)?.remove(0)),
+    };
+    let template = PathTemplate::parse(&rule.path).map_err(|e| invalid(&name, e))?;
+    let ttl = rule
+        .ttl
+        .as_deref()
+        .map(crate::cli::parse_duration)
+        .transpose()
+        .map_err(|e| invalid(&name, e))?;
+    let store_headers = rule
+        .store_headers
+        .iter()
+        .map(|h| {
+            HeaderName::try_from(h.as_str()).map_err(|e| invalid(&name, format!("{h:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Route::new(
+        method,
+        template,
+        rule.require_key,
+        ttl,
+        rule.ignore,
+        store_headers,
+    )
+    .map_err(|e| invalid(&name, e))
+}
+
+/// An admin address: `ADDR:PORT`, or a bare port bound to loopback.
+pub fn parse_admin_addr(s: &str) -> Result<SocketAddr, ConfigError> {
+    if let Ok(port) = s.trim().parse::<u16>() {
+        return Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+    }
+    s.trim()
+        .parse()
+        .map_err(|e| invalid("admin", format!("{s:?}: {e}")))
+}
+
+/// Parses a byte count: `1048576`, `64KiB`, `1MiB`, `2MB`, `1GiB` (binary units for
+/// `Ki`/`Mi`/`Gi` and for bare `K`/`M`/`G`, decimal for `KB`/`MB`/`GB`).
+pub fn parse_byte_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let num: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (examples: 65536, 64KiB, 1MiB)"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {s:?} (use B, KiB, MiB, GiB)"
+            ));
+        }
+    };
+    num.checked_mul(mult)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(upstream: &str) -> ServeArgs {
+        ServeArgs {
+            upstream: Some(upstream.to_owned()),
+            ..ServeArgs::default()
+        }
+    }
+
+    #[test]
+    fn defaults_follow_the_issue() {
+        let c =
+            GatewayConfig::merge(&args("http://127.0.0.1:3000"), FileConfig::default()).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(c.store, "sqlite://idem.db");
+        assert_eq!(c.admin, None);
+        assert!(!c.require_key);
+        assert_eq!(c.ttl, Duration::from_secs(24 * 3600));
+        assert_eq!(c.lease, Duration::from_secs(60));
+        assert_eq!(c.upstream_timeout, Duration::from_secs(60));
+        assert_eq!(c.body_limit, 1024 * 1024);
+        assert_eq!(c.tenant_header, http::header::AUTHORIZATION);
+        assert_eq!(c.scope, ScopeMode::Public);
+        assert_eq!(c.keyed_methods, vec![Method::POST, Method::PATCH]);
+    }
+
+    #[test]
+    fn missing_upstream_is_an_error_that_says_how() {
+        let err = GatewayConfig::merge(&ServeArgs::default(), FileConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("--upstream"), "{err}");
+    }
+
+    #[test]
+    fn command_line_wins_over_file() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            upstream = "http://127.0.0.1:1"
+            ttl = "1h"
+            lease = "5s"
+            body_limit = "64KiB"
+            keyed_methods = ["POST"]
+            "#,
+        )
+        .unwrap();
+        let mut a = args("http://127.0.0.1:2/api/");
+        a.ttl = Some(Duration::from_secs(60));
+        let c = GatewayConfig::merge(&a, file).unwrap();
+        assert_eq!(c.upstream.authority.as_str(), "127.0.0.1:2");
+        assert_eq!(c.upstream.base_path, "/api");
+        assert_eq!(c.ttl, Duration::from_secs(60));
+        assert_eq!(c.lease, Duration::from_secs(5));
+        assert_eq!(c.body_limit, 64 * 1024);
+        assert_eq!(c.keyed_methods, vec![Method::POST]);
+    }
+
+    #[test]
+    fn file_routes_are_checked() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            upstream = "http://127.0.0.1:1"
+            [[route]]
+            method = "post"
+            path = "/v1/orders/{id}/capture"
+            require_key = true
+            ttl = "1h"
+            ignore = ["/client_sent_at"]
+            store_headers = ["X-Order-Id"]
+            "#,
+        )
+        .unwrap();
+        let c = GatewayConfig::merge(&ServeArgs::default(), file).unwrap();
+        let r = &c.routes[0];
+        assert_eq!(r.method, Some(Method::POST));
+        assert_eq!(r.require_key, Some(true));
+        assert_eq!(r.ttl, Some(Duration::from_secs(3600)));
+        assert_eq!(r.store_headers, vec![HeaderName::from_static("x-order-id")]);
+        assert!(r.matches(&Method::POST, "/v1/orders/9/capture"));
+
+        let bad: FileConfig = toml::from_str(
+            r#"
+            upstream = "http://127.0.0.1:1"
+            [[route]]
+            path = "/x"
+            ignore = ["no-slash"]
+            "#,
+        )
+        .unwrap();
+        assert!(GatewayConfig::merge(&ServeArgs::default(), bad).is_err());
+    }
+
+    #[test]
+    fn unknown_file_keys_are_rejected() {
+        assert!(toml::from_str::<FileConfig>("upstreem = \"x\"").is_err());
+    }
+
+    #[test]
+    fn upstream_must_be_plain_http() {
+        assert!(Upstream::parse("https://example.test").is_err());
+        assert!(Upstream::parse("127.0.0.1:3000").is_err());
+        let u = Upstream::parse("http://127.0.0.1:3000").unwrap();
+        assert_eq!(
+            u.uri_for("/v1/x?a=1").unwrap().to_string(),
+            "http://127.0.0.1:3000/v1/x?a=1"
+        );
+    }
+
+    #[test]
+    fn admin_bare_port_binds_loopback() {
+        assert_eq!(
+            parse_admin_addr("9091").unwrap(),
+            "127.0.0.1:9091".parse().unwrap()
+        );
+        assert_eq!(
+            parse_admin_addr("[::1]:9091").unwrap(),
+            "[::1]:9091".parse().unwrap()
+        );
+    }
+
+    #[test]
+    fn byte_sizes_parse_with_units() {
+        assert_eq!(parse_byte_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_byte_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_byte_size("65536"), Ok(65536));
+        assert_eq!(parse_byte_size("2MB"), Ok(2_000_000));
+        assert!(parse_byte_size("lots").is_err());
+        assert!(parse_byte_size("1PiB").is_err());
+    }
+}

@@ -1,0 +1,246 @@
+//! Key inspection and purge, shared by `idem keys show|purge` and the admin listener.
+
+use std::process::ExitCode;
+
+use idem_core::{
+    Clock, Endpoint, Key, Record, RecordState, Scope, Store, SweeperConfig, SystemClock, Tenant,
+    Timestamp, sweep_once,
+};
+use serde_json::{Value, json};
+
+use crate::cli::{KeyTarget, KeysCommand, PurgeArgs};
+use crate::config::DEFAULT_STORE;
+
+/// Builds a record's scope from what an operator types.
+///
+/// `key` is parsed like the header (quoted or bare); `tenant` is the stored tenant name
+/// (`anonymous` when absent); `endpoint` is `METHOD /route` (public scope mode) or absent
+/// (internal mode).
+pub fn scope_for(key: &str, tenant: Option<&str>, endpoint: Option<&str>) -> Result<Scope, String> {
+    let key = Key::parse(key.as_bytes()).map_err(|e| e.to_string())?;
+    let tenant = tenant.map_or_else(Tenant::anonymous, Tenant::new);
+    let endpoint = endpoint
+        .map(|e| {
+            let (method, route) = e
+                .trim()
+                .split_once(' ')
+                .ok_or_else(|| format!("endpoint {e:?} must be `METHOD /path`"))?;
+            Ok::<_, String>(Endpoint::new(method, route.trim()))
+        })
+        .transpose()?;
+    Ok(Scope::from_parts(tenant, endpoint, key))
+}
+
+fn millis_json(t: Timestamp) -> Value {
+    let when = u64::try_from(t.as_millis())
+        .ok()
+        .map(|ms| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .map(|st| humantime::format_rfc3339_millis(st).to_string());
+    json!({ "unix_ms": t.as_millis(), "utc": when })
+}
+
+/// A record as JSON for operators. The body is shown as text when it is UTF-8, else
+/// as hex; header values likewise.
+pub fn record_json(record: &Record, now: Timestamp) -> Value {
+    let bytes_json = |b: &[u8]| match std::str::from_utf8(b) {
+        Ok(s) => json!({ "text": s }),
+        Err(_) => json!({ "hex": hex_string(b) }),
+    };
+    let state = match &record.state {
+        RecordState::InProgress { lease_until } => json!({
+            "state": "in_progress",
+            "lease_until": millis_json(*lease_until),
+            "lease_alive": *lease_until > now,
+        }),
+        RecordState::Completed {
+            response,
+            completed_at,
+        } => json!({
+            "state": "completed",
+            "completed_at": millis_json(*completed_at),
+            "response": {
+                "status": response.status,
+                "headers": response
+                    .headers
+                    .iter()
+                    .map(|(n, v)| json!({ "name": n, "value": bytes_json(v) }))
+                    .collect::<Vec<_>>(),
+                "body": bytes_json(&response.body),
+                "body_len": response.body.len(),
+            },
+        }),
+    };
+    json!({
+        "key": record.scope.key().as_str(),
+        "tenant": record.scope.tenant().as_str(),
+        "endpoint": record.scope.endpoint().map(Endpoint::as_str),
+        "fingerprint": record.fingerprint.to_hex(),
+        "attempt": record.attempt,
+        "created_at": millis_json(record.created_at),
+        "expires_at": millis_json(record.expires_at),
+        "expired": record.is_expired(now),
+        "record": state,
+    })
+}
+
+fn hex_string(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Purges every expired record in bounded batches; returns how many.
+pub async fn purge_expired(store: &dyn Store) -> usize {
+    let mut total = 0;
+    // Each sweep is bounded; loop until one comes back empty so the command finishes
+    // the job on a large backlog.
+    loop {
+        let n = sweep_once(store, SweeperConfig::default()).await;
+        total += n;
+        if n == 0 {
+            return total;
+        }
+    }
+}
+
+fn tenant_of(
+    tenant: &Option<String>,
+    credential_env: &Option<String>,
+) -> Result<Option<String>, String> {
+    match (tenant, credential_env) {
+        (Some(t), _) => Ok(Some(t.clone())),
+        (None, Some(var)) => {
+            let value = std::env::var_os(var)
+                .ok_or_else(|| format!("environment variable {var} is not set"))?;
+            Ok(Some(
+                Tenant::from_credential(value.as_encoded_bytes())
+                    .as_str()
+                    .to_owned(),
+            ))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+/// Runs `idem keys …`; prints to standard output and returns the exit code.
+pub async fn run(cmd: KeysCommand) -> ExitCode {
+    match run_inner(cmd).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("idem: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
+    match cmd {
+        KeysCommand::Show(KeyTarget {
+            key,
+            tenant,
+            tenant_credential_env,
+            endpoint,
+            store,
+        }) => {
+            let tenant = tenant_of(&tenant, &tenant_credential_env)?;
+            let scope = scope_for(&key, tenant.as_deref(), endpoint.as_deref())?;
+            let store = open(store).await?;
+            match store.get(&scope).await.map_err(|e| e.to_string())? {
+                Some(record) => {
+                    let v = record_json(&record, SystemClock.now());
+                    println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+                    Ok(ExitCode::SUCCESS)
+                }
+                None => {
+                    eprintln!("idem: no record for that key in that scope");
+                    Ok(ExitCode::from(1))
+                }
+            }
+        }
+        KeysCommand::Purge(PurgeArgs {
+            key,
+            expired,
+            tenant,
+            tenant_credential_env,
+            endpoint,
+            store,
+        }) => {
+            let store = open(store).await?;
+            if expired {
+                let n = purge_expired(&*store).await;
+                println!("purged {n} expired records");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let key = key.ok_or("give a KEY or --expired")?;
+            let tenant = tenant_of(&tenant, &tenant_credential_env)?;
+            let scope = scope_for(&key, tenant.as_deref(), endpoint.as_deref())?;
+            if store.remove(&scope).await.map_err(|e| e.to_string())? {
+                println!("removed 1 record");
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!("idem: no record for that key in that scope");
+                Ok(ExitCode::from(1))
+            }
+        }
+    }
+}
+
+async fn open(url: Option<String>) -> Result<std::sync::Arc<dyn Store>, String> {
+    let url = url.unwrap_or_else(|| DEFAULT_STORE.to_owned());
+    crate::store::open(&url).await.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::{
+        Fingerprint, MemoryStore, Reservation, ReserveRequest, ScopeMode, StoredResponse,
+    };
+
+    #[test]
+    fn scope_for_matches_the_layers_scope() {
+        let s = scope_for("\"k-1\"", Some("sha256:ab"), Some("post /v1/orders/{id}")).unwrap();
+        let expected = Scope::new(
+            ScopeMode::Public,
+            Tenant::new("sha256:ab"),
+            Endpoint::new("POST", "/v1/orders/{id}"),
+            Key::new("k-1").unwrap(),
+        );
+        assert_eq!(s, expected);
+        let internal = scope_for("k-1", None, None).unwrap();
+        assert_eq!(internal.tenant(), &Tenant::anonymous());
+        assert_eq!(internal.endpoint(), None);
+        assert!(scope_for("k", None, Some("/no-method")).is_err());
+        assert!(scope_for("", None, None).is_err());
+    }
+
+    #[tokio::test]
+    async fn record_json_shows_state_and_response() {
+        let store = MemoryStore::new();
+        let scope = scope_for("k", None, Some("POST /x")).unwrap();
+        let fp = Fingerprint::compute("POST", "POST /x", None, b"a", &Default::default());
+        let Reservation::Acquired(lease) = store
+            .reserve(&ReserveRequest::new(scope.clone(), fp))
+            .await
+            .unwrap()
+        else {
+            panic!("not acquired")
+        };
+        let now = SystemClock.now();
+        let v = record_json(&store.get(&scope).await.unwrap().unwrap(), now);
+        assert_eq!(v["record"]["state"], "in_progress");
+        assert_eq!(v["attempt"], 1);
+        store
+            .complete(
+                &lease,
+                &StoredResponse::new(201, "made").with_header("location", "/x/1"),
+            )
+            .await
+            .unwrap();
+        let v = record_json(&store.get(&scope).await.unwrap().unwrap(), now);
+        assert_eq!(v["record"]["state"], "completed");
+        assert_eq!(v["record"]["response"]["status"], 201);
+        assert_eq!(v["record"]["response"]["body"]["text"], "made");
+        assert_eq!(v["record"]["response"]["headers"][0]["name"], "location");
+        assert_eq!(v["endpoint"], "POST /x");
+        assert_eq!(v["fingerprint"], fp.to_hex());
+    }
+}

@@ -1,0 +1,55 @@
+//! The idem gateway: a reverse proxy that gives any HTTP API Stripe-grade
+//! `Idempotency-Key` handling, and the `idem` binary that runs it.
+//!
+//! The idempotency flow itself (SPEC S2–S10) is `idem_tower::IdempotencyLayer`; this
+//! crate wraps it around a [`Proxy`](proxy::Proxy) to one upstream and adds what a
+//! deployable gateway needs:
+//!
+//! - [`cli`] and [`config`]: flags, `IDEM_*` variables and the `--config` TOML file with
+//!   per-route rules ([`route`]);
+//! - [`store`]: the store a `--store` URL names (memory, SQLite, PostgreSQL, Redis);
+//! - [`proxy`]: forwarding, hop-by-hop stripping, `Forwarded` headers,
+//!   `Idempotency-Attempt`, `Idempotency-Disposition`, and what upstream failures mean
+//!   for the key ([`error`]);
+//! - [`admin`] and [`metrics`]: `/healthz`, `/readyz`, Prometheus `/metrics`, key
+//!   inspection and purge;
+//! - [`serve`]: listeners, the sweeper and graceful shutdown; [`keys`]: `idem keys`.
+//!
+//! # Examples
+//!
+//! Run the gateway in-process in front of an upstream, with an in-memory store, until a
+//! shutdown future resolves (the `idem serve` command does the same with the flags
+//! resolved from the command line):
+//!
+//! ```no_run
+//! use idem_gateway::cli::ServeArgs;
+//! use idem_gateway::config::GatewayConfig;
+//! use idem_gateway::serve::{Gateway, Mode};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let args = ServeArgs {
+//!     upstream: Some("http://127.0.0.1:3000".into()),
+//!     listen: Some("127.0.0.1:8080".into()),
+//!     store: Some("memory://".into()),
+//!     ..ServeArgs::default()
+//! };
+//! let config = GatewayConfig::resolve(&args)?;
+//! let gateway = Gateway::bind(&config, Mode::Idempotent).await?;
+//! println!("listening on {}", gateway.local_addr());
+//! gateway.run(idem_gateway::serve::shutdown_signal()).await;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod keys;
+pub mod logging;
+pub mod metrics;
+pub mod proxy;
+pub mod route;
+pub mod serve;
+pub mod store;

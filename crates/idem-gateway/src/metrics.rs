@@ -1,0 +1,252 @@
+//! Prometheus metrics for the admin listener's `/metrics`: requests by idempotency
+//! outcome, a store latency histogram per operation, and the in-flight gauge.
+//!
+//! The text exposition format is simple enough that a few atomics and `write!` cover it;
+//! no metrics framework is pulled in.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use idem_tower::{Observer, Outcome};
+
+/// Histogram bucket upper bounds, in seconds: from a fast in-process store to a slow
+/// network round trip.
+const BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// Outcomes listed even before they first happen, so dashboards see zeros.
+const KNOWN_OUTCOMES: [&str; 9] = [
+    "executed",
+    "replayed",
+    "conflict",
+    "mismatch",
+    "released",
+    "kept_in_progress",
+    "rejected",
+    "store_unavailable",
+    "passed_through",
+];
+
+#[derive(Default)]
+struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+}
+
+/// The gateway's counters; shared by the proxy, the idempotency layer (as its
+/// [`Observer`]) and the admin listener.
+#[derive(Default)]
+pub struct Metrics {
+    outcomes: RwLock<BTreeMap<&'static str, AtomicU64>>,
+    store: RwLock<BTreeMap<(&'static str, bool), Histogram>>,
+    in_flight: AtomicI64,
+    upstream_errors: RwLock<BTreeMap<&'static str, AtomicU64>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+fn bump(map: &RwLock<BTreeMap<&'static str, AtomicU64>>, label: &'static str) {
+    if let Some(c) = map.read().expect("metrics lock").get(label) {
+        c.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    map.write()
+        .expect("metrics lock")
+        .entry(label)
+        .or_default()
+        .fetch_add(1, Ordering::Relaxed);
+}
+
+impl Metrics {
+    /// Empty metrics with every known outcome at zero.
+    pub fn new() -> Metrics {
+        let m = Metrics::default();
+        {
+            let mut o = m.outcomes.write().expect("metrics lock");
+            for label in KNOWN_OUTCOMES {
+                o.insert(label, AtomicU64::new(0));
+            }
+        }
+        m
+    }
+
+    /// Counts one request's outcome by its label.
+    pub fn count_outcome(&self, label: &'static str) {
+        bump(&self.outcomes, label);
+    }
+
+    /// How many requests had an outcome so far.
+    pub fn outcome_count(&self, label: &str) -> u64 {
+        self.outcomes
+            .read()
+            .expect("metrics lock")
+            .get(label)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// Records one store call's latency.
+    pub fn observe_store(&self, op: &'static str, elapsed: Duration, ok: bool) {
+        if let Some(h) = self.store.read().expect("metrics lock").get(&(op, ok)) {
+            h.observe(elapsed);
+            return;
+        }
+        self.store
+            .write()
+            .expect("metrics lock")
+            .entry((op, ok))
+            .or_default()
+            .observe(elapsed);
+    }
+
+    /// Counts an upstream failure by kind (`unreachable`, `timeout`, `failed`).
+    pub fn count_upstream_error(&self, kind: &'static str) {
+        bump(&self.upstream_errors, kind);
+    }
+
+    /// Marks a request in flight until the guard drops.
+    pub fn in_flight_guard(self: &std::sync::Arc<Self>) -> InFlightGuard {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlightGuard(self.clone())
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> i64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        out.push_str(
+            "# HELP idem_requests_total Requests by idempotency outcome.\n\
+             # TYPE idem_requests_total counter\n",
+        );
+        for (label, c) in self.outcomes.read().expect("metrics lock").iter() {
+            let _ = writeln!(
+                out,
+                "idem_requests_total{{outcome=\"{label}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        out.push_str(
+            "# HELP idem_in_flight_requests Requests the gateway is handling now.\n\
+             # TYPE idem_in_flight_requests gauge\n",
+        );
+        let _ = writeln!(out, "idem_in_flight_requests {}", self.in_flight());
+        out.push_str(
+            "# HELP idem_upstream_errors_total Upstream calls that failed, by kind.\n\
+             # TYPE idem_upstream_errors_total counter\n",
+        );
+        for (kind, c) in self.upstream_errors.read().expect("metrics lock").iter() {
+            let _ = writeln!(
+                out,
+                "idem_upstream_errors_total{{kind=\"{kind}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        out.push_str(
+            "# HELP idem_store_call_duration_seconds Latency of idempotency store calls.\n\
+             # TYPE idem_store_call_duration_seconds histogram\n",
+        );
+        for ((op, ok), h) in self.store.read().expect("metrics lock").iter() {
+            let labels = format!("op=\"{op}\",ok=\"{ok}\"");
+            let mut cumulative = 0;
+            for (bound, c) in BUCKETS.iter().zip(&h.buckets) {
+                cumulative += c.load(Ordering::Relaxed);
+                let _ = writeln!(
+                    out,
+                    "idem_store_call_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
+                );
+            }
+            let count = h.count.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "idem_store_call_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {count}"
+            );
+            let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+            let _ = writeln!(
+                out,
+                "idem_store_call_duration_seconds_sum{{{labels}}} {sum}"
+            );
+            let _ = writeln!(
+                out,
+                "idem_store_call_duration_seconds_count{{{labels}}} {count}"
+            );
+        }
+        out
+    }
+}
+
+impl Observer for Metrics {
+    fn outcome(&self, outcome: Outcome) {
+        self.count_outcome(outcome.as_str());
+    }
+
+    fn store_call(&self, op: &'static str, elapsed: Duration, ok: bool) {
+        self.observe_store(op, elapsed, ok);
+    }
+}
+
+/// Decrements the in-flight gauge when dropped.
+#[derive(Debug)]
+pub struct InFlightGuard(std::sync::Arc<Metrics>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn renders_outcomes_histogram_and_gauge() {
+        let m = Arc::new(Metrics::new());
+        m.outcome(Outcome::Replayed);
+        m.outcome(Outcome::Replayed);
+        m.store_call("reserve", Duration::from_micros(300), true);
+        m.store_call("reserve", Duration::from_millis(30), true);
+        let g = m.in_flight_guard();
+        let text = m.render();
+        assert!(text.contains("idem_requests_total{outcome=\"replayed\"} 2\n"));
+        assert!(text.contains("idem_requests_total{outcome=\"mismatch\"} 0\n"));
+        assert!(text.contains("idem_in_flight_requests 1\n"));
+        assert!(text.contains(
+            "idem_store_call_duration_seconds_bucket{op=\"reserve\",ok=\"true\",le=\"0.0005\"} 1\n"
+        ));
+        assert!(text.contains(
+            "idem_store_call_duration_seconds_bucket{op=\"reserve\",ok=\"true\",le=\"0.05\"} 2\n"
+        ));
+        assert!(
+            text.contains("idem_store_call_duration_seconds_count{op=\"reserve\",ok=\"true\"} 2\n")
+        );
+        drop(g);
+        assert_eq!(m.in_flight(), 0);
+    }
+}

@@ -1,0 +1,351 @@
+//! The proxy [`Service`]: forwards a request to the upstream and its answer back.
+//!
+//! It is the inner service of `idem_tower::IdempotencyLayer`, which decides whether a
+//! request runs at all; the proxy only forwards, and tells the layer what the upstream's
+//! answer means for the key:
+//!
+//! - hop-by-hop headers (RFC 9110 §7.6.1) are stripped both ways; `X-Forwarded-For`,
+//!   `X-Forwarded-Host`, `X-Forwarded-Proto` and `Forwarded` are set;
+//! - on keyed requests `Idempotency-Attempt: N` tells the upstream which attempt this is
+//!   (N > 1 after a takeover: it should consult its business records first), and the
+//!   `Idempotency-Key` header passes through as the client sent it;
+//! - an `Idempotency-Disposition: record|release` response header overrides the default
+//!   record-or-release decision and is stripped;
+//! - a refused connection is a 502 that releases the key; a timeout or broken connection
+//!   after sending is a 504 that keeps the record in progress until its lease lapses.
+//!
+//! Unkeyed traffic streams both ways. Keyed answers are read whole within the upstream
+//! timeout (the layer records them anyway), so an upstream that stalls mid-body is a
+//! timeout too.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, Version};
+use http_body::Body;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idem_tower::{Disposition, IdempotencyContext};
+use tokio::time::Instant;
+use tower::Service;
+
+use crate::config::Upstream;
+use crate::error::UpstreamError;
+use crate::metrics::Metrics;
+
+/// Boxed error of bodies flowing through the gateway.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of requests sent upstream and answers sent back.
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The request header that tells the upstream which attempt this is.
+pub const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("idempotency-attempt");
+
+/// The response header by which the upstream overrides record-or-release.
+pub const DISPOSITION_HEADER: HeaderName = HeaderName::from_static("idempotency-disposition");
+
+/// The client's address, put in request extensions by the listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// Headers that concern one connection, never forwarded (RFC 9110 §7.6.1, plus the
+/// non-standard `proxy-connection` and `keep-alive` that old clients send).
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Forwards requests to one upstream. Cheap to clone: clones share the connection pool.
+#[derive(Clone, Debug)]
+pub struct Proxy {
+    client: Client<HttpConnector, ProxyBody>,
+    upstream: Arc<Upstream>,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Proxy {
+    /// A proxy to `upstream` that gives up after `timeout`.
+    pub fn new(upstream: Upstream, timeout: Duration, metrics: Arc<Metrics>) -> Proxy {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        // A connect that cannot finish is "unreachable" (nothing sent), not a timeout
+        // with an unknown outcome.
+        connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(256)
+            .build(connector);
+        Proxy {
+            client,
+            upstream: Arc::new(upstream),
+            timeout,
+            metrics,
+        }
+    }
+
+    /// Forwards one request and returns the answer to send back.
+    pub async fn forward<B>(&self, req: Request<B>) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let attempt = req
+            .extensions()
+            .get::<IdempotencyContext>()
+            .map(|c| c.attempt);
+        let (parts, body) = req.into_parts();
+        let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let uri = match self.upstream.uri_for(path_and_query) {
+            Ok(uri) => uri,
+            // The incoming URI already parsed, so only a base path could break it.
+            Err(_) => return self.fail(UpstreamError::Unreachable),
+        };
+        let client = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
+        let mut headers = parts.headers;
+        let original_host = headers.get(header::HOST).cloned();
+        strip_hop_by_hop(&mut headers);
+        add_forwarded(&mut headers, client, original_host.as_ref());
+        headers.remove(ATTEMPT_HEADER);
+        if let Some(n) = attempt {
+            headers.insert(ATTEMPT_HEADER, HeaderValue::from(n));
+        }
+        if let Ok(host) = HeaderValue::from_str(self.upstream.authority.as_str()) {
+            headers.insert(header::HOST, host);
+        }
+
+        let mut up = Request::new(body.map_err(Into::into).boxed_unsync());
+        *up.method_mut() = parts.method;
+        *up.uri_mut() = uri;
+        *up.version_mut() = Version::HTTP_11;
+        *up.headers_mut() = headers;
+
+        let deadline = Instant::now() + self.timeout;
+        let res = match tokio::time::timeout_at(deadline, self.client.request(up)).await {
+            Err(_) => return self.fail(UpstreamError::Timeout),
+            Ok(Err(e)) if e.is_connect() => {
+                tracing::warn!(error = %e, "upstream unreachable");
+                return self.fail(UpstreamError::Unreachable);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "upstream connection broke after the request was sent");
+                return self.fail(UpstreamError::Broken);
+            }
+            Ok(Ok(res)) => res,
+        };
+        let (mut parts, body) = res.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        let disposition = take_disposition(&mut parts.headers);
+        let body = if attempt.is_some() {
+            match tokio::time::timeout_at(deadline, body.collect()).await {
+                Err(_) => return self.fail(UpstreamError::Timeout),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "upstream body broke off");
+                    return self.fail(UpstreamError::Broken);
+                }
+                Ok(Ok(collected)) => Full::new(collected.to_bytes())
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            }
+        } else {
+            body.map_err(Into::into).boxed_unsync()
+        };
+        let mut res = Response::from_parts(parts, body);
+        if let Some(d) = disposition {
+            res.extensions_mut().insert(d);
+        }
+        res
+    }
+
+    fn fail(&self, e: UpstreamError) -> Response<ProxyBody> {
+        self.metrics.count_upstream_error(e.kind());
+        e.into_response()
+    }
+}
+
+impl<B> Service<Request<B>> for Proxy
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}
+
+/// Removes hop-by-hop headers, including those the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// Appends the client to `X-Forwarded-For` and `Forwarded` and records the original
+/// host and protocol.
+pub fn add_forwarded(headers: &mut HeaderMap, client: Option<IpAddr>, host: Option<&HeaderValue>) {
+    let mut forwarded = String::new();
+    if let Some(ip) = client {
+        let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),
+            _ => ip.to_string(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&xff) {
+            headers.insert("x-forwarded-for", v);
+        }
+        match ip {
+            IpAddr::V4(v4) => forwarded.push_str(&format!("for={v4}")),
+            IpAddr::V6(v6) => forwarded.push_str(&format!("for=\"[{v6}]\"")),
+        }
+        forwarded.push(';');
+    }
+    forwarded.push_str("proto=http");
+    if let Some(h) = host.and_then(|h| h.to_str().ok()) {
+        let escaped = h.replace('\\', "\\\\").replace('"', "\\\"");
+        forwarded.push_str(&format!(";host=\"{escaped}\""));
+        headers.insert("x-forwarded-host", host.cloned().expect("checked"));
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {forwarded}"),
+        _ => forwarded,
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(header::FORWARDED, v);
+    }
+}
+
+/// Reads and removes the upstream's `Idempotency-Disposition`. Unknown values are
+/// dropped (and logged): the default S6 policy then applies.
+pub fn take_disposition(headers: &mut HeaderMap) -> Option<Disposition> {
+    let values: Vec<HeaderValue> = match headers.entry(DISPOSITION_HEADER) {
+        header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
+        header::Entry::Vacant(_) => return None,
+    };
+    let [value] = values.as_slice() else {
+        tracing::warn!(
+            count = values.len(),
+            "upstream sent several Idempotency-Disposition headers; ignoring them"
+        );
+        return None;
+    };
+    match value
+        .to_str()
+        .map(|v| v.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        Ok("record") => Some(Disposition::Record),
+        Ok("release") => Some(Disposition::Release),
+        _ => {
+            tracing::warn!("upstream sent an unknown Idempotency-Disposition; ignoring it");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_connection_named_ones_are_stripped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Secret-Hop"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(
+            header::PROXY_AUTHORIZATION,
+            HeaderValue::from_static("Basic x"),
+        );
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["content-type", "authorization"]);
+    }
+
+    #[test]
+    fn forwarded_headers_append_to_prior_hops() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.9"));
+        h.insert(
+            header::FORWARDED,
+            HeaderValue::from_static("for=203.0.113.9"),
+        );
+        let host = HeaderValue::from_static("api.example:8080");
+        add_forwarded(&mut h, Some("127.0.0.1".parse().unwrap()), Some(&host));
+        assert_eq!(h["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+        assert_eq!(
+            h[header::FORWARDED],
+            "for=203.0.113.9, for=127.0.0.1;proto=http;host=\"api.example:8080\""
+        );
+        assert_eq!(h["x-forwarded-host"], "api.example:8080");
+        assert_eq!(h["x-forwarded-proto"], "http");
+
+        let mut h = HeaderMap::new();
+        add_forwarded(&mut h, Some("::1".parse().unwrap()), None);
+        assert_eq!(h["x-forwarded-for"], "::1");
+        assert_eq!(h[header::FORWARDED], "for=\"[::1]\";proto=http");
+    }
+
+    #[test]
+    fn disposition_header_is_read_and_stripped() {
+        let mut h = HeaderMap::new();
+        h.insert(DISPOSITION_HEADER, HeaderValue::from_static("Release"));
+        assert_eq!(take_disposition(&mut h), Some(Disposition::Release));
+        assert!(h.get(DISPOSITION_HEADER).is_none());
+
+        h.insert(DISPOSITION_HEADER, HeaderValue::from_static("record"));
+        assert_eq!(take_disposition(&mut h), Some(Disposition::Record));
+
+        h.insert(DISPOSITION_HEADER, HeaderValue::from_static("maybe"));
+        assert_eq!(take_disposition(&mut h), None);
+        assert!(
+            h.get(DISPOSITION_HEADER).is_none(),
+            "stripped even when unknown"
+        );
+
+        assert_eq!(take_disposition(&mut h), None);
+    }
+}

@@ -1,0 +1,237 @@
+//! Per-route rules from the TOML file: a method and a path template
+//! (`/v1/orders/{id}/capture`) with their own require-key, TTL, ignored JSON pointers and
+//! stored headers.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use idem_core::{FingerprintOptions, PointerError};
+
+/// A path template: literal segments and `{name}` placeholders that match one non-empty
+/// segment; a last segment `{*name}` matches the rest of the path.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PathTemplate {
+    raw: String,
+    segments: Vec<Segment>,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+enum Segment {
+    Literal(String),
+    Param,
+    Rest,
+}
+
+/// A template that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid path template {template:?}: {reason}")]
+pub struct TemplateError {
+    template: String,
+    reason: &'static str,
+}
+
+impl PathTemplate {
+    /// Parses a template; it must start with `/`.
+    pub fn parse(template: &str) -> Result<PathTemplate, TemplateError> {
+        let err = |reason| TemplateError {
+            template: template.to_owned(),
+            reason,
+        };
+        let Some(rest) = template.strip_prefix('/') else {
+            return Err(err("a template starts with '/'"));
+        };
+        let parts: Vec<&str> = rest.split('/').collect();
+        let mut segments = Vec::with_capacity(parts.len());
+        for (i, part) in parts.iter().enumerate() {
+            let seg = if let Some(name) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+                if let Some(rest_name) = name.strip_prefix('*') {
+                    if i + 1 != parts.len() {
+                        return Err(err("{*name} may only be the last segment"));
+                    }
+                    if rest_name.is_empty() {
+                        return Err(err("a placeholder needs a name"));
+                    }
+                    Segment::Rest
+                } else if name.is_empty() {
+                    return Err(err("a placeholder needs a name"));
+                } else {
+                    Segment::Param
+                }
+            } else if part.contains(['{', '}']) {
+                return Err(err("a placeholder must fill a whole segment"));
+            } else {
+                Segment::Literal((*part).to_owned())
+            };
+            segments.push(seg);
+        }
+        Ok(PathTemplate {
+            raw: template.to_owned(),
+            segments,
+        })
+    }
+
+    /// Whether `path` (without query) matches.
+    pub fn matches(&self, path: &str) -> bool {
+        let Some(rest) = path.strip_prefix('/') else {
+            return false;
+        };
+        let mut parts = rest.split('/');
+        for seg in &self.segments {
+            match seg {
+                Segment::Rest => return true,
+                Segment::Literal(lit) => match parts.next() {
+                    Some(p) if p == lit => {}
+                    _ => return false,
+                },
+                Segment::Param => match parts.next() {
+                    Some(p) if !p.is_empty() => {}
+                    _ => return false,
+                },
+            }
+        }
+        parts.next().is_none()
+    }
+
+    /// The template as written.
+    pub fn as_str(&self) -> &str {
+        &self.raw
+    }
+}
+
+impl fmt::Debug for PathTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("PathTemplate").field(&self.raw).finish()
+    }
+}
+
+/// One `[[route]]` rule, checked.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The method it applies to; `None` for any.
+    pub method: Option<Method>,
+    /// The path template; it becomes the scope's endpoint (`POST /v1/orders/{id}`).
+    pub template: PathTemplate,
+    /// Overrides `--require-key` on this route.
+    pub require_key: Option<bool>,
+    /// Overrides `--ttl` on this route.
+    pub ttl: Option<Duration>,
+    /// JSON pointers left out of the fingerprint (a client timestamp, say).
+    pub ignore: Vec<String>,
+    /// Response headers stored and replayed on this route, besides the default
+    /// allow-list.
+    pub store_headers: Vec<HeaderName>,
+    fingerprint: FingerprintOptions,
+}
+
+impl Route {
+    /// A rule; fails when an ignored pointer is not of RFC 6901's form.
+    pub fn new(
+        method: Option<Method>,
+        template: PathTemplate,
+        require_key: Option<bool>,
+        ttl: Option<Duration>,
+        ignore: Vec<String>,
+        store_headers: Vec<HeaderName>,
+    ) -> Result<Route, PointerError> {
+        let mut fingerprint = FingerprintOptions::default();
+        for p in &ignore {
+            fingerprint = fingerprint.ignore_pointer(p)?;
+        }
+        Ok(Route {
+            method,
+            template,
+            require_key,
+            ttl,
+            ignore,
+            store_headers,
+            fingerprint,
+        })
+    }
+
+    /// Whether the rule applies to a request.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        self.method.as_ref().is_none_or(|m| m == method) && self.template.matches(path)
+    }
+
+    /// The fingerprint options with this route's ignored pointers.
+    pub fn fingerprint_options(&self) -> &FingerprintOptions {
+        &self.fingerprint
+    }
+}
+
+/// The first rule that matches, in file order.
+pub fn find<'a>(routes: &'a [Route], method: &Method, path: &str) -> Option<&'a Route> {
+    routes.iter().find(|r| r.matches(method, path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_matches_one_segment_per_placeholder() {
+        let t = PathTemplate::parse("/v1/orders/{id}/capture").unwrap();
+        assert!(t.matches("/v1/orders/42/capture"));
+        assert!(!t.matches("/v1/orders//capture"));
+        assert!(!t.matches("/v1/orders/42/capture/extra"));
+        assert!(!t.matches("/v1/orders/42"));
+        assert!(!t.matches("/v1/orders/42/refund"));
+    }
+
+    #[test]
+    fn rest_placeholder_matches_the_tail() {
+        let t = PathTemplate::parse("/files/{*path}").unwrap();
+        assert!(t.matches("/files/a/b/c"));
+        assert!(t.matches("/files/"));
+        assert!(!t.matches("/other/a"));
+        assert!(PathTemplate::parse("/files/{*path}/x").is_err());
+    }
+
+    #[test]
+    fn malformed_templates_are_rejected() {
+        assert!(PathTemplate::parse("v1/orders").is_err());
+        assert!(PathTemplate::parse("/v1/{}").is_err());
+        assert!(PathTemplate::parse("/v1/x{id}").is_err());
+    }
+
+    #[test]
+    fn first_matching_rule_wins_and_method_filters() {
+        let r = |m: Option<Method>, t: &str| {
+            Route::new(
+                m,
+                PathTemplate::parse(t).unwrap(),
+                None,
+                None,
+                vec![],
+                vec![],
+            )
+            .unwrap()
+        };
+        let routes = vec![
+            r(Some(Method::POST), "/v1/orders/{id}"),
+            r(None, "/v1/{*rest}"),
+        ];
+        assert_eq!(
+            find(&routes, &Method::POST, "/v1/orders/7")
+                .unwrap()
+                .template
+                .as_str(),
+            "/v1/orders/{id}"
+        );
+        assert_eq!(
+            find(&routes, &Method::PATCH, "/v1/orders/7")
+                .unwrap()
+                .template
+                .as_str(),
+            "/v1/{*rest}"
+        );
+        assert!(find(&routes, &Method::POST, "/v2/x").is_none());
+    }
+
+    #[test]
+    fn bad_ignored_pointer_is_rejected() {
+        let t = PathTemplate::parse("/x").unwrap();
+        assert!(Route::new(None, t, None, None, vec!["nope".into()], vec![]).is_err());
+    }
+}

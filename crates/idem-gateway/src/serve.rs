@@ -1,0 +1,367 @@
+//! `idem serve`: the listener, the idempotency layer around the proxy, the admin
+//! listener, the sweeper, and graceful shutdown.
+//!
+//! Shutdown (SIGTERM or SIGINT) stops accepting, lets open connections finish their
+//! current request, then waits for every execution the layer spawned to finish and
+//! record (a client that went away does not cancel its upstream call), bounded by
+//! `--shutdown-timeout`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use idem_core::{Store, Sweeper, SweeperConfig, Tenant};
+use idem_tower::{IdempotencyBody, IdempotencyLayer, InFlight, RouteConfig};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tower::util::BoxCloneService;
+use tower::{Layer, ServiceExt};
+
+use crate::admin::{self, AdminState};
+use crate::config::GatewayConfig;
+use crate::metrics::Metrics;
+use crate::proxy::{BoxError, ClientAddr, Proxy, ProxyBody};
+use crate::route::{self, Route};
+use crate::store::{self, OpenError, redact};
+
+/// The body of answers the gateway sends to clients.
+pub type ClientBody = UnsyncBoxBody<Bytes, BoxError>;
+
+type GatewayService = BoxCloneService<Request<Incoming>, Response<ClientBody>, Infallible>;
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The store could not be opened.
+    #[error(transparent)]
+    Store(#[from] OpenError),
+    /// A listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Whether requests go through the idempotency layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Idempotency-Key handling on (the point of the gateway).
+    Idempotent,
+    /// Plain reverse proxy: for measuring the layer's cost, and as an emergency bypass.
+    PassThrough,
+}
+
+/// A gateway bound to its listeners, ready to run.
+pub struct Gateway {
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    service: GatewayService,
+    in_flight: Option<InFlight>,
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    admin_token: Option<Arc<str>>,
+    sweep_interval: Duration,
+    shutdown_timeout: Duration,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("listen", &self.listener.local_addr().ok())
+            .field(
+                "admin",
+                &self.admin.as_ref().and_then(|a| a.local_addr().ok()),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// The layer configured from the gateway's settings.
+pub fn idempotency_layer(
+    store: Arc<dyn Store>,
+    config: &GatewayConfig,
+    metrics: Arc<Metrics>,
+) -> IdempotencyLayer<Arc<dyn Store>> {
+    let tenant_header = config.tenant_header.clone();
+    let routes: Arc<[Route]> = config.routes.clone().into();
+    let mut layer = IdempotencyLayer::new(store)
+        .keyed_methods(config.keyed_methods.clone())
+        .require_key(config.require_key)
+        .scope_mode(config.scope)
+        .body_limit(config.body_limit)
+        .ttl(config.ttl)
+        .lease(config.lease)
+        .tenant_from(move |parts| match parts.headers.get(&tenant_header) {
+            Some(v) => Tenant::from_credential(v.as_bytes()),
+            None => Tenant::anonymous(),
+        })
+        .observer(metrics);
+    if !routes.is_empty() {
+        layer = layer.route_config(move |parts| {
+            route::find(&routes, &parts.method, parts.uri.path()).map(route_config)
+        });
+    }
+    layer
+}
+
+fn route_config(route: &Route) -> RouteConfig {
+    let mut rc = RouteConfig::new()
+        .endpoint(route.template.as_str())
+        .store_headers(route.store_headers.iter().cloned());
+    if let Some(required) = route.require_key {
+        rc = rc.require_key(required);
+    }
+    if let Some(ttl) = route.ttl {
+        rc = rc.ttl(ttl);
+    }
+    if route.fingerprint_options().ignores_anything() {
+        rc = rc.fingerprint_options(route.fingerprint_options().clone());
+    }
+    rc
+}
+
+impl Gateway {
+    /// Opens the store and binds the listeners.
+    pub async fn bind(config: &GatewayConfig, mode: Mode) -> Result<Gateway, ServeError> {
+        let store = store::open(&config.store).await?;
+        Gateway::bind_with_store(config, mode, store).await
+    }
+
+    /// Binds the listeners around an already-open store.
+    pub async fn bind_with_store(
+        config: &GatewayConfig,
+        mode: Mode,
+        store: Arc<dyn Store>,
+    ) -> Result<Gateway, ServeError> {
+        let metrics = Arc::new(Metrics::new());
+        let proxy = Proxy::new(
+            config.upstream.clone(),
+            config.upstream_timeout,
+            metrics.clone(),
+        );
+        let (service, in_flight) = match mode {
+            Mode::Idempotent => {
+                let layer = idempotency_layer(store.clone(), config, metrics.clone());
+                let in_flight = layer.in_flight();
+                let svc = ServiceExt::<Request<Incoming>>::map_response(
+                    layer.layer(proxy),
+                    |res: Response<IdempotencyBody<ProxyBody>>| {
+                        res.map(|b| b.map_err(Into::into).boxed_unsync())
+                    },
+                );
+                (BoxCloneService::new(svc), Some(in_flight))
+            }
+            Mode::PassThrough => {
+                let svc = ServiceExt::<Request<Incoming>>::map_response(
+                    proxy,
+                    |res: Response<ProxyBody>| res,
+                );
+                (BoxCloneService::new(svc), None)
+            }
+        };
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| ServeError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let admin = match config.admin {
+            Some(addr) => {
+                if !addr.ip().is_loopback() && config.admin_token.is_none() {
+                    tracing::warn!(%addr, "the admin listener is not on loopback and has no --admin-token");
+                }
+                Some(
+                    TcpListener::bind(addr)
+                        .await
+                        .map_err(|source| ServeError::Bind { addr, source })?,
+                )
+            }
+            None => None,
+        };
+        tracing::info!(
+            store = %redact(&config.store),
+            upstream = %format!("{}://{}{}", config.upstream.scheme, config.upstream.authority, config.upstream.base_path),
+            mode = ?mode,
+            "gateway configured"
+        );
+        Ok(Gateway {
+            listener,
+            admin,
+            service,
+            in_flight,
+            store,
+            metrics,
+            admin_token: config.admin_token.as_deref().map(Arc::from),
+            sweep_interval: config.sweep_interval,
+            shutdown_timeout: config.shutdown_timeout,
+        })
+    }
+
+    /// The proxy's bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// The admin listener's bound address.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|a| a.local_addr().ok())
+    }
+
+    /// The gateway's metrics.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then shuts down gracefully.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let Gateway {
+            listener,
+            admin,
+            service,
+            in_flight,
+            store,
+            metrics,
+            admin_token,
+            sweep_interval,
+            shutdown_timeout,
+        } = self;
+        let sweeper = Sweeper::spawn(
+            store.clone(),
+            SweeperConfig {
+                every: sweep_interval,
+                ..SweeperConfig::default()
+            },
+        );
+        let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let admin_task = admin.map(|listener| {
+            let router = admin::router(AdminState {
+                store: store.clone(),
+                metrics: metrics.clone(),
+                token: admin_token,
+            });
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, router)
+                    .with_graceful_shutdown(async {
+                        let _ = admin_stopped.await;
+                    })
+                    .await;
+            })
+        });
+
+        let graceful = GracefulShutdown::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off, keep serving.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = stream.set_nodelay(true);
+            let svc = service.clone();
+            let metrics = metrics.clone();
+            let hyper_svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(ClientAddr(peer));
+                let svc = svc.clone();
+                let guard = metrics.in_flight_guard();
+                async move {
+                    let started = Instant::now();
+                    let method = req.method().clone();
+                    let path = req.uri().path().to_owned();
+                    let res = svc.oneshot(req).await;
+                    if let Ok(r) = &res {
+                        tracing::debug!(
+                            %method,
+                            %path,
+                            status = r.status().as_u16(),
+                            replayed = r.headers().contains_key("idempotent-replayed"),
+                            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                            "request"
+                        );
+                    }
+                    drop(guard);
+                    res
+                }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), hyper_svc);
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+        }
+
+        tracing::info!("shutting down: no new connections; finishing in-flight requests");
+        drop(listener);
+        let deadline = Instant::now() + shutdown_timeout;
+        if tokio::time::timeout_at(deadline, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some connections were still open at the shutdown deadline");
+        }
+        if let Some(in_flight) = in_flight
+            && tokio::time::timeout_at(deadline, in_flight.wait())
+                .await
+                .is_err()
+        {
+            tracing::warn!(
+                left = in_flight.count(),
+                "executions still running at the shutdown deadline; their keys stay in progress until their leases lapse"
+            );
+        }
+        let _ = admin_stop.send(());
+        if let Some(task) = admin_task {
+            let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+        }
+        sweeper.stop();
+        tracing::info!("stopped");
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = term => tracing::info!("SIGTERM received"),
+    }
+}
