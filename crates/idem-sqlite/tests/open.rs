@@ -1,0 +1,217 @@
+//! Opening a store: connection settings, the embedded migration, configuration errors,
+//! and failing closed when the database is gone.
+
+use std::sync::Arc;
+
+use idem_core::codec::encode_headers;
+use idem_core::testing::test_fingerprint;
+use idem_core::{
+    Endpoint, Key, ManualClock, Reservation, ReserveRequest, Scope, ScopeMode, Store, StoreError,
+    StoredResponse, Tenant,
+};
+use idem_sqlite::{Error, SqliteStore};
+use sqlx::Row;
+
+fn db_url(dir: &tempfile::TempDir, name: &str) -> String {
+    format!("sqlite://{}", dir.path().join(name).display())
+}
+
+#[tokio::test]
+async fn connect_creates_the_file_in_wal_mode_with_normal_sync_and_busy_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.db");
+    assert!(!path.exists());
+    let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    assert!(path.exists());
+    let mut conn = store.pool().acquire().await.unwrap();
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(sync, 1, "NORMAL");
+    let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(busy, 5000);
+}
+
+#[tokio::test]
+async fn migration_is_idempotent_and_versioned_per_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = db_url(&dir, "m.db");
+    // Two stores migrating one fresh file at once, then once more, then another table.
+    let (a, b) = tokio::join!(SqliteStore::connect(&url), SqliteStore::connect(&url));
+    let (a, _b) = (a.unwrap(), b.unwrap());
+    SqliteStore::connect(&url).await.unwrap();
+    SqliteStore::builder()
+        .table("other_records")
+        .connect(&url)
+        .await
+        .unwrap();
+    let versions: Vec<(String, i64)> =
+        sqlx::query_as("SELECT table_name, version FROM idem_schema_versions ORDER BY 1")
+            .fetch_all(a.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        versions,
+        vec![
+            ("idem_records".to_owned(), idem_sqlite::SCHEMA_VERSION),
+            ("other_records".to_owned(), idem_sqlite::SCHEMA_VERSION)
+        ]
+    );
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'idem_records' \
+         AND sql IS NOT NULL",
+    )
+    .fetch_all(a.pool())
+    .await
+    .unwrap();
+    assert_eq!(indexes, vec!["idem_records_expires_at".to_owned()]);
+}
+
+#[tokio::test]
+async fn newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = db_url(&dir, "future.db");
+    let store = SqliteStore::connect(&url).await.unwrap();
+    sqlx::query("UPDATE idem_schema_versions SET version = 99")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    match SqliteStore::connect(&url).await {
+        Err(Error::SchemaTooNew {
+            table,
+            found,
+            supported,
+        }) => {
+            assert_eq!(table, "idem_records");
+            assert_eq!(found, 99);
+            assert_eq!(supported, idem_sqlite::SCHEMA_VERSION);
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn invalid_table_name_is_refused_before_opening_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("never.db");
+    let result = SqliteStore::builder()
+        .table("records; DROP TABLE orders")
+        .connect(&format!("sqlite://{}", path.display()))
+        .await;
+    assert!(matches!(result, Err(Error::InvalidTableName(_))));
+    assert!(!path.exists());
+}
+
+#[tokio::test]
+async fn from_pool_shares_the_applications_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let builder = SqliteStore::builder().table("app_keys");
+    let options = builder.connect_options(&db_url(&dir, "app.db")).unwrap();
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    let store = builder.from_pool(pool.clone()).await.unwrap();
+    assert_eq!(store.table(), "app_keys");
+    let req = ReserveRequest::new(
+        idem_core::testing::test_scope("/x", "k"),
+        test_fingerprint("{}"),
+    );
+    assert!(matches!(
+        store.reserve(&req).await.unwrap(),
+        Reservation::Acquired(_)
+    ));
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM app_keys")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+}
+
+#[tokio::test]
+async fn rows_follow_the_documented_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::starting_now();
+    let store = SqliteStore::builder()
+        .clock(Arc::new(clock.clone()))
+        .connect(&db_url(&dir, "schema.db"))
+        .await
+        .unwrap();
+    let scope = Scope::new(
+        ScopeMode::Internal,
+        Tenant::new("acct_1"),
+        Endpoint::new("POST", "/v1/transfers"),
+        Key::new("k-1").unwrap(),
+    );
+    let fp = test_fingerprint("{}");
+    let req = ReserveRequest::new(scope, fp);
+    let Reservation::Acquired(lease) = store.reserve(&req).await.unwrap() else {
+        panic!("first reserve acquires")
+    };
+    let resp = StoredResponse::new(201, "made").with_header("location", "/t/1");
+    store.complete(&lease, &resp).await.unwrap();
+    let row = sqlx::query("SELECT * FROM idem_records")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let now = idem_core::Clock::now(&clock).as_millis();
+    assert_eq!(row.get::<String, _>("tenant"), "acct_1");
+    assert_eq!(row.get::<String, _>("endpoint"), "", "internal mode");
+    assert_eq!(row.get::<String, _>("idem_key"), "k-1");
+    assert_eq!(row.get::<Vec<u8>, _>("fingerprint"), fp.as_bytes().to_vec());
+    assert_eq!(row.get::<i64, _>("created_at"), now);
+    assert_eq!(
+        row.get::<i64, _>("expires_at"),
+        req.expires_at(idem_core::Timestamp::from_millis(now))
+            .as_millis()
+    );
+    assert_eq!(row.get::<i64, _>("attempt"), 1);
+    assert_eq!(row.get::<i64, _>("token"), lease.token.as_i64());
+    assert_eq!(row.get::<String, _>("state"), "completed");
+    assert_eq!(row.get::<i64, _>("status"), 201);
+    assert_eq!(
+        row.get::<Vec<u8>, _>("headers"),
+        encode_headers(&resp.headers)
+    );
+    assert_eq!(row.get::<Vec<u8>, _>("body"), b"made");
+    assert_eq!(row.get::<i64, _>("completed_at"), now);
+}
+
+#[tokio::test]
+async fn closed_database_fails_closed_as_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::connect(&db_url(&dir, "gone.db"))
+        .await
+        .unwrap();
+    store.pool().close().await;
+    let req = ReserveRequest::new(
+        idem_core::testing::test_scope("/x", "k"),
+        test_fingerprint("{}"),
+    );
+    assert!(matches!(
+        store.reserve(&req).await,
+        Err(StoreError::Unavailable(_))
+    ));
+    assert!(matches!(
+        store.ping().await,
+        Err(StoreError::Unavailable(_))
+    ));
+}
+
+#[tokio::test]
+async fn unopenable_path_is_a_database_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("no/such/dir/x.db").display());
+    assert!(matches!(
+        SqliteStore::connect(&url).await,
+        Err(Error::Database(_))
+    ));
+}
