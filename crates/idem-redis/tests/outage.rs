@@ -1,0 +1,366 @@
+//! Store outage (SPEC S10): when Redis cannot be reached every operation fails with
+//! `StoreError::Unavailable`, never with a reservation the server did not record, and
+//! operations work again once it is back.
+//!
+//! The outage is made by a TCP proxy inside the test that stands between the store and
+//! the machine's Redis: "down" closes its port and every proxied connection, "stalled"
+//! accepts and forwards nothing. The Redis server itself is never touched.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use idem_core::testing::{
+    service_unavailable, service_url, test_fingerprint, test_scope, unique_namespace,
+};
+use idem_core::{
+    Lease, RecordState, Reservation, ReserveRequest, Store, StoreError, StoredResponse,
+};
+use idem_redis::RedisStore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Guards each operation against hanging: far above the store's own timeouts.
+const HANG_GUARD: Duration = Duration::from_secs(15);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// Forwards bytes both ways.
+    Open,
+    /// The port is closed (connections are refused) and live connections are cut.
+    Down,
+    /// Connections are accepted and held, but nothing is forwarded.
+    Stalled,
+}
+
+/// A TCP proxy on 127.0.0.1 in front of Redis; dropped, it stops.
+struct Proxy {
+    addr: SocketAddr,
+    mode: watch::Sender<Mode>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let (mode, _) = watch::channel(Mode::Open);
+        let task = tokio::spawn(Self::serve(listener, addr, upstream, mode.subscribe()));
+        Proxy { addr, mode, task }
+    }
+
+    fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+
+    async fn serve(
+        mut listener: TcpListener,
+        addr: SocketAddr,
+        upstream: SocketAddr,
+        mut mode: watch::Receiver<Mode>,
+    ) {
+        let relay_mode = mode.clone();
+        loop {
+            let down = tokio::select! {
+                accepted = listener.accept() => {
+                    if let Ok((inbound, _)) = accepted {
+                        tokio::spawn(Self::relay(inbound, upstream, relay_mode.clone()));
+                    }
+                    false
+                }
+                changed = mode.wait_for(|m| *m == Mode::Down) => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    true
+                }
+            };
+            if down {
+                drop(listener);
+                if mode.wait_for(|m| *m != Mode::Down).await.is_err() {
+                    return;
+                }
+                // The same port again, so the store's URL stays valid.
+                listener = TcpListener::bind(addr).await.expect("re-bind proxy port");
+            }
+        }
+    }
+
+    async fn relay(mut inbound: TcpStream, upstream: SocketAddr, mut mode: watch::Receiver<Mode>) {
+        if *mode.borrow() == Mode::Open {
+            let Ok(mut outbound) = TcpStream::connect(upstream).await else {
+                return;
+            };
+            tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => return,
+                changed = mode.wait_for(|m| *m != Mode::Open) => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        // Stalled: hold the connection silently until the outage ends, then cut it so
+        // the client reconnects. Down: cut it now.
+        if *mode.borrow() == Mode::Stalled {
+            let _ = mode.wait_for(|m| *m != Mode::Stalled).await;
+        }
+        drop(inbound);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The Redis URL with its host and port replaced by `addr` (user, password and
+/// database kept).
+fn url_through(url: &str, addr: SocketAddr) -> String {
+    let (scheme, rest) = url.split_once("://").expect("redis URL");
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let userinfo = authority.rsplit_once('@').map(|(u, _)| format!("{u}@"));
+    format!("{scheme}://{}{addr}{path}", userinfo.unwrap_or_default())
+}
+
+fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, h)| h)
+        .to_owned()
+}
+
+/// A store through a fresh proxy, and a direct one with the same prefix to inspect
+/// what Redis really holds. `None` when Redis is unreachable (the skip is reported).
+async fn setup(case: &str) -> Option<(Proxy, RedisStore, RedisStore)> {
+    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let prefix = format!("idem-test:{}:", unique_namespace(case));
+    let direct = match RedisStore::builder(url.as_str())
+        .key_prefix(&prefix)
+        .connect()
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => return service_unavailable("Redis", &url, &e),
+    };
+    let upstream = tokio::net::lookup_host(host_port(&url))
+        .await
+        .expect("resolve Redis")
+        .next()
+        .expect("a Redis address");
+    let proxy = Proxy::start(upstream).await;
+    let proxied = RedisStore::builder(url_through(&url, proxy.addr))
+        .key_prefix(&prefix)
+        .connect()
+        .await
+        .expect("connect through the proxy");
+    Some((proxy, proxied, direct))
+}
+
+fn request(key: &str) -> ReserveRequest {
+    ReserveRequest::new(test_scope("/v1/charges", key), test_fingerprint("{}"))
+}
+
+fn assert_unavailable<T: std::fmt::Debug>(
+    what: &str,
+    result: Result<idem_core::Result<T>, tokio::time::error::Elapsed>,
+) {
+    match result {
+        Ok(Err(StoreError::Unavailable(_))) => {}
+        Ok(other) => panic!("{what} during the outage must fail Unavailable, got {other:?}"),
+        Err(_) => panic!("{what} hung for {HANG_GUARD:?} during the outage"),
+    }
+}
+
+async fn acquire(store: &RedisStore, req: &ReserveRequest) -> Lease {
+    match store.reserve(req).await.expect("reserve") {
+        Reservation::Acquired(lease) => lease,
+        other => panic!("expected to acquire, got {other:?}"),
+    }
+}
+
+/// Waits (bounded) for the reconnecting store to answer again.
+async fn until_back(store: &RedisStore) {
+    for _ in 0..100 {
+        if store.ping().await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the store did not reconnect after the outage ended");
+}
+
+/// Every operation, while the proxy is in `mode`, fails Unavailable; returns the
+/// slowest operation's time.
+async fn every_operation_fails(
+    store: &RedisStore,
+    completed: &ReserveRequest,
+    running: &Lease,
+    fresh: &ReserveRequest,
+) -> Duration {
+    let mut slowest = Duration::ZERO;
+    macro_rules! check {
+        ($what:expr, $op:expr) => {{
+            let started = Instant::now();
+            assert_unavailable($what, tokio::time::timeout(HANG_GUARD, $op).await);
+            slowest = slowest.max(started.elapsed());
+        }};
+    }
+    check!("reserve of a new key", store.reserve(fresh));
+    check!("reserve of a completed key", store.reserve(completed));
+    check!(
+        "complete",
+        store.complete(running, &StoredResponse::new(200, "late"))
+    );
+    check!("renew", store.renew(running, Duration::from_secs(60)));
+    check!("release", store.release(running));
+    check!("get", store.get(&completed.scope));
+    check!("remove", store.remove(&completed.scope));
+    check!("purge_expired", store.purge_expired(10));
+    check!("ping", store.ping());
+    slowest
+}
+
+async fn fails_closed_then_recovers(mode: Mode, case: &str) {
+    let Some((proxy, store, direct)) = setup(case).await else {
+        return;
+    };
+    let completed = request("completed-key");
+    let lease = acquire(&store, &completed).await;
+    store
+        .complete(&lease, &StoredResponse::new(201, "charged"))
+        .await
+        .expect("complete");
+    let running_req = request("running-key");
+    let running = acquire(&store, &running_req).await;
+    let fresh = request("fresh-key");
+
+    proxy.set(mode);
+    let slowest = every_operation_fails(&store, &completed, &running, &fresh).await;
+    eprintln!("{mode:?}: the slowest operation failed after {slowest:?}");
+
+    // Nothing was written while the store could not answer.
+    assert!(direct.get(&fresh.scope).await.expect("get").is_none());
+    let record = direct
+        .get(&running_req.scope)
+        .await
+        .expect("get")
+        .expect("kept");
+    assert_eq!(record.token, running.token);
+    assert!(matches!(record.state, RecordState::InProgress { .. }));
+    assert!(
+        direct
+            .get(&completed.scope)
+            .await
+            .expect("get")
+            .expect("kept")
+            .is_completed()
+    );
+
+    proxy.set(Mode::Open);
+    until_back(&store).await;
+    assert_eq!(
+        store.reserve(&completed).await.expect("reserve"),
+        Reservation::Replay(StoredResponse::new(201, "charged"))
+    );
+    acquire(&store, &fresh).await;
+    store
+        .complete(&running, &StoredResponse::new(200, "finished"))
+        .await
+        .expect("the running attempt completes after the outage");
+    for req in [&completed, &running_req, &fresh] {
+        direct.remove(&req.scope).await.expect("clean up");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_store_fails_closed_then_recovers() {
+    fails_closed_then_recovers(Mode::Down, "outage_down").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_store_times_out_as_unavailable_then_recovers() {
+    fails_closed_then_recovers(Mode::Stalled, "outage_stalled").await;
+}
+
+/// Reservers keep going while the connection is cut under them. Whatever each one
+/// was told, Redis agrees: an acquired lease always has its record, and a key whose
+/// reserve failed is either untouched or held in progress (the reply was lost), never
+/// executable twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cut_mid_flight_never_acquires_without_a_record() {
+    let Some((proxy, store, direct)) = setup("outage_mid_flight").await else {
+        return;
+    };
+    const WORKERS: usize = 8;
+    const MAX_PER_WORKER: usize = 5_000;
+    let store = Arc::new(store);
+    let succeeded = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (store, succeeded) = (store.clone(), succeeded.clone());
+            tokio::spawn(async move {
+                let mut acquired = Vec::new();
+                for i in 0..MAX_PER_WORKER {
+                    let req = request(&format!("mid-flight-{w}-{i}"));
+                    match store.reserve(&req).await {
+                        Ok(Reservation::Acquired(lease)) => {
+                            succeeded.fetch_add(1, Ordering::Relaxed);
+                            acquired.push(lease);
+                        }
+                        Ok(other) => panic!("a fresh key answered {other:?}"),
+                        Err(StoreError::Unavailable(_)) => return (acquired, Some(req)),
+                        Err(e) => panic!("unexpected error {e}"),
+                    }
+                }
+                (acquired, None)
+            })
+        })
+        .collect();
+    while succeeded.load(Ordering::Relaxed) < 200 {
+        tokio::task::yield_now().await;
+    }
+    proxy.set(Mode::Down);
+    let mut leases = Vec::new();
+    let mut failed = Vec::new();
+    for w in workers {
+        let (acquired, failed_req) = w.await.expect("worker");
+        leases.extend(acquired);
+        failed.push(failed_req.expect("every worker runs into the outage"));
+    }
+
+    for lease in &leases {
+        let record = direct.get(&lease.scope).await.expect("get");
+        let record = record.expect("an acquired lease has its record");
+        assert_eq!(record.token, lease.token);
+    }
+    proxy.set(Mode::Open);
+    until_back(&store).await;
+    let mut lost_replies = 0;
+    for req in &failed {
+        match store.reserve(req).await.expect("reserve after the outage") {
+            // The reserve never reached Redis: the key is free.
+            Reservation::Acquired(_) => {}
+            // It ran, but its reply was lost: the key is held until the lease lapses.
+            Reservation::InProgress { .. } => lost_replies += 1,
+            other => panic!("a key whose reserve failed answered {other:?}"),
+        }
+    }
+    eprintln!(
+        "{} reservations acquired before the cut, {} failed at it ({lost_replies} had run)",
+        leases.len(),
+        failed.len()
+    );
+    for scope in leases
+        .iter()
+        .map(|l| &l.scope)
+        .chain(failed.iter().map(|r| &r.scope))
+    {
+        direct.remove(scope).await.expect("clean up");
+    }
+}
