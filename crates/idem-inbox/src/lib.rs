@@ -82,7 +82,7 @@ pub use inbox::{Inbox, MAX_ID_LEN, Outcome};
 #[cfg(feature = "nats")]
 pub use nats::{
     ConsumerStats, Delivery, IdSource, JetStreamInbox, NATS_MSG_ID, NatsOptions, Publisher,
-    broker_window,
+    broker_window, handler,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PgInbox;

@@ -375,6 +375,31 @@ impl<I: Inbox> JetStreamInbox<I> {
     }
 }
 
+/// Names a handler's type for [`JetStreamInbox::run`]: wrapping a closure in it lets
+/// the compiler see that the returned future borrows the transaction, which it cannot
+/// infer for a closure stored in a variable or returned from a function first.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use idem_inbox::{Delivery, handler};
+/// let h = handler(|d: Delivery, tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>| {
+///     Box::pin(async move {
+///         sqlx::query("INSERT INTO seen (id) VALUES (?1)")
+///             .bind(d.message_id)
+///             .execute(&mut **tx)
+///             .await?;
+///         Ok(())
+///     })
+/// });
+/// # let _ = h; }
+/// ```
+pub fn handler<Tx, F>(f: F) -> F
+where
+    F: for<'t> Fn(Delivery, &'t mut Tx) -> BoxFuture<'t, Result<()>>,
+{
+    f
+}
+
 /// The broker's redelivery / duplicate window; see [`JetStreamInbox::broker_window`].
 /// `max_deliver` of zero or less means unlimited; a zero `max_age` means no limit.
 pub fn broker_window(

@@ -122,7 +122,8 @@ where
         self
     }
 
-    fn key(&self, message_id: &str) -> String {
+    /// The Redis key of `message_id`'s marker: `prefix:{consumer}:message_id`.
+    pub fn marker_key(&self, message_id: &str) -> String {
         // The braces make every key of one consumer hash to one cluster slot.
         format!("{}:{{{}}}:{message_id}", self.prefix, self.consumer)
     }
@@ -201,7 +202,7 @@ where
         F: for<'t> FnOnce(&'t mut Self::Tx) -> BoxFuture<'t, Result<T, E>> + Send,
     {
         validate_id("message id", message_id)?;
-        let key = self.key(message_id);
+        let key = self.marker_key(message_id);
         let token = token();
         match self.try_mark(&key, &token).await? {
             None => {}
@@ -239,7 +240,7 @@ where
     async fn contains(&self, message_id: &str) -> Result<bool> {
         let mut conn = self.conn.clone();
         let value: Option<String> = redis::cmd("GET")
-            .arg(self.key(message_id))
+            .arg(self.marker_key(message_id))
             .query_async(&mut conn)
             .await?;
         Ok(value.as_deref() == Some(DONE))

@@ -1,0 +1,211 @@
+//! `RedisInbox` against the Redis server (SPEC S12, the weaker variant).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_inbox::{Error, Inbox, Outcome, RedisInbox};
+use redis::aio::MultiplexedConnection;
+
+async fn inbox(case: &str) -> Option<RedisInbox<MultiplexedConnection>> {
+    let conn = common::redis_conn().await?;
+    let prefix = format!(
+        "idem-inbox-test:{}",
+        idem_core::testing::unique_namespace(case)
+    );
+    Some(
+        RedisInbox::new(conn, "points")
+            .unwrap()
+            .with_prefix(prefix)
+            .with_retention(Duration::from_secs(600)),
+    )
+}
+
+async fn count(
+    inbox: &RedisInbox<MultiplexedConnection>,
+    id: &str,
+    runs: &AtomicUsize,
+) -> Outcome<()> {
+    inbox
+        .process(id, |_| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok::<_, Error>(()) })
+        })
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn redis_duplicate_delivery_skips_effects() {
+    let Some(inbox) = inbox("dup").await else {
+        return;
+    };
+    let runs = AtomicUsize::new(0);
+    assert_eq!(count(&inbox, "m-1", &runs).await, Outcome::Processed(()));
+    assert_eq!(count(&inbox, "m-1", &runs).await, Outcome::Duplicate);
+    assert_eq!(count(&inbox, "m-1", &runs).await, Outcome::Duplicate);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(inbox.contains("m-1").await.unwrap());
+}
+
+#[tokio::test]
+async fn redis_done_marker_expires_with_retention() {
+    let Some(inbox) = inbox("ttl").await else {
+        return;
+    };
+    let inbox = inbox.with_retention(Duration::from_secs(3600));
+    let runs = AtomicUsize::new(0);
+    let _ = count(&inbox, "m-1", &runs).await;
+    // Redis keeps time itself, so read the TTL it set rather than waiting it out.
+    let mut conn = common::redis_conn().await.unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(inbox.marker_key("m-1"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pttl > 3_590_000 && pttl <= 3_600_000, "{pttl}");
+    assert_eq!(
+        inbox.purge_expired(100).await.unwrap(),
+        0,
+        "native TTLs purge"
+    );
+}
+
+#[tokio::test]
+async fn redis_failed_effects_release_the_marker() {
+    let Some(inbox) = inbox("fail").await else {
+        return;
+    };
+    let r = inbox
+        .process("m-1", |_| {
+            Box::pin(async { Err::<(), _>(Error::handler("boom")) })
+        })
+        .await;
+    assert!(matches!(r, Err(Error::Handler(_))));
+    assert!(!inbox.contains("m-1").await.unwrap());
+    let runs = AtomicUsize::new(0);
+    assert_eq!(count(&inbox, "m-1", &runs).await, Outcome::Processed(()));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn redis_delivery_during_effects_is_in_flight_with_retry_after() {
+    let Some(inbox) = inbox("inflight").await else {
+        return;
+    };
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let inbox = inbox.clone();
+        tokio::spawn(async move {
+            inbox
+                .process("m-1", move |_| {
+                    Box::pin(async move {
+                        entered_tx.send(()).unwrap();
+                        release_rx.await.unwrap();
+                        Ok::<_, Error>(())
+                    })
+                })
+                .await
+        })
+    };
+    entered_rx.await.unwrap();
+    let runs = AtomicUsize::new(0);
+    let second = inbox
+        .process("m-1", |_| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok::<_, Error>(()) })
+        })
+        .await;
+    match second {
+        Err(Error::InFlight { retry_after }) => {
+            assert!(
+                retry_after > Duration::ZERO && retry_after <= idem_inbox::DEFAULT_IN_FLIGHT_LEASE
+            )
+        }
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+    release_tx.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), Outcome::Processed(()));
+    assert_eq!(count(&inbox, "m-1", &runs).await, Outcome::Duplicate);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn redis_lapsed_in_flight_marker_lets_redelivery_run_effects_again() {
+    // The documented weakness: a consumer that died mid-effects leaves a marker that
+    // lapses, and the redelivery runs the effects a second time.
+    let Some(inbox) = inbox("lapse").await else {
+        return;
+    };
+    let inbox = inbox.with_in_flight_lease(Duration::from_millis(200));
+    let mut conn = common::redis_conn().await.unwrap();
+    // A crashed consumer's marker: in flight, never finished.
+    let key = inbox.marker_key("m-1");
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("in-flight:dead")
+        .arg("PX")
+        .arg(200)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let runs = AtomicUsize::new(0);
+    let r = inbox
+        .process("m-1", |_| Box::pin(async { Ok::<_, Error>(()) }))
+        .await;
+    assert!(matches!(r, Err(Error::InFlight { .. })), "{r:?}");
+    // Redis expires keys on its own clock; wait past the lease, bounded.
+    assert!(
+        common::eventually(Duration::from_secs(5), || {
+            let mut conn = conn.clone();
+            let key = key.clone();
+            async move {
+                let exists: bool = redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                !exists
+            }
+        })
+        .await
+    );
+    assert_eq!(count(&inbox, "m-1", &runs).await, Outcome::Processed(()));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_concurrent_deliveries_run_effects_once() {
+    let Some(inbox) = inbox("race").await else {
+        return;
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(32));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (inbox, runs, barrier) = (inbox.clone(), runs.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                inbox
+                    .process("m-race", move |_| {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Box::pin(async { Ok::<_, Error>(()) })
+                    })
+                    .await
+            })
+        })
+        .collect();
+    let mut processed = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(Outcome::Processed(())) => processed += 1,
+            Ok(Outcome::Duplicate) | Err(Error::InFlight { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(processed, 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
