@@ -87,10 +87,10 @@ fn two_processes_race_each_key_wins_exactly_once() {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 // libtest may have printed `test race_worker ... ` on the same line.
-                if let Some(at) = line.find("race:") {
-                    if tx.send((id, line[at + 5..].to_owned())).is_err() {
-                        break;
-                    }
+                if let Some(at) = line.find("race:")
+                    && tx.send((id, line[at + 5..].to_owned())).is_err()
+                {
+                    break;
                 }
             }
             let _ = tx.send((id, "eof".to_owned()));
