@@ -1,0 +1,402 @@
+//! The black-box harness: the real `idem` binary, a counting upstream, and a small HTTP
+//! client. Everything listens on 127.0.0.1 and is stopped on drop.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A fresh random key.
+pub fn new_key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// What the upstream saw of one request.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+#[derive(Default)]
+struct UpstreamState {
+    seq: AtomicU64,
+    started: Mutex<HashMap<String, u64>>,
+    finished: Mutex<HashMap<String, u64>>,
+    seen: Mutex<Vec<Seen>>,
+}
+
+/// An upstream that counts executions per `Idempotency-Key` header value (as sent) and
+/// answers as the request's `x-test-*` headers ask:
+///
+/// - `x-test-status: N` answers with status N (default 201);
+/// - `x-test-delay-ms: N` waits N ms before answering (the execution has started);
+/// - `x-test-disposition: V` adds `Idempotency-Disposition: V`;
+/// - `x-test-body-bytes: N` answers with N bytes of `x` instead of JSON.
+///
+/// Every answer carries `Location`, `Set-Cookie`, `X-Request-Id`, `X-Order-Id` and an
+/// old fixed `Date`, so tests can check which headers are stored.
+pub struct Upstream {
+    pub addr: std::net::SocketAddr,
+    state: Arc<UpstreamState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+pub const OLD_DATE: &str = "Sat, 01 Jan 2000 00:00:00 GMT";
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        let state = Arc::new(UpstreamState::default());
+        let app = Router::new().fallback(handle).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Upstream { addr, state, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Executions started for a key header value.
+    pub fn started(&self, key: &str) -> u64 {
+        *self.state.started.lock().unwrap().get(key).unwrap_or(&0)
+    }
+
+    /// Executions that finished (answered) for a key header value.
+    pub fn finished(&self, key: &str) -> u64 {
+        *self.state.finished.lock().unwrap().get(key).unwrap_or(&0)
+    }
+
+    /// Every request seen, in arrival order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state.seen.lock().unwrap().clone()
+    }
+
+    /// Requests seen in total.
+    pub fn total(&self) -> usize {
+        self.state.seen.lock().unwrap().len()
+    }
+
+    /// Waits (bounded) until `finished(key)` reaches `n`.
+    pub async fn wait_finished(&self, key: &str, n: u64, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline {
+            if self.finished(key) >= n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.finished(key) >= n
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn header_u64(h: &HeaderMap, name: &str) -> Option<u64> {
+    h.get(name)?.to_str().ok()?.parse().ok()
+}
+
+async fn handle(State(state): State<Arc<UpstreamState>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let key = parts
+        .headers
+        .get("idempotency-key")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    if let Some(k) = &key {
+        *state.started.lock().unwrap().entry(k.clone()).or_default() += 1;
+    }
+    state.seen.lock().unwrap().push(Seen {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_owned(),
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    });
+    let n = state.seq.fetch_add(1, Ordering::SeqCst) + 1;
+    if let Some(ms) = header_u64(&parts.headers, "x-test-delay-ms") {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let status = header_u64(&parts.headers, "x-test-status")
+        .and_then(|s| StatusCode::from_u16(s as u16).ok())
+        .unwrap_or(StatusCode::CREATED);
+    let attempt = parts
+        .headers
+        .get("idempotency-attempt")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned();
+    let mut res = match header_u64(&parts.headers, "x-test-body-bytes") {
+        Some(len) => (status, vec![b'x'; len as usize]).into_response(),
+        None => (
+            status,
+            [("content-type", "application/json")],
+            serde_json::json!({
+                "n": n,
+                "method": parts.method.as_str(),
+                "path": parts.uri.path(),
+                "attempt": attempt,
+                "body_len": body.len(),
+            })
+            .to_string(),
+        )
+            .into_response(),
+    };
+    let h = res.headers_mut();
+    h.insert(
+        "location",
+        HeaderValue::from_str(&format!("/v1/things/{n}")).unwrap(),
+    );
+    h.insert(
+        "set-cookie",
+        HeaderValue::from_static("session=abc; HttpOnly"),
+    );
+    h.insert(
+        "x-request-id",
+        HeaderValue::from_str(&format!("req-{n}")).unwrap(),
+    );
+    h.insert(
+        "x-order-id",
+        HeaderValue::from_str(&format!("ord-{n}")).unwrap(),
+    );
+    h.insert("date", HeaderValue::from_static(OLD_DATE));
+    if let Some(d) = parts.headers.get("x-test-disposition") {
+        h.insert(
+            HeaderName::from_static("idempotency-disposition"),
+            d.clone(),
+        );
+    }
+    if let Some(k) = key {
+        *state.finished.lock().unwrap().entry(k).or_default() += 1;
+    }
+    res
+}
+
+/// The `idem` binary under test, killed on drop.
+pub struct Gateway {
+    child: Child,
+    pub addr: std::net::SocketAddr,
+    pub admin: Option<std::net::SocketAddr>,
+    log: PathBuf,
+}
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_idem")
+}
+
+impl Gateway {
+    /// Starts `idem serve --upstream URL --listen 127.0.0.1:0 EXTRA…` and waits for its
+    /// listening line. Logs go to `log_dir/gateway-N.log`.
+    pub async fn start(upstream: &str, log_dir: &Path, extra: &[&str]) -> Gateway {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let log = log_dir.join(format!("gateway-{}.log", N.fetch_add(1, Ordering::Relaxed)));
+        let mut cmd = Command::new(binary());
+        cmd.arg("serve")
+            .args(["--upstream", upstream, "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("IDEM_LOG", "info,idem_gateway=debug")
+            .current_dir(log_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .kill_on_drop(true);
+        // Keep the tests' own environment from leaking in.
+        for (k, _) in std::env::vars() {
+            if k.starts_with("IDEM_") && k != "IDEM_LOG" {
+                cmd.env_remove(k);
+            }
+        }
+        let mut child = cmd.spawn().expect("the idem binary starts");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let wants_admin = extra.contains(&"--admin");
+        let mut addr = None;
+        let mut admin = None;
+        let read = async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(a) = line.strip_prefix("idem listening on http://") {
+                    addr = Some(a.parse().unwrap());
+                } else if let Some(a) = line.strip_prefix("idem admin on http://") {
+                    admin = Some(a.parse().unwrap());
+                }
+                if addr.is_some() && (!wants_admin || admin.is_some()) {
+                    return;
+                }
+            }
+        };
+        let ok = tokio::time::timeout(Duration::from_secs(30), read).await;
+        let logs = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(ok.is_ok(), "the gateway did not start in time:\n{logs}");
+        let addr = addr.unwrap_or_else(|| panic!("the gateway exited before listening:\n{logs}"));
+        Gateway {
+            child,
+            addr,
+            admin,
+            log,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!(
+            "http://{}{}",
+            self.admin.expect("started with --admin"),
+            path
+        )
+    }
+
+    /// SIGKILL, and reap.
+    pub async fn kill9(mut self) {
+        self.child.start_kill().unwrap();
+        let _ = self.child.wait().await;
+    }
+
+    /// SIGTERM; returns the exit status (bounded wait).
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("running");
+        let ok = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the gateway exits after SIGTERM")
+            .unwrap()
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// An answer, read whole.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+
+    /// The problem `type` of an `application/problem+json` answer.
+    pub fn problem_type(&self) -> String {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "{self:?}"
+        );
+        self.json()["type"].as_str().unwrap().to_owned()
+    }
+}
+
+/// A small HTTP/1.1 client.
+#[derive(Clone)]
+pub struct Http {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Http::new()
+    }
+}
+
+impl Http {
+    pub fn new() -> Http {
+        Http {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    pub async fn send(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Answer {
+        let mut req = http::Request::builder().method(method).uri(url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let res = tokio::time::timeout(
+            Duration::from_secs(30),
+            self.client
+                .request(req.body(Full::new(body.into())).unwrap()),
+        )
+        .await
+        .expect("answer within 30s")
+        .expect("request sent");
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// POST a JSON body with an `Idempotency-Key` and extra headers.
+    pub async fn post(&self, url: &str, key: &str, body: &str, extra: &[(&str, &str)]) -> Answer {
+        let mut headers = vec![
+            ("idempotency-key", key),
+            ("content-type", "application/json"),
+        ];
+        headers.extend_from_slice(extra);
+        self.send("POST", url, &headers, body.to_owned()).await
+    }
+}
+
+/// A raw request over a fresh TCP connection that is dropped after `after`, without
+/// reading the answer: a client that went away.
+pub async fn send_and_hang_up(addr: std::net::SocketAddr, request: &str, after: Duration) {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(after).await;
+    drop(s);
+}

@@ -1,0 +1,571 @@
+//! SPEC S2–S6 at the gateway: every S5 row, every S2 error, scope isolation, release
+//! policy, JSON normalisation, the stored-header allow-list, the body limit and GET
+//! pass-through.
+
+use std::time::Duration;
+
+use crate::common::{Gateway, Http, OLD_DATE, Upstream, new_key};
+
+struct Setup {
+    up: Upstream,
+    gw: Gateway,
+    http: Http,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup(extra: &[&str]) -> Setup {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["--store", "memory://"];
+    args.extend_from_slice(extra);
+    let gw = Gateway::start(&up.url(), dir.path(), &args).await;
+    Setup {
+        up,
+        gw,
+        http: Http::new(),
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_request_executes_and_retry_replays_it() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let first = s.http.post(&url, &key, r#"{"amount":100}"#, &[]).await;
+    assert_eq!(first.status, 201);
+    assert!(!first.replayed());
+    let retry = s.http.post(&url, &key, r#"{"amount":100}"#, &[]).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(
+        retry.body, first.body,
+        "the stored body is replayed byte for byte"
+    );
+    assert_eq!(retry.header("content-type"), Some("application/json"));
+    assert_eq!(s.up.started(&key), 1, "the upstream ran once");
+    assert_eq!(first.json()["attempt"], "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quoted_and_bare_key_name_the_same_record() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let bare = s.http.post(&url, &key, "{}", &[]).await;
+    let quoted = s.http.post(&url, &format!("\"{key}\""), "{}", &[]).await;
+    assert_eq!(bare.status, 201);
+    assert!(quoted.replayed());
+    assert_eq!(quoted.body, bare.body);
+    assert_eq!(s.up.total(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mismatched_payload_is_422() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    assert_eq!(
+        s.http
+            .post(&url, &key, r#"{"amount":100}"#, &[])
+            .await
+            .status,
+        201
+    );
+    let other = s.http.post(&url, &key, r#"{"amount":999}"#, &[]).await;
+    assert_eq!(other.status, 422);
+    assert_eq!(other.problem_type(), "https://idem.dev/problems/key-reused");
+    assert_eq!(s.up.started(&key), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_progress_duplicate_is_409_with_retry_after() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let slow = {
+        let (http, url, key) = (s.http.clone(), url.clone(), key.clone());
+        tokio::spawn(async move {
+            http.post(&url, &key, "{}", &[("x-test-delay-ms", "1500")])
+                .await
+        })
+    };
+    // Wait until the first attempt is at the upstream, then duplicate it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while s.up.started(&key) == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let dup = s
+        .http
+        .post(&url, &key, "{}", &[("x-test-delay-ms", "1500")])
+        .await;
+    assert_eq!(dup.status, 409);
+    assert_eq!(
+        dup.problem_type(),
+        "https://idem.dev/problems/request-in-progress"
+    );
+    let retry_after: u64 = dup.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    assert_eq!(slow.await.unwrap().status, 201);
+    assert_eq!(s.up.started(&key), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_execute_once() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (http, url, key) = (s.http.clone(), url.clone(), key.clone());
+            tokio::spawn(async move {
+                http.post(&url, &key, r#"{"a":1}"#, &[("x-test-delay-ms", "200")])
+                    .await
+            })
+        })
+        .collect();
+    let mut executed = 0;
+    for t in tasks {
+        let a = t.await.unwrap();
+        match a.status {
+            201 if !a.replayed() => executed += 1,
+            201 | 409 => {}
+            other => panic!("unexpected {other}: {a:?}"),
+        }
+    }
+    assert_eq!(executed, 1);
+    assert_eq!(s.up.started(&key), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_record_executes_again() {
+    let s = setup(&["--ttl", "1s", "--lease", "1s"]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    assert_eq!(s.http.post(&url, &key, "{}", &[]).await.status, 201);
+    assert!(s.http.post(&url, &key, "{}", &[]).await.replayed());
+    // The binary runs on the real clock: wait out the TTL, with margin.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let after = s.http.post(&url, &key, "{}", &[]).await;
+    assert_eq!(after.status, 201);
+    assert!(!after.replayed(), "an expired record counts as absent");
+    assert_eq!(s.up.started(&key), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_keys_are_400_and_never_reach_upstream() {
+    let s = setup(&[]).await;
+    let url = s.gw.url("/v1/charges");
+    let long = "k".repeat(256);
+    for bad in [
+        long.as_str(),
+        "\"unterminated",
+        "\"a\"b",
+        "\"bad\\escape\"",
+        "\t ",
+    ] {
+        let a = s.http.post(&url, bad, "{}", &[]).await;
+        assert_eq!(a.status, 400, "{bad:?}: {a:?}");
+        assert_eq!(a.problem_type(), "https://idem.dev/problems/invalid-key");
+        assert!(
+            a.json()["detail"].as_str().unwrap().len() > 10,
+            "says what is wrong"
+        );
+    }
+    // A key of exactly 255 characters is fine.
+    let ok = s.http.post(&url, &"k".repeat(255), "{}", &[]).await;
+    assert_eq!(ok.status, 201);
+    assert_eq!(s.up.total(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_ascii_key_is_400() {
+    let s = setup(&[]).await;
+    let url = s.gw.url("/v1/charges");
+    let mut req = http::Request::post(&url)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    req.headers_mut().insert(
+        "idempotency-key",
+        http::HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap(),
+    );
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let res = client.request(req).await.unwrap();
+    assert_eq!(res.status(), 400);
+    assert_eq!(s.up.total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_key_headers_are_400() {
+    let s = setup(&[]).await;
+    let a = s
+        .http
+        .send(
+            "POST",
+            &s.gw.url("/v1/charges"),
+            &[("idempotency-key", "a"), ("idempotency-key", "b")],
+            "{}",
+        )
+        .await;
+    assert_eq!(a.status, 400);
+    assert_eq!(a.problem_type(), "https://idem.dev/problems/invalid-key");
+    assert_eq!(s.up.total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_key_is_400_when_required() {
+    let s = setup(&["--require-key"]).await;
+    let a = s
+        .http
+        .send("POST", &s.gw.url("/v1/charges"), &[], "{}")
+        .await;
+    assert_eq!(a.status, 400);
+    assert_eq!(a.problem_type(), "https://idem.dev/problems/missing-key");
+    assert_eq!(s.up.total(), 0);
+    // GET is not a keyed method: no key needed.
+    let g = s.http.send("GET", &s.gw.url("/v1/charges"), &[], "").await;
+    assert_eq!(g.status, 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_key_passes_through_when_optional() {
+    let s = setup(&[]).await;
+    let url = s.gw.url("/v1/charges");
+    let a = s.http.send("POST", &url, &[], "{}").await;
+    let b = s.http.send("POST", &url, &[], "{}").await;
+    assert_eq!((a.status, b.status), (201, 201));
+    assert!(!b.replayed());
+    assert_eq!(s.up.total(), 2, "without a key every request executes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_passes_through_untouched_and_streams_large_bodies() {
+    let s = setup(&["--body-limit", "1KiB"]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let a = s
+        .http
+        .send("GET", &url, &[("idempotency-key", &key)], "")
+        .await;
+    let b = s
+        .http
+        .send("GET", &url, &[("idempotency-key", &key)], "")
+        .await;
+    assert!(!b.replayed());
+    assert_ne!(a.body, b.body);
+    assert_eq!(s.up.started(&key), 2, "GET is never de-duplicated");
+    // Unkeyed traffic is not buffered: an answer far over the body limit streams
+    // through, and so does an unkeyed POST body over the limit.
+    let big = s
+        .http
+        .send("GET", &url, &[("x-test-body-bytes", "3000000")], "")
+        .await;
+    assert_eq!(big.status, 201);
+    assert_eq!(big.body.len(), 3_000_000);
+    let post = s
+        .http
+        .send(
+            "POST",
+            &url,
+            &[("content-type", "text/plain")],
+            vec![b'y'; 200_000],
+        )
+        .await;
+    assert_eq!(post.status, 201);
+    assert_eq!(post.json()["body_len"], 200_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_over_limit_is_413_and_nothing_is_reserved() {
+    let s = setup(&["--body-limit", "1KiB"]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(2048));
+    let a = s.http.post(&url, &key, &big, &[]).await;
+    assert_eq!(a.status, 413);
+    assert_eq!(a.problem_type(), "https://idem.dev/problems/body-too-large");
+    assert_eq!(s.up.total(), 0);
+    // Nothing was reserved: the same key with a body within the limit executes.
+    let b = s.http.post(&url, &key, "{}", &[]).await;
+    assert_eq!(b.status, 201);
+    assert!(!b.replayed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equal_json_in_another_spelling_replays() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let first = s
+        .http
+        .post(
+            &url,
+            &key,
+            r#"{"amount":100,"currency":"eur","meta":{"a":1,"b":2}}"#,
+            &[],
+        )
+        .await;
+    let again = s
+        .http
+        .post(
+            &url,
+            &key,
+            "{ \"meta\": {\"b\": 2, \"a\": 1},\n  \"currency\": \"eur\", \"amount\": 100 }",
+            &[],
+        )
+        .await;
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(again.body, first.body);
+    assert_eq!(s.up.started(&key), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_rule_ignores_pointers_and_stores_extra_headers() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("idem.toml"),
+        r#"
+store = "memory://"
+
+[[route]]
+method = "POST"
+path = "/v1/orders/{id}/capture"
+require_key = true
+ignore = ["/client_sent_at"]
+store_headers = ["x-order-id"]
+"#,
+    )
+    .unwrap();
+    let gw = Gateway::start(&up.url(), dir.path(), &["--config", "idem.toml"]).await;
+    let http = Http::new();
+    let key = new_key();
+    let url = gw.url("/v1/orders/42/capture");
+    let first = http
+        .post(
+            &url,
+            &key,
+            r#"{"amount":5,"client_sent_at":"10:00:00"}"#,
+            &[],
+        )
+        .await;
+    assert_eq!(first.status, 201);
+    let retry = http
+        .post(
+            &url,
+            &key,
+            r#"{"amount":5,"client_sent_at":"10:00:07"}"#,
+            &[],
+        )
+        .await;
+    assert!(
+        retry.replayed(),
+        "the ignored pointer does not count: {retry:?}"
+    );
+    assert_eq!(retry.header("x-order-id"), first.header("x-order-id"));
+    assert!(retry.header("x-order-id").is_some());
+    let changed = http
+        .post(
+            &url,
+            &key,
+            r#"{"amount":6,"client_sent_at":"10:00:07"}"#,
+            &[],
+        )
+        .await;
+    assert_eq!(changed.status, 422);
+    // The rule requires a key on its route only.
+    let keyless = http.send("POST", &url, &[], "{}").await;
+    assert_eq!(keyless.status, 400);
+    let elsewhere = http.send("POST", &gw.url("/v1/other"), &[], "{}").await;
+    assert_eq!(elsewhere.status, 201);
+    // On other routes the extra header is not stored.
+    let k2 = new_key();
+    http.post(&gw.url("/v1/other"), &k2, "{}", &[]).await;
+    let r2 = http.post(&gw.url("/v1/other"), &k2, "{}", &[]).await;
+    assert!(r2.replayed());
+    assert_eq!(r2.header("x-order-id"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_never_share_records() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let alice = s
+        .http
+        .post(&url, &key, "{}", &[("authorization", "Bearer alice")])
+        .await;
+    let bob = s
+        .http
+        .post(&url, &key, "{}", &[("authorization", "Bearer bob")])
+        .await;
+    assert!(!bob.replayed(), "bob never gets alice's answer");
+    assert_ne!(alice.body, bob.body);
+    let anon = s.http.post(&url, &key, "{}", &[]).await;
+    assert!(!anon.replayed());
+    assert_eq!(s.up.started(&key), 3);
+    let alice_again = s
+        .http
+        .post(&url, &key, "{}", &[("authorization", "Bearer alice")])
+        .await;
+    assert!(alice_again.replayed());
+    assert_eq!(alice_again.body, alice.body);
+    // A different payload from another tenant is not a mismatch either.
+    let carol = s
+        .http
+        .post(
+            &url,
+            &key,
+            r#"{"x":1}"#,
+            &[("authorization", "Bearer carol")],
+        )
+        .await;
+    assert_eq!(carol.status, 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_header_is_configurable() {
+    let s = setup(&["--tenant-header", "x-api-key"]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let a = s.http.post(&url, &key, "{}", &[("x-api-key", "k1")]).await;
+    let b = s.http.post(&url, &key, "{}", &[("x-api-key", "k2")]).await;
+    assert!(!b.replayed());
+    let a2 = s
+        .http
+        .post(
+            &url,
+            &key,
+            "{}",
+            &[("x-api-key", "k1"), ("authorization", "x")],
+        )
+        .await;
+    assert!(a2.replayed(), "Authorization no longer names the tenant");
+    assert_eq!(a2.body, a.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_are_isolated_in_public_scope() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let a = s.http.post(&s.gw.url("/v1/a"), &key, "{}", &[]).await;
+    let b = s.http.post(&s.gw.url("/v1/b"), &key, "{}", &[]).await;
+    assert!(!a.replayed() && !b.replayed());
+    assert_eq!(s.up.started(&key), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_scope_spans_endpoints() {
+    let s = setup(&["--scope", "internal"]).await;
+    let key = new_key();
+    let a = s.http.post(&s.gw.url("/v1/a"), &key, "{}", &[]).await;
+    assert_eq!(a.status, 201);
+    // Same key, other endpoint: the same record, and a different request → 422.
+    let b = s.http.post(&s.gw.url("/v1/b"), &key, "{}", &[]).await;
+    assert_eq!(b.status, 422);
+    assert_eq!(s.up.started(&key), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_that_started_are_recorded_and_replayed() {
+    let s = setup(&[]).await;
+    let url = s.gw.url("/v1/charges");
+    for status in ["500", "402"] {
+        let key = new_key();
+        let a = s
+            .http
+            .post(&url, &key, "{}", &[("x-test-status", status)])
+            .await;
+        let b = s
+            .http
+            .post(&url, &key, "{}", &[("x-test-status", status)])
+            .await;
+        assert_eq!(a.status.to_string(), status);
+        assert!(b.replayed(), "{status} is recorded");
+        assert_eq!(b.status, a.status);
+        assert_eq!(s.up.started(&key), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_release_the_key() {
+    let s = setup(&[]).await;
+    let url = s.gw.url("/v1/charges");
+    for status in ["400", "401", "403", "404", "409", "422", "429", "503"] {
+        let key = new_key();
+        let a = s
+            .http
+            .post(&url, &key, "{}", &[("x-test-status", status)])
+            .await;
+        assert_eq!(a.status.to_string(), status);
+        let b = s.http.post(&url, &key, "{}", &[]).await;
+        assert_eq!(b.status, 201, "{status} released the key");
+        assert!(!b.replayed());
+        assert_eq!(s.up.started(&key), 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_disposition_header_overrides_and_is_stripped() {
+    let s = setup(&[]).await;
+    let url = s.gw.url("/v1/charges");
+    // A 500 that did nothing: release.
+    let key = new_key();
+    let a = s
+        .http
+        .post(
+            &url,
+            &key,
+            "{}",
+            &[("x-test-status", "500"), ("x-test-disposition", "release")],
+        )
+        .await;
+    assert_eq!(a.status, 500);
+    assert_eq!(a.header("idempotency-disposition"), None, "stripped");
+    let b = s.http.post(&url, &key, "{}", &[]).await;
+    assert_eq!((b.status, b.replayed()), (201, false));
+    // A 503 after the effect happened: record.
+    let key = new_key();
+    let a = s
+        .http
+        .post(
+            &url,
+            &key,
+            "{}",
+            &[("x-test-status", "503"), ("x-test-disposition", "record")],
+        )
+        .await;
+    assert_eq!(a.header("idempotency-disposition"), None);
+    let b = s.http.post(&url, &key, "{}", &[]).await;
+    assert_eq!((b.status, b.replayed()), (503, true));
+    assert_eq!(s.up.started(&key), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_allow_listed_headers_are_replayed() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let first = s.http.post(&url, &key, "{}", &[]).await;
+    assert_eq!(first.header("set-cookie"), Some("session=abc; HttpOnly"));
+    assert!(first.header("x-request-id").is_some());
+    let replay = s.http.post(&url, &key, "{}", &[]).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.header("location"), first.header("location"));
+    assert!(replay.header("location").is_some());
+    assert_eq!(replay.header("content-type"), Some("application/json"));
+    assert_eq!(replay.header("set-cookie"), None);
+    assert_eq!(replay.header("x-request-id"), None);
+    assert_eq!(
+        replay.header("x-order-id"),
+        None,
+        "not in the default allow-list"
+    );
+    assert_ne!(
+        replay.header("date"),
+        Some(OLD_DATE),
+        "the date is not replayed"
+    );
+}

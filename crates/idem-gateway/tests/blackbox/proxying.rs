@@ -1,0 +1,316 @@
+//! The proxy's own duties: forwarded headers, attempt numbers, upstream failures, the
+//! admin listener and `idem keys`.
+
+use std::time::Duration;
+
+use crate::common::{Gateway, Http, Upstream, binary, new_key};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_with_attempt_and_forwarded_headers_and_strips_hop_by_hop() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", "memory://"]).await;
+    let http = Http::new();
+    let key = new_key();
+    let a = http
+        .post(
+            &gw.url("/v1/charges?expand=customer"),
+            &key,
+            "{}",
+            &[
+                ("connection", "x-hop"),
+                ("x-hop", "secret"),
+                ("idempotency-attempt", "99"),
+                ("x-forwarded-for", "203.0.113.7"),
+            ],
+        )
+        .await;
+    assert_eq!(a.status, 201);
+    let seen = up.seen();
+    let h = &seen[0].headers;
+    assert_eq!(seen[0].path, "/v1/charges");
+    assert_eq!(h["idempotency-key"], key.as_str(), "the key passes through");
+    assert_eq!(
+        h["idempotency-attempt"], "1",
+        "the client cannot forge the attempt"
+    );
+    assert_eq!(h["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    let fwd = h["forwarded"].to_str().unwrap();
+    assert!(fwd.starts_with("for=127.0.0.1;proto=http;host="), "{fwd}");
+    assert_eq!(h["x-forwarded-host"], gw.addr.to_string().as_str());
+    assert!(
+        h.get("x-hop").is_none(),
+        "named by Connection, so hop-by-hop"
+    );
+    // Unkeyed requests carry no attempt number.
+    http.send("GET", &gw.url("/v1/charges"), &[], "").await;
+    assert!(up.seen()[1].headers.get("idempotency-attempt").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_is_502_and_releases_the_key() {
+    // A port that was just free: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &format!("http://127.0.0.1:{port}"),
+        dir.path(),
+        &["--store", "memory://", "--admin", "0"],
+    )
+    .await;
+    let http = Http::new();
+    let key = new_key();
+    let a = http.post(&gw.url("/v1/charges"), &key, "{}", &[]).await;
+    assert_eq!(a.status, 502);
+    assert_eq!(
+        a.problem_type(),
+        "https://idem.dev/problems/upstream-unreachable"
+    );
+    // Released: no record is left, and a retry tries the upstream again (502, not 409).
+    let rec = http
+        .send(
+            "GET",
+            &gw.admin_url(&format!("/keys?key={key}&endpoint=POST%20/v1/charges")),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(rec.status, 404, "{rec:?}");
+    let b = http.post(&gw.url("/v1/charges"), &key, "{}", &[]).await;
+    assert_eq!(b.status, 502);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_timeout_is_504_and_keeps_the_key_in_progress() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &[
+            "--store",
+            "memory://",
+            "--upstream-timeout",
+            "300ms",
+            "--admin",
+            "0",
+        ],
+    )
+    .await;
+    let http = Http::new();
+    let key = new_key();
+    let url = gw.url("/v1/charges");
+    let a = http
+        .post(&url, &key, "{}", &[("x-test-delay-ms", "1500")])
+        .await;
+    assert_eq!(a.status, 504);
+    assert_eq!(
+        a.problem_type(),
+        "https://idem.dev/problems/upstream-timeout"
+    );
+    // Outcome unknown: the retry must not execute while the lease is alive.
+    let b = http.post(&url, &key, "{}", &[]).await;
+    assert_eq!(b.status, 409, "{b:?}");
+    let rec = http
+        .send(
+            "GET",
+            &gw.admin_url(&format!("/keys?key={key}&endpoint=POST%20/v1/charges")),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(rec.status, 200);
+    assert_eq!(rec.json()["record"]["state"], "in_progress");
+    assert_eq!(up.started(&key), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_serves_probes_metrics_and_keys_behind_a_token() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &[
+            "--store",
+            "memory://",
+            "--admin",
+            "0",
+            "--admin-token",
+            "t0k",
+        ],
+    )
+    .await;
+    assert!(gw.admin.unwrap().ip().is_loopback());
+    let http = Http::new();
+    let key = new_key();
+    let url = gw.url("/v1/charges");
+    http.post(&url, &key, "{}", &[]).await;
+    http.post(&url, &key, "{}", &[]).await;
+    http.post(&url, &key, r#"{"x":1}"#, &[]).await;
+    http.send("GET", &url, &[], "").await;
+
+    assert_eq!(
+        http.send("GET", &gw.admin_url("/healthz"), &[], "")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        http.send("GET", &gw.admin_url("/readyz"), &[], "")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        http.send("GET", &gw.admin_url("/metrics"), &[], "")
+            .await
+            .status,
+        401
+    );
+    let auth = [("authorization", "Bearer t0k")];
+    let m = http.send("GET", &gw.admin_url("/metrics"), &auth, "").await;
+    let text = String::from_utf8(m.body.to_vec()).unwrap();
+    for line in [
+        "idem_requests_total{outcome=\"executed\"} 1",
+        "idem_requests_total{outcome=\"replayed\"} 1",
+        "idem_requests_total{outcome=\"mismatch\"} 1",
+        "idem_requests_total{outcome=\"passed_through\"} 1",
+        "idem_in_flight_requests 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    assert!(text.contains("idem_store_call_duration_seconds_count{op=\"reserve\",ok=\"true\"}"));
+
+    let show = gw.admin_url(&format!("/keys?key={key}&endpoint=POST%20/v1/charges"));
+    let rec = http.send("GET", &show, &auth, "").await;
+    assert_eq!(rec.status, 200);
+    assert_eq!(rec.json()["record"]["state"], "completed");
+    assert_eq!(rec.json()["record"]["response"]["status"], 201);
+    assert_eq!(rec.json()["tenant"], "anonymous");
+    assert_eq!(http.send("DELETE", &show, &auth, "").await.status, 200);
+    assert_eq!(http.send("GET", &show, &auth, "").await.status, 404);
+    // Purged: the key executes again.
+    let again = http.post(&url, &key, "{}", &[]).await;
+    assert!(!again.replayed());
+    assert_eq!(up.started(&key), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_command_shows_and_purges_sqlite_records() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", "sqlite://idem.db"]).await;
+    let http = Http::new();
+    let key = new_key();
+    http.post(
+        &gw.url("/v1/charges"),
+        &key,
+        "{}",
+        &[("authorization", "Bearer sk_test")],
+    )
+    .await;
+    gw.terminate().await;
+
+    let run = |args: &[&str]| {
+        std::process::Command::new(binary())
+            .args(args)
+            .current_dir(dir.path())
+            .env("SK", "Bearer sk_test")
+            .output()
+            .unwrap()
+    };
+    let show = run(&[
+        "keys",
+        "show",
+        &key,
+        "--tenant-credential-env",
+        "SK",
+        "--endpoint",
+        "POST /v1/charges",
+        "--store",
+        "sqlite://idem.db",
+    ]);
+    assert!(show.status.success(), "{show:?}");
+    let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(v["record"]["state"], "completed");
+    assert!(v["tenant"].as_str().unwrap().starts_with("sha256:"));
+    assert!(!String::from_utf8_lossy(&show.stdout).contains("sk_test"));
+
+    let wrong_tenant = run(&[
+        "keys",
+        "show",
+        &key,
+        "--endpoint",
+        "POST /v1/charges",
+        "--store",
+        "sqlite://idem.db",
+    ]);
+    assert_eq!(wrong_tenant.status.code(), Some(1));
+
+    let purge = run(&[
+        "keys",
+        "purge",
+        &key,
+        "--tenant",
+        v["tenant"].as_str().unwrap(),
+        "--endpoint",
+        "POST /v1/charges",
+        "--store",
+        "sqlite://idem.db",
+    ]);
+    assert!(purge.status.success(), "{purge:?}");
+    let gone = run(&[
+        "keys",
+        "show",
+        &key,
+        "--tenant-credential-env",
+        "SK",
+        "--endpoint",
+        "POST /v1/charges",
+        "--store",
+        "sqlite://idem.db",
+    ]);
+    assert_eq!(gone.status.code(), Some(1));
+    let expired = run(&["keys", "purge", "--expired", "--store", "sqlite://idem.db"]);
+    assert!(expired.status.success());
+    assert!(String::from_utf8_lossy(&expired.stdout).contains("purged 0 expired records"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_requests_finish_and_record() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", "sqlite://idem.db"]).await;
+    let http = Http::new();
+    let key = new_key();
+    let url = gw.url("/v1/charges");
+    let pending = {
+        let (http, url, key) = (http.clone(), url.clone(), key.clone());
+        tokio::spawn(async move {
+            http.post(&url, &key, "{}", &[("x-test-delay-ms", "800")])
+                .await
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while up.started(&key) == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let status = gw.terminate().await;
+    assert!(status.success(), "{status:?}");
+    let a = pending.await.unwrap();
+    assert_eq!(a.status, 201, "the in-flight request got its answer");
+    // It was recorded before exit: a new gateway on the same file replays it.
+    let gw2 = Gateway::start(&up.url(), dir.path(), &["--store", "sqlite://idem.db"]).await;
+    let b = http.post(&gw2.url("/v1/charges"), &key, "{}", &[]).await;
+    assert!(b.replayed(), "{b:?}");
+    assert_eq!(b.body, a.body);
+    assert_eq!(up.started(&key), 1);
+}
