@@ -1,0 +1,1105 @@
+//! SPEC S2–S8 at the HTTP level: a real axum server on 127.0.0.1 behind the layer, a real
+//! client, and the handler's real execution counts. Every test runs against the memory
+//! store and the SQLite store (`memory::…`, `sqlite::…`).
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use http::{HeaderName, Method};
+use idem_core::{
+    FingerprintOptions, Lease, Record, RecordState, Reservation, ReserveRequest, Result, Scope,
+    ScopeMode, Store, StoreError, StoredResponse,
+};
+use idem_tower::{Observer, Outcome, RouteConfig};
+use sha2::{Digest, Sha256};
+use support::{App, Counters, StoreKind, eventually, eventually_async, scope};
+
+const ORDER: &str = r#"{"sku":"tea","qty":2,"amount":100}"#;
+
+fn count(c: &AtomicUsize) -> usize {
+    Counters::get(c)
+}
+
+macro_rules! for_each_store {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::StoreKind::Memory).await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::StoreKind::Sqlite).await
+                }
+            )*
+        }
+    };
+}
+
+for_each_store!(
+    // S2: the key
+    empty_key_is_400,
+    overlong_key_is_400,
+    key_of_255_characters_is_accepted,
+    non_ascii_key_is_400,
+    malformed_quoted_key_is_400,
+    repeated_key_header_is_400,
+    quoted_and_bare_forms_name_one_key,
+    missing_key_on_required_route_is_400,
+    missing_key_on_optional_route_passes_through,
+    unkeyed_method_passes_through_with_key,
+    // S4: fingerprint and body limit
+    body_over_limit_is_413_and_nothing_reserved,
+    chunked_body_over_limit_is_413_and_nothing_reserved,
+    semantically_equal_json_replays,
+    changed_amount_is_422,
+    ignored_json_pointer_is_left_out,
+    // S5: the decision table
+    first_request_executes_and_records,
+    replays_completed_response,
+    mismatched_payload_is_422,
+    in_progress_is_409_with_retry_after,
+    expired_lease_is_taken_over_as_recovered_attempt,
+    expired_record_executes_again,
+    // S3: scope
+    same_key_two_tenants_execute_twice,
+    same_key_two_endpoints_in_public_mode_execute_twice,
+    same_key_two_endpoints_in_internal_mode_is_422,
+    endpoint_is_route_template_and_path_is_fingerprinted,
+    route_config_overrides_endpoint_and_requirement,
+    // S6: record or release
+    released_statuses_let_corrected_retry_execute,
+    failures_500_and_402_are_replayed,
+    disposition_record_overrides_release,
+    disposition_release_overrides_record,
+    disposition_keep_in_progress_lets_lease_lapse,
+    stored_headers_are_allow_listed,
+    handler_panic_is_recorded_as_500_replay,
+    // S7: concurrency, disconnects, leases
+    concurrent_identical_requests_execute_once,
+    client_disconnect_does_not_cancel_handler,
+    heartbeat_renews_lease_while_handler_runs,
+    observer_sees_each_outcome,
+);
+
+// ---------------------------------------------------------------- S2: the key
+
+async fn assert_invalid_key(kind: StoreKind, key: &[u8], detail_has: &str) {
+    let app = App::start(kind).await;
+    let reply = app
+        .post("/orders")
+        .header("idempotency-key", key)
+        .json(ORDER)
+        .send()
+        .await;
+    let body = reply.assert_problem(400, "invalid-key");
+    assert!(
+        body["detail"].as_str().unwrap().contains(detail_has),
+        "detail {:?} should mention {detail_has:?}",
+        body["detail"]
+    );
+    assert!(!reply.is_replay());
+    assert_eq!(count(&app.counters.orders), 0, "the handler must not run");
+}
+
+async fn empty_key_is_400(kind: StoreKind) {
+    assert_invalid_key(kind, b"", "empty").await;
+}
+
+async fn overlong_key_is_400(kind: StoreKind) {
+    assert_invalid_key(kind, "k".repeat(256).as_bytes(), "256 characters").await;
+}
+
+async fn key_of_255_characters_is_accepted(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let key = "k".repeat(255);
+    let first = app.post("/orders").key(&key).json(ORDER).send().await;
+    assert_eq!(first.status, 201);
+    let retry = app.post("/orders").key(&key).json(ORDER).send().await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.is_replay());
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+async fn non_ascii_key_is_400(kind: StoreKind) {
+    assert_invalid_key(kind, "caf\u{e9}-1".as_bytes(), "0xc3").await;
+}
+
+async fn malformed_quoted_key_is_400(kind: StoreKind) {
+    assert_invalid_key(kind, b"\"8e03978e", "closing double quote").await;
+    assert_invalid_key(kind, b"\"a\\nb\"", "escapes").await;
+}
+
+async fn repeated_key_header_is_400(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let reply = app
+        .post("/orders")
+        .key("k-1")
+        .key("k-1")
+        .json(ORDER)
+        .send()
+        .await;
+    let body = reply.assert_problem(400, "invalid-key");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("2 Idempotency-Key")
+    );
+    assert_eq!(count(&app.counters.orders), 0);
+}
+
+async fn quoted_and_bare_forms_name_one_key(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let key = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+    let first = app
+        .post("/orders")
+        .key(&format!("\"{key}\""))
+        .json(ORDER)
+        .send()
+        .await;
+    assert_eq!(first.status, 201);
+    let bare = app.post("/orders").key(key).json(ORDER).send().await;
+    assert_eq!(bare.status, 201);
+    assert!(bare.is_replay());
+    assert_eq!(bare.body, first.body);
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+async fn missing_key_on_required_route_is_400(kind: StoreKind) {
+    let app = App::start_with(kind, |l| l.require_key_if(|p| p.uri.path() == "/orders")).await;
+    let reply = app.post("/orders").json(ORDER).send().await;
+    let body = reply.assert_problem(400, "missing-key");
+    assert!(body["detail"].as_str().unwrap().contains("idempotency-key"));
+    assert_eq!(count(&app.counters.orders), 0);
+    // The predicate leaves other routes optional.
+    let other = app.post("/orders/1/capture").json("{}").send().await;
+    assert_eq!(other.status, 200);
+    assert_eq!(count(&app.counters.captures), 1);
+}
+
+async fn missing_key_on_optional_route_passes_through(kind: StoreKind) {
+    let app = App::start(kind).await;
+    for _ in 0..2 {
+        let reply = app.post("/orders").json(ORDER).send().await;
+        assert_eq!(reply.status, 201);
+        assert!(!reply.is_replay());
+        // Nothing was buffered or stripped: the first caller's headers are all there.
+        assert!(reply.header("set-cookie").is_some());
+    }
+    assert_eq!(count(&app.counters.orders), 2);
+}
+
+async fn unkeyed_method_passes_through_with_key(kind: StoreKind) {
+    let app = App::start(kind).await;
+    for n in 1..=2 {
+        let reply = app.call(Method::GET, "/orders").key("k-get").send().await;
+        assert_eq!(reply.status, 200);
+        assert!(!reply.is_replay());
+        assert_eq!(reply.body, format!("read {n}"));
+    }
+    assert_eq!(count(&app.counters.reads), 2);
+    let get_scope = idem_core::Scope::new(
+        ScopeMode::Public,
+        idem_core::Tenant::anonymous(),
+        idem_core::Endpoint::new("GET", "/orders"),
+        idem_core::Key::new("k-get").unwrap(),
+    );
+    assert!(app.store.get(&get_scope).await.unwrap().is_none());
+}
+
+// ---------------------------------------------------------------- S4: fingerprint
+
+async fn body_over_limit_is_413_and_nothing_reserved(kind: StoreKind) {
+    let app = App::start_with(kind, |l| l.body_limit(64)).await;
+    let big = format!(r#"{{"note":"{}"}}"#, "x".repeat(100));
+    let reply = app.post("/orders").key("k-big").json(&big).send().await;
+    let body = reply.assert_problem(413, "body-too-large");
+    assert!(body["detail"].as_str().unwrap().contains("64-byte"));
+    assert_eq!(count(&app.counters.orders), 0);
+    assert!(
+        app.store
+            .get(&scope("/orders", "k-big", None))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A body within the limit with the same key then executes.
+    let ok = app.post("/orders").key("k-big").json(ORDER).send().await;
+    assert_eq!(ok.status, 201);
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+async fn chunked_body_over_limit_is_413_and_nothing_reserved(kind: StoreKind) {
+    let app = App::start_with(kind, |l| l.body_limit(64)).await;
+    // No Content-Length: the limit is found while reading.
+    let chunk = "x".repeat(50);
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nHost: {}\r\nIdempotency-Key: k-chunked\r\n\
+         Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+         32\r\n{chunk}\r\n32\r\n{chunk}\r\n0\r\n\r\n",
+        app.addr
+    );
+    let answer = app.raw(request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        answer.contains("https://idem.dev/problems/body-too-large"),
+        "{answer}"
+    );
+    assert_eq!(count(&app.counters.orders), 0);
+    assert!(
+        app.store
+            .get(&scope("/orders", "k-chunked", None))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+async fn semantically_equal_json_replays(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let first = app.post("/orders").key("k-json").json(ORDER).send().await;
+    assert_eq!(first.status, 201);
+    let reordered = "{ \"amount\" : 100,\n  \"qty\": 2,\t\"sku\": \"tea\" }";
+    let retry = app
+        .post("/orders")
+        .key("k-json")
+        .json(reordered)
+        .send()
+        .await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.is_replay());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+async fn changed_amount_is_422(kind: StoreKind) {
+    let app = App::start(kind).await;
+    assert_eq!(
+        app.post("/orders")
+            .key("k-amt")
+            .json(ORDER)
+            .send()
+            .await
+            .status,
+        201
+    );
+    let changed = r#"{"sku":"tea","qty":2,"amount":1000}"#;
+    let reply = app.post("/orders").key("k-amt").json(changed).send().await;
+    reply.assert_problem(422, "key-reused");
+    assert!(!reply.is_replay());
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+async fn ignored_json_pointer_is_left_out(kind: StoreKind) {
+    let app = App::start_with(kind, |l| {
+        l.fingerprint_options(
+            FingerprintOptions::default()
+                .ignore_pointer("/sent_at")
+                .unwrap(),
+        )
+    })
+    .await;
+    let a = r#"{"amount":100,"sent_at":"2030-01-01T00:00:00Z"}"#;
+    let b = r#"{"amount":100,"sent_at":"2030-01-01T00:00:09Z"}"#;
+    assert_eq!(
+        app.post("/orders").key("k-ptr").json(a).send().await.status,
+        201
+    );
+    let retry = app.post("/orders").key("k-ptr").json(b).send().await;
+    assert!(retry.is_replay());
+    let c = r#"{"amount":101,"sent_at":"2030-01-01T00:00:00Z"}"#;
+    app.post("/orders")
+        .key("k-ptr")
+        .json(c)
+        .send()
+        .await
+        .assert_problem(422, "key-reused");
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+// ---------------------------------------------------------------- S5: the table
+
+async fn first_request_executes_and_records(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let reply = app.post("/orders").key("k-first").json(ORDER).send().await;
+    assert_eq!(reply.status, 201);
+    assert!(!reply.is_replay());
+    let body = reply.json();
+    assert_eq!(body["order"], 1);
+    assert_eq!(body["attempt"], 1);
+    assert_eq!(body["recovered"], false);
+    // The first caller gets the handler's whole response.
+    assert_eq!(reply.header("set-cookie"), Some("session=s3cret"));
+    assert_eq!(reply.header("x-request-id"), Some("req-1"));
+    let record = app
+        .store
+        .get(&scope("/orders", "k-first", None))
+        .await
+        .unwrap()
+        .expect("recorded");
+    assert_eq!(record.attempt, 1);
+    match record.state {
+        RecordState::Completed { response, .. } => {
+            assert_eq!(response.status, 201);
+            assert_eq!(response.body, reply.body);
+            let mut names: Vec<&str> = response.headers.iter().map(|(n, _)| n.as_str()).collect();
+            names.sort_unstable();
+            assert_eq!(names, ["content-type", "location"]);
+        }
+        other => panic!("not completed: {other:?}"),
+    }
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+async fn replays_completed_response(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let first = app.post("/orders").key("k-replay").json(ORDER).send().await;
+    assert_eq!(first.status, 201);
+    for _ in 0..3 {
+        let retry = app.post("/orders").key("k-replay").json(ORDER).send().await;
+        assert_eq!(retry.status, 201);
+        assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+        assert_eq!(retry.header("content-type"), Some("application/json"));
+        assert_eq!(retry.header("location"), Some("/orders/1"));
+        assert_eq!(
+            retry.header("set-cookie"),
+            None,
+            "cookies are never replayed"
+        );
+        assert_eq!(
+            retry.header("x-request-id"),
+            None,
+            "request ids are never replayed"
+        );
+        assert_eq!(
+            retry.header("x-order-version"),
+            None,
+            "not on the allow-list"
+        );
+        assert_eq!(retry.body, first.body);
+    }
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+async fn mismatched_payload_is_422(kind: StoreKind) {
+    let app = App::start(kind).await;
+    assert_eq!(
+        app.post("/orders")
+            .key("k-mis")
+            .json(ORDER)
+            .send()
+            .await
+            .status,
+        201
+    );
+    let reply = app
+        .post("/orders")
+        .key("k-mis")
+        .json(r#"{"sku":"coffee","qty":2,"amount":100}"#)
+        .send()
+        .await;
+    let body = reply.assert_problem(422, "key-reused");
+    assert!(body["detail"].as_str().unwrap().contains("different"));
+    assert_eq!(reply.header("retry-after"), None);
+    assert_eq!(count(&app.counters.orders), 1);
+    // The record still holds the first answer.
+    let again = app.post("/orders").key("k-mis").json(ORDER).send().await;
+    assert!(again.is_replay());
+}
+
+async fn in_progress_is_409_with_retry_after(kind: StoreKind) {
+    let app = Arc::new(App::start(kind).await);
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { app.post("/slow").key("k-busy").json("{}").send().await }
+    });
+    eventually("the slow handler started", || {
+        count(&app.counters.slow_started) == 1
+    })
+    .await;
+    let busy = app.post("/slow").key("k-busy").json("{}").send().await;
+    busy.assert_problem(409, "request-in-progress");
+    let wait: u64 = busy
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "Retry-After {wait}");
+    app.open_gate(1);
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201);
+    let retry = app.post("/slow").key("k-busy").json("{}").send().await;
+    assert!(retry.is_replay());
+    assert_eq!(retry.body, "slow 1 done");
+    assert_eq!(count(&app.counters.slow_started), 1);
+}
+
+/// The child key `IdempotencyContext::derive` documents: SHA-256 of the scope digest
+/// and the label, length-prefixed.
+fn expected_child_key(scope: &Scope, label: &str) -> String {
+    let mut h = Sha256::new();
+    let digest = scope.digest();
+    for part in [digest.as_bytes(), label.as_bytes()] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    hex::encode(h.finalize())
+}
+
+async fn expired_lease_is_taken_over_as_recovered_attempt(kind: StoreKind) {
+    let app = App::start(kind).await;
+    // A worker reserved the key and died before completing.
+    let lease_for = Duration::from_secs(60);
+    let dead = match app
+        .store
+        .reserve(&support::reserve_request(
+            "/orders", "k-dead", ORDER, lease_for,
+        ))
+        .await
+        .unwrap()
+    {
+        Reservation::Acquired(lease) => lease,
+        other => panic!("{other:?}"),
+    };
+    // While its lease lives, retries wait.
+    let busy = app.post("/orders").key("k-dead").json(ORDER).send().await;
+    busy.assert_problem(409, "request-in-progress");
+    assert_eq!(busy.header("retry-after"), Some("60"));
+    assert_eq!(count(&app.counters.orders), 0);
+
+    app.clock.advance(lease_for + Duration::from_millis(1));
+    let taken = app.post("/orders").key("k-dead").json(ORDER).send().await;
+    assert_eq!(taken.status, 201);
+    assert!(!taken.is_replay());
+    let body = taken.json();
+    assert_eq!(body["attempt"], 2);
+    assert_eq!(body["recovered"], true);
+    let scope = scope("/orders", "k-dead", None);
+    assert_eq!(body["charge_key"], expected_child_key(&scope, "charge"));
+    assert_eq!(count(&app.counters.orders), 1);
+
+    // The dead worker, were it to wake up, cannot overwrite the new attempt's answer.
+    let late = app
+        .store
+        .complete(&dead, &StoredResponse::new(500, "stale"))
+        .await;
+    assert!(matches!(late, Err(StoreError::Fenced)), "{late:?}");
+    let retry = app.post("/orders").key("k-dead").json(ORDER).send().await;
+    assert!(retry.is_replay());
+    assert_eq!(retry.body, taken.body);
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+async fn expired_record_executes_again(kind: StoreKind) {
+    let ttl = Duration::from_secs(3600);
+    let app = App::start_with(kind, |l| l.ttl(ttl)).await;
+    assert_eq!(
+        app.post("/orders")
+            .key("k-ttl")
+            .json(ORDER)
+            .send()
+            .await
+            .status,
+        201
+    );
+    app.clock.advance(ttl - Duration::from_secs(1));
+    assert!(
+        app.post("/orders")
+            .key("k-ttl")
+            .json(ORDER)
+            .send()
+            .await
+            .is_replay()
+    );
+    app.clock.advance(Duration::from_secs(1));
+    let again = app.post("/orders").key("k-ttl").json(ORDER).send().await;
+    assert_eq!(again.status, 201);
+    assert!(!again.is_replay());
+    assert_eq!(again.json()["order"], 2);
+    assert_eq!(again.json()["attempt"], 1);
+    assert_eq!(count(&app.counters.orders), 2);
+}
+
+// ---------------------------------------------------------------- S3: scope
+
+async fn same_key_two_tenants_execute_twice(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let a = app
+        .post("/orders")
+        .key("shared")
+        .header("authorization", "Bearer sk_a")
+        .json(r#"{"sku":"a"}"#)
+        .send()
+        .await;
+    let b = app
+        .post("/orders")
+        .key("shared")
+        .header("authorization", "Bearer sk_b")
+        .json(r#"{"sku":"b"}"#)
+        .send()
+        .await;
+    assert_eq!((a.status, b.status), (201, 201));
+    assert!(!b.is_replay());
+    assert_eq!(count(&app.counters.orders), 2);
+    for (auth, first, sku) in [("Bearer sk_a", &a, "a"), ("Bearer sk_b", &b, "b")] {
+        let retry = app
+            .post("/orders")
+            .key("shared")
+            .header("authorization", auth)
+            .json(&format!(r#"{{"sku":"{sku}"}}"#))
+            .send()
+            .await;
+        assert!(retry.is_replay());
+        assert_eq!(
+            retry.body, first.body,
+            "each tenant sees only its own answer"
+        );
+        assert_eq!(retry.json()["request"]["sku"], sku);
+    }
+    // An anonymous caller with the same key and tenant b's body executes on its own.
+    let anon = app
+        .post("/orders")
+        .key("shared")
+        .json(r#"{"sku":"b"}"#)
+        .send()
+        .await;
+    assert!(!anon.is_replay());
+    assert_eq!(count(&app.counters.orders), 3);
+    // The raw credential is nowhere in the stored scope.
+    let record = app
+        .store
+        .get(&scope("/orders", "shared", Some("Bearer sk_a")))
+        .await
+        .unwrap()
+        .expect("tenant a's record");
+    assert!(!record.scope.tenant().as_str().contains("sk_a"));
+}
+
+async fn same_key_two_endpoints_in_public_mode_execute_twice(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let order = app.post("/orders").key("k-ep").json("{}").send().await;
+    let capture = app
+        .post("/orders/7/capture")
+        .key("k-ep")
+        .json("{}")
+        .send()
+        .await;
+    assert_eq!((order.status, capture.status), (201, 200));
+    assert!(!capture.is_replay());
+    assert_eq!(count(&app.counters.orders), 1);
+    assert_eq!(count(&app.counters.captures), 1);
+    let again = app
+        .post("/orders/7/capture")
+        .key("k-ep")
+        .json("{}")
+        .send()
+        .await;
+    assert!(again.is_replay());
+    assert_eq!(again.json()["captured"], 7);
+}
+
+async fn same_key_two_endpoints_in_internal_mode_is_422(kind: StoreKind) {
+    let app = App::start_with(kind, |l| l.scope_mode(ScopeMode::Internal)).await;
+    assert_eq!(
+        app.post("/orders")
+            .key("k-int")
+            .json("{}")
+            .send()
+            .await
+            .status,
+        201
+    );
+    let other = app
+        .post("/orders/7/capture")
+        .key("k-int")
+        .json("{}")
+        .send()
+        .await;
+    other.assert_problem(422, "key-reused");
+    assert_eq!(count(&app.counters.captures), 0);
+}
+
+async fn endpoint_is_route_template_and_path_is_fingerprinted(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let one = app
+        .post("/orders/1/capture")
+        .key("k-cap")
+        .json("{}")
+        .send()
+        .await;
+    assert_eq!(one.json()["captured"], 1);
+    // The record's endpoint is axum's route template.
+    let template_scope = scope("/orders/{id}/capture", "k-cap", None);
+    assert!(app.store.get(&template_scope).await.unwrap().is_some());
+    // The same key on another order is not order 1's replay.
+    let two = app
+        .post("/orders/2/capture")
+        .key("k-cap")
+        .json("{}")
+        .send()
+        .await;
+    two.assert_problem(422, "key-reused");
+    assert_eq!(count(&app.counters.captures), 1);
+}
+
+async fn route_config_overrides_endpoint_and_requirement(kind: StoreKind) {
+    let app = App::start_with(kind, |l| {
+        l.route_config(|parts| {
+            (parts.uri.path() == "/orders").then(|| {
+                RouteConfig::new()
+                    .endpoint("/v1/orders")
+                    .require_key(true)
+                    .store_headers([HeaderName::from_static("x-order-version")])
+            })
+        })
+    })
+    .await;
+    app.post("/orders")
+        .json(ORDER)
+        .send()
+        .await
+        .assert_problem(400, "missing-key");
+    assert_eq!(
+        app.post("/orders")
+            .key("k-rc")
+            .json(ORDER)
+            .send()
+            .await
+            .status,
+        201
+    );
+    assert!(
+        app.store
+            .get(&scope("/v1/orders", "k-rc", None))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let retry = app.post("/orders").key("k-rc").json(ORDER).send().await;
+    assert_eq!(retry.header("x-order-version"), Some("v1"));
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+// ---------------------------------------------------------------- S6: record or release
+
+fn status_body(status: u16, disposition: Option<&str>) -> String {
+    match disposition {
+        Some(d) => format!(r#"{{"status":{status},"disposition":"{d}"}}"#),
+        None => format!(r#"{{"status":{status}}}"#),
+    }
+}
+
+async fn released_statuses_let_corrected_retry_execute(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let mut calls = 0;
+    for status in [400u16, 422, 429, 503] {
+        let key = format!("k-rel-{status}");
+        let refused = app
+            .post("/status")
+            .key(&key)
+            .json(&status_body(status, None))
+            .send()
+            .await;
+        calls += 1;
+        assert_eq!(refused.status, status);
+        assert!(
+            refused
+                .body
+                .starts_with(format!("handler answered {status}").as_bytes())
+        );
+        assert!(
+            app.store
+                .get(&scope("/status", &key, None))
+                .await
+                .unwrap()
+                .is_none(),
+            "{status} must release the key"
+        );
+        // The corrected request, same key, executes.
+        let corrected = app
+            .post("/status")
+            .key(&key)
+            .json(&status_body(201, None))
+            .send()
+            .await;
+        calls += 1;
+        assert_eq!(corrected.status, 201, "after {status}");
+        assert!(!corrected.is_replay());
+        assert_eq!(count(&app.counters.statuses), calls);
+    }
+}
+
+async fn failures_500_and_402_are_replayed(kind: StoreKind) {
+    let app = App::start(kind).await;
+    for (i, status) in [500u16, 402].into_iter().enumerate() {
+        let key = format!("k-fail-{status}");
+        let body = status_body(status, None);
+        let first = app.post("/status").key(&key).json(&body).send().await;
+        assert_eq!(first.status, status);
+        let retry = app.post("/status").key(&key).json(&body).send().await;
+        assert_eq!(retry.status, status);
+        assert!(retry.is_replay(), "{status} must be replayed");
+        assert_eq!(retry.body, first.body);
+        assert_eq!(count(&app.counters.statuses), i + 1);
+    }
+}
+
+async fn disposition_record_overrides_release(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let body = status_body(503, Some("record"));
+    assert_eq!(
+        app.post("/status")
+            .key("k-d-rec")
+            .json(&body)
+            .send()
+            .await
+            .status,
+        503
+    );
+    let retry = app.post("/status").key("k-d-rec").json(&body).send().await;
+    assert_eq!(retry.status, 503);
+    assert!(retry.is_replay());
+    assert_eq!(count(&app.counters.statuses), 1);
+}
+
+async fn disposition_release_overrides_record(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let body = status_body(200, Some("release"));
+    for n in 1..=2 {
+        let reply = app.post("/status").key("k-d-rel").json(&body).send().await;
+        assert_eq!(reply.status, 200);
+        assert!(!reply.is_replay());
+        assert_eq!(count(&app.counters.statuses), n);
+    }
+}
+
+async fn disposition_keep_in_progress_lets_lease_lapse(kind: StoreKind) {
+    let lease = Duration::from_secs(60);
+    let app = App::start_with(kind, |l| l.lease(lease)).await;
+    let body = status_body(504, Some("keep"));
+    let first = app.post("/status").key("k-d-keep").json(&body).send().await;
+    assert_eq!(first.status, 504);
+    let record = app
+        .store
+        .get(&scope("/status", "k-d-keep", None))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(record.state, RecordState::InProgress { .. }));
+    // Until the lease lapses the outcome is unknown: retries wait.
+    app.post("/status")
+        .key("k-d-keep")
+        .json(&body)
+        .send()
+        .await
+        .assert_problem(409, "request-in-progress");
+    app.clock.advance(lease + Duration::from_millis(1));
+    let corrected = status_body(201, None);
+    // The fingerprint is the first request's; the retry must be the same request.
+    app.post("/status")
+        .key("k-d-keep")
+        .json(&corrected)
+        .send()
+        .await
+        .assert_problem(422, "key-reused");
+    let taken = app.post("/status").key("k-d-keep").json(&body).send().await;
+    assert_eq!(taken.status, 504);
+    let record = app
+        .store
+        .get(&scope("/status", "k-d-keep", None))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.attempt, 2, "the retry took over as attempt 2");
+    assert_eq!(count(&app.counters.statuses), 2);
+}
+
+async fn stored_headers_are_allow_listed(kind: StoreKind) {
+    let app = App::start_with(kind, |l| {
+        l.store_headers([
+            HeaderName::from_static("x-order-version"),
+            HeaderName::from_static("set-cookie"),
+            HeaderName::from_static("x-request-id"),
+            HeaderName::from_static("date"),
+        ])
+    })
+    .await;
+    let first = app.post("/orders").key("k-hdr").json(ORDER).send().await;
+    assert_eq!(first.header("set-cookie"), Some("session=s3cret"));
+    let record = app
+        .store
+        .get(&scope("/orders", "k-hdr", None))
+        .await
+        .unwrap()
+        .unwrap();
+    let RecordState::Completed { response, .. } = record.state else {
+        panic!("not completed")
+    };
+    let mut names: Vec<&str> = response.headers.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["content-type", "location", "x-order-version"]);
+    let retry = app.post("/orders").key("k-hdr").json(ORDER).send().await;
+    assert!(retry.is_replay());
+    assert_eq!(retry.header("x-order-version"), Some("v1"));
+    assert_eq!(retry.header("set-cookie"), None);
+    assert_eq!(retry.header("x-request-id"), None);
+}
+
+async fn handler_panic_is_recorded_as_500_replay(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let first = app.post("/panic").key("k-panic").json("{}").send().await;
+    first.assert_problem(500, "handler-failed");
+    assert!(!first.is_replay());
+    let retry = app.post("/panic").key("k-panic").json("{}").send().await;
+    retry.assert_problem(500, "handler-failed");
+    assert!(retry.is_replay());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(
+        count(&app.counters.panics),
+        1,
+        "a panicked handler may have had effects"
+    );
+}
+
+// ---------------------------------------------------------------- S7
+
+async fn concurrent_identical_requests_execute_once(kind: StoreKind) {
+    const N: usize = 50;
+    let app = Arc::new(App::start(kind).await);
+    let barrier = Arc::new(tokio::sync::Barrier::new(N));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..N {
+        let (app, barrier, tx) = (app.clone(), barrier.clone(), tx.clone());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            let reply = app.post("/slow").key("k-race").json(ORDER).send().await;
+            tx.send(reply).expect("collector alive");
+        });
+    }
+    // The handler is held at its gate, so every other request answers first.
+    let mut conflicts = 0;
+    for _ in 0..N - 1 {
+        let reply = rx.recv().await.expect("a reply");
+        reply.assert_problem(409, "request-in-progress");
+        assert!(reply.header("retry-after").is_some());
+        conflicts += 1;
+    }
+    assert_eq!(count(&app.counters.slow_started), 1);
+    app.open_gate(N);
+    let winner = rx.recv().await.expect("the executing reply");
+    assert_eq!(winner.status, 201);
+    assert!(!winner.is_replay());
+    assert_eq!(conflicts, N - 1);
+    // Retries now replay; the handler never ran twice.
+    let retries: Vec<_> = (0..10)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { app.post("/slow").key("k-race").json(ORDER).send().await })
+        })
+        .collect();
+    for r in retries {
+        let r = r.await.unwrap();
+        assert_eq!(r.status, 201);
+        assert!(r.is_replay());
+        assert_eq!(r.body, winner.body);
+    }
+    assert_eq!(count(&app.counters.slow_started), 1);
+    assert_eq!(count(&app.counters.slow_finished), 1);
+}
+
+async fn client_disconnect_does_not_cancel_handler(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let request = format!(
+        "POST /slow HTTP/1.1\r\nHost: {}\r\nIdempotency-Key: k-gone\r\n\
+         Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}",
+        app.addr
+    );
+    let mut stream = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes())
+        .await
+        .unwrap();
+    eventually("the slow handler started", || {
+        count(&app.counters.slow_started) == 1
+    })
+    .await;
+    drop(stream);
+    // The server noticed: the request's future outside the layer was dropped.
+    eventually("the server dropped the request", || {
+        count(&app.counters.cancelled) == 1
+    })
+    .await;
+    assert_eq!(count(&app.counters.slow_finished), 0);
+    app.open_gate(1);
+    app.in_flight.wait().await;
+    assert_eq!(
+        count(&app.counters.slow_finished),
+        1,
+        "the handler ran to completion"
+    );
+    let record = app
+        .store
+        .get(&scope("/slow", "k-gone", None))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(record.is_completed(), "its answer was recorded");
+    let retry = app.post("/slow").key("k-gone").json("{}").send().await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.is_replay());
+    assert_eq!(retry.body, "slow 1 done");
+    assert_eq!(count(&app.counters.slow_started), 1);
+}
+
+async fn heartbeat_renews_lease_while_handler_runs(kind: StoreKind) {
+    // A real 300 ms lease, renewed every 100 ms of real time; the store's clock is moved
+    // by hand past several leases while the handler is held.
+    let lease = Duration::from_millis(300);
+    let app = Arc::new(App::start_with(kind, |l| l.lease(lease)).await);
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { app.post("/slow").key("k-beat").json("{}").send().await }
+    });
+    eventually("the slow handler started", || {
+        count(&app.counters.slow_started) == 1
+    })
+    .await;
+    let scope = scope("/slow", "k-beat", None);
+    for _ in 0..4 {
+        app.clock.advance(Duration::from_millis(250));
+        let now = idem_core::Clock::now(&app.clock);
+        eventually_async("the lease was renewed", || {
+            let (store, scope) = (app.store.clone(), scope.clone());
+            async move {
+                match store.get(&scope).await.unwrap().map(|r| r.state) {
+                    Some(RecordState::InProgress { lease_until }) => lease_until >= now.plus(lease),
+                    other => panic!("{other:?}"),
+                }
+            }
+        })
+        .await;
+    }
+    // A full second of store time has passed, over three leases: the record is still
+    // held, so a retry waits instead of executing a second time.
+    app.post("/slow")
+        .key("k-beat")
+        .json("{}")
+        .send()
+        .await
+        .assert_problem(409, "request-in-progress");
+    app.open_gate(1);
+    assert_eq!(first.await.unwrap().status, 201);
+    assert_eq!(count(&app.counters.slow_started), 1);
+}
+
+#[derive(Default)]
+struct CountingObserver {
+    outcomes: std::sync::Mutex<Vec<Outcome>>,
+    store_calls: std::sync::Mutex<Vec<(&'static str, bool)>>,
+}
+
+impl Observer for CountingObserver {
+    fn outcome(&self, outcome: Outcome) {
+        self.outcomes.lock().unwrap().push(outcome);
+    }
+    fn store_call(&self, op: &'static str, _elapsed: Duration, ok: bool) {
+        self.store_calls.lock().unwrap().push((op, ok));
+    }
+}
+
+async fn observer_sees_each_outcome(kind: StoreKind) {
+    let observer = Arc::new(CountingObserver::default());
+    let app = App::start_with(kind, |l| l.observer(observer.clone())).await;
+    app.post("/orders").key("k-obs").json(ORDER).send().await;
+    app.post("/orders").key("k-obs").json(ORDER).send().await;
+    app.post("/orders").key("k-obs").json("{}").send().await;
+    app.post("/orders").json(ORDER).send().await;
+    app.post("/orders").key("").json(ORDER).send().await;
+    app.post("/status")
+        .key("k-obs-rel")
+        .json(&status_body(429, None))
+        .send()
+        .await;
+    assert_eq!(
+        *observer.outcomes.lock().unwrap(),
+        [
+            Outcome::Executed,
+            Outcome::Replayed,
+            Outcome::Mismatch,
+            Outcome::PassedThrough,
+            Outcome::Rejected,
+            Outcome::Released,
+        ]
+    );
+    let calls = observer.store_calls.lock().unwrap();
+    let ops: Vec<&str> = calls.iter().map(|(op, _)| *op).collect();
+    assert_eq!(
+        ops,
+        [
+            "reserve", "complete", "reserve", "reserve", "reserve", "release"
+        ]
+    );
+    assert!(calls.iter().all(|(_, ok)| *ok));
+}
+
+// ---------------------------------------------------------------- S10: fail closed
+
+/// A store whose every call fails as an unreachable server's would.
+struct DownStore;
+
+fn down<T>() -> Result<T> {
+    Err(StoreError::unavailable("connection refused"))
+}
+
+#[async_trait]
+impl Store for DownStore {
+    async fn reserve(&self, _: &ReserveRequest) -> Result<Reservation> {
+        down()
+    }
+    async fn complete(&self, _: &Lease, _: &StoredResponse) -> Result<()> {
+        down()
+    }
+    async fn renew(&self, _: &Lease, _: Duration) -> Result<()> {
+        down()
+    }
+    async fn release(&self, _: &Lease) -> Result<()> {
+        down()
+    }
+    async fn get(&self, _: &Scope) -> Result<Option<Record>> {
+        down()
+    }
+    async fn remove(&self, _: &Scope) -> Result<bool> {
+        down()
+    }
+    async fn purge_expired(&self, _: usize) -> Result<usize> {
+        down()
+    }
+    async fn ping(&self) -> Result<()> {
+        down()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_unavailable_is_503_and_handler_not_called() {
+    let app = App::start_on(Arc::new(DownStore), |l| l).await;
+    let reply = app.post("/orders").key("k-down").json(ORDER).send().await;
+    reply.assert_problem(503, "store-unavailable");
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(
+        count(&app.counters.orders),
+        0,
+        "fail closed: the handler is not called"
+    );
+    // Unkeyed traffic does not touch the store and still flows.
+    assert_eq!(app.post("/orders").json(ORDER).send().await.status, 201);
+    assert_eq!(count(&app.counters.orders), 1);
+}
