@@ -58,12 +58,12 @@ impl Inner {
     }
 
     fn set_expiry(&mut self, scope: &Scope, expires_at: Timestamp) {
-        if let Some(r) = self.records.get_mut(scope) {
-            if r.expires_at != expires_at {
-                self.by_expiry.remove(&(r.expires_at, scope.clone()));
-                r.expires_at = expires_at;
-                self.by_expiry.insert((expires_at, scope.clone()));
-            }
+        if let Some(r) = self.records.get_mut(scope)
+            && r.expires_at != expires_at
+        {
+            self.by_expiry.remove(&(r.expires_at, scope.clone()));
+            r.expires_at = expires_at;
+            self.by_expiry.insert((expires_at, scope.clone()));
         }
     }
 
