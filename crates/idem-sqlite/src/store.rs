@@ -343,12 +343,11 @@ impl Store for SqliteStore {
             // A live record this caller may not take: read it to learn which answer
             // applies. If it changed in between so that it may now be taken (released,
             // expired, lease lapsed), go round and try the atomic write again.
-            if let Some(existing) = self.read(scope).await? {
-                if let Some(answer) =
+            if let Some(existing) = self.read(scope).await?
+                && let Some(answer) =
                     Reservation::from_existing(existing, &req.fingerprint, self.clock.now())
-                {
-                    return Ok(answer);
-                }
+            {
+                return Ok(answer);
             }
         }
     }
