@@ -1,17 +1,4 @@
 //! Whether an attempt's result is worth another attempt with the same key (SPEC S11).
-//!
-//! | result                                   | classification |
-//! |------------------------------------------|----------------|
-//! | connection refused/reset/closed, timeout | `Transient`    |
-//! | 502, 504                                 | `Transient` (backoff) |
-//! | 409 (another attempt holds the key)      | `Transient` (server's `Retry-After`, else backoff) |
-//! | 429, 503                                 | `Transient` (server's `Retry-After`, else backoff) |
-//! | 400, 422                                 | `Fatal`: returned as [`Error::InvalidKey`](crate::Error::InvalidKey), [`Error::KeyReused`](crate::Error::KeyReused) or [`Error::Rejected`](crate::Error::Rejected) |
-//! | anything else                            | `Fatal`: returned as the answer |
-//! | an invalid request or a redirect error   | `Fatal` |
-//!
-//! A retried response's `Retry-After`, when present, sets the wait exactly; otherwise
-//! the wait is drawn by the backoff.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -29,8 +16,21 @@ pub enum Retryable {
     Fatal,
 }
 
-/// Classifies attempts. Override a hook to change one case and keep the rest; the
-/// defaults follow the table in the [module docs](self).
+/// Classifies attempts. Override a hook to change one case and keep the rest. The
+/// defaults:
+///
+/// | result                                   | classification |
+/// |------------------------------------------|----------------|
+/// | connection refused/reset/closed, timeout | `Transient` (backoff) |
+/// | 502, 504                                 | `Transient` (backoff) |
+/// | 409 (another attempt holds the key)      | `Transient` (server's `Retry-After`, else backoff) |
+/// | 429, 503                                 | `Transient` (server's `Retry-After`, else backoff) |
+/// | 400, 422                                 | `Fatal`: returned as [`Error::InvalidKey`](crate::Error::InvalidKey), [`Error::KeyReused`](crate::Error::KeyReused) or [`Error::Rejected`](crate::Error::Rejected) |
+/// | anything else                            | `Fatal`: returned as the answer |
+/// | an invalid request or a redirect error   | `Fatal` |
+///
+/// A retried answer's `Retry-After`, when present, sets the wait exactly; otherwise the
+/// wait is drawn by the backoff.
 ///
 /// ```
 /// use http::StatusCode;
@@ -76,7 +76,7 @@ pub trait Classify: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-/// The classification of the [module docs](self).
+/// The default classification of [`Classify`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultClassifier;
 
