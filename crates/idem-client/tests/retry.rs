@@ -450,3 +450,43 @@ async fn budget_allows_exactly_ratio_plus_floor_when_sequential() {
     assert_eq!(client.budget_stats().retries_granted, 110);
     assert_eq!(server.hits(), 1110);
 }
+
+#[tokio::test]
+async fn a_custom_classifier_changes_one_case_and_keeps_the_rest() {
+    #[derive(Debug)]
+    struct Retry500Too;
+    impl idem_client::Classify for Retry500Too {
+        fn classify_status(
+            &self,
+            status: http::StatusCode,
+            headers: &http::HeaderMap,
+        ) -> idem_client::Retryable {
+            if status == http::StatusCode::INTERNAL_SERVER_ERROR {
+                return idem_client::Retryable::Transient;
+            }
+            idem_client::DefaultClassifier.classify_status(status, headers)
+        }
+    }
+    let server = FaultServer::start([
+        Reply::status(500),
+        Reply::with_header(429, "retry-after", "1"),
+    ])
+    .await;
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let sleeper = ManualSleeper::new(clock.clone());
+    let client = Client::builder()
+        .policy(policy())
+        .classifier(Retry500Too)
+        .clock(Arc::new(clock))
+        .sleeper(sleeper.clone())
+        .build()
+        .unwrap();
+
+    let outcome = client.post(server.url("/")).send().await.unwrap();
+
+    assert_eq!(outcome.status(), 200);
+    assert_eq!(outcome.attempts(), 3);
+    let delays = sleeper.delays();
+    assert!(delays[0] <= policy().backoff_ceiling(1));
+    assert_eq!(delays[1], Duration::from_secs(1));
+}
