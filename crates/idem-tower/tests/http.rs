@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use http::{HeaderName, Method};
 use idem_core::{
-    FingerprintOptions, Lease, Record, RecordState, Reservation, ReserveRequest, Result, Scope,
-    ScopeMode, Store, StoreError, StoredResponse,
+    FingerprintOptions, Lease, ManualClock, MemoryStore, Record, RecordState, Reservation,
+    ReserveRequest, Result, Scope, ScopeMode, Store, StoreError, StoredResponse,
 };
 use idem_tower::{Observer, Outcome, RouteConfig};
 use sha2::{Digest, Sha256};
@@ -88,6 +88,7 @@ for_each_store!(
     concurrent_identical_requests_execute_once,
     client_disconnect_does_not_cancel_handler,
     heartbeat_renews_lease_while_handler_runs,
+    stale_attempt_cannot_overwrite_takeover,
     observer_sees_each_outcome,
 );
 
@@ -1001,6 +1002,118 @@ async fn heartbeat_renews_lease_while_handler_runs(kind: StoreKind) {
     assert_eq!(count(&app.counters.slow_started), 1);
 }
 
+async fn stale_attempt_cannot_overwrite_takeover(kind: StoreKind) {
+    // The store's clock jumps past the lease before the first heartbeat (as when a worker
+    // stalls): a retry takes over, and the stalled attempt's late answer must not
+    // replace the new attempt's record.
+    let lease = Duration::from_secs(60);
+    let app = Arc::new(App::start_with(kind, |l| l.lease(lease)).await);
+    let stalled = tokio::spawn({
+        let app = app.clone();
+        async move { app.post("/slow").key("k-stale").json("{}").send().await }
+    });
+    eventually("the slow handler started", || {
+        count(&app.counters.slow_started) == 1
+    })
+    .await;
+    app.clock.advance(lease + Duration::from_millis(1));
+    let taker = tokio::spawn({
+        let app = app.clone();
+        async move { app.post("/slow").key("k-stale").json("{}").send().await }
+    });
+    eventually("the takeover started", || {
+        count(&app.counters.slow_started) == 2
+    })
+    .await;
+    // The gate is first come, first served: the stalled attempt finishes first and its
+    // completion is fenced; then the takeover completes.
+    app.open_gate(1);
+    eventually("one handler finished", || {
+        count(&app.counters.slow_finished) == 1
+    })
+    .await;
+    app.open_gate(1);
+    let (stalled, taker) = (stalled.await.unwrap(), taker.await.unwrap());
+    assert_eq!((stalled.status, taker.status), (201, 201));
+    app.in_flight.wait().await;
+    let record = app
+        .store
+        .get(&scope("/slow", "k-stale", None))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.attempt, 2);
+    let RecordState::Completed { response, .. } = record.state else {
+        panic!("not completed")
+    };
+    assert_eq!(stalled.body, "slow 1 done");
+    assert_eq!(taker.body, "slow 2 done");
+    assert_eq!(
+        response.body, taker.body,
+        "the stale answer must not be recorded"
+    );
+    let retry = app.post("/slow").key("k-stale").json("{}").send().await;
+    assert!(retry.is_replay());
+    assert_eq!(retry.body, taker.body);
+}
+
+/// A memory store whose `complete` always fails, as a store that went down while the
+/// handler ran.
+struct CompleteFails(MemoryStore);
+
+#[async_trait]
+impl Store for CompleteFails {
+    async fn reserve(&self, r: &ReserveRequest) -> Result<Reservation> {
+        self.0.reserve(r).await
+    }
+    async fn complete(&self, _: &Lease, _: &StoredResponse) -> Result<()> {
+        down()
+    }
+    async fn renew(&self, l: &Lease, d: Duration) -> Result<()> {
+        self.0.renew(l, d).await
+    }
+    async fn release(&self, l: &Lease) -> Result<()> {
+        self.0.release(l).await
+    }
+    async fn get(&self, s: &Scope) -> Result<Option<Record>> {
+        self.0.get(s).await
+    }
+    async fn remove(&self, s: &Scope) -> Result<bool> {
+        self.0.remove(s).await
+    }
+    async fn purge_expired(&self, n: usize) -> Result<usize> {
+        self.0.purge_expired(n).await
+    }
+    async fn ping(&self) -> Result<()> {
+        self.0.ping().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrecorded_answer_leaves_key_in_progress_until_lease_lapses() {
+    let clock = ManualClock::starting_now();
+    let store = CompleteFails(MemoryStore::with_clock(Arc::new(clock.clone())));
+    let lease = Duration::from_secs(60);
+    let app = App::start_on(clock, Arc::new(store), |l| l.lease(lease)).await;
+    // The client still gets the handler's real answer.
+    let first = app.post("/orders").key("k-unrec").json(ORDER).send().await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.json()["order"], 1);
+    // Nothing was recorded, so the outcome is unknown to the store: retries wait...
+    app.post("/orders")
+        .key("k-unrec")
+        .json(ORDER)
+        .send()
+        .await
+        .assert_problem(409, "request-in-progress");
+    // ...until the lease lapses and a retry takes over as a recovered attempt.
+    app.clock.advance(lease + Duration::from_millis(1));
+    let taken = app.post("/orders").key("k-unrec").json(ORDER).send().await;
+    assert_eq!(taken.json()["attempt"], 2);
+    assert_eq!(taken.json()["recovered"], true);
+    assert_eq!(count(&app.counters.orders), 2);
+}
+
 #[derive(Default)]
 struct CountingObserver {
     outcomes: std::sync::Mutex<Vec<Outcome>>,
@@ -1090,7 +1203,7 @@ impl Store for DownStore {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_unavailable_is_503_and_handler_not_called() {
-    let app = App::start_on(Arc::new(DownStore), |l| l).await;
+    let app = App::start_on(ManualClock::starting_now(), Arc::new(DownStore), |l| l).await;
     let reply = app.post("/orders").key("k-down").json(ORDER).send().await;
     reply.assert_problem(503, "store-unavailable");
     assert_eq!(reply.header("retry-after"), Some("1"));

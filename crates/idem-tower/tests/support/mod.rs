@@ -129,14 +129,19 @@ impl App {
         App::serve(clock, test_store, layer).await
     }
 
-    /// Starts the test API with a layer over a store of the test's own.
-    pub async fn start_on(store: Arc<dyn Store>, configure: impl FnOnce(Layer) -> Layer) -> App {
+    /// Starts the test API with a layer over a store of the test's own, which reads
+    /// time from `clock`.
+    pub async fn start_on(
+        clock: ManualClock,
+        store: Arc<dyn Store>,
+        configure: impl FnOnce(Layer) -> Layer,
+    ) -> App {
         let test_store = TestStore {
             store: store.clone(),
             _dir: None,
         };
         let layer = configure(IdempotencyLayer::new(store));
-        App::serve(ManualClock::starting_now(), test_store, layer).await
+        App::serve(clock, test_store, layer).await
     }
 
     async fn serve(clock: ManualClock, test_store: TestStore, layer: Layer) -> App {
