@@ -636,3 +636,121 @@ impl Statements {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::testing::{service_unavailable, service_url, unique_namespace};
+
+    /// The plans PostgreSQL picks for the hot statements on a table of realistic size:
+    /// the reserve's read and the fenced writes go through the primary key, the purge
+    /// through the `expires_at` index; none scans the table.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn statements_use_the_indexes() {
+        let url = service_url(
+            "IDEM_TEST_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        );
+        let table = format!("idem_records_{}", unique_namespace("plans"));
+        let store = match PgStore::options().table(&table).connect(&url).await {
+            Ok(s) => s,
+            Err(Error::Store(StoreError::Unavailable(e))) => {
+                return service_unavailable("PostgreSQL", &url, &e).unwrap_or(());
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let plans = explain_all(&store).await;
+        schema::drop_table(store.pool(), &table)
+            .await
+            .expect("drop table");
+        let plans = plans.expect("explain");
+        for (name, plan) in &plans {
+            eprintln!("{name}:\n{plan}\n");
+            assert!(
+                !plan.contains("Seq Scan"),
+                "{name} scans the table:\n{plan}"
+            );
+        }
+        let uses = |name: &str, index: &str| {
+            let plan = &plans.iter().find(|(n, _)| *n == name).expect(name).1;
+            assert!(
+                plan.contains(&format!("{table}_{index}")),
+                "{name} does not use {index}:\n{plan}"
+            );
+        };
+        uses("reserve", "pkey");
+        uses("complete", "pkey");
+        uses("renew", "pkey");
+        uses("release", "pkey");
+        uses("purge", "expires");
+    }
+
+    async fn explain_all(store: &PgStore) -> Result<Vec<(&'static str, String)>, sqlx::Error> {
+        let t = store.table();
+        // 100,000 rows, 1 % of them expired at `now`.
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {t} (tenant, endpoint, idem_key, fingerprint, created_at, expires_at,
+                              attempt, token, state, status, headers, body, completed_at)
+             SELECT 'tenant-' || (i % 97), 'POST /v1/charges', 'key-' || i,
+                    sha256(i::text::bytea), 0, CASE WHEN i % 100 = 0 THEN 5 ELSE 10000 END,
+                    1, i, 'completed', 200, '\\x0000'::bytea, 'ok'::bytea, 0
+               FROM generate_series(1, 100000) AS i"
+        )))
+        .execute(&store.pool)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!("ANALYZE {t}")))
+            .execute(&store.pool)
+            .await?;
+        let sql = &store.sql;
+        let explain = async |stmt: &Arc<str>, binds: &[i64]| -> Result<String, sqlx::Error> {
+            let text = format!("EXPLAIN {stmt}");
+            // Every statement takes the scope first; the rest are numbers here.
+            let mut q = sqlx::query_scalar::<_, String>(AssertSqlSafe(text));
+            if !stmt.contains("ctid") {
+                q = q.bind("tenant-1").bind("POST /v1/charges").bind("key-1");
+            }
+            for b in binds {
+                q = q.bind(*b);
+            }
+            Ok(q.fetch_all(&store.pool).await?.join("\n"))
+        };
+        // Numbered like the statements' parameters after the scope.
+        let reserve = {
+            let text = format!("EXPLAIN {}", sql.reserve);
+            sqlx::query_scalar::<_, String>(AssertSqlSafe(text))
+                .bind("tenant-1")
+                .bind("POST /v1/charges")
+                .bind("key-1")
+                .bind(vec![0_u8; 32])
+                .bind(100_i64)
+                .bind(200_i64)
+                .bind(7_i64)
+                .bind(160_i64)
+                .fetch_all(&store.pool)
+                .await?
+                .join("\n")
+        };
+        let complete = {
+            let text = format!("EXPLAIN {}", sql.complete);
+            sqlx::query_scalar::<_, String>(AssertSqlSafe(text))
+                .bind("tenant-1")
+                .bind("POST /v1/charges")
+                .bind("key-1")
+                .bind(1_i64)
+                .bind(100_i64)
+                .bind(200_i32)
+                .bind(vec![0_u8, 0])
+                .bind(vec![1_u8])
+                .fetch_all(&store.pool)
+                .await?
+                .join("\n")
+        };
+        Ok(vec![
+            ("reserve", reserve),
+            ("complete", complete),
+            ("renew", explain(&sql.renew, &[1, 100, 160]).await?),
+            ("release", explain(&sql.release, &[1, 100]).await?),
+            ("purge", explain(&sql.purge, &[100, 1000]).await?),
+        ])
+    }
+}

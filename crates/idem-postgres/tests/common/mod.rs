@@ -92,6 +92,16 @@ pub struct TempStore {
     _table: TempTable,
 }
 
+impl TempStore {
+    /// Another store (a proxied one, say) on this table, still dropped with it.
+    pub fn with_store(self, store: PgStore) -> TempStore {
+        TempStore {
+            store,
+            _table: self._table,
+        }
+    }
+}
+
 impl std::ops::Deref for TempStore {
     type Target = PgStore;
     fn deref(&self) -> &PgStore {

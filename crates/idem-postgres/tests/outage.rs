@@ -1,0 +1,322 @@
+//! Store outages (SPEC S10): an unreachable or silent server is a typed
+//! `StoreError::Unavailable`, never a reservation, and the store serves again once the
+//! server is back.
+//!
+//! The tests put a TCP proxy of their own between the store and the server and cut it,
+//! so the server itself is never disturbed.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::testing::{test_fingerprint, test_scope, unique_namespace};
+use idem_core::{ManualClock, Reservation, ReserveRequest, Store, StoreError, StoredResponse};
+use idem_postgres::{Error, PgStore};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// Forward bytes both ways.
+    Up,
+    /// Reset every connection, open and new.
+    Cut,
+    /// Accept and hold connections but forward nothing: a server that stopped
+    /// answering. Held connections are closed when the mode changes.
+    Silent,
+}
+
+/// A loopback TCP proxy to the test server whose link can be cut. Dropping it stops
+/// every task it started.
+struct Proxy {
+    addr: SocketAddr,
+    mode: watch::Sender<Mode>,
+    _tasks: JoinSet<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let (mode, rx) = watch::channel(Mode::Up);
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let mut rx = rx.clone();
+                let current = *rx.borrow_and_update();
+                conns.spawn(async move {
+                    match current {
+                        Mode::Cut => reset(client),
+                        Mode::Silent => {
+                            let _held = client;
+                            let _ = rx.changed().await;
+                        }
+                        Mode::Up => forward(client, upstream, rx).await,
+                    }
+                });
+                // Reap finished connections so the set stays small.
+                while conns.try_join_next().is_some() {}
+            }
+        });
+        Proxy {
+            addr,
+            mode,
+            _tasks: tasks,
+        }
+    }
+
+    fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+
+    fn url(&self) -> String {
+        let mut url = common::pg_url();
+        let host_port = url
+            .split('@')
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .expect("URL of the form postgres://user@host:port/db")
+            .to_owned();
+        url = url.replacen(&host_port, &self.addr.to_string(), 1);
+        url
+    }
+}
+
+/// Closes with a reset rather than a clean FIN, as a dead link looks.
+fn reset(stream: TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}
+
+async fn forward(mut client: TcpStream, upstream: SocketAddr, mut rx: watch::Receiver<Mode>) {
+    let Ok(mut server) = TcpStream::connect(upstream).await else {
+        reset(client);
+        return;
+    };
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {
+            let _ = client.shutdown().await;
+        }
+        _ = async {
+            while rx.changed().await.is_ok() {
+                if *rx.borrow() != Mode::Up { break; }
+            }
+        } => {
+            if *rx.borrow() == Mode::Silent {
+                // Hold both ends without forwarding until the mode changes again.
+                let _ = rx.changed().await;
+            }
+            reset(client);
+            reset(server);
+        }
+    }
+}
+
+/// The test server's address, from its URL.
+async fn upstream() -> Option<SocketAddr> {
+    let url = common::pg_url();
+    let host_port = url.split('@').nth(1)?.split('/').next()?.to_owned();
+    match tokio::net::lookup_host(&host_port).await {
+        Ok(mut addrs) => addrs.next(),
+        Err(e) => idem_core::testing::service_unavailable("PostgreSQL", &url, &e),
+    }
+}
+
+/// A store through `proxy` on its own table, with short timeouts.
+async fn store_via(proxy: &Proxy, clock: &ManualClock, ns: &str) -> Option<common::TempStore> {
+    // Create the table directly, so that the proxied store starts on a migrated table
+    // and the table is dropped at the end whatever the proxy's state.
+    let direct = common::store_with_clock(clock, ns).await?;
+    let via = PgStore::options()
+        .table(direct.table())
+        .clock(Arc::new(clock.clone()))
+        .acquire_timeout(Duration::from_millis(500))
+        .operation_timeout(Duration::from_secs(1))
+        .max_connections(4)
+        .migrate(false)
+        .connect(&proxy.url())
+        .await
+        .expect("connect through the proxy");
+    Some(direct.with_store(via))
+}
+
+fn request(key: &str) -> ReserveRequest {
+    ReserveRequest::new(test_scope("/v1/charges", key), test_fingerprint("{}"))
+}
+
+fn assert_unavailable<T: std::fmt::Debug>(result: Result<T, StoreError>, what: &str) {
+    match result {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("{what} during the outage must be Unavailable, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_link_is_unavailable_then_recovers() {
+    let Some(upstream) = upstream().await else {
+        return;
+    };
+    let proxy = Proxy::start(upstream).await;
+    let clock = ManualClock::starting_now();
+    let Some(store) = store_via(&proxy, &clock, &unique_namespace("cut")).await else {
+        return;
+    };
+    let before = request("before-outage");
+    let Reservation::Acquired(lease) = store.reserve(&before).await.expect("reserve") else {
+        panic!("first reserve must acquire")
+    };
+
+    proxy.set(Mode::Cut);
+    let during = request("during-outage");
+    assert_unavailable(store.reserve(&during).await, "reserve");
+    assert_unavailable(
+        store
+            .complete(&lease, &StoredResponse::new(201, "done"))
+            .await,
+        "complete",
+    );
+    assert_unavailable(store.renew(&lease, Duration::from_secs(60)).await, "renew");
+    assert_unavailable(store.get(&before.scope).await, "get");
+    assert_unavailable(store.purge_expired(10).await, "purge");
+    assert_unavailable(store.ping().await, "ping");
+
+    proxy.set(Mode::Up);
+    store.ping().await.expect("ping after the link is back");
+    store
+        .complete(&lease, &StoredResponse::new(201, "done"))
+        .await
+        .expect("the lease taken before the outage still completes");
+    assert_eq!(
+        store.reserve(&before).await.expect("reserve"),
+        Reservation::Replay(StoredResponse::new(201, "done"))
+    );
+    // Nothing of the failed reserve reached the server: the key executes now, once.
+    assert!(store.get(&during.scope).await.expect("get").is_none());
+    let Reservation::Acquired(again) = store.reserve(&during).await.expect("reserve") else {
+        panic!("the key refused during the outage must acquire afterwards")
+    };
+    assert_eq!(again.attempt, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_server_times_out_unavailable_then_recovers() {
+    let Some(upstream) = upstream().await else {
+        return;
+    };
+    let proxy = Proxy::start(upstream).await;
+    let clock = ManualClock::starting_now();
+    let Some(store) = store_via(&proxy, &clock, &unique_namespace("silent")).await else {
+        return;
+    };
+    store.ping().await.expect("ping");
+
+    proxy.set(Mode::Silent);
+    let req = request("silent-key");
+    let started = std::time::Instant::now();
+    assert_unavailable(store.reserve(&req).await, "reserve");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the operation timeout must bound a silent server"
+    );
+    assert_unavailable(store.ping().await, "ping");
+
+    proxy.set(Mode::Up);
+    let Reservation::Acquired(lease) = store.reserve(&req).await.expect("reserve after") else {
+        panic!("reserve after the outage must acquire")
+    };
+    store
+        .complete(&lease, &StoredResponse::new(200, "ok"))
+        .await
+        .expect("complete after the outage");
+}
+
+#[tokio::test]
+async fn wrong_port_is_unavailable() {
+    // A port nothing listens on: bind one, note it, let it go.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let url = format!("postgres://postgres@127.0.0.1:{port}/test");
+    match PgStore::options()
+        .acquire_timeout(Duration::from_millis(500))
+        .connect(&url)
+        .await
+    {
+        Err(Error::Store(StoreError::Unavailable(_))) => {}
+        other => panic!("connecting to a closed port must be Unavailable, got {other:?}"),
+    }
+    // A lazily built store starts, then fails closed on every operation.
+    let store = PgStore::options()
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy(&url)
+        .expect("lazy store");
+    assert_unavailable(store.reserve(&request("k")).await, "reserve");
+    assert_unavailable(store.ping().await, "ping");
+}
+
+/// While the link is cut under load, no caller is told to proceed unless its record
+/// is really stored with its token, and no key is handed to two callers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_false_proceed_when_the_link_is_cut_under_load() {
+    let Some(upstream) = upstream().await else {
+        return;
+    };
+    let proxy = Proxy::start(upstream).await;
+    let clock = ManualClock::starting_now();
+    let Some(store) = store_via(&proxy, &clock, &unique_namespace("cut_load")).await else {
+        return;
+    };
+    let store = Arc::new(store);
+    let requests: Vec<ReserveRequest> = (0..200)
+        .map(|i| request(&format!("load-{}", i % 50)))
+        .collect();
+    let mut tasks = JoinSet::new();
+    for (i, req) in requests.iter().cloned().enumerate() {
+        let store = store.clone();
+        tasks.spawn(async move { (i, store.reserve(&req).await) });
+        if i == 100 {
+            proxy.set(Mode::Cut);
+        }
+    }
+    let mut leases = HashMap::new();
+    let mut unavailable = 0;
+    while let Some(joined) = tasks.join_next().await {
+        let (i, result) = joined.expect("task");
+        match result {
+            Ok(Reservation::Acquired(lease)) => {
+                let scope = requests[i].scope.clone();
+                assert!(
+                    leases.insert(scope, lease).is_none(),
+                    "a key was handed to two callers"
+                );
+            }
+            Ok(Reservation::InProgress { .. }) => {}
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(StoreError::Unavailable(_)) => unavailable += 1,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(unavailable > 0, "the cut must have failed some reserves");
+    proxy.set(Mode::Up);
+    for (scope, lease) in &leases {
+        let record = store
+            .get(scope)
+            .await
+            .expect("get")
+            .expect("an acquired key has a stored record");
+        assert_eq!(
+            record.token, lease.token,
+            "the stored attempt is the caller's"
+        );
+    }
+}
