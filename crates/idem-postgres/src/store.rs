@@ -106,12 +106,17 @@ impl PgStoreOptions {
         self
     }
 
-    /// Connects to `url` (`postgres://user@host:port/db`), builds a pool and, unless
-    /// turned off, runs the migration. An unreachable server is
-    /// [`Error::Store`]`(`[`StoreError::Unavailable`]`)`.
+    /// Connects to `url` (`postgres://user@host:port/db`), builds a pool and runs the
+    /// migration (or, when that is turned off, checks that the server answers). An
+    /// unreachable server is [`Error::Store`]`(`[`StoreError::Unavailable`]`)`.
     pub async fn connect(self, url: &str) -> Result<PgStore, Error> {
         let pool = self.pool_options().connect_lazy_with(parse_url(url)?);
-        self.from_pool(pool).await
+        let check = !self.migrate;
+        let store = self.from_pool(pool).await?;
+        if check {
+            store.ping().await?;
+        }
+        Ok(store)
     }
 
     /// Like [`connect`](Self::connect) but touches neither the server nor the schema:
@@ -123,7 +128,8 @@ impl PgStoreOptions {
     }
 
     /// Uses an existing pool (its own acquire timeout and size apply) and, unless
-    /// turned off, runs the migration.
+    /// turned off, runs the migration; with the migration off, nothing is sent to the
+    /// server yet.
     pub async fn from_pool(self, pool: PgPool) -> Result<PgStore, Error> {
         let run = self.migrate;
         let store = self.build(pool)?;
@@ -642,6 +648,29 @@ mod tests {
     use super::*;
     use idem_core::testing::{service_unavailable, service_url, unique_namespace};
 
+    #[tokio::test]
+    async fn bad_table_name_or_url_is_rejected_before_connecting() {
+        let url = "postgres://postgres@127.0.0.1:5432/test";
+        match PgStore::options()
+            .table("orders; DROP TABLE x")
+            .connect_lazy(url)
+        {
+            Err(Error::InvalidTableName { name, .. }) => {
+                assert_eq!(name, "orders; DROP TABLE x");
+            }
+            other => panic!("expected InvalidTableName, got {other:?}"),
+        }
+        match PgStore::options().connect_lazy("postgres://host:notaport/db") {
+            Err(Error::Config(_)) => {}
+            other => panic!("expected Config, got {other:?}"),
+        }
+        let store = PgStore::options()
+            .table("idem_records_custom")
+            .connect_lazy(url)
+            .expect("a valid name and URL need no server");
+        assert_eq!(store.table(), "idem_records_custom");
+    }
+
     /// The plans PostgreSQL picks for the hot statements on a table of realistic size:
     /// the reserve's read and the fenced writes go through the primary key, the purge
     /// through the `expires_at` index; none scans the table.
@@ -702,19 +731,20 @@ mod tests {
             .execute(&store.pool)
             .await?;
         let sql = &store.sql;
-        let explain = async |stmt: &Arc<str>, binds: &[i64]| -> Result<String, sqlx::Error> {
-            let text = format!("EXPLAIN {stmt}");
-            // Every statement takes the scope first; the rest are numbers here.
-            let mut q = sqlx::query_scalar::<_, String>(AssertSqlSafe(text));
-            if !stmt.contains("ctid") {
-                q = q.bind("tenant-1").bind("POST /v1/charges").bind("key-1");
-            }
-            for b in binds {
-                q = q.bind(*b);
-            }
-            Ok(q.fetch_all(&store.pool).await?.join("\n"))
-        };
-        // Numbered like the statements' parameters after the scope.
+        // For the statements whose parameters are the scope (when `scoped`) and then
+        // numbers.
+        let explain =
+            async |stmt: &Arc<str>, scoped: bool, binds: &[i64]| -> Result<String, sqlx::Error> {
+                let text = format!("EXPLAIN {stmt}");
+                let mut q = sqlx::query_scalar::<_, String>(AssertSqlSafe(text));
+                if scoped {
+                    q = q.bind("tenant-1").bind("POST /v1/charges").bind("key-1");
+                }
+                for b in binds {
+                    q = q.bind(*b);
+                }
+                Ok(q.fetch_all(&store.pool).await?.join("\n"))
+            };
         let reserve = {
             let text = format!("EXPLAIN {}", sql.reserve);
             sqlx::query_scalar::<_, String>(AssertSqlSafe(text))
@@ -748,9 +778,9 @@ mod tests {
         Ok(vec![
             ("reserve", reserve),
             ("complete", complete),
-            ("renew", explain(&sql.renew, &[1, 100, 160]).await?),
-            ("release", explain(&sql.release, &[1, 100]).await?),
-            ("purge", explain(&sql.purge, &[100, 1000]).await?),
+            ("renew", explain(&sql.renew, true, &[1, 100, 160]).await?),
+            ("release", explain(&sql.release, true, &[1, 100]).await?),
+            ("purge", explain(&sql.purge, false, &[100, 1000]).await?),
         ])
     }
 }

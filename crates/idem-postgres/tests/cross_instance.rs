@@ -118,7 +118,9 @@ async fn cross_instance_each_key_wins_exactly_once() {
     // key -> the winners' tokens; and how many duplicates saw it in progress.
     let mut winners: HashMap<usize, Vec<i64>> = HashMap::new();
     let mut busy = 0;
+    let mut wins_per_instance = Vec::new();
     for i in &mut instances {
+        let mut wins = 0;
         loop {
             let report = i.next_report();
             let mut words = report.split_whitespace();
@@ -127,6 +129,7 @@ async fn cross_instance_each_key_wins_exactly_once() {
                     let key: usize = words.next().expect("key").parse().expect("key");
                     let token: i64 = words.next().expect("token").parse().expect("token");
                     winners.entry(key).or_default().push(token);
+                    wins += 1;
                 }
                 Some("done") => {
                     busy += words.next().expect("busy").parse::<usize>().expect("busy");
@@ -135,9 +138,11 @@ async fn cross_instance_each_key_wins_exactly_once() {
                 _ => panic!("instance reported {report:?}"),
             }
         }
+        wins_per_instance.push(wins);
         let status = i.child.wait().expect("instance exit");
         assert!(status.success(), "instance failed: {status}");
     }
+    eprintln!("keys won per instance: {wins_per_instance:?}");
     assert_eq!(winners.len(), KEYS, "every key was won");
     for (key, tokens) in &winners {
         assert_eq!(tokens.len(), 1, "key {key} was won {} times", tokens.len());
