@@ -133,6 +133,20 @@ async fn over_http(setup: &Setup, secs: u64, connections: u64, round: u64) -> f6
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let measuring = Arc::new(AtomicBool::new(false));
+    if setup.keys == Keys::Same {
+        // Record the answer before the load starts; the load then only replays.
+        let req = http::Request::post(uri.clone())
+            .header("content-type", "application/json")
+            .header(
+                "idempotency-key",
+                next_key(Keys::Same, &seq, &label).expect("key"),
+            )
+            .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+            .expect("request");
+        let resp = client.request(req).await.expect("send");
+        assert_eq!(resp.status(), 201, "priming request");
+        resp.into_body().collect().await.expect("body");
+    }
     let workers: Vec<_> = (0..connections)
         .map(|_| {
             let (client, uri, seq, stop, done, measuring, label) = (
@@ -182,6 +196,18 @@ async fn over_http(setup: &Setup, secs: u64, connections: u64, round: u64) -> f6
 async fn in_process(setup: &Setup, secs: u64, concurrency: u64, round: u64) -> f64 {
     let label = format!("inproc-{}-{round}", setup.name.replace([' ', ','], ""));
     let seq = Arc::new(AtomicU64::new(0));
+    if setup.keys == Keys::Same {
+        let req = http::Request::post("/orders")
+            .header("content-type", "application/json")
+            .header(
+                "idempotency-key",
+                next_key(Keys::Same, &seq, &label).expect("key"),
+            )
+            .body(Body::from(BODY))
+            .expect("request");
+        let resp = setup.router.clone().oneshot(req).await.expect("infallible");
+        assert_eq!(resp.status(), 201, "priming request");
+    }
     let deadline = Instant::now() + Duration::from_secs(secs);
     let started = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
