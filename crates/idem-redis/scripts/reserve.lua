@@ -23,7 +23,10 @@ local cur = redis.call('HMGET', KEYS[1],
   'expires_at', 'state', 'fingerprint', 'lease_until', 'attempt')
 
 if not cur[1] or (tonumber(cur[1]) and tonumber(cur[1]) <= now) then
-  redis.call('DEL', KEYS[1])
+  if cur[1] then
+    -- An expired record: none of its fields (a recorded answer) may survive.
+    redis.call('DEL', KEYS[1])
+  end
   redis.call('HSET', KEYS[1],
     'tenant', ARGV[8], 'endpoint', ARGV[9], 'key', ARGV[10],
     'fingerprint', ARGV[2], 'created_at', ARGV[1], 'expires_at', ARGV[5],

@@ -51,3 +51,8 @@ mod store;
 pub use store::{
     DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, RedisStore, RedisStoreBuilder,
 };
+
+/// The README's example, compiled as a doctest so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
