@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use idem_core::testing::{test_fingerprint, unique_namespace};
 use idem_core::{
-    Endpoint, Key, Reservation, ReserveRequest, Scope, ScopeMode, Store, StoredResponse, Tenant,
+    Endpoint, Fingerprint, Key, Reservation, ReserveRequest, Scope, ScopeMode, Store,
+    StoredResponse, Tenant,
 };
 use idem_redis::RedisStore;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -38,6 +39,8 @@ struct Target {
     prefix: String,
     /// Numbers every operation, so each one works on a key no other has touched.
     seq: Arc<AtomicU64>,
+    /// Fingerprinting is the middleware's work, not the store's: done once.
+    fingerprint: Fingerprint,
 }
 
 impl Target {
@@ -51,7 +54,7 @@ impl Target {
                     Endpoint::new("POST", "/v1/charges"),
                     Key::new(format!("op-{i}")).expect("key"),
                 );
-                let req = ReserveRequest::new(scope, test_fingerprint(BODY)).ttl(TTL);
+                let req = ReserveRequest::new(scope, self.fingerprint).ttl(TTL);
                 let Reservation::Acquired(lease) = self.store.reserve(&req).await.expect("reserve")
                 else {
                     panic!("a fresh key was not acquired");
@@ -178,6 +181,7 @@ fn main() {
             raw,
             prefix,
             seq: Arc::default(),
+            fingerprint: test_fingerprint(BODY),
         };
 
         println!(

@@ -31,6 +31,10 @@ pub const DEFAULT_TTL_GRACE: Duration = Duration::from_secs(5);
 /// Keys examined per `SCAN` call while purging.
 const SCAN_COUNT: usize = 1_000;
 
+/// The longest native TTL set: records meant to live longer (a `Duration::MAX` TTL)
+/// are still deleted by Redis after a century, and `PEXPIRE` never overflows.
+const MAX_NATIVE_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
+
 /// Reserve rounds before giving up when the script and `decide` disagree (they never
 /// should; the bound only keeps a bug from spinning).
 const RESERVE_ROUNDS: usize = 3;
@@ -170,17 +174,6 @@ impl RedisStore {
         format!("{}{{{}}}", self.prefix, scope.digest())
     }
 
-    /// A `PEXPIRE` argument for a record that logically lives until `until`: relative
-    /// to `now` on the injected clock, so the native TTL agrees with the scripts'
-    /// expiry check whatever the skew between this clock and the server's.
-    fn native_ttl(&self, until: Timestamp, now: Timestamp) -> i64 {
-        until
-            .as_millis()
-            .saturating_sub(now.as_millis())
-            .saturating_add(self.ttl_grace_ms)
-            .max(1)
-    }
-
     /// Runs a fenced script whose reply is 1 (done) or 0 (fenced).
     async fn fenced(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<()> {
         let done: i64 = invocation
@@ -192,6 +185,18 @@ impl RedisStore {
             _ => Err(StoreError::Fenced),
         }
     }
+}
+
+/// A `PEXPIRE` argument for a record that logically lives until `until`: relative to
+/// `now` on the injected clock, so the native TTL agrees with the scripts' expiry check
+/// whatever the skew between that clock and the server's, plus the grace; at least
+/// 1 ms and at most [`MAX_NATIVE_TTL_MS`].
+fn native_ttl(grace_ms: i64, until: Timestamp, now: Timestamp) -> i64 {
+    until
+        .as_millis()
+        .saturating_sub(now.as_millis())
+        .saturating_add(grace_ms)
+        .clamp(1, MAX_NATIVE_TTL_MS)
 }
 
 /// The `SCAN` pattern matching exactly the record keys under `prefix`: the prefix with
@@ -226,8 +231,8 @@ impl Store for RedisStore {
                 .arg(token.as_u64())
                 .arg(lease_until.as_millis())
                 .arg(expires_at.as_millis())
-                .arg(self.native_ttl(expires_at, now))
-                .arg(self.native_ttl(lease_until, now))
+                .arg(native_ttl(self.ttl_grace_ms, expires_at, now))
+                .arg(native_ttl(self.ttl_grace_ms, lease_until, now))
                 .arg(req.scope.tenant().as_str())
                 .arg(req.scope.endpoint_str())
                 .arg(req.scope.key().as_str())
@@ -284,7 +289,7 @@ impl Store for RedisStore {
                 .arg(lease.token.as_u64())
                 .arg(now.as_millis())
                 .arg(lease_until.as_millis())
-                .arg(self.native_ttl(lease_until, now)),
+                .arg(native_ttl(self.ttl_grace_ms, lease_until, now)),
         )
         .await
     }
@@ -390,6 +395,22 @@ mod tests {
         assert_eq!(
             scan_pattern("a*b?[c]\\"),
             format!("a\\*b\\?\\[c\\]\\\\{{{hex64}}}")
+        );
+    }
+
+    #[test]
+    fn native_ttl_is_remaining_life_plus_grace_within_bounds() {
+        let now = Timestamp::from_millis(1_000_000);
+        assert_eq!(
+            native_ttl(5_000, now.plus(Duration::from_secs(60)), now),
+            65_000
+        );
+        // Already past: deleted soon, never a zero or negative PEXPIRE.
+        assert_eq!(native_ttl(0, now, now), 1);
+        assert_eq!(native_ttl(0, Timestamp::from_millis(0), now), 1);
+        assert_eq!(
+            native_ttl(5_000, Timestamp::from_millis(i64::MAX), now),
+            MAX_NATIVE_TTL_MS
         );
     }
 }

@@ -314,3 +314,27 @@ fn every_script_touches_only_its_one_declared_key() {
         }
     }
 }
+
+#[tokio::test]
+async fn unbounded_ttl_still_gets_a_native_expiry() {
+    let Some(f) = fixture("unbounded").await else {
+        return;
+    };
+    let scope = test_scope("/v1/charges", "forever-key");
+    let req = ReserveRequest::new(scope.clone(), test_fingerprint("{}")).ttl(Duration::MAX);
+    let lease = acquired(f.store.reserve(&req).await.expect("reserve"));
+    f.store
+        .complete(&lease, &StoredResponse::new(200, "kept"))
+        .await
+        .expect("complete");
+    assert!(
+        f.pttl(&scope).await > 0,
+        "a record without a TTL would never leave"
+    );
+    f.clock.advance(Duration::from_secs(10 * 365 * 24 * 3600));
+    assert_eq!(
+        f.store.reserve(&req).await.expect("reserve"),
+        Reservation::Replay(StoredResponse::new(200, "kept"))
+    );
+    f.store.remove(&scope).await.expect("clean up");
+}
