@@ -110,6 +110,15 @@ pub trait Inbox: Send + Sync + 'static {
 
 /// Checks a message id or consumer name: 1 to [`MAX_ID_LEN`] bytes, no NUL (which
 /// PostgreSQL text cannot hold).
+#[cfg_attr(
+    not(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "redis",
+        feature = "nats"
+    )),
+    allow(dead_code)
+)]
 pub(crate) fn validate_id(what: &'static str, id: &str) -> Result<()> {
     let reason = if id.is_empty() {
         "empty".to_owned()

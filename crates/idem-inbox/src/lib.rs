@@ -28,7 +28,8 @@
 //! # fn main() -> Result<(), idem_inbox::Error> {
 //! # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 //! # rt.block_on(async {
-//! use idem_inbox::{Inbox, Outcome, SqliteInbox};
+//! use idem_inbox::{BoxFuture, Error, Inbox, Outcome, SqliteInbox};
+//! use sqlx::{Sqlite, Transaction};
 //!
 //! let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
 //! sqlx::query("CREATE TABLE points (account TEXT PRIMARY KEY, balance INTEGER NOT NULL)")
@@ -37,7 +38,8 @@
 //! let inbox = SqliteInbox::new(pool.clone(), "points")?;
 //! inbox.migrate().await?;
 //!
-//! let credit = |tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>| -> futures_util::future::BoxFuture<'_, Result<(), idem_inbox::Error>> {
+//! // The effects: credit alice 10 points, inside the inbox's transaction.
+//! fn credit<'t>(tx: &'t mut Transaction<'static, Sqlite>) -> BoxFuture<'t, Result<(), Error>> {
 //!     Box::pin(async move {
 //!         sqlx::query(
 //!             "INSERT INTO points VALUES ('alice', 10) \
@@ -47,7 +49,7 @@
 //!         .await?;
 //!         Ok(())
 //!     })
-//! };
+//! }
 //! // The broker delivers message "m-1" twice; the points are credited once.
 //! assert_eq!(inbox.process("m-1", credit).await?, Outcome::Processed(()));
 //! assert_eq!(inbox.process("m-1", credit).await?, Outcome::Duplicate);

@@ -63,7 +63,7 @@ impl Statements {
                      consumer TEXT NOT NULL, \
                      message_id TEXT NOT NULL, \
                      processed_at INTEGER NOT NULL, \
-                     PRIMARY KEY (consumer, message_id))"
+                     PRIMARY KEY (consumer, message_id)) WITHOUT ROWID"
                 )
                 .into(),
                 format!(
@@ -78,8 +78,8 @@ impl Statements {
             .into(),
             contains: format!("SELECT 1 FROM {t} WHERE consumer = ?1 AND message_id = ?2").into(),
             purge: format!(
-                "DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} \
-                 WHERE consumer = ?1 AND processed_at < ?2 LIMIT ?3)"
+                "DELETE FROM {t} WHERE (consumer, message_id) IN (SELECT consumer, message_id \
+                 FROM {t} WHERE consumer = ?1 AND processed_at < ?2 LIMIT ?3)"
             )
             .into(),
         }
