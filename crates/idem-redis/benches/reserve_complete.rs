@@ -6,6 +6,9 @@
 //! (default `redis://127.0.0.1:6379`). Rounds alternate between the two workloads so
 //! drift in the machine's load hits both alike; the medians are printed. Every key it
 //! writes is under a fresh prefix, carries a short TTL, and is deleted at the end.
+//! It also prints the server's own time per operation (from `INFO commandstats`): on a
+//! small shared machine the rates mostly measure CPU contention, the server time does
+//! not.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,8 +97,28 @@ impl Target {
         }
     }
 
-    /// Operations per second over one round with `callers` concurrent callers.
-    async fn round(&self, workload: Workload, callers: usize) -> f64 {
+    /// Microseconds the server has spent in the command this workload sends (`evalsha`
+    /// or `set`), from `INFO commandstats`; other clients of a shared server add to it.
+    async fn server_usec(&self, workload: Workload) -> u64 {
+        let name = match workload {
+            Workload::Idem => "cmdstat_evalsha:",
+            Workload::Raw => "cmdstat_set:",
+        };
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.raw.clone())
+            .await
+            .expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// One round with `callers` concurrent callers.
+    async fn round(&self, workload: Workload, callers: usize) -> Round {
+        let usec_before = self.server_usec(workload).await;
         let started = Instant::now();
         let deadline = started + ROUND;
         let tasks: Vec<_> = (0..callers)
@@ -115,7 +138,12 @@ impl Target {
         for t in tasks {
             total += t.await.expect("caller");
         }
-        total as f64 / started.elapsed().as_secs_f64()
+        let per_second = total as f64 / started.elapsed().as_secs_f64();
+        let usec = self.server_usec(workload).await.saturating_sub(usec_before);
+        Round {
+            per_second,
+            server_usec_per_op: usec as f64 / total.max(1) as f64,
+        }
     }
 
     async fn clean_up(&self) -> usize {
@@ -147,6 +175,11 @@ impl Target {
             }
         }
     }
+}
+
+struct Round {
+    per_second: f64,
+    server_usec_per_op: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -189,8 +222,8 @@ fn main() {
              (one multiplexed connection each), {ROUNDS} rounds of {ROUND:?}, medians:"
         );
         println!(
-            "{:>8} {:>16} {:>16} {:>8}",
-            "callers", "idem ops/s", "raw ops/s", "ratio"
+            "{:>8} {:>12} {:>12} {:>6}   {:>22} {:>22}",
+            "callers", "idem ops/s", "raw ops/s", "ratio", "server us/op idem", "server us/op raw"
         );
         for callers in CONCURRENCY {
             // Warm up: connections, script cache, allocator.
@@ -201,8 +234,15 @@ fn main() {
                 idem.push(target.round(Workload::Idem, callers).await);
                 raw.push(target.round(Workload::Raw, callers).await);
             }
-            let (idem, raw) = (median(idem), median(raw));
-            println!("{callers:>8} {idem:>16.0} {raw:>16.0} {:>8.2}", idem / raw);
+            let rate = |v: &[Round]| median(v.iter().map(|r| r.per_second).collect());
+            let cost = |v: &[Round]| median(v.iter().map(|r| r.server_usec_per_op).collect());
+            let (idem_rate, raw_rate) = (rate(&idem), rate(&raw));
+            println!(
+                "{callers:>8} {idem_rate:>12.0} {raw_rate:>12.0} {:>6.2}   {:>22.1} {:>22.1}",
+                idem_rate / raw_rate,
+                cost(&idem),
+                cost(&raw)
+            );
         }
         let deleted = target.clean_up().await;
         println!("deleted the {deleted} keys the run wrote");
