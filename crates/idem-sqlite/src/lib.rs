@@ -100,10 +100,12 @@
 mod error;
 mod schema;
 mod store;
+mod writer;
 
 pub use error::{Error, Result};
 pub use schema::{DEFAULT_TABLE, SCHEMA_VERSION, VERSIONS_TABLE, validate_table_name};
 pub use store::{DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, SqliteStore, SqliteStoreBuilder};
+pub use writer::{DEFAULT_WRITE_BATCH, DEFAULT_WRITE_QUEUE, WriterStats};
 
 /// The sqlx types this crate's API takes, re-exported so callers use the same version.
 pub use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use idem_core::codec::{decode_headers, encode_headers};
+use idem_core::codec::decode_headers;
 use idem_core::{
     FencingToken, Fingerprint, Lease, Record, RecordState, Reservation, ReserveRequest, Scope,
     SharedClock, Store, StoreError, StoredResponse, SystemClock, Timestamp,
@@ -15,30 +15,41 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Row, SqliteConnection};
+use sqlx::{AssertSqlSafe, ConnectOptions, Row, SqliteConnection};
 
 use crate::error::{Result, store_error};
 use crate::schema::{self, DEFAULT_TABLE, Statements};
+use crate::writer::{
+    self, DEFAULT_WRITE_BATCH, DEFAULT_WRITE_QUEUE, Done, Op, Writer, WriterConfig, WriterStats,
+};
 
 /// How long a connection waits for another's write lock before the operation fails
 /// (and middleware answers 503) unless configured otherwise.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connections in the pool [`SqliteStore::connect`] opens unless configured otherwise.
-/// SQLite runs one writer at a time, so more connections only add readers.
+/// The pool serves reads and the application's own queries; the store's writes go
+/// through one connection of its own, outside the pool.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
 
 /// A [`Store`] in one table of a SQLite database file: the embedded default (SPEC S10).
 ///
-/// Cloning is cheap and clones share the pool. Open it with [`SqliteStore::connect`],
-/// [`SqliteStore::from_pool`] or [`SqliteStore::builder`]; every constructor runs the
-/// embedded migration first.
+/// Cloning is cheap and clones share the pool and the writer. Open it with
+/// [`SqliteStore::connect`], [`SqliteStore::from_pool`] or [`SqliteStore::builder`];
+/// every constructor runs the embedded migration first.
+///
+/// Writes (`reserve`, `complete`, `renew`, `release`, `remove`, `purge_expired`) are
+/// queued for one writer task that owns one connection and commits what queued
+/// meanwhile in one transaction; each caller is answered once that transaction has
+/// committed. Reads (`get`, `ping`) use the pool. The writer needs a tokio runtime: it
+/// is spawned on the one that opens the store, and ends when the last clone is dropped.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
     clock: SharedClock,
     table: Arc<str>,
     sql: Arc<Statements>,
+    writer: Writer,
 }
 
 /// Settings for opening a [`SqliteStore`].
@@ -48,6 +59,7 @@ pub struct SqliteStoreBuilder {
     table: String,
     max_connections: u32,
     busy_timeout: Duration,
+    writer: WriterConfig,
 }
 
 impl Default for SqliteStoreBuilder {
@@ -57,6 +69,10 @@ impl Default for SqliteStoreBuilder {
             table: DEFAULT_TABLE.to_owned(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            writer: WriterConfig {
+                max_batch: DEFAULT_WRITE_BATCH,
+                queue: DEFAULT_WRITE_QUEUE,
+            },
         }
     }
 }
@@ -88,6 +104,21 @@ impl SqliteStoreBuilder {
     /// (default [`DEFAULT_BUSY_TIMEOUT`]).
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
+        self
+    }
+
+    /// At most `n` writes per transaction (default [`DEFAULT_WRITE_BATCH`], at least 1).
+    /// Larger batches commit less often; each caller waits for its whole batch.
+    pub fn write_batch(mut self, n: usize) -> Self {
+        self.writer.max_batch = n.max(1);
+        self
+    }
+
+    /// At most `n` writes wait for the writer (default [`DEFAULT_WRITE_QUEUE`], at
+    /// least 1); further callers wait to queue, which slows them instead of growing
+    /// memory without bound.
+    pub fn write_queue(mut self, n: usize) -> Self {
+        self.writer.queue = n.max(1);
         self
     }
 
@@ -125,17 +156,26 @@ impl SqliteStoreBuilder {
     /// Uses an existing pool (shared with the application's own tables, for
     /// [`SqliteStore::complete_in`]) and migrates it. The pool's connection settings are
     /// left as they are; [`connect_options`](Self::connect_options) gives the
-    /// recommended ones.
+    /// recommended ones. The store's writer opens one more connection with the pool's
+    /// options (hooks such as `after_connect` do not run on it).
     pub async fn from_pool(self, pool: SqlitePool) -> Result<SqliteStore> {
         schema::validate_table_name(&self.table)?;
-        let mut conn = pool.acquire().await?;
+        let mut conn = pool.connect_options().connect().await?;
         schema::migrate(&mut conn, &self.table).await?;
-        drop(conn);
+        let sql = Arc::new(Statements::new(&self.table));
+        let writer = Writer::spawn(
+            conn,
+            pool.clone(),
+            self.clock.clone(),
+            sql.clone(),
+            self.writer,
+        );
         Ok(SqliteStore {
-            sql: Arc::new(Statements::new(&self.table)),
+            sql,
             table: self.table.into(),
             pool,
             clock: self.clock,
+            writer,
         })
     }
 }
@@ -167,6 +207,18 @@ impl SqliteStore {
         &self.table
     }
 
+    /// Writes queued for the writer and not yet taken into a transaction (a gauge for
+    /// metrics; at most the [`write_queue`](SqliteStoreBuilder::write_queue) bound).
+    pub fn queued_writes(&self) -> usize {
+        self.writer.queued()
+    }
+
+    /// Counters of the writer since the store opened: transactions, operations, the
+    /// largest batch, failed transactions. Shared by every clone.
+    pub fn writer_stats(&self) -> WriterStats {
+        self.writer.stats()
+    }
+
     /// Completes the record inside the caller's transaction (SPEC S9), so that the
     /// business writes made in it and the completion commit together or not at all.
     ///
@@ -190,39 +242,9 @@ impl SqliteStore {
         lease: &Lease,
         response: &StoredResponse,
     ) -> idem_core::Result<()> {
-        let now = self.clock.now();
-        let scope = &lease.scope;
-        let headers = encode_headers(&response.headers);
-        let done = sqlx::query(AssertSqlSafe(self.sql.complete.clone()))
-            .bind(scope.tenant().as_str())
-            .bind(scope.endpoint_str())
-            .bind(scope.key().as_str())
-            .bind(lease.token.as_i64())
-            .bind(now.as_millis())
-            .bind(i64::from(response.status))
-            .bind(headers)
-            .bind(&response.body[..])
-            .execute(&mut *conn)
+        writer::complete(conn, &self.sql, &*self.clock, lease, response)
             .await
-            .map_err(store_error)?;
-        if done.rows_affected() == 1 {
-            return Ok(());
-        }
-        // No in-progress record under this token. Completed by this very attempt is
-        // success (the first response stays); anything else is fenced.
-        let completed = sqlx::query(AssertSqlSafe(self.sql.completed_by.clone()))
-            .bind(scope.tenant().as_str())
-            .bind(scope.endpoint_str())
-            .bind(scope.key().as_str())
-            .bind(lease.token.as_i64())
-            .bind(now.as_millis())
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(store_error)?;
-        match completed {
-            Some(_) => Ok(()),
-            None => Err(StoreError::Fenced),
-        }
+            .map_err(store_error)?
     }
 
     async fn read(&self, scope: &Scope) -> idem_core::Result<Option<Record>> {
@@ -235,38 +257,13 @@ impl SqliteStore {
             .map_err(store_error)?;
         row.map(|row| record_from_row(scope, &row)).transpose()
     }
-
-    /// Runs a fenced single-statement write; no row changed means fenced.
-    async fn fenced_write(
-        &self,
-        sql: &Arc<str>,
-        lease: &Lease,
-        extra: Option<i64>,
-    ) -> idem_core::Result<()> {
-        let scope = &lease.scope;
-        let mut q = sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(scope.tenant().as_str())
-            .bind(scope.endpoint_str())
-            .bind(scope.key().as_str())
-            .bind(lease.token.as_i64())
-            .bind(self.clock.now().as_millis());
-        if let Some(v) = extra {
-            q = q.bind(v);
-        }
-        let done = q.execute(&self.pool).await.map_err(store_error)?;
-        if done.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::Fenced)
-        }
-    }
 }
 
-fn corrupt(what: &str) -> StoreError {
+pub(crate) fn corrupt(what: &str) -> StoreError {
     StoreError::Corrupt(format!("idem-sqlite record: {what}"))
 }
 
-fn record_from_row(scope: &Scope, row: &SqliteRow) -> idem_core::Result<Record> {
+pub(crate) fn record_from_row(scope: &Scope, row: &SqliteRow) -> idem_core::Result<Record> {
     let get_i64 = |i: usize| row.try_get::<i64, _>(i).map_err(store_error);
     let fingerprint: Vec<u8> = row.try_get(0).map_err(store_error)?;
     let fingerprint =
@@ -316,55 +313,27 @@ fn record_from_row(scope: &Scope, row: &SqliteRow) -> idem_core::Result<Record> 
 #[async_trait]
 impl Store for SqliteStore {
     async fn reserve(&self, req: &ReserveRequest) -> idem_core::Result<Reservation> {
-        let scope = &req.scope;
-        loop {
-            let now = self.clock.now();
-            let token = FencingToken::generate();
-            let lease_until = now.plus(req.lease);
-            let attempt: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.sql.reserve.clone()))
-                .bind(scope.tenant().as_str())
-                .bind(scope.endpoint_str())
-                .bind(scope.key().as_str())
-                .bind(&req.fingerprint.as_bytes()[..])
-                .bind(now.as_millis())
-                .bind(req.expires_at(now).as_millis())
-                .bind(token.as_i64())
-                .bind(lease_until.as_millis())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(store_error)?;
-            if let Some(attempt) = attempt {
-                return Ok(Reservation::Acquired(Lease {
-                    scope: scope.clone(),
-                    token,
-                    attempt: u32::try_from(attempt).map_err(|_| corrupt("attempt"))?,
-                }));
-            }
-            // A live record this caller may not take: read it to learn which answer
-            // applies. If it changed in between so that it may now be taken (released,
-            // expired, lease lapsed), go round and try the atomic write again.
-            if let Some(existing) = self.read(scope).await?
-                && let Some(answer) =
-                    Reservation::from_existing(existing, &req.fingerprint, self.clock.now())
-            {
-                return Ok(answer);
-            }
+        match self.writer.submit(Op::Reserve(req.clone())).await? {
+            Done::Reserved(r) => Ok(r),
+            other => unreachable!("reserve answered {other:?}"),
         }
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> idem_core::Result<()> {
-        let mut conn = self.pool.acquire().await.map_err(store_error)?;
-        self.complete_in(&mut conn, lease, response).await
+        let op = Op::Complete(lease.clone(), response.clone());
+        self.writer.submit(op).await.map(drop)
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> idem_core::Result<()> {
-        let until = self.clock.now().plus(lease_for);
-        self.fenced_write(&self.sql.renew, lease, Some(until.as_millis()))
-            .await
+        let op = Op::Renew(lease.clone(), lease_for);
+        self.writer.submit(op).await.map(drop)
     }
 
     async fn release(&self, lease: &Lease) -> idem_core::Result<()> {
-        self.fenced_write(&self.sql.release, lease, None).await
+        self.writer
+            .submit(Op::Release(lease.clone()))
+            .await
+            .map(drop)
     }
 
     async fn get(&self, scope: &Scope) -> idem_core::Result<Option<Record>> {
@@ -372,25 +341,17 @@ impl Store for SqliteStore {
     }
 
     async fn remove(&self, scope: &Scope) -> idem_core::Result<bool> {
-        let done = sqlx::query(AssertSqlSafe(self.sql.remove.clone()))
-            .bind(scope.tenant().as_str())
-            .bind(scope.endpoint_str())
-            .bind(scope.key().as_str())
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        Ok(done.rows_affected() > 0)
+        match self.writer.submit(Op::Remove(scope.clone())).await? {
+            Done::Removed(existed) => Ok(existed),
+            other => unreachable!("remove answered {other:?}"),
+        }
     }
 
     async fn purge_expired(&self, limit: usize) -> idem_core::Result<usize> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let done = sqlx::query(AssertSqlSafe(self.sql.purge.clone()))
-            .bind(self.clock.now().as_millis())
-            .bind(limit)
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+        match self.writer.submit(Op::Purge(limit)).await? {
+            Done::Purged(n) => Ok(n),
+            other => unreachable!("purge answered {other:?}"),
+        }
     }
 
     async fn ping(&self) -> idem_core::Result<()> {
