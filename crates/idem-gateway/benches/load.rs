@@ -1,0 +1,296 @@
+//! Load run: the real `idem` binary in front of a trivial upstream, idempotency off
+//! (`--passthrough`) against on (memory, SQLite, Redis, PostgreSQL when reachable), at
+//! 64 keep-alive connections, every request a POST with its own fresh key.
+//!
+//! Prints requests/s, p50 and p99 latency per configuration and each one's throughput
+//! as a ratio of pass-through, and the gateway's CPU time per request. Bounded:
+//! `IDEM_LOAD_SECS` seconds per configuration (default 5) after a 1 s warm-up;
+//! `IDEM_LOAD_ONLY=memory,sqlite` runs only those stores (and pass-through).
+//!
+//! ```text
+//! cargo bench -p idem-gateway --bench load
+//! ```
+//!
+//! The driver, the upstream and the gateway share the machine's cores, so absolute
+//! figures understate a dedicated gateway; the ratios are the point.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const CONNECTIONS: usize = 64;
+const BODY: &str = r#"{"amount":100,"currency":"eur","customer":"cus_123"}"#;
+
+struct Figures {
+    name: String,
+    /// Gateway CPU time per request, microseconds.
+    cpu_us: f64,
+    requests: usize,
+    errors: usize,
+    secs: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+impl Figures {
+    fn rps(&self) -> f64 {
+        self.requests as f64 / self.secs
+    }
+}
+
+async fn upstream() -> SocketAddr {
+    use axum::http::StatusCode;
+    let app = axum::Router::new().fallback(|| async {
+        (
+            StatusCode::CREATED,
+            [("content-type", "application/json")],
+            r#"{"id":"ch_1","status":"succeeded"}"#,
+        )
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+struct Gateway {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Gateway {
+    /// The process's user + system CPU time so far, from /proc (Linux); zero elsewhere.
+    fn cpu_time(&self) -> Duration {
+        let Some(pid) = self.child.id() else {
+            return Duration::ZERO;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return Duration::ZERO;
+        };
+        // Fields after the parenthesised command name; utime and stime are the 12th and
+        // 13th of those, in clock ticks (100 per second on Linux).
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+        Duration::from_millis(ticks * 10)
+    }
+}
+
+async fn gateway(upstream: SocketAddr, extra: &[&str], dir: &std::path::Path) -> Gateway {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("serve")
+        .args(["--upstream", &format!("http://{upstream}")])
+        .args(["--listen", "127.0.0.1:0", "--ttl", "10m"])
+        .args(extra)
+        .env("IDEM_LOG", "warn")
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the idem binary starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(a) = line.strip_prefix("idem listening on http://") {
+                return a.parse().unwrap();
+            }
+        }
+        panic!("the gateway exited before listening")
+    })
+    .await
+    .expect("the gateway starts within 30s");
+    Gateway { child, addr }
+}
+
+/// One connection's loop: POSTs with fresh keys until `stop`; latencies of the requests
+/// that started after `warm` was set.
+async fn connection(
+    addr: SocketAddr,
+    prefix: String,
+    warm: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+) -> (Vec<Duration>, usize) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.set_nodelay(true).unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut latencies = Vec::with_capacity(16_384);
+    let mut errors = 0;
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let req = http::Request::post("/v1/charges")
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer sk_load")
+            .header("idempotency-key", format!("{prefix}-{i}"))
+            .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+            .unwrap();
+        let measured = warm.load(Ordering::Relaxed);
+        let t = Instant::now();
+        if sender.ready().await.is_err() {
+            break;
+        }
+        let ok = match sender.send_request(req).await {
+            Ok(res) => {
+                let status = res.status();
+                res.into_body().collect().await.is_ok() && status == 201
+            }
+            Err(_) => false,
+        };
+        if measured {
+            latencies.push(t.elapsed());
+            if !ok {
+                errors += 1;
+            }
+        }
+    }
+    (latencies, errors)
+}
+
+async fn run(name: &str, gw: &Gateway, secs: u64) -> Figures {
+    let addr = gw.addr;
+    let warm = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let tasks: Vec<_> = (0..CONNECTIONS)
+        .map(|c| {
+            tokio::spawn(connection(
+                addr,
+                format!("{}-{c}", &run_id[..12]),
+                warm.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    warm.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    let cpu_before = gw.cpu_time();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let cpu = gw.cpu_time().saturating_sub(cpu_before);
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.unwrap();
+        all.extend(l);
+        errors += e;
+    }
+    all.sort_unstable();
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    Figures {
+        name: name.to_owned(),
+        cpu_us: cpu.as_secs_f64() * 1e6 / all.len().max(1) as f64,
+        requests: all.len(),
+        errors,
+        secs: elapsed,
+        p50: pct(0.50),
+        p99: pct(0.99),
+    }
+}
+
+async fn reachable(url: &str) -> bool {
+    match tokio::time::timeout(Duration::from_secs(5), idem_gateway::store::open(url)).await {
+        Ok(Ok(store)) => store.ping().await.is_ok(),
+        _ => false,
+    }
+}
+
+fn main() {
+    // Only `--bench`-style invocations run the load; `cargo test --benches` passes no
+    // such flag and should not spend a minute here.
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let secs: u64 = std::env::var("IDEM_LOAD_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let up = upstream().await;
+        let dir = tempfile::tempdir().unwrap();
+        let pg = std::env::var("IDEM_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let redis =
+            std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let mut configs: Vec<(&str, Vec<String>)> = vec![
+            ("pass-through", vec!["--passthrough".into(), "--store".into(), "memory://".into()]),
+            ("memory", vec!["--store".into(), "memory://".into()]),
+            ("sqlite", vec!["--store".into(), "sqlite://load.db".into()]),
+        ];
+        if reachable(&redis).await {
+            configs.push(("redis", vec!["--store".into(), redis.clone()]));
+        } else {
+            eprintln!("Redis at {redis} unreachable: skipped");
+        }
+        if reachable(&pg).await {
+            configs.push(("postgres", vec!["--store".into(), pg.clone()]));
+        } else {
+            eprintln!("PostgreSQL unreachable: skipped");
+        }
+        // Pass-through again at the end, to show how much the machine drifted.
+        configs.push(("pass-through (again)", configs[0].1.clone()));
+        // IDEM_LOAD_ONLY=memory,sqlite narrows the run (pass-through always runs).
+        if let Ok(only) = std::env::var("IDEM_LOAD_ONLY") {
+            let only: Vec<&str> = only.split(',').map(str::trim).collect();
+            configs.retain(|(name, _)| name.starts_with("pass-through") || only.contains(name));
+        }
+
+        println!(
+            "idem load run: {CONNECTIONS} connections, {secs}s per configuration, POST with a fresh key per request"
+        );
+        let mut results = Vec::new();
+        for (name, args) in &configs {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let gw = gateway(up, &args, dir.path()).await;
+            let f = run(name, &gw, secs).await;
+            println!(
+                "  {:<22} {:>9.0} req/s   p50 {:>7.2} ms   p99 {:>7.2} ms   gateway CPU {:>5.0} us/req   errors {}",
+                f.name,
+                f.rps(),
+                f.p50.as_secs_f64() * 1e3,
+                f.p99.as_secs_f64() * 1e3,
+                f.cpu_us,
+                f.errors
+            );
+            results.push(f);
+            drop(gw);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let base = (results[0].rps() + results.last().unwrap().rps()) / 2.0;
+        println!("throughput as a ratio of pass-through (mean of both pass-through runs):");
+        for f in &results[1..results.len() - 1] {
+            let target = match f.name.as_str() {
+                "sqlite" => " (target >= 0.70)",
+                "redis" => " (target >= 0.80)",
+                _ => "",
+            };
+            println!("  {:<22} {:.2}{target}", f.name, f.rps() / base);
+        }
+    });
+}
