@@ -233,15 +233,18 @@ impl<I: Inbox> JetStreamInbox<I> {
         Ok(self.inbox.check_retention(window))
     }
 
-    /// The message's id: the configured header, else the stream sequence.
-    pub fn message_id(&self, message: &Message) -> Result<(String, IdSource)> {
-        let from_header = message
+    fn id_header<'m>(&self, message: &'m Message) -> Option<&'m str> {
+        message
             .headers
             .as_ref()
             .and_then(|h| h.get(self.options.id_header.as_str()))
             .map(|v| v.as_str())
-            .filter(|v| !v.is_empty());
-        if let Some(id) = from_header {
+            .filter(|v| !v.is_empty())
+    }
+
+    /// The message's id: the configured header, else the stream sequence.
+    pub fn message_id(&self, message: &Message) -> Result<(String, IdSource)> {
+        if let Some(id) = self.id_header(message) {
             return Ok((id.to_owned(), IdSource::Header));
         }
         let info = message.info().map_err(Error::broker)?;
@@ -349,7 +352,7 @@ impl<I: Inbox> JetStreamInbox<I> {
             })
             .for_each_concurrent(self.options.concurrency.max(1), |message| async move {
                 let result = self.process_message(&message, handler).await;
-                if let Ok((_, IdSource::StreamSequence)) = self.message_id(&message) {
+                if self.id_header(&message).is_none() {
                     Counters::bump(&counters_ref.sequence_ids);
                 }
                 match &result {
