@@ -38,6 +38,12 @@ pub enum Command {
     /// Inspect or delete stored idempotency records.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Run a naive demo payments API (no idempotency of its own) to try the gateway on.
+    DemoUpstream {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:3000")]
+        listen: std::net::SocketAddr,
+    },
 }
 
 /// How logs are written.

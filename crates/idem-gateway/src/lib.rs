@@ -13,7 +13,8 @@
 //!   for the key ([`error`]);
 //! - [`admin`] and [`metrics`]: `/healthz`, `/readyz`, Prometheus `/metrics`, key
 //!   inspection and purge;
-//! - [`serve`]: listeners, the sweeper and graceful shutdown; [`keys`]: `idem keys`.
+//! - [`serve`]: listeners, the sweeper and graceful shutdown; [`keys`]: `idem keys`;
+//!   [`demo`]: `idem demo-upstream`, a naive API to try the gateway on.
 //!
 //! # Examples
 //!
@@ -45,6 +46,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod keys;
 pub mod logging;

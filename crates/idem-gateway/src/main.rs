@@ -6,7 +6,7 @@ use clap::Parser;
 use idem_gateway::cli::{Cli, Command};
 use idem_gateway::config::GatewayConfig;
 use idem_gateway::serve::{Gateway, Mode, shutdown_signal};
-use idem_gateway::{keys, logging};
+use idem_gateway::{demo, keys, logging};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -43,5 +43,12 @@ async fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Keys(cmd) => keys::run(cmd).await,
+        Command::DemoUpstream { listen } => match demo::run(listen).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("idem: demo upstream on {listen}: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
