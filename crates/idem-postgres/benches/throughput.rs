@@ -66,6 +66,14 @@ async fn run() {
     let script = pgbench_script(&raw_table);
     let have_pgbench = Command::new("pgbench").arg("--version").output().is_ok();
 
+    let settings: Vec<String> = sqlx::query_scalar(
+        "SELECT name || '=' || setting FROM pg_settings \
+         WHERE name IN ('server_version', 'synchronous_commit', 'fsync') ORDER BY name",
+    )
+    .fetch_all(admin.pool())
+    .await
+    .expect("server settings");
+    println!("server: {}", settings.join(", "));
     println!(
         "reserve+complete per second, median of {ROUNDS} rounds of {}s",
         round.as_secs()

@@ -1,6 +1,7 @@
 //! `PgStore`: the [`Store`] on PostgreSQL.
 
 use std::fmt;
+use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,8 +13,9 @@ use idem_core::{
     FencingToken, Fingerprint, Lease, Record, RecordState, Reservation, ReserveRequest, Scope,
     SharedClock, Store, StoreError, StoredResponse, Sweeper, SweeperConfig, SystemClock, Timestamp,
 };
+use sqlx::pool::PoolConnectionMetadata;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, Row};
 
 use crate::error::{Error, store_error};
 use crate::schema::{self, DEFAULT_TABLE};
@@ -143,6 +145,11 @@ impl PgStoreOptions {
         PgPoolOptions::new()
             .max_connections(self.max_connections)
             .acquire_timeout(self.acquire_timeout)
+            // sqlx's default pings every connection it hands out: one extra round trip
+            // per operation. Only connections that sat idle are checked; a busy one
+            // that broke fails its operation (Unavailable, fail-closed) and is dropped.
+            .test_before_acquire(false)
+            .before_acquire(ping_if_idle)
     }
 
     fn build(self, pool: PgPool) -> Result<PgStore, Error> {
@@ -154,6 +161,21 @@ impl PgStoreOptions {
             operation_timeout: self.operation_timeout,
         })
     }
+}
+
+/// Connections idle at least this long are pinged before use.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+fn ping_if_idle(
+    conn: &mut PgConnection,
+    meta: PoolConnectionMetadata,
+) -> Pin<Box<dyn Future<Output = Result<bool, sqlx::Error>> + Send + '_>> {
+    Box::pin(async move {
+        if meta.idle_for >= IDLE_CHECK {
+            conn.ping().await?;
+        }
+        Ok(true)
+    })
 }
 
 fn parse_url(url: &str) -> Result<PgConnectOptions, Error> {
