@@ -288,11 +288,16 @@ impl<I: Inbox> JetStreamInbox<I> {
 
     /// Acks a processed or duplicate delivery; naks a failed one with a delay (the
     /// other consumer's lease for [`Error::InFlight`], else
-    /// [`NatsOptions::nak_delay`]) so the broker redelivers it.
+    /// [`NatsOptions::nak_delay`]) so the broker redelivers it. A message whose id the
+    /// inbox refuses ([`Error::Invalid`]) can never succeed and is terminated instead.
     pub async fn settle(&self, message: &Message, result: &Result<Outcome<()>>) -> Result<()> {
         let kind = match result {
             Ok(_) => AckKind::Ack,
             Err(Error::InFlight { retry_after }) => AckKind::Nak(Some(*retry_after)),
+            Err(e @ Error::Invalid { .. }) => {
+                tracing::error!(error = %e, "terminating a message that can never be processed");
+                AckKind::Term
+            }
             Err(_) => AckKind::Nak(Some(self.options.nak_delay)),
         };
         message.ack_with(kind).await.map_err(Error::broker)

@@ -385,3 +385,33 @@ async fn retention_check_reads_stream_and_consumer_windows() {
     assert_eq!(warning.broker_window, Duration::from_secs(120));
     stream.delete().await;
 }
+
+#[tokio::test]
+async fn message_with_an_unstorable_id_is_terminated_not_redelivered() {
+    let Some((_client, js)) = common::nats().await else {
+        return;
+    };
+    let stream = TestStream::create(&js, "term", Duration::from_secs(1), 5).await;
+    let mut headers = HeaderMap::new();
+    headers.insert(ID_HEADER, "x".repeat(idem_inbox::MAX_ID_LEN + 1).as_str());
+    js.publish_with_headers(stream.subject.clone(), headers, "alice 1".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = common::sqlite_ledger(dir.path()).await;
+    let options = NatsOptions {
+        id_header: ID_HEADER.to_owned(),
+        ..NatsOptions::default()
+    };
+    let consumer = sqlite_consumer(js.clone(), &stream, &pool, options).await;
+    let stats = run_until_drained(&consumer, &stream, sqlite_credit, Duration::from_secs(20)).await;
+    assert_eq!(
+        (stats.processed, stats.failed),
+        (0, 1),
+        "delivered once, then terminated"
+    );
+    assert_eq!(sqlite_rows(&pool).await, vec![]);
+    stream.delete().await;
+}
