@@ -214,12 +214,24 @@ impl Gateway {
     /// Starts `idem serve --upstream URL --listen 127.0.0.1:0 EXTRA…` and waits for its
     /// listening line. Logs go to `log_dir/gateway-N.log`.
     pub async fn start(upstream: &str, log_dir: &Path, extra: &[&str]) -> Gateway {
+        Gateway::start_with_env(upstream, log_dir, extra, &[]).await
+    }
+
+    /// Like [`Gateway::start`], with extra environment variables (`IDEM_*` ones too).
+    pub async fn start_with_env(
+        upstream: &str,
+        log_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Gateway {
         static N: AtomicU64 = AtomicU64::new(0);
         let log = log_dir.join(format!("gateway-{}.log", N.fetch_add(1, Ordering::Relaxed)));
         let mut cmd = Command::new(binary());
-        cmd.arg("serve")
-            .args(["--upstream", upstream, "--listen", "127.0.0.1:0"])
-            .args(extra)
+        cmd.arg("serve").args(["--listen", "127.0.0.1:0"]);
+        if !upstream.is_empty() {
+            cmd.args(["--upstream", upstream]);
+        }
+        cmd.args(extra)
             .env("IDEM_LOG", "info,idem_gateway=debug")
             .current_dir(log_dir)
             .stdin(Stdio::null())
@@ -232,6 +244,7 @@ impl Gateway {
                 cmd.env_remove(k);
             }
         }
+        cmd.envs(env.iter().copied());
         let mut child = cmd.spawn().expect("the idem binary starts");
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();

@@ -314,3 +314,73 @@ async fn sigterm_lets_in_flight_requests_finish_and_record() {
     assert_eq!(b.body, a.body);
     assert_eq!(up.started(&key), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn environment_variables_configure_the_gateway() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = up.url();
+    let gw = Gateway::start_with_env(
+        "",
+        dir.path(),
+        &[],
+        &[
+            ("IDEM_UPSTREAM", upstream.as_str()),
+            ("IDEM_STORE", "memory://"),
+            ("IDEM_REQUIRE_KEY", "true"),
+            ("IDEM_BODY_LIMIT", "1KiB"),
+        ],
+    )
+    .await;
+    let http = Http::new();
+    let url = gw.url("/v1/charges");
+    assert_eq!(http.send("POST", &url, &[], "{}").await.status, 400);
+    let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(2000));
+    assert_eq!(http.post(&url, &new_key(), &big, &[]).await.status, 413);
+    assert_eq!(http.post(&url, &new_key(), "{}", &[]).await.status, 201);
+    assert!(
+        !dir.path().join("idem.db").exists(),
+        "IDEM_STORE chose the memory store over the SQLite default"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_no_credentials_or_bodies() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start_with_env(
+        &up.url(),
+        dir.path(),
+        &["--store", "memory://", "--log-format", "json"],
+        &[("IDEM_LOG", "debug")],
+    )
+    .await;
+    let http = Http::new();
+    let key = new_key();
+    let url = gw.url("/v1/charges");
+    let secret = [("authorization", "Bearer sk_live_TOPSECRET")];
+    http.post(&url, &key, r#"{"card":"4242-BODYSECRET"}"#, &secret)
+        .await;
+    http.post(&url, &key, r#"{"card":"4242-BODYSECRET"}"#, &secret)
+        .await;
+    http.send("GET", &url, &secret, "").await;
+    // Lines are flushed as they are written; give the last ones a moment.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let logs = gw.logs();
+    let lines: Vec<&str> = logs.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines.len() >= 3, "{logs}");
+    for line in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        assert!(v.get("level").is_some(), "{line}");
+    }
+    assert!(
+        !logs.contains("TOPSECRET"),
+        "a credential was logged:\n{logs}"
+    );
+    assert!(!logs.contains("BODYSECRET"), "a body was logged:\n{logs}");
+    assert!(
+        logs.contains("\"request\""),
+        "the access log is there at debug:\n{logs}"
+    );
+}
