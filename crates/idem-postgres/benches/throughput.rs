@@ -120,6 +120,7 @@ async fn run() {
         "pgbench runs the same two statements per transaction on an identical table: \
          INSERT ... ON CONFLICT DO NOTHING, then the completing UPDATE (-M prepared)"
     );
+    let _ = std::fs::remove_file(&script);
     for table in [&store_table, &raw_table] {
         schema::drop_table(admin.pool(), table)
             .await
