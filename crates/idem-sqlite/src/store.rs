@@ -207,10 +207,11 @@ impl SqliteStore {
         &self.table
     }
 
-    /// Writes queued for the writer and not yet taken into a transaction (a gauge for
-    /// metrics; at most the [`write_queue`](SqliteStoreBuilder::write_queue) bound).
-    pub fn queued_writes(&self) -> usize {
-        self.writer.queued()
+    /// Writes submitted and not yet answered: queued for the writer, or in the
+    /// transaction it is writing (a gauge for metrics). Callers waiting for room in a
+    /// full queue are not counted.
+    pub fn pending_writes(&self) -> usize {
+        self.writer.pending()
     }
 
     /// Counters of the writer since the store opened: transactions, operations, the

@@ -24,7 +24,7 @@
 //! this one for SQLite's lock, and the writer waits out `busy_timeout` for it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::codec::encode_headers;
@@ -97,6 +97,8 @@ pub struct WriterStats {
 
 #[derive(Debug, Default)]
 struct Counters {
+    /// Submitted and not yet answered: queued, or in the transaction being written.
+    pending: AtomicUsize,
     batches: AtomicU64,
     operations: AtomicU64,
     largest_batch: AtomicU64,
@@ -176,14 +178,17 @@ impl Writer {
             .send(Pending { op, reply })
             .await
             .map_err(|_| StoreError::unavailable(WriterStopped))?;
+        // Counted once queued, until answered or abandoned.
+        self.counters.pending.fetch_add(1, Ordering::Relaxed);
+        let _answered = Answered(&self.counters.pending);
         answer
             .await
             .map_err(|_| StoreError::unavailable(WriterStopped))?
     }
 
-    /// Operations queued and not yet taken by the writer.
-    pub(crate) fn queued(&self) -> usize {
-        self.queue.max_capacity() - self.queue.capacity()
+    /// Operations queued or in the transaction being written, not yet answered.
+    pub(crate) fn pending(&self) -> usize {
+        self.counters.pending.load(Ordering::Relaxed)
     }
 
     pub(crate) fn stats(&self) -> WriterStats {
@@ -194,6 +199,14 @@ impl Writer {
             largest_batch: c.largest_batch.load(Ordering::Relaxed),
             failed_batches: c.failed_batches.load(Ordering::Relaxed),
         }
+    }
+}
+
+struct Answered<'a>(&'a AtomicUsize);
+
+impl Drop for Answered<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
