@@ -84,6 +84,11 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
     pub store: Option<String>,
 
+    /// Connections in the SQL stores' pool [default: the store's own, 8 for SQLite, 10
+    /// for PostgreSQL].
+    #[arg(long, env = "IDEM_STORE_POOL", value_name = "N")]
+    pub store_pool: Option<u32>,
+
     /// Admin listener address (health, readiness, metrics, keys); off unless given. A bare
     /// port binds to 127.0.0.1.
     #[arg(long, env = "IDEM_ADMIN", value_name = "ADDR")]

@@ -87,6 +87,8 @@ pub struct FileConfig {
     pub listen: Option<String>,
     /// `--store`.
     pub store: Option<String>,
+    /// `--store-pool`.
+    pub store_pool: Option<u32>,
     /// `--admin`.
     pub admin: Option<String>,
     /// `--admin-token`.
@@ -206,6 +208,8 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// The store URL.
     pub store: String,
+    /// Store settings (pool size).
+    pub store_options: crate::store::StoreOptions,
     /// The admin listener, if any.
     pub admin: Option<SocketAddr>,
     /// The admin bearer token, if any.
@@ -324,6 +328,9 @@ impl GatewayConfig {
                 .clone()
                 .or(file.store)
                 .unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+            store_options: crate::store::StoreOptions {
+                pool: args.store_pool.or(file.store_pool),
+            },
             admin,
             admin_token: args.admin_token.clone().or(file.admin_token),
             require_key: args.require_key || file.require_key.unwrap_or(false),

@@ -76,10 +76,17 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 /// Forwards requests to one upstream. Cheap to clone: clones share the connection pool.
 #[derive(Clone, Debug)]
 pub struct Proxy {
+    // One Arc: the service is cloned for every request.
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
     client: Client<HttpConnector, ProxyBody>,
-    upstream: Arc<Upstream>,
+    upstream: Upstream,
     timeout: Duration,
     metrics: Arc<Metrics>,
+    host: Option<HeaderValue>,
 }
 
 impl Proxy {
@@ -94,11 +101,15 @@ impl Proxy {
             .pool_idle_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(256)
             .build(connector);
+        let host = HeaderValue::from_str(upstream.authority.as_str()).ok();
         Proxy {
-            client,
-            upstream: Arc::new(upstream),
-            timeout,
-            metrics,
+            inner: Arc::new(Inner {
+                client,
+                upstream,
+                timeout,
+                metrics,
+                host,
+            }),
         }
     }
 
@@ -112,9 +123,10 @@ impl Proxy {
             .extensions()
             .get::<IdempotencyContext>()
             .map(|c| c.attempt);
+        let this = &*self.inner;
         let (parts, body) = req.into_parts();
         let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let uri = match self.upstream.uri_for(path_and_query) {
+        let uri = match this.upstream.uri_for(path_and_query) {
             Ok(uri) => uri,
             // The incoming URI already parsed, so only a base path could break it.
             Err(_) => return self.fail(UpstreamError::Unreachable),
@@ -128,8 +140,8 @@ impl Proxy {
         if let Some(n) = attempt {
             headers.insert(ATTEMPT_HEADER, HeaderValue::from(n));
         }
-        if let Ok(host) = HeaderValue::from_str(self.upstream.authority.as_str()) {
-            headers.insert(header::HOST, host);
+        if let Some(host) = &this.host {
+            headers.insert(header::HOST, host.clone());
         }
 
         let mut up = Request::new(body.map_err(Into::into).boxed_unsync());
@@ -138,8 +150,8 @@ impl Proxy {
         *up.version_mut() = Version::HTTP_11;
         *up.headers_mut() = headers;
 
-        let deadline = Instant::now() + self.timeout;
-        let res = match tokio::time::timeout_at(deadline, self.client.request(up)).await {
+        let deadline = Instant::now() + this.timeout;
+        let res = match tokio::time::timeout_at(deadline, this.client.request(up)).await {
             Err(_) => return self.fail(UpstreamError::Timeout),
             Ok(Err(e)) if e.is_connect() => {
                 tracing::warn!(error = %e, "upstream unreachable");
@@ -176,7 +188,7 @@ impl Proxy {
     }
 
     fn fail(&self, e: UpstreamError) -> Response<ProxyBody> {
-        self.metrics.count_upstream_error(e.kind());
+        self.inner.metrics.count_upstream_error(e.kind());
         e.into_response()
     }
 }
@@ -423,7 +435,8 @@ mod tests {
             Some(&Disposition::Release)
         );
         assert!(
-            p.metrics
+            p.inner
+                .metrics
                 .render()
                 .contains("idem_upstream_errors_total{kind=\"unreachable\"} 1")
         );

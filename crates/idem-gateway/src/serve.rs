@@ -137,7 +137,7 @@ fn route_config(route: &Route) -> RouteConfig {
 impl Gateway {
     /// Opens the store and binds the listeners.
     pub async fn bind(config: &GatewayConfig, mode: Mode) -> Result<Gateway, ServeError> {
-        let store = store::open(&config.store).await?;
+        let store = store::open_with(&config.store, config.store_options).await?;
         Gateway::bind_with_store(config, mode, store).await
     }
 
@@ -288,11 +288,16 @@ impl Gateway {
                 let svc = svc.clone();
                 let guard = metrics.in_flight_guard();
                 async move {
-                    let started = Instant::now();
-                    let method = req.method().clone();
-                    let path = req.uri().path().to_owned();
+                    // The access log is at debug level; skip its bookkeeping otherwise.
+                    let logged = tracing::enabled!(tracing::Level::DEBUG).then(|| {
+                        (
+                            Instant::now(),
+                            req.method().clone(),
+                            req.uri().path().to_owned(),
+                        )
+                    });
                     let res = svc.oneshot(req).await;
-                    if let Ok(r) = &res {
+                    if let (Some((started, method, path)), Ok(r)) = (logged, &res) {
                         tracing::debug!(
                             %method,
                             %path,

@@ -110,8 +110,21 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-/// Opens (and for SQL stores migrates) the store a URL names.
+/// Settings that apply to some stores only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Connections in the pool of the SQL stores; `None` keeps the store's default.
+    /// Redis multiplexes one connection and ignores it.
+    pub pool: Option<u32>,
+}
+
+/// Opens (and for SQL stores migrates) the store a URL names, with default options.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    open_with(url, StoreOptions::default()).await
+}
+
+/// Opens (and for SQL stores migrates) the store a URL names.
+pub async fn open_with(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>, OpenError> {
     let parsed = StoreUrl::parse(url)?;
     let kind = parsed.kind();
     let wrap = |source: Box<dyn std::error::Error + Send + Sync>| OpenError::Open {
@@ -121,16 +134,20 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
     };
     let store: Arc<dyn Store> = match parsed {
         StoreUrl::Memory => Arc::new(MemoryStore::new()),
-        StoreUrl::Sqlite(url) => Arc::new(
-            idem_sqlite::SqliteStore::connect(&url)
-                .await
-                .map_err(|e| wrap(e.into()))?,
-        ),
-        StoreUrl::Postgres(url) => Arc::new(
-            idem_postgres::PgStore::connect(&url)
-                .await
-                .map_err(|e| wrap(e.into()))?,
-        ),
+        StoreUrl::Sqlite(url) => {
+            let mut builder = idem_sqlite::SqliteStore::builder();
+            if let Some(n) = options.pool {
+                builder = builder.max_connections(n);
+            }
+            Arc::new(builder.connect(&url).await.map_err(|e| wrap(e.into()))?)
+        }
+        StoreUrl::Postgres(url) => {
+            let mut builder = idem_postgres::PgStore::options();
+            if let Some(n) = options.pool {
+                builder = builder.max_connections(n);
+            }
+            Arc::new(builder.connect(&url).await.map_err(|e| wrap(e.into()))?)
+        }
         StoreUrl::Redis(url) => Arc::new(
             idem_redis::RedisStore::builder(&url)
                 .connect()
