@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use idem_core::{
-    Endpoint, FencingToken, Fingerprint, FingerprintOptions, Key, MemoryStore, Record,
-    RecordState, ReserveRequest, Reservation, Scope, ScopeMode, Store, StoredResponse, Tenant,
-    Timestamp, decide,
+    Endpoint, FencingToken, Fingerprint, FingerprintOptions, Key, MemoryStore, Record, RecordState,
+    Reservation, ReserveRequest, Scope, ScopeMode, Store, StoredResponse, Tenant, Timestamp,
+    decide,
 };
 
 /// A JSON order body of about `size` bytes, with nested objects and arrays.
@@ -49,7 +49,10 @@ fn bench(c: &mut Criterion) {
     });
 
     let opts = FingerprintOptions::default();
-    for (name, size) in [("fingerprint_json_1KiB", 1024), ("fingerprint_json_64KiB", 64 * 1024)] {
+    for (name, size) in [
+        ("fingerprint_json_1KiB", 1024),
+        ("fingerprint_json_64KiB", 64 * 1024),
+    ] {
         let body = json_body(size);
         g.throughput(Throughput::Bytes(body.len() as u64));
         g.bench_function(name, |b| {
