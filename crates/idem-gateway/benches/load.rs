@@ -31,6 +31,10 @@ const BODY: &str = r#"{"amount":100,"currency":"eur","customer":"cus_123"}"#;
 
 struct Figures {
     name: String,
+    /// This process's (driver + upstream) CPU time per request, microseconds.
+    driver_us: f64,
+    /// How busy the whole machine was, 0–100 %.
+    machine_busy: f64,
     /// Gateway CPU time per request, microseconds.
     cpu_us: f64,
     requests: usize,
@@ -67,11 +71,33 @@ struct Gateway {
 }
 
 impl Gateway {
-    /// The process's user + system CPU time so far, from /proc (Linux); zero elsewhere.
     fn cpu_time(&self) -> Duration {
-        let Some(pid) = self.child.id() else {
-            return Duration::ZERO;
-        };
+        self.child
+            .id()
+            .map_or(Duration::ZERO, |pid| cpu_time(&pid.to_string()))
+    }
+}
+
+/// Busy and total ticks of the whole machine, from /proc/stat (Linux); zeros elsewhere.
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().next() else {
+        return (0, 0);
+    };
+    let f: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let total: u64 = f.iter().sum();
+    // idle and iowait are the 4th and 5th fields.
+    let idle = f.get(3).copied().unwrap_or(0) + f.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// A process's user + system CPU time so far, from /proc (Linux); zero elsewhere.
+fn cpu_time(pid: &str) -> Duration {
+    {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             return Duration::ZERO;
         };
@@ -181,9 +207,15 @@ async fn run(name: &str, gw: &Gateway, secs: u64) -> Figures {
     warm.store(true, Ordering::Relaxed);
     let started = Instant::now();
     let cpu_before = gw.cpu_time();
+    let driver_before = cpu_time("self");
+    let machine_before = machine_ticks();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     stop.store(true, Ordering::Relaxed);
     let cpu = gw.cpu_time().saturating_sub(cpu_before);
+    let driver = cpu_time("self").saturating_sub(driver_before);
+    let machine_after = machine_ticks();
+    let busy = machine_after.0.saturating_sub(machine_before.0) as f64;
+    let total = machine_after.1.saturating_sub(machine_before.1).max(1) as f64;
     let elapsed = started.elapsed().as_secs_f64();
     let mut all = Vec::new();
     let mut errors = 0;
@@ -201,6 +233,8 @@ async fn run(name: &str, gw: &Gateway, secs: u64) -> Figures {
     Figures {
         name: name.to_owned(),
         cpu_us: cpu.as_secs_f64() * 1e6 / all.len().max(1) as f64,
+        driver_us: driver.as_secs_f64() * 1e6 / all.len().max(1) as f64,
+        machine_busy: 100.0 * busy / total,
         requests: all.len(),
         errors,
         secs: elapsed,
@@ -270,12 +304,14 @@ fn main() {
             let gw = gateway(up, &args, dir.path()).await;
             let f = run(name, &gw, secs).await;
             println!(
-                "  {:<22} {:>9.0} req/s   p50 {:>7.2} ms   p99 {:>7.2} ms   gateway CPU {:>5.0} us/req   errors {}",
+                "  {:<22} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, driver+upstream {:>4.0} us  machine {:>3.0}% busy  errors {}",
                 f.name,
                 f.rps(),
                 f.p50.as_secs_f64() * 1e3,
                 f.p99.as_secs_f64() * 1e3,
                 f.cpu_us,
+                f.driver_us,
+                f.machine_busy,
                 f.errors
             );
             results.push(f);

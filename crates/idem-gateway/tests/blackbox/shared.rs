@@ -1,5 +1,6 @@
-//! Two gateways sharing one PostgreSQL or Redis store: duplicates of the same keys,
-//! split between them, execute exactly once upstream.
+//! The shared stores: two gateways on one PostgreSQL or Redis store receive duplicates
+//! of the same keys split between them, and each key executes exactly once upstream;
+//! records survive a gateway's kill -9.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,4 +104,39 @@ async fn two_gateways_sharing_redis_execute_each_key_once() {
         return;
     }
     duplicates_split_between_two_gateways_execute_once(&url).await;
+}
+
+async fn records_survive_kill_9(store_url: &str) {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let http = Http::new();
+    let key = new_key();
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", store_url]).await;
+    let first = http.post(&gw.url("/v1/charges"), &key, "{}", &[]).await;
+    assert_eq!(first.status, 201);
+    gw.kill9().await;
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", store_url]).await;
+    let retry = http.post(&gw.url("/v1/charges"), &key, "{}", &[]).await;
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(retry.body, first.body);
+    assert_eq!(up.started(&key), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_survive_kill_9_on_postgres() {
+    let url = service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    if reachable("PostgreSQL", &url).await {
+        records_survive_kill_9(&url).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_survive_kill_9_on_redis() {
+    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    if reachable("Redis", &url).await {
+        records_survive_kill_9(&url).await;
+    }
 }
