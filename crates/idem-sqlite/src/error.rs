@@ -32,6 +32,9 @@ pub enum Error {
     /// The database refused or failed an operation.
     #[error("SQLite: {0}")]
     Database(#[from] sqlx::Error),
+    /// The store's writer could not start or open its connection.
+    #[error("SQLite: opening the store's writer connection: {0}")]
+    Writer(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// `Result` with [`Error`].

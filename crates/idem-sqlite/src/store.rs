@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::codec::decode_headers;
+use idem_core::codec::encode_headers;
 use idem_core::{
     FencingToken, Fingerprint, Lease, Record, RecordState, Reservation, ReserveRequest, Scope,
     SharedClock, Store, StoreError, StoredResponse, SystemClock, Timestamp,
@@ -15,12 +16,12 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, ConnectOptions, Row, SqliteConnection};
+use sqlx::{AssertSqlSafe, Row, SqliteConnection};
 
-use crate::error::{Result, store_error};
+use crate::error::{Error, Result, store_error};
 use crate::schema::{self, DEFAULT_TABLE, Statements};
 use crate::writer::{
-    self, DEFAULT_WRITE_BATCH, DEFAULT_WRITE_QUEUE, Done, Op, Writer, WriterConfig, WriterStats,
+    DEFAULT_WRITE_BATCH, DEFAULT_WRITE_QUEUE, Done, Op, Target, Writer, WriterConfig, WriterStats,
 };
 
 /// How long a connection waits for another's write lock before the operation fails
@@ -156,20 +157,26 @@ impl SqliteStoreBuilder {
     /// Uses an existing pool (shared with the application's own tables, for
     /// [`SqliteStore::complete_in`]) and migrates it. The pool's connection settings are
     /// left as they are; [`connect_options`](Self::connect_options) gives the
-    /// recommended ones. The store's writer opens one more connection with the pool's
-    /// options (hooks such as `after_connect` do not run on it).
+    /// recommended ones. The store's writes go through one more connection of its own
+    /// to the pool's database, opened with the pool's file and the `busy_timeout`,
+    /// `synchronous`, `foreign_keys` and journal mode its connections have (hooks such as
+    /// `after_connect` do not run on it).
     pub async fn from_pool(self, pool: SqlitePool) -> Result<SqliteStore> {
         schema::validate_table_name(&self.table)?;
-        let mut conn = pool.connect_options().connect().await?;
+        let mut conn = pool.acquire().await?;
         schema::migrate(&mut conn, &self.table).await?;
+        let target = Target::of(&mut conn, &pool.connect_options()).await?;
+        drop(conn);
         let sql = Arc::new(Statements::new(&self.table));
-        let writer = Writer::spawn(
-            conn,
+        let writer = Writer::start(
+            target,
             pool.clone(),
             self.clock.clone(),
             sql.clone(),
             self.writer,
-        );
+        )
+        .await
+        .map_err(Error::Writer)?;
         Ok(SqliteStore {
             sql,
             table: self.table.into(),
@@ -243,9 +250,38 @@ impl SqliteStore {
         lease: &Lease,
         response: &StoredResponse,
     ) -> idem_core::Result<()> {
-        writer::complete(conn, &self.sql, &*self.clock, lease, response)
+        let now = self.clock.now().as_millis();
+        let scope = &lease.scope;
+        let done = sqlx::query(AssertSqlSafe(self.sql.complete.clone()))
+            .bind(scope.tenant().as_str())
+            .bind(scope.endpoint_str())
+            .bind(scope.key().as_str())
+            .bind(lease.token.as_i64())
+            .bind(now)
+            .bind(i64::from(response.status))
+            .bind(encode_headers(&response.headers))
+            .bind(&response.body[..])
+            .execute(&mut *conn)
             .await
-            .map_err(store_error)?
+            .map_err(store_error)?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        // No in-progress record under this token. Completed by this very attempt is
+        // success (the first response stays); anything else is fenced.
+        let completed = sqlx::query(AssertSqlSafe(self.sql.completed_by.clone()))
+            .bind(scope.tenant().as_str())
+            .bind(scope.endpoint_str())
+            .bind(scope.key().as_str())
+            .bind(lease.token.as_i64())
+            .bind(now)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        match completed {
+            Some(_) => Ok(()),
+            None => Err(StoreError::Fenced),
+        }
     }
 
     async fn read(&self, scope: &Scope) -> idem_core::Result<Option<Record>> {
@@ -256,7 +292,12 @@ impl SqliteStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(store_error)?;
-        row.map(|row| record_from_row(scope, &row)).transpose()
+        row.map(|row| {
+            StoredRow::from_sqlx(&row)
+                .map_err(store_error)?
+                .into_record(scope)
+        })
+        .transpose()
     }
 }
 
@@ -264,51 +305,79 @@ pub(crate) fn corrupt(what: &str) -> StoreError {
     StoreError::Corrupt(format!("idem-sqlite record: {what}"))
 }
 
-pub(crate) fn record_from_row(scope: &Scope, row: &SqliteRow) -> idem_core::Result<Record> {
-    let get_i64 = |i: usize| row.try_get::<i64, _>(i).map_err(store_error);
-    let fingerprint: Vec<u8> = row.try_get(0).map_err(store_error)?;
-    let fingerprint =
-        Fingerprint::from_slice(&fingerprint).ok_or_else(|| corrupt("fingerprint length"))?;
-    let state: String = row.try_get(5).map_err(store_error)?;
-    let state = match state.as_str() {
-        "in_progress" => {
-            let lease_until: Option<i64> = row.try_get(6).map_err(store_error)?;
-            RecordState::InProgress {
+/// A row's columns in [`RECORD_COLUMNS`](crate::schema::RECORD_COLUMNS) order, as read
+/// by either connection type, before they are checked.
+pub(crate) struct StoredRow {
+    pub(crate) fingerprint: Vec<u8>,
+    pub(crate) created_at: i64,
+    pub(crate) expires_at: i64,
+    pub(crate) attempt: i64,
+    pub(crate) token: i64,
+    pub(crate) state: String,
+    pub(crate) lease_until: Option<i64>,
+    pub(crate) status: Option<i64>,
+    pub(crate) headers: Option<Vec<u8>>,
+    pub(crate) body: Option<Vec<u8>>,
+    pub(crate) completed_at: Option<i64>,
+}
+
+impl StoredRow {
+    fn from_sqlx(row: &SqliteRow) -> std::result::Result<StoredRow, sqlx::Error> {
+        Ok(StoredRow {
+            fingerprint: row.try_get(0)?,
+            created_at: row.try_get(1)?,
+            expires_at: row.try_get(2)?,
+            attempt: row.try_get(3)?,
+            token: row.try_get(4)?,
+            state: row.try_get(5)?,
+            lease_until: row.try_get(6)?,
+            status: row.try_get(7)?,
+            headers: row.try_get(8)?,
+            body: row.try_get(9)?,
+            completed_at: row.try_get(10)?,
+        })
+    }
+
+    /// The record, or `Corrupt` if the row holds what this store never writes.
+    pub(crate) fn into_record(self, scope: &Scope) -> idem_core::Result<Record> {
+        let fingerprint = Fingerprint::from_slice(&self.fingerprint)
+            .ok_or_else(|| corrupt("fingerprint length"))?;
+        let state = match self.state.as_str() {
+            "in_progress" => RecordState::InProgress {
                 lease_until: Timestamp::from_millis(
-                    lease_until.ok_or_else(|| corrupt("in progress without a lease"))?,
+                    self.lease_until
+                        .ok_or_else(|| corrupt("in progress without a lease"))?,
                 ),
+            },
+            "completed" => {
+                let status = self
+                    .status
+                    .and_then(|s| u16::try_from(s).ok())
+                    .ok_or_else(|| corrupt("status"))?;
+                RecordState::Completed {
+                    response: StoredResponse {
+                        status,
+                        headers: decode_headers(&self.headers.unwrap_or_default())?,
+                        body: Bytes::from(self.body.unwrap_or_default()),
+                    },
+                    completed_at: Timestamp::from_millis(
+                        self.completed_at
+                            .ok_or_else(|| corrupt("completed without a time"))?,
+                    ),
+                }
             }
-        }
-        "completed" => {
-            let status: Option<i64> = row.try_get(7).map_err(store_error)?;
-            let headers: Option<Vec<u8>> = row.try_get(8).map_err(store_error)?;
-            let body: Option<Vec<u8>> = row.try_get(9).map_err(store_error)?;
-            let completed_at: Option<i64> = row.try_get(10).map_err(store_error)?;
-            let status = status
-                .and_then(|s| u16::try_from(s).ok())
-                .ok_or_else(|| corrupt("status"))?;
-            RecordState::Completed {
-                response: StoredResponse {
-                    status,
-                    headers: decode_headers(&headers.unwrap_or_default())?,
-                    body: Bytes::from(body.unwrap_or_default()),
-                },
-                completed_at: Timestamp::from_millis(
-                    completed_at.ok_or_else(|| corrupt("completed without a time"))?,
-                ),
-            }
-        }
-        other => return Err(corrupt(&format!("state {other:?}"))),
-    };
-    Ok(Record {
-        scope: scope.clone(),
-        fingerprint,
-        created_at: Timestamp::from_millis(get_i64(1)?),
-        expires_at: Timestamp::from_millis(get_i64(2)?),
-        attempt: u32::try_from(get_i64(3)?).map_err(|_| corrupt("attempt"))?,
-        token: FencingToken::from_i64(get_i64(4)?),
-        state,
-    })
+            other => return Err(corrupt(&format!("state {other:?}"))),
+        };
+        Ok(Record {
+            scope: scope.clone(),
+            fingerprint,
+            created_at: Timestamp::from_millis(self.created_at),
+            expires_at: Timestamp::from_millis(self.expires_at),
+            attempt: u32::try_from(self.attempt).map_err(|_| corrupt("attempt"))?,
+            token: FencingToken::from_i64(self.token),
+            state,
+        })
+    }
 }
 
 #[async_trait]

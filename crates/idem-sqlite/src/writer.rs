@@ -1,5 +1,5 @@
 //! The writer: every write of a [`SqliteStore`](crate::SqliteStore) goes through one
-//! connection owned by one task, which commits the operations queued meanwhile in one
+//! connection owned by one thread, which commits the operations queued meanwhile in one
 //! transaction (group commit).
 //!
 //! SQLite admits one writer at a time. With every pooled connection writing on its own,
@@ -7,6 +7,11 @@
 //! 5, … up to 100 ms between tries) while the lock sat free, so throughput fell as
 //! concurrency rose. One writer never waits for itself, and a batch writes each page it
 //! touches to the WAL once per batch instead of once per operation.
+//!
+//! The writer drives its connection synchronously (rusqlite, linked to the same SQLite
+//! as sqlx) on a thread of its own: through sqlx every statement is a round trip to the
+//! connection's worker thread, two thread wake-ups that cost more than SQLite's work on
+//! a small row. Here a batch costs one wake-up to start and one per caller answered.
 //!
 //! What each operation may rely on is what the single statements it replaces gave:
 //! - it runs alone, in arrival order, reading the clock when it runs, on the writer's
@@ -23,6 +28,7 @@
 //! transactions such as [`complete_in`](crate::SqliteStore::complete_in)) contend with
 //! this one for SQLite's lock, and the writer waits out `busy_timeout` for it.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -32,13 +38,13 @@ use idem_core::{
     Clock, FencingToken, Lease, Reservation, ReserveRequest, Scope, SharedClock, StoreError,
     StoredResponse,
 };
-use sqlx::sqlite::SqlitePool;
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, SqliteConnection};
+use rusqlite::{OpenFlags, OptionalExtension, params};
+use sqlx::SqliteConnection;
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::error::store_error;
 use crate::schema::Statements;
-use crate::store::record_from_row;
+use crate::store::{StoredRow, corrupt};
 
 /// Operations per transaction, at most, unless configured otherwise.
 pub const DEFAULT_WRITE_BATCH: usize = 128;
@@ -46,12 +52,6 @@ pub const DEFAULT_WRITE_BATCH: usize = 128;
 /// Operations that may wait for the writer before callers wait to queue, unless
 /// configured otherwise.
 pub const DEFAULT_WRITE_QUEUE: usize = 1024;
-
-/// Opens each batch. The savepoint costs nothing to keep and tells, after a failed
-/// statement, whether the transaction is still open: SQLite rolls the whole transaction
-/// back on some errors, and then the savepoint is gone with it.
-const BEGIN: &str = "BEGIN IMMEDIATE; SAVEPOINT idem_batch";
-const STILL_OPEN: &str = "RELEASE idem_batch; SAVEPOINT idem_batch";
 
 /// A write, as queued for the writer.
 #[derive(Debug)]
@@ -111,29 +111,90 @@ struct Counters {
 struct BatchFailed {
     stage: &'static str,
     #[source]
-    source: Arc<sqlx::Error>,
+    source: Arc<dyn std::error::Error + Send + Sync>,
 }
 
-impl BatchFailed {
-    fn store_error(stage: &'static str, source: &Arc<sqlx::Error>) -> StoreError {
-        StoreError::unavailable(BatchFailed {
-            stage,
-            source: source.clone(),
-        })
-    }
-}
-
-/// The writer stopped: every store handle was dropped, or the runtime it ran on shut
-/// down.
+/// The writer stopped: every store handle was dropped.
 #[derive(Debug, thiserror::Error)]
 #[error("the SQLite store's writer has stopped")]
 struct WriterStopped;
+
+/// The store's pool was closed, which closes the store.
+#[derive(Debug, thiserror::Error)]
+#[error("the SQLite store was closed")]
+struct StoreClosed;
 
 /// How the writer is configured.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WriterConfig {
     pub(crate) max_batch: usize,
     pub(crate) queue: usize,
+}
+
+/// Where and how the writer opens its connection: the pool's database, with the
+/// settings a pooled connection has.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    path: PathBuf,
+    memory: bool,
+    busy_timeout: Duration,
+    synchronous: i64,
+    foreign_keys: bool,
+    journal_mode: String,
+}
+
+impl Target {
+    /// Reads the settings from `conn`, a connection of the pool opened with `options`.
+    pub(crate) async fn of(
+        conn: &mut SqliteConnection,
+        options: &SqliteConnectOptions,
+    ) -> Result<Target, sqlx::Error> {
+        let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(&mut *conn)
+            .await?;
+        let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&mut *conn)
+            .await?;
+        let foreign_keys: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
+            .fetch_one(&mut *conn)
+            .await?;
+        let journal_mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&mut *conn)
+            .await?;
+        // An in-memory database has no file; sqlx names it so that its connections
+        // share it through SQLite's shared cache, and so can the writer.
+        let file: String =
+            sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
+                .fetch_one(&mut *conn)
+                .await?;
+        Ok(Target {
+            path: options.get_filename().to_owned(),
+            memory: file.is_empty(),
+            busy_timeout: Duration::from_millis(u64::try_from(busy).unwrap_or(0)),
+            synchronous,
+            foreign_keys: foreign_keys != 0,
+            journal_mode,
+        })
+    }
+
+    fn open(&self) -> rusqlite::Result<rusqlite::Connection> {
+        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        if self.memory {
+            flags |= OpenFlags::SQLITE_OPEN_MEMORY | OpenFlags::SQLITE_OPEN_SHARED_CACHE;
+        }
+        let conn = rusqlite::Connection::open_with_flags(&self.path, flags)?;
+        conn.busy_timeout(self.busy_timeout)?;
+        conn.pragma_update(None, "synchronous", self.synchronous)?;
+        conn.pragma_update(None, "foreign_keys", self.foreign_keys)?;
+        // WAL is a property of the file; the rollback-journal modes are per connection.
+        if !self.journal_mode.eq_ignore_ascii_case("wal") {
+            conn.pragma_update_and_check(None, "journal_mode", &self.journal_mode, |_| Ok(()))?;
+        }
+        conn.set_prepared_statement_cache_capacity(32);
+        Ok(conn)
+    }
 }
 
 /// A store handle's end of the writer. When the last one drops, the queue closes and
@@ -145,29 +206,43 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer task on the current tokio runtime. `conn` is its connection;
-    /// `pool` gives the settings to reopen it after a failure, and its closing stops
-    /// the writes too.
-    pub(crate) fn spawn(
-        conn: SqliteConnection,
+    /// Starts the writer thread and opens its connection. `pool`'s closing stops the
+    /// writes too.
+    pub(crate) async fn start(
+        target: Target,
         pool: SqlitePool,
         clock: SharedClock,
         sql: Arc<Statements>,
         config: WriterConfig,
-    ) -> Writer {
+    ) -> Result<Writer, Box<dyn std::error::Error + Send + Sync>> {
         let (queue, rx) = mpsc::channel(config.queue.max(1));
         let counters = Arc::new(Counters::default());
-        let task = Task {
+        let (opened_tx, opened) = oneshot::channel();
+        let mut task = Task {
             queue: rx,
-            conn: Some(conn),
+            conn: None,
+            target,
             pool,
             clock,
             sql,
             max_batch: config.max_batch.max(1),
             counters: counters.clone(),
         };
-        tokio::spawn(task.run());
-        Writer { queue, counters }
+        std::thread::Builder::new()
+            .name("idem-sqlite-writer".into())
+            .spawn(move || match task.target.open() {
+                Ok(conn) => {
+                    task.conn = Some(conn);
+                    if opened_tx.send(Ok(())).is_ok() {
+                        task.run();
+                    }
+                }
+                Err(e) => {
+                    opened_tx.send(Err(e)).ok();
+                }
+            })?;
+        opened.await.map_err(|_| WriterStopped)??;
+        Ok(Writer { queue, counters })
     }
 
     /// Queues `op` (waiting while the queue is full) and waits for its committed
@@ -213,7 +288,8 @@ impl Drop for Answered<'_> {
 struct Task {
     queue: mpsc::Receiver<Pending>,
     /// `None` after a failure left the connection in doubt; reopened for the next batch.
-    conn: Option<SqliteConnection>,
+    conn: Option<rusqlite::Connection>,
+    target: Target,
     pool: SqlitePool,
     clock: SharedClock,
     sql: Arc<Statements>,
@@ -222,14 +298,14 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self) {
+    fn run(mut self) {
         let mut batch = Vec::with_capacity(self.max_batch);
-        while self.queue.recv_many(&mut batch, self.max_batch).await > 0 {
-            self.write(&mut batch).await;
+        // Ends when every store handle (every sender) is gone and the queue is empty.
+        while let Some(first) = self.queue.blocking_recv() {
+            batch.push(first);
+            self.fill(&mut batch);
+            self.write(&mut batch);
             debug_assert!(batch.is_empty());
-        }
-        if let Some(conn) = self.conn.take() {
-            conn.close().await.ok();
         }
     }
 
@@ -244,8 +320,8 @@ impl Task {
     }
 
     /// Runs `batch` in one transaction and answers every operation in it.
-    async fn write(&mut self, batch: &mut Vec<Pending>) {
-        let mut conn = match self.begin().await {
+    fn write(&mut self, batch: &mut Vec<Pending>) {
+        let conn = match self.begin() {
             Ok(conn) => conn,
             Err(e) => {
                 self.fail(batch.drain(..).map(|p| p.reply), "begin", e);
@@ -259,12 +335,10 @@ impl Task {
         let mut lost = None;
         let mut ops = batch.drain(..);
         for Pending { op, reply } in ops.by_ref() {
-            match execute(&mut conn, &self.sql, &*self.clock, op).await {
+            match execute(&conn, &self.sql, &*self.clock, op) {
                 Ok(result) => answers.push((reply, result)),
                 // SQLite undid just the failed statement: only this operation fails.
-                Err(e) if sqlx::query(STILL_OPEN).execute(&mut conn).await.is_ok() => {
-                    answers.push((reply, Err(store_error(e))));
-                }
+                Err(e) if !conn.is_autocommit() => answers.push((reply, Err(store_error(e)))),
                 // The failed statement took the transaction with it: what ran before it
                 // in this batch is gone, and nothing after it may run outside a
                 // transaction.
@@ -278,10 +352,8 @@ impl Task {
 
         let committed = match lost {
             Some((reply, e)) => Err((Some(reply), "a statement rolled the transaction back", e)),
-            None => sqlx::query("COMMIT")
-                .execute(&mut conn)
-                .await
-                .map(drop)
+            None => conn
+                .execute_batch("COMMIT")
                 .map_err(|e| (None, "commit", e)),
         };
         match committed {
@@ -296,9 +368,9 @@ impl Task {
                 }
             }
             Err((failed, stage, e)) => {
-                // A failed COMMIT leaves the transaction open; roll it back and keep the
+                // A failed COMMIT leaves the transaction open: roll it back and keep the
                 // connection. If even that fails, its state is unknown: open a new one.
-                if sqlx::query("ROLLBACK").execute(&mut conn).await.is_ok() {
+                if conn.is_autocommit() || conn.execute_batch("ROLLBACK").is_ok() {
                     self.conn = Some(conn);
                 }
                 let replies = answers
@@ -306,110 +378,127 @@ impl Task {
                     .map(|(reply, _)| reply)
                     .chain(failed)
                     .chain(unrun);
-                self.fail(replies, stage, e);
+                self.fail(replies, stage, e.into());
             }
         }
     }
 
     /// The connection, inside a new `BEGIN IMMEDIATE` transaction.
-    async fn begin(&mut self) -> Result<SqliteConnection, sqlx::Error> {
+    fn begin(&mut self) -> Result<rusqlite::Connection, Box<dyn std::error::Error + Send + Sync>> {
         // Closing the pool closes the store: writes fail as reads do.
         if self.pool.is_closed() {
-            if let Some(conn) = self.conn.take() {
-                conn.close().await.ok();
-            }
-            return Err(sqlx::Error::PoolClosed);
+            self.conn = None;
+            return Err(StoreClosed.into());
         }
-        let mut conn = match self.conn.take() {
+        let conn = match self.conn.take() {
             Some(conn) => conn,
-            None => self.pool.connect_options().connect().await?,
+            None => self.target.open()?,
         };
         // On failure (the lock stayed busy past busy_timeout, or the connection broke)
         // the connection is dropped; the next batch opens a new one.
-        sqlx::query(BEGIN).execute(&mut conn).await?;
+        conn.execute_batch("BEGIN IMMEDIATE")?;
         Ok(conn)
     }
 
-    fn fail(&self, replies: impl IntoIterator<Item = Reply>, stage: &'static str, e: sqlx::Error) {
+    fn fail(
+        &self,
+        replies: impl IntoIterator<Item = Reply>,
+        stage: &'static str,
+        e: Box<dyn std::error::Error + Send + Sync>,
+    ) {
         self.counters.failed_batches.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(stage, error = %e, "idempotency record writes were not committed");
-        let source = Arc::new(e);
+        let source: Arc<dyn std::error::Error + Send + Sync> = Arc::from(e);
         for reply in replies {
-            reply
-                .send(Err(BatchFailed::store_error(stage, &source)))
-                .ok();
+            let e = BatchFailed {
+                stage,
+                source: source.clone(),
+            };
+            reply.send(Err(StoreError::unavailable(e))).ok();
         }
+    }
+}
+
+/// Maps an error of the writer's connection: a value this store never writes is a
+/// corrupt record, anything else means the database cannot serve now.
+fn store_error(e: rusqlite::Error) -> StoreError {
+    match e {
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..) => StoreError::Corrupt(e.to_string()),
+        other => StoreError::unavailable(other),
     }
 }
 
 /// Runs one operation. The outer error is a statement that failed (which may have
 /// ended the transaction); the inner result is the operation's answer.
-async fn execute(
-    conn: &mut SqliteConnection,
+fn execute(
+    conn: &rusqlite::Connection,
     sql: &Statements,
     clock: &dyn Clock,
     op: Op,
-) -> Result<idem_core::Result<Done>, sqlx::Error> {
+) -> rusqlite::Result<idem_core::Result<Done>> {
     Ok(match op {
-        Op::Reserve(req) => reserve(conn, sql, clock, &req).await?.map(Done::Reserved),
-        Op::Complete(lease, response) => complete(conn, sql, clock, &lease, &response)
-            .await?
-            .map(|()| Done::Unit),
+        Op::Reserve(req) => reserve(conn, sql, clock, &req)?.map(Done::Reserved),
+        Op::Complete(lease, response) => {
+            complete(conn, sql, clock, &lease, &response)?.map(|()| Done::Unit)
+        }
         Op::Renew(lease, lease_for) => {
             let until = clock.now().plus(lease_for);
-            fenced(conn, &sql.renew, clock, &lease, Some(until.as_millis()))
-                .await?
-                .map(|()| Done::Unit)
+            fenced(conn, &sql.renew, clock, &lease, Some(until.as_millis()))?.map(|()| Done::Unit)
         }
-        Op::Release(lease) => fenced(conn, &sql.release, clock, &lease, None)
-            .await?
-            .map(|()| Done::Unit),
+        Op::Release(lease) => fenced(conn, &sql.release, clock, &lease, None)?.map(|()| Done::Unit),
         Op::Remove(scope) => {
-            let done = sqlx::query(AssertSqlSafe(sql.remove.clone()))
-                .bind(scope.tenant().as_str())
-                .bind(scope.endpoint_str())
-                .bind(scope.key().as_str())
-                .execute(&mut *conn)
-                .await?;
-            Ok(Done::Removed(done.rows_affected() > 0))
+            let n = conn.prepare_cached(&sql.remove)?.execute(params![
+                scope.tenant().as_str(),
+                scope.endpoint_str(),
+                scope.key().as_str(),
+            ])?;
+            Ok(Done::Removed(n > 0))
         }
         Op::Purge(limit) => {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let done = sqlx::query(AssertSqlSafe(sql.purge.clone()))
-                .bind(clock.now().as_millis())
-                .bind(limit)
-                .execute(&mut *conn)
-                .await?;
-            Ok(Done::Purged(
-                usize::try_from(done.rows_affected()).unwrap_or(usize::MAX),
-            ))
+            let n = conn
+                .prepare_cached(&sql.purge)?
+                .execute(params![clock.now().as_millis(), limit])?;
+            Ok(Done::Purged(n))
         }
     })
 }
 
 /// The one-statement reserve; when it writes nothing, the row it met says the answer.
-async fn reserve(
-    conn: &mut SqliteConnection,
+fn reserve(
+    conn: &rusqlite::Connection,
     sql: &Statements,
     clock: &dyn Clock,
     req: &ReserveRequest,
-) -> Result<idem_core::Result<Reservation>, sqlx::Error> {
+) -> rusqlite::Result<idem_core::Result<Reservation>> {
     let scope = &req.scope;
+    let (tenant, endpoint, key) = (
+        scope.tenant().as_str(),
+        scope.endpoint_str(),
+        scope.key().as_str(),
+    );
     loop {
         let now = clock.now();
         let token = FencingToken::generate();
         let lease_until = now.plus(req.lease);
-        let attempt: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.reserve.clone()))
-            .bind(scope.tenant().as_str())
-            .bind(scope.endpoint_str())
-            .bind(scope.key().as_str())
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(now.as_millis())
-            .bind(req.expires_at(now).as_millis())
-            .bind(token.as_i64())
-            .bind(lease_until.as_millis())
-            .fetch_optional(&mut *conn)
-            .await?;
+        let attempt: Option<i64> = conn
+            .prepare_cached(&sql.reserve)?
+            .query_row(
+                params![
+                    tenant,
+                    endpoint,
+                    key,
+                    &req.fingerprint.as_bytes()[..],
+                    now.as_millis(),
+                    req.expires_at(now).as_millis(),
+                    token.as_i64(),
+                    lease_until.as_millis(),
+                ],
+                |row| row.get(0),
+            )
+            .optional()?;
         if let Some(attempt) = attempt {
             return Ok(match u32::try_from(attempt) {
                 Ok(attempt) => Ok(Reservation::Acquired(Lease {
@@ -417,19 +506,17 @@ async fn reserve(
                     token,
                     attempt,
                 })),
-                Err(_) => Err(crate::store::corrupt("attempt")),
+                Err(_) => Err(corrupt("attempt")),
             });
         }
         // A live record this caller may not take: read it to learn which answer
         // applies. If the clock moved so that it may now be taken (expired, lease
         // lapsed), go round and try the atomic write again.
-        let row = sqlx::query(AssertSqlSafe(sql.select.clone()))
-            .bind(scope.tenant().as_str())
-            .bind(scope.endpoint_str())
-            .bind(scope.key().as_str())
-            .fetch_optional(&mut *conn)
-            .await?;
-        let existing = match row.map(|row| record_from_row(scope, &row)).transpose() {
+        let row = conn
+            .prepare_cached(&sql.select)?
+            .query_row(params![tenant, endpoint, key], stored_row)
+            .optional()?;
+        let existing = match row.map(|row| row.into_record(scope)).transpose() {
             Ok(existing) => existing,
             Err(e) => return Ok(Err(e)),
         };
@@ -442,66 +529,87 @@ async fn reserve(
     }
 }
 
-/// Completes on `conn`: the writer's, or the caller's own transaction (SPEC S9).
-pub(crate) async fn complete(
-    conn: &mut SqliteConnection,
+fn stored_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<StoredRow> {
+    Ok(StoredRow {
+        fingerprint: row.get(0)?,
+        created_at: row.get(1)?,
+        expires_at: row.get(2)?,
+        attempt: row.get(3)?,
+        token: row.get(4)?,
+        state: row.get(5)?,
+        lease_until: row.get(6)?,
+        status: row.get(7)?,
+        headers: row.get(8)?,
+        body: row.get(9)?,
+        completed_at: row.get(10)?,
+    })
+}
+
+/// Records the response, fenced; the same statements as
+/// [`complete_in`](crate::SqliteStore::complete_in) runs in the caller's transaction.
+fn complete(
+    conn: &rusqlite::Connection,
     sql: &Statements,
     clock: &dyn Clock,
     lease: &Lease,
     response: &StoredResponse,
-) -> Result<idem_core::Result<()>, sqlx::Error> {
-    let now = clock.now();
+) -> rusqlite::Result<idem_core::Result<()>> {
+    let now = clock.now().as_millis();
     let scope = &lease.scope;
-    let done = sqlx::query(AssertSqlSafe(sql.complete.clone()))
-        .bind(scope.tenant().as_str())
-        .bind(scope.endpoint_str())
-        .bind(scope.key().as_str())
-        .bind(lease.token.as_i64())
-        .bind(now.as_millis())
-        .bind(i64::from(response.status))
-        .bind(encode_headers(&response.headers))
-        .bind(&response.body[..])
-        .execute(&mut *conn)
-        .await?;
-    if done.rows_affected() == 1 {
+    let (tenant, endpoint, key) = (
+        scope.tenant().as_str(),
+        scope.endpoint_str(),
+        scope.key().as_str(),
+    );
+    let changed = conn.prepare_cached(&sql.complete)?.execute(params![
+        tenant,
+        endpoint,
+        key,
+        lease.token.as_i64(),
+        now,
+        i64::from(response.status),
+        encode_headers(&response.headers),
+        &response.body[..],
+    ])?;
+    if changed == 1 {
         return Ok(Ok(()));
     }
     // No in-progress record under this token. Completed by this very attempt is
     // success (the first response stays); anything else is fenced.
-    let completed = sqlx::query(AssertSqlSafe(sql.completed_by.clone()))
-        .bind(scope.tenant().as_str())
-        .bind(scope.endpoint_str())
-        .bind(scope.key().as_str())
-        .bind(lease.token.as_i64())
-        .bind(now.as_millis())
-        .fetch_optional(&mut *conn)
-        .await?;
+    let completed = conn
+        .prepare_cached(&sql.completed_by)?
+        .query_row(
+            params![tenant, endpoint, key, lease.token.as_i64(), now],
+            |_| Ok(()),
+        )
+        .optional()?;
     Ok(match completed {
-        Some(_) => Ok(()),
+        Some(()) => Ok(()),
         None => Err(StoreError::Fenced),
     })
 }
 
 /// A fenced single-statement write; no row changed means fenced.
-async fn fenced(
-    conn: &mut SqliteConnection,
-    sql: &Arc<str>,
+fn fenced(
+    conn: &rusqlite::Connection,
+    sql: &str,
     clock: &dyn Clock,
     lease: &Lease,
     extra: Option<i64>,
-) -> Result<idem_core::Result<()>, sqlx::Error> {
+) -> rusqlite::Result<idem_core::Result<()>> {
     let scope = &lease.scope;
-    let mut q = sqlx::query(AssertSqlSafe(sql.clone()))
-        .bind(scope.tenant().as_str())
-        .bind(scope.endpoint_str())
-        .bind(scope.key().as_str())
-        .bind(lease.token.as_i64())
-        .bind(clock.now().as_millis());
-    if let Some(v) = extra {
-        q = q.bind(v);
-    }
-    let done = q.execute(&mut *conn).await?;
-    Ok(if done.rows_affected() == 1 {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let (tenant, endpoint, key) = (
+        scope.tenant().as_str(),
+        scope.endpoint_str(),
+        scope.key().as_str(),
+    );
+    let (token, now) = (lease.token.as_i64(), clock.now().as_millis());
+    let changed = match extra {
+        Some(v) => stmt.execute(params![tenant, endpoint, key, token, now, v])?,
+        None => stmt.execute(params![tenant, endpoint, key, token, now])?,
+    };
+    Ok(if changed == 1 {
         Ok(())
     } else {
         Err(StoreError::Fenced)

@@ -383,3 +383,23 @@ async fn dropping_the_last_handle_stops_the_writer() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+#[tokio::test]
+async fn in_memory_database_is_shared_by_the_writer_and_the_pool() {
+    let clock = ManualClock::starting_now();
+    let store = builder(&clock).connect("sqlite::memory:").await.unwrap();
+    let req = request("k");
+    let Reservation::Acquired(lease) = store.reserve(&req).await.unwrap() else {
+        panic!("first reserve acquires")
+    };
+    let resp = StoredResponse::new(201, "made");
+    store.complete(&lease, &resp).await.unwrap();
+    // Read through the pool: the writer wrote to the same database.
+    let record = store.get(&req.scope).await.unwrap().unwrap();
+    assert_eq!(record.token, lease.token);
+    assert_eq!(
+        store.reserve(&req).await.unwrap(),
+        Reservation::Replay(resp)
+    );
+    assert_eq!(count_rows(&store).await, 1);
+}
