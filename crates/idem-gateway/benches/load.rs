@@ -3,9 +3,11 @@
 //! 64 keep-alive connections, every request a POST with its own fresh key.
 //!
 //! Prints requests/s, p50 and p99 latency per configuration and each one's throughput
-//! as a ratio of pass-through, and the gateway's CPU time per request. Bounded:
-//! `IDEM_LOAD_SECS` seconds per configuration (default 5) after a 1 s warm-up;
-//! `IDEM_LOAD_ONLY=memory,sqlite` runs only those stores (and pass-through).
+//! as a ratio of pass-through, and the gateway's CPU time per request. The
+//! configurations run interleaved, `IDEM_LOAD_ROUNDS` rounds (default 3) of
+//! `IDEM_LOAD_SECS` seconds each (default 3, after a 1 s warm-up), and the medians are
+//! reported, each ratio taken within a round. `IDEM_LOAD_ONLY=memory,sqlite` runs only
+//! those stores (and pass-through).
 //!
 //! ```text
 //! cargo bench -p idem-gateway --bench load
@@ -259,7 +261,12 @@ fn main() {
     let secs: u64 = std::env::var("IDEM_LOAD_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+        .unwrap_or(3);
+    let rounds: usize = std::env::var("IDEM_LOAD_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -287,46 +294,72 @@ fn main() {
         } else {
             eprintln!("PostgreSQL unreachable: skipped");
         }
-        // Pass-through again at the end, to show how much the machine drifted.
-        configs.push(("pass-through (again)", configs[0].1.clone()));
         // IDEM_LOAD_ONLY=memory,sqlite narrows the run (pass-through always runs).
         if let Ok(only) = std::env::var("IDEM_LOAD_ONLY") {
             let only: Vec<&str> = only.split(',').map(str::trim).collect();
-            configs.retain(|(name, _)| name.starts_with("pass-through") || only.contains(name));
+            configs.retain(|(name, _)| *name == "pass-through" || only.contains(name));
         }
 
         println!(
-            "idem load run: {CONNECTIONS} connections, {secs}s per configuration, POST with a fresh key per request"
+            "idem load run: {CONNECTIONS} connections, POST with a fresh key per request, \
+             {rounds} rounds of {secs}s per configuration"
         );
-        let mut results = Vec::new();
+        // Every gateway runs for the whole load run; the rounds interleave them so that
+        // other load on the machine hits every configuration alike, and each round's
+        // ratio compares figures taken seconds apart.
+        let mut gateways = Vec::new();
         for (name, args) in &configs {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let gw = gateway(up, &args, dir.path()).await;
-            let f = run(name, &gw, secs).await;
-            println!(
-                "  {:<22} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, driver+upstream {:>4.0} us  machine {:>3.0}% busy  errors {}",
-                f.name,
-                f.rps(),
-                f.p50.as_secs_f64() * 1e3,
-                f.p99.as_secs_f64() * 1e3,
-                f.cpu_us,
-                f.driver_us,
-                f.machine_busy,
-                f.errors
-            );
-            results.push(f);
-            drop(gw);
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            gateways.push((*name, gateway(up, &args, dir.path()).await));
         }
-        let base = (results[0].rps() + results.last().unwrap().rps()) / 2.0;
-        println!("throughput as a ratio of pass-through (mean of both pass-through runs):");
-        for f in &results[1..results.len() - 1] {
-            let target = match f.name.as_str() {
-                "sqlite" => " (target >= 0.70)",
-                "redis" => " (target >= 0.80)",
+        let mut rounds_out: Vec<Vec<Figures>> = Vec::new();
+        for round in 1..=rounds {
+            println!("round {round}:");
+            let mut this_round = Vec::new();
+            for (name, gw) in &gateways {
+                let f = run(name, gw, secs).await;
+                println!(
+                    "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, driver+upstream {:>4.0} us  machine {:>3.0}% busy  errors {}",
+                    f.name,
+                    f.rps(),
+                    f.p50.as_secs_f64() * 1e3,
+                    f.p99.as_secs_f64() * 1e3,
+                    f.cpu_us,
+                    f.driver_us,
+                    f.machine_busy,
+                    f.errors
+                );
+                this_round.push(f);
+            }
+            rounds_out.push(this_round);
+        }
+        drop(gateways);
+
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!(
+            "medians over {rounds} rounds (ratio: this store's throughput / pass-through's in the same round):"
+        );
+        for (i, (name, _)) in configs.iter().enumerate() {
+            let col = |f: &dyn Fn(&Figures) -> f64| median(rounds_out.iter().map(|r| f(&r[i])).collect());
+            let ratio =
+                median(rounds_out.iter().map(|r| r[i].rps() / r[0].rps().max(1.0)).collect());
+            let target = match *name {
+                "sqlite" => "  (target >= 0.70)",
+                "redis" => "  (target >= 0.80)",
                 _ => "",
             };
-            println!("  {:<22} {:.2}{target}", f.name, f.rps() / base);
+            println!(
+                "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  gateway CPU {:>4.0} us/req  ratio {:.2}{target}",
+                name,
+                col(&|f| f.rps()),
+                col(&|f| f.p50.as_secs_f64() * 1e3),
+                col(&|f| f.p99.as_secs_f64() * 1e3),
+                col(&|f| f.cpu_us),
+                ratio,
+            );
         }
     });
 }
