@@ -140,3 +140,101 @@ async fn records_survive_kill_9_on_redis() {
         records_survive_kill_9(&url).await;
     }
 }
+
+/// A TCP relay to a service that can be cut, to make a store unreachable mid-run.
+struct Relay {
+    addr: std::net::SocketAddr,
+    tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Relay {
+    async fn start(target: std::net::SocketAddr) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tasks = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let t = tasks.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let conn = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                t.lock().unwrap().push(conn);
+            }
+        });
+        tasks.lock().unwrap().push(accept);
+        Relay { addr, tasks }
+    }
+
+    /// Drops every relayed connection and stops accepting new ones.
+    fn cut(&self) {
+        for t in self.tasks.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_store_fails_closed_with_503_and_unkeyed_traffic_flows() {
+    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    if !reachable("Redis", &url).await {
+        return;
+    }
+    let target = {
+        let hostport = url
+            .trim_start_matches("redis://")
+            .split('/')
+            .next()
+            .unwrap();
+        let hostport = hostport.rsplit('@').next().unwrap();
+        tokio::net::lookup_host(hostport)
+            .await
+            .unwrap()
+            .next()
+            .unwrap()
+    };
+    let relay = Relay::start(target).await;
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("redis://{}", relay.addr);
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", &store, "--admin", "0"]).await;
+    let http = Http::new();
+    let url = gw.url("/v1/charges");
+    assert_eq!(http.post(&url, &new_key(), "{}", &[]).await.status, 201);
+    assert_eq!(
+        http.send("GET", &gw.admin_url("/readyz"), &[], "")
+            .await
+            .status,
+        200
+    );
+
+    relay.cut();
+    let key = new_key();
+    let a = http.post(&url, &key, "{}", &[]).await;
+    assert_eq!(a.status, 503, "{a:?}");
+    assert_eq!(
+        a.problem_type(),
+        "https://idem.dev/problems/store-unavailable"
+    );
+    assert!(a.header("retry-after").is_some());
+    assert_eq!(
+        up.started(&key),
+        0,
+        "nothing is forwarded without a reservation"
+    );
+    assert_eq!(
+        http.send("GET", &gw.admin_url("/readyz"), &[], "")
+            .await
+            .status,
+        503
+    );
+    let get = http.send("GET", &url, &[], "").await;
+    assert_eq!(get.status, 201, "unkeyed traffic does not need the store");
+}
