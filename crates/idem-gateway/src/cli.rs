@@ -35,6 +35,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the gateway in front of an upstream HTTP API.
     Serve(Box<ServeArgs>),
+    /// Check a configuration without serving: resolve the settings (flags, IDEM_*
+    /// variables, --config), open the store and ping it, print the result.
+    Check(Box<ServeArgs>),
     /// Inspect or delete stored idempotency records.
     #[command(subcommand)]
     Keys(KeysCommand),

@@ -3,10 +3,10 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use idem_gateway::cli::{Cli, Command};
+use idem_gateway::cli::{Cli, Command, ServeArgs};
 use idem_gateway::config::GatewayConfig;
 use idem_gateway::serve::{Gateway, Mode, shutdown_signal};
-use idem_gateway::{demo, keys, logging};
+use idem_gateway::{demo, keys, logging, store};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -42,6 +42,7 @@ async fn main() -> ExitCode {
             gateway.run(shutdown_signal()).await;
             ExitCode::SUCCESS
         }
+        Command::Check(args) => check(&args).await,
         Command::Keys(cmd) => keys::run(cmd).await,
         Command::DemoUpstream { listen } => match demo::run(listen).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -51,4 +52,63 @@ async fn main() -> ExitCode {
             }
         },
     }
+}
+
+async fn check(args: &ServeArgs) -> ExitCode {
+    let config = match GatewayConfig::resolve(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("idem: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let store = match store::open_with(&config.store, config.store_options).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("idem: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = store.ping().await {
+        eprintln!("idem: the store does not answer: {e}");
+        return ExitCode::FAILURE;
+    }
+    let u = &config.upstream;
+    println!("upstream  {}://{}{}", u.scheme, u.authority, u.base_path);
+    println!("listen    {}", config.listen);
+    println!("store     {} (reachable)", store::redact(&config.store));
+    match config.admin {
+        Some(a) => println!(
+            "admin     {a}{}",
+            if config.admin_token.is_some() {
+                " (bearer token)"
+            } else {
+                ""
+            }
+        ),
+        None => println!("admin     off"),
+    }
+    let methods: Vec<&str> = config.keyed_methods.iter().map(|m| m.as_str()).collect();
+    println!(
+        "keys      {} on {}, scope {:?}, ttl {}, lease {}, body limit {} bytes",
+        if config.require_key {
+            "required"
+        } else {
+            "optional"
+        },
+        methods.join(","),
+        config.scope,
+        humantime::format_duration(config.ttl),
+        humantime::format_duration(config.lease),
+        config.body_limit
+    );
+    for r in &config.routes {
+        println!(
+            "route     {} {}",
+            r.method.as_ref().map_or("*", |m| m.as_str()),
+            r.template.as_str()
+        );
+    }
+    println!("ok");
+    ExitCode::SUCCESS
 }

@@ -384,3 +384,36 @@ async fn json_logs_carry_no_credentials_or_bodies() {
         "the access log is there at debug:\n{logs}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_command_validates_settings_and_store() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("idem.toml"),
+        "upstream = \"http://127.0.0.1:3000\"\nstore = \"memory://\"\n\
+         [[route]]\nmethod = \"POST\"\npath = \"/v1/orders/{id}/capture\"\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(binary())
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("IDEM_UPSTREAM")
+            .env_remove("IDEM_STORE")
+            .output()
+            .unwrap()
+    };
+    let ok = run(&["check", "--config", "idem.toml", "--ttl", "2h"]);
+    assert!(ok.status.success(), "{ok:?}");
+    let out = String::from_utf8(ok.stdout).unwrap();
+    assert!(
+        out.contains("route     POST /v1/orders/{id}/capture"),
+        "{out}"
+    );
+    assert!(out.contains("ttl 2h"), "{out}");
+    let bad = run(&["check", "--config", "idem.toml", "--ttl", "0s"]);
+    assert_eq!(bad.status.code(), Some(2));
+    let missing = run(&["check", "--store", "memory://"]);
+    assert_eq!(missing.status.code(), Some(2), "no upstream");
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("--upstream"));
+}
