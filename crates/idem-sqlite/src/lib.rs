@@ -59,12 +59,26 @@
 //!
 //! # Design
 //!
-//! - **sqlx, not rusqlite.** The PostgreSQL store and the applications that complete
-//!   records inside their own transactions (S9) use sqlx; on sqlx the SQLite store takes
-//!   the same `Pool`/`Transaction` types, so a handler's transaction can span its
-//!   business tables and the records table, and switching backends changes little.
-//!   sqlx runs each SQLite connection on its own worker thread, so blocking file I/O
-//!   never stalls the async runtime, which rusqlite would leave to us.
+//! - **sqlx for the API and reads.** The PostgreSQL store and the applications that
+//!   complete records inside their own transactions (S9) use sqlx; on sqlx the SQLite
+//!   store takes the same `Pool`/`Transaction` types, so a handler's transaction can
+//!   span its business tables and the records table, and switching backends changes
+//!   little. `get` and `ping` read through the pool.
+//! - **One writer, group commit.** SQLite has one write lock per file. Every write
+//!   (`reserve`, `complete`, `renew`, `release`, `remove`, `purge_expired`) is queued
+//!   for one thread that owns one connection: it takes what has queued (up to
+//!   [`SqliteStoreBuilder::write_batch`], 128), runs each operation's statements in
+//!   arrival order inside one `BEGIN IMMEDIATE`, commits, and only then answers each
+//!   caller. A failed `COMMIT`, or a statement that ends the transaction, answers every
+//!   operation of the batch `Unavailable`, never `Acquired` for a row that was not
+//!   stored; a statement that fails alone fails only its operation. Pooled writers used
+//!   to queue in SQLite's busy handler, sleeping up to 100 ms between tries while the
+//!   lock sat free; one writer never waits for itself. The queue is bounded
+//!   ([`SqliteStoreBuilder::write_queue`], 1024): callers wait for room. The thread
+//!   drives its connection synchronously with rusqlite, linked to the same SQLite,
+//!   because through sqlx each statement is a round trip to another thread, two
+//!   wake-ups that cost more than the statement. It ends, closing its connection, when
+//!   the last clone of the store is dropped; closing the pool fails later writes.
 //! - **One statement reserves.** `INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING`
 //!   inserts a fresh record, replaces an expired one, or takes over a lapsed lease with
 //!   the same fingerprint, atomically; the `WHERE` mirrors `idem_core::decide`'s
@@ -82,8 +96,9 @@
 //!   that means a just-completed record may come back as absent, so the retry executes
 //!   again, as after expiry (S8); a business unique constraint closes that hole. Use
 //!   `synchronous = FULL` via [`SqliteStoreBuilder::connect_with`] if it must not.
-//!   SQLite allows one writer at a time; writers wait up to `busy_timeout` for the
-//!   lock and then fail, which middleware answers with a fail-closed 503.
+//!   Several stores (processes) on one file each have their writer; they and the
+//!   application's own transactions wait up to `busy_timeout` for the lock, and then
+//!   fail, which middleware answers with a fail-closed 503.
 //! - **Embedded migration** on every open, idempotent and serialised by
 //!   `BEGIN IMMEDIATE`, with a version per records table in `idem_schema_versions`.
 //!
