@@ -1,6 +1,8 @@
 //! What a store keeps per scope.
 
 use std::fmt;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,11 +22,22 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 pub struct FencingToken(u64);
 
 impl FencingToken {
-    /// A new random token (64 bits from the operating system's generator).
+    /// A new token, unique to this attempt.
+    ///
+    /// Each process draws a random 64-bit base once from the operating system and adds
+    /// a counter to it: tokens never repeat within a process, and any given token of one
+    /// process equals a given token of another with probability 2^-64, as if each were
+    /// drawn independently. This keeps a system call off every request's path; fencing
+    /// needs uniqueness, not secrecy.
     pub fn generate() -> FencingToken {
-        // An all-zero token is never generated, so zero can mean "none" in storage.
+        static BASE: OnceLock<u64> = OnceLock::new();
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = *BASE.get_or_init(|| {
+            getrandom::u64().expect("the operating system's random generator failed")
+        });
         loop {
-            let t = getrandom::u64().expect("the operating system's random generator failed");
+            // Zero is never handed out, so storage can use it to mean "none".
+            let t = base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed));
             if t != 0 {
                 return FencingToken(t);
             }
@@ -193,5 +206,31 @@ impl ReserveRequest {
     /// lapses, so an in-progress record cannot expire under a live attempt.
     pub fn expires_at(&self, now: Timestamp) -> Timestamp {
         now.plus(self.ttl.max(self.lease))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_tokens_are_unique_and_never_zero() {
+        let tokens: std::collections::HashSet<u64> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..10_000)
+                            .map(|_| FencingToken::generate().as_u64())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("thread"))
+                .collect()
+        });
+        assert_eq!(tokens.len(), 40_000);
+        assert!(!tokens.contains(&0));
     }
 }
