@@ -108,16 +108,28 @@ impl TestStream {
         let ns = idem_core::testing::unique_namespace(case);
         let name = format!("INBOX_{ns}");
         let subject = format!("inbox.{ns}");
-        let created = js
-            .create_stream(stream::Config {
-                name: name.clone(),
-                subjects: vec![subject.clone()],
-                max_age: Duration::from_secs(600),
-                duplicate_window: Duration::from_secs(120),
-                ..Default::default()
-            })
-            .await
-            .expect("create stream");
+        let config = stream::Config {
+            name: name.clone(),
+            subjects: vec![subject.clone()],
+            max_age: Duration::from_secs(600),
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        };
+        // The server removes an account's stream directory when its last stream is
+        // deleted; a create racing that removal (tests run in parallel) fails with
+        // "error creating store for stream". It succeeds when tried again.
+        let mut tries = 0;
+        let created = loop {
+            match js.create_stream(config.clone()).await {
+                Ok(created) => break created,
+                Err(e) if tries < 5 => {
+                    tries += 1;
+                    eprintln!("create stream {name} failed ({e}); trying again");
+                    tokio::time::sleep(Duration::from_millis(50 * tries)).await;
+                }
+                Err(e) => panic!("create stream {name}: {e}"),
+            }
+        };
         created
             .create_consumer(consumer::pull::Config {
                 durable_name: Some("points".to_owned()),
