@@ -37,7 +37,7 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Check a configuration without serving: resolve the settings (flags, IDEM_*
     /// variables, --config), open the store and ping it, print the result.
-    Check(Box<ServeArgs>),
+    CheckConfig(Box<ServeArgs>),
     /// Inspect or delete stored idempotency records.
     #[command(subcommand)]
     Keys(KeysCommand),

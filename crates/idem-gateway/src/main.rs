@@ -42,7 +42,7 @@ async fn main() -> ExitCode {
             gateway.run(shutdown_signal()).await;
             ExitCode::SUCCESS
         }
-        Command::Check(args) => check(&args).await,
+        Command::CheckConfig(args) => check(&args).await,
         Command::Keys(cmd) => keys::run(cmd).await,
         Command::DemoUpstream { listen } => match demo::run(listen).await {
             Ok(()) => ExitCode::SUCCESS,

@@ -386,7 +386,7 @@ async fn json_logs_carry_no_credentials_or_bodies() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn check_command_validates_settings_and_store() {
+async fn check_config_command_validates_settings_and_store() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("idem.toml"),
@@ -403,7 +403,7 @@ async fn check_command_validates_settings_and_store() {
             .output()
             .unwrap()
     };
-    let ok = run(&["check", "--config", "idem.toml", "--ttl", "2h"]);
+    let ok = run(&["check-config", "--config", "idem.toml", "--ttl", "2h"]);
     assert!(ok.status.success(), "{ok:?}");
     let out = String::from_utf8(ok.stdout).unwrap();
     assert!(
@@ -411,9 +411,9 @@ async fn check_command_validates_settings_and_store() {
         "{out}"
     );
     assert!(out.contains("ttl 2h"), "{out}");
-    let bad = run(&["check", "--config", "idem.toml", "--ttl", "0s"]);
+    let bad = run(&["check-config", "--config", "idem.toml", "--ttl", "0s"]);
     assert_eq!(bad.status.code(), Some(2));
-    let missing = run(&["check", "--store", "memory://"]);
+    let missing = run(&["check-config", "--store", "memory://"]);
     assert_eq!(missing.status.code(), Some(2), "no upstream");
     assert!(String::from_utf8_lossy(&missing.stderr).contains("--upstream"));
 }
