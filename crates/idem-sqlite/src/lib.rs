@@ -77,8 +77,11 @@
 //!   ([`SqliteStoreBuilder::write_queue`], 1024): callers wait for room. The thread
 //!   drives its connection synchronously with rusqlite, linked to the same SQLite,
 //!   because through sqlx each statement is a round trip to another thread, two
-//!   wake-ups that cost more than the statement. It ends, closing its connection, when
-//!   the last clone of the store is dropped; closing the pool fails later writes.
+//!   wake-ups that cost more than the statement. In WAL mode a second thread
+//!   checkpoints (passively, at most every 100 ms while writes flow), so that copying
+//!   the WAL into the file and syncing it never stalls a commit. Both end, closing
+//!   their connections, when the last clone of the store is dropped; closing the pool
+//!   fails later writes.
 //! - **One statement reserves.** `INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING`
 //!   inserts a fresh record, replaces an expired one, or takes over a lapsed lease with
 //!   the same fingerprint, atomically; the `WHERE` mirrors `idem_core::decide`'s

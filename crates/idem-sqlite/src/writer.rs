@@ -24,6 +24,13 @@
 //! - a statement that fails on its own (SQLite undoes just that statement) fails only
 //!   its operation; the rest of the batch commits.
 //!
+//! In WAL mode the writer does not checkpoint: SQLite would copy the WAL back into the
+//! database file (and, with `synchronous = NORMAL`, sync both) inside the commit that
+//! crosses 1000 WAL pages, stalling every write queued behind it. A second thread with
+//! its own connection runs a passive checkpoint instead, at most every
+//! [`CHECKPOINT_EVERY`] while writes flow, concurrently with the writer. Should it stop,
+//! the writer checkpoints for itself again.
+//!
 //! Other writers on the same file (another process's store, the application's own
 //! transactions such as [`complete_in`](crate::SqliteStore::complete_in)) contend with
 //! this one for SQLite's lock, and the writer waits out `busy_timeout` for it.
@@ -52,6 +59,12 @@ pub const DEFAULT_WRITE_BATCH: usize = 128;
 /// Operations that may wait for the writer before callers wait to queue, unless
 /// configured otherwise.
 pub const DEFAULT_WRITE_QUEUE: usize = 1024;
+
+/// The least time between two checkpoints of the checkpoint thread.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+
+/// WAL pages after which a writer that checkpoints for itself does so (SQLite's default).
+const AUTOCHECKPOINT_PAGES: i64 = 1000;
 
 /// A write, as queued for the writer.
 #[derive(Debug)]
@@ -195,6 +208,24 @@ impl Target {
         conn.set_prepared_statement_cache_capacity(32);
         Ok(conn)
     }
+
+    /// Whether the database has a WAL to checkpoint.
+    fn wal(&self) -> bool {
+        !self.memory && self.journal_mode.eq_ignore_ascii_case("wal")
+    }
+}
+
+/// Checkpoints on `conn` each time the writer nudges, at most every
+/// [`CHECKPOINT_EVERY`]; ends when the writer drops its end.
+fn checkpoint(conn: rusqlite::Connection, nudges: std::sync::mpsc::Receiver<()>) {
+    while nudges.recv().is_ok() {
+        // Passive: copies what it can without waiting for readers or the writer; what
+        // it cannot yet copy waits for the next nudge.
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::debug!(error = %e, "checkpointing the idempotency store's WAL failed");
+        }
+        std::thread::sleep(CHECKPOINT_EVERY);
+    }
 }
 
 /// A store handle's end of the writer. When the last one drops, the queue closes and
@@ -221,6 +252,7 @@ impl Writer {
         let mut task = Task {
             queue: rx,
             conn: None,
+            checkpoints: None,
             target,
             pool,
             clock,
@@ -230,9 +262,8 @@ impl Writer {
         };
         std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
-            .spawn(move || match task.target.open() {
-                Ok(conn) => {
-                    task.conn = Some(conn);
+            .spawn(move || match task.open() {
+                Ok(()) => {
                     if opened_tx.send(Ok(())).is_ok() {
                         task.run();
                     }
@@ -289,6 +320,9 @@ struct Task {
     queue: mpsc::Receiver<Pending>,
     /// `None` after a failure left the connection in doubt; reopened for the next batch.
     conn: Option<rusqlite::Connection>,
+    /// Nudges the checkpoint thread after each commit; `None` when the writer
+    /// checkpoints for itself.
+    checkpoints: Option<std::sync::mpsc::SyncSender<()>>,
     target: Target,
     pool: SqlitePool,
     clock: SharedClock,
@@ -298,6 +332,54 @@ struct Task {
 }
 
 impl Task {
+    /// Opens the writer's connection, and the checkpoint thread's.
+    fn open(&mut self) -> rusqlite::Result<()> {
+        let conn = self.target.open()?;
+        self.start_checkpoints();
+        self.self_checkpoint(&conn)?;
+        self.conn = Some(conn);
+        Ok(())
+    }
+
+    /// Hands checkpoints to a thread of their own, if the database has a WAL and that
+    /// thread can open its connection.
+    fn start_checkpoints(&mut self) {
+        if !self.target.wal() {
+            return;
+        }
+        let Ok(conn) = self.target.open() else {
+            return;
+        };
+        let (nudge, nudges) = std::sync::mpsc::sync_channel(1);
+        let started = std::thread::Builder::new()
+            .name("idem-sqlite-checkpoint".into())
+            .spawn(move || checkpoint(conn, nudges));
+        if started.is_ok() {
+            self.checkpoints = Some(nudge);
+        }
+    }
+
+    /// Sets whether the writer's own commits checkpoint.
+    fn self_checkpoint(&self, conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+        let pages = if self.checkpoints.is_some() {
+            0
+        } else {
+            AUTOCHECKPOINT_PAGES
+        };
+        conn.pragma_update(None, "wal_autocheckpoint", pages)
+    }
+
+    /// After a commit: lets the checkpoint thread know, or takes checkpoints back if
+    /// it has stopped.
+    fn committed(&mut self, conn: &rusqlite::Connection) {
+        if let Some(nudge) = &self.checkpoints
+            && let Err(std::sync::mpsc::TrySendError::Disconnected(())) = nudge.try_send(())
+        {
+            self.checkpoints = None;
+            self.self_checkpoint(conn).ok();
+        }
+    }
+
     fn run(mut self) {
         let mut batch = Vec::with_capacity(self.max_batch);
         // Ends when every store handle (every sender) is gone and the queue is empty.
@@ -358,6 +440,7 @@ impl Task {
         };
         match committed {
             Ok(()) => {
+                self.committed(&conn);
                 self.conn = Some(conn);
                 let n = answers.len() as u64;
                 self.counters.batches.fetch_add(1, Ordering::Relaxed);
@@ -392,7 +475,11 @@ impl Task {
         }
         let conn = match self.conn.take() {
             Some(conn) => conn,
-            None => self.target.open()?,
+            None => {
+                let conn = self.target.open()?;
+                self.self_checkpoint(&conn)?;
+                conn
+            }
         };
         // On failure (the lock stayed busy past busy_timeout, or the connection broke)
         // the connection is dropped; the next batch opens a new one.

@@ -403,3 +403,35 @@ async fn in_memory_database_is_shared_by_the_writer_and_the_pool() {
     );
     assert_eq!(count_rows(&store).await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_is_copied_into_the_database_file_while_writes_flow() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("writer.db");
+    let clock = ManualClock::starting_now();
+    let store = builder(&clock).connect(&db_url(&dir)).await.unwrap();
+    let before = std::fs::metadata(&db).unwrap().len();
+    // About 2 MB of bodies: some 500 WAL pages, fewer than the 1000 after which a
+    // connection checkpoints its own commits, so only the checkpoint thread moves
+    // them into the database file.
+    let body = bytes::Bytes::from(vec![b'x'; 10 * 1024]);
+    for i in 0..200 {
+        let Reservation::Acquired(lease) = store.reserve(&request(&format!("k{i}"))).await.unwrap()
+        else {
+            panic!("fresh key acquires")
+        };
+        store
+            .complete(&lease, &StoredResponse::new(201, body.clone()))
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::metadata(&db).unwrap().len() < before + 1_500_000 {
+        assert!(
+            Instant::now() < deadline,
+            "the WAL was not checkpointed: the database file is {} bytes",
+            std::fs::metadata(&db).unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
