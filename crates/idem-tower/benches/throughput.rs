@@ -7,10 +7,15 @@
 //! `replay` rows send one key over and over (the read path).
 //!
 //! Also measured in process (tower `oneshot`, no sockets), which shows the layer's own
-//! cost without HTTP's.
+//! cost without HTTP's. Each row also gives this process's CPU time per request (driver,
+//! server and store together), which other work on a shared machine disturbs less than
+//! requests/s.
 //!
 //! `cargo bench -p idem-tower --bench throughput`. Knobs: `IDEM_BENCH_SECS` (per round,
-//! default 2), `IDEM_BENCH_ROUNDS` (default 3), `IDEM_BENCH_CONNECTIONS` (default 16).
+//! default 2), `IDEM_BENCH_ROUNDS` (default 3), `IDEM_BENCH_CONNECTIONS` (default 16),
+//! `IDEM_BENCH_MODES` (`http`, `in-process` or both, comma-separated; default both) and
+//! `IDEM_BENCH_ONLY` (comma-separated words; only the setups whose name contains one run,
+//! besides `no layer`), for profiling one path.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,7 +47,6 @@ struct Setup {
     name: &'static str,
     router: Router,
     keys: Keys,
-    _dir: Option<tempfile::TempDir>,
 }
 
 async fn handler() -> (StatusCode, &'static str) {
@@ -53,7 +57,8 @@ fn base() -> Router {
     Router::new().route("/orders", post(handler))
 }
 
-async fn setups() -> Vec<Setup> {
+/// The setups, and the directory of the SQLite file, which must outlive them.
+async fn setups() -> (Vec<Setup>, tempfile::TempDir) {
     let memory: Arc<dyn Store> = Arc::new(MemoryStore::new().max_entries(10_000_000));
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("bench.db");
@@ -62,38 +67,34 @@ async fn setups() -> Vec<Setup> {
             .await
             .expect("open sqlite"),
     );
-    vec![
+    let setups = vec![
         Setup {
             name: "no layer",
             router: base(),
             keys: Keys::None,
-            _dir: None,
         },
         Setup {
             name: "layer, memory, new key each",
             router: base().layer(IdempotencyLayer::new(memory.clone())),
             keys: Keys::Fresh,
-            _dir: None,
         },
         Setup {
             name: "layer, memory, replay",
             router: base().layer(IdempotencyLayer::new(memory)),
             keys: Keys::Same,
-            _dir: None,
         },
         Setup {
             name: "layer, sqlite, new key each",
             router: base().layer(IdempotencyLayer::new(sqlite.clone())),
             keys: Keys::Fresh,
-            _dir: Some(dir),
         },
         Setup {
             name: "layer, sqlite, replay",
             router: base().layer(IdempotencyLayer::new(sqlite)),
             keys: Keys::Same,
-            _dir: None,
         },
-    ]
+    ];
+    (setups, dir)
 }
 
 fn env_or(name: &str, default: u64) -> u64 {
@@ -114,8 +115,41 @@ fn next_key(keys: Keys, seq: &AtomicU64, label: &str) -> Option<String> {
     }
 }
 
-/// Drives `router` over HTTP for `secs`; returns requests per second.
-async fn over_http(setup: &Setup, secs: u64, connections: u64, round: u64) -> f64 {
+/// One run's figures.
+#[derive(Clone, Copy)]
+struct Run {
+    rps: f64,
+    /// This process's CPU time per request, microseconds: less sensitive than
+    /// requests/s to other work on the machine.
+    cpu_us: f64,
+}
+
+impl Run {
+    fn new(requests: u64, elapsed: Duration, cpu: Duration) -> Run {
+        let n = requests.max(1) as f64;
+        Run {
+            rps: requests as f64 / elapsed.as_secs_f64(),
+            cpu_us: cpu.as_secs_f64() * 1e6 / n,
+        }
+    }
+}
+
+/// This process's user + system CPU time so far, from /proc (Linux); zero elsewhere.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // After the parenthesised command name, utime and stime are the 12th and 13th
+    // fields, in clock ticks (100 per second on Linux).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// Drives `router` over HTTP for `secs`.
+async fn over_http(setup: &Setup, secs: u64, connections: u64, round: u64) -> Run {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -181,19 +215,21 @@ async fn over_http(setup: &Setup, secs: u64, connections: u64, round: u64) -> f6
     tokio::time::sleep(Duration::from_millis(500)).await;
     measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
+    let cpu = cpu_time();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let count = done.load(Ordering::Relaxed);
     let elapsed = started.elapsed();
+    let cpu = cpu_time().saturating_sub(cpu);
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         w.await.expect("worker");
     }
     server.abort();
-    count as f64 / elapsed.as_secs_f64()
+    Run::new(count, elapsed, cpu)
 }
 
-/// Drives `router` in process with `oneshot` for `secs`; returns requests per second.
-async fn in_process(setup: &Setup, secs: u64, concurrency: u64, round: u64) -> f64 {
+/// Drives `router` in process with `oneshot` for `secs`.
+async fn in_process(setup: &Setup, secs: u64, concurrency: u64, round: u64) -> Run {
     let label = format!("inproc-{}-{round}", setup.name.replace([' ', ','], ""));
     let seq = Arc::new(AtomicU64::new(0));
     if setup.keys == Keys::Same {
@@ -210,6 +246,7 @@ async fn in_process(setup: &Setup, secs: u64, concurrency: u64, round: u64) -> f
     }
     let deadline = Instant::now() + Duration::from_secs(secs);
     let started = Instant::now();
+    let cpu = cpu_time();
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
             let (router, seq, label) = (setup.router.clone(), seq.clone(), label.clone());
@@ -236,7 +273,8 @@ async fn in_process(setup: &Setup, secs: u64, concurrency: u64, round: u64) -> f
     for t in tasks {
         total += t.await.expect("task");
     }
-    total as f64 / started.elapsed().as_secs_f64()
+    let elapsed = started.elapsed();
+    Run::new(total, elapsed, cpu_time().saturating_sub(cpu))
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -253,8 +291,24 @@ fn main() {
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let setups = setups().await;
+        let only = std::env::var("IDEM_BENCH_ONLY").unwrap_or_default();
+        let (all, _dir) = setups().await;
+        let setups: Vec<Setup> = all
+            .into_iter()
+            .filter(|s| {
+                s.keys == Keys::None
+                    || only.is_empty()
+                    || only.split(',').any(|w| s.name.contains(w.trim()))
+            })
+            .collect();
+        let modes = std::env::var("IDEM_BENCH_MODES").unwrap_or_else(|_| "http,in-process".into());
         for (mode, label) in [(0, "HTTP/1.1 on 127.0.0.1"), (1, "in process (oneshot)")] {
+            if !modes
+                .split(',')
+                .any(|m| m.trim() == ["http", "in-process"][mode])
+            {
+                continue;
+            }
             println!(
                 "\n{label}: {connections} concurrent clients, {rounds} rounds of {secs} s, median"
             );
@@ -262,22 +316,30 @@ fn main() {
             // Rounds interleave the setups so that drift on a shared machine hits all.
             for round in 0..rounds {
                 for (i, setup) in setups.iter().enumerate() {
-                    let rps = if mode == 0 {
+                    let run = if mode == 0 {
                         over_http(setup, secs, connections, round).await
                     } else {
                         in_process(setup, secs, connections, round).await
                     };
-                    results[i].push(rps);
+                    results[i].push(run);
                 }
             }
-            let medians: Vec<f64> = results.into_iter().map(median).collect();
-            let bare = medians[0];
-            for (setup, rps) in setups.iter().zip(&medians) {
+            let medians: Vec<(f64, f64)> = results
+                .into_iter()
+                .map(|runs| {
+                    let rps = median(runs.iter().map(|r| r.rps).collect());
+                    let cpu = median(runs.iter().map(|r| r.cpu_us).collect());
+                    (rps, cpu)
+                })
+                .collect();
+            let bare = medians[0].0;
+            for (setup, (rps, cpu)) in setups.iter().zip(&medians) {
                 println!(
-                    "  {:<30} {:>10.0} req/s   ratio to no layer {:.2}",
+                    "  {:<30} {:>10.0} req/s   ratio to no layer {:.2}   CPU {:>6.1} µs/request",
                     setup.name,
                     rps,
-                    rps / bare
+                    rps / bare,
+                    cpu
                 );
             }
         }
