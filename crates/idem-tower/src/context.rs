@@ -42,10 +42,13 @@ pub struct IdempotencyContext {
 }
 
 impl IdempotencyContext {
-    pub(crate) fn new(lease: Lease, fingerprint: Fingerprint) -> IdempotencyContext {
+    /// The context of `lease`, whose scope the layer passes in too (moved, where the
+    /// lease is cloned) to spare a copy per request.
+    pub(crate) fn new(scope: Scope, lease: Lease, fingerprint: Fingerprint) -> IdempotencyContext {
+        debug_assert_eq!(scope, lease.scope);
         IdempotencyContext {
-            key: lease.scope.key().clone(),
-            scope: lease.scope.clone(),
+            key: scope.key().clone(),
+            scope,
             attempt: lease.attempt,
             recovered: lease.recovered(),
             lease,
@@ -84,11 +87,12 @@ mod tests {
             Key::new("k-1").unwrap(),
         );
         let lease = Lease {
-            scope,
+            scope: scope.clone(),
             token: FencingToken::generate(),
             attempt,
         };
         IdempotencyContext::new(
+            scope,
             lease,
             Fingerprint::compute("POST", endpoint, None, b"", &Default::default()),
         )

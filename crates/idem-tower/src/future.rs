@@ -14,8 +14,10 @@ type BoxFuture<B, E> =
 
 /// The response future of [`Idempotency`](crate::Idempotency).
 ///
-/// A boxed future: the keyed path awaits the body, the store and a spawned execution in
-/// sequence, and one allocation per request is small next to the store round trip.
+/// A boxed future: the keyed path awaits the body, then the store and the handler in
+/// sequence, and one allocation per request is small next to the store round trip. If it
+/// is dropped once a keyed request's execution has started, the execution goes on in a
+/// task of its own (SPEC S7).
 pub struct ResponseFuture<B, E> {
     inner: BoxFuture<B, E>,
 }

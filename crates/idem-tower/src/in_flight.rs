@@ -1,46 +1,56 @@
-//! Tracking of spawned executions, for graceful shutdown.
+//! Tracking of started executions, for graceful shutdown.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
-/// A handle on the executions a layer has spawned and not yet finished recording.
+/// A handle on the executions a layer has started and not yet finished recording.
 ///
-/// Keyed requests run in their own task so that a client disconnecting cannot cancel
-/// them (SPEC S7). On shutdown, stop accepting connections first, then
-/// `in_flight.wait().await` so that every started execution is recorded before the
-/// process exits.
-#[derive(Debug, Clone)]
+/// A client that disconnects does not cancel its request's execution (SPEC S7): the
+/// execution goes on in a task of its own until it is recorded. On shutdown, stop
+/// accepting connections first, then `in_flight.wait().await` so that every started
+/// execution, those whose client went away included, is recorded before the process
+/// exits.
+#[derive(Debug, Clone, Default)]
 pub struct InFlight {
-    count: Arc<watch::Sender<usize>>,
+    inner: Arc<Counter>,
 }
 
-impl Default for InFlight {
-    fn default() -> Self {
-        InFlight {
-            count: Arc::new(watch::Sender::new(0)),
-        }
-    }
+#[derive(Debug, Default)]
+struct Counter {
+    count: AtomicUsize,
+    /// Notified each time the count drops to zero; busy servers rarely get there, so
+    /// entering and leaving cost one atomic operation each.
+    idle: Notify,
 }
 
 impl InFlight {
     /// How many executions are running or recording now.
     pub fn count(&self) -> usize {
-        *self.count.borrow()
+        self.inner.count.load(Ordering::Acquire)
     }
 
     /// Resolves once no execution is running or recording. Executions that start while
     /// this waits are waited for too.
     pub async fn wait(&self) {
-        let mut rx = self.count.subscribe();
-        // The sender lives in `self`, so the channel cannot close while we wait.
-        let _ = rx.wait_for(|n| *n == 0).await;
+        loop {
+            let idle = self.inner.idle.notified();
+            let mut idle = std::pin::pin!(idle);
+            // Registered before the count is read, so a drop to zero in between is not
+            // missed.
+            idle.as_mut().enable();
+            if self.count() == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 
     pub(crate) fn enter(&self) -> InFlightGuard {
-        self.count.send_modify(|n| *n += 1);
+        self.inner.count.fetch_add(1, Ordering::AcqRel);
         InFlightGuard {
-            count: self.count.clone(),
+            inner: self.inner.clone(),
         }
     }
 }
@@ -48,12 +58,14 @@ impl InFlight {
 /// Counts one execution until dropped.
 #[derive(Debug)]
 pub(crate) struct InFlightGuard {
-    count: Arc<watch::Sender<usize>>,
+    inner: Arc<Counter>,
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.count.send_modify(|n| *n -= 1);
+        if self.inner.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.idle.notify_waiters();
+        }
     }
 }
 
@@ -78,5 +90,22 @@ mod tests {
         drop(b);
         waiter.await.unwrap();
         assert_eq!(in_flight.count(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wait_sees_executions_that_start_while_it_waits() {
+        let in_flight = InFlight::default();
+        let first = in_flight.enter();
+        let waiter = tokio::spawn({
+            let in_flight = in_flight.clone();
+            async move { in_flight.wait().await }
+        });
+        let second = in_flight.enter();
+        drop(first);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        assert_eq!(in_flight.count(), 1);
+        drop(second);
+        waiter.await.unwrap();
     }
 }

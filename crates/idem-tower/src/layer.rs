@@ -87,8 +87,8 @@ impl<St> IdempotencyLayer<St> {
         &self.shared.store
     }
 
-    /// A handle on the executions this layer's services have spawned, for graceful
-    /// shutdown.
+    /// A handle on the executions this layer's services have started and not yet
+    /// recorded, for graceful shutdown.
     pub fn in_flight(&self) -> InFlight {
         self.shared.in_flight.clone()
     }

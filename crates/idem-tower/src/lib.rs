@@ -93,11 +93,14 @@
 //!
 //! # Execution
 //!
-//! The handler runs in a task of its own. A client that disconnects does not cancel it:
-//! it runs to completion and its answer is recorded, so the client's retry gets the
-//! replay. While it runs, the lease is renewed every third of its length. Its request
-//! carries an [`IdempotencyContext`] extension (key, scope, attempt, `recovered`, lease)
-//! with [`IdempotencyContext::derive`] for deterministic downstream keys.
+//! The reservation, the handler and the recording run inside the response future, with
+//! no task spawned. A client that disconnects does not cancel them: once the body is
+//! read, a response future dropped before it finished hands the rest of its execution to
+//! the runtime, where the handler runs to completion and its answer is recorded, so the
+//! client's retry gets the replay. While the handler runs, the lease is renewed every
+//! third of its length. Its request carries an [`IdempotencyContext`] extension (key,
+//! scope, attempt, `recovered`, lease) with [`IdempotencyContext::derive`] for
+//! deterministic downstream keys.
 //!
 //! **A handler that panics, or whose service or response body fails, may already have
 //! had effects**: the layer records a 500 `handler-failed` problem and replays it to
@@ -134,13 +137,15 @@
 //!
 //! # Limits of this version
 //!
-//! - The response future is boxed (one allocation per request).
+//! - The response future is boxed (one allocation per request; a keyed request's
+//!   execution is a second one).
 //! - A keyed request's response is buffered whole to be recorded; there is no limit on
 //!   its size.
 
 mod body;
 mod config;
 mod context;
+mod execution;
 mod future;
 mod in_flight;
 mod layer;

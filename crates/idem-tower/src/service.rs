@@ -1,26 +1,31 @@
 //! [`Idempotency`]: the middleware service, and the five stages of SPEC S5 at the HTTP
 //! level.
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::FutureExt;
+use futures_util::future::{Fuse, FusedFuture};
 use http::request::Parts;
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{
     Endpoint, Fingerprint, FingerprintOptions, Key, Lease, Reservation, ReserveRequest, Scope,
     Store, StoreError, StoredResponse,
 };
-use tokio::sync::oneshot;
 use tower::{Layer, Service};
 
-use crate::config::RouteConfig;
+use crate::config::{Config, RouteConfig};
 use crate::context::IdempotencyContext;
+use crate::execution::Execution;
 use crate::future::ResponseFuture;
 use crate::layer::{IdempotencyLayer, Shared};
 use crate::policy::{Disposition, Observer, Outcome};
@@ -72,7 +77,8 @@ impl<S, St> Idempotency<S, St> {
         self.inner
     }
 
-    /// A handle on the executions spawned by this service (and its layer's others).
+    /// A handle on the executions started by this service (and its layer's others) and
+    /// not yet recorded.
     pub fn in_flight(&self) -> crate::InFlight {
         self.shared.in_flight.clone()
     }
@@ -168,51 +174,71 @@ where
             }
         };
 
-        let plan = Plan::new(&shared, &route, &parts, key);
+        let plan = Plan::new(config, route, &parts, key);
         ResponseFuture::new(handle_keyed(shared, inner, parts, body, plan))
     }
 }
 
-/// What a keyed request will be reserved and recorded as.
+/// What a keyed request will be reserved and recorded as. The layer's settings stay in
+/// [`Config`]; a plan carries only what this request adds to them.
 struct Plan {
     scope: Scope,
-    /// `METHOD request-target`: the fingerprint covers the concrete path and query, so
-    /// a key reused on `/orders/2/capture` is a mismatch, never order 1's replay.
-    target: String,
-    fingerprint: FingerprintOptions,
     ttl: Duration,
     lease: Duration,
-    stored_headers: Vec<HeaderName>,
+    /// The route's fingerprint options, which replace the layer's.
+    fingerprint: Option<FingerprintOptions>,
+    /// Headers the route stores on top of the layer's allow-list.
+    extra_headers: Vec<HeaderName>,
 }
 
 impl Plan {
-    fn new<St>(shared: &Shared<St>, route: &RouteConfig, parts: &Parts, key: Key) -> Plan {
-        let config = &shared.config;
+    fn new(config: &Config, route: RouteConfig, parts: &Parts, key: Key) -> Plan {
         let template = route
             .endpoint
             .as_deref()
             .or_else(|| matched_path(parts))
             .unwrap_or_else(|| parts.uri.path());
-        let endpoint = Endpoint::new(parts.method.as_str(), template);
+        let endpoint = endpoint(&parts.method, template);
         let tenant = (config.tenant_from)(parts);
-        let target = parts
-            .uri
-            .path_and_query()
-            .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
-        let mut stored_headers = config.stored_headers.clone();
-        stored_headers.extend(route.stored_headers.iter().cloned());
         Plan {
             scope: Scope::new(config.scope_mode, tenant, endpoint, key),
-            target: format!("{} {}", parts.method, target),
-            fingerprint: route
-                .fingerprint
-                .clone()
-                .unwrap_or_else(|| config.fingerprint.clone()),
             ttl: route.ttl.unwrap_or(config.ttl),
             lease: route.lease.unwrap_or(config.lease),
-            stored_headers,
+            fingerprint: route.fingerprint,
+            extra_headers: route.stored_headers,
         }
     }
+}
+
+/// `Endpoint::new(method, template)` in one allocation instead of two.
+fn endpoint(method: &Method, template: &str) -> Endpoint {
+    let method = method.as_str();
+    let mut raw = String::with_capacity(method.len() + 1 + template.len());
+    raw.push_str(method);
+    raw.make_ascii_uppercase();
+    raw.push(' ');
+    raw.push_str(template);
+    Endpoint::from_raw(raw)
+}
+
+/// The request's fingerprint (SPEC S4) over `METHOD request-target`: the concrete path
+/// and query, so that a key reused on `/orders/2/capture` is a mismatch, never order 1's
+/// replay.
+fn fingerprint(parts: &Parts, body: &[u8], options: &FingerprintOptions) -> Fingerprint {
+    let method = parts.method.as_str();
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
+    let mut request_target = String::with_capacity(method.len() + 1 + target.len());
+    request_target.push_str(method);
+    request_target.push(' ');
+    request_target.push_str(target);
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    Fingerprint::compute(method, &request_target, content_type, body, options)
 }
 
 /// The route template axum matched, when the layer runs inside a `Router`.
@@ -250,7 +276,7 @@ where
     ResponseFuture::new(std::future::ready(Ok(response)))
 }
 
-/// Buffers the body, then hands the rest to a task of its own: once the body is read, a
+/// Buffers the body, then runs the rest as an [`Execution`]: once the body is read, a
 /// client that goes away can no longer cancel anything.
 async fn handle_keyed<S, St, ReqBody, ResBody>(
     shared: Arc<Shared<St>>,
@@ -269,45 +295,29 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let observer = shared.config.observer.clone();
-    let bytes = match buffer(&parts, body, shared.config.body_limit).await {
+    let config = &shared.config;
+    let bytes = match buffer(&parts, body, config.body_limit).await {
         Ok(bytes) => bytes,
         Err(problem) => {
-            observer.outcome(Outcome::Rejected);
+            config.observer.outcome(Outcome::Rejected);
             return Ok(problem.to_response().map(IdempotencyBody::buffered));
         }
     };
-    let content_type = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
-    let fingerprint = Fingerprint::compute(
-        parts.method.as_str(),
-        &plan.target,
-        content_type,
-        &bytes,
-        &plan.fingerprint,
-    );
+    let options = plan.fingerprint.as_ref().unwrap_or(&config.fingerprint);
+    let fingerprint = fingerprint(&parts, &bytes, options);
     let request = ReserveRequest::new(plan.scope, fingerprint)
         .ttl(plan.ttl)
         .lease(plan.lease);
 
+    // Counted from before the reservation until the answer is recorded, wherever the
+    // execution ends up running.
     let guard = shared.in_flight.enter();
-    let (tx, rx) = oneshot::channel();
-    tokio::spawn(async move {
-        let response = answer(&shared, inner, parts, bytes, request, plan.stored_headers).await;
-        // The client may be gone; the answer is recorded either way.
-        let _ = tx.send(response);
+    let execution = Execution::new(async move {
+        let response = answer(&shared, inner, parts, bytes, request, &plan.extra_headers).await;
         drop(guard);
+        response
     });
-    let response = rx.await.unwrap_or_else(|_| {
-        Problem::new(
-            ProblemKind::HandlerFailed,
-            "the request's execution task ended without an answer",
-        )
-        .to_response()
-    });
-    Ok(response.map(IdempotencyBody::buffered))
+    Ok(execution.await.map(IdempotencyBody::buffered))
 }
 
 /// Reads a keyed request's body up to `limit` bytes (SPEC S4).
@@ -347,7 +357,7 @@ async fn answer<S, St, ReqBody, ResBody>(
     parts: Parts,
     bytes: Bytes,
     request: ReserveRequest,
-    stored_headers: Vec<HeaderName>,
+    extra_headers: &[HeaderName],
 ) -> Response<Bytes>
 where
     S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
@@ -393,23 +403,28 @@ where
             .to_response()
         }
         Ok(Reservation::Acquired(lease)) => {
-            let context = IdempotencyContext::new(lease.clone(), request.fingerprint);
+            let ReserveRequest {
+                scope,
+                fingerprint,
+                lease: lease_for,
+                ..
+            } = request;
+            let context = IdempotencyContext::new(scope, lease.clone(), fingerprint);
             let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
             req.extensions_mut().insert(context);
-            execute(shared, inner, req, &lease, request.lease, &stored_headers).await
+            execute(shared, inner, req, &lease, lease_for, extra_headers).await
         }
     }
 }
 
-/// Stages 2–4: runs the handler in its own task while renewing the lease, then records
-/// or releases.
+/// Stages 2–4: runs the handler while renewing the lease, then records or releases.
 async fn execute<S, St, ReqBody, ResBody>(
     shared: &Shared<St>,
     mut inner: S,
     request: Request<IdempotencyBody<ReqBody>>,
     lease: &Lease,
     lease_for: Duration,
-    stored_headers: &[HeaderName],
+    extra_headers: &[HeaderName],
 ) -> Response<Bytes>
 where
     S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
@@ -423,40 +438,16 @@ where
     let observer = &*shared.config.observer;
     let store = &*shared.store;
 
-    // A task of its own, so that the heartbeat below never holds the handler up and a
-    // panic in it surfaces as a `JoinError` instead of unwinding through the layer.
-    let call = inner.call(request);
-    let mut handler = tokio::spawn(async move {
-        let response = call.await.map_err(Into::into)?;
+    // A panic in the handler (or in `call`) may follow effects: it is caught here and
+    // recorded as a failure rather than unwinding through the layer.
+    let handler = AssertUnwindSafe(async move {
+        let response = inner.call(request).await.map_err(Into::into)?;
         let (head, body) = response.into_parts();
         let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
         Ok::<_, BoxError>((head, bytes))
-    });
-
-    let beat = (lease_for / 3).max(Duration::from_millis(1));
-    let mut renewing = true;
-    let result = loop {
-        match tokio::time::timeout(beat, &mut handler).await {
-            Ok(result) => break result,
-            Err(_) if renewing => {
-                match timed(observer, "renew", store.renew(lease, lease_for)).await {
-                    Ok(()) => {}
-                    Err(StoreError::Fenced) => {
-                        tracing::warn!(
-                            scope = %lease.scope.digest(),
-                            attempt = lease.attempt,
-                            "lease lost while the handler runs; its answer will not be recorded"
-                        );
-                        renewing = false;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "lease renewal failed; retrying at the next beat")
-                    }
-                }
-            }
-            Err(_) => {}
-        }
-    };
+    })
+    .catch_unwind();
+    let result = with_heartbeat(store, observer, lease, lease_for, handler).await;
 
     let (mut head, body, disposition) = match result {
         Ok(Ok((mut head, body))) => {
@@ -477,8 +468,11 @@ where
             tracing::error!(error = %e, "handler failed after it started; recording a 500");
             failed_response()
         }
-        Err(e) => {
-            tracing::error!(error = %e, "handler panicked or was cancelled; recording a 500");
+        Err(panic) => {
+            tracing::error!(
+                panic = panic_message(&*panic),
+                "handler panicked; recording a 500"
+            );
             failed_response()
         }
     };
@@ -490,7 +484,9 @@ where
                 headers: head
                     .headers
                     .iter()
-                    .filter(|(name, _)| stored_headers.contains(name))
+                    .filter(|(name, _)| {
+                        shared.config.stored_headers.contains(name) || extra_headers.contains(name)
+                    })
                     .map(|(name, value)| {
                         (
                             name.as_str().to_owned(),
@@ -514,6 +510,60 @@ where
     }
     head.extensions.clear();
     Response::from_parts(head, body)
+}
+
+/// Awaits `handler` while renewing `lease` every third of its length (SPEC S7), so that
+/// only a dead worker's lease ever expires. A renewal runs alongside the handler and
+/// never holds it up; once the lease is lost, renewing stops.
+async fn with_heartbeat<St: Store, T>(
+    store: &St,
+    observer: &dyn Observer,
+    lease: &Lease,
+    lease_for: Duration,
+    handler: impl Future<Output = T>,
+) -> T {
+    let beat = (lease_for / 3).max(Duration::from_millis(1));
+    let mut handler = pin!(handler);
+    // Registered with the timer only if the handler is still running after its first
+    // poll.
+    let mut sleep = pin!(tokio::time::sleep(beat));
+    let mut renewal = pin!(Fuse::terminated());
+    let mut renewing = true;
+    loop {
+        tokio::select! {
+            biased;
+            output = &mut handler => return output,
+            () = &mut sleep, if renewing && renewal.is_terminated() => {
+                renewal.set(timed(observer, "renew", store.renew(lease, lease_for)).fuse());
+            }
+            renewed = &mut renewal, if !renewal.is_terminated() => {
+                match renewed {
+                    Ok(()) => {}
+                    Err(StoreError::Fenced) => {
+                        tracing::warn!(
+                            scope = %lease.scope.digest(),
+                            attempt = lease.attempt,
+                            "lease lost while the handler runs; its answer will not be recorded"
+                        );
+                        renewing = false;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "lease renewal failed; retrying at the next beat")
+                    }
+                }
+                sleep.as_mut().reset(tokio::time::Instant::now() + beat);
+            }
+        }
+    }
+}
+
+/// What a caught panic said, for the log.
+fn panic_message(panic: &(dyn Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
 }
 
 fn failed_response() -> (http::response::Parts, Bytes, Disposition) {
