@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use idem_core::codec::decode_headers;
-use idem_core::codec::encode_headers;
+use idem_core::codec::{decode_headers, encode_headers};
 use idem_core::{
     FencingToken, Fingerprint, Lease, Record, RecordState, Reservation, ReserveRequest, Scope,
     SharedClock, Store, StoreError, StoredResponse, SystemClock, Timestamp,
@@ -40,10 +39,10 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
 /// every constructor runs the embedded migration first.
 ///
 /// Writes (`reserve`, `complete`, `renew`, `release`, `remove`, `purge_expired`) are
-/// queued for one writer task that owns one connection and commits what queued
+/// queued for one writer thread that owns one connection and commits what queued
 /// meanwhile in one transaction; each caller is answered once that transaction has
-/// committed. Reads (`get`, `ping`) use the pool. The writer needs a tokio runtime: it
-/// is spawned on the one that opens the store, and ends when the last clone is dropped.
+/// committed. Reads (`get`, `ping`) use the pool. The writer ends, closing its
+/// connection, when the last clone is dropped.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
