@@ -14,8 +14,8 @@
 //! `cargo bench -p idem-tower --bench throughput`. Knobs: `IDEM_BENCH_SECS` (per round,
 //! default 2), `IDEM_BENCH_ROUNDS` (default 3), `IDEM_BENCH_CONNECTIONS` (default 16),
 //! `IDEM_BENCH_MODES` (`http`, `in-process` or both, comma-separated; default both) and
-//! `IDEM_BENCH_ONLY` (comma-separated words; only the setups whose name contains one run,
-//! besides `no layer`), for profiling one path.
+//! `IDEM_BENCH_ONLY` (`|`-separated parts of setup names, e.g. `memory, new`; only those
+//! setups run, besides `no layer`), for profiling one path.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -298,7 +298,7 @@ fn main() {
             .filter(|s| {
                 s.keys == Keys::None
                     || only.is_empty()
-                    || only.split(',').any(|w| s.name.contains(w.trim()))
+                    || only.split('|').any(|w| s.name.contains(w.trim()))
             })
             .collect();
         let modes = std::env::var("IDEM_BENCH_MODES").unwrap_or_else(|_| "http,in-process".into());

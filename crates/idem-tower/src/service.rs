@@ -494,7 +494,11 @@ where
                         )
                     })
                     .collect(),
-                body: body.clone(),
+                // A compact copy: `body` is often a slice of the connection's read
+                // buffer, which a store that keeps the value (the memory store) would
+                // pin whole for the record's lifetime, making the connection allocate
+                // a new buffer for every response.
+                body: Bytes::copy_from_slice(&body),
             };
             complete(store, observer, lease, &stored).await;
             observer.outcome(Outcome::Executed);
