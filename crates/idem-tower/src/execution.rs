@@ -1,29 +1,35 @@
 //! [`Execution`]: a keyed request's execution, run inside its response future, that
 //! survives that future being dropped (SPEC S7).
 
+use std::any::Any;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
+use http::Response;
 use tokio::runtime::Handle;
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+use crate::problem::{Problem, ProblemKind};
+
+type BoxFuture = Pin<Box<dyn Future<Output = Response<Bytes>> + Send + 'static>>;
 
 /// Polls an execution in place, so the common path spawns no task; if dropped before the
 /// execution finished (the client went away), hands what is left of it to the runtime,
 /// where it runs to completion and records its answer.
-pub(crate) struct Execution<T: 'static> {
-    future: Option<BoxFuture<T>>,
+pub(crate) struct Execution {
+    future: Option<BoxFuture>,
     /// The runtime that was polling the execution when it started, for a detached
     /// remainder: a drop may happen on a thread outside any runtime.
     runtime: Option<Handle>,
 }
 
-impl<T: 'static> Execution<T> {
+impl Execution {
     /// Wraps `future`; call from inside the runtime that is to finish it if need be.
-    pub(crate) fn new<F>(future: F) -> Execution<T>
+    pub(crate) fn new<F>(future: F) -> Execution
     where
-        F: Future<Output = T> + Send + 'static,
+        F: Future<Output = Response<Bytes>> + Send + 'static,
     {
         Execution {
             future: Some(Box::pin(future)),
@@ -32,21 +38,39 @@ impl<T: 'static> Execution<T> {
     }
 }
 
-impl<T: 'static> Future for Execution<T> {
-    type Output = T;
+impl Future for Execution {
+    type Output = Response<Bytes>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<Bytes>> {
         let future = self
             .future
             .as_mut()
             .expect("Execution polled after it finished");
-        let output = std::task::ready!(future.as_mut().poll(cx));
+        // Handler panics are caught closer to the handler and recorded; one that gets
+        // here is the layer's or the store's, and the execution cannot go on. Its record
+        // stays in progress until its lease lapses, and the client gets a 500.
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx)));
+        let response = match polled {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(response)) => response,
+            Err(panic) => {
+                tracing::error!(
+                    panic = panic_message(&*panic),
+                    "a keyed request's execution panicked; answering 500"
+                );
+                Problem::new(
+                    ProblemKind::HandlerFailed,
+                    "the request's execution ended without an answer",
+                )
+                .to_response()
+            }
+        };
         self.future = None;
-        Poll::Ready(output)
+        Poll::Ready(response)
     }
 }
 
-impl<T: 'static> Drop for Execution<T> {
+impl Drop for Execution {
     fn drop(&mut self) {
         let Some(rest) = self.future.take() else {
             return;
@@ -54,7 +78,9 @@ impl<T: 'static> Drop for Execution<T> {
         match &self.runtime {
             Some(runtime) => {
                 // Whatever it answers, nobody is waiting for it; the store is.
-                runtime.spawn(DropOutput(rest));
+                runtime.spawn(async move {
+                    rest.await;
+                });
             }
             None => tracing::error!(
                 "a keyed request's execution was dropped outside a tokio runtime before it \
@@ -64,13 +90,11 @@ impl<T: 'static> Drop for Execution<T> {
     }
 }
 
-/// A detached execution: its answer is recorded, and the value itself discarded.
-struct DropOutput<T: 'static>(BoxFuture<T>);
-
-impl<T: 'static> Future for DropOutput<T> {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.0.as_mut().poll(cx).map(drop)
-    }
+/// What a caught panic said, for the log.
+pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
 }

@@ -1,7 +1,6 @@
 //! [`Idempotency`]: the middleware service, and the five stages of SPEC S5 at the HTTP
 //! level.
 
-use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -25,7 +24,7 @@ use tower::{Layer, Service};
 
 use crate::config::{Config, RouteConfig};
 use crate::context::IdempotencyContext;
-use crate::execution::Execution;
+use crate::execution::{Execution, panic_message};
 use crate::future::ResponseFuture;
 use crate::in_flight::InFlightGuard;
 use crate::layer::{IdempotencyLayer, Shared};
@@ -584,15 +583,6 @@ async fn with_heartbeat<St: Store, T>(
             }
         }
     }
-}
-
-/// What a caught panic said, for the log.
-fn panic_message(panic: &(dyn Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(not a string)")
 }
 
 fn failed_response() -> (http::response::Parts, Bytes, Disposition) {

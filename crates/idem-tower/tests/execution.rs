@@ -6,10 +6,14 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use async_trait::async_trait;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
-use idem_core::{Endpoint, Key, MemoryStore, RecordState, Scope, ScopeMode, Store, Tenant};
+use idem_core::{
+    Endpoint, Key, Lease, MemoryStore, Record, RecordState, Reservation, ReserveRequest, Scope,
+    ScopeMode, Store, StoredResponse, Tenant,
+};
 use idem_tower::{IdempotencyBody, IdempotencyLayer};
 use tokio::sync::{Notify, Semaphore};
 use tower::{Layer, Service, ServiceExt};
@@ -130,4 +134,60 @@ async fn panic_in_call_is_recorded_as_500() {
     assert_eq!(retry.status(), 500);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A store with a bug: `reserve` panics.
+struct PanicsOnReserve(MemoryStore);
+
+#[async_trait]
+impl Store for PanicsOnReserve {
+    async fn reserve(&self, _: &ReserveRequest) -> idem_core::Result<Reservation> {
+        panic!("the store has a bug");
+    }
+    async fn complete(&self, l: &Lease, r: &StoredResponse) -> idem_core::Result<()> {
+        self.0.complete(l, r).await
+    }
+    async fn renew(&self, l: &Lease, d: std::time::Duration) -> idem_core::Result<()> {
+        self.0.renew(l, d).await
+    }
+    async fn release(&self, l: &Lease) -> idem_core::Result<()> {
+        self.0.release(l).await
+    }
+    async fn get(&self, s: &Scope) -> idem_core::Result<Option<Record>> {
+        self.0.get(s).await
+    }
+    async fn remove(&self, s: &Scope) -> idem_core::Result<bool> {
+        self.0.remove(s).await
+    }
+    async fn purge_expired(&self, n: usize) -> idem_core::Result<usize> {
+        self.0.purge_expired(n).await
+    }
+    async fn ping(&self) -> idem_core::Result<()> {
+        self.0.ping().await
+    }
+}
+
+#[tokio::test]
+async fn store_panic_is_500_and_ends_the_execution() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let handler = tower::service_fn({
+        let calls = calls.clone();
+        move |_: Request<IdempotencyBody<Full<Bytes>>>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()))))
+        }
+    });
+    let layer = IdempotencyLayer::new(PanicsOnReserve(MemoryStore::new()));
+    let in_flight = layer.in_flight();
+    let response = layer.layer(handler).oneshot(charge("k-bug")).await.unwrap();
+    assert_eq!(response.status(), 500);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["type"], "https://idem.dev/problems/handler-failed");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "the handler was not called"
+    );
+    assert_eq!(in_flight.count(), 0, "the execution is no longer counted");
 }
