@@ -658,3 +658,19 @@ async fn timed<T>(
     observer.store_call(op, started.elapsed(), result.is_ok());
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_is_built_as_idem_core_builds_it() {
+        let extension = Method::from_bytes(b"charge").unwrap();
+        for method in [Method::POST, Method::PATCH, extension] {
+            assert_eq!(
+                endpoint(&method, "/v1/orders/{id}"),
+                Endpoint::new(method.as_str(), "/v1/orders/{id}"),
+            );
+        }
+    }
+}
