@@ -74,7 +74,8 @@ pub struct Gateway {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     admin_token: Option<Arc<str>>,
-    sweep_interval: Duration,
+    /// `None` where the store expires records by itself (Redis).
+    sweep_interval: Option<Duration>,
     shutdown_timeout: Duration,
 }
 
@@ -207,7 +208,13 @@ impl Gateway {
             store,
             metrics,
             admin_token: config.admin_token.as_deref().map(Arc::from),
-            sweep_interval: config.sweep_interval,
+            // Redis deletes expired records through native TTLs; its purge walks the
+            // keyspace, which would cost a busy Redis far more than it saves.
+            sweep_interval: (!matches!(
+                store::StoreUrl::parse(&config.store),
+                Ok(store::StoreUrl::Redis(_))
+            ))
+            .then_some(config.sweep_interval),
             shutdown_timeout: config.shutdown_timeout,
         })
     }
@@ -242,13 +249,15 @@ impl Gateway {
             sweep_interval,
             shutdown_timeout,
         } = self;
-        let sweeper = Sweeper::spawn(
-            store.clone(),
-            SweeperConfig {
-                every: sweep_interval,
-                ..SweeperConfig::default()
-            },
-        );
+        let sweeper = sweep_interval.map(|every| {
+            Sweeper::spawn(
+                store.clone(),
+                SweeperConfig {
+                    every,
+                    ..SweeperConfig::default()
+                },
+            )
+        });
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin_task = admin.map(|listener| {
             let router = admin::router(AdminState {
@@ -344,7 +353,9 @@ impl Gateway {
         if let Some(task) = admin_task {
             let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
         }
-        sweeper.stop();
+        if let Some(sweeper) = sweeper {
+            sweeper.stop();
+        }
         tracing::info!("stopped");
     }
 }
@@ -368,5 +379,39 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => tracing::info!("SIGINT received"),
         () = term => tracing::info!("SIGTERM received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::ServeArgs;
+    use crate::config::FileConfig;
+
+    async fn bound(store_url: &str) -> Gateway {
+        let args = ServeArgs {
+            upstream: Some("http://127.0.0.1:9".to_owned()),
+            listen: Some("127.0.0.1:0".to_owned()),
+            store: Some(store_url.to_owned()),
+            ..ServeArgs::default()
+        };
+        let config = GatewayConfig::merge(&args, FileConfig::default()).expect("config");
+        Gateway::bind_with_store(
+            &config,
+            Mode::Idempotent,
+            Arc::new(idem_core::MemoryStore::new()),
+        )
+        .await
+        .expect("bind")
+    }
+
+    #[tokio::test]
+    async fn no_sweeper_walks_a_redis_keyspace() {
+        assert_eq!(bound("redis://127.0.0.1:6379").await.sweep_interval, None);
+        assert_eq!(
+            bound("sqlite://idem.db").await.sweep_interval,
+            Some(Duration::from_secs(60))
+        );
+        assert!(bound("memory://").await.sweep_interval.is_some());
     }
 }
