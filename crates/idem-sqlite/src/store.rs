@@ -146,10 +146,22 @@ impl SqliteStoreBuilder {
     /// Opens a pool with `options` as given and migrates it.
     pub async fn connect_with(self, options: SqliteConnectOptions) -> Result<SqliteStore> {
         schema::validate_table_name(&self.table)?;
-        let pool = SqlitePoolOptions::new()
-            .max_connections(self.max_connections)
-            .connect_with(options)
-            .await?;
+        // Two processes opening one new file at once both switch it to WAL; SQLite
+        // answers one of them SQLITE_BUSY at once instead of waiting out busy_timeout
+        // (waiting could deadlock). Opening again succeeds once the other is done.
+        let deadline = std::time::Instant::now() + self.busy_timeout;
+        let pool = loop {
+            match SqlitePoolOptions::new()
+                .max_connections(self.max_connections)
+                .connect_with(options.clone())
+                .await
+            {
+                Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                result => break result?,
+            }
+        };
         self.from_pool(pool).await
     }
 
@@ -430,4 +442,13 @@ impl Store for SqliteStore {
             .map_err(store_error)?;
         Ok(())
     }
+}
+
+/// Whether `e` is SQLite's "database is busy" or "locked" (primary codes 5 and 6, in any
+/// of their extended forms).
+fn is_busy(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
 }
