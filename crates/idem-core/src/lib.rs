@@ -42,6 +42,10 @@
 //! # }
 //! ```
 
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod clock;
 pub mod codec;
 mod decision;
