@@ -162,22 +162,22 @@ impl Store for MemoryStore {
         let now = self.clock.now();
         let mut inner = self.lock();
         let existing = inner.records.get(&req.scope).cloned();
-        let fresh = existing.as_ref().is_none_or(|r| r.is_expired(now));
+        // A live record that is taken over keeps its creation and expiry times.
+        let kept = existing
+            .as_ref()
+            .filter(|r| !r.is_expired(now))
+            .map(|r| (r.created_at, r.expires_at));
         match decide(existing, &req.fingerprint, now) {
             Decision::Execute { attempt } => {
-                if fresh {
-                    inner.remove(&req.scope);
-                    inner.make_room(now, self.max_entries)?;
-                }
                 let token = FencingToken::generate();
-                let created_at = match inner.records.get(&req.scope) {
-                    Some(r) if !fresh => r.created_at,
-                    _ => now,
-                };
                 let lease_until = now.plus(req.lease);
-                let expires_at = match inner.records.get(&req.scope) {
-                    Some(r) if !fresh => r.expires_at.max(lease_until),
-                    _ => req.expires_at(now),
+                let (created_at, expires_at) = match kept {
+                    Some((created_at, expires_at)) => (created_at, expires_at.max(lease_until)),
+                    None => {
+                        inner.remove(&req.scope);
+                        inner.make_room(now, self.max_entries)?;
+                        (now, req.expires_at(now))
+                    }
                 };
                 inner.insert(Record {
                     scope: req.scope.clone(),
