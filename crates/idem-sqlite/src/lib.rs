@@ -79,7 +79,10 @@
 //!   because through sqlx each statement is a round trip to another thread, two
 //!   wake-ups that cost more than the statement. In WAL mode a second thread
 //!   checkpoints (passively, at most every 100 ms while writes flow), so that copying
-//!   the WAL into the file and syncing it never stalls a commit. Both end, closing
+//!   the WAL into the file and syncing it does not stall commits; after each of its
+//!   rounds the writer copies the few frames that arrived meanwhile, so that the WAL
+//!   starts over instead of growing for as long as writes never pause, and a WAL that
+//!   a burst grew past 64 MiB is cut back when it does. Both end, closing
 //!   their connections, when the last clone of the store is dropped; closing the pool
 //!   fails later writes.
 //! - **One statement reserves.** `INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING`

@@ -31,13 +31,22 @@
 //! [`CHECKPOINT_EVERY`] while writes flow, concurrently with the writer. Should it stop,
 //! the writer checkpoints for itself again.
 //!
+//! A checkpoint that runs beside a busy writer never reaches the end of the WAL (frames
+//! arrive while it copies), and SQLite starts the WAL over only once all of it is in
+//! the database file: under steady load the WAL grew by every page written, without
+//! bound, and each new WAL block cost the kernel a zeroed page. So after each of its
+//! rounds the checkpoint thread asks the writer to finish the job: before its next
+//! transaction the writer checkpoints what the round left (a few frames, with no write
+//! running alongside), and that transaction starts the WAL over. `journal_size_limit`
+//! then trims a WAL that a burst made larger than [`WAL_SIZE_LIMIT`].
+//!
 //! Other writers on the same file (another process's store, the application's own
 //! transactions such as [`complete_in`](crate::SqliteStore::complete_in)) contend with
 //! this one for SQLite's lock, and the writer waits out `busy_timeout` for it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::codec::encode_headers;
@@ -65,6 +74,9 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 
 /// WAL pages after which a writer that checkpoints for itself does so (SQLite's default).
 const AUTOCHECKPOINT_PAGES: i64 = 1000;
+
+/// The size, in bytes, that a WAL larger than it is cut back to when it starts over.
+const WAL_SIZE_LIMIT: i64 = 64 << 20;
 
 /// A write, as queued for the writer.
 #[derive(Debug)]
@@ -205,6 +217,9 @@ impl Target {
         if !self.journal_mode.eq_ignore_ascii_case("wal") {
             conn.pragma_update_and_check(None, "journal_mode", &self.journal_mode, |_| Ok(()))?;
         }
+        if self.wal() {
+            conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
+        }
         conn.set_prepared_statement_cache_capacity(32);
         Ok(conn)
     }
@@ -216,16 +231,39 @@ impl Target {
 }
 
 /// Checkpoints on `conn` each time the writer nudges, at most every
-/// [`CHECKPOINT_EVERY`]; ends when the writer drops its end.
-fn checkpoint(conn: rusqlite::Connection, nudges: std::sync::mpsc::Receiver<()>) {
+/// [`CHECKPOINT_EVERY`], and then sets `finish` for the writer to copy the frames that
+/// arrived meanwhile; ends when the writer drops its end.
+fn checkpoint(
+    conn: rusqlite::Connection,
+    nudges: std::sync::mpsc::Receiver<()>,
+    finish: Arc<AtomicBool>,
+) {
     while nudges.recv().is_ok() {
         // Passive: copies what it can without waiting for readers or the writer; what
-        // it cannot yet copy waits for the next nudge.
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::debug!(error = %e, "checkpointing the idempotency store's WAL failed");
+        // it cannot yet copy waits for the writer's finishing checkpoint or the next
+        // nudge.
+        match passive_checkpoint(&conn) {
+            Ok(()) => finish.store(true, Ordering::Release),
+            Err(e) => {
+                tracing::debug!(error = %e, "checkpointing the idempotency store's WAL failed");
+            }
         }
         std::thread::sleep(CHECKPOINT_EVERY);
     }
+}
+
+fn passive_checkpoint(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+}
+
+/// The writer's end of the checkpoint thread.
+#[derive(Debug)]
+struct Checkpoints {
+    /// Wakes the thread after a commit; full while it sleeps or copies.
+    nudge: std::sync::mpsc::SyncSender<()>,
+    /// Set by the thread after a round: the writer copies the rest before it next
+    /// writes.
+    finish: Arc<AtomicBool>,
 }
 
 /// A store handle's end of the writer. When the last one drops, the queue closes and
@@ -320,9 +358,8 @@ struct Task {
     queue: mpsc::Receiver<Pending>,
     /// `None` after a failure left the connection in doubt; reopened for the next batch.
     conn: Option<rusqlite::Connection>,
-    /// Nudges the checkpoint thread after each commit; `None` when the writer
-    /// checkpoints for itself.
-    checkpoints: Option<std::sync::mpsc::SyncSender<()>>,
+    /// The checkpoint thread; `None` when the writer checkpoints for itself.
+    checkpoints: Option<Checkpoints>,
     target: Target,
     pool: SqlitePool,
     clock: SharedClock,
@@ -351,11 +388,13 @@ impl Task {
             return;
         };
         let (nudge, nudges) = std::sync::mpsc::sync_channel(1);
+        let finish = Arc::new(AtomicBool::new(false));
+        let theirs = finish.clone();
         let started = std::thread::Builder::new()
             .name("idem-sqlite-checkpoint".into())
-            .spawn(move || checkpoint(conn, nudges));
+            .spawn(move || checkpoint(conn, nudges, theirs));
         if started.is_ok() {
-            self.checkpoints = Some(nudge);
+            self.checkpoints = Some(Checkpoints { nudge, finish });
         }
     }
 
@@ -372,8 +411,9 @@ impl Task {
     /// After a commit: lets the checkpoint thread know, or takes checkpoints back if
     /// it has stopped.
     fn committed(&mut self, conn: &rusqlite::Connection) {
-        if let Some(nudge) = &self.checkpoints
-            && let Err(std::sync::mpsc::TrySendError::Disconnected(())) = nudge.try_send(())
+        if let Some(checkpoints) = &self.checkpoints
+            && let Err(std::sync::mpsc::TrySendError::Disconnected(())) =
+                checkpoints.nudge.try_send(())
         {
             self.checkpoints = None;
             self.self_checkpoint(conn).ok();
@@ -481,6 +521,14 @@ impl Task {
                 conn
             }
         };
+        // The checkpoint thread's round is over: copy the frames written since, with
+        // nothing writing alongside, so that this transaction starts the WAL over.
+        if let Some(checkpoints) = &self.checkpoints
+            && checkpoints.finish.swap(false, Ordering::Acquire)
+            && let Err(e) = passive_checkpoint(&conn)
+        {
+            tracing::debug!(error = %e, "finishing the idempotency store's checkpoint failed");
+        }
         // On failure (the lock stayed busy past busy_timeout, or the connection broke)
         // the connection is dropped; the next batch opens a new one.
         conn.execute_batch("BEGIN IMMEDIATE")?;

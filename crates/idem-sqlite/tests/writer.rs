@@ -435,3 +435,78 @@ async fn wal_is_copied_into_the_database_file_while_writes_flow() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// The WAL header's checkpoint sequence number, which SQLite bumps each time the WAL
+/// starts over from its beginning.
+fn wal_sequence(wal: &std::path::Path) -> Option<u32> {
+    let bytes = std::fs::read(wal).ok()?;
+    Some(u32::from_be_bytes(bytes.get(12..16)?.try_into().ok()?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_starts_over_while_writes_never_pause() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("writer.db-wal");
+    let clock = ManualClock::starting_now();
+    let store = Arc::new(builder(&clock).connect(&db_url(&dir)).await.unwrap());
+    // 16 callers write without a pause between them until the WAL has started over
+    // three times. A checkpoint that only ever runs beside the writer never reaches the
+    // WAL's end, and SQLite starts the WAL over only once all of it is in the database
+    // file: the WAL would grow by every page written, for as long as the load lasts.
+    const CALLERS: usize = 16;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<JoinHandle<()>> = (0..CALLERS)
+        .map(|c| {
+            let (store, done, written) = (store.clone(), done.clone(), written.clone());
+            tokio::spawn(async move {
+                let body = bytes::Bytes::from(vec![b'x'; 512]);
+                for i in 0.. {
+                    if done.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let req = request(&format!("c{c}-{i}"));
+                    let Reservation::Acquired(lease) = store.reserve(&req).await.unwrap() else {
+                        panic!("fresh key acquires")
+                    };
+                    store
+                        .complete(&lease, &StoredResponse::new(201, body.clone()))
+                        .await
+                        .unwrap();
+                    written.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+
+    // Bounded: without restarts the WAL grows by some 80 MB a second here.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        if let Some(seq) = wal_sequence(&wal) {
+            break seq;
+        }
+        assert!(Instant::now() < deadline, "no WAL appeared");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    let mut largest = 0;
+    loop {
+        largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+        let seq = wal_sequence(&wal).unwrap_or(first);
+        if seq.wrapping_sub(first) >= 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the WAL started over {} times in 20 s of writes ({} records, WAL {largest} bytes)",
+            seq.wrapping_sub(first),
+            written.load(Ordering::Relaxed),
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    done.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let n = written.load(Ordering::Relaxed);
+    assert_eq!(count_rows(&store).await, n as i64);
+}
