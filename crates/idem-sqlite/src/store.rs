@@ -401,7 +401,14 @@ impl Store for SqliteStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> idem_core::Result<()> {
-        let op = Op::Complete(lease.clone(), response.clone());
+        // Encoded here rather than cloned for the writer: one allocation instead of one
+        // per header part.
+        let op = Op::Complete(
+            lease.clone(),
+            response.status,
+            encode_headers(&response.headers),
+            response.body.clone(),
+        );
         self.writer.submit(op).await.map(drop)
     }
 

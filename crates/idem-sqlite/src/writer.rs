@@ -49,10 +49,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::codec::encode_headers;
 use idem_core::{
     Clock, FencingToken, Lease, Reservation, ReserveRequest, Scope, SharedClock, StoreError,
-    StoredResponse,
 };
 use rusqlite::{OpenFlags, OptionalExtension, params};
 use sqlx::SqliteConnection;
@@ -78,11 +76,17 @@ const AUTOCHECKPOINT_PAGES: i64 = 1000;
 /// The size, in bytes, that a WAL larger than it is cut back to when it starts over.
 const WAL_SIZE_LIMIT: i64 = 64 << 20;
 
+/// The writer's page cache, in KiB (SQLite's default is 2 MiB). Each new key lands on
+/// its own leaf of the primary-key index; once the records outgrow the cache, nearly
+/// every reserve read its leaf back from the file first.
+const WRITER_CACHE_KIB: i64 = 32 * 1024;
+
 /// A write, as queued for the writer.
 #[derive(Debug)]
 pub(crate) enum Op {
     Reserve(ReserveRequest),
-    Complete(Lease, StoredResponse),
+    /// The response as the row keeps it: status, `encode_headers`, body.
+    Complete(Lease, u16, Vec<u8>, bytes::Bytes),
     Renew(Lease, Duration),
     Release(Lease),
     Remove(Scope),
@@ -220,6 +224,7 @@ impl Target {
         if self.wal() {
             conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
         }
+        conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
         conn.set_prepared_statement_cache_capacity(32);
         Ok(conn)
     }
@@ -575,8 +580,8 @@ fn execute(
 ) -> rusqlite::Result<idem_core::Result<Done>> {
     Ok(match op {
         Op::Reserve(req) => reserve(conn, sql, clock, &req)?.map(Done::Reserved),
-        Op::Complete(lease, response) => {
-            complete(conn, sql, clock, &lease, &response)?.map(|()| Done::Unit)
+        Op::Complete(lease, status, headers, body) => {
+            complete(conn, sql, clock, &lease, status, &headers, &body)?.map(|()| Done::Unit)
         }
         Op::Renew(lease, lease_for) => {
             let until = clock.now().plus(lease_for);
@@ -614,10 +619,32 @@ fn reserve(
         scope.endpoint_str(),
         scope.key().as_str(),
     );
+    let mut fresh = true;
     loop {
         let now = clock.now();
         let token = FencingToken::generate();
         let lease_until = now.plus(req.lease);
+        // First as a plain insert, which only a fresh key passes; the writer holds the
+        // write lock, so the row the insert met is still there for the upsert.
+        if std::mem::take(&mut fresh) {
+            let inserted = conn.prepare_cached(&sql.insert)?.execute(params![
+                tenant,
+                endpoint,
+                key,
+                &req.fingerprint.as_bytes()[..],
+                now.as_millis(),
+                req.expires_at(now).as_millis(),
+                token.as_i64(),
+                lease_until.as_millis(),
+            ])?;
+            if inserted == 1 {
+                return Ok(Ok(Reservation::Acquired(Lease {
+                    scope: scope.clone(),
+                    token,
+                    attempt: 1,
+                })));
+            }
+        }
         let attempt: Option<i64> = conn
             .prepare_cached(&sql.reserve)?
             .query_row(
@@ -687,7 +714,9 @@ fn complete(
     sql: &Statements,
     clock: &dyn Clock,
     lease: &Lease,
-    response: &StoredResponse,
+    status: u16,
+    headers: &[u8],
+    body: &[u8],
 ) -> rusqlite::Result<idem_core::Result<()>> {
     let now = clock.now().as_millis();
     let scope = &lease.scope;
@@ -702,9 +731,9 @@ fn complete(
         key,
         lease.token.as_i64(),
         now,
-        i64::from(response.status),
-        encode_headers(&response.headers),
-        &response.body[..],
+        i64::from(status),
+        headers,
+        body,
     ])?;
     if changed == 1 {
         return Ok(Ok(()));
