@@ -2,6 +2,7 @@
 //! alone.
 
 use std::fmt;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -29,10 +30,14 @@ impl Tenant {
     /// Only `sha256:` plus the hex SHA-256 digest is kept: the raw credential is never
     /// stored or logged.
     pub fn from_credential(credential: &[u8]) -> Tenant {
-        Tenant(format!(
-            "sha256:{}",
-            hex::encode(Sha256::digest(credential))
-        ))
+        const PREFIX: &str = "sha256:";
+        let digest = Sha256::digest(credential);
+        let mut hex = [0u8; 64];
+        hex::encode_to_slice(digest, &mut hex).expect("64 hex digits for 32 bytes");
+        let mut name = String::with_capacity(PREFIX.len() + hex.len());
+        name.push_str(PREFIX);
+        name.push_str(std::str::from_utf8(&hex).expect("hex digits are ASCII"));
+        Tenant(name)
     }
 
     /// The tenant of requests without a credential.
@@ -104,11 +109,29 @@ pub enum ScopeMode {
 }
 
 /// The unique identity of a record: tenant, endpoint (public mode) and key.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+///
+/// Cheap to clone: the parts are shared, since a request's scope travels with its
+/// lease, its context and every store operation.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Scope {
+    parts: Arc<ScopeParts>,
+}
+
+#[derive(PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct ScopeParts {
     tenant: Tenant,
     endpoint: Option<Endpoint>,
     key: Key,
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope")
+            .field("tenant", &self.parts.tenant)
+            .field("endpoint", &self.parts.endpoint)
+            .field("key", &self.parts.key)
+            .finish()
+    }
 }
 
 impl Scope {
@@ -118,40 +141,38 @@ impl Scope {
             ScopeMode::Public => Some(endpoint),
             ScopeMode::Internal => None,
         };
-        Scope {
-            tenant,
-            endpoint,
-            key,
-        }
+        Scope::from_parts(tenant, endpoint, key)
     }
 
     /// A scope from its stored parts; `endpoint` is `None` for internal mode.
     pub fn from_parts(tenant: Tenant, endpoint: Option<Endpoint>, key: Key) -> Scope {
         Scope {
-            tenant,
-            endpoint,
-            key,
+            parts: Arc::new(ScopeParts {
+                tenant,
+                endpoint,
+                key,
+            }),
         }
     }
 
     /// The tenant.
     pub fn tenant(&self) -> &Tenant {
-        &self.tenant
+        &self.parts.tenant
     }
 
     /// The endpoint, `None` in internal mode.
     pub fn endpoint(&self) -> Option<&Endpoint> {
-        self.endpoint.as_ref()
+        self.parts.endpoint.as_ref()
     }
 
     /// The endpoint as stored in SQL columns: the empty string in internal mode.
     pub fn endpoint_str(&self) -> &str {
-        self.endpoint.as_ref().map_or("", Endpoint::as_str)
+        self.parts.endpoint.as_ref().map_or("", Endpoint::as_str)
     }
 
     /// The key.
     pub fn key(&self) -> &Key {
-        &self.key
+        &self.parts.key
     }
 
     /// A fixed-length, collision-resistant name for the scope: the hex SHA-256 of its
@@ -159,7 +180,11 @@ impl Scope {
     /// reveals neither the tenant nor the key.
     pub fn digest(&self) -> String {
         let mut h = Sha256::new();
-        for part in [self.tenant.as_str(), self.endpoint_str(), self.key.as_str()] {
+        for part in [
+            self.tenant().as_str(),
+            self.endpoint_str(),
+            self.key().as_str(),
+        ] {
             h.update((part.len() as u64).to_be_bytes());
             h.update(part.as_bytes());
         }
