@@ -6,9 +6,12 @@
 //! (default `redis://127.0.0.1:6379`). Rounds alternate between the two workloads so
 //! drift in the machine's load hits both alike; the medians are printed. Every key it
 //! writes is under a fresh prefix, carries a short TTL, and is deleted at the end.
-//! It also prints the server's own time per operation (from `INFO commandstats`): on a
-//! small shared machine the rates mostly measure CPU contention, the server time does
-//! not.
+//! It also prints the CPU time per operation of the Redis server (the change of
+//! `used_cpu_user + used_cpu_sys` in `INFO cpu` over the round) and of this client
+//! process (`/proc/self/stat`, Linux only): on a small shared machine the rates mostly
+//! measure CPU contention, the CPU times do not. They count every command a workload
+//! sends, top-level or inside a script, and the server's network work, which
+//! `INFO commandstats` leaves out; other clients of a shared server add to the server's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -97,28 +100,26 @@ impl Target {
         }
     }
 
-    /// Microseconds the server has spent in the command this workload sends (`evalsha`
-    /// or `set`), from `INFO commandstats`; other clients of a shared server add to it.
-    async fn server_usec(&self, workload: Workload) -> u64 {
-        let name = match workload {
-            Workload::Idem => "cmdstat_evalsha:",
-            Workload::Raw => "cmdstat_set:",
-        };
+    /// The server's CPU time so far, in microseconds (`INFO cpu`).
+    async fn server_cpu_usec(&self) -> f64 {
         let info: String = redis::cmd("INFO")
-            .arg("commandstats")
+            .arg("cpu")
             .query_async(&mut self.raw.clone())
             .await
             .expect("INFO");
-        info.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        let seconds = |name: &str| -> f64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        (seconds("used_cpu_user:") + seconds("used_cpu_sys:")) * 1e6
     }
 
     /// One round with `callers` concurrent callers.
     async fn round(&self, workload: Workload, callers: usize) -> Round {
-        let usec_before = self.server_usec(workload).await;
+        let server_before = self.server_cpu_usec().await;
+        let client_before = client_cpu_usec();
         let started = Instant::now();
         let deadline = started + ROUND;
         let tasks: Vec<_> = (0..callers)
@@ -139,10 +140,14 @@ impl Target {
             total += t.await.expect("caller");
         }
         let per_second = total as f64 / started.elapsed().as_secs_f64();
-        let usec = self.server_usec(workload).await.saturating_sub(usec_before);
+        let client = client_cpu_usec().zip(client_before).map(|(a, b)| a - b);
+        let server = self.server_cpu_usec().await - server_before;
+        let ops = total.max(1) as f64;
         Round {
+            ops: total,
             per_second,
-            server_usec_per_op: usec as f64 / total.max(1) as f64,
+            server_usec_per_op: server / ops,
+            client_usec_per_op: client.map_or(f64::NAN, |c| c / ops),
         }
     }
 
@@ -178,8 +183,24 @@ impl Target {
 }
 
 struct Round {
+    ops: u64,
     per_second: f64,
     server_usec_per_op: f64,
+    client_usec_per_op: f64,
+}
+
+/// This process's CPU time so far (user + system, every thread), in microseconds, or
+/// `None` where `/proc/self/stat` is not there. The kernel counts it in ticks of 10 ms,
+/// fine enough over a round of a second.
+fn client_cpu_usec() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name, which may itself hold spaces:
+    // utime and stime are the 14th and 15th fields of the line, in clock ticks.
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let utime: f64 = rest.nth(11)?.parse().ok()?;
+    let stime: f64 = rest.next()?.parse().ok()?;
+    const TICKS_PER_SECOND: f64 = 100.0;
+    Some((utime + stime) / TICKS_PER_SECOND * 1e6)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -222,9 +243,21 @@ fn main() {
              (one multiplexed connection each), {ROUNDS} rounds of {ROUND:?}, medians:"
         );
         println!(
-            "{:>8} {:>12} {:>12} {:>6}   {:>22} {:>22}",
-            "callers", "idem ops/s", "raw ops/s", "ratio", "server us/op idem", "server us/op raw"
+            "{:>8} {:>11} {:>11} {:>6}   {:>13} {:>13}   {:>13} {:>13}",
+            "callers",
+            "idem ops/s",
+            "raw ops/s",
+            "ratio",
+            "server us/op",
+            "",
+            "client us/op",
+            ""
         );
+        println!(
+            "{:>8} {:>11} {:>11} {:>6}   {:>13} {:>13}   {:>13} {:>13}",
+            "", "", "", "", "idem", "raw", "idem", "raw"
+        );
+        let mut ops = [0u64; 2];
         for callers in CONCURRENCY {
             // Warm up: connections, script cache, allocator.
             target.round(Workload::Idem, callers).await;
@@ -234,16 +267,23 @@ fn main() {
                 idem.push(target.round(Workload::Idem, callers).await);
                 raw.push(target.round(Workload::Raw, callers).await);
             }
-            let rate = |v: &[Round]| median(v.iter().map(|r| r.per_second).collect());
-            let cost = |v: &[Round]| median(v.iter().map(|r| r.server_usec_per_op).collect());
-            let (idem_rate, raw_rate) = (rate(&idem), rate(&raw));
+            ops[0] += idem.iter().map(|r| r.ops).sum::<u64>();
+            ops[1] += raw.iter().map(|r| r.ops).sum::<u64>();
+            let med = |v: &[Round], f: fn(&Round) -> f64| median(v.iter().map(f).collect());
+            let (idem_rate, raw_rate) = (med(&idem, |r| r.per_second), med(&raw, |r| r.per_second));
             println!(
-                "{callers:>8} {idem_rate:>12.0} {raw_rate:>12.0} {:>6.2}   {:>22.1} {:>22.1}",
+                "{callers:>8} {idem_rate:>11.0} {raw_rate:>11.0} {:>6.2}   {:>13.1} {:>13.1}   {:>13.1} {:>13.1}",
                 idem_rate / raw_rate,
-                cost(&idem),
-                cost(&raw)
+                med(&idem, |r| r.server_usec_per_op),
+                med(&raw, |r| r.server_usec_per_op),
+                med(&idem, |r| r.client_usec_per_op),
+                med(&raw, |r| r.client_usec_per_op),
             );
         }
+        println!(
+            "measured operations (warm-up rounds not counted): idem {}, raw {}",
+            ops[0], ops[1]
+        );
         let deleted = target.clean_up().await;
         println!("deleted the {deleted} keys the run wrote");
     });
