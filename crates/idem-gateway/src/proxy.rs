@@ -226,36 +226,57 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
 /// Appends the client to `X-Forwarded-For` and `Forwarded` and records the original
 /// host and protocol.
+///
+/// On every forwarded request, so built without a `format!` or a header-name parse:
+/// each value is written once into a buffer sized for it.
 pub fn add_forwarded(headers: &mut HeaderMap, client: Option<IpAddr>, host: Option<&HeaderValue>) {
-    let mut forwarded = String::new();
+    use std::fmt::Write as _;
+    let prior = |headers: &HeaderMap, name: &HeaderName| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.trim().is_empty())
+            .map(str::to_owned)
+    };
+    let mut forwarded = prior(headers, &header::FORWARDED).unwrap_or_default();
+    if !forwarded.is_empty() {
+        forwarded.push_str(", ");
+    }
     if let Some(ip) = client {
-        let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-            Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),
-            _ => ip.to_string(),
-        };
-        if let Ok(v) = HeaderValue::from_str(&xff) {
-            headers.insert("x-forwarded-for", v);
+        let mut xff = prior(headers, &X_FORWARDED_FOR).unwrap_or_default();
+        if !xff.is_empty() {
+            xff.push_str(", ");
+        }
+        write!(xff, "{ip}").expect("writing to a String");
+        if let Ok(v) = HeaderValue::try_from(xff) {
+            headers.insert(X_FORWARDED_FOR, v);
         }
         match ip {
-            IpAddr::V4(v4) => forwarded.push_str(&format!("for={v4}")),
-            IpAddr::V6(v6) => forwarded.push_str(&format!("for=\"[{v6}]\"")),
+            IpAddr::V4(v4) => write!(forwarded, "for={v4};"),
+            IpAddr::V6(v6) => write!(forwarded, "for=\"[{v6}]\";"),
         }
-        forwarded.push(';');
+        .expect("writing to a String");
     }
     forwarded.push_str("proto=http");
     if let Some(h) = host.and_then(|h| h.to_str().ok()) {
-        let escaped = h.replace('\\', "\\\\").replace('"', "\\\"");
-        forwarded.push_str(&format!(";host=\"{escaped}\""));
-        headers.insert("x-forwarded-host", host.cloned().expect("checked"));
+        forwarded.push_str(";host=\"");
+        for c in h.chars() {
+            if matches!(c, '\\' | '"') {
+                forwarded.push('\\');
+            }
+            forwarded.push(c);
+        }
+        forwarded.push('"');
+        headers.insert(X_FORWARDED_HOST, host.cloned().expect("checked"));
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
-    let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {forwarded}"),
-        _ => forwarded,
-    };
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    if let Ok(v) = HeaderValue::try_from(forwarded) {
         headers.insert(header::FORWARDED, v);
     }
 }
@@ -339,6 +360,13 @@ mod tests {
         add_forwarded(&mut h, Some("::1".parse().unwrap()), None);
         assert_eq!(h["x-forwarded-for"], "::1");
         assert_eq!(h[header::FORWARDED], "for=\"[::1]\";proto=http");
+
+        // A quoted-string escapes its quote and backslash; no client, no `for=`.
+        let mut h = HeaderMap::new();
+        let host = HeaderValue::from_static(r#"a"b\c"#);
+        add_forwarded(&mut h, None, Some(&host));
+        assert_eq!(h[header::FORWARDED], r#"proto=http;host="a\"b\\c""#);
+        assert!(h.get("x-forwarded-for").is_none());
     }
 
     #[test]
