@@ -1,14 +1,21 @@
 -- Delete an in-progress record so its key may execute again (SPEC S6), fenced by the
--- attempt's token. A completed record is never released.
+-- attempt's token. A completed record is never released. Layout as in complete.lua.
 --
 -- KEYS[1] the record's key
--- ARGV[1] token  ARGV[2] now, ms
+-- ARGV[1] token, 8 bytes     ARGV[2] now, ms (decimal)
 --
--- Returns 1 when released, 0 when fenced (another token, expired, or completed).
-local cur = redis.call('HMGET', KEYS[1], 'token', 'expires_at', 'state')
-local expires_at = tonumber(cur[2])
-if cur[1] ~= ARGV[1] or not expires_at or expires_at <= tonumber(ARGV[2])
-    or cur[3] ~= 'in_progress' then
+-- Returns 1 when released, 0 when fenced (another token, expired, or completed), -1 when
+-- the key holds something that is not a record.
+local v = redis.call('GETRANGE', KEYS[1], 0, 82)
+if v == '' then
+  -- No key (or an empty value, which no record is).
+  return 0
+end
+if #v < 83 or string.sub(v, 1, 2) ~= 'I1' then
+  return -1
+end
+if string.sub(v, 3, 10) ~= ARGV[1] or struct.unpack('>i8', v, 11) <= tonumber(ARGV[2])
+    or string.sub(v, 27, 27) ~= 'P' then
   return 0
 end
 redis.call('DEL', KEYS[1])

@@ -1,17 +1,91 @@
 //! A Redis [`Store`](idem_core::Store) for idem, shared by every instance that reaches
 //! the same server (SPEC S10).
 //!
-//! [`RedisStore`] keeps one hash per record and does every operation as one Lua script
-//! (or one command) touching only that record's key, so it is atomic on a single server
-//! and safe on Redis Cluster. Reserve is the atomic insert-if-absent that decides who
-//! executes (S5); complete, renew and release are fenced by the attempt's token (S7);
-//! records expire through native TTLs (S8). Time is read from the injected clock and
-//! passed to the scripts, so a `ManualClock` controls leases and expiry in tests.
+//! [`RedisStore`] keeps each record as one string value and does every operation as one
+//! command or one Lua script touching only that record's key, so it is atomic on a
+//! single server and safe on Redis Cluster. Reserve is the atomic insert-if-absent that
+//! decides who executes (S5); complete, renew and release are fenced by the attempt's
+//! token (S7); records expire through native TTLs (S8). Time is read from the injected
+//! clock and passed to the server, so a `ManualClock` controls leases and expiry in
+//! tests.
 //!
 //! A server that cannot be reached makes every operation fail with
 //! [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) within about
 //! [`DEFAULT_TIMEOUT`]; the middleware answers 503 and never executes. Operations work
 //! again once the server is back.
+//!
+//! # One request, two commands
+//!
+//! A keyed request costs the server one native command and one short script:
+//!
+//! - **reserve**: `SET key <in-progress record> NX GET PX <ttl>`. No reply means the key
+//!   was free and is now this caller's (attempt 1): the common case needs no script.
+//!   A value is the record holding the key; [`idem_core::decide`], the one place of the
+//!   decision table, judges it (replay, 409, 422). Only when it says to execute (the
+//!   record expired, or its lease lapsed under the same payload) does the store write,
+//!   through `scripts/take_over.lua`: a compare-and-set that replaces the record only if
+//!   its head (below) is still the one read. A caller that loses reads the record
+//!   again; of any number of racers, one wins.
+//! - **complete**: `scripts/complete.lua` reads the value, checks the token, the
+//!   logical expiry and the state at fixed offsets, and writes the completed record with
+//!   `SET … KEEPTTL`. Renew and release are the same kind of script; purge `SCAN`s the
+//!   prefix and checks each key with one.
+//!
+//! Records used to be hashes, with a script for every operation; one string per record
+//! is cheaper on the server (the README has the figures): the fresh-key reserve is a
+//! single native command, a script reads the few fields it checks with `string.sub`
+//! instead of `HMGET`, and the whole record is written with one `SET` instead of a
+//! `HSET` of eleven fields, a `PEXPIRE` and an `HDEL`.
+//!
+//! # The record
+//!
+//! One binary string, big-endian integers, times in milliseconds since the epoch. The
+//! fields the scripts read or change sit at fixed offsets in a head of 71 bytes, so a
+//! script never decodes the rest; numbers are compared the way the caller wrote them
+//! (tokens as their 8 bytes), and a script writes only bytes the caller passed or that
+//! it read.
+//!
+//! | offset | bytes | field                                                           |
+//! |-------:|------:|-----------------------------------------------------------------|
+//! |      0 |     2 | `I1`: a record of this store, format 1                          |
+//! |      2 |     8 | fencing token (`u64`)                                           |
+//! |     10 |     8 | `expires_at` (`i64`)                                            |
+//! |     18 |     8 | `lease_until` while in progress, `completed_at` once completed  |
+//! |     26 |     1 | state: `P` in progress, `C` completed                           |
+//! |     27 |     8 | `created_at` (`i64`)                                            |
+//! |     35 |     4 | attempt (`u32`)                                                 |
+//! |     39 |    32 | fingerprint                                                     |
+//! |     71 |    12 | lengths of tenant, endpoint and key (`u32` each)                |
+//! |     83 |     … | tenant, endpoint (empty in internal mode), key, as text         |
+//!
+//! A completed record goes on with its answer: status (`u16`), the length of the
+//! headers (`u32`), the headers (`idem_core::codec`), and the body, which is the rest of
+//! the value. Every write a record can see changes its head (a new token on each
+//! reservation and takeover, the lease on renewal, the state on completion), which is
+//! what the takeover compares.
+//!
+//! The key is `prefix + "{" + Scope::digest() + "}"` ([`RedisStore::record_key`]); the
+//! braces make the digest the Redis Cluster hash tag. The native TTL is the record's
+//! remaining life by the store's clock plus [`DEFAULT_TTL_GRACE`].
+//!
+//! **Inspecting a record.** `idem keys show` (or the gateway's admin `GET /keys`) decodes
+//! it through [`Store::get`](idem_core::Store::get). By hand: `PTTL key` for the native
+//! TTL; `redis-cli --no-raw GET key` prints the value with its bytes escaped, where the
+//! state (`P`/`C`) is the 27th byte and the tenant, endpoint, key, and for a completed
+//! record the body, read as text at the end; `GETRANGE key 2 9` is the token and
+//! `GETRANGE key 10 17` the expiry, big-endian.
+//!
+//! **Records of the older format.** Versions of this crate before the string format
+//! kept each record as a hash. This version does not read them: every operation on such
+//! a key fails with [`StoreError::Corrupt`](idem_core::StoreError::Corrupt) (the
+//! middleware's fail-closed 503), naming the older format, and never acquires or
+//! writes there; purge leaves the key to its native TTL and `remove` deletes it. The two
+//! formats do not mix, so switch a fleet at once: either under a new
+//! [`key_prefix`](RedisStoreBuilder::key_prefix), or after deleting the old hashes
+//! under the old one (`SCAN` with `TYPE hash`, then `UNLINK`). Either way a key first
+//! used before the switch and retried after it executes again; where that matters,
+//! switch when the old records have expired (their TTL plus grace after the last
+//! request the old version took).
 //!
 //! # Examples
 //!

@@ -1,21 +1,21 @@
-//! [`RedisStore`]: one hash per record, every operation one script or one command on
-//! that one key.
+//! [`RedisStore`]: one string per record, every operation one command or one script
+//! on that one key.
 
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::codec::encode_headers;
+use bytes::Bytes;
 use idem_core::{
-    FencingToken, Lease, Record, Reservation, ReserveRequest, Result, Scope, SharedClock, Store,
-    StoreError, StoredResponse, SystemClock, Timestamp, duration_millis,
+    Decision, FencingToken, Lease, Record, Reservation, ReserveRequest, Result, Scope, SharedClock,
+    Store, StoreError, StoredResponse, SystemClock, Timestamp, decide, duration_millis,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Script, Value};
+use redis::{Client, Cmd, FromRedisValue, Script};
 
-use crate::error::{corrupt, from_redis};
-use crate::record::Fields;
+use crate::error::from_redis;
+use crate::record::{self, FENCED_LEN, InProgress};
 
 /// The prefix of every record key unless [`RedisStoreBuilder::key_prefix`] sets another.
 pub const DEFAULT_KEY_PREFIX: &str = "idem:";
@@ -32,15 +32,17 @@ pub const DEFAULT_TTL_GRACE: Duration = Duration::from_secs(5);
 const SCAN_COUNT: usize = 1_000;
 
 /// The longest native TTL set: records meant to live longer (a `Duration::MAX` TTL)
-/// are still deleted by Redis after a century, and `PEXPIRE` never overflows.
+/// are still deleted by Redis after a century, and `PX` never overflows.
 const MAX_NATIVE_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 
-/// Reserve rounds before giving up when the script and `decide` disagree (they never
-/// should; the bound only keeps a bug from spinning).
+/// Reserve rounds before giving up when every takeover found the record changed since
+/// it was read. Each lost round means another caller wrote the record in between, and
+/// the next round reads what it wrote (a live lease or an answer, almost always), so
+/// more than two rounds take a storm of writes to one key.
 const RESERVE_ROUNDS: usize = 3;
 
-static RESERVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/reserve.lua")));
+static TAKE_OVER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/take_over.lua")));
 static COMPLETE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/complete.lua")));
 static RENEW: LazyLock<Script> =
@@ -52,12 +54,21 @@ static PURGE: LazyLock<Script> =
 
 /// A [`Store`] on Redis, shared by any number of instances.
 ///
-/// Each record is one hash at `prefix + "{" + Scope::digest() + "}"`; the braces make
-/// the digest the Redis Cluster hash tag, so every operation, which is one Lua script or
-/// one command touching only that key, runs on the record's own slot. Time comes from
-/// the injected clock and is passed to the scripts (never Redis `TIME`). Records carry
-/// a native TTL at their expiry plus [`DEFAULT_TTL_GRACE`], so Redis bounds storage by
-/// itself.
+/// Each record is one string at `prefix + "{" + Scope::digest() + "}"`: a fixed-width
+/// binary head (token, expiry, lease, state, creation, attempt, fingerprint), the
+/// scope's parts, and for a completed record its answer; the crate docs give the
+/// layout. The braces make the digest the Redis Cluster hash tag, so every operation,
+/// which is one command or one Lua script touching only that key, runs on the record's
+/// own slot.
+///
+/// Reserving a fresh key is one native command, `SET key record NX GET PX ttl`: it
+/// writes the in-progress record when the key is free and otherwise returns what is
+/// there, which [`idem_core::decide`] judges. Only when that says to execute (the record
+/// expired, or its lease lapsed) does a script replace the record, and only if it is
+/// still the one read. Complete, renew and release are each one small script fenced by
+/// the attempt's token. Time comes from the injected clock and is passed to the server
+/// (never Redis `TIME`). Records carry a native TTL at their expiry plus
+/// [`DEFAULT_TTL_GRACE`], so Redis bounds storage by itself.
 ///
 /// The connection is one multiplexed, reconnecting [`ConnectionManager`]: clones of the
 /// store share it. A store that cannot be reached fails every operation with
@@ -169,25 +180,89 @@ impl RedisStore {
         &self.prefix
     }
 
-    /// The Redis key of `scope`'s record, for operators inspecting it (`HGETALL`).
+    /// The Redis key of `scope`'s record, for operators inspecting it: `PTTL` shows
+    /// its native TTL, `GET` (or `GETRANGE key 0 82` for the head) its value in the
+    /// binary layout the crate docs describe; [`Store::get`] decodes it.
     pub fn record_key(&self, scope: &Scope) -> String {
         format!("{}{{{}}}", self.prefix, scope.digest())
     }
 
-    /// Runs a fenced script whose reply is 1 (done) or 0 (fenced).
-    async fn fenced(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<()> {
-        let done: i64 = invocation
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(from_redis)?;
-        match done {
+    /// Runs `cmd`, an `EVALSHA` of `script` built by [`evalsha`]; when the server does
+    /// not know the script (it restarted, or its cache was flushed) loads it and runs
+    /// `cmd` again.
+    async fn eval<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> Result<T> {
+        let mut conn = self.conn.clone();
+        match cmd.query_async(&mut conn).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                script.load_async(&mut conn).await.map_err(from_redis)?;
+                cmd.query_async(&mut conn).await.map_err(from_redis)
+            }
+            reply => reply.map_err(from_redis),
+        }
+    }
+
+    /// Runs a fenced script whose reply is 1 (done), 0 (fenced) or -1 (the key holds
+    /// something that is not a record).
+    async fn fenced(&self, script: &Script, cmd: &Cmd, key: &str) -> Result<()> {
+        match self.eval::<i64>(script, cmd).await? {
             1 => Ok(()),
+            -1 => Err(not_a_record(key)),
             _ => Err(StoreError::Fenced),
         }
     }
+
+    /// Replaces the record at `key` with `new` if its head is still `head`; whether it
+    /// did.
+    async fn take_over(
+        &self,
+        key: &str,
+        head: &[u8],
+        new: &[u8],
+        native_ttl: Option<i64>,
+    ) -> Result<bool> {
+        let mut cmd = evalsha(&TAKE_OVER, key);
+        cmd.arg(head).arg(new);
+        match native_ttl {
+            Some(ms) => cmd.arg(ms),
+            None => cmd.arg(""),
+        };
+        Ok(self.eval::<i64>(&TAKE_OVER, &cmd).await? == 1)
+    }
 }
 
-/// A `PEXPIRE` argument for a record that logically lives until `until`: relative to
+/// `EVALSHA` of `script` on the one key `key`, for the caller to add the arguments: the
+/// command built once, straight from the values (`Script::invoke_async` would copy each
+/// argument twice).
+fn evalsha(script: &Script, key: &str) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(1).arg(key);
+    cmd
+}
+
+/// The record stored at `key`; a value that is not one is [`StoreError::Corrupt`],
+/// naming the key.
+fn decode(key: &str, value: Bytes) -> Result<Record> {
+    record::decode(value).map_err(|e| match e {
+        StoreError::Corrupt(why) => StoreError::Corrupt(format!("{key}: {why}")),
+        other => other,
+    })
+}
+
+/// The error for a key under the store's prefix whose string value is not a record.
+fn not_a_record(key: &str) -> StoreError {
+    StoreError::Corrupt(format!("the value at {key} is not a record of this store"))
+}
+
+/// The lease of a reservation this caller won.
+fn acquired(req: &ReserveRequest, token: FencingToken, attempt: u32) -> Reservation {
+    Reservation::Acquired(Lease {
+        scope: req.scope.clone(),
+        token,
+        attempt,
+    })
+}
+
+/// A `PX` argument for a record that logically lives until `until`: relative to
 /// `now` on the injected clock, so the native TTL agrees with the scripts' expiry check
 /// whatever the skew between that clock and the server's, plus the grace; at least
 /// 1 ms and at most [`MAX_NATIVE_TTL_MS`].
@@ -224,32 +299,32 @@ impl Store for RedisStore {
             let token = FencingToken::generate();
             let lease_until = now.plus(req.lease);
             let expires_at = req.expires_at(now);
-            let reply: Value = RESERVE
-                .key(&key)
-                .arg(now.as_millis())
-                .arg(req.fingerprint.as_bytes().as_slice())
-                .arg(token.as_u64())
-                .arg(lease_until.as_millis())
-                .arg(expires_at.as_millis())
-                .arg(native_ttl(self.ttl_grace_ms, expires_at, now))
-                .arg(native_ttl(self.ttl_grace_ms, lease_until, now))
-                .arg(req.scope.tenant().as_str())
-                .arg(req.scope.endpoint_str())
-                .arg(req.scope.key().as_str())
-                .invoke_async(&mut self.conn.clone())
+            let fresh = InProgress {
+                scope: &req.scope,
+                fingerprint: &req.fingerprint,
+                token,
+                created_at: now,
+                expires_at,
+                lease_until,
+                attempt: 1,
+            };
+            let fresh_ttl = native_ttl(self.ttl_grace_ms, expires_at, now);
+            // Writes the record if the key is free, else returns what holds it.
+            let existing: Option<Vec<u8>> = redis::cmd("SET")
+                .arg(&key)
+                .arg(fresh.encode())
+                .arg("NX")
+                .arg("GET")
+                .arg("PX")
+                .arg(fresh_ttl)
+                .query_async(&mut self.conn.clone())
                 .await
                 .map_err(from_redis)?;
-            if let Value::Int(attempt) = reply {
-                let attempt = u32::try_from(attempt).map_err(|_| corrupt("attempt", attempt))?;
-                return Ok(Reservation::Acquired(Lease {
-                    scope: req.scope.clone(),
-                    token,
-                    attempt,
-                }));
-            }
-            let record = Fields::from_reply(reply)?
-                .ok_or_else(|| corrupt("*", "the reserve script returned no record"))?
-                .into_record()?;
+            let Some(existing) = existing else {
+                return Ok(acquired(req, token, 1));
+            };
+            let existing = Bytes::from(existing);
+            let record = decode(&key, existing.clone())?;
             // The digest makes another scope's record unreachable; checking costs
             // nothing and keeps one tenant's answer from ever reaching another.
             if record.scope != req.scope {
@@ -257,63 +332,88 @@ impl Store for RedisStore {
                     "the record at {key} belongs to another scope"
                 )));
             }
-            if let Some(reservation) = Reservation::from_existing(record, &req.fingerprint, now) {
-                return Ok(reservation);
+            let expired = record.is_expired(now);
+            let (created_at, old_expiry) = (record.created_at, record.expires_at);
+            let attempt = match decide(Some(record), &req.fingerprint, now) {
+                Decision::Execute { attempt } => attempt,
+                Decision::Replay(response) => return Ok(Reservation::Replay(response)),
+                Decision::InProgress { retry_after } => {
+                    return Ok(Reservation::InProgress { retry_after });
+                }
+                Decision::Mismatch => return Ok(Reservation::Mismatch),
+            };
+            // The head the decision was made on (a decoded record is longer).
+            let head = &existing[..FENCED_LEN];
+            let won = if expired {
+                // Replaced whole: nothing of the old record (its answer) survives.
+                self.take_over(&key, head, &fresh.encode(), Some(fresh_ttl))
+                    .await?
+            } else {
+                // A lapsed lease of the same payload: attempt n+1 keeps created_at, and
+                // the record lives at least as long as the new lease.
+                let expires_at = old_expiry.max(lease_until);
+                let next = InProgress {
+                    created_at,
+                    expires_at,
+                    attempt,
+                    ..fresh
+                };
+                let ttl = (expires_at > old_expiry)
+                    .then(|| native_ttl(self.ttl_grace_ms, expires_at, now));
+                self.take_over(&key, head, &next.encode(), ttl).await?
+            };
+            if won {
+                return Ok(acquired(req, token, attempt));
             }
         }
-        Err(StoreError::Corrupt(format!(
-            "the reserve script and the decision table disagree about {key}"
+        Err(StoreError::unavailable(format!(
+            "the record at {key} changed under each of {RESERVE_ROUNDS} attempts to take it \
+             over"
         )))
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<()> {
         let now = self.clock.now();
-        self.fenced(
-            COMPLETE
-                .key(self.record_key(&lease.scope))
-                .arg(lease.token.as_u64())
-                .arg(now.as_millis())
-                .arg(response.status)
-                .arg(encode_headers(&response.headers))
-                .arg(&response.body[..]),
-        )
-        .await
+        let key = self.record_key(&lease.scope);
+        let mut cmd = evalsha(&COMPLETE, &key);
+        cmd.arg(&lease.token.as_u64().to_be_bytes())
+            .arg(now.as_millis())
+            .arg(&now.as_millis().to_be_bytes())
+            .arg(record::encode_answer_head(response))
+            .arg(&response.body[..]);
+        self.fenced(&COMPLETE, &cmd, &key).await
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<()> {
         let now = self.clock.now();
         let lease_until = now.plus(lease_for);
-        self.fenced(
-            RENEW
-                .key(self.record_key(&lease.scope))
-                .arg(lease.token.as_u64())
-                .arg(now.as_millis())
-                .arg(lease_until.as_millis())
-                .arg(native_ttl(self.ttl_grace_ms, lease_until, now)),
-        )
-        .await
+        let key = self.record_key(&lease.scope);
+        let mut cmd = evalsha(&RENEW, &key);
+        cmd.arg(&lease.token.as_u64().to_be_bytes())
+            .arg(now.as_millis())
+            .arg(&lease_until.as_millis().to_be_bytes())
+            .arg(lease_until.as_millis())
+            .arg(native_ttl(self.ttl_grace_ms, lease_until, now));
+        self.fenced(&RENEW, &cmd, &key).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let now = self.clock.now();
-        self.fenced(
-            RELEASE
-                .key(self.record_key(&lease.scope))
-                .arg(lease.token.as_u64())
-                .arg(now.as_millis()),
-        )
-        .await
+        let key = self.record_key(&lease.scope);
+        let mut cmd = evalsha(&RELEASE, &key);
+        cmd.arg(&lease.token.as_u64().to_be_bytes())
+            .arg(now.as_millis());
+        self.fenced(&RELEASE, &cmd, &key).await
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
-        let reply: Value = redis::cmd("HGETALL")
-            .arg(self.record_key(scope))
+        let key = self.record_key(scope);
+        let value: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(&key)
             .query_async(&mut self.conn.clone())
             .await
             .map_err(from_redis)?;
-        Fields::from_reply(reply)?
-            .map(Fields::into_record)
-            .transpose()
+        value.map(|v| decode(&key, v.into())).transpose()
     }
 
     async fn remove(&self, scope: &Scope) -> Result<bool> {
@@ -359,12 +459,12 @@ impl Store for RedisStore {
                     save(cursor);
                     return Ok(purged);
                 }
-                let deleted: i64 = PURGE
-                    .key(key)
-                    .arg(now.as_millis())
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(from_redis)?;
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(PURGE.get_hash())
+                    .arg(1)
+                    .arg(key)
+                    .arg(now.as_millis());
+                let deleted: i64 = self.eval(&PURGE, &cmd).await?;
                 purged += usize::from(deleted == 1);
             }
             cursor = next;
@@ -405,7 +505,7 @@ mod tests {
             native_ttl(5_000, now.plus(Duration::from_secs(60)), now),
             65_000
         );
-        // Already past: deleted soon, never a zero or negative PEXPIRE.
+        // Already past: deleted soon, never a zero or negative PX.
         assert_eq!(native_ttl(0, now, now), 1);
         assert_eq!(native_ttl(0, Timestamp::from_millis(0), now), 1);
         assert_eq!(
