@@ -76,11 +76,6 @@ const AUTOCHECKPOINT_PAGES: i64 = 1000;
 /// The size, in bytes, that a WAL larger than it is cut back to when it starts over.
 const WAL_SIZE_LIMIT: i64 = 64 << 20;
 
-/// The writer's page cache, in KiB (SQLite's default is 2 MiB). Each new key lands on
-/// its own leaf of the primary-key index; once the records outgrow the cache, nearly
-/// every reserve read its leaf back from the file first.
-const WRITER_CACHE_KIB: i64 = 32 * 1024;
-
 /// A write, as queued for the writer.
 #[derive(Debug)]
 pub(crate) enum Op {
@@ -224,7 +219,6 @@ impl Target {
         if self.wal() {
             conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
         }
-        conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
         conn.set_prepared_statement_cache_capacity(32);
         Ok(conn)
     }
