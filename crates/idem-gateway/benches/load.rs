@@ -3,7 +3,9 @@
 //! 64 keep-alive connections, every request a POST with its own fresh key.
 //!
 //! Prints requests/s, p50 and p99 latency per configuration and each one's throughput
-//! as a ratio of pass-through, and the gateway's CPU time per request. The
+//! as a ratio of pass-through, and CPU time per request: the gateway's, this process's
+//! (driver and upstream), and the rest of the machine's (a store server, and whatever
+//! else runs). The
 //! configurations run interleaved, `IDEM_LOAD_ROUNDS` rounds (default 3) of
 //! `IDEM_LOAD_SECS` seconds each (default 3, after a 1 s warm-up), and the medians are
 //! reported, each ratio taken within a round. `IDEM_LOAD_ONLY=memory,sqlite` runs only
@@ -37,6 +39,9 @@ struct Figures {
     driver_us: f64,
     /// How busy the whole machine was, 0–100 %.
     machine_busy: f64,
+    /// The CPU time per request of everything else on the machine (a store server
+    /// such as redis-server or PostgreSQL, and unrelated load), microseconds.
+    others_us: f64,
     /// Gateway CPU time per request, microseconds.
     cpu_us: f64,
     requests: usize,
@@ -232,8 +237,11 @@ async fn run(name: &str, gw: &Gateway, secs: u64) -> Figures {
             .copied()
             .unwrap_or_default()
     };
+    // Ticks are 10 ms each (USER_HZ 100 on Linux).
+    let others = (busy / 100.0 - cpu.as_secs_f64() - driver.as_secs_f64()).max(0.0);
     Figures {
         name: name.to_owned(),
+        others_us: others * 1e6 / all.len().max(1) as f64,
         cpu_us: cpu.as_secs_f64() * 1e6 / all.len().max(1) as f64,
         driver_us: driver.as_secs_f64() * 1e6 / all.len().max(1) as f64,
         machine_busy: 100.0 * busy / total,
@@ -319,13 +327,14 @@ fn main() {
             for (name, gw) in &gateways {
                 let f = run(name, gw, secs).await;
                 println!(
-                    "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, driver+upstream {:>4.0} us  machine {:>3.0}% busy  errors {}",
+                    "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, driver+upstream {:>4.0} us, rest {:>4.0} us  machine {:>3.0}% busy  errors {}",
                     f.name,
                     f.rps(),
                     f.p50.as_secs_f64() * 1e3,
                     f.p99.as_secs_f64() * 1e3,
                     f.cpu_us,
                     f.driver_us,
+                    f.others_us,
                     f.machine_busy,
                     f.errors
                 );
@@ -352,12 +361,13 @@ fn main() {
                 _ => "",
             };
             println!(
-                "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  gateway CPU {:>4.0} us/req  ratio {:.2}{target}",
+                "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, rest {:>4.0} us  ratio {:.2}{target}",
                 name,
                 col(&|f| f.rps()),
                 col(&|f| f.p50.as_secs_f64() * 1e3),
                 col(&|f| f.p99.as_secs_f64() * 1e3),
                 col(&|f| f.cpu_us),
+                col(&|f| f.others_us),
                 ratio,
             );
         }
