@@ -17,6 +17,11 @@ use crate::policy::{NoopObserver, Observer};
 /// The header that carries the key unless configured otherwise.
 pub const DEFAULT_HEADER_NAME: HeaderName = HeaderName::from_static("idempotency-key");
 
+/// The largest answer recorded, in bytes, unless configured otherwise: 8 MiB. Every
+/// keyed answer is held whole to be recorded; a larger one is replaced by a recorded
+/// `response-too-large` problem.
+pub const DEFAULT_RESPONSE_LIMIT: usize = 8 * 1024 * 1024;
+
 /// Response statuses that release the key by default (SPEC S6): the request did not
 /// start executing, so a corrected retry with the same key may run.
 pub const DEFAULT_RELEASE_STATUSES: [u16; 12] =
@@ -72,6 +77,7 @@ pub(crate) struct Config {
     pub(crate) tenant_from: TenantExtractor,
     pub(crate) fingerprint: FingerprintOptions,
     pub(crate) body_limit: usize,
+    pub(crate) response_limit: usize,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) stored_headers: Vec<HeaderName>,
@@ -90,6 +96,7 @@ impl Default for Config {
             tenant_from: Arc::new(default_tenant),
             fingerprint: FingerprintOptions::default(),
             body_limit: DEFAULT_BODY_LIMIT,
+            response_limit: DEFAULT_RESPONSE_LIMIT,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             stored_headers: DEFAULT_STORED_HEADERS
@@ -111,6 +118,7 @@ impl fmt::Debug for Config {
             .field("scope_mode", &self.scope_mode)
             .field("fingerprint", &self.fingerprint)
             .field("body_limit", &self.body_limit)
+            .field("response_limit", &self.response_limit)
             .field("ttl", &self.ttl)
             .field("lease", &self.lease)
             .field("stored_headers", &self.stored_headers)

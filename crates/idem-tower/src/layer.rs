@@ -151,6 +151,18 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// The largest answer recorded, in bytes (default [`DEFAULT_RESPONSE_LIMIT`], 8 MiB).
+    /// Answers are held whole to be recorded; when the handler's answer is larger, it
+    /// has run, so its answer is replaced by a 500 `response-too-large` problem, which
+    /// is recorded and replayed: the operation never runs twice, and memory stays
+    /// bounded.
+    ///
+    /// [`DEFAULT_RESPONSE_LIMIT`]: crate::DEFAULT_RESPONSE_LIMIT
+    pub fn response_limit(mut self, limit: usize) -> Self {
+        self.config().response_limit = limit;
+        self
+    }
+
     /// How long records live (default 24 h).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.config().ttl = ttl;

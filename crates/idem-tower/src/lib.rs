@@ -133,14 +133,20 @@
 //! | 409    | `https://idem.dev/problems/request-in-progress` | another attempt runs; `Retry-After`   |
 //! | 422    | `https://idem.dev/problems/key-reused`          | key reused with a different payload   |
 //! | 500    | `https://idem.dev/problems/handler-failed`      | the handler panicked or failed (recorded) |
+//! | 500    | `https://idem.dev/problems/response-too-large`  | the handler ran; its answer is over the response limit (recorded) |
 //! | 503    | `https://idem.dev/problems/store-unavailable`   | store unreachable; `Retry-After`      |
 //!
 //! # Limits of this version
 //!
 //! - The response future is boxed (one allocation per request; a keyed request's
 //!   execution is a second one).
-//! - A keyed request's response is buffered whole to be recorded; there is no limit on
-//!   its size.
+//! - A keyed request's response is buffered whole to be recorded, up to
+//!   [`IdempotencyLayer::response_limit`] ([`DEFAULT_RESPONSE_LIMIT`], 8 MiB). A larger
+//!   answer comes from a handler that has run, so it is replaced, for the first caller
+//!   and every retry alike, by a recorded 500 `response-too-large` problem: the operation
+//!   never runs twice, but its answer is lost. Raise the limit above your largest
+//!   answer; recording a reference to a large resource instead (SPEC S6) is not
+//!   implemented.
 
 mod body;
 mod config;
@@ -155,8 +161,8 @@ mod service;
 
 pub use body::IdempotencyBody;
 pub use config::{
-    DEFAULT_HEADER_NAME, DEFAULT_RELEASE_STATUSES, DEFAULT_STORED_HEADERS, NEVER_STORED_HEADERS,
-    RouteConfig, default_tenant, is_storable_header,
+    DEFAULT_HEADER_NAME, DEFAULT_RELEASE_STATUSES, DEFAULT_RESPONSE_LIMIT, DEFAULT_STORED_HEADERS,
+    NEVER_STORED_HEADERS, RouteConfig, default_tenant, is_storable_header,
 };
 pub use context::IdempotencyContext;
 pub use future::ResponseFuture;

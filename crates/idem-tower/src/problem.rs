@@ -33,6 +33,10 @@ pub enum ProblemKind {
     /// 500: the handler panicked or failed after it started; it may have had effects, so
     /// this answer is recorded and replayed.
     HandlerFailed,
+    /// 500: the handler ran, but its answer is over the response limit and cannot be
+    /// recorded; this problem is recorded and replayed in its place, so the operation
+    /// never runs twice.
+    ResponseTooLarge,
     /// 503 + `Retry-After`: the idempotency store is unreachable; the handler was not
     /// called (SPEC S10).
     StoreUnavailable,
@@ -40,7 +44,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 8] = [
+    pub const ALL: [ProblemKind; 9] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
@@ -48,6 +52,7 @@ impl ProblemKind {
         ProblemKind::RequestInProgress,
         ProblemKind::KeyReused,
         ProblemKind::HandlerFailed,
+        ProblemKind::ResponseTooLarge,
         ProblemKind::StoreUnavailable,
     ];
 
@@ -61,6 +66,7 @@ impl ProblemKind {
             ProblemKind::RequestInProgress => "https://idem.dev/problems/request-in-progress",
             ProblemKind::KeyReused => "https://idem.dev/problems/key-reused",
             ProblemKind::HandlerFailed => "https://idem.dev/problems/handler-failed",
+            ProblemKind::ResponseTooLarge => "https://idem.dev/problems/response-too-large",
             ProblemKind::StoreUnavailable => "https://idem.dev/problems/store-unavailable",
         }
     }
@@ -74,7 +80,9 @@ impl ProblemKind {
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::RequestInProgress => StatusCode::CONFLICT,
             ProblemKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ProblemKind::HandlerFailed => StatusCode::INTERNAL_SERVER_ERROR,
+            ProblemKind::HandlerFailed | ProblemKind::ResponseTooLarge => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             ProblemKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -89,6 +97,7 @@ impl ProblemKind {
             ProblemKind::RequestInProgress => "Request in progress",
             ProblemKind::KeyReused => "Idempotency-Key reused with a different payload",
             ProblemKind::HandlerFailed => "Request failed",
+            ProblemKind::ResponseTooLarge => "Response too large to record",
             ProblemKind::StoreUnavailable => "Idempotency store unavailable",
         }
     }

@@ -416,10 +416,14 @@ where
         let context = IdempotencyContext::new(scope, lease.clone(), fingerprint);
         let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
         req.extensions_mut().insert(context);
+        let response_limit = config.response_limit;
         let handler = AssertUnwindSafe(async move {
             let response = inner.call(req).await.map_err(Into::into)?;
             let (head, body) = response.into_parts();
-            let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
+            let bytes = Limited::new(body, response_limit)
+                .collect()
+                .await?
+                .to_bytes();
             Ok::<_, BoxError>((head, bytes))
         })
         .catch_unwind();
@@ -437,6 +441,13 @@ where
                     }
                 });
                 (head, body, disposition)
+            }
+            Ok(Err(e)) if e.is::<LengthLimitError>() => {
+                tracing::error!(
+                    limit = config.response_limit,
+                    "the handler's answer is over the response limit; recording a 500 in its place"
+                );
+                too_large_response(config.response_limit)
             }
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "handler failed after it started; recording a 500");
@@ -590,6 +601,19 @@ fn failed_response() -> (http::response::Parts, Bytes, Disposition) {
         ProblemKind::HandlerFailed,
         "the request failed while it was being processed and may have had effects; \
          this answer is final for this key",
+    )
+    .to_response()
+    .into_parts();
+    (head, body, Disposition::Record)
+}
+
+fn too_large_response(limit: usize) -> (http::response::Parts, Bytes, Disposition) {
+    let (head, body) = Problem::new(
+        ProblemKind::ResponseTooLarge,
+        format!(
+            "the request was executed, but its answer is over the {limit}-byte limit for \
+             recorded answers and cannot be kept; this answer is final for this key"
+        ),
     )
     .to_response()
     .into_parts();

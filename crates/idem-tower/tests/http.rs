@@ -84,6 +84,7 @@ for_each_store!(
     disposition_keep_in_progress_lets_lease_lapse,
     stored_headers_are_allow_listed,
     handler_panic_is_recorded_as_500_replay,
+    answer_over_response_limit_is_recorded_as_500_problem,
     // S7: concurrency, disconnects, leases
     concurrent_identical_requests_execute_once,
     client_disconnect_does_not_cancel_handler,
@@ -870,6 +871,40 @@ async fn handler_panic_is_recorded_as_500_replay(kind: StoreKind) {
         1,
         "a panicked handler may have had effects"
     );
+}
+
+async fn answer_over_response_limit_is_recorded_as_500_problem(kind: StoreKind) {
+    // The order's 201 answer is longer than 16 bytes.
+    let app = App::start_with(kind, |l| l.response_limit(16)).await;
+    let first = app.post("/orders").key("k-huge").json(ORDER).send().await;
+    let problem = first.assert_problem(500, "response-too-large");
+    assert!(problem["detail"].as_str().unwrap().contains("16-byte"));
+    assert!(!first.is_replay());
+    assert_eq!(count(&app.counters.orders), 1);
+    // Recorded, not released: the order was placed, so it must not be placed again.
+    let record = app
+        .store
+        .get(&scope("/orders", "k-huge", None))
+        .await
+        .unwrap()
+        .expect("a record");
+    match record.state {
+        RecordState::Completed { response, .. } => {
+            assert_eq!(response.status, 500);
+            assert_eq!(response.body, first.body);
+        }
+        other => panic!("expected a completed record, found {other:?}"),
+    }
+    let retry = app.post("/orders").key("k-huge").json(ORDER).send().await;
+    retry.assert_problem(500, "response-too-large");
+    assert!(retry.is_replay());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(count(&app.counters.orders), 1);
+
+    // An answer within the limit is recorded as it is.
+    let app = App::start_with(kind, |l| l.response_limit(64 * 1024)).await;
+    let ok = app.post("/orders").key("k-fits").json(ORDER).send().await;
+    assert_eq!(ok.status, 201);
 }
 
 // ---------------------------------------------------------------- S7
