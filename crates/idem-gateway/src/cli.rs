@@ -127,6 +127,11 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_BODY_LIMIT", value_name = "BYTES", value_parser = parse_byte_size)]
     pub body_limit: Option<usize>,
 
+    /// Largest keyed answer recorded, e.g. 8MiB; a larger answer from the upstream is
+    /// replaced by a recorded 502 `upstream-answer-too-large` problem [default: 8MiB].
+    #[arg(long, env = "IDEM_RESPONSE_LIMIT", value_name = "BYTES", value_parser = parse_byte_size)]
+    pub response_limit: Option<usize>,
+
     /// Header whose value (hashed) names the tenant [default: Authorization].
     #[arg(long, env = "IDEM_TENANT_HEADER", value_name = "NAME")]
     pub tenant_header: Option<String>,

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Method, Uri};
 use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, ScopeMode};
+use idem_tower::DEFAULT_RESPONSE_LIMIT;
 use serde::Deserialize;
 
 use crate::cli::{ScopeArg, ServeArgs};
@@ -77,6 +78,24 @@ fn invalid(setting: impl Into<String>, reason: impl ToString) -> ConfigError {
     }
 }
 
+/// A byte count from the command line (already parsed), else from the file (a number or
+/// a string such as `"1MiB"`), else `default`.
+fn bytes(
+    cli: Option<usize>,
+    file: Option<ByteSize>,
+    setting: &str,
+    default: usize,
+) -> Result<usize, ConfigError> {
+    match (cli, file) {
+        (Some(n), _) => Ok(n),
+        (None, Some(ByteSize::Bytes(n))) => {
+            usize::try_from(n).map_err(|_| invalid(setting, "too large"))
+        }
+        (None, Some(ByteSize::Text(s))) => parse_byte_size(&s).map_err(|e| invalid(setting, e)),
+        (None, None) => Ok(default),
+    }
+}
+
 /// The `--config` file as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,6 +122,8 @@ pub struct FileConfig {
     pub upstream_timeout: Option<String>,
     /// `--body-limit`: a number of bytes or a string such as `"1MiB"`.
     pub body_limit: Option<ByteSize>,
+    /// `--response-limit`: a number of bytes or a string such as `"8MiB"`.
+    pub response_limit: Option<ByteSize>,
     /// `--tenant-header`.
     pub tenant_header: Option<String>,
     /// `--scope`.
@@ -224,6 +245,8 @@ pub struct GatewayConfig {
     pub upstream_timeout: Duration,
     /// Keyed body limit in bytes.
     pub body_limit: usize,
+    /// Largest keyed answer recorded, in bytes.
+    pub response_limit: usize,
     /// The header naming the tenant.
     pub tenant_header: HeaderName,
     /// The scope mode.
@@ -281,16 +304,18 @@ impl GatewayConfig {
             .or(file.admin)
             .map(|a| parse_admin_addr(&a))
             .transpose()?;
-        let body_limit = match (args.body_limit, file.body_limit) {
-            (Some(n), _) => n,
-            (None, Some(ByteSize::Bytes(n))) => {
-                usize::try_from(n).map_err(|_| invalid("body_limit", "too large"))?
-            }
-            (None, Some(ByteSize::Text(s))) => {
-                parse_byte_size(&s).map_err(|e| invalid("body_limit", e))?
-            }
-            (None, None) => DEFAULT_BODY_LIMIT,
-        };
+        let body_limit = bytes(
+            args.body_limit,
+            file.body_limit,
+            "body_limit",
+            DEFAULT_BODY_LIMIT,
+        )?;
+        let response_limit = bytes(
+            args.response_limit,
+            file.response_limit,
+            "response_limit",
+            DEFAULT_RESPONSE_LIMIT,
+        )?;
         let tenant_header = args
             .tenant_header
             .clone()
@@ -338,6 +363,7 @@ impl GatewayConfig {
             lease: dur(args.lease, &file.lease, "lease", DEFAULT_LEASE)?,
             upstream_timeout,
             body_limit,
+            response_limit,
             tenant_header,
             scope,
             keyed_methods,
@@ -479,6 +505,7 @@ mod tests {
         assert_eq!(c.lease, Duration::from_secs(60));
         assert_eq!(c.upstream_timeout, Duration::from_secs(60));
         assert_eq!(c.body_limit, 1024 * 1024);
+        assert_eq!(c.response_limit, 8 * 1024 * 1024);
         assert_eq!(c.tenant_header, http::header::AUTHORIZATION);
         assert_eq!(c.scope, ScopeMode::Public);
         assert_eq!(c.keyed_methods, vec![Method::POST, Method::PATCH]);
@@ -498,6 +525,7 @@ mod tests {
             ttl = "1h"
             lease = "5s"
             body_limit = "64KiB"
+            response_limit = 2097152
             keyed_methods = ["POST"]
             "#,
         )
@@ -510,6 +538,7 @@ mod tests {
         assert_eq!(c.ttl, Duration::from_secs(60));
         assert_eq!(c.lease, Duration::from_secs(5));
         assert_eq!(c.body_limit, 64 * 1024);
+        assert_eq!(c.response_limit, 2 * 1024 * 1024);
         assert_eq!(c.keyed_methods, vec![Method::POST]);
     }
 

@@ -22,24 +22,29 @@ pub enum UpstreamError {
     /// The connection broke (reset, closed, garbled) after the request was sent: the
     /// outcome is unknown as well.
     Broken,
+    /// A keyed answer is over `--response-limit`: the upstream acted, but its answer
+    /// cannot be recorded, so this problem is recorded in its place.
+    TooLarge,
 }
 
 impl UpstreamError {
     /// The status the client gets.
     pub fn status(self) -> StatusCode {
         match self {
-            UpstreamError::Unreachable => StatusCode::BAD_GATEWAY,
+            UpstreamError::Unreachable | UpstreamError::TooLarge => StatusCode::BAD_GATEWAY,
             UpstreamError::Timeout | UpstreamError::Broken => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 
     /// What happens to the key's record (SPEC S6, S7): released when nothing was sent,
     /// kept in progress until its lease lapses when the outcome is unknown, so a retry
-    /// neither runs twice concurrently nor replays a guess.
+    /// neither runs twice concurrently nor replays a guess, and recorded when the
+    /// upstream acted but its answer is too large to keep.
     pub fn disposition(self) -> Disposition {
         match self {
             UpstreamError::Unreachable => Disposition::Release,
             UpstreamError::Timeout | UpstreamError::Broken => Disposition::KeepInProgress,
+            UpstreamError::TooLarge => Disposition::Record,
         }
     }
 
@@ -49,6 +54,7 @@ impl UpstreamError {
             UpstreamError::Unreachable => "unreachable",
             UpstreamError::Timeout => "timeout",
             UpstreamError::Broken => "broken",
+            UpstreamError::TooLarge => "too_large",
         }
     }
 
@@ -73,6 +79,14 @@ impl UpstreamError {
                 "The connection to the upstream broke after the request was sent; its \
                  outcome is unknown. Retry with the same Idempotency-Key: it answers 409 \
                  until the attempt's lease lapses, then executes as the next attempt.",
+            ),
+            UpstreamError::TooLarge => (
+                "https://idem.dev/problems/upstream-answer-too-large",
+                "Upstream answer too large to record",
+                "The upstream executed the request, but its answer is over the gateway's \
+                 response limit and cannot be recorded. This answer is recorded in its \
+                 place and is final for this Idempotency-Key: a retry replays it and \
+                 does not execute again.",
             ),
         }
     }
@@ -122,6 +136,16 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["status"], 502);
         assert_eq!(v["type"], "https://idem.dev/problems/upstream-unreachable");
+    }
+
+    #[test]
+    fn too_large_answer_is_502_and_recorded() {
+        let res = UpstreamError::TooLarge.into_response();
+        assert_eq!(res.status(), 502);
+        assert_eq!(
+            res.extensions().get::<Disposition>(),
+            Some(&Disposition::Record)
+        );
     }
 
     #[test]

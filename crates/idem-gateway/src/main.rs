@@ -90,7 +90,7 @@ async fn check(args: &ServeArgs) -> ExitCode {
     }
     let methods: Vec<&str> = config.keyed_methods.iter().map(|m| m.as_str()).collect();
     println!(
-        "keys      {} on {}, scope {:?}, ttl {}, lease {}, body limit {} bytes",
+        "keys      {} on {}, scope {:?}, ttl {}, lease {}, body limit {} bytes, response limit {} bytes",
         if config.require_key {
             "required"
         } else {
@@ -100,7 +100,8 @@ async fn check(args: &ServeArgs) -> ExitCode {
         config.scope,
         humantime::format_duration(config.ttl),
         humantime::format_duration(config.lease),
-        config.body_limit
+        config.body_limit,
+        config.response_limit
     );
     for r in &config.routes {
         println!(

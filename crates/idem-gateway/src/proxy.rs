@@ -12,7 +12,8 @@
 //! - an `Idempotency-Disposition: record|release` response header overrides the default
 //!   record-or-release decision and is stripped;
 //! - a refused connection is a 502 that releases the key; a timeout or broken connection
-//!   after sending is a 504 that keeps the record in progress until its lease lapses.
+//!   after sending is a 504 that keeps the record in progress until its lease lapses; a
+//!   keyed answer over `--response-limit` is a 502 that is recorded in its place.
 //!
 //! Unkeyed traffic streams both ways. Keyed answers are read whole within the upstream
 //! timeout (the layer records them anyway), so an upstream that stalls mid-body is a
@@ -85,13 +86,20 @@ struct Inner {
     client: Client<HttpConnector, ProxyBody>,
     upstream: Upstream,
     timeout: Duration,
+    response_limit: usize,
     metrics: Arc<Metrics>,
     host: Option<HeaderValue>,
 }
 
 impl Proxy {
-    /// A proxy to `upstream` that gives up after `timeout`.
-    pub fn new(upstream: Upstream, timeout: Duration, metrics: Arc<Metrics>) -> Proxy {
+    /// A proxy to `upstream` that gives up after `timeout` and reads keyed answers up to
+    /// `response_limit` bytes.
+    pub fn new(
+        upstream: Upstream,
+        timeout: Duration,
+        response_limit: usize,
+        metrics: Arc<Metrics>,
+    ) -> Proxy {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         // A connect that cannot finish is "unreachable" (nothing sent), not a timeout
@@ -107,6 +115,7 @@ impl Proxy {
                 client,
                 upstream,
                 timeout,
+                response_limit,
                 metrics,
                 host,
             }),
@@ -167,8 +176,16 @@ impl Proxy {
         strip_hop_by_hop(&mut parts.headers);
         let disposition = take_disposition(&mut parts.headers);
         let body = if attempt.is_some() {
-            match tokio::time::timeout_at(deadline, body.collect()).await {
+            let limited = http_body_util::Limited::new(body, this.response_limit);
+            match tokio::time::timeout_at(deadline, limited.collect()).await {
                 Err(_) => return self.fail(UpstreamError::Timeout),
+                Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                    tracing::error!(
+                        limit = this.response_limit,
+                        "the upstream's answer is over the response limit; recording a 502 in its place"
+                    );
+                    return self.fail(UpstreamError::TooLarge);
+                }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "upstream body broke off");
                     return self.fail(UpstreamError::Broken);
@@ -413,6 +430,7 @@ mod tests {
         Proxy::new(
             Upstream::parse(url).unwrap(),
             timeout,
+            idem_tower::DEFAULT_RESPONSE_LIMIT,
             Arc::new(Metrics::new()),
         )
     }

@@ -104,6 +104,7 @@ pub fn idempotency_layer(
         .require_key(config.require_key)
         .scope_mode(config.scope)
         .body_limit(config.body_limit)
+        .response_limit(config.response_limit)
         .ttl(config.ttl)
         .lease(config.lease)
         .tenant_from(move |parts| match parts.headers.get(&tenant_header) {
@@ -152,6 +153,7 @@ impl Gateway {
         let proxy = Proxy::new(
             config.upstream.clone(),
             config.upstream_timeout,
+            config.response_limit,
             metrics.clone(),
         );
         let (service, in_flight) = match mode {

@@ -294,6 +294,38 @@ async fn body_over_limit_is_413_and_nothing_is_reserved() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_over_response_limit_is_recorded_as_502_and_never_run_again() {
+    let s = setup(&["--response-limit", "64KiB"]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/exports");
+    let big = [("x-test-body-bytes", "200000")];
+    let first = s.http.post(&url, &key, "{}", &big).await;
+    assert_eq!(first.status, 502);
+    assert_eq!(
+        first.problem_type(),
+        "https://idem.dev/problems/upstream-answer-too-large"
+    );
+    assert!(!first.replayed());
+    assert_eq!(s.up.finished(&key), 1, "the upstream acted");
+    // Recorded, not released: the retry replays the problem and the upstream is not
+    // called again.
+    let retry = s.http.post(&url, &key, "{}", &big).await;
+    assert_eq!(retry.status, 502);
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(retry.body, first.body);
+    assert_eq!(s.up.started(&key), 1);
+    // An answer within the limit is relayed and recorded whole.
+    let key = new_key();
+    let fits = [("x-test-body-bytes", "60000")];
+    let ok = s.http.post(&url, &key, "{}", &fits).await;
+    assert_eq!(ok.status, 201);
+    assert_eq!(ok.body.len(), 60_000);
+    let again = s.http.post(&url, &key, "{}", &fits).await;
+    assert!(again.replayed());
+    assert_eq!(again.body.len(), 60_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn equal_json_in_another_spelling_replays() {
     let s = setup(&[]).await;
     let key = new_key();
