@@ -9,7 +9,9 @@
 //! configurations run interleaved, `IDEM_LOAD_ROUNDS` rounds (default 3) of
 //! `IDEM_LOAD_SECS` seconds each (default 3, after a 1 s warm-up), and the medians are
 //! reported, each ratio taken within a round. `IDEM_LOAD_ONLY=memory,sqlite` runs only
-//! those stores (and pass-through).
+//! those stores (and pass-through). `IDEM_LOAD_UPSTREAM_US=200` makes the upstream spend
+//! that much CPU per request, as an API with work of its own does (default none: the
+//! harshest case, where the gateway's own cost is all there is).
 //!
 //! ```text
 //! cargo bench -p idem-gateway --bench load
@@ -57,9 +59,16 @@ impl Figures {
     }
 }
 
-async fn upstream() -> SocketAddr {
+/// The upstream: answers every request `201` with a small JSON body, after `work` of
+/// CPU time spent spinning (none by default), which stands for an API's own work per
+/// request.
+async fn upstream(work: Duration) -> SocketAddr {
     use axum::http::StatusCode;
-    let app = axum::Router::new().fallback(|| async {
+    let app = axum::Router::new().fallback(move || async move {
+        let started = Instant::now();
+        while started.elapsed() < work {
+            std::hint::spin_loop();
+        }
         (
             StatusCode::CREATED,
             [("content-type", "application/json")],
@@ -280,8 +289,16 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // IDEM_LOAD_UPSTREAM_US=200: the upstream spends that much CPU per request, as an
+    // API with work of its own does; the default, none, is the harshest case.
+    let work = Duration::from_micros(
+        std::env::var("IDEM_LOAD_UPSTREAM_US")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+    );
     rt.block_on(async move {
-        let up = upstream().await;
+        let up = upstream(work).await;
         let dir = tempfile::tempdir().unwrap();
         let pg = std::env::var("IDEM_TEST_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
@@ -310,7 +327,8 @@ fn main() {
 
         println!(
             "idem load run: {CONNECTIONS} connections, POST with a fresh key per request, \
-             {rounds} rounds of {secs}s per configuration"
+             {rounds} rounds of {secs}s per configuration, upstream work {} us per request",
+            work.as_micros()
         );
         // Every gateway runs for the whole load run; the rounds interleave them so that
         // other load on the machine hits every configuration alike, and each round's
