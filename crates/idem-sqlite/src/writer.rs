@@ -618,42 +618,34 @@ fn reserve(
         let now = clock.now();
         let token = FencingToken::generate();
         let lease_until = now.plus(req.lease);
+        let (now_ms, expires_ms, lease_ms) = (
+            now.as_millis(),
+            req.expires_at(now).as_millis(),
+            lease_until.as_millis(),
+        );
+        // The parameters of both `insert` and `reserve`.
+        let values = params![
+            tenant,
+            endpoint,
+            key,
+            &req.fingerprint.as_bytes()[..],
+            now_ms,
+            expires_ms,
+            token.as_i64(),
+            lease_ms,
+        ];
         // First as a plain insert, which only a fresh key passes; the writer holds the
         // write lock, so the row the insert met is still there for the upsert.
-        if std::mem::take(&mut fresh) {
-            let inserted = conn.prepare_cached(&sql.insert)?.execute(params![
-                tenant,
-                endpoint,
-                key,
-                &req.fingerprint.as_bytes()[..],
-                now.as_millis(),
-                req.expires_at(now).as_millis(),
-                token.as_i64(),
-                lease_until.as_millis(),
-            ])?;
-            if inserted == 1 {
-                return Ok(Ok(Reservation::Acquired(Lease {
-                    scope: scope.clone(),
-                    token,
-                    attempt: 1,
-                })));
-            }
+        if std::mem::take(&mut fresh) && conn.prepare_cached(&sql.insert)?.execute(values)? == 1 {
+            return Ok(Ok(Reservation::Acquired(Lease {
+                scope: scope.clone(),
+                token,
+                attempt: 1,
+            })));
         }
         let attempt: Option<i64> = conn
             .prepare_cached(&sql.reserve)?
-            .query_row(
-                params![
-                    tenant,
-                    endpoint,
-                    key,
-                    &req.fingerprint.as_bytes()[..],
-                    now.as_millis(),
-                    req.expires_at(now).as_millis(),
-                    token.as_i64(),
-                    lease_until.as_millis(),
-                ],
-                |row| row.get(0),
-            )
+            .query_row(values, |row| row.get(0))
             .optional()?;
         if let Some(attempt) = attempt {
             return Ok(match u32::try_from(attempt) {
