@@ -233,7 +233,7 @@ impl RedisStore {
 /// `EVALSHA` of `script` on the one key `key`, for the caller to add the arguments: the
 /// command built once, straight from the values (`Script::invoke_async` would copy each
 /// argument twice).
-fn evalsha(script: &Script, key: &str) -> Cmd {
+fn evalsha(script: &Script, key: impl redis::ToRedisArgs) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(1).arg(key);
     cmd
@@ -459,11 +459,8 @@ impl Store for RedisStore {
                     save(cursor);
                     return Ok(purged);
                 }
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(PURGE.get_hash())
-                    .arg(1)
-                    .arg(key)
-                    .arg(now.as_millis());
+                let mut cmd = evalsha(&PURGE, &key);
+                cmd.arg(now.as_millis());
                 let deleted: i64 = self.eval(&PURGE, &cmd).await?;
                 purged += usize::from(deleted == 1);
             }
