@@ -92,7 +92,8 @@ impl Operation {
         self
     }
 
-    /// Adds a header. An invalid name or value, or an `Idempotency-Key` header (the
+    /// Adds a header; `Content-Type`, which a request carries once, is replaced rather
+    /// than added to. An invalid name or value, or an `Idempotency-Key` header (the
     /// operation sets that itself; use [`with_key`](Self::with_key)), makes
     /// [`send`](Self::send) fail with [`Error::Build`] before anything is sent.
     pub fn header<K, V>(mut self, name: K, value: V) -> Operation
@@ -113,7 +114,11 @@ impl Operation {
         }
         match HeaderValue::try_from(value) {
             Ok(v) => {
-                self.headers.append(name, v);
+                if name == CONTENT_TYPE {
+                    self.headers.insert(name, v);
+                } else {
+                    self.headers.append(name, v);
+                }
                 self
             }
             Err(e) => self.fail(format!("invalid value for header {name}: {e}")),
@@ -126,13 +131,15 @@ impl Operation {
         self
     }
 
-    /// Sets a JSON body and `content-type: application/json`.
+    /// Sets a JSON body, and `content-type: application/json` unless a content type was
+    /// set already (`application/vnd.api+json`, say).
     pub fn json<T: serde::Serialize + ?Sized>(mut self, value: &T) -> Operation {
         match serde_json::to_vec(value) {
             Ok(body) => {
                 self.body = body.into();
                 self.headers
-                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                    .entry(CONTENT_TYPE)
+                    .or_insert(HeaderValue::from_static("application/json"));
                 self
             }
             Err(e) => self.fail(format!("the JSON body could not be serialised: {e}")),
@@ -419,6 +426,42 @@ mod tests {
             key_header_value(&uuid),
             "8e03978e-40d5-43e8-bc93-6894a57f9324"
         );
+    }
+
+    #[test]
+    fn content_type_is_sent_once() {
+        let content_types = |op: &Operation| {
+            op.header_map()
+                .get_all(CONTENT_TYPE)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        let client = Client::new();
+        let json_then_header = client
+            .post("http://127.0.0.1:1/")
+            .json(&serde_json::json!({"amount": 100}))
+            .header("content-type", "application/vnd.api+json");
+        assert_eq!(
+            content_types(&json_then_header),
+            ["application/vnd.api+json"]
+        );
+        let header_then_json = client
+            .post("http://127.0.0.1:1/")
+            .header("Content-Type", "application/vnd.api+json")
+            .json(&serde_json::json!({"amount": 100}));
+        assert_eq!(
+            content_types(&header_then_json),
+            ["application/vnd.api+json"]
+        );
+        let json_only = client.post("http://127.0.0.1:1/").json(&[1, 2]);
+        assert_eq!(content_types(&json_only), ["application/json"]);
+        // Other headers may repeat.
+        let twice = client
+            .post("http://127.0.0.1:1/")
+            .header("x-tag", "a")
+            .header("x-tag", "b");
+        assert_eq!(twice.header_map().get_all("x-tag").iter().count(), 2);
     }
 
     #[test]
