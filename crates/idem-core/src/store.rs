@@ -80,6 +80,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Checks that the store answers (readiness).
     async fn ping(&self) -> Result<()>;
+
+    /// Finishes the store's background work and closes its connections, for a clean
+    /// stop once nothing else will call it. A store may refuse every operation after it
+    /// (answering [`StoreError::Unavailable`]); one with nothing to finish does nothing,
+    /// which is the default.
+    async fn close(&self) {}
 }
 
 macro_rules! forward_store {
@@ -109,6 +115,9 @@ macro_rules! forward_store {
             }
             async fn ping(&self) -> Result<()> {
                 (**self).ping().await
+            }
+            async fn close(&self) {
+                (**self).close().await
             }
         }
     };
