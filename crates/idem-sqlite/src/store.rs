@@ -50,6 +50,9 @@ pub struct SqliteStore {
     table: Arc<str>,
     sql: Arc<Statements>,
     writer: Writer,
+    /// Whether the store opened its pool (and so closes it on [`Store::close`]), rather
+    /// than being given the application's.
+    owns_pool: bool,
 }
 
 /// Settings for opening a [`SqliteStore`].
@@ -162,7 +165,11 @@ impl SqliteStoreBuilder {
                 result => break result?,
             }
         };
-        self.from_pool(pool).await
+        let store = self.from_pool(pool).await?;
+        Ok(SqliteStore {
+            owns_pool: true,
+            ..store
+        })
     }
 
     /// Uses an existing pool (shared with the application's own tables, for
@@ -194,6 +201,7 @@ impl SqliteStoreBuilder {
             pool,
             clock: self.clock,
             writer,
+            owns_pool: false,
         })
     }
 }
@@ -448,6 +456,19 @@ impl Store for SqliteStore {
             .await
             .map_err(store_error)?;
         Ok(())
+    }
+
+    /// Writes what is queued, then closes the pool if the store opened it (not one
+    /// given to [`from_pool`](SqliteStoreBuilder::from_pool)), and then the writer's
+    /// connections, the writer's last. When that is the database's last connection,
+    /// SQLite copies the WAL into the database file and deletes it, so a stopped
+    /// service leaves one self-contained file to back up or move. Every operation
+    /// fails with `Unavailable` afterwards.
+    async fn close(&self) {
+        if self.owns_pool {
+            self.pool.close().await;
+        }
+        self.writer.close().await;
     }
 }
 

@@ -86,6 +86,8 @@ pub(crate) enum Op {
     Release(Lease),
     Remove(Scope),
     Purge(usize),
+    /// Ends the writer once what was queued before it is written (see [`Writer::close`]).
+    Close,
 }
 
 /// What a write returns.
@@ -263,6 +265,8 @@ struct Checkpoints {
     /// Set by the thread after a round: the writer copies the rest before it next
     /// writes.
     finish: Arc<AtomicBool>,
+    /// Joined on close, so that the thread's connection is closed before the writer's.
+    thread: std::thread::JoinHandle<()>,
 }
 
 /// A store handle's end of the writer. When the last one drops, the queue closes and
@@ -290,6 +294,7 @@ impl Writer {
             queue: rx,
             conn: None,
             checkpoints: None,
+            closing: None,
             target,
             pool,
             clock,
@@ -329,6 +334,14 @@ impl Writer {
             .map_err(|_| StoreError::unavailable(WriterStopped))?
     }
 
+    /// Ends the writer once everything queued before this call is written: it stops
+    /// the checkpoint thread and closes its connections. Later operations fail with
+    /// `Unavailable`. Closing again does nothing.
+    pub(crate) async fn close(&self) {
+        // A writer already stopped has nothing left to close.
+        self.submit(Op::Close).await.ok();
+    }
+
     /// Operations queued or in the transaction being written, not yet answered.
     pub(crate) fn pending(&self) -> usize {
         self.counters.pending.load(Ordering::Relaxed)
@@ -359,6 +372,8 @@ struct Task {
     conn: Option<rusqlite::Connection>,
     /// The checkpoint thread; `None` when the writer checkpoints for itself.
     checkpoints: Option<Checkpoints>,
+    /// A close taken from the queue, answered once the batch before it is written.
+    closing: Option<Reply>,
     target: Target,
     pool: SqlitePool,
     clock: SharedClock,
@@ -392,8 +407,12 @@ impl Task {
         let started = std::thread::Builder::new()
             .name("idem-sqlite-checkpoint".into())
             .spawn(move || checkpoint(conn, nudges, theirs));
-        if started.is_ok() {
-            self.checkpoints = Some(Checkpoints { nudge, finish });
+        if let Ok(thread) = started {
+            self.checkpoints = Some(Checkpoints {
+                nudge,
+                finish,
+                thread,
+            });
         }
     }
 
@@ -421,23 +440,56 @@ impl Task {
 
     fn run(mut self) {
         let mut batch = Vec::with_capacity(self.max_batch);
-        // Ends when every store handle (every sender) is gone and the queue is empty.
+        // Ends when every store handle (every sender) is gone and the queue is empty,
+        // or on close.
         while let Some(first) = self.queue.blocking_recv() {
-            batch.push(first);
+            self.take(first, &mut batch);
             self.fill(&mut batch);
-            self.write(&mut batch);
+            if !batch.is_empty() {
+                self.write(&mut batch);
+            }
             debug_assert!(batch.is_empty());
+            if let Some(reply) = self.closing.take() {
+                self.close(reply);
+                return;
+            }
         }
     }
 
-    /// Takes what is queued now, up to the batch bound, without waiting.
+    /// Adds `p` to the batch, or keeps it aside if it closes the writer.
+    fn take(&mut self, p: Pending, batch: &mut Vec<Pending>) {
+        match p.op {
+            Op::Close => self.closing = Some(p.reply),
+            _ => batch.push(p),
+        }
+    }
+
+    /// Takes what is queued now, up to the batch bound and not past a close, without
+    /// waiting.
     fn fill(&mut self, batch: &mut Vec<Pending>) {
-        while batch.len() < self.max_batch {
+        while batch.len() < self.max_batch && self.closing.is_none() {
             match self.queue.try_recv() {
-                Ok(p) => batch.push(p),
+                Ok(p) => self.take(p, batch),
                 Err(_) => break,
             }
         }
+    }
+
+    /// Stops the checkpoint thread and closes both connections, the writer's last: when
+    /// it is the database's last connection, SQLite copies the WAL into the file and
+    /// deletes it, so the file alone holds every record. Operations queued after the
+    /// close fail when this task, and with it the queue, is dropped.
+    fn close(&mut self, reply: Reply) {
+        if let Some(Checkpoints { nudge, thread, .. }) = self.checkpoints.take() {
+            drop(nudge);
+            thread.join().ok();
+        }
+        if let Some(conn) = self.conn.take()
+            && let Err((_, e)) = conn.close()
+        {
+            tracing::warn!(error = %e, "closing the idempotency store's writer connection failed");
+        }
+        reply.send(Ok(Done::Unit)).ok();
     }
 
     /// Runs `batch` in one transaction and answers every operation in it.
@@ -590,6 +642,7 @@ fn execute(
             ])?;
             Ok(Done::Removed(n > 0))
         }
+        Op::Close => unreachable!("a close is kept out of batches"),
         Op::Purge(limit) => {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
             let n = conn
