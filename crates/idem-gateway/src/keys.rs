@@ -143,17 +143,9 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
             let tenant = tenant_of(&tenant, &tenant_credential_env)?;
             let scope = scope_for(&key, tenant.as_deref(), endpoint.as_deref())?;
             let store = open(store).await?;
-            match store.get(&scope).await.map_err(|e| e.to_string())? {
-                Some(record) => {
-                    let v = record_json(&record, SystemClock.now());
-                    println!("{}", serde_json::to_string_pretty(&v).expect("json"));
-                    Ok(ExitCode::SUCCESS)
-                }
-                None => {
-                    eprintln!("idem: no record for that key in that scope");
-                    Ok(ExitCode::from(1))
-                }
-            }
+            let result = show(&*store, &scope).await;
+            store.close().await;
+            result
         }
         KeysCommand::Purge(PurgeArgs {
             key,
@@ -163,23 +155,49 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
             endpoint,
             store,
         }) => {
-            let store = open(store).await?;
-            if expired {
-                let n = purge_expired(&*store).await;
-                println!("purged {n} expired records");
-                return Ok(ExitCode::SUCCESS);
-            }
-            let key = key.ok_or("give a KEY or --expired")?;
-            let tenant = tenant_of(&tenant, &tenant_credential_env)?;
-            let scope = scope_for(&key, tenant.as_deref(), endpoint.as_deref())?;
-            if store.remove(&scope).await.map_err(|e| e.to_string())? {
-                println!("removed 1 record");
-                Ok(ExitCode::SUCCESS)
+            let scope = if expired {
+                None
             } else {
-                eprintln!("idem: no record for that key in that scope");
-                Ok(ExitCode::from(1))
-            }
+                let key = key.ok_or("give a KEY or --expired")?;
+                let tenant = tenant_of(&tenant, &tenant_credential_env)?;
+                Some(scope_for(&key, tenant.as_deref(), endpoint.as_deref())?)
+            };
+            let store = open(store).await?;
+            let result = purge(&*store, scope.as_ref()).await;
+            store.close().await;
+            result
         }
+    }
+}
+
+/// `idem keys show`: prints the record of `scope`.
+async fn show(store: &dyn Store, scope: &Scope) -> Result<ExitCode, String> {
+    match store.get(scope).await.map_err(|e| e.to_string())? {
+        Some(record) => {
+            let v = record_json(&record, SystemClock.now());
+            println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            eprintln!("idem: no record for that key in that scope");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// `idem keys purge`: removes `scope`'s record, or with no scope every expired one.
+async fn purge(store: &dyn Store, scope: Option<&Scope>) -> Result<ExitCode, String> {
+    let Some(scope) = scope else {
+        let n = purge_expired(store).await;
+        println!("purged {n} expired records");
+        return Ok(ExitCode::SUCCESS);
+    };
+    if store.remove(scope).await.map_err(|e| e.to_string())? {
+        println!("removed 1 record");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("idem: no record for that key in that scope");
+        Ok(ExitCode::from(1))
     }
 }
 

@@ -358,6 +358,8 @@ impl Gateway {
         if let Some(sweeper) = sweeper {
             sweeper.stop();
         }
+        // Last: a SQLite store writes what is queued and folds its WAL into the file.
+        store.close().await;
         tracing::info!("stopped");
     }
 }

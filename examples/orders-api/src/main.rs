@@ -149,7 +149,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let store = Arc::new(SqliteStore::connect(&db).await?);
     let sweeper = Sweeper::spawn(store.clone(), SweeperConfig::default());
-    let (router, in_flight) = app(store);
+    let (router, in_flight) = app(store.clone());
 
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!(
@@ -164,6 +164,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Connections are closed; let every started order finish and be recorded.
     in_flight.wait().await;
     sweeper.stop();
+    // Writes what is queued and folds the WAL into the database file.
+    store.close().await;
     println!("orders-api stopped");
     Ok(())
 }

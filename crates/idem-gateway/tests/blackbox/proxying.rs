@@ -307,6 +307,14 @@ async fn sigterm_lets_in_flight_requests_finish_and_record() {
     assert!(status.success(), "{status:?}");
     let a = pending.await.unwrap();
     assert_eq!(a.status, 201, "the in-flight request got its answer");
+    // The store was closed: the WAL was folded into idem.db, which alone holds the
+    // record, so the file can be copied elsewhere.
+    for sidecar in ["idem.db-wal", "idem.db-shm"] {
+        assert!(
+            !dir.path().join(sidecar).exists(),
+            "{sidecar} is left after a clean stop"
+        );
+    }
     // It was recorded before exit: a new gateway on the same file replays it.
     let gw2 = Gateway::start(&up.url(), dir.path(), &["--store", "sqlite://idem.db"]).await;
     let b = http.post(&gw2.url("/v1/charges"), &key, "{}", &[]).await;
