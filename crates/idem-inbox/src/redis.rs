@@ -27,25 +27,36 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// Extends the marker's lease only if it is still ours.
+static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+         return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end",
+    )
+});
+
 /// An [`Inbox`] on Redis: `SET key NX` with a TTL marks a message.
 ///
 /// # The weaker guarantee
 ///
 /// Redis cannot commit the marker and the effects together, so the inbox works in two
 /// steps: `SET NX` an *in-flight* marker (lease [`DEFAULT_IN_FLIGHT_LEASE`]), run the
-/// effects, then turn the marker into *done* with the retention as TTL. A delivery that
-/// finds *done* is a [`Duplicate`](Outcome::Duplicate); one that finds *in flight*
-/// fails with [`Error::InFlight`] so that the broker redelivers it later. Effects that
-/// fail delete the marker (only if it is still this attempt's).
+/// effects, then turn the marker into *done* with the retention as TTL. While the
+/// effects run, the marker's lease is renewed every third of its length (only while
+/// the marker is still this attempt's), so slow effects keep the message to
+/// themselves. A delivery that finds *done* is a [`Duplicate`](Outcome::Duplicate);
+/// one that finds *in flight* fails with [`Error::InFlight`] so that the broker
+/// redelivers it later. Effects that fail delete the marker (only if it is still this
+/// attempt's).
 ///
-/// What this cannot rule out: a consumer that dies (or stalls past the lease) after its
-/// effects but before marking done leaves an in-flight marker that lapses, and the
-/// redelivery runs the effects again. So delivery is *at least once* across crashes and
-/// *exactly once* otherwise. Make the effects themselves idempotent (an upsert, a
-/// downstream idempotency key derived from the message id) where a repeat would hurt,
-/// keep them shorter than the lease, or use [`SqliteInbox`](crate::SqliteInbox) /
-/// [`PgInbox`](crate::PgInbox) when they are SQL writes. Redis persistence settings
-/// (AOF, replication) also bound what a Redis failover may forget.
+/// What this cannot rule out: a consumer that dies (or stalls, renewals included, past
+/// the lease) after its effects but before marking done leaves an in-flight marker that
+/// lapses, and the redelivery runs the effects again. So delivery is *at least once*
+/// across crashes and *exactly once* otherwise. Make the effects themselves idempotent
+/// (an upsert, a downstream idempotency key derived from the message id) where a repeat
+/// would hurt, or use [`SqliteInbox`](crate::SqliteInbox) / [`PgInbox`](crate::PgInbox)
+/// when they are SQL writes. Redis persistence settings (AOF, replication) also bound
+/// what a Redis failover may forget.
 ///
 /// Expiry uses Redis's native TTLs, so [`Inbox::purge_expired`] has nothing to do.
 ///
@@ -115,8 +126,9 @@ where
         self
     }
 
-    /// Lets an in-flight marker live `lease`: the longest the effects may take before
-    /// another delivery may run them again.
+    /// Lets an in-flight marker live `lease` without a renewal: how long after a
+    /// consumer dies mid-effects another delivery may run them again. Running effects
+    /// renew it every third of `lease`.
     pub fn with_in_flight_lease(mut self, lease: Duration) -> RedisInbox<C> {
         self.lease = lease;
         self
@@ -161,6 +173,51 @@ where
             }
         }
         Ok(Some(Existing::InFlight(Duration::from_millis(1))))
+    }
+}
+
+impl<C> RedisInbox<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Awaits `effects` while renewing the marker `key` (holding `token`) every third
+    /// of the lease. A renewal runs beside the effects and never holds them up; once the
+    /// marker is no longer ours, renewing stops (the effects still finish, and marking
+    /// done follows as without renewals).
+    async fn renewing<T>(&self, key: &str, token: &str, effects: impl Future<Output = T>) -> T {
+        let beat = (self.lease / 3).max(Duration::from_millis(1));
+        let mut effects = std::pin::pin!(effects);
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                output = &mut effects => return output,
+                _ = ticks.tick() => {}
+            }
+            // The effects keep running while the renewal is on its way.
+            let mut renewal = RENEW.key(key);
+            renewal.arg(token).arg(millis(self.lease));
+            let mut conn = self.conn.clone();
+            let renewed = tokio::select! {
+                biased;
+                output = &mut effects => return output,
+                renewed = renewal.invoke_async::<i64>(&mut conn) => renewed,
+            };
+            match renewed {
+                Ok(1) => {}
+                Ok(_) => {
+                    tracing::warn!(
+                        key,
+                        "the in-flight marker lapsed or was taken over while the effects ran"
+                    );
+                    return effects.await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "renewing the in-flight marker failed; retrying at the next beat")
+                }
+            }
+        }
     }
 }
 
@@ -212,7 +269,8 @@ where
             }
         }
         let mut conn = self.conn.clone();
-        match effects(&mut ()).await {
+        let outcome = self.renewing(&key, &token, effects(&mut ())).await;
+        match outcome {
             Ok(value) => {
                 // Done whoever holds the marker now: the effects have happened.
                 let _: Value = redis::cmd("SET")

@@ -133,6 +133,54 @@ async fn redis_delivery_during_effects_is_in_flight_with_retry_after() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_slow_effects_keep_their_marker_past_the_lease() {
+    let Some(inbox) = inbox("slow").await else {
+        return;
+    };
+    // Renewed every 500 ms; without renewals the marker would lapse at 1.5 s and the
+    // next delivery would run the effects a second time.
+    let lease = Duration::from_millis(1500);
+    let inbox = inbox.with_in_flight_lease(lease);
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let inbox = inbox.clone();
+        tokio::spawn(async move {
+            inbox
+                .process("m-slow", move |_| {
+                    Box::pin(async move {
+                        entered_tx.send(()).unwrap();
+                        release_rx.await.unwrap();
+                        Ok::<_, Error>("charged")
+                    })
+                })
+                .await
+        })
+    };
+    entered_rx.await.unwrap();
+    // Redeliveries for three leases' worth of Redis's own time all find it in flight.
+    let runs = AtomicUsize::new(0);
+    let until = tokio::time::Instant::now() + lease * 3;
+    let mut tries = 0;
+    while tokio::time::Instant::now() < until {
+        let r = inbox
+            .process("m-slow", |_| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok::<_, Error>("charged again") })
+            })
+            .await;
+        assert!(matches!(r, Err(Error::InFlight { .. })), "{r:?}");
+        tries += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(tries > 10);
+    release_tx.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), Outcome::Processed("charged"));
+    assert_eq!(count(&inbox, "m-slow", &runs).await, Outcome::Duplicate);
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the effects ran once");
+}
+
 #[tokio::test]
 async fn redis_lapsed_in_flight_marker_lets_redelivery_run_effects_again() {
     // The documented weakness: a consumer that died mid-effects leaves a marker that
