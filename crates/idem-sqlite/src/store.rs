@@ -458,17 +458,18 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    /// Writes what is queued, then closes the pool if the store opened it (not one
-    /// given to [`from_pool`](SqliteStoreBuilder::from_pool)), and then the writer's
-    /// connections, the writer's last. When that is the database's last connection,
-    /// SQLite copies the WAL into the database file and deletes it, so a stopped
+    /// Writes what is queued, closes the writer's connections, and then the pool if
+    /// the store opened it (not one given to
+    /// [`from_pool`](SqliteStoreBuilder::from_pool)). The database's last connection
+    /// to close copies the WAL into the database file and deletes it, so a stopped
     /// service leaves one self-contained file to back up or move. Every operation
     /// fails with `Unavailable` afterwards.
     async fn close(&self) {
+        // The writer first: with the pool closed, it would refuse what is queued.
+        self.writer.close().await;
         if self.owns_pool {
             self.pool.close().await;
         }
-        self.writer.close().await;
     }
 }
 

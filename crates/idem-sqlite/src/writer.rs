@@ -475,10 +475,10 @@ impl Task {
         }
     }
 
-    /// Stops the checkpoint thread and closes both connections, the writer's last: when
-    /// it is the database's last connection, SQLite copies the WAL into the file and
-    /// deletes it, so the file alone holds every record. Operations queued after the
-    /// close fail when this task, and with it the queue, is dropped.
+    /// Stops the checkpoint thread and closes both connections, the writer's last: the
+    /// database's last connection to close copies the WAL into the file and deletes
+    /// it, so the file alone holds every record. Operations queued after the close fail
+    /// when this task, and with it the queue, is dropped.
     fn close(&mut self, reply: Reply) {
         if let Some(Checkpoints { nudge, thread, .. }) = self.checkpoints.take() {
             drop(nudge);

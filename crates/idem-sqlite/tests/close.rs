@@ -2,6 +2,8 @@
 //! and deleted, later operations are refused, and a pool the application owns stays
 //! open.
 
+mod support;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -10,6 +12,7 @@ use idem_core::{
     ManualClock, RecordState, Reservation, ReserveRequest, Store, StoreError, StoredResponse,
 };
 use idem_sqlite::SqliteStore;
+use support::until_pending;
 
 /// A request for `key` (each call draws a new tenant: keep the request to ask again).
 fn request(key: &str) -> ReserveRequest {
@@ -41,22 +44,38 @@ async fn close_leaves_one_self_contained_file_and_refuses_later_writes() {
             .connect(&url)
     };
     let store = open().await.unwrap();
-    // Callers still queued when close is called are written first.
     let requests: Vec<ReserveRequest> = (0..50).map(|i| request(&format!("k{i}"))).collect();
     let late = request("late");
-    let writes: Vec<_> = requests
-        .iter()
-        .map(|req| {
-            let (store, req) = (store.clone(), req.clone());
-            tokio::spawn(async move { reserve_and_complete(&store, &req).await })
-        })
-        .collect();
-    for w in writes {
-        w.await.unwrap();
+    for req in &requests[..40] {
+        reserve_and_complete(&store, req).await;
     }
     assert!(sidecars(&db).iter().all(|p| p.exists()), "WAL mode is on");
 
-    store.close().await;
+    // Writes still queued when close is called are written before it closes. Holding
+    // SQLite's write lock keeps them queued: the writer waits in BEGIN with the first.
+    let lock = store
+        .pool()
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("take the write lock");
+    let queued: Vec<_> = requests[40..]
+        .iter()
+        .map(|req| {
+            let (store, req) = (store.clone(), req.clone());
+            tokio::spawn(async move { store.reserve(&req).await })
+        })
+        .collect();
+    until_pending(&store, 10).await;
+    let closing = {
+        let store = store.clone();
+        tokio::spawn(async move { store.close().await })
+    };
+    until_pending(&store, 11).await;
+    lock.rollback().await.unwrap();
+    for q in queued {
+        assert!(matches!(q.await.unwrap(), Ok(Reservation::Acquired(_))));
+    }
+    closing.await.unwrap();
     for path in sidecars(&db) {
         assert!(!path.exists(), "{} is left after close", path.display());
     }
@@ -75,7 +94,7 @@ async fn close_leaves_one_self_contained_file_and_refuses_later_writes() {
         .connect(&format!("sqlite://{}", moved.display()))
         .await
         .unwrap();
-    for req in &requests {
+    for req in &requests[..40] {
         let key = req.scope.key().as_str();
         let record = reopened.get(&req.scope).await.unwrap().unwrap();
         match record.state {
@@ -84,6 +103,10 @@ async fn close_leaves_one_self_contained_file_and_refuses_later_writes() {
             }
             other => panic!("{key}: expected completed, found {other:?}"),
         }
+    }
+    for req in &requests[40..] {
+        let record = reopened.get(&req.scope).await.unwrap().unwrap();
+        assert!(matches!(record.state, RecordState::InProgress { .. }));
     }
     assert!(reopened.get(&late.scope).await.unwrap().is_none());
 }

@@ -8,6 +8,8 @@
 //! `pending_writes`), then lets go, and the writer takes everything queued into that
 //! transaction.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -17,6 +19,7 @@ use idem_core::{
     ManualClock, RecordState, Reservation, ReserveRequest, Store, StoreError, StoredResponse,
 };
 use idem_sqlite::{SqliteStore, SqliteStoreBuilder};
+use support::until_pending;
 use tokio::task::JoinHandle;
 
 fn builder(clock: &ManualClock) -> SqliteStoreBuilder {
@@ -35,19 +38,6 @@ fn request(key: &str) -> ReserveRequest {
         test_scope("/v1/orders", key),
         test_fingerprint(&format!(r#"{{"order":"{key}"}}"#)),
     )
-}
-
-/// Waits until exactly `n` writes are queued or being written.
-async fn until_pending(store: &SqliteStore, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while store.pending_writes() != n {
-        assert!(
-            Instant::now() < deadline,
-            "expected {n} pending writes, have {}",
-            store.pending_writes()
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 /// Reserves `requests` in this order, all in one transaction of the writer.
