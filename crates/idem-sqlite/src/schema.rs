@@ -132,18 +132,20 @@ impl Statements {
         // Fenced: the caller's token holds a record that has not expired (?4 token,
         // ?5 now). Expiry fences too: an expired record counts as absent (SPEC S8).
         const FENCE: &str = "token = ?4 AND expires_at > ?5";
+        // A fresh in-progress record, attempt 1: the start of `insert` and `reserve`.
+        // ?1–?3 the scope, ?4 fingerprint, ?5 now, ?6 expires_at, ?7 token,
+        // ?8 lease_until.
+        let fresh = format!(
+            "INSERT INTO {t} (tenant, endpoint, idem_key, fingerprint, created_at,
+                 expires_at, attempt, token, state, lease_until)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 1, ?7, 'in_progress', ?8)"
+        );
         Statements {
             // A fresh key, the common case: a plain insert. The upsert below does the
             // same and more, but SQLite runs it with a statement journal and buffers
             // its RETURNING row in an ephemeral table, which cost more than the insert
             // itself. Same parameters as `reserve`.
-            insert: format!(
-                "INSERT INTO {t} (tenant, endpoint, idem_key, fingerprint, created_at,
-                     expires_at, attempt, token, state, lease_until)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 1, ?7, 'in_progress', ?8)
-                 ON CONFLICT (tenant, endpoint, idem_key) DO NOTHING"
-            )
-            .into(),
+            insert: format!("{fresh} ON CONFLICT (tenant, endpoint, idem_key) DO NOTHING").into(),
             // The S5 table's Execute rows, as the WHERE of the conflict branch, which
             // must say exactly what `idem_core::decide` says:
             //   expired                                     -> attempt 1, a fresh record
@@ -154,9 +156,7 @@ impl Statements {
             // ?4 fingerprint, ?5 now, ?6 expires_at of a fresh record, ?7 token,
             // ?8 lease_until.
             reserve: format!(
-                "INSERT INTO {t} (tenant, endpoint, idem_key, fingerprint, created_at,
-                     expires_at, attempt, token, state, lease_until)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 1, ?7, 'in_progress', ?8)
+                "{fresh}
                  ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
                      fingerprint  = excluded.fingerprint,
                      created_at   = CASE WHEN expires_at <= ?5 THEN ?5 ELSE created_at END,
