@@ -310,9 +310,10 @@ impl Store for RedisStore {
             };
             let fresh_ttl = native_ttl(self.ttl_grace_ms, expires_at, now);
             // Writes the record if the key is free, else returns what holds it.
+            let fresh_value = fresh.encode();
             let existing: Option<Vec<u8>> = redis::cmd("SET")
                 .arg(&key)
-                .arg(fresh.encode())
+                .arg(&fresh_value)
                 .arg("NX")
                 .arg("GET")
                 .arg("PX")
@@ -346,7 +347,7 @@ impl Store for RedisStore {
             let head = &existing[..FENCED_LEN];
             let won = if expired {
                 // Replaced whole: nothing of the old record (its answer) survives.
-                self.take_over(&key, head, &fresh.encode(), Some(fresh_ttl))
+                self.take_over(&key, head, &fresh_value, Some(fresh_ttl))
                     .await?
             } else {
                 // A lapsed lease of the same payload: attempt n+1 keeps created_at, and
