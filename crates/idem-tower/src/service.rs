@@ -596,28 +596,32 @@ async fn with_heartbeat<St: Store, T>(
     }
 }
 
-fn failed_response() -> (http::response::Parts, Bytes, Disposition) {
-    let (head, body) = Problem::new(
-        ProblemKind::HandlerFailed,
-        "the request failed while it was being processed and may have had effects; \
-         this answer is final for this key",
-    )
-    .to_response()
-    .into_parts();
+/// A problem answer that stands for an execution that ran, recorded and replayed.
+fn recorded_problem(
+    kind: ProblemKind,
+    detail: String,
+) -> (http::response::Parts, Bytes, Disposition) {
+    let (head, body) = Problem::new(kind, detail).to_response().into_parts();
     (head, body, Disposition::Record)
 }
 
+fn failed_response() -> (http::response::Parts, Bytes, Disposition) {
+    recorded_problem(
+        ProblemKind::HandlerFailed,
+        "the request failed while it was being processed and may have had effects; \
+         this answer is final for this key"
+            .into(),
+    )
+}
+
 fn too_large_response(limit: usize) -> (http::response::Parts, Bytes, Disposition) {
-    let (head, body) = Problem::new(
+    recorded_problem(
         ProblemKind::ResponseTooLarge,
         format!(
             "the request was executed, but its answer is over the {limit}-byte limit for \
              recorded answers and cannot be kept; this answer is final for this key"
         ),
     )
-    .to_response()
-    .into_parts();
-    (head, body, Disposition::Record)
 }
 
 /// Stages 3–4, tried a few times: an answer that is not recorded leaves the record in
