@@ -90,28 +90,41 @@ async fn redis_failed_effects_release_the_marker() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// Starts processing `id` with effects that hold until released; returns once the
+/// effects have started, with the sender that lets them finish with `value` and the
+/// task that answers the processing's outcome.
+async fn hold_effects<T: Send + 'static>(
+    inbox: &RedisInbox<MultiplexedConnection>,
+    id: &'static str,
+    value: T,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<Outcome<T>, Error>>,
+) {
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let inbox = inbox.clone();
+    let task = tokio::spawn(async move {
+        inbox
+            .process(id, move |_| {
+                Box::pin(async move {
+                    entered_tx.send(()).unwrap();
+                    release_rx.await.unwrap();
+                    Ok::<_, Error>(value)
+                })
+            })
+            .await
+    });
+    entered_rx.await.unwrap();
+    (release_tx, task)
+}
+
 #[tokio::test]
 async fn redis_delivery_during_effects_is_in_flight_with_retry_after() {
     let Some(inbox) = inbox("inflight").await else {
         return;
     };
-    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
-    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
-    let first = {
-        let inbox = inbox.clone();
-        tokio::spawn(async move {
-            inbox
-                .process("m-1", move |_| {
-                    Box::pin(async move {
-                        entered_tx.send(()).unwrap();
-                        release_rx.await.unwrap();
-                        Ok::<_, Error>(())
-                    })
-                })
-                .await
-        })
-    };
-    entered_rx.await.unwrap();
+    let (release_tx, first) = hold_effects(&inbox, "m-1", ()).await;
     let runs = AtomicUsize::new(0);
     let second = inbox
         .process("m-1", |_| {
@@ -142,23 +155,7 @@ async fn redis_slow_effects_keep_their_marker_past_the_lease() {
     // next delivery would run the effects a second time.
     let lease = Duration::from_millis(1500);
     let inbox = inbox.with_in_flight_lease(lease);
-    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
-    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
-    let first = {
-        let inbox = inbox.clone();
-        tokio::spawn(async move {
-            inbox
-                .process("m-slow", move |_| {
-                    Box::pin(async move {
-                        entered_tx.send(()).unwrap();
-                        release_rx.await.unwrap();
-                        Ok::<_, Error>("charged")
-                    })
-                })
-                .await
-        })
-    };
-    entered_rx.await.unwrap();
+    let (release_tx, first) = hold_effects(&inbox, "m-slow", "charged").await;
     // Redeliveries for three leases' worth of Redis's own time all find it in flight.
     let runs = AtomicUsize::new(0);
     let until = tokio::time::Instant::now() + lease * 3;
