@@ -83,8 +83,9 @@
 //!   rounds the writer copies the few frames that arrived meanwhile, so that the WAL
 //!   starts over instead of growing for as long as writes never pause, and a WAL that
 //!   a burst grew past 64 MiB is cut back when it does. Both end, closing
-//!   their connections, when the last clone of the store is dropped; closing the pool
-//!   fails later writes.
+//!   their connections, when the last clone of the store is dropped, or on
+//!   `Store::close`, which writes what is queued first and leaves the WAL folded into
+//!   the file; closing the pool fails later writes.
 //! - **One statement reserves.** A fresh key is one plain `INSERT … ON CONFLICT DO
 //!   NOTHING`. When a row is there, `INSERT … ON CONFLICT DO UPDATE … WHERE …
 //!   RETURNING` replaces an expired record or takes over a lapsed lease with the same
