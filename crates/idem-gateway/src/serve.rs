@@ -137,9 +137,10 @@ fn route_config(route: &Route) -> RouteConfig {
 }
 
 impl Gateway {
-    /// Opens the store and binds the listeners.
+    /// Opens the store and binds the listeners. A PostgreSQL or Redis store that cannot
+    /// be reached yet does not fail the start: see [`store::open_or_defer`].
     pub async fn bind(config: &GatewayConfig, mode: Mode) -> Result<Gateway, ServeError> {
-        let store = store::open_with(&config.store, config.store_options).await?;
+        let store = store::open_or_defer(&config.store, config.store_options).await?;
         Gateway::bind_with_store(config, mode, store).await
     }
 

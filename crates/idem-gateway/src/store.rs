@@ -6,11 +6,20 @@
 //! | `sqlite://FILE`, `sqlite:///abs/path` | `idem_sqlite::SqliteStore` (the embedded default) |
 //! | `postgres://…`, `postgresql://…` | `idem_postgres::PgStore` (shared by several gateways) |
 //! | `redis://…` | `idem_redis::RedisStore` (shared by several gateways) |
+//!
+//! [`open_or_defer`] is how `idem serve` opens its store: a PostgreSQL or Redis server
+//! that cannot be reached at start does not stop the gateway, which serves unkeyed
+//! traffic and answers keyed requests 503 until a background task reaches the store.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use idem_core::{MemoryStore, Store};
+use async_trait::async_trait;
+use idem_core::{
+    Lease, MemoryStore, Record, Reservation, ReserveRequest, Scope, Store, StoreError,
+    StoredResponse,
+};
 
 /// A parsed `--store` URL.
 #[derive(Clone, PartialEq, Eq)]
@@ -33,6 +42,17 @@ pub enum OpenError {
     /// The URL's scheme is not one of the supported stores.
     #[error("unsupported store URL {0:?}: use memory://, sqlite://FILE, postgres://… or redis://…")]
     Unsupported(String),
+    /// The URL names a known store but is not usable as written (a Redis URL that does
+    /// not parse, or `rediss://`, which this build cannot speak).
+    #[error("invalid {kind} store URL {url}: {reason}")]
+    Invalid {
+        /// Which store.
+        kind: &'static str,
+        /// The URL, password removed.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The store could not be opened or reached.
     #[error("cannot open the {kind} store at {url}: {source}")]
     Open {
@@ -62,7 +82,15 @@ impl StoreUrl {
                 Ok(StoreUrl::Sqlite(url.to_owned()))
             }
             "postgres" | "postgresql" => Ok(StoreUrl::Postgres(url.to_owned())),
-            "redis" | "rediss" => Ok(StoreUrl::Redis(url.to_owned())),
+            "redis" | "rediss" => match redis::Client::open(url) {
+                // Parsing only: nothing is sent until the store connects.
+                Ok(_) => Ok(StoreUrl::Redis(url.to_owned())),
+                Err(e) => Err(OpenError::Invalid {
+                    kind: "redis",
+                    url: redact(url),
+                    reason: e.to_string(),
+                }),
+            },
             _ => Err(OpenError::Unsupported(redact(url))),
         }
     }
@@ -158,6 +186,168 @@ pub async fn open_with(url: &str, options: StoreOptions) -> Result<Arc<dyn Store
     Ok(store)
 }
 
+/// The first pause before the background task tries an unreachable store again; each
+/// failure doubles it, up to [`REOPEN_PAUSE_MAX`].
+const REOPEN_PAUSE_MIN: Duration = Duration::from_millis(250);
+
+/// The longest pause between two tries to reach a store that was unreachable at start.
+const REOPEN_PAUSE_MAX: Duration = Duration::from_secs(5);
+
+/// Opens the store `url` names, like [`open_with`], except when a PostgreSQL or Redis
+/// server cannot be reached: then it returns a [`Deferred`] store at once and keeps
+/// trying in the background. Every other failure (an unsupported or invalid URL, a
+/// SQLite file that cannot be opened, an invalid table name) is returned, since trying
+/// again would not change it.
+pub async fn open_or_defer(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>, OpenError> {
+    match open_with(url, options).await {
+        Ok(store) => Ok(store),
+        Err(e) if unreachable(&e) => {
+            tracing::error!(
+                error = %e,
+                "the store is unreachable; serving unkeyed traffic and answering keyed \
+                 requests 503 until it is reached"
+            );
+            Ok(Arc::new(Deferred::start(url.to_owned(), options)))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `e` says a network store's server could not be reached (or refused the
+/// session), which may change on its own, rather than that the configuration is wrong.
+fn unreachable(e: &OpenError) -> bool {
+    let OpenError::Open { kind, source, .. } = e else {
+        return false;
+    };
+    let store_error = match *kind {
+        "postgres" => match source.downcast_ref::<idem_postgres::Error>() {
+            Some(idem_postgres::Error::Store(e)) => e,
+            _ => return false,
+        },
+        "redis" => match source.downcast_ref::<StoreError>() {
+            Some(e) => e,
+            None => return false,
+        },
+        _ => return false,
+    };
+    matches!(store_error, StoreError::Unavailable(_))
+}
+
+/// A PostgreSQL or Redis store that could not be reached when the gateway started.
+///
+/// Until a background task reaches it, every operation fails with
+/// [`StoreError::Unavailable`]: keyed requests get the fail-closed 503 (nothing is
+/// forwarded) and `/readyz` answers 503, as during any later outage. From then on every
+/// operation goes to the opened store (migrated first, for PostgreSQL). The task tries
+/// again after 250 ms, doubling the pause up to 5 s, and logs each failure. Dropping or
+/// closing the store stops it.
+pub struct Deferred {
+    opened: Arc<OnceLock<Arc<dyn Store>>>,
+    opener: tokio::task::AbortHandle,
+    /// The URL, password removed, for errors.
+    url: Arc<str>,
+}
+
+impl Deferred {
+    /// Starts trying to open `url` in the background; call inside a tokio runtime.
+    fn start(url: String, options: StoreOptions) -> Deferred {
+        let opened = Arc::new(OnceLock::new());
+        let slot = opened.clone();
+        let redacted: Arc<str> = redact(&url).into();
+        let opener = tokio::spawn(async move {
+            let mut pause = REOPEN_PAUSE_MIN;
+            loop {
+                tokio::time::sleep(pause).await;
+                match open_with(&url, options).await {
+                    Ok(store) => {
+                        tracing::info!(store = %redact(&url), "the store is reachable; serving keyed requests");
+                        let _ = slot.set(store);
+                        return;
+                    }
+                    Err(e) => {
+                        pause = (pause * 2).min(REOPEN_PAUSE_MAX);
+                        tracing::warn!(error = %e, retry_in = ?pause, "the store is still unreachable");
+                    }
+                }
+            }
+        })
+        .abort_handle();
+        Deferred {
+            opened,
+            opener,
+            url: redacted,
+        }
+    }
+
+    /// The opened store, once the background task has reached it.
+    fn opened(&self) -> idem_core::Result<&dyn Store> {
+        match self.opened.get() {
+            Some(store) => Ok(&**store),
+            None => Err(StoreError::unavailable(format!(
+                "the store at {} has not been reached since the gateway started",
+                self.url
+            ))),
+        }
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        self.opener.abort();
+    }
+}
+
+impl fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deferred")
+            .field("url", &self.url)
+            .field("opened", &self.opened.get().is_some())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Store for Deferred {
+    async fn reserve(&self, request: &ReserveRequest) -> idem_core::Result<Reservation> {
+        self.opened()?.reserve(request).await
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> idem_core::Result<()> {
+        self.opened()?.complete(lease, response).await
+    }
+
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> idem_core::Result<()> {
+        self.opened()?.renew(lease, lease_for).await
+    }
+
+    async fn release(&self, lease: &Lease) -> idem_core::Result<()> {
+        self.opened()?.release(lease).await
+    }
+
+    async fn get(&self, scope: &Scope) -> idem_core::Result<Option<Record>> {
+        self.opened()?.get(scope).await
+    }
+
+    async fn remove(&self, scope: &Scope) -> idem_core::Result<bool> {
+        self.opened()?.remove(scope).await
+    }
+
+    async fn purge_expired(&self, limit: usize) -> idem_core::Result<usize> {
+        self.opened()?.purge_expired(limit).await
+    }
+
+    async fn ping(&self) -> idem_core::Result<()> {
+        self.opened()?.ping().await
+    }
+
+    async fn close(&self) {
+        self.opener.abort();
+        if let Some(store) = self.opened.get() {
+            store.close().await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +388,53 @@ mod tests {
         assert_eq!(redact("redis://127.0.0.1"), "redis://127.0.0.1");
         let dbg = format!("{:?}", StoreUrl::parse("postgres://a:b@h/d").unwrap());
         assert!(!dbg.contains(":b@"), "{dbg}");
+    }
+
+    #[test]
+    fn redis_urls_that_cannot_work_are_refused_before_connecting() {
+        for url in ["redis://127.0.0.1:notaport", "rediss://127.0.0.1:6379"] {
+            let e = StoreUrl::parse(url).unwrap_err();
+            assert!(
+                matches!(e, OpenError::Invalid { kind: "redis", .. }),
+                "{url}: {e}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_network_store_is_deferred_and_fails_closed() {
+        // Port 1 on loopback: refused at once, no traffic leaves the machine.
+        let store = open_or_defer("redis://127.0.0.1:1", StoreOptions::default())
+            .await
+            .unwrap();
+        assert!(matches!(
+            store.ping().await,
+            Err(StoreError::Unavailable(_))
+        ));
+        let scope = Scope::new(
+            idem_core::ScopeMode::Public,
+            idem_core::Tenant::anonymous(),
+            idem_core::Endpoint::new("POST", "/v1/charges"),
+            idem_core::Key::new("k-1").unwrap(),
+        );
+        let request = ReserveRequest::new(scope, idem_core::Fingerprint::from_bytes([0; 32]));
+        assert!(matches!(
+            store.reserve(&request).await,
+            Err(StoreError::Unavailable(_))
+        ));
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_store_that_cannot_be_opened_for_other_reasons_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/missing/dir/idem.db", dir.path().display());
+        assert!(open_or_defer(&url, StoreOptions::default()).await.is_err());
+        assert!(
+            open_or_defer("mysql://x", StoreOptions::default())
+                .await
+                .is_err()
+        );
     }
 
     #[tokio::test]

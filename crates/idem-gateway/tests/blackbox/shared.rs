@@ -149,7 +149,11 @@ struct Relay {
 
 impl Relay {
     async fn start(target: std::net::SocketAddr) -> Relay {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Relay::start_at(([127, 0, 0, 1], 0).into(), target).await
+    }
+
+    async fn start_at(listen: std::net::SocketAddr, target: std::net::SocketAddr) -> Relay {
+        let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let tasks = Arc::new(std::sync::Mutex::new(Vec::new()));
         let t = tasks.clone();
@@ -181,26 +185,42 @@ impl Drop for Relay {
     }
 }
 
+/// The `host:port` part of a store URL's authority, and the URL split around it.
+fn split_authority(url: &str) -> (&str, &str, &str) {
+    let scheme_end = url.find("://").unwrap() + 3;
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let host_start = rest[..authority_end].rfind('@').map_or(0, |at| at + 1);
+    let (head, hostport) = url.split_at(scheme_end + host_start);
+    let (hostport, tail) = hostport.split_at(authority_end - host_start);
+    (head, hostport, tail)
+}
+
+/// The address a store URL points at (`default_port` when it names none).
+async fn service_addr(url: &str, default_port: u16) -> std::net::SocketAddr {
+    let (_, hostport, _) = split_authority(url);
+    let hostport = if hostport
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        hostport.to_owned()
+    } else {
+        format!("{hostport}:{default_port}")
+    };
+    tokio::net::lookup_host(hostport)
+        .await
+        .unwrap()
+        .next()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_store_fails_closed_with_503_and_unkeyed_traffic_flows() {
     let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
     if !reachable("Redis", &url).await {
         return;
     }
-    let target = {
-        let hostport = url
-            .trim_start_matches("redis://")
-            .split('/')
-            .next()
-            .unwrap();
-        let hostport = hostport.rsplit('@').next().unwrap();
-        tokio::net::lookup_host(hostport)
-            .await
-            .unwrap()
-            .next()
-            .unwrap()
-    };
-    let relay = Relay::start(target).await;
+    let relay = Relay::start(service_addr(&url, 6379).await).await;
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let store = format!("redis://{}", relay.addr);
@@ -237,4 +257,81 @@ async fn unreachable_store_fails_closed_with_503_and_unkeyed_traffic_flows() {
     );
     let get = http.send("GET", &url, &[], "").await;
     assert_eq!(get.status, 201, "unkeyed traffic does not need the store");
+}
+
+/// Starts a gateway on `url`'s store at a loopback port where nothing listens yet:
+/// it must start anyway, answer keyed requests 503 and forward nothing, pass unkeyed
+/// traffic, report not ready; then, once a relay to the real server opens on that port,
+/// reach the store by itself and serve keys exactly once.
+async fn store_unreachable_at_start_is_reached_later(url: &str, default_port: u16) {
+    let target = service_addr(url, default_port).await;
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let (head, _, tail) = split_authority(url);
+    let store = format!("{head}127.0.0.1:{port}{tail}");
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", &store, "--admin", "0"]).await;
+    let http = Http::new();
+    let url = gw.url("/v1/charges");
+    let ready = gw.admin_url("/readyz");
+
+    assert_eq!(http.send("GET", &ready, &[], "").await.status, 503);
+    let key = new_key();
+    let refused = http.post(&url, &key, "{}", &[]).await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(
+        refused.problem_type(),
+        "https://idem.dev/problems/store-unavailable"
+    );
+    assert!(refused.header("retry-after").is_some());
+    assert_eq!(
+        up.started(&key),
+        0,
+        "nothing is forwarded without a reservation"
+    );
+    assert_eq!(http.send("GET", &url, &[], "").await.status, 201);
+    assert!(
+        gw.logs().contains("the store is unreachable"),
+        "{}",
+        gw.logs()
+    );
+
+    let _relay = Relay::start_at(([127, 0, 0, 1], port).into(), target).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while http.send("GET", &ready, &[], "").await.status != 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gateway did not reach the store:\n{}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first = http.post(&url, &key, r#"{"amount":1}"#, &[]).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let retry = http.post(&url, &key, r#"{"amount":1}"#, &[]).await;
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(retry.body, first.body);
+    assert_eq!(up.started(&key), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unreachable_at_start_is_reached_later() {
+    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    if reachable("Redis", &url).await {
+        store_unreachable_at_start_is_reached_later(&url, 6379).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_unreachable_at_start_is_reached_later() {
+    let url = service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    if reachable("PostgreSQL", &url).await {
+        store_unreachable_at_start_is_reached_later(&url, 5432).await;
+    }
 }
