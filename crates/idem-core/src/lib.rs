@@ -59,6 +59,8 @@ mod store;
 mod sweeper;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(feature = "tokio")]
+mod unconfirmed;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp, duration_millis};
 pub use decision::{Decision, Reservation, decide};
@@ -73,3 +75,5 @@ pub use scope::{Endpoint, Scope, ScopeMode, Tenant};
 pub use store::{Result, Store, StoreError};
 #[cfg(feature = "sweeper")]
 pub use sweeper::{Sweeper, SweeperConfig, sweep_once};
+#[cfg(feature = "tokio")]
+pub use unconfirmed::{MAX_UNCONFIRMED_RELEASES, UNCONFIRMED_RELEASE_PAUSES, release_unconfirmed};

@@ -131,6 +131,141 @@ pub fn test_fingerprint(body: &str) -> Fingerprint {
     )
 }
 
+/// A TCP relay on a loopback port to a service, for tests that make a store unreachable
+/// ([`cut`](Relay::cut)) or lose a reply after the service acted on the request
+/// ([`lose_reply_to`](Relay::lose_reply_to)). Point the store's URL at
+/// [`addr`](Relay::addr). Dropping it cuts everything.
+pub struct Relay {
+    addr: std::net::SocketAddr,
+    shared: Arc<RelayShared>,
+}
+
+#[derive(Default)]
+struct RelayShared {
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Bytes whose appearance in a request arms `lose_next`.
+    marker: std::sync::Mutex<Option<Vec<u8>>>,
+    lose_next: std::sync::atomic::AtomicBool,
+    lost: AtomicU64,
+}
+
+impl Relay {
+    /// Relays from a fresh loopback port to `target`.
+    pub async fn start(target: std::net::SocketAddr) -> Relay {
+        Relay::start_at(([127, 0, 0, 1], 0).into(), target).await
+    }
+
+    /// Relays from `listen` (a loopback address, port 0 for any) to `target`.
+    pub async fn start_at(listen: std::net::SocketAddr, target: std::net::SocketAddr) -> Relay {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .expect("the relay binds");
+        let addr = listener
+            .local_addr()
+            .expect("a bound listener has an address");
+        let shared = Arc::new(RelayShared::default());
+        let s = shared.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let conn = tokio::spawn(relay_one(inbound, target, s.clone()));
+                s.tasks.lock().unwrap().push(conn);
+            }
+        });
+        shared.tasks.lock().unwrap().push(accept);
+        Relay { addr, shared }
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// Drops every relayed connection and stops accepting new ones.
+    pub fn cut(&self) {
+        for t in self.shared.tasks.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+
+    /// Once a request containing `marker` has been passed on, the next bytes the
+    /// service sends are thrown away and that connection is dropped both ways: the
+    /// service acted on the request, and the client never learns what happened. Mark
+    /// with something only the request of interest carries (its key, say), so that
+    /// replies to earlier requests still get through.
+    pub fn lose_reply_to(&self, marker: &[u8]) {
+        *self.shared.marker.lock().unwrap() = Some(marker.to_vec());
+    }
+
+    /// How many replies were thrown away.
+    pub fn replies_lost(&self) -> u64 {
+        self.shared.lost.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+async fn relay_one(
+    mut client: tokio::net::TcpStream,
+    target: std::net::SocketAddr,
+    shared: Arc<RelayShared>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
+        return;
+    };
+    let (mut client_rx, mut client_tx) = client.split();
+    let (mut server_rx, mut server_tx) = server.split();
+    let requests = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match client_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            {
+                let mut marker = shared.marker.lock().unwrap();
+                if marker
+                    .as_deref()
+                    .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m))
+                {
+                    *marker = None;
+                    shared.lose_next.store(true, Ordering::SeqCst);
+                }
+            }
+            if server_tx.write_all(chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = server_tx.shutdown().await;
+    };
+    let replies = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match server_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if shared.lose_next.swap(false, Ordering::SeqCst) {
+                shared.lost.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            if client_tx.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    // The connection ends, both ways, when the replies stop (or are lost).
+    tokio::select! {
+        () = replies => {}
+        () = async { requests.await; std::future::pending::<()>().await } => {}
+    }
+}
+
 /// The contract cases. Each takes a store reading time from `clock`.
 pub mod cases {
     use super::*;
