@@ -10,9 +10,10 @@ use bytes::Bytes;
 use idem_core::{
     Decision, FencingToken, Lease, Record, Reservation, ReserveRequest, Result, Scope, SharedClock,
     Store, StoreError, StoredResponse, SystemClock, Timestamp, decide, duration_millis,
+    release_unconfirmed,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Cmd, FromRedisValue, Script};
+use redis::{Client, Cmd, FromRedisValue, RedisError, RedisResult, Script};
 
 use crate::error::from_redis;
 use crate::record::{self, FENCED_LEN, InProgress};
@@ -69,6 +70,13 @@ static PURGE: LazyLock<Script> =
 /// the attempt's token. Time comes from the injected clock and is passed to the server
 /// (never Redis `TIME`). Records carry a native TTL at their expiry plus
 /// [`DEFAULT_TTL_GRACE`], so Redis bounds storage by itself.
+///
+/// A reserve whose command may have run although its reply never came (the connection
+/// dropped or timed out after sending) fails with [`StoreError::Unavailable`], and the
+/// store then releases, in the background, the reservation it may have written, fenced
+/// by the token it sent ([`idem_core::release_unconfirmed`]). Without that, a retry of
+/// the key would get "in progress" until the lease lapsed, for an attempt that no one
+/// runs.
 ///
 /// The connection is one multiplexed, reconnecting [`ConnectionManager`]: clones of the
 /// store share it. A store that cannot be reached fails every operation with
@@ -191,14 +199,44 @@ impl RedisStore {
     /// not know the script (it restarted, or its cache was flushed) loads it and runs
     /// `cmd` again.
     async fn eval<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> Result<T> {
+        self.eval_raw(script, cmd).await.map_err(from_redis)
+    }
+
+    /// [`eval`](Self::eval) with Redis's own error, for callers that look at it.
+    async fn eval_raw<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> RedisResult<T> {
         let mut conn = self.conn.clone();
         match cmd.query_async(&mut conn).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
-                script.load_async(&mut conn).await.map_err(from_redis)?;
-                cmd.query_async(&mut conn).await.map_err(from_redis)
+                script.load_async(&mut conn).await?;
+                cmd.query_async(&mut conn).await
             }
-            reply => reply.map_err(from_redis),
+            reply => reply,
         }
+    }
+
+    /// `reply` to a command that writes the reservation `token` for `req`, as the
+    /// store's result. When the error leaves open whether the server ran the command
+    /// (the connection dropped or timed out after it was sent), first starts releasing
+    /// what it may have written, so that the key is not held for a lease that no one
+    /// has (see [`release_unconfirmed`]).
+    fn confirmed<T>(
+        &self,
+        reply: RedisResult<T>,
+        req: &ReserveRequest,
+        token: FencingToken,
+        attempt: u32,
+    ) -> Result<T> {
+        reply.map_err(|e| {
+            if may_have_run(&e) {
+                let lease = Lease {
+                    scope: req.scope.clone(),
+                    token,
+                    attempt,
+                };
+                release_unconfirmed(self, lease);
+            }
+            from_redis(e)
+        })
     }
 
     /// Runs a fenced script whose reply is 1 (done), 0 (fenced) or -1 (the key holds
@@ -219,15 +257,22 @@ impl RedisStore {
         head: &[u8],
         new: &[u8],
         native_ttl: Option<i64>,
-    ) -> Result<bool> {
+    ) -> RedisResult<bool> {
         let mut cmd = evalsha(&TAKE_OVER, key);
         cmd.arg(head).arg(new);
         match native_ttl {
             Some(ms) => cmd.arg(ms),
             None => cmd.arg(""),
         };
-        Ok(self.eval::<i64>(&TAKE_OVER, &cmd).await? == 1)
+        Ok(self.eval_raw::<i64>(&TAKE_OVER, &cmd).await? == 1)
     }
+}
+
+/// Whether the server may have run a command that failed with `e`: an I/O failure other
+/// than a refused connection (the command was sent, and the reply never came). Server
+/// errors mean it did not run; a refused connection means it was never sent.
+fn may_have_run(e: &RedisError) -> bool {
+    e.is_io_error() && !e.is_connection_refusal()
 }
 
 /// `EVALSHA` of `script` on the one key `key`, for the caller to add the arguments: the
@@ -311,7 +356,7 @@ impl Store for RedisStore {
             let fresh_ttl = native_ttl(self.ttl_grace_ms, expires_at, now);
             // Writes the record if the key is free, else returns what holds it.
             let fresh_value = fresh.encode();
-            let existing: Option<Vec<u8>> = redis::cmd("SET")
+            let reply = redis::cmd("SET")
                 .arg(&key)
                 .arg(&fresh_value)
                 .arg("NX")
@@ -319,8 +364,8 @@ impl Store for RedisStore {
                 .arg("PX")
                 .arg(fresh_ttl)
                 .query_async(&mut self.conn.clone())
-                .await
-                .map_err(from_redis)?;
+                .await;
+            let existing: Option<Vec<u8>> = self.confirmed(reply, req, token, 1)?;
             let Some(existing) = existing else {
                 return Ok(acquired(req, token, 1));
             };
@@ -347,8 +392,10 @@ impl Store for RedisStore {
             let head = &existing[..FENCED_LEN];
             let won = if expired {
                 // Replaced whole: nothing of the old record (its answer) survives.
-                self.take_over(&key, head, &fresh_value, Some(fresh_ttl))
-                    .await?
+                let reply = self
+                    .take_over(&key, head, &fresh_value, Some(fresh_ttl))
+                    .await;
+                self.confirmed(reply, req, token, attempt)?
             } else {
                 // A lapsed lease of the same payload: attempt n+1 keeps created_at, and
                 // the record lives at least as long as the new lease.
@@ -361,7 +408,8 @@ impl Store for RedisStore {
                 };
                 let ttl = (expires_at > old_expiry)
                     .then(|| native_ttl(self.ttl_grace_ms, expires_at, now));
-                self.take_over(&key, head, &next.encode(), ttl).await?
+                let reply = self.take_over(&key, head, &next.encode(), ttl).await;
+                self.confirmed(reply, req, token, attempt)?
             };
             if won {
                 return Ok(acquired(req, token, attempt));

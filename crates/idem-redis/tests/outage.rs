@@ -346,7 +346,8 @@ async fn cut_mid_flight_never_acquires_without_a_record() {
         match store.reserve(req).await.expect("reserve after the outage") {
             // The reserve never reached Redis: the key is free.
             Reservation::Acquired(_) => {}
-            // It ran, but its reply was lost: the key is held until the lease lapses.
+            // It ran, but its reply was lost: the key is held until the store's own
+            // release of that reservation gets through (or the lease lapses).
             Reservation::InProgress { .. } => lost_replies += 1,
             other => panic!("a key whose reserve failed answered {other:?}"),
         }
@@ -363,4 +364,57 @@ async fn cut_mid_flight_never_acquires_without_a_record() {
     {
         direct.remove(scope).await.expect("clean up");
     }
+}
+
+/// A reserve that ran on Redis but whose reply was lost (the connection dropped after
+/// the command was sent) does not hold its key for the whole lease: the store releases
+/// the reservation it may have written by itself, fenced by the token it sent, and the
+/// next reserve of the key acquires it. Nothing was executed under that reservation,
+/// since the caller was told the store is unavailable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_whose_reply_was_lost_does_not_hold_its_key() {
+    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let prefix = format!("idem-test:{}:", unique_namespace("lost_reply"));
+    let direct = match RedisStore::builder(url.as_str())
+        .key_prefix(&prefix)
+        .connect()
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            service_unavailable::<()>("Redis", &url, &e);
+            return;
+        }
+    };
+    let upstream = tokio::net::lookup_host(host_port(&url))
+        .await
+        .expect("resolve Redis")
+        .next()
+        .expect("a Redis address");
+    let relay = idem_core::testing::Relay::start(upstream).await;
+    let store = RedisStore::builder(url_through(&url, relay.addr()))
+        .key_prefix(&prefix)
+        .connect()
+        .await
+        .expect("connect through the relay");
+    store.ping().await.expect("the relay works");
+
+    let req = request("lost-reply");
+    relay.lose_reply_to(b"lost-reply");
+    let lost = tokio::time::timeout(HANG_GUARD, store.reserve(&req)).await;
+    assert_unavailable("a reserve whose reply was lost", lost);
+    assert_eq!(relay.replies_lost(), 1, "the SET's reply was the one lost");
+
+    // The default lease is 60 s; without the release the key would be held that long.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while direct.get(&req.scope).await.expect("get").is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the lost reservation still holds the key"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let lease = acquire(&store, &req).await;
+    assert_eq!(lease.attempt, 1);
+    direct.remove(&req.scope).await.expect("clean up");
 }
