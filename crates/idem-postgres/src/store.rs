@@ -12,6 +12,7 @@ use idem_core::codec::{decode_headers, encode_headers};
 use idem_core::{
     FencingToken, Fingerprint, Lease, Record, RecordState, Reservation, ReserveRequest, Scope,
     SharedClock, Store, StoreError, StoredResponse, Sweeper, SweeperConfig, SystemClock, Timestamp,
+    release_unconfirmed,
 };
 use sqlx::pool::PoolConnectionMetadata;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
@@ -295,6 +296,19 @@ impl PgStore {
         let token = FencingToken::generate();
         let lease_until = now.plus(req.lease);
         let scope = &req.scope;
+        // Armed until the outcome is known: if the statement fails in a way that leaves
+        // open whether it committed, or this future is dropped mid-flight (the
+        // operation timeout), the reservation it may have written is released. Release
+        // matches on the token alone; the attempt (unknown: the statement may have taken
+        // over) only shows in logs.
+        let mut unconfirmed = Unconfirmed {
+            store: self,
+            lease: Some(Lease {
+                scope: scope.clone(),
+                token,
+                attempt: 1,
+            }),
+        };
         let row = sqlx::query(AssertSqlSafe(self.sql.reserve.clone()))
             .bind(scope.tenant().as_str())
             .bind(scope.endpoint_str())
@@ -306,12 +320,20 @@ impl PgStore {
             .bind(lease_until.as_millis())
             .fetch_optional(&self.pool)
             .await
-            .map_err(store_error)?;
+            .map_err(|e| {
+                if !may_have_run(&e) {
+                    unconfirmed.disarm();
+                }
+                store_error(e)
+            })?;
         let Some(row) = row else {
             // The row exists (the insert conflicted) but was committed after this
             // statement's snapshot, so the read half could not see it: look again.
+            unconfirmed.disarm();
             return Ok(None);
         };
+        // From here on a row came back: an error decoding it leaves the release armed,
+        // since the row may be this reservation's.
         let acquired: bool = row.try_get("acquired").map_err(store_error)?;
         if acquired {
             let stored = FencingToken::from_i64(row.try_get("token").map_err(store_error)?);
@@ -320,12 +342,15 @@ impl PgStore {
                     "reserve returned another attempt's token".into(),
                 ));
             }
+            let attempt = attempt_from(&row)?;
+            unconfirmed.disarm();
             return Ok(Some(Reservation::Acquired(Lease {
                 scope: scope.clone(),
                 token,
-                attempt: attempt_from(&row)?,
+                attempt,
             })));
         }
+        unconfirmed.disarm();
         let existing = record_from_row(scope, &row)?;
         // `None`: the row read was an older version that may now be taken (its lease or
         // life ran out, or another writer changed it after the snapshot). Try again.
@@ -373,6 +398,40 @@ impl PgStore {
             None => Err(StoreError::Fenced),
         }
     }
+}
+
+/// A reservation whose outcome is not known yet; dropped while armed, it is released in
+/// the background ([`release_unconfirmed`]), fenced by its token: a retry of the key
+/// then executes, rather than answering 409 until a lease no one holds lapses.
+struct Unconfirmed<'a> {
+    store: &'a PgStore,
+    lease: Option<Lease>,
+}
+
+impl Unconfirmed<'_> {
+    /// The outcome is known: the reservation was acquired and handed out, or it was
+    /// certainly not written.
+    fn disarm(&mut self) {
+        self.lease = None;
+    }
+}
+
+impl Drop for Unconfirmed<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            release_unconfirmed(self.store, lease);
+        }
+    }
+}
+
+/// Whether a statement that failed with `e` may still have committed: the connection
+/// broke or the conversation went wrong after it was sent. A database error means it
+/// failed and rolled back; a pool error means it was never sent.
+fn may_have_run(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
+    )
 }
 
 #[async_trait]

@@ -79,16 +79,20 @@ impl Proxy {
     }
 
     fn url(&self) -> String {
-        let mut url = common::pg_url();
-        let host_port = url
-            .split('@')
-            .nth(1)
-            .and_then(|rest| rest.split('/').next())
-            .expect("URL of the form postgres://user@host:port/db")
-            .to_owned();
-        url = url.replacen(&host_port, &self.addr.to_string(), 1);
-        url
+        url_via(self.addr)
     }
+}
+
+/// The test server's URL with its host and port replaced by `addr`.
+fn url_via(addr: SocketAddr) -> String {
+    let url = common::pg_url();
+    let host_port = url
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("URL of the form postgres://user@host:port/db")
+        .to_owned();
+    url.replacen(&host_port, &addr.to_string(), 1)
 }
 
 /// Closes with a reset rather than a clean FIN, as a dead link looks.
@@ -319,4 +323,54 @@ async fn no_false_proceed_when_the_link_is_cut_under_load() {
             "the stored attempt is the caller's"
         );
     }
+}
+
+/// A reserve that committed on the server but whose reply was lost (the connection
+/// dropped after the statement ran) does not hold its key for the whole lease: the
+/// store releases the reservation it may have written, fenced by the token it sent,
+/// and the next reserve of the key acquires it as attempt 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_whose_reply_was_lost_does_not_hold_its_key() {
+    let Some(upstream) = upstream().await else {
+        return;
+    };
+    let clock = ManualClock::starting_now();
+    let Some(direct) = common::store_with_clock(&clock, &unique_namespace("lost_reply")).await
+    else {
+        return;
+    };
+    let relay = idem_core::testing::Relay::start(upstream).await;
+    // One connection, so the reserve below runs on the warmed one: the statement is
+    // prepared already, and its one reply is the one lost.
+    let store = PgStore::options()
+        .table(direct.table())
+        .clock(Arc::new(clock.clone()))
+        .max_connections(1)
+        .migrate(false)
+        .connect(&url_via(relay.addr()))
+        .await
+        .expect("connect through the relay");
+    let Reservation::Acquired(_) = store.reserve(&request("warm-up")).await.expect("reserve")
+    else {
+        panic!("a fresh key is acquired")
+    };
+
+    let req = request("lost-reply");
+    relay.lose_reply_to(b"lost-reply");
+    assert_unavailable(store.reserve(&req).await, "a reserve whose reply was lost");
+    assert_eq!(relay.replies_lost(), 1);
+
+    // The default lease is 60 s; without the release the key would be held that long.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while direct.get(&req.scope).await.expect("get").is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lost reservation still holds the key"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let Reservation::Acquired(lease) = store.reserve(&req).await.expect("reserve") else {
+        panic!("the key is free again")
+    };
+    assert_eq!(lease.attempt, 1);
 }
