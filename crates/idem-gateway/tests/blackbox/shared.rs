@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::testing::{service_unavailable, service_url};
+use idem_core::testing::{Relay, service_unavailable, service_url};
 
 use crate::common::{Gateway, Http, Upstream, new_key};
 
@@ -141,50 +141,6 @@ async fn records_survive_kill_9_on_redis() {
     }
 }
 
-/// A TCP relay to a service that can be cut, to make a store unreachable mid-run.
-struct Relay {
-    addr: std::net::SocketAddr,
-    tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
-}
-
-impl Relay {
-    async fn start(target: std::net::SocketAddr) -> Relay {
-        Relay::start_at(([127, 0, 0, 1], 0).into(), target).await
-    }
-
-    async fn start_at(listen: std::net::SocketAddr, target: std::net::SocketAddr) -> Relay {
-        let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let tasks = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let t = tasks.clone();
-        let accept = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let conn = tokio::spawn(async move {
-                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-                t.lock().unwrap().push(conn);
-            }
-        });
-        tasks.lock().unwrap().push(accept);
-        Relay { addr, tasks }
-    }
-
-    /// Drops every relayed connection and stops accepting new ones.
-    fn cut(&self) {
-        for t in self.tasks.lock().unwrap().drain(..) {
-            t.abort();
-        }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.cut();
-    }
-}
-
 /// The `host:port` part of a store URL's authority, and the URL split around it.
 fn split_authority(url: &str) -> (&str, &str, &str) {
     let scheme_end = url.find("://").unwrap() + 3;
@@ -223,7 +179,7 @@ async fn unreachable_store_fails_closed_with_503_and_unkeyed_traffic_flows() {
     let relay = Relay::start(service_addr(&url, 6379).await).await;
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("redis://{}", relay.addr);
+    let store = format!("redis://{}", relay.addr());
     let gw = Gateway::start(&up.url(), dir.path(), &["--store", &store, "--admin", "0"]).await;
     let http = Http::new();
     let url = gw.url("/v1/charges");
