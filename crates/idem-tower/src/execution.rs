@@ -7,29 +7,29 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::Response;
 use tokio::runtime::Handle;
 
+use crate::IdempotencyBody;
 use crate::problem::{Problem, ProblemKind};
 
-type BoxFuture = Pin<Box<dyn Future<Output = Response<Bytes>> + Send + 'static>>;
+type BoxFuture<B> = Pin<Box<dyn Future<Output = Response<IdempotencyBody<B>>> + Send + 'static>>;
 
 /// Polls an execution in place, so the common path spawns no task; if dropped before the
 /// execution finished (the client went away), hands what is left of it to the runtime,
 /// where it runs to completion and records its answer.
-pub(crate) struct Execution {
-    future: Option<BoxFuture>,
+pub(crate) struct Execution<B: 'static> {
+    future: Option<BoxFuture<B>>,
     /// The runtime that was polling the execution when it started, for a detached
     /// remainder: a drop may happen on a thread outside any runtime.
     runtime: Option<Handle>,
 }
 
-impl Execution {
+impl<B: 'static> Execution<B> {
     /// Wraps `future`; call from inside the runtime that is to finish it if need be.
-    pub(crate) fn new<F>(future: F) -> Execution
+    pub(crate) fn new<F>(future: F) -> Execution<B>
     where
-        F: Future<Output = Response<Bytes>> + Send + 'static,
+        F: Future<Output = Response<IdempotencyBody<B>>> + Send + 'static,
     {
         Execution {
             future: Some(Box::pin(future)),
@@ -38,10 +38,10 @@ impl Execution {
     }
 }
 
-impl Future for Execution {
-    type Output = Response<Bytes>;
+impl<B: 'static> Future for Execution<B> {
+    type Output = Response<IdempotencyBody<B>>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<Bytes>> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let future = self
             .future
             .as_mut()
@@ -63,6 +63,7 @@ impl Future for Execution {
                     "the request's execution ended without an answer",
                 )
                 .to_response()
+                .map(IdempotencyBody::buffered)
             }
         };
         self.future = None;
@@ -70,7 +71,7 @@ impl Future for Execution {
     }
 }
 
-impl Drop for Execution {
+impl<B: 'static> Drop for Execution<B> {
     fn drop(&mut self) {
         let Some(rest) = self.future.take() else {
             return;

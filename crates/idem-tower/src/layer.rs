@@ -155,7 +155,9 @@ impl<St> IdempotencyLayer<St> {
     /// Answers are held whole to be recorded; when the handler's answer is larger, it
     /// has run, so its answer is replaced by a 500 `response-too-large` problem, which
     /// is recorded and replayed: the operation never runs twice, and memory stays
-    /// bounded.
+    /// bounded. An answer that is released rather than recorded (a release status, or
+    /// [`Disposition::Release`](crate::Disposition::Release)) is not held: it streams to
+    /// the client unread, whatever its size.
     ///
     /// [`DEFAULT_RESPONSE_LIMIT`]: crate::DEFAULT_RESPONSE_LIMIT
     pub fn response_limit(mut self, limit: usize) -> Self {

@@ -140,13 +140,14 @@
 //!
 //! - The response future is boxed (one allocation per request; a keyed request's
 //!   execution is a second one).
-//! - A keyed request's response is buffered whole to be recorded, up to
+//! - A keyed request's response to be recorded is buffered whole, up to
 //!   [`IdempotencyLayer::response_limit`] ([`DEFAULT_RESPONSE_LIMIT`], 8 MiB). A larger
 //!   answer comes from a handler that has run, so it is replaced, for the first caller
 //!   and every retry alike, by a recorded 500 `response-too-large` problem: the operation
 //!   never runs twice, but its answer is lost. Raise the limit above your largest
 //!   answer; recording a reference to a large resource instead (SPEC S6) is not
-//!   implemented.
+//!   implemented. A response the layer releases (by status or disposition) is known
+//!   from its head; it is not recorded, so it streams through unread, at any size.
 
 mod body;
 mod config;

@@ -331,7 +331,7 @@ where
             plan.extra_headers,
             guard,
         ));
-        Ok(execution.await.map(IdempotencyBody::buffered))
+        Ok(execution.await)
     }
 }
 
@@ -384,7 +384,7 @@ fn answer<S, St, ReqBody, ResBody>(
     request: ReserveRequest,
     extra_headers: Vec<HeaderName>,
     guard: InFlightGuard,
-) -> impl Future<Output = Response<Bytes>> + Send + 'static
+) -> impl Future<Output = Response<IdempotencyBody<ResBody>>> + Send + 'static
 where
     S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -401,7 +401,7 @@ where
         let reserved = timed(observer, "reserve", store.reserve(&request)).await;
         let lease = match reserved {
             Ok(Reservation::Acquired(lease)) => lease,
-            other => return refuse(observer, other),
+            other => return refuse(observer, other).map(IdempotencyBody::buffered),
         };
 
         // Stage 2: the handler runs while the lease is renewed. A panic in it (or in
@@ -417,14 +417,28 @@ where
         let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
         req.extensions_mut().insert(context);
         let response_limit = config.response_limit;
+        let release_statuses = &config.release_statuses;
+        // The disposition is known from the head. An answer to release is not recorded,
+        // so it is passed on as it streams, whatever its size; the rest is read whole
+        // (up to the limit) to be recorded.
         let handler = AssertUnwindSafe(async move {
             let response = inner.call(req).await.map_err(Into::into)?;
-            let (head, body) = response.into_parts();
+            let (mut head, body) = response.into_parts();
+            let disposition = head.extensions.remove::<Disposition>().unwrap_or_else(|| {
+                if release_statuses.contains(&head.status.as_u16()) {
+                    Disposition::Release
+                } else {
+                    Disposition::Record
+                }
+            });
+            if matches!(disposition, Disposition::Release) {
+                return Ok(Answered::Released(head, body));
+            }
             let bytes = Limited::new(body, response_limit)
                 .collect()
                 .await?
                 .to_bytes();
-            Ok::<_, BoxError>((head, bytes))
+            Ok::<_, BoxError>(Answered::Whole(head, bytes, disposition))
         })
         .catch_unwind();
         let mut handler = pin!(handler);
@@ -432,15 +446,12 @@ where
 
         // Stages 3–4.
         let (mut head, body, disposition) = match result {
-            Ok(Ok((mut head, body))) => {
-                let disposition = head.extensions.remove::<Disposition>().unwrap_or_else(|| {
-                    if config.release_statuses.contains(&head.status.as_u16()) {
-                        Disposition::Release
-                    } else {
-                        Disposition::Record
-                    }
-                });
-                (head, body, disposition)
+            Ok(Ok(Answered::Whole(head, body, disposition))) => (head, body, disposition),
+            Ok(Ok(Answered::Released(mut head, body))) => {
+                release(store, observer, &lease).await;
+                drop(guard);
+                head.extensions.clear();
+                return Response::from_parts(head, IdempotencyBody::stream(body));
             }
             Ok(Err(e)) if e.is::<LengthLimitError>() => {
                 tracing::error!(
@@ -467,19 +478,31 @@ where
                 complete(store, observer, &lease, &stored).await;
                 observer.outcome(Outcome::Executed);
             }
-            Disposition::Release => {
-                if let Err(e) = timed(observer, "release", store.release(&lease)).await {
-                    // The lease lapses on its own; a retry then takes over.
-                    tracing::warn!(error = %e, "could not release the key");
-                }
-                observer.outcome(Outcome::Released);
-            }
+            // Released answers left the handler early, streaming; none of the recorded
+            // problems releases. Kept total all the same.
+            Disposition::Release => release(store, observer, &lease).await,
             Disposition::KeepInProgress => observer.outcome(Outcome::KeptInProgress),
         }
         drop(guard);
         head.extensions.clear();
-        Response::from_parts(head, body)
+        Response::from_parts(head, IdempotencyBody::buffered(body))
     }
+}
+
+/// How the handler answered: read whole, to be recorded (or kept in progress), or a head
+/// whose answer is released and streams on unread.
+enum Answered<B> {
+    Whole(http::response::Parts, Bytes, Disposition),
+    Released(http::response::Parts, B),
+}
+
+/// Stage 4's other branch: deletes the record so that the key executes again (SPEC S6).
+async fn release<St: Store>(store: &St, observer: &dyn Observer, lease: &Lease) {
+    if let Err(e) = timed(observer, "release", store.release(lease)).await {
+        // The lease lapses on its own; a retry then takes over.
+        tracing::warn!(error = %e, "could not release the key");
+    }
+    observer.outcome(Outcome::Released);
 }
 
 /// The answer to a reservation that did not acquire the key: stage 5's replay, or a

@@ -85,6 +85,7 @@ for_each_store!(
     stored_headers_are_allow_listed,
     handler_panic_is_recorded_as_500_replay,
     answer_over_response_limit_is_recorded_as_500_problem,
+    released_answer_over_response_limit_streams_through_whole,
     // S7: concurrency, disconnects, leases
     concurrent_identical_requests_execute_once,
     client_disconnect_does_not_cancel_handler,
@@ -905,6 +906,37 @@ async fn answer_over_response_limit_is_recorded_as_500_problem(kind: StoreKind) 
     let app = App::start_with(kind, |l| l.response_limit(64 * 1024)).await;
     let ok = app.post("/orders").key("k-fits").json(ORDER).send().await;
     assert_eq!(ok.status, 201);
+}
+
+async fn released_answer_over_response_limit_streams_through_whole(kind: StoreKind) {
+    // Every answer of /status is longer than 16 bytes. Released answers are not
+    // recorded, so the limit on recorded answers does not cut them.
+    let app = App::start_with(kind, |l| l.response_limit(16)).await;
+    for (key, body) in [
+        ("k-big-rel", status_body(200, Some("release"))),
+        ("k-big-429", status_body(429, None)),
+    ] {
+        for _ in 1..=2 {
+            let reply = app.post("/status").key(key).json(&body).send().await;
+            let status = if key == "k-big-rel" { 200 } else { 429 };
+            assert_eq!(reply.status, status, "{reply:?}");
+            let calls = count(&app.counters.statuses);
+            assert_eq!(
+                reply.body,
+                format!("handler answered {status} (call {calls})").as_bytes()
+            );
+            assert!(!reply.is_replay());
+            assert!(
+                app.store
+                    .get(&scope("/status", key, None))
+                    .await
+                    .unwrap()
+                    .is_none(),
+                "released: no record"
+            );
+        }
+    }
+    assert_eq!(count(&app.counters.statuses), 4, "each retry executes");
 }
 
 // ---------------------------------------------------------------- S7
