@@ -15,9 +15,11 @@
 //!   after sending is a 504 that keeps the record in progress until its lease lapses; a
 //!   keyed answer over `--response-limit` is a 502 that is recorded in its place.
 //!
-//! Unkeyed traffic streams both ways. Keyed answers are read whole within the upstream
-//! timeout (the layer records them anyway), so an upstream that stalls mid-body is a
-//! timeout too.
+//! Unkeyed traffic streams both ways. Keyed answers to be recorded are read whole within
+//! the upstream timeout (the layer records them anyway), so an upstream that stalls
+//! mid-body is a timeout too. Keyed answers to be released (a release status, or the
+//! disposition header) are not recorded, so they stream like unkeyed ones, whatever
+//! their size.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -36,7 +38,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_tower::{Disposition, IdempotencyContext};
+use idem_tower::{DEFAULT_RELEASE_STATUSES, Disposition, IdempotencyContext};
 use tokio::time::Instant;
 use tower::Service;
 
@@ -175,7 +177,14 @@ impl Proxy {
         let (mut parts, body) = res.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         let disposition = take_disposition(&mut parts.headers);
-        let body = if attempt.is_some() {
+        // What the layer will release is not recorded, so it streams through like
+        // unkeyed traffic, whatever its size. The gateway's layer keeps the default
+        // release statuses.
+        let released = match disposition {
+            Some(d) => matches!(d, Disposition::Release),
+            None => DEFAULT_RELEASE_STATUSES.contains(&parts.status.as_u16()),
+        };
+        let body = if attempt.is_some() && !released {
             let limited = http_body_util::Limited::new(body, this.response_limit);
             match tokio::time::timeout_at(deadline, limited.collect()).await {
                 Err(_) => return self.fail(UpstreamError::Timeout),

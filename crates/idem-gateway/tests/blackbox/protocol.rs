@@ -326,6 +326,29 @@ async fn answer_over_response_limit_is_recorded_as_502_and_never_run_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_answer_over_response_limit_streams_through_whole() {
+    let s = setup(&["--response-limit", "64KiB"]).await;
+    let url = s.gw.url("/v1/exports");
+    // Released by the upstream's header, and by a release status: neither is recorded,
+    // so neither is held to the limit on recorded answers.
+    for (status, extra) in [
+        (201, ("x-test-disposition", "release")),
+        (503, ("x-test-status", "503")),
+    ] {
+        let key = new_key();
+        let headers = [("x-test-body-bytes", "200000"), extra];
+        for n in 1..=2 {
+            let a = s.http.post(&url, &key, "{}", &headers).await;
+            assert_eq!(a.status, status, "{a:?}");
+            assert_eq!(a.body.len(), 200_000);
+            assert!(!a.replayed());
+            assert!(a.header("idempotency-disposition").is_none());
+            assert_eq!(s.up.finished(&key), n, "released: each retry executes");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn equal_json_in_another_spelling_replays() {
     let s = setup(&[]).await;
     let key = new_key();
