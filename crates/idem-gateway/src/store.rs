@@ -3,7 +3,7 @@
 //! | URL | store |
 //! |---|---|
 //! | `memory://` | `idem_core::MemoryStore` (one process, lost on restart) |
-//! | `sqlite://FILE`, `sqlite:///abs/path` | `idem_sqlite::SqliteStore` (the embedded default) |
+//! | `sqlite://FILE`, `sqlite:///abs/path` | `idem_sqlite::SqliteStore` (the embedded default; `?synchronous=full` syncs every commit) |
 //! | `postgres://…`, `postgresql://…` | `idem_postgres::PgStore` (shared by several gateways) |
 //! | `redis://…` | `idem_redis::RedisStore` (shared by several gateways) |
 //!

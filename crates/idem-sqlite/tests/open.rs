@@ -215,3 +215,33 @@ async fn unopenable_path_is_a_database_error() {
         Err(Error::Database(_))
     ));
 }
+
+async fn synchronous_of(store: &SqliteStore) -> i64 {
+    sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(store.pool())
+        .await
+        .expect("PRAGMA synchronous")
+}
+
+#[tokio::test]
+async fn synchronous_comes_from_the_url() {
+    let dir = tempfile::tempdir().unwrap();
+    // Among SQLite's own parameters, which still apply: `mode=rwc` creates the file.
+    let full = SqliteStore::connect(&format!(
+        "{}?mode=rwc&synchronous=FULL",
+        db_url(&dir, "b.db")
+    ))
+    .await
+    .unwrap();
+    assert_eq!(synchronous_of(&full).await, 2, "FULL from the URL");
+    assert!(dir.path().join("b.db").exists());
+
+    let e = SqliteStore::connect(&format!("{}?synchronous=sometimes", db_url(&dir, "c.db")))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("synchronous"), "{e}");
+    assert!(
+        !dir.path().join("c.db").exists(),
+        "nothing opened on a bad URL"
+    );
+}
