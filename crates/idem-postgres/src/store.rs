@@ -292,6 +292,9 @@ impl PgStore {
     }
 
     async fn reserve_once(&self, req: &ReserveRequest) -> Result<Option<Reservation>, StoreError> {
+        // Taken before the statement is armed below: waiting for a connection sends
+        // nothing, so running out of time there leaves nothing to release.
+        let mut conn = self.pool.acquire().await.map_err(store_error)?;
         let now = self.clock.now();
         let token = FencingToken::generate();
         let lease_until = now.plus(req.lease);
@@ -318,7 +321,7 @@ impl PgStore {
             .bind(req.expires_at(now).as_millis())
             .bind(token.as_i64())
             .bind(lease_until.as_millis())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(|e| {
                 if !may_have_run(&e) {
