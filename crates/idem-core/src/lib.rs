@@ -76,4 +76,7 @@ pub use store::{Result, Store, StoreError};
 #[cfg(feature = "sweeper")]
 pub use sweeper::{Sweeper, SweeperConfig, sweep_once};
 #[cfg(feature = "tokio")]
-pub use unconfirmed::{MAX_UNCONFIRMED_RELEASES, UNCONFIRMED_RELEASE_PAUSES, release_unconfirmed};
+pub use unconfirmed::{
+    MAX_UNCONFIRMED_RELEASES, UNCONFIRMED_RELEASE_PAUSES, release_unconfirmed,
+    release_unconfirmed_with,
+};

@@ -1,5 +1,6 @@
 //! [`release_unconfirmed`]: freeing a reservation whose reply was lost.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -23,7 +24,8 @@ pub const MAX_UNCONFIRMED_RELEASES: usize = 256;
 
 static PENDING: AtomicUsize = AtomicUsize::new(0);
 
-/// Frees the reservation `lease` names if a reserve that never answered did write it.
+/// Frees the first-attempt reservation `lease` names if a reserve that never answered
+/// did write it.
 ///
 /// For network stores: a reserve command may reach the server and write its record while
 /// its reply is lost (the connection dropped, or the reply came too late). The caller
@@ -33,6 +35,13 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 /// record if it exists, and does nothing if the reserve never landed or another attempt
 /// holds the key since (SPEC S6: a request that did not start executing is released).
 ///
+/// Only for a reservation of attempt 1 (a fresh key, or one whose record had expired).
+/// A takeover's record (attempt n+1) says that an earlier attempt may have acted; it
+/// must lapse and be taken over again, so that the next handler still learns it runs a
+/// recovered attempt, rather than be deleted. A store whose reserve may take over
+/// without knowing which it did uses [`release_unconfirmed_with`] and a release that
+/// matches attempt 1 only.
+///
 /// Runs in the background on the current tokio runtime and returns at once. It stops at
 /// the first answer (released, or nothing to release) and tries again while the store is
 /// unavailable, after each of [`UNCONFIRMED_RELEASE_PAUSES`]. Outside a runtime, or with
@@ -41,6 +50,21 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 pub fn release_unconfirmed<S>(store: &S, lease: Lease)
 where
     S: Store + Clone,
+{
+    let store = store.clone();
+    release_unconfirmed_with(move || {
+        let (store, lease) = (store.clone(), lease.clone());
+        async move { store.release(&lease).await }
+    });
+}
+
+/// [`release_unconfirmed`] with the store's own fenced release: `release` is called for
+/// each try and answers `Ok` when it deleted the reservation, [`StoreError::Fenced`]
+/// when there was nothing of it to delete, and another error to try again later.
+pub fn release_unconfirmed_with<F, Fut>(mut release: F)
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), StoreError>> + Send + 'static,
 {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
@@ -52,7 +76,6 @@ where
         );
         return;
     }
-    let store = store.clone();
     runtime.spawn(async move {
         struct Done;
         impl Drop for Done {
@@ -63,10 +86,9 @@ where
         let _done = Done;
         for pause in UNCONFIRMED_RELEASE_PAUSES {
             tokio::time::sleep(pause).await;
-            match store.release(&lease).await {
+            match release().await {
                 Ok(()) => {
                     tracing::info!(
-                        attempt = lease.attempt,
                         "released a reservation whose reply was lost; the key is free again"
                     );
                     return;

@@ -12,7 +12,7 @@ use idem_core::codec::{decode_headers, encode_headers};
 use idem_core::{
     FencingToken, Fingerprint, Lease, Record, RecordState, Reservation, ReserveRequest, Scope,
     SharedClock, Store, StoreError, StoredResponse, Sweeper, SweeperConfig, SystemClock, Timestamp,
-    release_unconfirmed,
+    release_unconfirmed_with,
 };
 use sqlx::pool::PoolConnectionMetadata;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
@@ -278,6 +278,27 @@ impl PgStore {
         self.bounded(self.complete_on(conn, lease, response)).await
     }
 
+    /// Deletes `lease`'s in-progress record with `sql` (`release`, or
+    /// `release_unconfirmed`, which also requires attempt 1); fenced.
+    async fn delete_in_progress(&self, sql: &Arc<str>, lease: &Lease) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let scope = &lease.scope;
+        let done = self
+            .bounded(async {
+                sqlx::query(AssertSqlSafe(sql.clone()))
+                    .bind(scope.tenant().as_str())
+                    .bind(scope.endpoint_str())
+                    .bind(scope.key().as_str())
+                    .bind(lease.token.as_i64())
+                    .bind(now.as_millis())
+                    .execute(&self.pool)
+                    .await
+                    .map_err(store_error)
+            })
+            .await?;
+        fenced_unless_one(done.rows_affected())
+    }
+
     async fn bounded<T>(
         &self,
         op: impl Future<Output = Result<T, StoreError>>,
@@ -404,8 +425,11 @@ impl PgStore {
 }
 
 /// A reservation whose outcome is not known yet; dropped while armed, it is released in
-/// the background ([`release_unconfirmed`]), fenced by its token: a retry of the key
-/// then executes, rather than answering 409 until a lease no one holds lapses.
+/// the background ([`idem_core::release_unconfirmed`]), fenced by its token and only if
+/// it is a first attempt: a retry of the key then executes, rather than answering 409
+/// until a lease no one holds lapses. (The statement may have taken a record over
+/// without the store learning it; such a record lapses, so that the next attempt still
+/// runs as a recovered one.)
 struct Unconfirmed<'a> {
     store: &'a PgStore,
     lease: Option<Lease>,
@@ -422,7 +446,15 @@ impl Unconfirmed<'_> {
 impl Drop for Unconfirmed<'_> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
-            release_unconfirmed(self.store, lease);
+            let store = self.store.clone();
+            release_unconfirmed_with(move || {
+                let (store, lease) = (store.clone(), lease.clone());
+                async move {
+                    store
+                        .delete_in_progress(&store.sql.release_unconfirmed, &lease)
+                        .await
+                }
+            });
         }
     }
 }
@@ -486,22 +518,7 @@ impl Store for PgStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        let now = self.clock.now();
-        let scope = &lease.scope;
-        let done = self
-            .bounded(async {
-                sqlx::query(AssertSqlSafe(self.sql.release.clone()))
-                    .bind(scope.tenant().as_str())
-                    .bind(scope.endpoint_str())
-                    .bind(scope.key().as_str())
-                    .bind(lease.token.as_i64())
-                    .bind(now.as_millis())
-                    .execute(&self.pool)
-                    .await
-                    .map_err(store_error)
-            })
-            .await?;
-        fenced_unless_one(done.rows_affected())
+        self.delete_in_progress(&self.sql.release, lease).await
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
@@ -630,6 +647,7 @@ struct Statements {
     completed_by: Arc<str>,
     renew: Arc<str>,
     release: Arc<str>,
+    release_unconfirmed: Arc<str>,
     get: Arc<str>,
     remove: Arc<str>,
     purge: Arc<str>,
@@ -702,6 +720,9 @@ impl Statements {
             "DELETE FROM {t}
               WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'in_progress'"
         );
+        // A reservation whose reply was lost, if it is a first attempt: a takeover's
+        // record must lapse instead, so that the next attempt runs as a recovered one.
+        let release_unconfirmed = format!("{release} AND attempt = 1");
         let get = format!("SELECT {RECORD_COLUMNS} FROM {t} WHERE {BY_SCOPE}");
         let remove = format!("DELETE FROM {t} WHERE {BY_SCOPE}");
         // At most $2 rows, found through the expires_at index; rows another
@@ -720,6 +741,7 @@ impl Statements {
             completed_by: completed_by.into(),
             renew: renew.into(),
             release: release.into(),
+            release_unconfirmed: release_unconfirmed.into(),
             get: get.into(),
             remove: remove.into(),
             purge: purge.into(),
@@ -753,6 +775,69 @@ mod tests {
             .connect_lazy(url)
             .expect("a valid name and URL need no server");
         assert_eq!(store.table(), "idem_records_custom");
+    }
+
+    /// The release of a reservation whose reply was lost deletes a first attempt, and
+    /// never a takeover's record: that one lapses, so the next attempt still runs as a
+    /// recovered one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unconfirmed_release_deletes_first_attempts_only() {
+        let url = service_url(
+            "IDEM_TEST_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        );
+        let clock = idem_core::ManualClock::starting_now();
+        let table = format!("idem_records_{}", unique_namespace("unconfirmed"));
+        let store = match PgStore::options()
+            .table(&table)
+            .clock(Arc::new(clock.clone()))
+            .connect(&url)
+            .await
+        {
+            Ok(s) => s,
+            Err(Error::Store(StoreError::Unavailable(e))) => {
+                return service_unavailable("PostgreSQL", &url, &e).unwrap_or(());
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let acquire = |req: ReserveRequest| {
+            let store = store.clone();
+            async move {
+                match store.reserve(&req).await.expect("reserve") {
+                    Reservation::Acquired(lease) => lease,
+                    other => panic!("expected to acquire, got {other:?}"),
+                }
+            }
+        };
+        let fingerprint = idem_core::testing::test_fingerprint("{}");
+        let fresh = ReserveRequest::new(
+            idem_core::testing::test_scope("/v1/charges", "fresh"),
+            fingerprint,
+        );
+        let taken = ReserveRequest::new(
+            idem_core::testing::test_scope("/v1/charges", "taken-over"),
+            fingerprint,
+        );
+        let first = acquire(fresh.clone()).await;
+        acquire(taken.clone()).await;
+        clock.advance(taken.lease + Duration::from_secs(1));
+        let second = acquire(taken.clone()).await;
+        assert_eq!(second.attempt, 2);
+
+        let sql = store.sql.release_unconfirmed.clone();
+        let kept = store.delete_in_progress(&sql, &second).await;
+        let deleted = store.delete_in_progress(&sql, &first).await;
+        let (kept_record, deleted_record) = (
+            store.get(&taken.scope).await.expect("get"),
+            store.get(&fresh.scope).await.expect("get"),
+        );
+        schema::drop_table(store.pool(), &table)
+            .await
+            .expect("drop table");
+        assert!(matches!(kept, Err(StoreError::Fenced)), "{kept:?}");
+        assert_eq!(kept_record.expect("kept").attempt, 2);
+        deleted.expect("a first attempt is released");
+        assert!(deleted_record.is_none());
     }
 
     /// The plans PostgreSQL picks for the hot statements on a table of realistic size:
@@ -795,6 +880,7 @@ mod tests {
         uses("complete", "pkey");
         uses("renew", "pkey");
         uses("release", "pkey");
+        uses("release_unconfirmed", "pkey");
         uses("purge", "expires");
     }
 
@@ -864,6 +950,10 @@ mod tests {
             ("complete", complete),
             ("renew", explain(&sql.renew, true, &[1, 100, 160]).await?),
             ("release", explain(&sql.release, true, &[1, 100]).await?),
+            (
+                "release_unconfirmed",
+                explain(&sql.release_unconfirmed, true, &[1, 100]).await?,
+            ),
             ("purge", explain(&sql.purge, false, &[100, 1000]).await?),
         ])
     }

@@ -72,11 +72,12 @@ static PURGE: LazyLock<Script> =
 /// [`DEFAULT_TTL_GRACE`], so Redis bounds storage by itself.
 ///
 /// A reserve whose command may have run although its reply never came (the connection
-/// dropped or timed out after sending) fails with [`StoreError::Unavailable`], and the
-/// store then releases, in the background, the reservation it may have written, fenced
-/// by the token it sent ([`idem_core::release_unconfirmed`]). Without that, a retry of
-/// the key would get "in progress" until the lease lapsed, for an attempt that no one
-/// runs.
+/// dropped or timed out after sending) fails with [`StoreError::Unavailable`], and for a
+/// first attempt the store then releases, in the background, the reservation it may
+/// have written, fenced by the token it sent ([`idem_core::release_unconfirmed`]).
+/// Without that, a retry of the key would get "in progress" until the lease lapsed, for
+/// an attempt that no one runs. A takeover's record (attempt n+1) is left to lapse, so
+/// that the next attempt still runs as a recovered one.
 ///
 /// The connection is one multiplexed, reconnecting [`ConnectionManager`]: clones of the
 /// store share it. A store that cannot be reached fails every operation with
@@ -216,9 +217,11 @@ impl RedisStore {
 
     /// `reply` to a command that writes the reservation `token` for `req`, as the
     /// store's result. When the error leaves open whether the server ran the command
-    /// (the connection dropped or timed out after it was sent), first starts releasing
-    /// what it may have written, so that the key is not held for a lease that no one
-    /// has (see [`release_unconfirmed`]).
+    /// (the connection dropped or timed out after it was sent) and the reservation is a
+    /// first attempt, first starts releasing what it may have written, so that the key
+    /// is not held for a lease that no one has (see [`release_unconfirmed`]). A
+    /// takeover's record is left to lapse: deleting it would hide from the next attempt
+    /// that an earlier one may have acted.
     fn confirmed<T>(
         &self,
         reply: RedisResult<T>,
@@ -227,7 +230,7 @@ impl RedisStore {
         attempt: u32,
     ) -> Result<T> {
         reply.map_err(|e| {
-            if may_have_run(&e) {
+            if releases_after(&e, attempt) {
                 let lease = Lease {
                     scope: req.scope.clone(),
                     token,
@@ -268,11 +271,13 @@ impl RedisStore {
     }
 }
 
-/// Whether the server may have run a command that failed with `e`: an I/O failure other
-/// than a refused connection (the command was sent, and the reply never came). Server
-/// errors mean it did not run; a refused connection means it was never sent.
-fn may_have_run(e: &RedisError) -> bool {
-    e.is_io_error() && !e.is_connection_refusal()
+/// Whether a reserve of `attempt` that failed with `e` may have written a reservation to
+/// release: only a first attempt (a takeover's record must lapse), and only after an
+/// I/O failure other than a refused connection (the command was sent, and the reply
+/// never came). Server errors mean it did not run; a refused connection means it was
+/// never sent.
+fn releases_after(e: &RedisError, attempt: u32) -> bool {
+    attempt == 1 && e.is_io_error() && !e.is_connection_refusal()
 }
 
 /// `EVALSHA` of `script` on the one key `key`, for the caller to add the arguments: the
@@ -533,6 +538,7 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io;
 
     #[test]
     fn scan_pattern_escapes_glob_characters_and_matches_one_record_key_shape() {
@@ -558,5 +564,17 @@ mod tests {
             native_ttl(5_000, Timestamp::from_millis(i64::MAX), now),
             MAX_NATIVE_TTL_MS
         );
+    }
+
+    #[test]
+    fn only_a_first_attempt_whose_command_may_have_run_is_released() {
+        let io = |kind| RedisError::from(io::Error::new(kind, "test"));
+        assert!(releases_after(&io(io::ErrorKind::ConnectionReset), 1));
+        assert!(releases_after(&io(io::ErrorKind::TimedOut), 1));
+        assert!(releases_after(&io(io::ErrorKind::UnexpectedEof), 1));
+        // Never sent.
+        assert!(!releases_after(&io(io::ErrorKind::ConnectionRefused), 1));
+        // A takeover's record lapses instead.
+        assert!(!releases_after(&io(io::ErrorKind::ConnectionReset), 2));
     }
 }
