@@ -47,7 +47,10 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| {
 /// themselves. A delivery that finds *done* is a [`Duplicate`](Outcome::Duplicate);
 /// one that finds *in flight* fails with [`Error::InFlight`] so that the broker
 /// redelivers it later. Effects that fail delete the marker (only if it is still this
-/// attempt's).
+/// attempt's). So does a `SET NX` whose reply was lost (a dropped connection or a
+/// timeout after sending), in the background, when `conn` can reconnect (a
+/// `ConnectionManager`); otherwise that marker holds the message back until its lease
+/// lapses.
 ///
 /// What this cannot rule out: a consumer that dies (or stalls, renewals included, past
 /// the lease) after its effects but before marking done leaves an in-flight marker that
@@ -144,14 +147,25 @@ where
     async fn try_mark(&self, key: &str, token: &str) -> Result<Option<Existing>> {
         let mut conn = self.conn.clone();
         for _ in 0..3 {
-            let set: Value = redis::cmd("SET")
+            let set: Value = match redis::cmd("SET")
                 .arg(key)
                 .arg(token)
                 .arg("NX")
                 .arg("PX")
                 .arg(millis(self.lease))
                 .query_async(&mut conn)
-                .await?;
+                .await
+            {
+                Ok(set) => set,
+                Err(e) => {
+                    // Sent, and the reply never came: the marker may be set, and
+                    // would hold the message back for a lease no one has.
+                    if e.is_io_error() && !e.is_connection_refusal() {
+                        self.release_lost_mark(key, token);
+                    }
+                    return Err(e.into());
+                }
+            };
             if !matches!(set, Value::Nil) {
                 return Ok(None);
             }
@@ -180,6 +194,31 @@ impl<C> RedisInbox<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    /// Deletes, in the background, the in-flight marker `key` if it holds `token`: a
+    /// `SET NX` whose reply was lost may have set it ([`idem_core::release_unconfirmed_with`]).
+    /// With a `ConnectionManager`, which reconnects, this frees the message for its next
+    /// delivery at once; a `MultiplexedConnection` that broke cannot, and the marker
+    /// lapses with its lease as before.
+    fn release_lost_mark(&self, key: &str, token: &str) {
+        let (conn, key, token) = (self.conn.clone(), key.to_owned(), token.to_owned());
+        idem_core::release_unconfirmed_with(move || {
+            let (mut conn, key, token) = (conn.clone(), key.clone(), token.clone());
+            async move {
+                let deleted: i64 = RELEASE
+                    .key(&key)
+                    .arg(&token)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(idem_core::StoreError::unavailable)?;
+                if deleted == 1 {
+                    Ok(())
+                } else {
+                    Err(idem_core::StoreError::Fenced)
+                }
+            }
+        });
+    }
+
     /// Awaits `effects` while renewing the marker `key` (holding `token`) every third
     /// of the lease. A renewal runs beside the effects and never holds them up; once the
     /// marker is no longer ours, renewing stops (the effects still finish, and marking

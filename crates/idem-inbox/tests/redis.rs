@@ -254,3 +254,72 @@ async fn redis_concurrent_deliveries_run_effects_once() {
     assert_eq!(processed, 1);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A `SET NX` of the in-flight marker that ran on Redis but whose reply was lost does
+/// not hold the message back for the whole lease: with a reconnecting connection the
+/// inbox deletes the marker it may have set (fenced by its token), and the next
+/// delivery runs the effects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lost_reply_to_the_in_flight_mark_frees_the_message() {
+    let url = idem_core::testing::service_url(common::REDIS_ENV, common::REDIS_DEFAULT);
+    let Some(_) = common::redis_conn().await else {
+        return;
+    };
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let target = tokio::net::lookup_host(hostport)
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let relay = idem_core::testing::Relay::start(target).await;
+    let through = format!("{scheme}://{userinfo}{}{path}", relay.addr());
+    let conn = redis::aio::ConnectionManager::new(redis::Client::open(through).unwrap())
+        .await
+        .unwrap();
+    let prefix = format!(
+        "idem-inbox-test:{}",
+        idem_core::testing::unique_namespace("lost")
+    );
+    let inbox = RedisInbox::new(conn, "points").unwrap().with_prefix(prefix);
+    let runs = AtomicUsize::new(0);
+    let run = || {
+        inbox.process("m-lost-reply", |_| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok::<_, Error>(()) })
+        })
+    };
+
+    relay.lose_reply_to(b"m-lost-reply");
+    assert!(matches!(run().await, Err(Error::Redis(_))));
+    assert_eq!(relay.replies_lost(), 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // The in-flight lease is 60 s; without the release the message would wait that long.
+    let mut direct = common::redis_conn().await.unwrap();
+    let key = inbox.marker_key("m-lost-reply");
+    let freed = common::eventually(Duration::from_secs(10), || {
+        let (mut direct, key) = (direct.clone(), key.clone());
+        async move {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async(&mut direct)
+                .await
+                .unwrap();
+            !exists
+        }
+    })
+    .await;
+    assert!(freed, "the lost mark still holds the message");
+    assert_eq!(run().await.unwrap(), Outcome::Processed(()));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut direct)
+        .await
+        .unwrap();
+}
