@@ -5,11 +5,11 @@
 //! Prints requests/s, p50 and p99 latency per configuration and each one's throughput
 //! as a ratio of pass-through, and CPU time per request: the gateway's, this process's
 //! (driver and upstream), and the rest of the machine's (a store server, and whatever
-//! else runs). The
-//! configurations run interleaved, `IDEM_LOAD_ROUNDS` rounds (default 3) of
-//! `IDEM_LOAD_SECS` seconds each (default 3, after a 1 s warm-up), and the medians are
-//! reported, each ratio taken within a round. `IDEM_LOAD_ONLY=memory,sqlite` runs only
-//! those stores (and pass-through). `IDEM_LOAD_UPSTREAM_US=200` makes the upstream spend
+//! else runs). The configurations run interleaved, `IDEM_LOAD_ROUNDS` rounds (default
+//! 3) of `IDEM_LOAD_SECS` seconds each (default 3, after a 1 s warm-up), and the medians
+//! are reported, each ratio taken within a round, followed by what the SQLite and Redis
+//! targets allow in CPU time per request against what was spent.
+//! `IDEM_LOAD_ONLY=memory,sqlite` runs only those stores (and pass-through). `IDEM_LOAD_UPSTREAM_US=200` makes the upstream spend
 //! that much CPU per request, as an API with work of its own does (default none: the
 //! harshest case, where the gateway's own cost is all there is).
 //!
@@ -387,6 +387,35 @@ fn main() {
                 col(&|f| f.cpu_us),
                 col(&|f| f.others_us),
                 ratio,
+            );
+        }
+
+        // What the targets allow, in CPU time: with every core busy, throughput goes as
+        // the inverse of the CPU the whole machine spends per request, so a ratio r
+        // allows a keyed request 1/r of pass-through's total.
+        let total = |f: &Figures| f.driver_us + f.cpu_us + f.others_us;
+        let pass_total = median(rounds_out.iter().map(|r| total(&r[0])).collect());
+        let mut heading = false;
+        for (i, (name, _)) in configs.iter().enumerate() {
+            let target = match *name {
+                "sqlite" => 0.70,
+                "redis" => 0.80,
+                _ => continue,
+            };
+            if !heading {
+                println!(
+                    "CPU budget at the targets: pass-through costs the machine {pass_total:.0} us per request in all"
+                );
+                heading = true;
+            }
+            let col = |f: &dyn Fn(&Figures) -> f64| median(rounds_out.iter().map(|r| f(&r[i])).collect());
+            let driver = col(&|f| f.driver_us);
+            let budget = pass_total / target - driver;
+            let spent = col(&|f| f.cpu_us + f.others_us);
+            let busy = col(&|f| f.machine_busy);
+            println!(
+                "  {name:<13} {target:.2} allows {:.0} us; less the driver and upstream's {driver:.0} us, the gateway and its store server may spend {budget:.0} us, and spent {spent:.0} us (machine {busy:.0}% busy)",
+                pass_total / target,
             );
         }
     });
