@@ -143,9 +143,8 @@ pub struct Relay {
 #[derive(Default)]
 struct RelayShared {
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// Bytes whose appearance in a request arms `lose_next`.
+    /// Bytes whose appearance in a request loses the next reply on its connection.
     marker: std::sync::Mutex<Option<Vec<u8>>>,
-    lose_next: std::sync::atomic::AtomicBool,
     lost: AtomicU64,
 }
 
@@ -188,10 +187,10 @@ impl Relay {
     }
 
     /// Once a request containing `marker` has been passed on, the next bytes the
-    /// service sends are thrown away and that connection is dropped both ways: the
-    /// service acted on the request, and the client never learns what happened. Mark
-    /// with something only the request of interest carries (its key, say), so that
-    /// replies to earlier requests still get through.
+    /// service sends on that connection are thrown away and the connection is dropped
+    /// both ways: the service acted on the request, and the client never learns what
+    /// happened. Mark with something only the request of interest carries (its key,
+    /// say), so that replies to earlier requests still get through. Once only.
     pub fn lose_reply_to(&self, marker: &[u8]) {
         *self.shared.marker.lock().unwrap() = Some(marker.to_vec());
     }
@@ -219,6 +218,8 @@ async fn relay_one(
     };
     let (mut client_rx, mut client_tx) = client.split();
     let (mut server_rx, mut server_tx) = server.split();
+    // Set once a request carrying the marker went through: its reply is lost.
+    let armed = std::sync::atomic::AtomicBool::new(false);
     let requests = async {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -234,7 +235,7 @@ async fn relay_one(
                     .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m))
                 {
                     *marker = None;
-                    shared.lose_next.store(true, Ordering::SeqCst);
+                    armed.store(true, Ordering::SeqCst);
                 }
             }
             if server_tx.write_all(chunk).await.is_err() {
@@ -250,7 +251,7 @@ async fn relay_one(
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            if shared.lose_next.swap(false, Ordering::SeqCst) {
+            if armed.load(Ordering::SeqCst) {
                 shared.lost.fetch_add(1, Ordering::SeqCst);
                 return;
             }
