@@ -35,9 +35,9 @@ use crate::{BoxError, IdempotencyBody};
 /// The header that marks a replayed answer.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// How often, and with what pauses, recording a response is tried before giving up. The
-/// record then stays in progress and its lease lapses, so a retry takes over.
-const COMPLETE_BACKOFF: [Duration; 3] = [
+/// How often, and with what pauses, recording or releasing a key is tried before giving
+/// up. The record then stays in progress and its lease lapses, so a retry takes over.
+const WRITE_BACKOFF: [Duration; 3] = [
     Duration::ZERO,
     Duration::from_millis(100),
     Duration::from_millis(400),
@@ -496,13 +496,27 @@ enum Answered<B> {
     Released(http::response::Parts, B),
 }
 
-/// Stage 4's other branch: deletes the record so that the key executes again (SPEC S6).
+/// Stage 4's other branch: deletes the record so that the key executes again (SPEC S6),
+/// tried a few times like [`complete`]: a key left in progress answers 409 to every
+/// retry until its lease lapses.
 async fn release<St: Store>(store: &St, observer: &dyn Observer, lease: &Lease) {
-    if let Err(e) = timed(observer, "release", store.release(lease)).await {
-        // The lease lapses on its own; a retry then takes over.
-        tracing::warn!(error = %e, "could not release the key");
-    }
     observer.outcome(Outcome::Released);
+    for pause in WRITE_BACKOFF {
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        match timed(observer, "release", store.release(lease)).await {
+            Ok(()) => return,
+            // Taken over or expired since: nothing of this attempt is left to release.
+            Err(StoreError::Fenced) => return,
+            Err(e) => tracing::warn!(error = %e, "releasing the key failed"),
+        }
+    }
+    // The lease lapses on its own; a retry then takes over.
+    tracing::error!(
+        scope = %lease.scope.digest(),
+        "the key could not be released; it stays in progress until its lease lapses"
+    );
 }
 
 /// The answer to a reservation that did not acquire the key: stage 5's replay, or a
@@ -655,7 +669,7 @@ async fn complete<St: Store>(
     lease: &Lease,
     stored: &StoredResponse,
 ) {
-    for pause in COMPLETE_BACKOFF {
+    for pause in WRITE_BACKOFF {
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }

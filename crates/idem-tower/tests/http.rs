@@ -5,7 +5,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -1179,6 +1179,68 @@ async fn unrecorded_answer_leaves_key_in_progress_until_lease_lapses() {
     assert_eq!(taken.json()["attempt"], 2);
     assert_eq!(taken.json()["recovered"], true);
     assert_eq!(count(&app.counters.orders), 2);
+}
+
+/// A memory store whose first `release` fails, as a store whose connection blipped.
+struct FirstReleaseFails(MemoryStore, AtomicBool);
+
+#[async_trait]
+impl Store for FirstReleaseFails {
+    async fn reserve(&self, r: &ReserveRequest) -> Result<Reservation> {
+        self.0.reserve(r).await
+    }
+    async fn complete(&self, l: &Lease, r: &StoredResponse) -> Result<()> {
+        self.0.complete(l, r).await
+    }
+    async fn renew(&self, l: &Lease, d: Duration) -> Result<()> {
+        self.0.renew(l, d).await
+    }
+    async fn release(&self, l: &Lease) -> Result<()> {
+        if !self.1.swap(true, Ordering::SeqCst) {
+            return down();
+        }
+        self.0.release(l).await
+    }
+    async fn get(&self, s: &Scope) -> Result<Option<Record>> {
+        self.0.get(s).await
+    }
+    async fn remove(&self, s: &Scope) -> Result<bool> {
+        self.0.remove(s).await
+    }
+    async fn purge_expired(&self, n: usize) -> Result<usize> {
+        self.0.purge_expired(n).await
+    }
+    async fn ping(&self) -> Result<()> {
+        self.0.ping().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_release_is_tried_again_so_the_retry_executes() {
+    let clock = ManualClock::starting_now();
+    let store = FirstReleaseFails(
+        MemoryStore::with_clock(Arc::new(clock.clone())),
+        AtomicBool::new(false),
+    );
+    let app = App::start_on(clock, Arc::new(store), |l| l).await;
+    let body = status_body(429, None);
+    let refused = app
+        .post("/status")
+        .key("k-rel-retry")
+        .json(&body)
+        .send()
+        .await;
+    assert_eq!(refused.status, 429);
+    // Released after all: the retry executes instead of waiting out the lease.
+    let retry = app
+        .post("/status")
+        .key("k-rel-retry")
+        .json(&body)
+        .send()
+        .await;
+    assert_eq!(retry.status, 429, "{retry:?}");
+    assert!(!retry.is_replay());
+    assert_eq!(count(&app.counters.statuses), 2);
 }
 
 #[derive(Default)]
