@@ -1124,42 +1124,71 @@ async fn stale_attempt_cannot_overwrite_takeover(kind: StoreKind) {
     assert_eq!(retry.body, taker.body);
 }
 
-/// A memory store whose `complete` always fails, as a store that went down while the
-/// handler ran.
-struct CompleteFails(MemoryStore);
+/// A memory store with failures on demand: every `complete` fails, as a store that
+/// went down while the handler ran, or only the first `release`, as one whose
+/// connection blipped.
+struct Flaky {
+    inner: MemoryStore,
+    complete_fails: bool,
+    release_failed: AtomicBool,
+}
+
+impl Flaky {
+    fn complete_fails(inner: MemoryStore) -> Flaky {
+        Flaky {
+            inner,
+            complete_fails: true,
+            release_failed: AtomicBool::new(true),
+        }
+    }
+
+    fn first_release_fails(inner: MemoryStore) -> Flaky {
+        Flaky {
+            inner,
+            complete_fails: false,
+            release_failed: AtomicBool::new(false),
+        }
+    }
+}
 
 #[async_trait]
-impl Store for CompleteFails {
+impl Store for Flaky {
     async fn reserve(&self, r: &ReserveRequest) -> Result<Reservation> {
-        self.0.reserve(r).await
+        self.inner.reserve(r).await
     }
-    async fn complete(&self, _: &Lease, _: &StoredResponse) -> Result<()> {
-        down()
+    async fn complete(&self, l: &Lease, r: &StoredResponse) -> Result<()> {
+        if self.complete_fails {
+            return down();
+        }
+        self.inner.complete(l, r).await
     }
     async fn renew(&self, l: &Lease, d: Duration) -> Result<()> {
-        self.0.renew(l, d).await
+        self.inner.renew(l, d).await
     }
     async fn release(&self, l: &Lease) -> Result<()> {
-        self.0.release(l).await
+        if !self.release_failed.swap(true, Ordering::SeqCst) {
+            return down();
+        }
+        self.inner.release(l).await
     }
     async fn get(&self, s: &Scope) -> Result<Option<Record>> {
-        self.0.get(s).await
+        self.inner.get(s).await
     }
     async fn remove(&self, s: &Scope) -> Result<bool> {
-        self.0.remove(s).await
+        self.inner.remove(s).await
     }
     async fn purge_expired(&self, n: usize) -> Result<usize> {
-        self.0.purge_expired(n).await
+        self.inner.purge_expired(n).await
     }
     async fn ping(&self) -> Result<()> {
-        self.0.ping().await
+        self.inner.ping().await
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unrecorded_answer_leaves_key_in_progress_until_lease_lapses() {
     let clock = ManualClock::starting_now();
-    let store = CompleteFails(MemoryStore::with_clock(Arc::new(clock.clone())));
+    let store = Flaky::complete_fails(MemoryStore::with_clock(Arc::new(clock.clone())));
     let lease = Duration::from_secs(60);
     let app = App::start_on(clock, Arc::new(store), |l| l.lease(lease)).await;
     // The client still gets the handler's real answer.
@@ -1181,47 +1210,10 @@ async fn unrecorded_answer_leaves_key_in_progress_until_lease_lapses() {
     assert_eq!(count(&app.counters.orders), 2);
 }
 
-/// A memory store whose first `release` fails, as a store whose connection blipped.
-struct FirstReleaseFails(MemoryStore, AtomicBool);
-
-#[async_trait]
-impl Store for FirstReleaseFails {
-    async fn reserve(&self, r: &ReserveRequest) -> Result<Reservation> {
-        self.0.reserve(r).await
-    }
-    async fn complete(&self, l: &Lease, r: &StoredResponse) -> Result<()> {
-        self.0.complete(l, r).await
-    }
-    async fn renew(&self, l: &Lease, d: Duration) -> Result<()> {
-        self.0.renew(l, d).await
-    }
-    async fn release(&self, l: &Lease) -> Result<()> {
-        if !self.1.swap(true, Ordering::SeqCst) {
-            return down();
-        }
-        self.0.release(l).await
-    }
-    async fn get(&self, s: &Scope) -> Result<Option<Record>> {
-        self.0.get(s).await
-    }
-    async fn remove(&self, s: &Scope) -> Result<bool> {
-        self.0.remove(s).await
-    }
-    async fn purge_expired(&self, n: usize) -> Result<usize> {
-        self.0.purge_expired(n).await
-    }
-    async fn ping(&self) -> Result<()> {
-        self.0.ping().await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_release_is_tried_again_so_the_retry_executes() {
     let clock = ManualClock::starting_now();
-    let store = FirstReleaseFails(
-        MemoryStore::with_clock(Arc::new(clock.clone())),
-        AtomicBool::new(false),
-    );
+    let store = Flaky::first_release_fails(MemoryStore::with_clock(Arc::new(clock.clone())));
     let app = App::start_on(clock, Arc::new(store), |l| l).await;
     let body = status_body(429, None);
     let refused = app
