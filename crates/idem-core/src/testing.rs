@@ -131,6 +131,65 @@ pub fn test_fingerprint(body: &str) -> Fingerprint {
     )
 }
 
+/// `url` (`scheme://[user[:password]@]host[:port][/path][?query]`) split around its
+/// `host[:port]`: what comes before it, it, and what comes after.
+fn split_authority(url: &str) -> (&str, &str, &str) {
+    let scheme_end = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let host_start = rest[..authority_end].rfind('@').map_or(0, |at| at + 1);
+    let (head, tail) = url.split_at(scheme_end + authority_end);
+    let (head, host_port) = head.split_at(scheme_end + host_start);
+    (head, host_port, tail)
+}
+
+/// `url` with its host and port replaced by `addr`, everything else (user, password,
+/// database, query) kept: the URL of a service seen through a [`Relay`].
+pub fn url_via(url: &str, addr: std::net::SocketAddr) -> String {
+    let (head, _, tail) = split_authority(url);
+    format!("{head}{addr}{tail}")
+}
+
+/// The address `url`'s host and port resolve to (`default_port` when it names none).
+///
+/// # Panics
+///
+/// When the host does not resolve.
+pub async fn service_addr(url: &str, default_port: u16) -> std::net::SocketAddr {
+    let (_, host_port, _) = split_authority(url);
+    let has_port = host_port
+        .rsplit_once(':')
+        .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
+    let host_port = if has_port {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:{default_port}")
+    };
+    tokio::net::lookup_host(&host_port)
+        .await
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .unwrap_or_else(|| panic!("{host_port} does not resolve"))
+}
+
+/// A process's user + system CPU time so far, from `/proc/PID/stat` (`pid` "self" for
+/// this process), for benches that report CPU per request; zero where there is no
+/// `/proc`.
+pub fn cpu_time(pid: &str) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Duration::ZERO;
+    };
+    // After the parenthesised command name, utime and stime are the 12th and 13th
+    // fields, in clock ticks (100 per second on Linux).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
 /// A TCP relay on a loopback port to a service, for tests that make a store unreachable
 /// ([`cut`](Relay::cut)) or lose a reply after the service acted on the request
 /// ([`lose_reply_to`](Relay::lose_reply_to)). Point the store's URL at
@@ -733,5 +792,37 @@ pub mod cases {
             store.complete(&lease, &response()).await,
             "complete after remove",
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_via_replaces_only_host_and_port() {
+        let addr: std::net::SocketAddr = "10.0.0.9:7000".parse().unwrap();
+        for (url, via) in [
+            ("redis://127.0.0.1:6379", "redis://10.0.0.9:7000"),
+            ("redis://:pw@db:6379/2", "redis://:pw@10.0.0.9:7000/2"),
+            (
+                "postgres://postgres@127.0.0.1:5432/test",
+                "postgres://postgres@10.0.0.9:7000/test",
+            ),
+            (
+                "postgres://u:p@db/idem?sslmode=disable",
+                "postgres://u:p@10.0.0.9:7000/idem?sslmode=disable",
+            ),
+        ] {
+            assert_eq!(url_via(url, addr), via, "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn service_addr_adds_the_default_port() {
+        let named = service_addr("redis://127.0.0.1:6380", 6379).await;
+        assert_eq!(named, "127.0.0.1:6380".parse().unwrap());
+        let default = service_addr("postgres://u@127.0.0.1/test", 5432).await;
+        assert_eq!(default, "127.0.0.1:5432".parse().unwrap());
     }
 }

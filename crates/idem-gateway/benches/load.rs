@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
+use idem_core::testing::cpu_time;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -111,21 +112,13 @@ fn machine_ticks() -> (u64, u64) {
     (total - idle, total)
 }
 
-/// A process's user + system CPU time so far, from /proc (Linux); zero elsewhere.
-fn cpu_time(pid: &str) -> Duration {
-    {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return Duration::ZERO;
-        };
-        // Fields after the parenthesised command name; utime and stime are the 12th and
-        // 13th of those, in clock ticks (100 per second on Linux).
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<u64> = rest
-            .split_whitespace()
-            .map(|x| x.parse().unwrap_or(0))
-            .collect();
-        let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-        Duration::from_millis(ticks * 10)
+/// Issue 5's throughput target for a store, as a ratio of pass-through; `None` for the
+/// configurations without one.
+fn target(name: &str) -> Option<f64> {
+    match name {
+        "sqlite" => Some(0.70),
+        "redis" => Some(0.80),
+        _ => None,
     }
 }
 
@@ -366,26 +359,25 @@ fn main() {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
+        // The median over the rounds of a figure of configuration `i`.
+        let col = |i: usize, f: &dyn Fn(&Figures) -> f64| {
+            median(rounds_out.iter().map(|r| f(&r[i])).collect())
+        };
         println!(
             "medians over {rounds} rounds (ratio: this store's throughput / pass-through's in the same round):"
         );
         for (i, (name, _)) in configs.iter().enumerate() {
-            let col = |f: &dyn Fn(&Figures) -> f64| median(rounds_out.iter().map(|r| f(&r[i])).collect());
             let ratio =
                 median(rounds_out.iter().map(|r| r[i].rps() / r[0].rps().max(1.0)).collect());
-            let target = match *name {
-                "sqlite" => "  (target >= 0.70)",
-                "redis" => "  (target >= 0.80)",
-                _ => "",
-            };
+            let target = target(name).map_or(String::new(), |t| format!("  (target >= {t:.2})"));
             println!(
                 "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, rest {:>4.0} us  ratio {:.2}{target}",
                 name,
-                col(&|f| f.rps()),
-                col(&|f| f.p50.as_secs_f64() * 1e3),
-                col(&|f| f.p99.as_secs_f64() * 1e3),
-                col(&|f| f.cpu_us),
-                col(&|f| f.others_us),
+                col(i, &|f| f.rps()),
+                col(i, &|f| f.p50.as_secs_f64() * 1e3),
+                col(i, &|f| f.p99.as_secs_f64() * 1e3),
+                col(i, &|f| f.cpu_us),
+                col(i, &|f| f.others_us),
                 ratio,
             );
         }
@@ -393,14 +385,11 @@ fn main() {
         // What the targets allow, in CPU time: with every core busy, throughput goes as
         // the inverse of the CPU the whole machine spends per request, so a ratio r
         // allows a keyed request 1/r of pass-through's total.
-        let total = |f: &Figures| f.driver_us + f.cpu_us + f.others_us;
-        let pass_total = median(rounds_out.iter().map(|r| total(&r[0])).collect());
+        let pass_total = col(0, &|f| f.driver_us + f.cpu_us + f.others_us);
         let mut heading = false;
         for (i, (name, _)) in configs.iter().enumerate() {
-            let target = match *name {
-                "sqlite" => 0.70,
-                "redis" => 0.80,
-                _ => continue,
+            let Some(target) = target(name) else {
+                continue;
             };
             if !heading {
                 println!(
@@ -408,14 +397,13 @@ fn main() {
                 );
                 heading = true;
             }
-            let col = |f: &dyn Fn(&Figures) -> f64| median(rounds_out.iter().map(|r| f(&r[i])).collect());
-            let driver = col(&|f| f.driver_us);
-            let budget = pass_total / target - driver;
-            let spent = col(&|f| f.cpu_us + f.others_us);
-            let busy = col(&|f| f.machine_busy);
+            let allowed = pass_total / target;
+            let driver = col(i, &|f| f.driver_us);
+            let budget = allowed - driver;
+            let spent = col(i, &|f| f.cpu_us + f.others_us);
+            let busy = col(i, &|f| f.machine_busy);
             println!(
-                "  {name:<13} {target:.2} allows {:.0} us; less the driver and upstream's {driver:.0} us, the gateway and its store server may spend {budget:.0} us, and spent {spent:.0} us (machine {busy:.0}% busy)",
-                pass_total / target,
+                "  {name:<13} {target:.2} allows {allowed:.0} us; less the driver and upstream's {driver:.0} us, the gateway and its store server may spend {budget:.0} us, and spent {spent:.0} us (machine {busy:.0}% busy)",
             );
         }
     });

@@ -265,19 +265,9 @@ async fn redis_lost_reply_to_the_in_flight_mark_frees_the_message() {
     let Some(_) = common::redis_conn().await else {
         return;
     };
-    let (scheme, rest) = url.split_once("://").unwrap();
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let (userinfo, hostport) = match authority.rsplit_once('@') {
-        Some((u, h)) => (format!("{u}@"), h),
-        None => (String::new(), authority),
-    };
-    let target = tokio::net::lookup_host(hostport)
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
+    let target = idem_core::testing::service_addr(&url, 6379).await;
     let relay = idem_core::testing::Relay::start(target).await;
-    let through = format!("{scheme}://{userinfo}{}{path}", relay.addr());
+    let through = idem_core::testing::url_via(&url, relay.addr());
     let conn = redis::aio::ConnectionManager::new(redis::Client::open(through).unwrap())
         .await
         .unwrap();

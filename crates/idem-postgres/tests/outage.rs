@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::testing::{test_fingerprint, test_scope, unique_namespace};
+use idem_core::testing::{test_fingerprint, test_scope, unique_namespace, url_via};
 use idem_core::{ManualClock, Reservation, ReserveRequest, Store, StoreError, StoredResponse};
 use idem_postgres::{Error, PgStore};
 use tokio::io::AsyncWriteExt;
@@ -79,20 +79,8 @@ impl Proxy {
     }
 
     fn url(&self) -> String {
-        url_via(self.addr)
+        url_via(&common::pg_url(), self.addr)
     }
-}
-
-/// The test server's URL with its host and port replaced by `addr`.
-fn url_via(addr: SocketAddr) -> String {
-    let url = common::pg_url();
-    let host_port = url
-        .split('@')
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .expect("URL of the form postgres://user@host:port/db")
-        .to_owned();
-    url.replacen(&host_port, &addr.to_string(), 1)
 }
 
 /// Closes with a reset rather than a clean FIN, as a dead link looks.
@@ -347,7 +335,7 @@ async fn a_reserve_whose_reply_was_lost_does_not_hold_its_key() {
         .clock(Arc::new(clock.clone()))
         .max_connections(1)
         .migrate(false)
-        .connect(&url_via(relay.addr()))
+        .connect(&url_via(&common::pg_url(), relay.addr()))
         .await
         .expect("connect through the relay");
     let Reservation::Acquired(_) = store.reserve(&request("warm-up")).await.expect("reserve")

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_core::testing::{
-    service_unavailable, service_url, test_fingerprint, test_scope, unique_namespace,
+    service_addr, service_unavailable, service_url, test_fingerprint, test_scope, unique_namespace,
+    url_via,
 };
 use idem_core::{
     Lease, RecordState, Reservation, ReserveRequest, Store, StoreError, StoredResponse,
@@ -117,24 +118,6 @@ impl Drop for Proxy {
     }
 }
 
-/// The Redis URL with its host and port replaced by `addr` (user, password and
-/// database kept).
-fn url_through(url: &str, addr: SocketAddr) -> String {
-    let (scheme, rest) = url.split_once("://").expect("redis URL");
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let userinfo = authority.rsplit_once('@').map(|(u, _)| format!("{u}@"));
-    format!("{scheme}://{}{addr}{path}", userinfo.unwrap_or_default())
-}
-
-fn host_port(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-    authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, h)| h)
-        .to_owned()
-}
-
 /// A store through a fresh proxy, and a direct one with the same prefix to inspect
 /// what Redis really holds. `None` when Redis is unreachable (the skip is reported).
 async fn setup(case: &str) -> Option<(Proxy, RedisStore, RedisStore)> {
@@ -148,13 +131,9 @@ async fn setup(case: &str) -> Option<(Proxy, RedisStore, RedisStore)> {
         Ok(s) => s,
         Err(e) => return service_unavailable("Redis", &url, &e),
     };
-    let upstream = tokio::net::lookup_host(host_port(&url))
-        .await
-        .expect("resolve Redis")
-        .next()
-        .expect("a Redis address");
+    let upstream = service_addr(&url, 6379).await;
     let proxy = Proxy::start(upstream).await;
-    let proxied = RedisStore::builder(url_through(&url, proxy.addr))
+    let proxied = RedisStore::builder(url_via(&url, proxy.addr))
         .key_prefix(&prefix)
         .connect()
         .await
@@ -386,13 +365,9 @@ async fn a_reserve_whose_reply_was_lost_does_not_hold_its_key() {
             return;
         }
     };
-    let upstream = tokio::net::lookup_host(host_port(&url))
-        .await
-        .expect("resolve Redis")
-        .next()
-        .expect("a Redis address");
+    let upstream = service_addr(&url, 6379).await;
     let relay = idem_core::testing::Relay::start(upstream).await;
-    let store = RedisStore::builder(url_through(&url, relay.addr()))
+    let store = RedisStore::builder(url_via(&url, relay.addr()))
         .key_prefix(&prefix)
         .connect()
         .await

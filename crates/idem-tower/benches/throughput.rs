@@ -29,6 +29,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use idem_core::testing::cpu_time;
 use idem_core::{MemoryStore, Store};
 use idem_sqlite::SqliteStore;
 use idem_tower::IdempotencyLayer;
@@ -134,20 +135,6 @@ impl Run {
     }
 }
 
-/// This process's user + system CPU time so far, from /proc (Linux); zero elsewhere.
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // After the parenthesised command name, utime and stime are the 12th and 13th
-    // fields, in clock ticks (100 per second on Linux).
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-    Duration::from_millis(ticks * 10)
-}
-
 /// Drives `router` over HTTP for `secs`.
 async fn over_http(setup: &Setup, secs: u64, connections: u64, round: u64) -> Run {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -215,11 +202,11 @@ async fn over_http(setup: &Setup, secs: u64, connections: u64, round: u64) -> Ru
     tokio::time::sleep(Duration::from_millis(500)).await;
     measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
-    let cpu = cpu_time();
+    let cpu = cpu_time("self");
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let count = done.load(Ordering::Relaxed);
     let elapsed = started.elapsed();
-    let cpu = cpu_time().saturating_sub(cpu);
+    let cpu = cpu_time("self").saturating_sub(cpu);
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         w.await.expect("worker");
@@ -246,7 +233,7 @@ async fn in_process(setup: &Setup, secs: u64, concurrency: u64, round: u64) -> R
     }
     let deadline = Instant::now() + Duration::from_secs(secs);
     let started = Instant::now();
-    let cpu = cpu_time();
+    let cpu = cpu_time("self");
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
             let (router, seq, label) = (setup.router.clone(), seq.clone(), label.clone());
@@ -274,7 +261,7 @@ async fn in_process(setup: &Setup, secs: u64, concurrency: u64, round: u64) -> R
         total += t.await.expect("task");
     }
     let elapsed = started.elapsed();
-    Run::new(total, elapsed, cpu_time().saturating_sub(cpu))
+    Run::new(total, elapsed, cpu_time("self").saturating_sub(cpu))
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {

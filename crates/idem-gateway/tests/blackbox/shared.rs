@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::testing::{Relay, service_unavailable, service_url};
+use idem_core::testing::{Relay, service_addr, service_unavailable, service_url, url_via};
 
 use crate::common::{Gateway, Http, Upstream, new_key};
 
@@ -141,35 +141,6 @@ async fn records_survive_kill_9_on_redis() {
     }
 }
 
-/// The `host:port` part of a store URL's authority, and the URL split around it.
-fn split_authority(url: &str) -> (&str, &str, &str) {
-    let scheme_end = url.find("://").unwrap() + 3;
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let host_start = rest[..authority_end].rfind('@').map_or(0, |at| at + 1);
-    let (head, hostport) = url.split_at(scheme_end + host_start);
-    let (hostport, tail) = hostport.split_at(authority_end - host_start);
-    (head, hostport, tail)
-}
-
-/// The address a store URL points at (`default_port` when it names none).
-async fn service_addr(url: &str, default_port: u16) -> std::net::SocketAddr {
-    let (_, hostport, _) = split_authority(url);
-    let hostport = if hostport
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-    {
-        hostport.to_owned()
-    } else {
-        format!("{hostport}:{default_port}")
-    };
-    tokio::net::lookup_host(hostport)
-        .await
-        .unwrap()
-        .next()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_store_fails_closed_with_503_and_unkeyed_traffic_flows() {
     let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
@@ -179,7 +150,7 @@ async fn unreachable_store_fails_closed_with_503_and_unkeyed_traffic_flows() {
     let relay = Relay::start(service_addr(&url, 6379).await).await;
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("redis://{}", relay.addr());
+    let store = url_via(&url, relay.addr());
     let gw = Gateway::start(&up.url(), dir.path(), &["--store", &store, "--admin", "0"]).await;
     let http = Http::new();
     let url = gw.url("/v1/charges");
@@ -225,8 +196,7 @@ async fn store_unreachable_at_start_is_reached_later(url: &str, default_port: u1
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap().port()
     };
-    let (head, _, tail) = split_authority(url);
-    let store = format!("{head}127.0.0.1:{port}{tail}");
+    let store = url_via(url, ([127, 0, 0, 1], port).into());
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let gw = Gateway::start(&up.url(), dir.path(), &["--store", &store, "--admin", "0"]).await;
