@@ -254,13 +254,14 @@ impl Deferred {
         let opened = Arc::new(OnceLock::new());
         let slot = opened.clone();
         let redacted: Arc<str> = redact(&url).into();
+        let shown = redacted.clone();
         let opener = tokio::spawn(async move {
             let mut pause = REOPEN_PAUSE_MIN;
             loop {
                 tokio::time::sleep(pause).await;
                 match open_with(&url, options).await {
                     Ok(store) => {
-                        tracing::info!(store = %redact(&url), "the store is reachable; serving keyed requests");
+                        tracing::info!(store = %shown, "the store is reachable; serving keyed requests");
                         let _ = slot.set(store);
                         return;
                     }
