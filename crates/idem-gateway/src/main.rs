@@ -8,6 +8,12 @@ use idem_gateway::config::GatewayConfig;
 use idem_gateway::serve::{Gateway, Mode, shutdown_signal};
 use idem_gateway::{demo, keys, logging, store};
 
+/// Every request allocates (headers, bodies; on keyed ones the fingerprint, the record
+/// and the recorded answer too); mimalloc serves that faster than glibc's allocator.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
