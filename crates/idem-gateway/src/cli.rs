@@ -150,6 +150,17 @@ pub struct ServeArgs {
     )]
     pub keyed_methods: Option<Vec<String>>,
 
+    /// Upstream statuses that release the key (the answer passes through unrecorded and
+    /// a retry executes again) instead of being recorded; 4xx and 5xx only, or `none`
+    /// [default: 400,401,403,404,405,408,409,413,415,422,429,503].
+    #[arg(
+        long,
+        env = "IDEM_RELEASE_STATUSES",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub release_statuses: Option<Vec<String>>,
+
     /// Time between sweeps of expired records [default: 60s].
     #[arg(long, env = "IDEM_SWEEP_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]
     pub sweep_interval: Option<Duration>,
@@ -270,6 +281,8 @@ mod tests {
             "internal",
             "--keyed-methods",
             "POST,PUT",
+            "--release-statuses",
+            "409,503",
         ])
         .unwrap();
         let Command::Serve(args) = cli.command else {
@@ -285,6 +298,10 @@ mod tests {
         assert_eq!(
             args.keyed_methods,
             Some(vec!["POST".to_owned(), "PUT".to_owned()])
+        );
+        assert_eq!(
+            args.release_statuses,
+            Some(vec!["409".to_owned(), "503".to_owned()])
         );
     }
 

@@ -22,9 +22,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use http::{HeaderName, Method, Uri};
+use http::{HeaderName, Method, StatusCode, Uri};
 use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, ScopeMode};
-use idem_tower::DEFAULT_RESPONSE_LIMIT;
+use idem_tower::{DEFAULT_RELEASE_STATUSES, DEFAULT_RESPONSE_LIMIT};
 use serde::Deserialize;
 
 use crate::cli::{ScopeArg, ServeArgs};
@@ -130,6 +130,8 @@ pub struct FileConfig {
     pub scope: Option<ScopeArg>,
     /// `--keyed-methods`.
     pub keyed_methods: Option<Vec<String>>,
+    /// `--release-statuses`, as numbers: `[409, 429, 503]`; `[]` releases none.
+    pub release_statuses: Option<Vec<u16>>,
     /// `--sweep-interval`.
     pub sweep_interval: Option<String>,
     /// `--shutdown-timeout`.
@@ -253,6 +255,8 @@ pub struct GatewayConfig {
     pub scope: ScopeMode,
     /// The keyed methods.
     pub keyed_methods: Vec<Method>,
+    /// Upstream statuses that release the key rather than being recorded, ascending.
+    pub release_statuses: Vec<StatusCode>,
     /// Time between sweeps.
     pub sweep_interval: Duration,
     /// Longest graceful-shutdown wait.
@@ -333,6 +337,11 @@ impl GatewayConfig {
             .or(file.keyed_methods)
             .unwrap_or_else(|| vec!["POST".into(), "PATCH".into()]);
         let keyed_methods = parse_methods(&methods, "keyed_methods")?;
+        let release_statuses = match (&args.release_statuses, file.release_statuses) {
+            (Some(list), _) => parse_release_statuses(list)?,
+            (None, Some(codes)) => check_release_statuses(codes)?,
+            (None, None) => check_release_statuses(DEFAULT_RELEASE_STATUSES.to_vec())?,
+        };
         let upstream_timeout = dur(
             args.upstream_timeout,
             &file.upstream_timeout,
@@ -367,6 +376,7 @@ impl GatewayConfig {
             tenant_header,
             scope,
             keyed_methods,
+            release_statuses,
             sweep_interval: dur(
                 args.sweep_interval,
                 &file.sweep_interval,
@@ -409,6 +419,52 @@ fn parse_methods(list: &[String], setting: &str) -> Result<Vec<Method>, ConfigEr
         .map(|m| {
             Method::from_bytes(m.to_ascii_uppercase().as_bytes())
                 .map_err(|e| invalid(setting, format!("{m:?}: {e}")))
+        })
+        .collect()
+}
+
+/// `--release-statuses` as given: status codes, or `none` alone for none.
+fn parse_release_statuses(list: &[String]) -> Result<Vec<StatusCode>, ConfigError> {
+    let items: Vec<&str> = list
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if let [only] = items.as_slice()
+        && only.eq_ignore_ascii_case("none")
+    {
+        return Ok(Vec::new());
+    }
+    let codes = items
+        .iter()
+        .map(|s| {
+            s.parse::<u16>().map_err(|_| {
+                invalid(
+                    "release_statuses",
+                    format!("{s:?} is not a status code (give e.g. 409,429,503, or none)"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    check_release_statuses(codes)
+}
+
+/// Admits only 4xx and 5xx: any other answer says the request was executed, and
+/// releasing it would let a retry execute it again. Sorted, without repeats.
+fn check_release_statuses(mut codes: Vec<u16>) -> Result<Vec<StatusCode>, ConfigError> {
+    codes.sort_unstable();
+    codes.dedup();
+    codes
+        .into_iter()
+        .map(|code| match code {
+            400..=599 => Ok(StatusCode::from_u16(code).expect("400-599 are status codes")),
+            _ => Err(invalid(
+                "release_statuses",
+                format!(
+                    "{code}: only 4xx and 5xx answers can release a key; any other status \
+                     means the request was executed, and a retry would execute it again"
+                ),
+            )),
         })
         .collect()
 }
@@ -509,6 +565,62 @@ mod tests {
         assert_eq!(c.tenant_header, http::header::AUTHORIZATION);
         assert_eq!(c.scope, ScopeMode::Public);
         assert_eq!(c.keyed_methods, vec![Method::POST, Method::PATCH]);
+    }
+
+    fn codes(c: &GatewayConfig) -> Vec<u16> {
+        c.release_statuses.iter().map(|s| s.as_u16()).collect()
+    }
+
+    #[test]
+    fn release_statuses_default_to_the_layers() {
+        let c =
+            GatewayConfig::merge(&args("http://127.0.0.1:3000"), FileConfig::default()).unwrap();
+        assert_eq!(codes(&c), DEFAULT_RELEASE_STATUSES.to_vec());
+    }
+
+    #[test]
+    fn release_statuses_from_the_command_line_and_the_file() {
+        let file =
+            || -> FileConfig { toml::from_str("release_statuses = [503, 409, 409]").unwrap() };
+        let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file()).unwrap();
+        assert_eq!(codes(&c), vec![409, 503], "sorted, without repeats");
+
+        let mut cli = args("http://127.0.0.1:3000");
+        cli.release_statuses = Some(vec![" 429".into(), "418".into(), "".into()]);
+        let c = GatewayConfig::merge(&cli, file()).unwrap();
+        assert_eq!(codes(&c), vec![418, 429], "the command line wins");
+
+        for none in ["none", "NONE"] {
+            cli.release_statuses = Some(vec![none.into()]);
+            let c = GatewayConfig::merge(&cli, FileConfig::default()).unwrap();
+            assert!(c.release_statuses.is_empty());
+        }
+        let file: FileConfig = toml::from_str("release_statuses = []").unwrap();
+        let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap();
+        assert!(c.release_statuses.is_empty());
+    }
+
+    #[test]
+    fn release_statuses_refuse_answers_that_mean_executed() {
+        let mut cli = args("http://127.0.0.1:3000");
+        for (list, says) in [
+            (vec!["409", "200"], "200: only 4xx and 5xx"),
+            (vec!["302"], "302: only 4xx and 5xx"),
+            (vec!["600"], "600: only 4xx and 5xx"),
+            (vec!["conflict"], "\"conflict\" is not a status code"),
+            (vec!["none", "409"], "\"none\" is not a status code"),
+        ] {
+            cli.release_statuses = Some(list.iter().map(|s| s.to_string()).collect());
+            let err = GatewayConfig::merge(&cli, FileConfig::default()).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains("release_statuses") && text.contains(says),
+                "{list:?}: {text}"
+            );
+        }
+        let file: FileConfig = toml::from_str("release_statuses = [201]").unwrap();
+        let err = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap_err();
+        assert!(err.to_string().contains("201: only 4xx and 5xx"), "{err}");
     }
 
     #[test]

@@ -109,6 +109,15 @@ async fn check(args: &ServeArgs) -> ExitCode {
         config.body_limit,
         config.response_limit
     );
+    let released: Vec<&str> = config.release_statuses.iter().map(|s| s.as_str()).collect();
+    println!(
+        "release   {}",
+        if released.is_empty() {
+            "none: every answer is recorded".to_owned()
+        } else {
+            format!("{} (answered, not recorded)", released.join(","))
+        }
+    );
     for r in &config.routes {
         println!(
             "route     {} {}",

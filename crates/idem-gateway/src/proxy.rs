@@ -31,14 +31,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_tower::{DEFAULT_RELEASE_STATUSES, Disposition, IdempotencyContext};
+use idem_tower::{Disposition, IdempotencyContext};
 use tokio::time::Instant;
 use tower::Service;
 
@@ -89,19 +89,26 @@ struct Inner {
     upstream: Upstream,
     timeout: Duration,
     response_limit: usize,
+    /// The statuses the layer releases (ascending), which the proxy streams unread.
+    release_statuses: Vec<u16>,
     metrics: Arc<Metrics>,
     host: Option<HeaderValue>,
 }
 
 impl Proxy {
     /// A proxy to `upstream` that gives up after `timeout` and reads keyed answers up to
-    /// `response_limit` bytes.
+    /// `response_limit` bytes, except answers the layer will release: those with a
+    /// status in `release_statuses` (the layer's list) or a `release` disposition, which
+    /// stream through unread.
     pub fn new(
         upstream: Upstream,
         timeout: Duration,
         response_limit: usize,
+        release_statuses: &[StatusCode],
         metrics: Arc<Metrics>,
     ) -> Proxy {
+        let mut release_statuses: Vec<u16> = release_statuses.iter().map(|s| s.as_u16()).collect();
+        release_statuses.sort_unstable();
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         // A connect that cannot finish is "unreachable" (nothing sent), not a timeout
@@ -118,6 +125,7 @@ impl Proxy {
                 upstream,
                 timeout,
                 response_limit,
+                release_statuses,
                 metrics,
                 host,
             }),
@@ -178,11 +186,14 @@ impl Proxy {
         strip_hop_by_hop(&mut parts.headers);
         let disposition = take_disposition(&mut parts.headers);
         // What the layer will release is not recorded, so it streams through like
-        // unkeyed traffic, whatever its size. The gateway's layer keeps the default
-        // release statuses.
+        // unkeyed traffic, whatever its size. The layer decides by the same rule, from
+        // the same list.
         let released = match disposition {
             Some(d) => matches!(d, Disposition::Release),
-            None => DEFAULT_RELEASE_STATUSES.contains(&parts.status.as_u16()),
+            None => this
+                .release_statuses
+                .binary_search(&parts.status.as_u16())
+                .is_ok(),
         };
         let body = if attempt.is_some() && !released {
             let limited = http_body_util::Limited::new(body, this.response_limit);
@@ -440,6 +451,7 @@ mod tests {
             Upstream::parse(url).unwrap(),
             timeout,
             idem_tower::DEFAULT_RESPONSE_LIMIT,
+            &idem_tower::DEFAULT_RELEASE_STATUSES.map(|c| StatusCode::from_u16(c).unwrap()),
             Arc::new(Metrics::new()),
         )
     }

@@ -107,6 +107,7 @@ pub fn idempotency_layer(
         .response_limit(config.response_limit)
         .ttl(config.ttl)
         .lease(config.lease)
+        .release_statuses(config.release_statuses.iter().copied())
         .tenant_from(move |parts| match parts.headers.get(&tenant_header) {
             Some(v) => Tenant::from_credential(v.as_bytes()),
             None => Tenant::anonymous(),
@@ -155,6 +156,7 @@ impl Gateway {
             config.upstream.clone(),
             config.upstream_timeout,
             config.response_limit,
+            &config.release_statuses,
             metrics.clone(),
         );
         let (service, in_flight) = match mode {

@@ -563,6 +563,56 @@ async fn refusals_release_the_key() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_statuses_flag_replaces_the_default_list() {
+    let s = setup(&["--release-statuses", "418,503", "--response-limit", "64KiB"]).await;
+    let url = s.gw.url("/v1/charges");
+    // Listed: released, and streamed whole past the limit on recorded answers (the
+    // proxy reads the same list as the layer).
+    let key = new_key();
+    for n in 1..=2 {
+        let a = s
+            .http
+            .post(
+                &url,
+                &key,
+                "{}",
+                &[("x-test-status", "418"), ("x-test-body-bytes", "200000")],
+            )
+            .await;
+        assert_eq!(
+            (a.status, a.body.len(), a.replayed()),
+            (418, 200_000, false)
+        );
+        assert_eq!(s.up.finished(&key), n, "released: each retry executes");
+    }
+    // A default release status left off the list: recorded and replayed.
+    let key = new_key();
+    let a = s
+        .http
+        .post(&url, &key, "{}", &[("x-test-status", "409")])
+        .await;
+    assert_eq!(a.status, 409);
+    let b = s.http.post(&url, &key, "{}", &[]).await;
+    assert_eq!((b.status, b.replayed()), (409, true), "{b:?}");
+    assert_eq!(s.up.started(&key), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_statuses_none_records_every_answer() {
+    let s = setup(&["--release-statuses", "none"]).await;
+    let url = s.gw.url("/v1/charges");
+    let key = new_key();
+    let a = s
+        .http
+        .post(&url, &key, "{}", &[("x-test-status", "503")])
+        .await;
+    assert_eq!(a.status, 503);
+    let b = s.http.post(&url, &key, "{}", &[]).await;
+    assert_eq!((b.status, b.replayed()), (503, true), "{b:?}");
+    assert_eq!(s.up.started(&key), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_disposition_header_overrides_and_is_stripped() {
     let s = setup(&[]).await;
     let url = s.gw.url("/v1/charges");
