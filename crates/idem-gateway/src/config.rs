@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode, Uri};
 use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, ScopeMode};
-use idem_tower::{DEFAULT_RELEASE_STATUSES, DEFAULT_RESPONSE_LIMIT};
+use idem_tower::{DEFAULT_RESPONSE_LIMIT, ReleaseStatuses};
 use serde::Deserialize;
 
 use crate::cli::{ScopeArg, ServeArgs};
@@ -169,6 +169,8 @@ pub struct RouteRule {
     /// Extra response headers stored and replayed.
     #[serde(default)]
     pub store_headers: Vec<String>,
+    /// The statuses that release the key on this route, replacing the global list.
+    pub release_statuses: Option<Vec<u16>>,
 }
 
 /// Where the upstream is.
@@ -255,8 +257,8 @@ pub struct GatewayConfig {
     pub scope: ScopeMode,
     /// The keyed methods.
     pub keyed_methods: Vec<Method>,
-    /// Upstream statuses that release the key rather than being recorded, ascending.
-    pub release_statuses: Vec<StatusCode>,
+    /// Upstream statuses that release the key rather than being recorded.
+    pub release_statuses: ReleaseStatuses,
     /// Time between sweeps.
     pub sweep_interval: Duration,
     /// Longest graceful-shutdown wait.
@@ -339,8 +341,8 @@ impl GatewayConfig {
         let keyed_methods = parse_methods(&methods, "keyed_methods")?;
         let release_statuses = match (&args.release_statuses, file.release_statuses) {
             (Some(list), _) => parse_release_statuses(list)?,
-            (None, Some(codes)) => check_release_statuses(codes)?,
-            (None, None) => check_release_statuses(DEFAULT_RELEASE_STATUSES.to_vec())?,
+            (None, Some(codes)) => check_release_statuses(codes, "release_statuses")?,
+            (None, None) => ReleaseStatuses::default(),
         };
         let upstream_timeout = dur(
             args.upstream_timeout,
@@ -424,7 +426,7 @@ fn parse_methods(list: &[String], setting: &str) -> Result<Vec<Method>, ConfigEr
 }
 
 /// `--release-statuses` as given: status codes, or `none` alone for none.
-fn parse_release_statuses(list: &[String]) -> Result<Vec<StatusCode>, ConfigError> {
+fn parse_release_statuses(list: &[String]) -> Result<ReleaseStatuses, ConfigError> {
     let items: Vec<&str> = list
         .iter()
         .map(|s| s.trim())
@@ -433,7 +435,7 @@ fn parse_release_statuses(list: &[String]) -> Result<Vec<StatusCode>, ConfigErro
     if let [only] = items.as_slice()
         && only.eq_ignore_ascii_case("none")
     {
-        return Ok(Vec::new());
+        return Ok(ReleaseStatuses::new([]));
     }
     let codes = items
         .iter()
@@ -446,27 +448,26 @@ fn parse_release_statuses(list: &[String]) -> Result<Vec<StatusCode>, ConfigErro
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    check_release_statuses(codes)
+    check_release_statuses(codes, "release_statuses")
 }
 
 /// Admits only 4xx and 5xx: any other answer says the request was executed, and
-/// releasing it would let a retry execute it again. Sorted, without repeats.
-fn check_release_statuses(mut codes: Vec<u16>) -> Result<Vec<StatusCode>, ConfigError> {
-    codes.sort_unstable();
-    codes.dedup();
+/// releasing it would let a retry execute it again.
+fn check_release_statuses(codes: Vec<u16>, setting: &str) -> Result<ReleaseStatuses, ConfigError> {
     codes
         .into_iter()
         .map(|code| match code {
             400..=599 => Ok(StatusCode::from_u16(code).expect("400-599 are status codes")),
             _ => Err(invalid(
-                "release_statuses",
+                setting,
                 format!(
                     "{code}: only 4xx and 5xx answers can release a key; any other status \
                      means the request was executed, and a retry would execute it again"
                 ),
             )),
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()
+        .map(ReleaseStatuses::new)
 }
 
 fn route_from_rule(i: usize, rule: RouteRule) -> Result<Route, ConfigError> {
@@ -489,7 +490,7 @@ fn route_from_rule(i: usize, rule: RouteRule) -> Result<Route, ConfigError> {
             HeaderName::try_from(h.as_str()).map_err(|e| invalid(&name, format!("{h:?}: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Route::new(
+    let mut route = Route::new(
         method,
         template,
         rule.require_key,
@@ -497,7 +498,12 @@ fn route_from_rule(i: usize, rule: RouteRule) -> Result<Route, ConfigError> {
         rule.ignore,
         store_headers,
     )
-    .map_err(|e| invalid(&name, e))
+    .map_err(|e| invalid(&name, e))?;
+    route.release_statuses = rule
+        .release_statuses
+        .map(|codes| check_release_statuses(codes, &format!("{name} release_statuses")))
+        .transpose()?;
+    Ok(route)
 }
 
 /// An admin address: `ADDR:PORT`, or a bare port bound to loopback.
@@ -572,10 +578,49 @@ mod tests {
     }
 
     #[test]
+    fn routes_may_release_their_own_statuses() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            [[route]]
+            path = "/v1/payouts"
+            release_statuses = [503, 502]
+
+            [[route]]
+            path = "/v1/refunds"
+            "#,
+        )
+        .unwrap();
+        let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap();
+        let route: Vec<u16> = c.routes[0]
+            .release_statuses
+            .as_ref()
+            .expect("the route's own list")
+            .iter()
+            .map(|s| s.as_u16())
+            .collect();
+        assert_eq!(route, vec![502, 503]);
+        assert!(
+            c.routes[1].release_statuses.is_none(),
+            "the global list applies"
+        );
+
+        let file: FileConfig =
+            toml::from_str("[[route]]\npath = \"/v1/x\"\nrelease_statuses = [204]").unwrap();
+        let err = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("/v1/x")
+                && text.contains("release_statuses")
+                && text.contains("204: only"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn release_statuses_default_to_the_layers() {
         let c =
             GatewayConfig::merge(&args("http://127.0.0.1:3000"), FileConfig::default()).unwrap();
-        assert_eq!(codes(&c), DEFAULT_RELEASE_STATUSES.to_vec());
+        assert_eq!(codes(&c), idem_tower::DEFAULT_RELEASE_STATUSES.to_vec());
     }
 
     #[test]

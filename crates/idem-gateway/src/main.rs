@@ -109,7 +109,11 @@ async fn check(args: &ServeArgs) -> ExitCode {
         config.body_limit,
         config.response_limit
     );
-    let released: Vec<&str> = config.release_statuses.iter().map(|s| s.as_str()).collect();
+    let released: Vec<String> = config
+        .release_statuses
+        .iter()
+        .map(|s| s.as_u16().to_string())
+        .collect();
     println!(
         "release   {}",
         if released.is_empty() {
@@ -119,10 +123,22 @@ async fn check(args: &ServeArgs) -> ExitCode {
         }
     );
     for r in &config.routes {
+        let release = r.release_statuses.as_ref().map(|set| {
+            let codes: Vec<String> = set.iter().map(|s| s.as_u16().to_string()).collect();
+            format!(
+                ", release {}",
+                if codes.is_empty() {
+                    "none".to_owned()
+                } else {
+                    codes.join(",")
+                }
+            )
+        });
         println!(
-            "route     {} {}",
+            "route     {} {}{}",
             r.method.as_ref().map_or("*", |m| m.as_str()),
-            r.template.as_str()
+            r.template.as_str(),
+            release.unwrap_or_default()
         );
     }
     println!("ok");

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Version};
+use http::{Request, Response, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
@@ -89,26 +89,20 @@ struct Inner {
     upstream: Upstream,
     timeout: Duration,
     response_limit: usize,
-    /// The statuses the layer releases (ascending), which the proxy streams unread.
-    release_statuses: Vec<u16>,
     metrics: Arc<Metrics>,
     host: Option<HeaderValue>,
 }
 
 impl Proxy {
     /// A proxy to `upstream` that gives up after `timeout` and reads keyed answers up to
-    /// `response_limit` bytes, except answers the layer will release: those with a
-    /// status in `release_statuses` (the layer's list) or a `release` disposition, which
-    /// stream through unread.
+    /// `response_limit` bytes, except answers the layer will release (as the request's
+    /// [`IdempotencyContext`] says), which stream through unread.
     pub fn new(
         upstream: Upstream,
         timeout: Duration,
         response_limit: usize,
-        release_statuses: &[StatusCode],
         metrics: Arc<Metrics>,
     ) -> Proxy {
-        let mut release_statuses: Vec<u16> = release_statuses.iter().map(|s| s.as_u16()).collect();
-        release_statuses.sort_unstable();
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         // A connect that cannot finish is "unreachable" (nothing sent), not a timeout
@@ -125,7 +119,6 @@ impl Proxy {
                 upstream,
                 timeout,
                 response_limit,
-                release_statuses,
                 metrics,
                 host,
             }),
@@ -138,12 +131,12 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let attempt = req
-            .extensions()
-            .get::<IdempotencyContext>()
-            .map(|c| c.attempt);
         let this = &*self.inner;
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
+        // Keyed requests carry the layer's context: the attempt, and which answers the
+        // layer will release.
+        let context = parts.extensions.remove::<IdempotencyContext>();
+        let attempt = context.as_ref().map(|c| c.attempt);
         let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let uri = match this.upstream.uri_for(path_and_query) {
             Ok(uri) => uri,
@@ -186,16 +179,13 @@ impl Proxy {
         strip_hop_by_hop(&mut parts.headers);
         let disposition = take_disposition(&mut parts.headers);
         // What the layer will release is not recorded, so it streams through like
-        // unkeyed traffic, whatever its size. The layer decides by the same rule, from
-        // the same list.
-        let released = match disposition {
-            Some(d) => matches!(d, Disposition::Release),
-            None => this
-                .release_statuses
-                .binary_search(&parts.status.as_u16())
-                .is_ok(),
-        };
-        let body = if attempt.is_some() && !released {
+        // unkeyed traffic, whatever its size. The context says which statuses the layer
+        // releases on this request's route.
+        let recorded = context.as_ref().is_some_and(|c| match disposition {
+            Some(d) => !matches!(d, Disposition::Release),
+            None => !c.releases(parts.status),
+        });
+        let body = if recorded {
             let limited = http_body_util::Limited::new(body, this.response_limit);
             match tokio::time::timeout_at(deadline, limited.collect()).await {
                 Err(_) => return self.fail(UpstreamError::Timeout),
@@ -451,7 +441,6 @@ mod tests {
             Upstream::parse(url).unwrap(),
             timeout,
             idem_tower::DEFAULT_RESPONSE_LIMIT,
-            &idem_tower::DEFAULT_RELEASE_STATUSES.map(|c| StatusCode::from_u16(c).unwrap()),
             Arc::new(Metrics::new()),
         )
     }

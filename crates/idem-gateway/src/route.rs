@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Method};
 use idem_core::{FingerprintOptions, PointerError};
+use idem_tower::ReleaseStatuses;
 
 /// A path template: literal segments and `{name}` placeholders that match one non-empty
 /// segment; a last segment `{*name}` matches the rest of the path.
@@ -121,6 +122,8 @@ pub struct Route {
     /// Response headers stored and replayed on this route, besides the default
     /// allow-list.
     pub store_headers: Vec<HeaderName>,
+    /// Overrides `--release-statuses` on this route.
+    pub release_statuses: Option<ReleaseStatuses>,
     fingerprint: FingerprintOptions,
 }
 
@@ -145,6 +148,7 @@ impl Route {
             ttl,
             ignore,
             store_headers,
+            release_statuses: None,
             fingerprint,
         })
     }

@@ -107,7 +107,7 @@ pub fn idempotency_layer(
         .response_limit(config.response_limit)
         .ttl(config.ttl)
         .lease(config.lease)
-        .release_statuses(config.release_statuses.iter().copied())
+        .release_statuses(config.release_statuses.iter())
         .tenant_from(move |parts| match parts.headers.get(&tenant_header) {
             Some(v) => Tenant::from_credential(v.as_bytes()),
             None => Tenant::anonymous(),
@@ -130,6 +130,9 @@ fn route_config(route: &Route) -> RouteConfig {
     }
     if let Some(ttl) = route.ttl {
         rc = rc.ttl(ttl);
+    }
+    if let Some(statuses) = &route.release_statuses {
+        rc = rc.release_statuses(statuses.clone());
     }
     if route.fingerprint_options().ignores_anything() {
         rc = rc.fingerprint_options(route.fingerprint_options().clone());
@@ -156,7 +159,6 @@ impl Gateway {
             config.upstream.clone(),
             config.upstream_timeout,
             config.response_limit,
-            &config.release_statuses,
             metrics.clone(),
         );
         let (service, in_flight) = match mode {

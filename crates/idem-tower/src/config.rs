@@ -1,12 +1,11 @@
 //! What the layer is configured with: the builder's settings and per-route overrides.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::{HeaderName, Method};
+use http::{HeaderName, Method, StatusCode};
 use idem_core::{
     DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, FingerprintOptions, PointerError, ScopeMode,
     Tenant,
@@ -26,6 +25,67 @@ pub const DEFAULT_RESPONSE_LIMIT: usize = 8 * 1024 * 1024;
 /// start executing, so a corrected retry with the same key may run.
 pub const DEFAULT_RELEASE_STATUSES: [u16; 12] =
     [400, 401, 403, 404, 405, 408, 409, 413, 415, 422, 429, 503];
+
+/// The response statuses that release the key instead of recording the answer (SPEC
+/// S6); by default [`DEFAULT_RELEASE_STATUSES`]. Cheap to clone: the set is shared.
+///
+/// The layer decides with it, and hands the set of the request's route to the inner
+/// service in [`IdempotencyContext::releases`](crate::IdempotencyContext::releases), so
+/// a service that treats released answers differently (a proxy that streams them
+/// rather than reading them whole, say) decides as the layer will.
+///
+/// ```
+/// use http::StatusCode;
+/// use idem_tower::ReleaseStatuses;
+///
+/// let set = ReleaseStatuses::new([StatusCode::CONFLICT, StatusCode::SERVICE_UNAVAILABLE]);
+/// assert!(set.contains(StatusCode::CONFLICT));
+/// assert!(!set.contains(StatusCode::INTERNAL_SERVER_ERROR));
+/// assert!(ReleaseStatuses::default().contains(StatusCode::TOO_MANY_REQUESTS));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct ReleaseStatuses(Arc<[u16]>);
+
+impl ReleaseStatuses {
+    /// The set of `statuses`; repeats are ignored.
+    pub fn new<I: IntoIterator<Item = StatusCode>>(statuses: I) -> ReleaseStatuses {
+        let mut codes: Vec<u16> = statuses.into_iter().map(|s| s.as_u16()).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        ReleaseStatuses(codes.into())
+    }
+
+    /// Whether an answer with `status` releases the key.
+    pub fn contains(&self, status: StatusCode) -> bool {
+        self.0.binary_search(&status.as_u16()).is_ok()
+    }
+
+    /// The statuses, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = StatusCode> + '_ {
+        self.0
+            .iter()
+            .map(|&c| StatusCode::from_u16(c).expect("built from status codes"))
+    }
+
+    /// Whether the set is empty: every answer is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Default for ReleaseStatuses {
+    fn default() -> Self {
+        ReleaseStatuses::new(
+            DEFAULT_RELEASE_STATUSES.map(|c| StatusCode::from_u16(c).expect("status codes")),
+        )
+    }
+}
+
+impl fmt::Debug for ReleaseStatuses {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.0.iter()).finish()
+    }
+}
 
 /// Response headers stored and replayed by default (SPEC S6).
 pub const DEFAULT_STORED_HEADERS: [&str; 2] = ["content-type", "location"];
@@ -81,7 +141,7 @@ pub(crate) struct Config {
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) stored_headers: Vec<HeaderName>,
-    pub(crate) release_statuses: BTreeSet<u16>,
+    pub(crate) release_statuses: ReleaseStatuses,
     pub(crate) route_config: Option<RouteConfigFn>,
     pub(crate) observer: Arc<dyn Observer>,
 }
@@ -103,7 +163,7 @@ impl Default for Config {
                 .iter()
                 .map(|h| HeaderName::from_static(h))
                 .collect(),
-            release_statuses: DEFAULT_RELEASE_STATUSES.into_iter().collect(),
+            release_statuses: ReleaseStatuses::default(),
             route_config: None,
             observer: Arc::new(NoopObserver),
         }
@@ -163,6 +223,7 @@ pub struct RouteConfig {
     pub(crate) lease: Option<Duration>,
     pub(crate) fingerprint: Option<FingerprintOptions>,
     pub(crate) stored_headers: Vec<HeaderName>,
+    pub(crate) release_statuses: Option<ReleaseStatuses>,
 }
 
 impl RouteConfig {
@@ -224,6 +285,13 @@ impl RouteConfig {
     {
         self.stored_headers
             .extend(names.into_iter().filter(is_storable_header));
+        self
+    }
+
+    /// The response statuses that release the key on this route. They replace the
+    /// layer's set. Built once, the set is shared by every request the route sees.
+    pub fn release_statuses(mut self, statuses: ReleaseStatuses) -> RouteConfig {
+        self.release_statuses = Some(statuses);
         self
     }
 }

@@ -1,7 +1,10 @@
 //! What the inner service learns about a keyed request (SPEC S7).
 
+use http::StatusCode;
 use idem_core::{Fingerprint, Key, Lease, Scope};
 use sha2::{Digest, Sha256};
+
+use crate::ReleaseStatuses;
 
 /// A request extension the inner service sees on every keyed request that won its
 /// reservation.
@@ -39,12 +42,19 @@ pub struct IdempotencyContext {
     pub lease: Lease,
     /// The request's fingerprint.
     pub fingerprint: Fingerprint,
+    /// The statuses that release the key on this request's route.
+    release_statuses: ReleaseStatuses,
 }
 
 impl IdempotencyContext {
     /// The context of `lease`, whose scope the layer passes in too (moved, where the
     /// lease is cloned) to spare a copy per request.
-    pub(crate) fn new(scope: Scope, lease: Lease, fingerprint: Fingerprint) -> IdempotencyContext {
+    pub(crate) fn new(
+        scope: Scope,
+        lease: Lease,
+        fingerprint: Fingerprint,
+        release_statuses: ReleaseStatuses,
+    ) -> IdempotencyContext {
         debug_assert_eq!(scope, lease.scope);
         IdempotencyContext {
             key: scope.key().clone(),
@@ -53,7 +63,17 @@ impl IdempotencyContext {
             recovered: lease.recovered(),
             lease,
             fingerprint,
+            release_statuses,
         }
+    }
+
+    /// Whether the layer will release the key, rather than record the answer, when the
+    /// inner service answers `status` without an
+    /// [`Disposition`](crate::Disposition) of its own: the status is in the set of this
+    /// request's route (or the layer's). A service that streams what will not be
+    /// recorded, rather than produce it whole, asks this.
+    pub fn releases(&self, status: StatusCode) -> bool {
+        self.release_statuses.contains(status)
     }
 
     /// A deterministic child key for a downstream call (SPEC S7): the hex SHA-256 of
@@ -95,7 +115,16 @@ mod tests {
             scope,
             lease,
             Fingerprint::compute("POST", endpoint, None, b"", &Default::default()),
+            ReleaseStatuses::default(),
         )
+    }
+
+    #[test]
+    fn releases_answers_with_the_routes_statuses() {
+        let ctx = context("t", "/charges", 1);
+        assert!(ctx.releases(StatusCode::CONFLICT));
+        assert!(!ctx.releases(StatusCode::INTERNAL_SERVER_ERROR));
+        assert!(!ctx.releases(StatusCode::CREATED));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use http::{HeaderName, Method, StatusCode};
 use idem_core::{FingerprintOptions, ScopeMode, Store, Tenant};
 use tower::Layer;
 
-use crate::config::{Config, RouteConfig, is_storable_header};
+use crate::config::{Config, ReleaseStatuses, RouteConfig, is_storable_header};
 use crate::in_flight::InFlight;
 use crate::policy::Observer;
 use crate::service::Idempotency;
@@ -195,7 +195,7 @@ impl<St> IdempotencyLayer<St> {
     /// (default SPEC S6's 400 401 403 404 405 408 409 413 415 422 429 503). Replaces the
     /// set.
     pub fn release_statuses<I: IntoIterator<Item = StatusCode>>(mut self, statuses: I) -> Self {
-        self.config().release_statuses = statuses.into_iter().map(|s| s.as_u16()).collect();
+        self.config().release_statuses = ReleaseStatuses::new(statuses);
         self
     }
 

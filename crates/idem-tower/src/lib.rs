@@ -110,9 +110,11 @@
 //! What is recorded (SPEC S6): every answer of an execution that started, 5xx and
 //! 402-style refusals included, except statuses that say the request never started —
 //! 400 401 403 404 405 408 409 413 415 422 429 503 by default
-//! ([`IdempotencyLayer::release_statuses`]) — which release the key so a corrected
-//! retry may execute. A [`Disposition`] response extension overrides that for one
-//! response. Stored headers are an allow-list (`content-type`, `location`, plus
+//! ([`IdempotencyLayer::release_statuses`], per route
+//! [`RouteConfig::release_statuses`]) — which release the key so a corrected retry may
+//! execute. A [`Disposition`] response extension overrides that for one response. The
+//! handler can ask [`IdempotencyContext::releases`] whether a status will release, as
+//! a proxy that streams released answers rather than buffering them must. Stored headers are an allow-list (`content-type`, `location`, plus
 //! [`IdempotencyLayer::store_headers`]); [`NEVER_STORED_HEADERS`] are refused. The first
 //! caller receives the handler's full response; replays receive only what was stored.
 //!
@@ -163,7 +165,7 @@ mod service;
 pub use body::IdempotencyBody;
 pub use config::{
     DEFAULT_HEADER_NAME, DEFAULT_RELEASE_STATUSES, DEFAULT_RESPONSE_LIMIT, DEFAULT_STORED_HEADERS,
-    NEVER_STORED_HEADERS, RouteConfig, default_tenant, is_storable_header,
+    NEVER_STORED_HEADERS, ReleaseStatuses, RouteConfig, default_tenant, is_storable_header,
 };
 pub use context::IdempotencyContext;
 pub use future::ResponseFuture;

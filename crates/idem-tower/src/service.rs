@@ -22,7 +22,7 @@ use idem_core::{
 };
 use tower::{Layer, Service};
 
-use crate::config::{Config, RouteConfig};
+use crate::config::{Config, ReleaseStatuses, RouteConfig};
 use crate::context::IdempotencyContext;
 use crate::execution::{Execution, panic_message};
 use crate::future::ResponseFuture;
@@ -187,8 +187,16 @@ struct Plan {
     lease: Duration,
     /// The route's fingerprint options, which replace the layer's.
     fingerprint: Option<FingerprintOptions>,
+    /// How the answer is recorded or released.
+    answers: AnswerRules,
+}
+
+/// What a request's route says about its answer.
+struct AnswerRules {
     /// Headers the route stores on top of the layer's allow-list.
     extra_headers: Vec<HeaderName>,
+    /// The statuses that release the key: the route's, or the layer's.
+    release_statuses: ReleaseStatuses,
 }
 
 impl Plan {
@@ -205,7 +213,12 @@ impl Plan {
             ttl: route.ttl.unwrap_or(config.ttl),
             lease: route.lease.unwrap_or(config.lease),
             fingerprint: route.fingerprint,
-            extra_headers: route.stored_headers,
+            answers: AnswerRules {
+                extra_headers: route.stored_headers,
+                release_statuses: route
+                    .release_statuses
+                    .unwrap_or_else(|| config.release_statuses.clone()),
+            },
         }
     }
 }
@@ -328,7 +341,7 @@ where
             parts,
             bytes,
             request,
-            plan.extra_headers,
+            plan.answers,
             guard,
         ));
         Ok(execution.await)
@@ -382,7 +395,7 @@ fn answer<S, St, ReqBody, ResBody>(
     parts: Parts,
     bytes: Bytes,
     request: ReserveRequest,
-    extra_headers: Vec<HeaderName>,
+    answers: AnswerRules,
     guard: InFlightGuard,
 ) -> impl Future<Output = Response<IdempotencyBody<ResBody>>> + Send + 'static
 where
@@ -413,11 +426,15 @@ where
             lease: lease_for,
             ..
         } = request;
-        let context = IdempotencyContext::new(scope, lease.clone(), fingerprint);
+        let AnswerRules {
+            extra_headers,
+            release_statuses,
+        } = answers;
+        let context =
+            IdempotencyContext::new(scope, lease.clone(), fingerprint, release_statuses.clone());
         let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
         req.extensions_mut().insert(context);
         let response_limit = config.response_limit;
-        let release_statuses = &config.release_statuses;
         // The disposition is known from the head. An answer to release is not recorded,
         // so it is passed on as it streams, whatever its size; the rest is read whole
         // (up to the limit) to be recorded.
@@ -425,7 +442,7 @@ where
             let response = inner.call(req).await.map_err(Into::into)?;
             let (mut head, body) = response.into_parts();
             let disposition = head.extensions.remove::<Disposition>().unwrap_or_else(|| {
-                if release_statuses.contains(&head.status.as_u16()) {
+                if release_statuses.contains(head.status) {
                     Disposition::Release
                 } else {
                     Disposition::Record

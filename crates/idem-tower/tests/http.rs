@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use http::{HeaderName, Method};
+use http::{HeaderName, Method, StatusCode};
 use idem_core::{
     FingerprintOptions, Lease, ManualClock, MemoryStore, Record, RecordState, Reservation,
     ReserveRequest, Result, Scope, ScopeMode, Store, StoreError, StoredResponse,
 };
-use idem_tower::{Observer, Outcome, RouteConfig};
+use idem_tower::{Observer, Outcome, ReleaseStatuses, RouteConfig};
 use sha2::{Digest, Sha256};
 use support::{App, Counters, StoreKind, eventually, eventually_async, scope};
 
@@ -78,6 +78,7 @@ for_each_store!(
     route_config_overrides_endpoint_and_requirement,
     // S6: record or release
     released_statuses_let_corrected_retry_execute,
+    route_release_statuses_replace_the_layers,
     failures_500_and_402_are_replayed,
     disposition_record_overrides_release,
     disposition_release_overrides_record,
@@ -740,6 +741,53 @@ async fn released_statuses_let_corrected_retry_execute(kind: StoreKind) {
         assert!(!corrected.is_replay());
         assert_eq!(count(&app.counters.statuses), calls);
     }
+}
+
+async fn route_release_statuses_replace_the_layers(kind: StoreKind) {
+    // /status releases only 500 (its handler answers before acting, say); every other
+    // route keeps the layer's set.
+    let app = App::start_with(kind, |l| {
+        let statuses = ReleaseStatuses::new([StatusCode::INTERNAL_SERVER_ERROR]);
+        l.route_config(move |parts| {
+            (parts.uri.path() == "/status")
+                .then(|| RouteConfig::new().release_statuses(statuses.clone()))
+        })
+    })
+    .await;
+    let first = app
+        .post("/status")
+        .key("k-route-500")
+        .json(&status_body(500, None))
+        .send()
+        .await;
+    assert_eq!(first.status, 500);
+    assert_eq!(first.header("x-context-releases"), Some("true"));
+    let retry = app
+        .post("/status")
+        .key("k-route-500")
+        .json(&status_body(500, None))
+        .send()
+        .await;
+    assert!(!retry.is_replay(), "500 released on this route");
+    assert_eq!(count(&app.counters.statuses), 2);
+
+    // 409 is off the route's set: recorded and replayed.
+    let first = app
+        .post("/status")
+        .key("k-route-409")
+        .json(&status_body(409, None))
+        .send()
+        .await;
+    assert_eq!(first.header("x-context-releases"), Some("false"));
+    let retry = app
+        .post("/status")
+        .key("k-route-409")
+        .json(&status_body(409, None))
+        .send()
+        .await;
+    assert!(retry.is_replay(), "409 recorded on this route");
+    assert_eq!(retry.status, 409);
+    assert_eq!(count(&app.counters.statuses), 3);
 }
 
 async fn failures_500_and_402_are_replayed(kind: StoreKind) {

@@ -598,6 +598,59 @@ async fn release_statuses_flag_replaces_the_default_list() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_rule_release_statuses_apply_to_their_route() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("idem.toml"),
+        r#"
+store = "memory://"
+response_limit = "64KiB"
+
+[[route]]
+path = "/v1/payouts"
+release_statuses = [502]
+"#,
+    )
+    .unwrap();
+    let gw = Gateway::start(&up.url(), dir.path(), &["--config", "idem.toml"]).await;
+    let http = Http::new();
+    // The route's own list: a 502 releases, and streams whole past the recorded-answer
+    // limit, since the proxy asks the layer's context rather than a list of its own.
+    let url = gw.url("/v1/payouts");
+    let key = new_key();
+    for n in 1..=2 {
+        let a = http
+            .post(
+                &url,
+                &key,
+                "{}",
+                &[("x-test-status", "502"), ("x-test-body-bytes", "200000")],
+            )
+            .await;
+        assert_eq!(
+            (a.status, a.body.len(), a.replayed()),
+            (502, 200_000, false)
+        );
+        assert_eq!(up.finished(&key), n, "released: each retry executes");
+    }
+    // Elsewhere the global list holds: 502 is recorded, and 409 still releases.
+    let url = gw.url("/v1/charges");
+    let key = new_key();
+    let a = http
+        .post(&url, &key, "{}", &[("x-test-status", "502")])
+        .await;
+    let b = http.post(&url, &key, "{}", &[]).await;
+    assert_eq!((a.status, b.status, b.replayed()), (502, 502, true));
+    let key = new_key();
+    let a = http
+        .post(&url, &key, "{}", &[("x-test-status", "409")])
+        .await;
+    let b = http.post(&url, &key, "{}", &[]).await;
+    assert_eq!((a.status, b.status, b.replayed()), (409, 201, false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_statuses_none_records_every_answer() {
     let s = setup(&["--release-statuses", "none"]).await;
     let url = s.gw.url("/v1/charges");

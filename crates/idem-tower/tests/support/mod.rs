@@ -431,7 +431,14 @@ async fn capture_order(State(h): State<Arc<Handlers>>, Path(id): Path<u64>) -> R
 }
 
 /// Answers with the status (and disposition) the JSON body asks for.
-async fn answer_status(State(h): State<Arc<Handlers>>, body: Bytes) -> Response {
+/// Answers the status the JSON body asks for, with the disposition it asks for, and
+/// says in `x-context-releases` whether the request's context expects that status to
+/// release the key.
+async fn answer_status(
+    State(h): State<Arc<Handlers>>,
+    context: Option<axum::Extension<IdempotencyContext>>,
+    body: Bytes,
+) -> Response {
     let n = h.counters.statuses.fetch_add(1, Ordering::SeqCst) + 1;
     let ask: Value = serde_json::from_slice(&body).expect("JSON body");
     let status = StatusCode::from_u16(ask["status"].as_u64().expect("status") as u16).unwrap();
@@ -448,6 +455,16 @@ async fn answer_status(State(h): State<Arc<Handlers>>, body: Bytes) -> Response 
     };
     if let Some(d) = disposition {
         response.extensions_mut().insert(d);
+    }
+    if let Some(axum::Extension(ctx)) = context {
+        let releases = if ctx.releases(status) {
+            "true"
+        } else {
+            "false"
+        };
+        response
+            .headers_mut()
+            .insert("x-context-releases", HeaderValue::from_static(releases));
     }
     response
 }
