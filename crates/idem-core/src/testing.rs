@@ -191,20 +191,36 @@ pub fn cpu_time(pid: &str) -> Duration {
 }
 
 /// A TCP relay on a loopback port to a service, for tests that make a store unreachable
-/// ([`cut`](Relay::cut)) or lose a reply after the service acted on the request
-/// ([`lose_reply_to`](Relay::lose_reply_to)). Point the store's URL at
-/// [`addr`](Relay::addr). Dropping it cuts everything.
+/// ([`cut`](Relay::cut), [`set_mode`](Relay::set_mode)) or lose a reply after the
+/// service acted on the request ([`lose_reply_to`](Relay::lose_reply_to)). Point the
+/// store's URL at [`addr`](Relay::addr). Dropping it cuts everything.
 pub struct Relay {
     addr: std::net::SocketAddr,
     shared: Arc<RelayShared>,
 }
 
-#[derive(Default)]
+/// What a [`Relay`] does with connections, old and new.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayMode {
+    /// Passes bytes both ways.
+    Forward,
+    /// The service is down: the port is closed, so connecting is refused, and live
+    /// connections are reset. Leaving this mode opens the same port again.
+    Refuse,
+    /// The link is broken: connections are accepted and reset at once, and live ones
+    /// are reset.
+    Reset,
+    /// The service stopped answering: connections are accepted and held, and nothing
+    /// is passed on either way. Leaving this mode resets the held connections.
+    Stall,
+}
+
 struct RelayShared {
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Bytes whose appearance in a request loses the next reply on its connection.
     marker: std::sync::Mutex<Option<Vec<u8>>>,
     lost: AtomicU64,
+    mode: tokio::sync::watch::Sender<RelayMode>,
 }
 
 impl Relay {
@@ -221,14 +237,13 @@ impl Relay {
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");
-        let shared = Arc::new(RelayShared::default());
-        let s = shared.clone();
-        let accept = tokio::spawn(async move {
-            while let Ok((inbound, _)) = listener.accept().await {
-                let conn = tokio::spawn(relay_one(inbound, target, s.clone()));
-                s.tasks.lock().unwrap().push(conn);
-            }
+        let shared = Arc::new(RelayShared {
+            tasks: std::sync::Mutex::default(),
+            marker: std::sync::Mutex::default(),
+            lost: AtomicU64::new(0),
+            mode: tokio::sync::watch::Sender::new(RelayMode::Forward),
         });
+        let accept = tokio::spawn(accept(listener, addr, target, shared.clone()));
         shared.tasks.lock().unwrap().push(accept);
         Relay { addr, shared }
     }
@@ -238,11 +253,16 @@ impl Relay {
         self.addr
     }
 
-    /// Drops every relayed connection and stops accepting new ones.
+    /// Drops every relayed connection and stops accepting new ones, for good.
     pub fn cut(&self) {
         for t in self.shared.tasks.lock().unwrap().drain(..) {
             t.abort();
         }
+    }
+
+    /// Switches what the relay does with connections, live and new; see [`RelayMode`].
+    pub fn set_mode(&self, mode: RelayMode) {
+        self.shared.mode.send_replace(mode);
     }
 
     /// Once a request containing `marker` has been passed on, the next bytes the
@@ -266,15 +286,90 @@ impl Drop for Relay {
     }
 }
 
-async fn relay_one(
-    mut client: tokio::net::TcpStream,
+/// Accepts connections and hands each to [`relay_one`]; in [`RelayMode::Refuse`] the
+/// port is closed until the mode changes.
+async fn accept(
+    mut listener: tokio::net::TcpListener,
+    addr: std::net::SocketAddr,
     target: std::net::SocketAddr,
     shared: Arc<RelayShared>,
 ) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
-        return;
+    let mut mode = shared.mode.subscribe();
+    loop {
+        if *mode.borrow_and_update() == RelayMode::Refuse {
+            drop(listener);
+            if mode.wait_for(|m| *m != RelayMode::Refuse).await.is_err() {
+                return;
+            }
+            // The same port again, so that the client's URL stays valid.
+            listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .expect("the relay binds its port again");
+            continue;
+        }
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((inbound, _)) = accepted else { continue };
+                let conn = tokio::spawn(relay_one(inbound, target, shared.clone()));
+                shared.tasks.lock().unwrap().push(conn);
+            }
+            changed = mode.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Closes with a reset rather than a clean FIN, as a dead link does.
+fn reset(stream: tokio::net::TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}
+
+/// Serves one connection by the relay's mode, following the mode as it changes.
+async fn relay_one(
+    client: tokio::net::TcpStream,
+    target: std::net::SocketAddr,
+    shared: Arc<RelayShared>,
+) {
+    let mut mode = shared.mode.subscribe();
+    let now = *mode.borrow_and_update();
+    match now {
+        RelayMode::Forward => {}
+        RelayMode::Refuse | RelayMode::Reset => return reset(client),
+        RelayMode::Stall => {
+            let _ = mode.changed().await;
+            return reset(client);
+        }
+    }
+    let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+        return reset(client);
     };
+    let mut pair = (client, server);
+    let stalled = tokio::select! {
+        () = forward(&mut pair.0, &mut pair.1, &shared) => return,
+        changed = mode.wait_for(|m| *m != RelayMode::Forward) => {
+            changed.is_ok_and(|m| *m == RelayMode::Stall)
+        }
+    };
+    // Stalled: hold both ends, passing nothing on, until the mode changes again.
+    if stalled {
+        let _ = mode.changed().await;
+    }
+    reset(pair.0);
+    reset(pair.1);
+}
+
+/// Passes bytes both ways until either side stops, throwing away the reply to a
+/// request that carries the relay's marker.
+async fn forward(
+    client: &mut tokio::net::TcpStream,
+    server: &mut tokio::net::TcpStream,
+    shared: &RelayShared,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut client_rx, mut client_tx) = client.split();
     let (mut server_rx, mut server_tx) = server.split();
     // Set once a request carrying the marker went through: its reply is lost.
@@ -816,6 +911,110 @@ mod tests {
         ] {
             assert_eq!(url_via(url, addr), via, "{url}");
         }
+    }
+
+    /// A loopback echo server, for the relay's tests.
+    async fn echo() -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut rx, mut tx) = conn.split();
+                    let _ = tokio::io::copy(&mut rx, &mut tx).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// Sends `ping` on `conn` and reads what comes back within `within`: the echo,
+    /// `Some(empty)` for a closed or reset connection, `None` for silence.
+    async fn ping(conn: &mut tokio::net::TcpStream, within: Duration) -> Option<Vec<u8>> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        if conn.write_all(b"ping").await.is_err() {
+            return Some(Vec::new());
+        }
+        let mut buf = [0u8; 4];
+        match tokio::time::timeout(within, conn.read(&mut buf)).await {
+            Err(_) => None,
+            Ok(Ok(n)) => Some(buf[..n].to_vec()),
+            Ok(Err(_)) => Some(Vec::new()),
+        }
+    }
+
+    async fn connect(relay: &Relay) -> std::io::Result<tokio::net::TcpStream> {
+        tokio::net::TcpStream::connect(relay.addr()).await
+    }
+
+    const ANSWER: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn relay_modes_refuse_reset_and_stall_then_forward_again() {
+        let relay = Relay::start(echo().await).await;
+        let mut live = connect(&relay).await.unwrap();
+        assert_eq!(ping(&mut live, ANSWER).await.unwrap(), b"ping");
+
+        // Down: the live connection is reset, a new one refused; back on the same port.
+        relay.set_mode(RelayMode::Refuse);
+        assert_eq!(ping(&mut live, ANSWER).await.unwrap(), b"");
+        let refused = async {
+            loop {
+                if connect(&relay).await.is_err() {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(ANSWER, refused)
+            .await
+            .expect("the port closes");
+        relay.set_mode(RelayMode::Forward);
+        let again = async {
+            loop {
+                if let Ok(conn) = connect(&relay).await {
+                    return conn;
+                }
+                tokio::task::yield_now().await;
+            }
+        };
+        let mut conn = tokio::time::timeout(ANSWER, again)
+            .await
+            .expect("the port reopens");
+        assert_eq!(ping(&mut conn, ANSWER).await.unwrap(), b"ping");
+
+        // A broken link: live and new connections are reset.
+        relay.set_mode(RelayMode::Reset);
+        assert_eq!(ping(&mut conn, ANSWER).await.unwrap(), b"");
+        let mut new = connect(&relay).await.unwrap();
+        assert_eq!(ping(&mut new, ANSWER).await.unwrap(), b"");
+
+        // A silent service: nothing comes back on live or new connections, until the
+        // mode changes and they are reset.
+        relay.set_mode(RelayMode::Forward);
+        let mut held = connect(&relay).await.unwrap();
+        assert_eq!(ping(&mut held, ANSWER).await.unwrap(), b"ping");
+        relay.set_mode(RelayMode::Stall);
+        let mut stalled = connect(&relay).await.unwrap();
+        let quiet = Duration::from_millis(200);
+        assert_eq!(
+            ping(&mut held, quiet).await,
+            None,
+            "a held connection is silent"
+        );
+        assert_eq!(ping(&mut stalled, quiet).await, None, "a new one too");
+        relay.set_mode(RelayMode::Forward);
+        let mut buf = [0u8; 4];
+        use tokio::io::AsyncReadExt;
+        for conn in [&mut held, &mut stalled] {
+            let read = tokio::time::timeout(ANSWER, conn.read(&mut buf)).await;
+            assert!(
+                matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+                "reset when the stall ends"
+            );
+        }
+        let mut fresh = connect(&relay).await.unwrap();
+        assert_eq!(ping(&mut fresh, ANSWER).await.unwrap(), b"ping");
     }
 
     #[tokio::test]

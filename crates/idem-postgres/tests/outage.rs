@@ -2,8 +2,8 @@
 //! `StoreError::Unavailable`, never a reservation, and the store serves again once the
 //! server is back.
 //!
-//! The tests put a TCP proxy of their own between the store and the server and cut it,
-//! so the server itself is never disturbed.
+//! The tests put a relay ([`idem_core::testing::Relay`]) between the store and the
+//! server and break it, so the server itself is never disturbed.
 
 mod common;
 
@@ -12,106 +12,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::testing::{test_fingerprint, test_scope, unique_namespace, url_via};
+use idem_core::testing::{
+    Relay, RelayMode, test_fingerprint, test_scope, unique_namespace, url_via,
+};
 use idem_core::{ManualClock, Reservation, ReserveRequest, Store, StoreError, StoredResponse};
 use idem_postgres::{Error, PgStore};
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Mode {
-    /// Forward bytes both ways.
-    Up,
-    /// Reset every connection, open and new.
-    Cut,
-    /// Accept and hold connections but forward nothing: a server that stopped
-    /// answering. Held connections are closed when the mode changes.
-    Silent,
-}
-
-/// A loopback TCP proxy to the test server whose link can be cut. Dropping it stops
-/// every task it started.
-struct Proxy {
-    addr: SocketAddr,
-    mode: watch::Sender<Mode>,
-    _tasks: JoinSet<()>,
-}
-
-impl Proxy {
-    async fn start(upstream: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-        let addr = listener.local_addr().expect("proxy address");
-        let (mode, rx) = watch::channel(Mode::Up);
-        let mut tasks = JoinSet::new();
-        tasks.spawn(async move {
-            let mut conns = JoinSet::new();
-            loop {
-                let Ok((client, _)) = listener.accept().await else {
-                    continue;
-                };
-                let mut rx = rx.clone();
-                let current = *rx.borrow_and_update();
-                conns.spawn(async move {
-                    match current {
-                        Mode::Cut => reset(client),
-                        Mode::Silent => {
-                            let _held = client;
-                            let _ = rx.changed().await;
-                        }
-                        Mode::Up => forward(client, upstream, rx).await,
-                    }
-                });
-                // Reap finished connections so the set stays small.
-                while conns.try_join_next().is_some() {}
-            }
-        });
-        Proxy {
-            addr,
-            mode,
-            _tasks: tasks,
-        }
-    }
-
-    fn set(&self, mode: Mode) {
-        self.mode.send_replace(mode);
-    }
-
-    fn url(&self) -> String {
-        url_via(&common::pg_url(), self.addr)
-    }
-}
-
-/// Closes with a reset rather than a clean FIN, as a dead link looks.
-fn reset(stream: TcpStream) {
-    let _ = stream.set_zero_linger();
-    drop(stream);
-}
-
-async fn forward(mut client: TcpStream, upstream: SocketAddr, mut rx: watch::Receiver<Mode>) {
-    let Ok(mut server) = TcpStream::connect(upstream).await else {
-        reset(client);
-        return;
-    };
-    tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {
-            let _ = client.shutdown().await;
-        }
-        _ = async {
-            while rx.changed().await.is_ok() {
-                if *rx.borrow() != Mode::Up { break; }
-            }
-        } => {
-            if *rx.borrow() == Mode::Silent {
-                // Hold both ends without forwarding until the mode changes again.
-                let _ = rx.changed().await;
-            }
-            reset(client);
-            reset(server);
-        }
-    }
-}
 
 /// The test server's address, from its URL.
 async fn upstream() -> Option<SocketAddr> {
@@ -123,10 +29,10 @@ async fn upstream() -> Option<SocketAddr> {
     }
 }
 
-/// A store through `proxy` on its own table, with short timeouts.
-async fn store_via(proxy: &Proxy, clock: &ManualClock, ns: &str) -> Option<common::TempStore> {
-    // Create the table directly, so that the proxied store starts on a migrated table
-    // and the table is dropped at the end whatever the proxy's state.
+/// A store through `relay` on its own table, with short timeouts.
+async fn store_via(relay: &Relay, clock: &ManualClock, ns: &str) -> Option<common::TempStore> {
+    // Create the table directly, so that the relayed store starts on a migrated table
+    // and the table is dropped at the end whatever the relay's state.
     let direct = common::store_with_clock(clock, ns).await?;
     let via = PgStore::options()
         .table(direct.table())
@@ -135,9 +41,9 @@ async fn store_via(proxy: &Proxy, clock: &ManualClock, ns: &str) -> Option<commo
         .operation_timeout(Duration::from_secs(1))
         .max_connections(4)
         .migrate(false)
-        .connect(&proxy.url())
+        .connect(&url_via(&common::pg_url(), relay.addr()))
         .await
-        .expect("connect through the proxy");
+        .expect("connect through the relay");
     Some(direct.with_store(via))
 }
 
@@ -157,9 +63,9 @@ async fn cut_link_is_unavailable_then_recovers() {
     let Some(upstream) = upstream().await else {
         return;
     };
-    let proxy = Proxy::start(upstream).await;
+    let relay = Relay::start(upstream).await;
     let clock = ManualClock::starting_now();
-    let Some(store) = store_via(&proxy, &clock, &unique_namespace("cut")).await else {
+    let Some(store) = store_via(&relay, &clock, &unique_namespace("cut")).await else {
         return;
     };
     let before = request("before-outage");
@@ -167,7 +73,7 @@ async fn cut_link_is_unavailable_then_recovers() {
         panic!("first reserve must acquire")
     };
 
-    proxy.set(Mode::Cut);
+    relay.set_mode(RelayMode::Reset);
     let during = request("during-outage");
     assert_unavailable(store.reserve(&during).await, "reserve");
     assert_unavailable(
@@ -181,7 +87,7 @@ async fn cut_link_is_unavailable_then_recovers() {
     assert_unavailable(store.purge_expired(10).await, "purge");
     assert_unavailable(store.ping().await, "ping");
 
-    proxy.set(Mode::Up);
+    relay.set_mode(RelayMode::Forward);
     store.ping().await.expect("ping after the link is back");
     store
         .complete(&lease, &StoredResponse::new(201, "done"))
@@ -204,14 +110,14 @@ async fn silent_server_times_out_unavailable_then_recovers() {
     let Some(upstream) = upstream().await else {
         return;
     };
-    let proxy = Proxy::start(upstream).await;
+    let relay = Relay::start(upstream).await;
     let clock = ManualClock::starting_now();
-    let Some(store) = store_via(&proxy, &clock, &unique_namespace("silent")).await else {
+    let Some(store) = store_via(&relay, &clock, &unique_namespace("silent")).await else {
         return;
     };
     store.ping().await.expect("ping");
 
-    proxy.set(Mode::Silent);
+    relay.set_mode(RelayMode::Stall);
     let req = request("silent-key");
     let started = std::time::Instant::now();
     assert_unavailable(store.reserve(&req).await, "reserve");
@@ -221,7 +127,7 @@ async fn silent_server_times_out_unavailable_then_recovers() {
     );
     assert_unavailable(store.ping().await, "ping");
 
-    proxy.set(Mode::Up);
+    relay.set_mode(RelayMode::Forward);
     let Reservation::Acquired(lease) = store.reserve(&req).await.expect("reserve after") else {
         panic!("reserve after the outage must acquire")
     };
@@ -263,9 +169,9 @@ async fn no_false_proceed_when_the_link_is_cut_under_load() {
     let Some(upstream) = upstream().await else {
         return;
     };
-    let proxy = Proxy::start(upstream).await;
+    let relay = Relay::start(upstream).await;
     let clock = ManualClock::starting_now();
-    let Some(store) = store_via(&proxy, &clock, &unique_namespace("cut_load")).await else {
+    let Some(store) = store_via(&relay, &clock, &unique_namespace("cut_load")).await else {
         return;
     };
     let store = Arc::new(store);
@@ -277,7 +183,7 @@ async fn no_false_proceed_when_the_link_is_cut_under_load() {
         let store = store.clone();
         tasks.spawn(async move { (i, store.reserve(&req).await) });
         if i == 100 {
-            proxy.set(Mode::Cut);
+            relay.set_mode(RelayMode::Reset);
         }
     }
     let mut leases = HashMap::new();
@@ -299,7 +205,7 @@ async fn no_false_proceed_when_the_link_is_cut_under_load() {
         }
     }
     assert!(unavailable > 0, "the cut must have failed some reserves");
-    proxy.set(Mode::Up);
+    relay.set_mode(RelayMode::Forward);
     for (scope, lease) in &leases {
         let record = store
             .get(scope)
@@ -327,7 +233,7 @@ async fn a_reserve_whose_reply_was_lost_does_not_hold_its_key() {
     else {
         return;
     };
-    let relay = idem_core::testing::Relay::start(upstream).await;
+    let relay = Relay::start(upstream).await;
     // One connection, so the reserve below runs on the warmed one: the statement is
     // prepared already, and its one reply is the one lost.
     let store = PgStore::options()

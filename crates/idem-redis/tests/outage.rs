@@ -2,125 +2,29 @@
 //! `StoreError::Unavailable`, never with a reservation the server did not record, and
 //! operations work again once it is back.
 //!
-//! The outage is made by a TCP proxy inside the test that stands between the store and
-//! the machine's Redis: "down" closes its port and every proxied connection, "stalled"
-//! accepts and forwards nothing. The Redis server itself is never touched.
+//! The outage is made by a relay ([`idem_core::testing::Relay`]) that stands between the
+//! store and the machine's Redis: `Refuse` closes its port and every relayed connection,
+//! `Stall` accepts and passes nothing on. The Redis server itself is never touched.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_core::testing::{
-    service_addr, service_unavailable, service_url, test_fingerprint, test_scope, unique_namespace,
-    url_via,
+    Relay, RelayMode, service_addr, service_unavailable, service_url, test_fingerprint, test_scope,
+    unique_namespace, url_via,
 };
 use idem_core::{
     Lease, RecordState, Reservation, ReserveRequest, Store, StoreError, StoredResponse,
 };
 use idem_redis::RedisStore;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 /// Guards each operation against hanging: far above the store's own timeouts.
 const HANG_GUARD: Duration = Duration::from_secs(15);
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Mode {
-    /// Forwards bytes both ways.
-    Open,
-    /// The port is closed (connections are refused) and live connections are cut.
-    Down,
-    /// Connections are accepted and held, but nothing is forwarded.
-    Stalled,
-}
-
-/// A TCP proxy on 127.0.0.1 in front of Redis; dropped, it stops.
-struct Proxy {
-    addr: SocketAddr,
-    mode: watch::Sender<Mode>,
-    task: JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(upstream: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-        let addr = listener.local_addr().expect("proxy address");
-        let (mode, _) = watch::channel(Mode::Open);
-        let task = tokio::spawn(Self::serve(listener, addr, upstream, mode.subscribe()));
-        Proxy { addr, mode, task }
-    }
-
-    fn set(&self, mode: Mode) {
-        self.mode.send_replace(mode);
-    }
-
-    async fn serve(
-        mut listener: TcpListener,
-        addr: SocketAddr,
-        upstream: SocketAddr,
-        mut mode: watch::Receiver<Mode>,
-    ) {
-        let relay_mode = mode.clone();
-        loop {
-            let down = tokio::select! {
-                accepted = listener.accept() => {
-                    if let Ok((inbound, _)) = accepted {
-                        tokio::spawn(Self::relay(inbound, upstream, relay_mode.clone()));
-                    }
-                    false
-                }
-                changed = mode.wait_for(|m| *m == Mode::Down) => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    true
-                }
-            };
-            if down {
-                drop(listener);
-                if mode.wait_for(|m| *m != Mode::Down).await.is_err() {
-                    return;
-                }
-                // The same port again, so the store's URL stays valid.
-                listener = TcpListener::bind(addr).await.expect("re-bind proxy port");
-            }
-        }
-    }
-
-    async fn relay(mut inbound: TcpStream, upstream: SocketAddr, mut mode: watch::Receiver<Mode>) {
-        if *mode.borrow() == Mode::Open {
-            let Ok(mut outbound) = TcpStream::connect(upstream).await else {
-                return;
-            };
-            tokio::select! {
-                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => return,
-                changed = mode.wait_for(|m| *m != Mode::Open) => {
-                    if changed.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-        // Stalled: hold the connection silently until the outage ends, then cut it so
-        // the client reconnects. Down: cut it now.
-        if *mode.borrow() == Mode::Stalled {
-            let _ = mode.wait_for(|m| *m != Mode::Stalled).await;
-        }
-        drop(inbound);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// A store through a fresh proxy, and a direct one with the same prefix to inspect
+/// A store through a fresh relay, and a direct one with the same prefix to inspect
 /// what Redis really holds. `None` when Redis is unreachable (the skip is reported).
-async fn setup(case: &str) -> Option<(Proxy, RedisStore, RedisStore)> {
+async fn setup(case: &str) -> Option<(Relay, RedisStore, RedisStore)> {
     let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
     let prefix = format!("idem-test:{}:", unique_namespace(case));
     let direct = match RedisStore::builder(url.as_str())
@@ -132,13 +36,13 @@ async fn setup(case: &str) -> Option<(Proxy, RedisStore, RedisStore)> {
         Err(e) => return service_unavailable("Redis", &url, &e),
     };
     let upstream = service_addr(&url, 6379).await;
-    let proxy = Proxy::start(upstream).await;
-    let proxied = RedisStore::builder(url_via(&url, proxy.addr))
+    let relay = Relay::start(upstream).await;
+    let proxied = RedisStore::builder(url_via(&url, relay.addr()))
         .key_prefix(&prefix)
         .connect()
         .await
-        .expect("connect through the proxy");
-    Some((proxy, proxied, direct))
+        .expect("connect through the relay");
+    Some((relay, proxied, direct))
 }
 
 fn request(key: &str) -> ReserveRequest {
@@ -174,7 +78,7 @@ async fn until_back(store: &RedisStore) {
     panic!("the store did not reconnect after the outage ended");
 }
 
-/// Every operation, while the proxy is in `mode`, fails Unavailable; returns the
+/// Every operation, while the relay is in `mode`, fails Unavailable; returns the
 /// slowest operation's time.
 async fn every_operation_fails(
     store: &RedisStore,
@@ -205,8 +109,8 @@ async fn every_operation_fails(
     slowest
 }
 
-async fn fails_closed_then_recovers(mode: Mode, case: &str) {
-    let Some((proxy, store, direct)) = setup(case).await else {
+async fn fails_closed_then_recovers(mode: RelayMode, case: &str) {
+    let Some((relay, store, direct)) = setup(case).await else {
         return;
     };
     let completed = request("completed-key");
@@ -219,7 +123,7 @@ async fn fails_closed_then_recovers(mode: Mode, case: &str) {
     let running = acquire(&store, &running_req).await;
     let fresh = request("fresh-key");
 
-    proxy.set(mode);
+    relay.set_mode(mode);
     let slowest = every_operation_fails(&store, &completed, &running, &fresh).await;
     eprintln!("{mode:?}: the slowest operation failed after {slowest:?}");
 
@@ -241,7 +145,7 @@ async fn fails_closed_then_recovers(mode: Mode, case: &str) {
             .is_completed()
     );
 
-    proxy.set(Mode::Open);
+    relay.set_mode(RelayMode::Forward);
     until_back(&store).await;
     assert_eq!(
         store.reserve(&completed).await.expect("reserve"),
@@ -259,12 +163,12 @@ async fn fails_closed_then_recovers(mode: Mode, case: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_store_fails_closed_then_recovers() {
-    fails_closed_then_recovers(Mode::Down, "outage_down").await;
+    fails_closed_then_recovers(RelayMode::Refuse, "outage_down").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_store_times_out_as_unavailable_then_recovers() {
-    fails_closed_then_recovers(Mode::Stalled, "outage_stalled").await;
+    fails_closed_then_recovers(RelayMode::Stall, "outage_stalled").await;
 }
 
 /// Reservers keep going while the connection is cut under them. Whatever each one
@@ -273,7 +177,7 @@ async fn stalled_store_times_out_as_unavailable_then_recovers() {
 /// executable twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cut_mid_flight_never_acquires_without_a_record() {
-    let Some((proxy, store, direct)) = setup("outage_mid_flight").await else {
+    let Some((relay, store, direct)) = setup("outage_mid_flight").await else {
         return;
     };
     const WORKERS: usize = 8;
@@ -304,7 +208,7 @@ async fn cut_mid_flight_never_acquires_without_a_record() {
     while succeeded.load(Ordering::Relaxed) < 200 {
         tokio::task::yield_now().await;
     }
-    proxy.set(Mode::Down);
+    relay.set_mode(RelayMode::Refuse);
     let mut leases = Vec::new();
     let mut failed = Vec::new();
     for w in workers {
@@ -318,7 +222,7 @@ async fn cut_mid_flight_never_acquires_without_a_record() {
         let record = record.expect("an acquired lease has its record");
         assert_eq!(record.token, lease.token);
     }
-    proxy.set(Mode::Open);
+    relay.set_mode(RelayMode::Forward);
     until_back(&store).await;
     let mut lost_replies = 0;
     for req in &failed {
@@ -366,7 +270,7 @@ async fn a_reserve_whose_reply_was_lost_does_not_hold_its_key() {
         }
     };
     let upstream = service_addr(&url, 6379).await;
-    let relay = idem_core::testing::Relay::start(upstream).await;
+    let relay = Relay::start(upstream).await;
     let store = RedisStore::builder(url_via(&url, relay.addr()))
         .key_prefix(&prefix)
         .connect()
