@@ -523,24 +523,33 @@ async fn internal_scope_spans_endpoints() {
     assert_eq!(s.up.started(&key), 1);
 }
 
+/// Whether the gateway recorded an upstream answer of `status`: a fresh key gets it,
+/// then a plain retry of the key either replays it (recorded; the upstream saw the key
+/// once) or executes afresh, 201 (released; the upstream saw it twice).
+async fn recorded(http: &Http, up: &Upstream, url: &str, status: u16) -> bool {
+    let key = new_key();
+    let a = http
+        .post(url, &key, "{}", &[("x-test-status", &status.to_string())])
+        .await;
+    assert_eq!(a.status, status, "{a:?}");
+    let b = http.post(url, &key, "{}", &[]).await;
+    if b.replayed() {
+        assert_eq!(b.status, status, "the replay is the recorded answer");
+        assert_eq!(up.started(&key), 1);
+        true
+    } else {
+        assert_eq!(b.status, 201, "released: the retry executes");
+        assert_eq!(up.started(&key), 2);
+        false
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_that_started_are_recorded_and_replayed() {
     let s = setup(&[]).await;
     let url = s.gw.url("/v1/charges");
-    for status in ["500", "402"] {
-        let key = new_key();
-        let a = s
-            .http
-            .post(&url, &key, "{}", &[("x-test-status", status)])
-            .await;
-        let b = s
-            .http
-            .post(&url, &key, "{}", &[("x-test-status", status)])
-            .await;
-        assert_eq!(a.status.to_string(), status);
-        assert!(b.replayed(), "{status} is recorded");
-        assert_eq!(b.status, a.status);
-        assert_eq!(s.up.started(&key), 1);
+    for status in [500, 402] {
+        assert!(recorded(&s.http, &s.up, &url, status).await, "{status}");
     }
 }
 
@@ -548,17 +557,8 @@ async fn failures_that_started_are_recorded_and_replayed() {
 async fn refusals_release_the_key() {
     let s = setup(&[]).await;
     let url = s.gw.url("/v1/charges");
-    for status in ["400", "401", "403", "404", "409", "422", "429", "503"] {
-        let key = new_key();
-        let a = s
-            .http
-            .post(&url, &key, "{}", &[("x-test-status", status)])
-            .await;
-        assert_eq!(a.status.to_string(), status);
-        let b = s.http.post(&url, &key, "{}", &[]).await;
-        assert_eq!(b.status, 201, "{status} released the key");
-        assert!(!b.replayed());
-        assert_eq!(s.up.started(&key), 2);
+    for status in [400, 401, 403, 404, 409, 422, 429, 503] {
+        assert!(!recorded(&s.http, &s.up, &url, status).await, "{status}");
     }
 }
 
@@ -586,15 +586,7 @@ async fn release_statuses_flag_replaces_the_default_list() {
         assert_eq!(s.up.finished(&key), n, "released: each retry executes");
     }
     // A default release status left off the list: recorded and replayed.
-    let key = new_key();
-    let a = s
-        .http
-        .post(&url, &key, "{}", &[("x-test-status", "409")])
-        .await;
-    assert_eq!(a.status, 409);
-    let b = s.http.post(&url, &key, "{}", &[]).await;
-    assert_eq!((b.status, b.replayed()), (409, true), "{b:?}");
-    assert_eq!(s.up.started(&key), 1);
+    assert!(recorded(&s.http, &s.up, &url, 409).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -636,33 +628,17 @@ release_statuses = [502]
     }
     // Elsewhere the global list holds: 502 is recorded, and 409 still releases.
     let url = gw.url("/v1/charges");
-    let key = new_key();
-    let a = http
-        .post(&url, &key, "{}", &[("x-test-status", "502")])
-        .await;
-    let b = http.post(&url, &key, "{}", &[]).await;
-    assert_eq!((a.status, b.status, b.replayed()), (502, 502, true));
-    let key = new_key();
-    let a = http
-        .post(&url, &key, "{}", &[("x-test-status", "409")])
-        .await;
-    let b = http.post(&url, &key, "{}", &[]).await;
-    assert_eq!((a.status, b.status, b.replayed()), (409, 201, false));
+    assert!(recorded(&http, &up, &url, 502).await);
+    assert!(!recorded(&http, &up, &url, 409).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_statuses_none_records_every_answer() {
     let s = setup(&["--release-statuses", "none"]).await;
     let url = s.gw.url("/v1/charges");
-    let key = new_key();
-    let a = s
-        .http
-        .post(&url, &key, "{}", &[("x-test-status", "503")])
-        .await;
-    assert_eq!(a.status, 503);
-    let b = s.http.post(&url, &key, "{}", &[]).await;
-    assert_eq!((b.status, b.replayed()), (503, true), "{b:?}");
-    assert_eq!(s.up.started(&key), 1);
+    for status in [409, 503] {
+        assert!(recorded(&s.http, &s.up, &url, status).await, "{status}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
