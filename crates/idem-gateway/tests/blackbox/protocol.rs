@@ -14,8 +14,19 @@ struct Setup {
 }
 
 async fn setup(extra: &[&str]) -> Setup {
-    let up = Upstream::start().await;
+    setup_in(tempfile::tempdir().unwrap(), extra).await
+}
+
+/// A gateway on the memory store configured by `toml`, given as `--config`.
+async fn setup_with_file(toml: &str) -> Setup {
     let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("idem.toml"), toml).unwrap();
+    setup_in(dir, &["--config", "idem.toml"]).await
+}
+
+/// A gateway on the memory store, run in `dir`, with `extra` arguments.
+async fn setup_in(dir: tempfile::TempDir, extra: &[&str]) -> Setup {
+    let up = Upstream::start().await;
     let mut args = vec!["--store", "memory://"];
     args.extend_from_slice(extra);
     let gw = Gateway::start(&up.url(), dir.path(), &args).await;
@@ -325,27 +336,38 @@ async fn answer_over_response_limit_is_recorded_as_502_and_never_run_again() {
     assert_eq!(again.body.len(), 60_000);
 }
 
+/// Sends a fresh key twice with `headers` that make the upstream answer `status` with
+/// 200 000 bytes, over the 64 KiB response limit the caller's gateway runs with:
+/// released, the answer streams through whole each time and each retry executes.
+async fn released_answer_streams_whole(
+    http: &Http,
+    up: &Upstream,
+    url: &str,
+    status: u16,
+    headers: &[(&str, &str)],
+) {
+    let key = new_key();
+    let mut headers = headers.to_vec();
+    headers.push(("x-test-body-bytes", "200000"));
+    for n in 1..=2 {
+        let a = http.post(url, &key, "{}", &headers).await;
+        assert_eq!((a.status, a.body.len()), (status, 200_000), "{a:?}");
+        assert!(!a.replayed());
+        assert!(a.header("idempotency-disposition").is_none());
+        assert_eq!(up.finished(&key), n, "released: each retry executes");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_answer_over_response_limit_streams_through_whole() {
     let s = setup(&["--response-limit", "64KiB"]).await;
     let url = s.gw.url("/v1/exports");
     // Released by the upstream's header, and by a release status: neither is recorded,
     // so neither is held to the limit on recorded answers.
-    for (status, extra) in [
-        (201, ("x-test-disposition", "release")),
-        (503, ("x-test-status", "503")),
-    ] {
-        let key = new_key();
-        let headers = [("x-test-body-bytes", "200000"), extra];
-        for n in 1..=2 {
-            let a = s.http.post(&url, &key, "{}", &headers).await;
-            assert_eq!(a.status, status, "{a:?}");
-            assert_eq!(a.body.len(), 200_000);
-            assert!(!a.replayed());
-            assert!(a.header("idempotency-disposition").is_none());
-            assert_eq!(s.up.finished(&key), n, "released: each retry executes");
-        }
-    }
+    let by_header = [("x-test-disposition", "release")];
+    released_answer_streams_whole(&s.http, &s.up, &url, 201, &by_header).await;
+    let by_status = [("x-test-status", "503")];
+    released_answer_streams_whole(&s.http, &s.up, &url, 503, &by_status).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,13 +400,13 @@ async fn equal_json_in_another_spelling_replays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_rule_ignores_pointers_and_stores_extra_headers() {
-    let up = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("idem.toml"),
+    let Setup {
+        up: _up,
+        gw,
+        http,
+        _dir,
+    } = setup_with_file(
         r#"
-store = "memory://"
-
 [[route]]
 method = "POST"
 path = "/v1/orders/{id}/capture"
@@ -393,9 +415,7 @@ ignore = ["/client_sent_at"]
 store_headers = ["x-order-id"]
 "#,
     )
-    .unwrap();
-    let gw = Gateway::start(&up.url(), dir.path(), &["--config", "idem.toml"]).await;
-    let http = Http::new();
+    .await;
     let key = new_key();
     let url = gw.url("/v1/orders/42/capture");
     let first = http
@@ -568,35 +588,16 @@ async fn release_statuses_flag_replaces_the_default_list() {
     let url = s.gw.url("/v1/charges");
     // Listed: released, and streamed whole past the limit on recorded answers (the
     // proxy reads the same list as the layer).
-    let key = new_key();
-    for n in 1..=2 {
-        let a = s
-            .http
-            .post(
-                &url,
-                &key,
-                "{}",
-                &[("x-test-status", "418"), ("x-test-body-bytes", "200000")],
-            )
-            .await;
-        assert_eq!(
-            (a.status, a.body.len(), a.replayed()),
-            (418, 200_000, false)
-        );
-        assert_eq!(s.up.finished(&key), n, "released: each retry executes");
-    }
+    let teapot = [("x-test-status", "418")];
+    released_answer_streams_whole(&s.http, &s.up, &url, 418, &teapot).await;
     // A default release status left off the list: recorded and replayed.
     assert!(recorded(&s.http, &s.up, &url, 409).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_rule_release_statuses_apply_to_their_route() {
-    let up = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("idem.toml"),
+    let Setup { up, gw, http, _dir } = setup_with_file(
         r#"
-store = "memory://"
 response_limit = "64KiB"
 
 [[route]]
@@ -604,28 +605,12 @@ path = "/v1/payouts"
 release_statuses = [502]
 "#,
     )
-    .unwrap();
-    let gw = Gateway::start(&up.url(), dir.path(), &["--config", "idem.toml"]).await;
-    let http = Http::new();
+    .await;
     // The route's own list: a 502 releases, and streams whole past the recorded-answer
     // limit, since the proxy asks the layer's context rather than a list of its own.
     let url = gw.url("/v1/payouts");
-    let key = new_key();
-    for n in 1..=2 {
-        let a = http
-            .post(
-                &url,
-                &key,
-                "{}",
-                &[("x-test-status", "502"), ("x-test-body-bytes", "200000")],
-            )
-            .await;
-        assert_eq!(
-            (a.status, a.body.len(), a.replayed()),
-            (502, 200_000, false)
-        );
-        assert_eq!(up.finished(&key), n, "released: each retry executes");
-    }
+    let bad_gateway = [("x-test-status", "502")];
+    released_answer_streams_whole(&http, &up, &url, 502, &bad_gateway).await;
     // Elsewhere the global list holds: 502 is recorded, and 409 still releases.
     let url = gw.url("/v1/charges");
     assert!(recorded(&http, &up, &url, 502).await);
