@@ -432,10 +432,15 @@ fn parse_release_statuses(list: &[String]) -> Result<ReleaseStatuses, ConfigErro
         .map(|s| s.trim())
         .filter(|s| !s.is_empty())
         .collect();
-    if let [only] = items.as_slice()
-        && only.eq_ignore_ascii_case("none")
-    {
-        return Ok(ReleaseStatuses::new([]));
+    match items.as_slice() {
+        [] => {
+            return Err(invalid(
+                "release_statuses",
+                "the list is empty; give status codes, or none to record every answer",
+            ));
+        }
+        [only] if only.eq_ignore_ascii_case("none") => return Ok(ReleaseStatuses::new([])),
+        _ => {}
     }
     let codes = items
         .iter()
@@ -654,6 +659,8 @@ mod tests {
             (vec!["600"], "600: only 4xx and 5xx"),
             (vec!["conflict"], "\"conflict\" is not a status code"),
             (vec!["none", "409"], "\"none\" is not a status code"),
+            (vec![""], "the list is empty"),
+            (vec![" ", ""], "the list is empty"),
         ] {
             cli.release_statuses = Some(list.iter().map(|s| s.to_string()).collect());
             let err = GatewayConfig::merge(&cli, FileConfig::default()).unwrap_err();
