@@ -328,6 +328,11 @@ fn reset(stream: tokio::net::TcpStream) {
     drop(stream);
 }
 
+/// Whether the relay passes bytes on now.
+fn forwarding(shared: &RelayShared) -> bool {
+    *shared.mode.borrow() == RelayMode::Forward
+}
+
 /// Serves one connection by the relay's mode, following the mode as it changes.
 async fn relay_one(
     client: tokio::net::TcpStream,
@@ -363,7 +368,10 @@ async fn relay_one(
 }
 
 /// Passes bytes both ways until either side stops, throwing away the reply to a
-/// request that carries the relay's marker.
+/// request that carries the relay's marker. Once the relay leaves
+/// [`RelayMode::Forward`] it passes nothing more on, and waits for its caller to act
+/// on the new mode: bytes a client sends after [`Relay::set_mode`] returned never
+/// reach the service, however late this task notices the change.
 async fn forward(
     client: &mut tokio::net::TcpStream,
     server: &mut tokio::net::TcpStream,
@@ -392,6 +400,9 @@ async fn forward(
                     armed.store(true, Ordering::SeqCst);
                 }
             }
+            if !forwarding(shared) {
+                std::future::pending::<()>().await;
+            }
             if server_tx.write_all(chunk).await.is_err() {
                 break;
             }
@@ -408,6 +419,9 @@ async fn forward(
             if armed.load(Ordering::SeqCst) {
                 shared.lost.fetch_add(1, Ordering::SeqCst);
                 return;
+            }
+            if !forwarding(shared) {
+                std::future::pending::<()>().await;
             }
             if client_tx.write_all(&buf[..n]).await.is_err() {
                 return;
