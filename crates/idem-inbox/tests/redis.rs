@@ -178,6 +178,26 @@ async fn redis_slow_effects_keep_their_marker_past_the_lease() {
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the effects ran once");
 }
 
+/// Whether `key` is gone from Redis within `within` (it expired, or was released).
+async fn gone_within(
+    conn: &redis::aio::MultiplexedConnection,
+    key: &str,
+    within: Duration,
+) -> bool {
+    common::eventually(within, || {
+        let mut conn = conn.clone();
+        async move {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            !exists
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn redis_lapsed_in_flight_marker_lets_redelivery_run_effects_again() {
     // The documented weakness: a consumer that died mid-effects leaves a marker that
@@ -203,21 +223,7 @@ async fn redis_lapsed_in_flight_marker_lets_redelivery_run_effects_again() {
         .await;
     assert!(matches!(r, Err(Error::InFlight { .. })), "{r:?}");
     // Redis expires keys on its own clock; wait past the lease, bounded.
-    assert!(
-        common::eventually(Duration::from_secs(5), || {
-            let mut conn = conn.clone();
-            let key = key.clone();
-            async move {
-                let exists: bool = redis::cmd("EXISTS")
-                    .arg(&key)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                !exists
-            }
-        })
-        .await
-    );
+    assert!(gone_within(&conn, &key, Duration::from_secs(5)).await);
     assert_eq!(count(&inbox, "m-1", &runs).await, Outcome::Processed(()));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -292,18 +298,7 @@ async fn redis_lost_reply_to_the_in_flight_mark_frees_the_message() {
     // The in-flight lease is 60 s; without the release the message would wait that long.
     let mut direct = common::redis_conn().await.unwrap();
     let key = inbox.marker_key("m-lost-reply");
-    let freed = common::eventually(Duration::from_secs(10), || {
-        let (mut direct, key) = (direct.clone(), key.clone());
-        async move {
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(&key)
-                .query_async(&mut direct)
-                .await
-                .unwrap();
-            !exists
-        }
-    })
-    .await;
+    let freed = gone_within(&direct, &key, Duration::from_secs(10)).await;
     assert!(freed, "the lost mark still holds the message");
     assert_eq!(run().await.unwrap(), Outcome::Processed(()));
     assert_eq!(runs.load(Ordering::SeqCst), 1);

@@ -256,26 +256,9 @@ async fn cut_mid_flight_never_acquires_without_a_record() {
 /// since the caller was told the store is unavailable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reserve_whose_reply_was_lost_does_not_hold_its_key() {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    let prefix = format!("idem-test:{}:", unique_namespace("lost_reply"));
-    let direct = match RedisStore::builder(url.as_str())
-        .key_prefix(&prefix)
-        .connect()
-        .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            service_unavailable::<()>("Redis", &url, &e);
-            return;
-        }
+    let Some((relay, store, direct)) = setup("lost_reply").await else {
+        return;
     };
-    let upstream = service_addr(&url, 6379).await;
-    let relay = Relay::start(upstream).await;
-    let store = RedisStore::builder(url_via(&url, relay.addr()))
-        .key_prefix(&prefix)
-        .connect()
-        .await
-        .expect("connect through the relay");
     store.ping().await.expect("the relay works");
 
     let req = request("lost-reply");

@@ -163,8 +163,22 @@ async fn unreachable_store_fails_closed_with_503_and_unkeyed_traffic_flows() {
     );
 
     relay.cut();
+    refused_without_the_store(&http, &up, &url).await;
+    assert_eq!(
+        http.send("GET", &gw.admin_url("/readyz"), &[], "")
+            .await
+            .status,
+        503
+    );
+    let get = http.send("GET", &url, &[], "").await;
+    assert_eq!(get.status, 201, "unkeyed traffic does not need the store");
+}
+
+/// A keyed request while the store is out of reach: 503 `store-unavailable` with a
+/// `Retry-After`, and nothing forwarded. Returns the key it used.
+async fn refused_without_the_store(http: &Http, up: &Upstream, url: &str) -> String {
     let key = new_key();
-    let a = http.post(&url, &key, "{}", &[]).await;
+    let a = http.post(url, &key, "{}", &[]).await;
     assert_eq!(a.status, 503, "{a:?}");
     assert_eq!(
         a.problem_type(),
@@ -176,14 +190,7 @@ async fn unreachable_store_fails_closed_with_503_and_unkeyed_traffic_flows() {
         0,
         "nothing is forwarded without a reservation"
     );
-    assert_eq!(
-        http.send("GET", &gw.admin_url("/readyz"), &[], "")
-            .await
-            .status,
-        503
-    );
-    let get = http.send("GET", &url, &[], "").await;
-    assert_eq!(get.status, 201, "unkeyed traffic does not need the store");
+    key
 }
 
 /// Starts a gateway on `url`'s store at a loopback port where nothing listens yet:
@@ -205,19 +212,7 @@ async fn store_unreachable_at_start_is_reached_later(url: &str, default_port: u1
     let ready = gw.admin_url("/readyz");
 
     assert_eq!(http.send("GET", &ready, &[], "").await.status, 503);
-    let key = new_key();
-    let refused = http.post(&url, &key, "{}", &[]).await;
-    assert_eq!(refused.status, 503, "{refused:?}");
-    assert_eq!(
-        refused.problem_type(),
-        "https://idem.dev/problems/store-unavailable"
-    );
-    assert!(refused.header("retry-after").is_some());
-    assert_eq!(
-        up.started(&key),
-        0,
-        "nothing is forwarded without a reservation"
-    );
+    let key = refused_without_the_store(&http, &up, &url).await;
     assert_eq!(http.send("GET", &url, &[], "").await.status, 201);
     assert!(
         gw.logs().contains("the store is unreachable"),
