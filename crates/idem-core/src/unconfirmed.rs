@@ -150,8 +150,26 @@ mod tests {
             token: crate::FencingToken::generate(),
             ..held.clone()
         };
-        release_unconfirmed(&store, lost);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The store's own fenced release, reporting what it answered, so the test waits
+        // for the try instead of for a while.
+        let (answered, answer) = tokio::sync::oneshot::channel();
+        let mut answered = Some(answered);
+        let releasing = store.clone();
+        release_unconfirmed_with(move || {
+            let (store, lost, answered) = (releasing.clone(), lost.clone(), answered.take());
+            async move {
+                let result = store.release(&lost).await;
+                if let Some(tx) = answered {
+                    tx.send(matches!(result, Err(StoreError::Fenced))).ok();
+                }
+                result
+            }
+        });
+        let fenced = tokio::time::timeout(Duration::from_secs(5), answer)
+            .await
+            .expect("the release is tried at once")
+            .expect("the try reports");
+        assert!(fenced, "the lost lease's release is fenced");
         assert!(store.get(&held.scope).await.unwrap().is_some());
         store.release(&held).await.unwrap();
     }
