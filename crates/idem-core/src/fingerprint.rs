@@ -2,6 +2,7 @@
 //! reuses a key.
 
 use std::fmt;
+use std::io::Write as _;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -232,16 +233,18 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) {
         }
         Value::String(s) => write_string(s, out),
         Value::Number(n) => {
-            // One spelling per value: 1, 1.0 and 1e0 all become the same bytes.
+            // One spelling per value: 1, 1.0 and 1e0 all become the same bytes. Written
+            // in place (`Display` into the buffer), not through a `String` each.
             match (n.as_u64(), n.as_i64(), n.as_f64()) {
-                (Some(u), _, _) => out.extend_from_slice(u.to_string().as_bytes()),
-                (None, Some(i), _) => out.extend_from_slice(i.to_string().as_bytes()),
+                (Some(u), _, _) => write!(out, "{u}"),
+                (None, Some(i), _) => write!(out, "{i}"),
                 (None, None, Some(f)) if f.fract() == 0.0 && f.abs() < 1e19 => {
-                    out.extend_from_slice(format!("{f:.0}").as_bytes())
+                    write!(out, "{f:.0}")
                 }
-                (None, None, Some(f)) => out.extend_from_slice(format!("{f:e}").as_bytes()),
-                _ => out.extend_from_slice(n.to_string().as_bytes()),
+                (None, None, Some(f)) => write!(out, "{f:e}"),
+                _ => write!(out, "{n}"),
             }
+            .expect("writing to a Vec")
         }
         Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         Value::Null => out.extend_from_slice(b"null"),
@@ -249,12 +252,9 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) {
 }
 
 fn write_string(s: &str, out: &mut Vec<u8>) {
-    // serde_json's string escaping is canonical (one spelling per string).
-    out.extend_from_slice(
-        serde_json::to_string(s)
-            .expect("a string always serialises")
-            .as_bytes(),
-    );
+    // serde_json's string escaping is canonical (one spelling per string), and its
+    // writer appends to the buffer without a `String` of its own.
+    serde_json::to_writer(&mut *out, s).expect("a string always serialises");
 }
 
 #[cfg(test)]
@@ -365,5 +365,64 @@ mod tests {
             fp(ct, br#"{"a":1,"b":2}"#, &o),
             fp(ct, br#"{"b":2,"a":1}"#, &o)
         );
+    }
+
+    /// Stored fingerprints must not change between releases: a retry after an upgrade
+    /// would meet its own record as a different request (422). These digests are
+    /// what idem has computed for these inputs from the start; a change to the canonical
+    /// form breaks them.
+    #[test]
+    fn digests_are_stable_across_releases() {
+        let o = FingerprintOptions::default();
+        let cases: [(Option<&str>, &[u8], &str); 8] = [
+            (
+                JSON,
+                br#"{"amount":100,"currency":"eur","customer":"cus_123"}"#,
+                "d29063679644c90bd31f8c9f3cd6b6451c6c1a011db8d726689eda00c87d3e52",
+            ),
+            (
+                JSON,
+                br#"{"z":[1,-2,3.5,1e2,-0.25e-3,18446744073709551615,-9223372036854775808],"a":{"y":null,"x":[true,false]}}"#,
+                "85e7338ccb8a7d6e978255da0efd90ef23f12f22624c76f5e6d50a9e37d29f52",
+            ),
+            (
+                JSON,
+                "{\"s\":\"q\\\"b\\\\s\\/ \\u0001\\t\\n é \\ud83d\\ude00 \\u00e9\"}".as_bytes(),
+                "9ccb817ee8080224fffd4596d2ba616b259d1c801e9ef3051b560fbccd821082",
+            ),
+            (
+                JSON,
+                br#"[1e300,2.5e-300,1e19,123456789012345678901234567890,0.1]"#,
+                "e8a896c7ebb63ffe47ad283ee1846aa121fb928d1b7f4f4811b38481219ff535",
+            ),
+            (
+                JSON,
+                br#"{"dup":1,"dup":2}"#,
+                "4ea8822db152191e9c411a1cc936b4d60848435f45c6e1a8b97b2e3419ee4fae",
+            ),
+            (
+                JSON,
+                br#""just a string""#,
+                "deda447e42ced7f4c92c9c5230674b1056f1239e241af6f5ee419b494ad48561",
+            ),
+            (
+                Some("text/plain"),
+                b"amount=100&currency=eur",
+                "c9308a41cf7f7eb419cc3962d8871ddc67600c9dc2f3e3006a14ed51cf4ec118",
+            ),
+            (
+                JSON,
+                b"{not json",
+                "121988106f150b4b10bbb857df33f96a6400c8d8e76b1f3c9bd48fc6a34d1b53",
+            ),
+        ];
+        for (ct, body, want) in cases {
+            assert_eq!(
+                fp(ct, body, &o).to_hex(),
+                want,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 }
