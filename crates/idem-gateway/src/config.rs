@@ -214,13 +214,24 @@ impl Upstream {
         })
     }
 
-    /// The upstream URI for a request's path and query.
-    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
-        Uri::builder()
+    /// The upstream URI for an incoming request's URI: its path and query, after the
+    /// base path.
+    ///
+    /// Without a base path the incoming path and query, already parsed, are reused as
+    /// they are rather than written out and parsed again.
+    pub fn uri_for(&self, incoming: &Uri) -> Result<Uri, http::Error> {
+        let builder = Uri::builder()
             .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(format!("{}{}", self.base_path, path_and_query))
-            .build()
+            .authority(self.authority.clone());
+        match incoming.path_and_query() {
+            Some(pq) if self.base_path.is_empty() => builder.path_and_query(pq.clone()),
+            pq => builder.path_and_query(format!(
+                "{}{}",
+                self.base_path,
+                pq.map_or("/", |p| p.as_str())
+            )),
+        }
+        .build()
     }
 }
 
@@ -750,10 +761,21 @@ mod tests {
     fn upstream_must_be_plain_http() {
         assert!(Upstream::parse("https://example.test").is_err());
         assert!(Upstream::parse("127.0.0.1:3000").is_err());
+        let incoming: Uri = "/v1/x?a=1".parse().unwrap();
         let u = Upstream::parse("http://127.0.0.1:3000").unwrap();
         assert_eq!(
-            u.uri_for("/v1/x?a=1").unwrap().to_string(),
+            u.uri_for(&incoming).unwrap().to_string(),
             "http://127.0.0.1:3000/v1/x?a=1"
+        );
+        let u = Upstream::parse("http://127.0.0.1:3000/api/").unwrap();
+        assert_eq!(
+            u.uri_for(&incoming).unwrap().to_string(),
+            "http://127.0.0.1:3000/api/v1/x?a=1"
+        );
+        let absolute: Uri = "http://elsewhere.test/v1/y".parse().unwrap();
+        assert_eq!(
+            u.uri_for(&absolute).unwrap().to_string(),
+            "http://127.0.0.1:3000/api/v1/y"
         );
     }
 
