@@ -8,25 +8,19 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::testing::{
-    Relay, RelayMode, test_fingerprint, test_scope, unique_namespace, url_via,
+    Relay, RelayMode, service_addr, test_fingerprint, test_scope, unique_namespace, url_via,
 };
 use idem_core::{ManualClock, Reservation, ReserveRequest, Store, StoreError, StoredResponse};
 use idem_postgres::{Error, PgStore};
 use tokio::task::JoinSet;
 
-/// The test server's address, from its URL.
-async fn upstream() -> Option<SocketAddr> {
-    let url = common::pg_url();
-    let host_port = url.split('@').nth(1)?.split('/').next()?.to_owned();
-    match tokio::net::lookup_host(&host_port).await {
-        Ok(mut addrs) => addrs.next(),
-        Err(e) => idem_core::testing::service_unavailable("PostgreSQL", &url, &e),
-    }
+/// A relay to the test server.
+async fn relay() -> Relay {
+    Relay::start(service_addr(&common::pg_url(), 5432).await).await
 }
 
 /// A store through `relay` on its own table, with short timeouts.
@@ -60,10 +54,7 @@ fn assert_unavailable<T: std::fmt::Debug>(result: Result<T, StoreError>, what: &
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_link_is_unavailable_then_recovers() {
-    let Some(upstream) = upstream().await else {
-        return;
-    };
-    let relay = Relay::start(upstream).await;
+    let relay = relay().await;
     let clock = ManualClock::starting_now();
     let Some(store) = store_via(&relay, &clock, &unique_namespace("cut")).await else {
         return;
@@ -107,10 +98,7 @@ async fn cut_link_is_unavailable_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_server_times_out_unavailable_then_recovers() {
-    let Some(upstream) = upstream().await else {
-        return;
-    };
-    let relay = Relay::start(upstream).await;
+    let relay = relay().await;
     let clock = ManualClock::starting_now();
     let Some(store) = store_via(&relay, &clock, &unique_namespace("silent")).await else {
         return;
@@ -166,10 +154,7 @@ async fn wrong_port_is_unavailable() {
 /// is really stored with its token, and no key is handed to two callers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_false_proceed_when_the_link_is_cut_under_load() {
-    let Some(upstream) = upstream().await else {
-        return;
-    };
-    let relay = Relay::start(upstream).await;
+    let relay = relay().await;
     let clock = ManualClock::starting_now();
     let Some(store) = store_via(&relay, &clock, &unique_namespace("cut_load")).await else {
         return;
@@ -225,15 +210,12 @@ async fn no_false_proceed_when_the_link_is_cut_under_load() {
 /// and the next reserve of the key acquires it as attempt 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reserve_whose_reply_was_lost_does_not_hold_its_key() {
-    let Some(upstream) = upstream().await else {
-        return;
-    };
     let clock = ManualClock::starting_now();
     let Some(direct) = common::store_with_clock(&clock, &unique_namespace("lost_reply")).await
     else {
         return;
     };
-    let relay = Relay::start(upstream).await;
+    let relay = relay().await;
     // One connection, so the reserve below runs on the warmed one: the statement is
     // prepared already, and its one reply is the one lost.
     let store = PgStore::options()
