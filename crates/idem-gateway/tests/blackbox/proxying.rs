@@ -128,6 +128,143 @@ async fn upstream_timeout_is_504_and_keeps_the_key_in_progress() {
     assert_eq!(up.started(&key), 1);
 }
 
+/// How [`breaking_upstream`] breaks a connection once it has read the request.
+#[derive(Debug, Clone, Copy)]
+enum Break {
+    /// Closes it without a word.
+    Silently,
+    /// Sends the status line, headers and part of the announced body, then closes.
+    MidBody,
+}
+
+/// A raw HTTP/1.1 upstream that reads each request whole, notes its
+/// `Idempotency-Attempt`, breaks the first connection as `how` says and answers later
+/// ones `201` with the attempt number in a JSON body.
+async fn breaking_upstream(
+    how: Break,
+) -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let attempts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = attempts.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // The head, then as much body as it announces.
+            let (head_len, head) = loop {
+                let n = conn.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    break (0, String::new());
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break (i + 4, String::from_utf8_lossy(&buf[..i]).to_lowercase());
+                }
+            };
+            if head.is_empty() {
+                continue;
+            }
+            let field = |name: &str| {
+                head.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(|v| v.trim().to_owned())
+            };
+            let length: usize = field("content-length:").map_or(0, |v| v.parse().unwrap());
+            while buf.len() < head_len + length {
+                let n = conn.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let attempt = field("idempotency-attempt:").unwrap_or_default();
+            let first = {
+                let mut seen = seen.lock().unwrap();
+                seen.push(attempt.clone());
+                seen.len() == 1
+            };
+            let answer = if !first {
+                let body = format!(r#"{{"attempt":"{attempt}"}}"#);
+                format!(
+                    "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                match how {
+                    Break::Silently => String::new(),
+                    Break::MidBody => "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n\
+                         content-length: 100\r\n\r\n{\"id\":"
+                        .to_owned(),
+                }
+            };
+            let _ = conn.write_all(answer.as_bytes()).await;
+            let _ = conn.shutdown().await;
+        }
+    });
+    (url, attempts, task)
+}
+
+/// SPEC S7 at the proxy: a connection that breaks after the request was sent leaves the
+/// outcome unknown. The client hears 504, the key stays in progress (409) while the
+/// attempt's lease lives, and then a retry executes as attempt 2, whose answer is the
+/// one replayed. Whether the upstream hung up before answering or in the middle of its
+/// body makes no difference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connection_lost_is_504_then_the_lease_decides() {
+    for how in [Break::Silently, Break::MidBody] {
+        let (up, attempts, task) = breaking_upstream(how).await;
+        let dir = tempfile::tempdir().unwrap();
+        let gw = Gateway::start(&up, dir.path(), &["--store", "memory://", "--lease", "1s"]).await;
+        let http = Http::new();
+        let key = new_key();
+        let url = gw.url("/v1/charges");
+
+        let lost = http.post(&url, &key, "{}", &[]).await;
+        assert_eq!(lost.status, 504, "{how:?}: {lost:?}");
+        assert_eq!(
+            lost.problem_type(),
+            "https://idem.dev/problems/upstream-connection-lost",
+            "{how:?}"
+        );
+        let blocked = http.post(&url, &key, "{}", &[]).await;
+        assert_eq!(
+            blocked.status, 409,
+            "{how:?}: in progress while the lease lives"
+        );
+
+        // The binary runs on the real clock: poll (bounded) until the lease lapses.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        let taken_over = loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let a = http.post(&url, &key, "{}", &[]).await;
+            if a.status != 409 {
+                break a;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{how:?}: the lease never lapsed"
+            );
+        };
+        assert_eq!(taken_over.status, 201, "{how:?}: {taken_over:?}");
+        assert_eq!(taken_over.json()["attempt"], "2", "{how:?}");
+        let replay = http.post(&url, &key, "{}", &[]).await;
+        assert!(replay.replayed(), "{how:?}");
+        assert_eq!(replay.body, taken_over.body, "{how:?}");
+        assert_eq!(*attempts.lock().unwrap(), ["1", "2"], "{how:?}");
+        task.abort();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_serves_probes_metrics_and_keys_behind_a_token() {
     let up = Upstream::start().await;
