@@ -72,7 +72,7 @@ pub use record::{
     StoredResponse,
 };
 pub use scope::{Endpoint, Scope, ScopeMode, Tenant};
-pub use store::{Result, Store, StoreError};
+pub use store::{MetricKind, Result, Store, StoreError, StoreMetric};
 #[cfg(feature = "sweeper")]
 pub use sweeper::{Sweeper, SweeperConfig, sweep_once};
 #[cfg(feature = "tokio")]

@@ -37,6 +37,52 @@ impl StoreError {
 /// `Result` with [`StoreError`].
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// Whether a [`StoreMetric`] only grows or goes up and down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// Counts since the store opened; never decreases.
+    Counter,
+    /// A level now: a queue's depth, connections open.
+    Gauge,
+}
+
+/// A figure a store keeps about itself (its write queue, its transactions, its
+/// connections), for a metrics endpoint such as the gateway's `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreMetric {
+    /// A Prometheus metric name, `idem_<store>_…`; counters end in `_total`.
+    pub name: &'static str,
+    /// One line on what it measures.
+    pub help: &'static str,
+    /// Counter or gauge.
+    pub kind: MetricKind,
+    /// Its value now.
+    pub value: u64,
+}
+
+impl StoreMetric {
+    /// A counter.
+    pub fn counter(name: &'static str, help: &'static str, value: u64) -> StoreMetric {
+        StoreMetric {
+            name,
+            help,
+            kind: MetricKind::Counter,
+            value,
+        }
+    }
+
+    /// A gauge.
+    pub fn gauge(name: &'static str, help: &'static str, value: u64) -> StoreMetric {
+        StoreMetric {
+            name,
+            help,
+            kind: MetricKind::Gauge,
+            value,
+        }
+    }
+}
+
 /// A place records live. Every implementation passes the contract suite in
 /// [`testing`](crate::testing) (feature `testing`).
 ///
@@ -86,6 +132,12 @@ pub trait Store: Send + Sync + 'static {
     /// (answering [`StoreError::Unavailable`]); one with nothing to finish does nothing,
     /// which is the default.
     async fn close(&self) {}
+
+    /// Figures the store keeps about itself, read without a round trip (see
+    /// [`StoreMetric`]). None, by default.
+    fn metrics(&self) -> Vec<StoreMetric> {
+        Vec::new()
+    }
 }
 
 macro_rules! forward_store {
@@ -118,6 +170,9 @@ macro_rules! forward_store {
             }
             async fn close(&self) {
                 (**self).close().await
+            }
+            fn metrics(&self) -> Vec<StoreMetric> {
+                (**self).metrics()
             }
         }
     };

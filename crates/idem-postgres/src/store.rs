@@ -11,8 +11,8 @@ use bytes::Bytes;
 use idem_core::codec::{decode_headers, encode_headers};
 use idem_core::{
     FencingToken, Fingerprint, Lease, Record, RecordState, Reservation, ReserveRequest, Scope,
-    SharedClock, Store, StoreError, StoredResponse, Sweeper, SweeperConfig, SystemClock, Timestamp,
-    release_unconfirmed_with,
+    SharedClock, Store, StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig,
+    SystemClock, Timestamp, release_unconfirmed_with,
 };
 use sqlx::pool::PoolConnectionMetadata;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
@@ -579,6 +579,27 @@ impl Store for PgStore {
                 .map(drop)
         })
         .await
+    }
+
+    /// The pool's connections: how many are open, idle, and allowed.
+    fn metrics(&self) -> Vec<StoreMetric> {
+        vec![
+            StoreMetric::gauge(
+                "idem_postgres_pool_connections",
+                "Connections open in the PostgreSQL pool.",
+                u64::from(self.pool.size()),
+            ),
+            StoreMetric::gauge(
+                "idem_postgres_pool_idle_connections",
+                "Idle connections in the PostgreSQL pool.",
+                self.pool.num_idle() as u64,
+            ),
+            StoreMetric::gauge(
+                "idem_postgres_pool_max_connections",
+                "The most connections the PostgreSQL pool opens.",
+                u64::from(self.pool.options().get_max_connections()),
+            ),
+        ]
     }
 }
 

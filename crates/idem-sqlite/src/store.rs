@@ -9,7 +9,7 @@ use bytes::Bytes;
 use idem_core::codec::{decode_headers, encode_headers};
 use idem_core::{
     FencingToken, Fingerprint, Lease, Record, RecordState, Reservation, ReserveRequest, Scope,
-    SharedClock, Store, StoreError, StoredResponse, SystemClock, Timestamp,
+    SharedClock, Store, StoreError, StoreMetric, StoredResponse, SystemClock, Timestamp,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -474,6 +474,48 @@ impl Store for SqliteStore {
         if self.owns_pool {
             self.pool.close().await;
         }
+    }
+
+    /// The writer's queue and transactions, and the read pool's connections.
+    fn metrics(&self) -> Vec<StoreMetric> {
+        let w = self.writer_stats();
+        vec![
+            StoreMetric::gauge(
+                "idem_sqlite_pending_writes",
+                "Writes queued for the SQLite writer or in the transaction it is writing.",
+                self.pending_writes() as u64,
+            ),
+            StoreMetric::counter(
+                "idem_sqlite_write_transactions_total",
+                "Transactions the SQLite writer committed.",
+                w.batches,
+            ),
+            StoreMetric::counter(
+                "idem_sqlite_writes_total",
+                "Writes committed by the SQLite writer.",
+                w.operations,
+            ),
+            StoreMetric::gauge(
+                "idem_sqlite_largest_write_transaction",
+                "The most writes one committed SQLite transaction held.",
+                w.largest_batch,
+            ),
+            StoreMetric::counter(
+                "idem_sqlite_failed_write_transactions_total",
+                "SQLite transactions that did not commit; each of their writes failed.",
+                w.failed_batches,
+            ),
+            StoreMetric::gauge(
+                "idem_sqlite_pool_connections",
+                "Connections open in the SQLite read pool.",
+                u64::from(self.pool.size()),
+            ),
+            StoreMetric::gauge(
+                "idem_sqlite_pool_idle_connections",
+                "Idle connections in the SQLite read pool.",
+                self.pool.num_idle() as u64,
+            ),
+        ]
     }
 }
 

@@ -135,4 +135,7 @@ impl Store for TempStore {
     async fn ping(&self) -> idem_core::Result<()> {
         self.store.ping().await
     }
+    fn metrics(&self) -> Vec<idem_core::StoreMetric> {
+        self.store.metrics()
+    }
 }
