@@ -1,15 +1,17 @@
 //! Prometheus metrics for the admin listener's `/metrics`: requests by idempotency
-//! outcome, a store latency histogram per operation, and the in-flight gauge.
+//! outcome, a store latency histogram per operation, the in-flight gauge, and the
+//! store's own figures.
 //!
 //! The text exposition format is simple enough that a few atomics and `write!` cover it;
 //! no metrics framework is pulled in.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use idem_core::{MetricKind, Store};
 use idem_tower::{Observer, Outcome};
 
 /// Histogram bucket upper bounds, in seconds: from a fast in-process store to a slow
@@ -58,6 +60,8 @@ pub struct Metrics {
     store: RwLock<BTreeMap<(&'static str, bool), Histogram>>,
     in_flight: AtomicI64,
     upstream_errors: RwLock<BTreeMap<&'static str, AtomicU64>>,
+    /// The store whose own figures (`Store::metrics`) are rendered too.
+    figures_of: Option<Arc<dyn Store>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -91,6 +95,13 @@ impl Metrics {
             }
         }
         m
+    }
+
+    /// Renders `store`'s own figures ([`Store::metrics`]: a SQLite writer's queue and
+    /// transactions, a pool's connections) with the rest.
+    pub fn with_store(mut self, store: Arc<dyn Store>) -> Metrics {
+        self.figures_of = Some(store);
+        self
     }
 
     /// Counts one request's outcome by its label.
@@ -127,7 +138,7 @@ impl Metrics {
     }
 
     /// Marks a request in flight until the guard drops.
-    pub fn in_flight_guard(self: &std::sync::Arc<Self>) -> InFlightGuard {
+    pub fn in_flight_guard(self: &Arc<Self>) -> InFlightGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlightGuard(self.clone())
     }
@@ -196,6 +207,17 @@ impl Metrics {
                 "idem_store_call_duration_seconds_count{{{labels}}} {count}"
             );
         }
+        for m in self.figures_of.iter().flat_map(|s| s.metrics()) {
+            let kind = match m.kind {
+                MetricKind::Counter => "counter",
+                MetricKind::Gauge => "gauge",
+            };
+            let (name, help, value) = (m.name, m.help, m.value);
+            let _ = write!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+            );
+        }
         out
     }
 }
@@ -212,7 +234,7 @@ impl Observer for Metrics {
 
 /// Decrements the in-flight gauge when dropped.
 #[derive(Debug)]
-pub struct InFlightGuard(std::sync::Arc<Metrics>);
+pub struct InFlightGuard(Arc<Metrics>);
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
@@ -223,7 +245,6 @@ impl Drop for InFlightGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn renders_outcomes_histogram_and_gauge() {
@@ -248,5 +269,52 @@ mod tests {
         );
         drop(g);
         assert_eq!(m.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn renders_the_stores_own_figures() {
+        use idem_core::testing::{test_fingerprint, test_scope};
+        use idem_core::{ReserveRequest, StoredResponse};
+
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("m.db").display());
+        let store: Arc<dyn Store> =
+            Arc::new(idem_sqlite::SqliteStore::connect(&url).await.unwrap());
+        let m = Metrics::new().with_store(store.clone());
+        let request = ReserveRequest::new(test_scope("/v1/charges", "k1"), test_fingerprint("{}"));
+        let lease = store
+            .reserve(&request)
+            .await
+            .unwrap()
+            .lease()
+            .cloned()
+            .unwrap();
+        store
+            .complete(&lease, &StoredResponse::new(201, "{}"))
+            .await
+            .unwrap();
+
+        let text = m.render();
+        assert!(
+            text.contains(
+                "# HELP idem_sqlite_writes_total Writes committed by the SQLite writer.\n\
+                 # TYPE idem_sqlite_writes_total counter\n\
+                 idem_sqlite_writes_total 2\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "# TYPE idem_sqlite_pending_writes gauge\nidem_sqlite_pending_writes 0\n"
+            )
+        );
+        assert!(text.contains("\nidem_sqlite_failed_write_transactions_total 0\n"));
+
+        // A store without figures of its own adds nothing.
+        let plain = Metrics::new()
+            .with_store(Arc::new(idem_core::MemoryStore::new()))
+            .render();
+        assert_eq!(plain, Metrics::new().render());
+        store.close().await;
     }
 }

@@ -154,7 +154,7 @@ impl Gateway {
         mode: Mode,
         store: Arc<dyn Store>,
     ) -> Result<Gateway, ServeError> {
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::new().with_store(store.clone()));
         let proxy = Proxy::new(
             config.upstream.clone(),
             config.upstream_timeout,

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Lease, MemoryStore, Record, Reservation, ReserveRequest, Scope, Store, StoreError,
+    Lease, MemoryStore, Record, Reservation, ReserveRequest, Scope, Store, StoreError, StoreMetric,
     StoredResponse,
 };
 
@@ -346,6 +346,11 @@ impl Store for Deferred {
         if let Some(store) = self.opened.get() {
             store.close().await;
         }
+    }
+
+    /// The opened store's, once it is reached; none before.
+    fn metrics(&self) -> Vec<StoreMetric> {
+        self.opened.get().map(|s| s.metrics()).unwrap_or_default()
     }
 }
 

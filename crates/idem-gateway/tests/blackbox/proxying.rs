@@ -265,6 +265,76 @@ async fn upstream_connection_lost_is_504_then_the_lease_decides() {
     }
 }
 
+/// The value of an unlabelled metric in a Prometheus text exposition.
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// `/metrics` carries the SQLite store's own figures: an executed request is two writes
+/// (the reservation and the completion), a replay one (its reserve), and none is left
+/// queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_metrics_show_the_sqlite_writer() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &["--store", "sqlite://idem.db", "--admin", "0"],
+    )
+    .await;
+    let http = Http::new();
+    let metrics = || async {
+        let m = http.send("GET", &gw.admin_url("/metrics"), &[], "").await;
+        assert_eq!(m.status, 200);
+        String::from_utf8(m.body.to_vec()).unwrap()
+    };
+    // The sweeper purges once at start: wait for that transaction, so that what
+    // follows counts only the request's writes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let before = loop {
+        let text = metrics().await;
+        if metric(&text, "idem_sqlite_write_transactions_total") >= 1
+            && metric(&text, "idem_sqlite_pending_writes") == 0
+        {
+            break text;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no purge at start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(before.contains("# TYPE idem_sqlite_writes_total counter\n"));
+    assert!(before.contains("# TYPE idem_sqlite_pending_writes gauge\n"));
+
+    let writes = |text: &str| metric(text, "idem_sqlite_writes_total");
+    let key = new_key();
+    let a = http.post(&gw.url("/v1/charges"), &key, "{}", &[]).await;
+    assert_eq!(a.status, 201);
+    let executed = metrics().await;
+    assert_eq!(
+        writes(&executed) - writes(&before),
+        2,
+        "the reservation and the completion"
+    );
+    let replay = http.post(&gw.url("/v1/charges"), &key, "{}", &[]).await;
+    assert!(replay.replayed());
+    let after = metrics().await;
+    assert_eq!(
+        writes(&after) - writes(&executed),
+        1,
+        "the replay's reserve, which finds the record, goes through the writer too"
+    );
+    assert_eq!(metric(&after, "idem_sqlite_pending_writes"), 0);
+    assert_eq!(
+        metric(&after, "idem_sqlite_failed_write_transactions_total"),
+        0
+    );
+    assert!(metric(&after, "idem_sqlite_pool_connections") >= 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_serves_probes_metrics_and_keys_behind_a_token() {
     let up = Upstream::start().await;
