@@ -402,6 +402,24 @@ impl Http {
         headers.extend_from_slice(extra);
         self.send("POST", url, &headers, body.to_owned()).await
     }
+
+    /// POSTs `{}` under `key` every 200 ms until the answer is not 409, and returns
+    /// it: how a test waits out an attempt's lease, since the binary runs on the real
+    /// clock. Panics after 15 s.
+    pub async fn post_once_the_lease_lapses(&self, url: &str, key: &str) -> Answer {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let a = self.post(url, key, "{}", &[]).await;
+            if a.status != 409 {
+                return a;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the lease never lapsed"
+            );
+        }
+    }
 }
 
 /// A raw request over a fresh TCP connection that is dropped after `after`, without

@@ -69,19 +69,7 @@ async fn kill_9_in_flight_is_409_until_the_lease_lapses_then_attempt_2_takes_ove
     );
     assert!(blocked.header("retry-after").is_some());
 
-    // The binary runs on the real clock: poll (bounded) until the lease lapses.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    let taken_over = loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let a = http.post(&url, &key, "{}", &[]).await;
-        if a.status != 409 {
-            break a;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the lease never lapsed"
-        );
-    };
+    let taken_over = http.post_once_the_lease_lapses(&url, &key).await;
     assert_eq!(taken_over.status, 201, "{taken_over:?}");
     assert!(!taken_over.replayed());
     assert_eq!(taken_over.json()["attempt"], "2");

@@ -242,19 +242,7 @@ async fn upstream_connection_lost_is_504_then_the_lease_decides() {
             "{how:?}: in progress while the lease lives"
         );
 
-        // The binary runs on the real clock: poll (bounded) until the lease lapses.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        let taken_over = loop {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let a = http.post(&url, &key, "{}", &[]).await;
-            if a.status != 409 {
-                break a;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{how:?}: the lease never lapsed"
-            );
-        };
+        let taken_over = http.post_once_the_lease_lapses(&url, &key).await;
         assert_eq!(taken_over.status, 201, "{how:?}: {taken_over:?}");
         assert_eq!(taken_over.json()["attempt"], "2", "{how:?}");
         let replay = http.post(&url, &key, "{}", &[]).await;
