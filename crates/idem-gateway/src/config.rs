@@ -39,6 +39,10 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
 /// The default time between sweeps of expired records.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
+/// How long a client connection may take to send a request's headers unless configured
+/// otherwise (hyper's own default).
+pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A setting that cannot be used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -132,6 +136,8 @@ pub struct FileConfig {
     pub keyed_methods: Option<Vec<String>>,
     /// `--release-statuses`, as numbers: `[409, 429, 503]`; `[]` releases none.
     pub release_statuses: Option<Vec<u16>>,
+    /// `--client-timeout`.
+    pub client_timeout: Option<String>,
     /// `--sweep-interval`.
     pub sweep_interval: Option<String>,
     /// `--shutdown-timeout`.
@@ -270,6 +276,9 @@ pub struct GatewayConfig {
     pub keyed_methods: Vec<Method>,
     /// Upstream statuses that release the key rather than being recorded.
     pub release_statuses: ReleaseStatuses,
+    /// How long a client connection may take to send a request's headers (idle time
+    /// before them included); `None` for no limit.
+    pub client_timeout: Option<Duration>,
     /// Time between sweeps.
     pub sweep_interval: Duration,
     /// Longest graceful-shutdown wait.
@@ -390,6 +399,13 @@ impl GatewayConfig {
             scope,
             keyed_methods,
             release_statuses,
+            client_timeout: Some(dur(
+                args.client_timeout,
+                &file.client_timeout,
+                "client_timeout",
+                DEFAULT_CLIENT_TIMEOUT,
+            )?)
+            .filter(|t| !t.is_zero()),
             sweep_interval: dur(
                 args.sweep_interval,
                 &file.sweep_interval,
@@ -587,6 +603,25 @@ mod tests {
         assert_eq!(c.tenant_header, http::header::AUTHORIZATION);
         assert_eq!(c.scope, ScopeMode::Public);
         assert_eq!(c.keyed_methods, vec![Method::POST, Method::PATCH]);
+        assert_eq!(c.client_timeout, Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn client_timeout_from_the_file_the_command_line_or_off() {
+        let file = || -> FileConfig {
+            toml::from_str("upstream = \"http://127.0.0.1:1\"\nclient_timeout = \"5s\"").unwrap()
+        };
+        let c = GatewayConfig::merge(&ServeArgs::default(), file()).unwrap();
+        assert_eq!(c.client_timeout, Some(Duration::from_secs(5)));
+        let mut a = ServeArgs {
+            client_timeout: Some(Duration::from_millis(1500)),
+            ..ServeArgs::default()
+        };
+        let c = GatewayConfig::merge(&a, file()).unwrap();
+        assert_eq!(c.client_timeout, Some(Duration::from_millis(1500)));
+        a.client_timeout = Some(Duration::ZERO);
+        let c = GatewayConfig::merge(&a, file()).unwrap();
+        assert_eq!(c.client_timeout, None, "0s turns it off");
     }
 
     fn codes(c: &GatewayConfig) -> Vec<u16> {

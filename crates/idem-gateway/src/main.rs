@@ -81,7 +81,14 @@ async fn check(args: &ServeArgs) -> ExitCode {
     }
     let u = &config.upstream;
     println!("upstream  {}://{}{}", u.scheme, u.authority, u.base_path);
-    println!("listen    {}", config.listen);
+    match config.client_timeout {
+        Some(t) => println!(
+            "listen    {} (client timeout {})",
+            config.listen,
+            humantime::format_duration(t)
+        ),
+        None => println!("listen    {} (no client timeout)", config.listen),
+    }
     println!("store     {} (reachable)", store::redact(&config.store));
     match config.admin {
         Some(a) => println!(

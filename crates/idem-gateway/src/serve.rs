@@ -17,7 +17,7 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use idem_core::{Store, Sweeper, SweeperConfig, Tenant};
 use idem_tower::{IdempotencyBody, IdempotencyLayer, InFlight, RouteConfig};
@@ -77,6 +77,7 @@ pub struct Gateway {
     /// `None` where the store expires records by itself (Redis).
     sweep_interval: Option<Duration>,
     shutdown_timeout: Duration,
+    client_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -223,6 +224,7 @@ impl Gateway {
             ))
             .then_some(config.sweep_interval),
             shutdown_timeout: config.shutdown_timeout,
+            client_timeout: config.client_timeout,
         })
     }
 
@@ -255,6 +257,7 @@ impl Gateway {
             admin_token,
             sweep_interval,
             shutdown_timeout,
+            client_timeout,
         } = self;
         let sweeper = sweep_interval.map(|every| {
             Sweeper::spawn(
@@ -327,7 +330,12 @@ impl Gateway {
                     res
                 }
             });
+            // A client that sends no complete request head in time (a slow or stalled
+            // one, or an idle keep-alive connection) is disconnected, so it cannot hold a
+            // connection and its buffers without limit.
             let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(client_timeout)
                 .serve_connection(TokioIo::new(stream), hyper_svc);
             let conn = graceful.watch(conn);
             tokio::spawn(async move {

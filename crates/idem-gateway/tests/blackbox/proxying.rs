@@ -253,6 +253,90 @@ async fn upstream_connection_lost_is_504_then_the_lease_decides() {
     }
 }
 
+/// A client that does not finish a request head within `--client-timeout` is
+/// disconnected, and so is a keep-alive connection left idle that long; a client that
+/// keeps sending requests is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_clients_are_disconnected_after_the_client_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &["--store", "memory://", "--client-timeout", "500ms"],
+    )
+    .await;
+    // Reads until the gateway closes the connection; returns what it sent and when.
+    let until_closed = |mut s: tokio::net::TcpStream| async move {
+        let started = tokio::time::Instant::now();
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+            .await
+            .expect("the gateway never closed the connection")
+            .ok();
+        (
+            String::from_utf8_lossy(&got).into_owned(),
+            started.elapsed(),
+        )
+    };
+
+    // Half a request head, then nothing.
+    let mut slow = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    slow.write_all(b"POST /v1/charges HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let (_, after) = until_closed(slow).await;
+    assert!(
+        after >= Duration::from_millis(400),
+        "closed after {after:?}"
+    );
+
+    // One whole request answered, then the connection idles.
+    let mut idle = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    idle.write_all(b"GET /v1/charges HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (answer, after) = until_closed(idle).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert!(
+        after >= Duration::from_millis(400),
+        "closed after {after:?}"
+    );
+
+    // Requests more often than the timeout keep one connection alive: each is
+    // answered on it, 1.25 s after it opened.
+    let mut busy = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    for _ in 0..5 {
+        busy.write_all(b"GET /v1/charges HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            let n = busy.read(&mut byte).await.unwrap();
+            assert_eq!(
+                n,
+                1,
+                "closed while in use: {}",
+                String::from_utf8_lossy(&head)
+            );
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8(head).unwrap();
+        assert!(head.starts_with("HTTP/1.1 201"), "{head}");
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut body = vec![0u8; length];
+        busy.read_exact(&mut body).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// The value of an unlabelled metric in a Prometheus text exposition.
 fn metric(text: &str, name: &str) -> u64 {
     text.lines()
