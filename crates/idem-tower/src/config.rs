@@ -137,6 +137,7 @@ pub(crate) struct Config {
     pub(crate) tenant_from: TenantExtractor,
     pub(crate) fingerprint: FingerprintOptions,
     pub(crate) body_limit: usize,
+    pub(crate) body_timeout: Option<Duration>,
     pub(crate) response_limit: usize,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
@@ -156,6 +157,7 @@ impl Default for Config {
             tenant_from: Arc::new(default_tenant),
             fingerprint: FingerprintOptions::default(),
             body_limit: DEFAULT_BODY_LIMIT,
+            body_timeout: None,
             response_limit: DEFAULT_RESPONSE_LIMIT,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
@@ -178,6 +180,7 @@ impl fmt::Debug for Config {
             .field("scope_mode", &self.scope_mode)
             .field("fingerprint", &self.fingerprint)
             .field("body_limit", &self.body_limit)
+            .field("body_timeout", &self.body_timeout)
             .field("response_limit", &self.response_limit)
             .field("ttl", &self.ttl)
             .field("lease", &self.lease)

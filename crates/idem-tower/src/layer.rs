@@ -151,6 +151,14 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// The longest a keyed request's body may take to arrive whole (default: no limit).
+    /// A slower one is answered 408 `body-timeout` and nothing is reserved, so a client
+    /// that trickles its body holds neither a connection's buffer nor a key for long.
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        self.config().body_timeout = Some(timeout);
+        self
+    }
+
     /// The largest answer recorded, in bytes (default [`DEFAULT_RESPONSE_LIMIT`], 8 MiB).
     /// Answers are held whole to be recorded; when the handler's answer is larger, it
     /// has run, so its answer is replaced by a 500 `response-too-large` problem, which

@@ -132,6 +132,7 @@
 //! | 400    | `https://idem.dev/problems/missing-key`         | the route requires a key              |
 //! | 400    | `https://idem.dev/problems/body-unreadable`     | the request body could not be read    |
 //! | 413    | `https://idem.dev/problems/body-too-large`      | body over the limit; nothing reserved |
+//! | 408    | `https://idem.dev/problems/body-timeout`        | body not in within the body timeout; nothing reserved |
 //! | 409    | `https://idem.dev/problems/request-in-progress` | another attempt runs; `Retry-After`   |
 //! | 422    | `https://idem.dev/problems/key-reused`          | key reused with a different payload   |
 //! | 500    | `https://idem.dev/problems/handler-failed`      | the handler panicked or failed (recorded) |

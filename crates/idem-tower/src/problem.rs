@@ -26,6 +26,9 @@ pub enum ProblemKind {
     BodyUnreadable,
     /// 413: the body is over the limit; nothing was reserved (SPEC S4).
     BodyTooLarge,
+    /// 408: the body did not arrive within the layer's body timeout; nothing was
+    /// reserved, so a retry executes.
+    BodyTimeout,
     /// 409 + `Retry-After`: another attempt with this key is executing (SPEC S5).
     RequestInProgress,
     /// 422: the key was used for a request with a different payload (SPEC S5).
@@ -44,11 +47,12 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 9] = [
+    pub const ALL: [ProblemKind; 10] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
         ProblemKind::BodyTooLarge,
+        ProblemKind::BodyTimeout,
         ProblemKind::RequestInProgress,
         ProblemKind::KeyReused,
         ProblemKind::HandlerFailed,
@@ -63,6 +67,7 @@ impl ProblemKind {
             ProblemKind::MissingKey => "https://idem.dev/problems/missing-key",
             ProblemKind::BodyUnreadable => "https://idem.dev/problems/body-unreadable",
             ProblemKind::BodyTooLarge => "https://idem.dev/problems/body-too-large",
+            ProblemKind::BodyTimeout => "https://idem.dev/problems/body-timeout",
             ProblemKind::RequestInProgress => "https://idem.dev/problems/request-in-progress",
             ProblemKind::KeyReused => "https://idem.dev/problems/key-reused",
             ProblemKind::HandlerFailed => "https://idem.dev/problems/handler-failed",
@@ -78,6 +83,7 @@ impl ProblemKind {
                 StatusCode::BAD_REQUEST
             }
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProblemKind::RequestInProgress => StatusCode::CONFLICT,
             ProblemKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::HandlerFailed | ProblemKind::ResponseTooLarge => {
@@ -94,6 +100,7 @@ impl ProblemKind {
             ProblemKind::MissingKey => "Idempotency-Key required",
             ProblemKind::BodyUnreadable => "Request body could not be read",
             ProblemKind::BodyTooLarge => "Request body too large",
+            ProblemKind::BodyTimeout => "Request body too slow",
             ProblemKind::RequestInProgress => "Request in progress",
             ProblemKind::KeyReused => "Idempotency-Key reused with a different payload",
             ProblemKind::HandlerFailed => "Request failed",

@@ -319,7 +319,7 @@ where
 {
     async move {
         let config = &shared.config;
-        let bytes = match buffer(&parts, body, config.body_limit).await {
+        let bytes = match buffer(&parts, body, config.body_limit, config.body_timeout).await {
             Ok(bytes) => bytes,
             Err(problem) => {
                 config.observer.outcome(Outcome::Rejected);
@@ -348,8 +348,14 @@ where
     }
 }
 
-/// Reads a keyed request's body up to `limit` bytes (SPEC S4).
-async fn buffer<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, Problem>
+/// Reads a keyed request's body up to `limit` bytes (SPEC S4), within `timeout` when
+/// one is set.
+async fn buffer<B>(
+    parts: &Parts,
+    body: B,
+    limit: usize,
+    timeout: Option<Duration>,
+) -> Result<Bytes, Problem>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -368,7 +374,21 @@ where
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large());
     }
-    match Limited::new(body, limit).collect().await {
+    let collect = Limited::new(body, limit).collect();
+    let collected = match timeout {
+        // The timer is only armed if the body is not all there at the first poll.
+        Some(t) => tokio::time::timeout(t, collect).await.map_err(|_| {
+            Problem::new(
+                ProblemKind::BodyTimeout,
+                format!(
+                    "the request body did not arrive within {} ms; nothing was reserved",
+                    t.as_millis()
+                ),
+            )
+        })?,
+        None => collect.await,
+    };
+    match collected {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
         Err(e) => Err(Problem::new(

@@ -60,6 +60,7 @@ for_each_store!(
     // S4: fingerprint and body limit
     body_over_limit_is_413_and_nothing_reserved,
     chunked_body_over_limit_is_413_and_nothing_reserved,
+    slow_body_is_408_and_nothing_reserved,
     semantically_equal_json_replays,
     changed_amount_is_422,
     ignored_json_pointer_is_left_out,
@@ -267,6 +268,40 @@ async fn chunked_body_over_limit_is_413_and_nothing_reserved(kind: StoreKind) {
             .unwrap()
             .is_none()
     );
+}
+
+async fn slow_body_is_408_and_nothing_reserved(kind: StoreKind) {
+    let app = App::start_with(kind, |l| l.body_timeout(Duration::from_millis(200))).await;
+    // Announces the whole order, sends 10 bytes and waits: the socket stays open, so the
+    // timeout alone ends the read.
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nHost: {}\r\nIdempotency-Key: k-slow\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
+        app.addr,
+        ORDER.len(),
+        &ORDER[..10]
+    );
+    let started = tokio::time::Instant::now();
+    let answer = app.raw(request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("https://idem.dev/problems/body-timeout"),
+        "{answer}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert_eq!(count(&app.counters.orders), 0);
+    assert!(
+        app.store
+            .get(&scope("/orders", "k-slow", None))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Nothing was reserved: the retry, body whole, executes.
+    let ok = app.post("/orders").key("k-slow").json(ORDER).send().await;
+    assert_eq!(ok.status, 201);
+    assert_eq!(count(&app.counters.orders), 1);
 }
 
 async fn semantically_equal_json_replays(kind: StoreKind) {
