@@ -114,6 +114,11 @@ pub fn idempotency_layer(
             None => Tenant::anonymous(),
         })
         .observer(metrics);
+    // The client timeout bounds a keyed body's arrival too: it is buffered whole before
+    // anything is reserved.
+    if let Some(timeout) = config.client_timeout {
+        layer = layer.body_timeout(timeout);
+    }
     if !routes.is_empty() {
         layer = layer.route_config(move |parts| {
             route::find(&routes, &parts.method, parts.uri.path()).map(route_config)

@@ -254,8 +254,9 @@ async fn upstream_connection_lost_is_504_then_the_lease_decides() {
 }
 
 /// A client that does not finish a request head within `--client-timeout` is
-/// disconnected, and so is a keep-alive connection left idle that long; a client that
-/// keeps sending requests is not.
+/// disconnected, and so is a keep-alive connection left idle that long; a keyed body
+/// that does not arrive within it is a 408; a client that keeps sending requests is
+/// not disconnected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_and_idle_clients_are_disconnected_after_the_client_timeout() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -291,6 +292,35 @@ async fn slow_and_idle_clients_are_disconnected_after_the_client_timeout() {
         after >= Duration::from_millis(400),
         "closed after {after:?}"
     );
+
+    // A keyed request's head, then part of its body: 408, nothing forwarded, and the
+    // key stays free.
+    let key = new_key();
+    let mut trickle = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    trickle
+        .write_all(
+            format!(
+                "POST /v1/charges HTTP/1.1\r\nhost: x\r\nidempotency-key: {key}\r\n\
+                 content-type: application/json\r\ncontent-length: 20\r\n\r\n{{\"amount\""
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let (answer, after) = until_closed(trickle).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("https://idem.dev/problems/body-timeout"),
+        "{answer}"
+    );
+    assert!(
+        after >= Duration::from_millis(400),
+        "answered after {after:?}"
+    );
+    assert_eq!(up.total(), 0, "nothing was forwarded");
+    let http = Http::new();
+    let retry = http.post(&gw.url("/v1/charges"), &key, "{}", &[]).await;
+    assert_eq!(retry.status, 201, "the key was never reserved");
 
     // One whole request answered, then the connection idles.
     let mut idle = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
