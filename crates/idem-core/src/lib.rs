@@ -66,7 +66,7 @@ pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp, duratio
 pub use decision::{Decision, Reservation, decide};
 pub use fingerprint::{DEFAULT_BODY_LIMIT, Fingerprint, FingerprintOptions, PointerError};
 pub use key::{Key, KeyError, MAX_KEY_LEN};
-pub use memory::MemoryStore;
+pub use memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
 pub use record::{
     DEFAULT_LEASE, DEFAULT_TTL, FencingToken, Lease, Record, RecordState, ReserveRequest,
     StoredResponse,

@@ -84,7 +84,7 @@ impl StoreMetric {
 }
 
 /// A place records live. Every implementation passes the contract suite in
-/// [`testing`](crate::testing) (feature `testing`).
+/// `idem_core::testing` (feature `testing`).
 ///
 /// Stores read the current time from their own [`Clock`](crate::Clock), injected at
 /// construction, so tests control leases and expiry without sleeping.
