@@ -538,22 +538,53 @@ enum Answered<B> {
 /// retry until its lease lapses.
 async fn release<St: Store>(store: &St, observer: &dyn Observer, lease: &Lease) {
     observer.outcome(Outcome::Released);
+    let settled = settle(observer, "release", "releasing the key failed", || {
+        store.release(lease)
+    });
+    match settled.await {
+        // Fenced: taken over or expired since, nothing of this attempt is left to release.
+        Settled::Written | Settled::Fenced => {}
+        // The lease lapses on its own; a retry then takes over.
+        Settled::GaveUp => tracing::error!(
+            scope = %lease.scope.digest(),
+            "the key could not be released; it stays in progress until its lease lapses"
+        ),
+    }
+}
+
+/// How a write that settles a key (a completion or a release) ended.
+enum Settled {
+    Written,
+    /// The lease no longer holds the record: another attempt took it over, or it
+    /// expired.
+    Fenced,
+    /// Every try in [`WRITE_BACKOFF`] failed otherwise.
+    GaveUp,
+}
+
+/// Runs `write` until it succeeds or is fenced, pausing as [`WRITE_BACKOFF`] says after
+/// any other failure, each logged as `failed`; timed as `op`.
+async fn settle<F, Fut>(
+    observer: &dyn Observer,
+    op: &'static str,
+    failed: &'static str,
+    mut write: F,
+) -> Settled
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = idem_core::Result<()>>,
+{
     for pause in WRITE_BACKOFF {
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }
-        match timed(observer, "release", store.release(lease)).await {
-            Ok(()) => return,
-            // Taken over or expired since: nothing of this attempt is left to release.
-            Err(StoreError::Fenced) => return,
-            Err(e) => tracing::warn!(error = %e, "releasing the key failed"),
+        match timed(observer, op, write()).await {
+            Ok(()) => return Settled::Written,
+            Err(StoreError::Fenced) => return Settled::Fenced,
+            Err(e) => tracing::warn!(error = %e, "{failed}"),
         }
     }
-    // The lease lapses on its own; a retry then takes over.
-    tracing::error!(
-        scope = %lease.scope.digest(),
-        "the key could not be released; it stays in progress until its lease lapses"
-    );
+    Settled::GaveUp
 }
 
 /// The answer to a reservation that did not acquire the key: stage 5's replay, or a
@@ -706,27 +737,24 @@ async fn complete<St: Store>(
     lease: &Lease,
     stored: &StoredResponse,
 ) {
-    for pause in WRITE_BACKOFF {
-        if !pause.is_zero() {
-            tokio::time::sleep(pause).await;
-        }
-        match timed(observer, "complete", store.complete(lease, stored)).await {
-            Ok(()) => return,
-            Err(StoreError::Fenced) => {
-                tracing::warn!(
-                    scope = %lease.scope.digest(),
-                    attempt = lease.attempt,
-                    "the record was taken over before this attempt finished; its answer is not recorded"
-                );
-                return;
-            }
-            Err(e) => tracing::warn!(error = %e, "recording the response failed"),
-        }
-    }
-    tracing::error!(
-        scope = %lease.scope.digest(),
-        "the response could not be recorded; the key stays in progress until its lease lapses"
+    let settled = settle(
+        observer,
+        "complete",
+        "recording the response failed",
+        || store.complete(lease, stored),
     );
+    match settled.await {
+        Settled::Written => {}
+        Settled::Fenced => tracing::warn!(
+            scope = %lease.scope.digest(),
+            attempt = lease.attempt,
+            "the record was taken over before this attempt finished; its answer is not recorded"
+        ),
+        Settled::GaveUp => tracing::error!(
+            scope = %lease.scope.digest(),
+            "the response could not be recorded; the key stays in progress until its lease lapses"
+        ),
+    }
 }
 
 /// Stage 5: the recorded answer, marked as a replay.
