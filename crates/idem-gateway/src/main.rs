@@ -116,30 +116,24 @@ async fn check(args: &ServeArgs) -> ExitCode {
         config.body_limit,
         config.response_limit
     );
-    let released: Vec<String> = config
-        .release_statuses
-        .iter()
-        .map(|s| s.as_u16().to_string())
-        .collect();
     println!(
         "release   {}",
-        if released.is_empty() {
+        if config.release_statuses.is_empty() {
             "none: every answer is recorded".to_owned()
         } else {
-            format!("{} (answered, not recorded)", released.join(","))
+            format!(
+                "{} (answered, not recorded)",
+                code_list(&config.release_statuses)
+            )
         }
     );
     for r in &config.routes {
         let release = r.release_statuses.as_ref().map(|set| {
-            let codes: Vec<String> = set.iter().map(|s| s.as_u16().to_string()).collect();
-            format!(
-                ", release {}",
-                if codes.is_empty() {
-                    "none".to_owned()
-                } else {
-                    codes.join(",")
-                }
-            )
+            if set.is_empty() {
+                ", release none".to_owned()
+            } else {
+                format!(", release {}", code_list(set))
+            }
         });
         println!(
             "route     {} {}{}",
@@ -150,4 +144,10 @@ async fn check(args: &ServeArgs) -> ExitCode {
     }
     println!("ok");
     ExitCode::SUCCESS
+}
+
+/// The statuses of `set`, comma-separated, as `--release-statuses` takes them.
+fn code_list(set: &idem_tower::ReleaseStatuses) -> String {
+    let codes: Vec<String> = set.iter().map(|s| s.as_u16().to_string()).collect();
+    codes.join(",")
 }
