@@ -9,9 +9,10 @@
 //! 3) of `IDEM_LOAD_SECS` seconds each (default 3, after a 1 s warm-up), and the medians
 //! are reported, each ratio taken within a round, followed by what the SQLite and Redis
 //! targets allow in CPU time per request against what was spent.
-//! `IDEM_LOAD_ONLY=memory,sqlite` runs only those stores (and pass-through). `IDEM_LOAD_UPSTREAM_US=200` makes the upstream spend
-//! that much CPU per request, as an API with work of its own does (default none: the
-//! harshest case, where the gateway's own cost is all there is).
+//! `IDEM_LOAD_ONLY=memory,sqlite` runs only those stores (and pass-through).
+//! `IDEM_LOAD_UPSTREAM_US=200` makes the upstream spend that much CPU per request, as an
+//! API with work of its own does (default none: the harshest case, where the gateway's
+//! own cost is all there is).
 //!
 //! ```text
 //! cargo bench -p idem-gateway --bench load

@@ -114,7 +114,8 @@
 //! [`RouteConfig::release_statuses`]) — which release the key so a corrected retry may
 //! execute. A [`Disposition`] response extension overrides that for one response. The
 //! handler can ask [`IdempotencyContext::releases`] whether a status will release, as
-//! a proxy that streams released answers rather than buffering them must. Stored headers are an allow-list (`content-type`, `location`, plus
+//! a proxy that streams released answers rather than buffering them must. Stored
+//! headers are an allow-list (`content-type`, `location`, plus
 //! [`IdempotencyLayer::store_headers`]); [`NEVER_STORED_HEADERS`] are refused. The first
 //! caller receives the handler's full response; replays receive only what was stored.
 //!
