@@ -422,6 +422,35 @@ impl Http {
     }
 }
 
+/// Reads one HTTP/1.1 message, request or response, from `stream`: its head as sent
+/// (without the blank line) and the body its `Content-Length` announces (none without
+/// one). Reads the head a byte at a time, so nothing of a next message on a kept-alive
+/// connection is taken. `None` when the stream ends before the message does.
+pub async fn read_message(stream: &mut tokio::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    head.truncate(head.len() - 4);
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().expect("a numeric Content-Length"))
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.ok()?;
+    Some((head, body))
+}
+
 /// A raw request over a fresh TCP connection that is dropped after `after`, without
 /// reading the answer: a client that went away.
 pub async fn send_and_hang_up(addr: std::net::SocketAddr, request: &str, after: Duration) {

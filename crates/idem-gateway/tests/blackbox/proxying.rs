@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::common::{Gateway, Http, Upstream, binary, new_key};
+use crate::common::{Gateway, Http, Upstream, binary, new_key, read_message};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwards_with_attempt_and_forwarded_headers_and_strips_hop_by_hop() {
@@ -147,7 +147,7 @@ async fn breaking_upstream(
     std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     tokio::task::JoinHandle<()>,
 ) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let attempts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -157,35 +157,16 @@ async fn breaking_upstream(
             let Ok((mut conn, _)) = listener.accept().await else {
                 return;
             };
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
             // The head, then as much body as it announces.
-            let (head_len, head) = loop {
-                let n = conn.read(&mut chunk).await.unwrap_or(0);
-                if n == 0 {
-                    break (0, String::new());
-                }
-                buf.extend_from_slice(&chunk[..n]);
-                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    break (i + 4, String::from_utf8_lossy(&buf[..i]).to_lowercase());
-                }
-            };
-            if head.is_empty() {
+            let Some((head, _)) = read_message(&mut conn).await else {
                 continue;
-            }
+            };
+            let head = head.to_lowercase();
             let field = |name: &str| {
                 head.lines()
                     .find_map(|l| l.strip_prefix(name))
                     .map(|v| v.trim().to_owned())
             };
-            let length: usize = field("content-length:").map_or(0, |v| v.parse().unwrap());
-            while buf.len() < head_len + length {
-                let n = conn.read(&mut chunk).await.unwrap_or(0);
-                if n == 0 {
-                    break;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
             let attempt = field("idempotency-attempt:").unwrap_or_default();
             let first = {
                 let mut seen = seen.lock().unwrap();
@@ -341,28 +322,9 @@ async fn slow_and_idle_clients_are_disconnected_after_the_client_timeout() {
         busy.write_all(b"GET /v1/charges HTTP/1.1\r\nhost: x\r\n\r\n")
             .await
             .unwrap();
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            let mut byte = [0u8; 1];
-            let n = busy.read(&mut byte).await.unwrap();
-            assert_eq!(
-                n,
-                1,
-                "closed while in use: {}",
-                String::from_utf8_lossy(&head)
-            );
-            head.push(byte[0]);
-        }
-        let head = String::from_utf8(head).unwrap();
+        let (head, body) = read_message(&mut busy).await.expect("closed while in use");
         assert!(head.starts_with("HTTP/1.1 201"), "{head}");
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length: "))
-            .unwrap()
-            .parse()
-            .unwrap();
-        let mut body = vec![0u8; length];
-        busy.read_exact(&mut body).await.unwrap();
+        assert!(!body.is_empty(), "the whole answer, as announced: {head}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
