@@ -430,7 +430,6 @@ async fn capture_order(State(h): State<Arc<Handlers>>, Path(id): Path<u64>) -> R
     axum::Json(json!({ "captured": id, "capture": n })).into_response()
 }
 
-/// Answers with the status (and disposition) the JSON body asks for.
 /// Answers the status the JSON body asks for, with the disposition it asks for, and
 /// says in `x-context-releases` whether the request's context expects that status to
 /// release the key.
