@@ -2,7 +2,7 @@
 //! alone.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
@@ -30,14 +30,7 @@ impl Tenant {
     /// Only `sha256:` plus the hex SHA-256 digest is kept: the raw credential is never
     /// stored or logged.
     pub fn from_credential(credential: &[u8]) -> Tenant {
-        const PREFIX: &str = "sha256:";
-        let digest = Sha256::digest(credential);
-        let mut hex = [0u8; 64];
-        hex::encode_to_slice(digest, &mut hex).expect("64 hex digits for 32 bytes");
-        let mut name = String::with_capacity(PREFIX.len() + hex.len());
-        name.push_str(PREFIX);
-        name.push_str(std::str::from_utf8(&hex).expect("hex digits are ASCII"));
-        Tenant(name)
+        Tenant(hex_digest("sha256:", &Sha256::digest(credential)))
     }
 
     /// The tenant of requests without a credential.
@@ -122,6 +115,37 @@ struct ScopeParts {
     tenant: Tenant,
     endpoint: Option<Endpoint>,
     key: Key,
+    digest: CachedDigest,
+}
+
+/// A scope's [`Scope::digest`], computed on first use and shared by every clone: the
+/// Redis store names the record by it at the reservation and again at the completion.
+/// It follows from the other parts, so it never takes part in comparing or hashing.
+#[derive(Default)]
+struct CachedDigest(OnceLock<String>);
+
+impl PartialEq for CachedDigest {
+    fn eq(&self, _: &CachedDigest) -> bool {
+        true
+    }
+}
+
+impl Eq for CachedDigest {}
+
+impl PartialOrd for CachedDigest {
+    fn partial_cmp(&self, other: &CachedDigest) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for CachedDigest {
+    fn cmp(&self, _: &CachedDigest) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+
+impl std::hash::Hash for CachedDigest {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
 }
 
 impl fmt::Debug for Scope {
@@ -151,6 +175,7 @@ impl Scope {
                 tenant,
                 endpoint,
                 key,
+                digest: CachedDigest::default(),
             }),
         }
     }
@@ -177,19 +202,34 @@ impl Scope {
 
     /// A fixed-length, collision-resistant name for the scope: the hex SHA-256 of its
     /// length-prefixed parts. Stores that need one string per record (Redis) use it; it
-    /// reveals neither the tenant nor the key.
-    pub fn digest(&self) -> String {
-        let mut h = Sha256::new();
-        for part in [
-            self.tenant().as_str(),
-            self.endpoint_str(),
-            self.key().as_str(),
-        ] {
-            h.update((part.len() as u64).to_be_bytes());
-            h.update(part.as_bytes());
-        }
-        hex::encode(h.finalize())
+    /// reveals neither the tenant nor the key. Computed once per scope and shared by
+    /// its clones.
+    pub fn digest(&self) -> &str {
+        self.parts.digest.0.get_or_init(|| {
+            let mut h = Sha256::new();
+            for part in [
+                self.tenant().as_str(),
+                self.endpoint_str(),
+                self.key().as_str(),
+            ] {
+                h.update((part.len() as u64).to_be_bytes());
+                h.update(part.as_bytes());
+            }
+            hex_digest("", &h.finalize())
+        })
     }
+}
+
+/// `prefix` followed by the lowercase hex digits of a SHA-256 `digest`, in one
+/// allocation (`hex::encode` pushes its digits one `char` at a time, which cost more
+/// than the hashing on the Redis store's path).
+fn hex_digest(prefix: &str, digest: &[u8]) -> String {
+    let mut hex = [0u8; 64];
+    hex::encode_to_slice(digest, &mut hex).expect("64 hex digits for 32 bytes");
+    let mut out = String::with_capacity(prefix.len() + hex.len());
+    out.push_str(prefix);
+    out.push_str(std::str::from_utf8(&hex).expect("hex digits are ASCII"));
+    out
 }
 
 #[cfg(test)]
@@ -235,6 +275,52 @@ mod tests {
         );
         assert_ne!(c, d);
         assert_ne!(c.digest(), d.digest());
+    }
+
+    /// Redis keeps each record under its scope's digest, and a tenant named by a
+    /// credential is stored by its hash: a release that spelled either differently would
+    /// lose every stored record. The expected values were computed apart from this
+    /// code, from the layout the docs give (each part's length as a big-endian `u64`,
+    /// then its bytes; lowercase hex).
+    #[test]
+    fn digests_are_stable_across_releases() {
+        let tenant = Tenant::from_credential(b"Bearer sk_live_secret");
+        assert_eq!(
+            tenant.as_str(),
+            "sha256:491a75c1d51006417c20cc1082ede18985505a92f9b42ec1a53ce63dc20b1779"
+        );
+        let scope = Scope::from_parts(
+            Tenant::new("acct_1"),
+            Some(Endpoint::new("post", "/v1/charges")),
+            Key::new("k-1").unwrap(),
+        );
+        assert_eq!(
+            scope.digest(),
+            "b97ebaf440b5ad6cb1df23f158985d72b6227e041fe4fc8af96092eb4c47fc8f"
+        );
+        let anonymous = Scope::from_parts(Tenant::anonymous(), None, Key::new("k").unwrap());
+        assert_eq!(
+            anonymous.digest(),
+            "195bd0c3161baf3dabc8d1e54a6e1c4aa703710b7327c5517fa5d2eece47b318"
+        );
+    }
+
+    #[test]
+    fn a_computed_digest_changes_neither_equality_nor_order_nor_hash() {
+        use std::collections::HashSet;
+        let parts = || (Tenant::new("t"), None, Key::new("k").unwrap());
+        let (t, e, k) = parts();
+        let computed = Scope::from_parts(t, e, k);
+        let clone = computed.clone();
+        let digest = computed.digest().to_owned();
+        // Shared by clones: the clone answers from the same cache.
+        assert!(std::ptr::eq(computed.digest(), clone.digest()));
+        let (t, e, k) = parts();
+        let fresh = Scope::from_parts(t, e, k);
+        assert_eq!(computed, fresh);
+        assert_eq!(computed.cmp(&fresh), std::cmp::Ordering::Equal);
+        assert!(HashSet::from([computed]).contains(&fresh));
+        assert_eq!(fresh.digest(), digest);
     }
 
     #[test]

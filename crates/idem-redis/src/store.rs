@@ -193,7 +193,13 @@ impl RedisStore {
     /// its native TTL, `GET` (or `GETRANGE key 0 82` for the head) its value in the
     /// binary layout the crate docs describe; [`Store::get`] decodes it.
     pub fn record_key(&self, scope: &Scope) -> String {
-        format!("{}{{{}}}", self.prefix, scope.digest())
+        let digest = scope.digest();
+        let mut key = String::with_capacity(self.prefix.len() + digest.len() + 2);
+        key.push_str(&self.prefix);
+        key.push('{');
+        key.push_str(digest);
+        key.push('}');
+        key
     }
 
     /// Runs `cmd`, an `EVALSHA` of `script` built by [`evalsha`]; when the server does
