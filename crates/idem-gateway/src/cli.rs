@@ -92,6 +92,12 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_STORE_POOL", value_name = "N")]
     pub store_pool: Option<u32>,
 
+    /// Where this gateway's records live in a shared store: the SQL table NAME_records,
+    /// Redis keys under NAME: [default: idem]. Gateways in front of different APIs on one
+    /// store need different names; gateways in front of the same API, the same one.
+    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
+    pub store_namespace: Option<String>,
+
     /// Admin listener address (health, readiness, metrics, keys); off unless given. A bare
     /// port binds to 127.0.0.1.
     #[arg(long, env = "IDEM_ADMIN", value_name = "ADDR")]
@@ -215,6 +221,10 @@ pub struct KeyTarget {
     /// Record store URL [default: sqlite://idem.db].
     #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
     pub store: Option<String>,
+
+    /// The gateway's --store-namespace [default: idem].
+    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
+    pub store_namespace: Option<String>,
 }
 
 /// `idem keys purge`.
@@ -243,6 +253,10 @@ pub struct PurgeArgs {
     /// Record store URL [default: sqlite://idem.db].
     #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
     pub store: Option<String>,
+
+    /// The gateway's --store-namespace [default: idem].
+    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
+    pub store_namespace: Option<String>,
 }
 
 /// Parses a humantime duration (`500ms`, `2s`, `24h`, `1h 30m`).

@@ -112,6 +112,8 @@ pub struct FileConfig {
     pub store: Option<String>,
     /// `--store-pool`.
     pub store_pool: Option<u32>,
+    /// `--store-namespace`.
+    pub store_namespace: Option<String>,
     /// `--admin`.
     pub admin: Option<String>,
     /// `--admin-token`.
@@ -250,7 +252,7 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// The store URL.
     pub store: String,
-    /// Store settings (pool size).
+    /// Store settings (pool size, namespace).
     pub store_options: crate::store::StoreOptions,
     /// The admin listener, if any.
     pub admin: Option<SocketAddr>,
@@ -386,6 +388,15 @@ impl GatewayConfig {
                 .unwrap_or_else(|| DEFAULT_STORE.to_owned()),
             store_options: crate::store::StoreOptions {
                 pool: args.store_pool.or(file.store_pool),
+                namespace: args
+                    .store_namespace
+                    .as_deref()
+                    .or(file.store_namespace.as_deref())
+                    .map(|name| {
+                        crate::store::Namespace::new(name)
+                            .map_err(|e| invalid("store_namespace", e))
+                    })
+                    .transpose()?,
             },
             admin,
             admin_token: args.admin_token.clone().or(file.admin_token),
@@ -604,6 +615,35 @@ mod tests {
         assert_eq!(c.scope, ScopeMode::Public);
         assert_eq!(c.keyed_methods, vec![Method::POST, Method::PATCH]);
         assert_eq!(c.client_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(c.store_options.namespace, None, "the stores' own: idem");
+    }
+
+    #[test]
+    fn store_namespace_from_the_command_line_or_the_file_and_checked() {
+        let file = |ns: &str| -> FileConfig {
+            toml::from_str(&format!(
+                "upstream = \"http://127.0.0.1:1\"\nstore_namespace = \"{ns}\""
+            ))
+            .unwrap()
+        };
+        let c = GatewayConfig::merge(&ServeArgs::default(), file("payments")).unwrap();
+        let ns = c.store_options.namespace.unwrap();
+        assert_eq!(
+            (ns.table(), ns.key_prefix()),
+            ("payments_records".into(), "payments:".into())
+        );
+        let a = ServeArgs {
+            store_namespace: Some("orders".into()),
+            ..ServeArgs::default()
+        };
+        let c = GatewayConfig::merge(&a, file("payments")).unwrap();
+        assert_eq!(c.store_options.namespace.unwrap().as_str(), "orders");
+        let e = GatewayConfig::merge(&ServeArgs::default(), file("pay-ments")).unwrap_err();
+        let shown = e.to_string();
+        assert!(
+            shown.contains("store_namespace") && shown.contains("\"pay-ments\" is not a namespace"),
+            "{shown}"
+        );
     }
 
     #[test]

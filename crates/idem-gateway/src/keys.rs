@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use crate::cli::{KeyTarget, KeysCommand, PurgeArgs};
 use crate::config::DEFAULT_STORE;
+use crate::store::Namespace;
 
 /// Builds a record's scope from what an operator types.
 ///
@@ -139,10 +140,11 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
             tenant_credential_env,
             endpoint,
             store,
+            store_namespace,
         }) => {
             let tenant = tenant_of(&tenant, &tenant_credential_env)?;
             let scope = scope_for(&key, tenant.as_deref(), endpoint.as_deref())?;
-            let store = open(store).await?;
+            let store = open(store, store_namespace).await?;
             let result = show(&*store, &scope).await;
             store.close().await;
             result
@@ -154,6 +156,7 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
             tenant_credential_env,
             endpoint,
             store,
+            store_namespace,
         }) => {
             let scope = if expired {
                 None
@@ -162,7 +165,7 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
                 let tenant = tenant_of(&tenant, &tenant_credential_env)?;
                 Some(scope_for(&key, tenant.as_deref(), endpoint.as_deref())?)
             };
-            let store = open(store).await?;
+            let store = open(store, store_namespace).await?;
             let result = purge(&*store, scope.as_ref()).await;
             store.close().await;
             result
@@ -201,9 +204,18 @@ async fn purge(store: &dyn Store, scope: Option<&Scope>) -> Result<ExitCode, Str
     }
 }
 
-async fn open(url: Option<String>) -> Result<std::sync::Arc<dyn Store>, String> {
+async fn open(
+    url: Option<String>,
+    namespace: Option<String>,
+) -> Result<std::sync::Arc<dyn Store>, String> {
     let url = url.unwrap_or_else(|| DEFAULT_STORE.to_owned());
-    crate::store::open(&url).await.map_err(|e| e.to_string())
+    let options = crate::store::StoreOptions {
+        namespace: namespace.as_deref().map(Namespace::new).transpose()?,
+        ..Default::default()
+    };
+    crate::store::open_with(&url, options)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

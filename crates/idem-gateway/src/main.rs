@@ -68,7 +68,7 @@ async fn check(args: &ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let store = match store::open_with(&config.store, config.store_options).await {
+    let store = match store::open_with(&config.store, config.store_options.clone()).await {
         Ok(s) => s,
         Err(e) => {
             eprintln!("idem: {e}");
@@ -89,7 +89,11 @@ async fn check(args: &ServeArgs) -> ExitCode {
         ),
         None => println!("listen    {} (no client timeout)", config.listen),
     }
-    println!("store     {} (reachable)", store::redact(&config.store));
+    let namespace = config.store_options.namespace.clone().unwrap_or_default();
+    println!(
+        "store     {} (reachable), namespace {namespace}",
+        store::redact(&config.store)
+    );
     match config.admin {
         Some(a) => println!(
             "admin     {a}{}",

@@ -150,7 +150,7 @@ impl Gateway {
     /// Opens the store and binds the listeners. A PostgreSQL or Redis store that cannot
     /// be reached yet does not fail the start: see [`store::open_or_defer`].
     pub async fn bind(config: &GatewayConfig, mode: Mode) -> Result<Gateway, ServeError> {
-        let store = store::open_or_defer(&config.store, config.store_options).await?;
+        let store = store::open_or_defer(&config.store, config.store_options.clone()).await?;
         Gateway::bind_with_store(config, mode, store).await
     }
 

@@ -7,6 +7,9 @@
 //! | `postgres://…`, `postgresql://…` | `idem_postgres::PgStore` (shared by several gateways) |
 //! | `redis://…` | `idem_redis::RedisStore` (shared by several gateways) |
 //!
+//! A [`Namespace`] (`--store-namespace`) picks the table or key prefix within the store,
+//! so that gateways in front of different APIs can share one.
+//!
 //! [`open_or_defer`] is how `idem serve` opens its store: a PostgreSQL or Redis server
 //! that cannot be reached at start does not stop the gateway, which serves unkeyed
 //! traffic and answers keyed requests 503 until a background task reaches the store.
@@ -139,11 +142,85 @@ pub fn redact(url: &str) -> String {
 }
 
 /// Settings that apply to some stores only.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreOptions {
     /// Connections in the pool of the SQL stores; `None` keeps the store's default.
     /// Redis multiplexes one connection and ignores it.
     pub pool: Option<u32>,
+    /// Where in a shared store this gateway's records live; `None` is
+    /// [`DEFAULT_NAMESPACE`]. The memory store ignores it.
+    pub namespace: Option<Namespace>,
+}
+
+/// The namespace of a gateway that is given none: its records are in the table
+/// `idem_records` (SQLite, PostgreSQL) or under Redis keys that start `idem:`, the
+/// stores' own defaults.
+pub const DEFAULT_NAMESPACE: &str = "idem";
+
+/// The longest namespace: with `_records` after it, a table name stays within
+/// PostgreSQL's 63 bytes.
+const NAMESPACE_MAX: usize = 55;
+
+/// Names a gateway's records within a store that several gateways share: the SQL
+/// stores keep them in the table `NAME_records`, Redis under keys that start `NAME:`.
+///
+/// Gateways in front of different APIs need different namespaces on one store: a scope
+/// is tenant, endpoint and key, and two APIs may well both serve `POST /v1/orders` to the
+/// same tenant. Gateways in front of the same API must share one, or a retry that
+/// reaches the other gateway would execute again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace(String);
+
+impl Namespace {
+    /// A namespace of ASCII letters, digits and underscores, starting with a letter or
+    /// an underscore, at most 55 characters: it becomes part of a SQL table name as
+    /// it is, unquoted.
+    pub fn new(name: &str) -> Result<Namespace, String> {
+        let mut chars = name.chars();
+        let starts_well = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+        if !starts_well || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!(
+                "{name:?} is not a namespace: use ASCII letters, digits and underscores, \
+                 starting with a letter or an underscore"
+            ));
+        }
+        if name.len() > NAMESPACE_MAX {
+            return Err(format!(
+                "a namespace has at most {NAMESPACE_MAX} characters; {name:?} has {}",
+                name.len()
+            ));
+        }
+        Ok(Namespace(name.to_owned()))
+    }
+
+    /// The name as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The SQL stores' table: `NAME_records`.
+    pub fn table(&self) -> String {
+        format!("{}_records", self.0)
+    }
+
+    /// The Redis key prefix: `NAME:`.
+    pub fn key_prefix(&self) -> String {
+        format!("{}:", self.0)
+    }
+}
+
+impl Default for Namespace {
+    fn default() -> Namespace {
+        Namespace(DEFAULT_NAMESPACE.to_owned())
+    }
+}
+
+impl fmt::Display for Namespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// Opens (and for SQL stores migrates) the store a URL names, with default options.
@@ -167,6 +244,9 @@ pub async fn open_with(url: &str, options: StoreOptions) -> Result<Arc<dyn Store
             if let Some(n) = options.pool {
                 builder = builder.max_connections(n);
             }
+            if let Some(ns) = &options.namespace {
+                builder = builder.table(ns.table());
+            }
             Arc::new(builder.connect(&url).await.map_err(|e| wrap(e.into()))?)
         }
         StoreUrl::Postgres(url) => {
@@ -174,14 +254,18 @@ pub async fn open_with(url: &str, options: StoreOptions) -> Result<Arc<dyn Store
             if let Some(n) = options.pool {
                 builder = builder.max_connections(n);
             }
+            if let Some(ns) = &options.namespace {
+                builder = builder.table(ns.table());
+            }
             Arc::new(builder.connect(&url).await.map_err(|e| wrap(e.into()))?)
         }
-        StoreUrl::Redis(url) => Arc::new(
-            idem_redis::RedisStore::builder(&url)
-                .connect()
-                .await
-                .map_err(|e| wrap(e.into()))?,
-        ),
+        StoreUrl::Redis(url) => {
+            let mut builder = idem_redis::RedisStore::builder(&url);
+            if let Some(ns) = &options.namespace {
+                builder = builder.key_prefix(ns.key_prefix());
+            }
+            Arc::new(builder.connect().await.map_err(|e| wrap(e.into()))?)
+        }
     };
     Ok(store)
 }
@@ -199,7 +283,7 @@ const REOPEN_PAUSE_MAX: Duration = Duration::from_secs(5);
 /// SQLite file that cannot be opened, an invalid table name) is returned, since trying
 /// again would not change it.
 pub async fn open_or_defer(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>, OpenError> {
-    match open_with(url, options).await {
+    match open_with(url, options.clone()).await {
         Ok(store) => Ok(store),
         Err(e) if unreachable(&e) => {
             tracing::error!(
@@ -259,7 +343,7 @@ impl Deferred {
             let mut pause = REOPEN_PAUSE_MIN;
             loop {
                 tokio::time::sleep(pause).await;
-                match open_with(&url, options).await {
+                match open_with(&url, options.clone()).await {
                     Ok(store) => {
                         tracing::info!(store = %shown, "the store is reachable; serving keyed requests");
                         let _ = slot.set(store);
@@ -441,6 +525,76 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    #[test]
+    fn namespaces_are_plain_identifiers_that_fit_a_table_name() {
+        for ok in ["idem", "payments_v2", "_staging", "A", &"n".repeat(55)] {
+            let ns = Namespace::new(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+            assert_eq!(ns.table(), format!("{ok}_records"));
+            assert_eq!(ns.key_prefix(), format!("{ok}:"));
+        }
+        for bad in [
+            "",
+            "9lives",
+            "pay-ments",
+            "a b",
+            "a:b",
+            "idem;drop",
+            "tablé",
+        ] {
+            let e = Namespace::new(bad).unwrap_err();
+            assert!(e.contains("is not a namespace"), "{bad:?}: {e}");
+        }
+        let e = Namespace::new(&"n".repeat(56)).unwrap_err();
+        assert!(e.contains("at most 55 characters"), "{e}");
+        let default = Namespace::default();
+        assert_eq!(default.table(), idem_sqlite::DEFAULT_TABLE);
+        assert_eq!(default.table(), idem_postgres::DEFAULT_TABLE);
+        assert_eq!(default.key_prefix(), idem_redis::DEFAULT_KEY_PREFIX);
+    }
+
+    /// Two namespaces in one SQLite file are two tables: a key recorded in one is
+    /// free in the other, and the default namespace is the store's default table.
+    #[tokio::test]
+    async fn a_namespace_is_a_table_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/idem.db", dir.path().display());
+        let with = |name: &str| StoreOptions {
+            namespace: Some(Namespace::new(name).unwrap()),
+            ..StoreOptions::default()
+        };
+        let a = open_with(&url, with("payments")).await.unwrap();
+        let b = open_with(&url, with("orders")).await.unwrap();
+        let default = open_with(&url, StoreOptions::default()).await.unwrap();
+        let scope = Scope::from_parts(
+            idem_core::Tenant::anonymous(),
+            None,
+            idem_core::Key::new("k").unwrap(),
+        );
+        let request =
+            || ReserveRequest::new(scope.clone(), idem_core::Fingerprint::from_bytes([7; 32]));
+        for store in [&a, &b, &default] {
+            let reserved = store.reserve(&request()).await.unwrap();
+            assert!(matches!(reserved, Reservation::Acquired(_)), "{reserved:?}");
+        }
+        assert!(matches!(
+            a.reserve(&request()).await.unwrap(),
+            Reservation::InProgress { .. }
+        ));
+        for store in [a, b, default] {
+            store.close().await;
+        }
+        // Each namespace's table, opened by name, holds the record.
+        for table in ["payments_records", "orders_records", "idem_records"] {
+            let store = idem_sqlite::SqliteStore::builder()
+                .table(table)
+                .connect(&url)
+                .await
+                .unwrap();
+            assert!(store.get(&scope).await.unwrap().is_some(), "{table}");
+            store.close().await;
+        }
     }
 
     #[tokio::test]

@@ -555,6 +555,54 @@ async fn keys_command_shows_and_purges_sqlite_records() {
     assert!(String::from_utf8_lossy(&expired.stdout).contains("purged 0 expired records"));
 }
 
+/// Gateways in front of two APIs share one SQLite file in two namespaces: the same key
+/// and body at the same path execute once at each API, and each API's retry replays its
+/// own answer, through either of the gateways that share its namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_keep_apart_the_keys_of_apis_that_share_a_store() {
+    let (payments, orders) = (Upstream::start().await, Upstream::start().await);
+    let dir = tempfile::tempdir().unwrap();
+    let args = |namespace| {
+        [
+            "--store",
+            "sqlite://shared.db",
+            "--store-namespace",
+            namespace,
+        ]
+    };
+    let pay = Gateway::start(&payments.url(), dir.path(), &args("payments")).await;
+    let pay_too = Gateway::start(&payments.url(), dir.path(), &args("payments")).await;
+    let ord = Gateway::start(&orders.url(), dir.path(), &args("orders")).await;
+    let http = Http::new();
+    let key = new_key();
+    let body = r#"{"amount":5}"#;
+
+    let at_payments = http.post(&pay.url("/v1/things"), &key, body, &[]).await;
+    let at_orders = http.post(&ord.url("/v1/things"), &key, body, &[]).await;
+    assert_eq!((at_payments.status, at_payments.replayed()), (201, false));
+    assert_eq!((at_orders.status, at_orders.replayed()), (201, false));
+    let retry = http.post(&pay_too.url("/v1/things"), &key, body, &[]).await;
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(retry.body, at_payments.body);
+    let retry = http.post(&ord.url("/v1/things"), &key, body, &[]).await;
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(retry.body, at_orders.body);
+    assert_eq!((payments.started(&key), orders.started(&key)), (1, 1));
+
+    // A name that cannot be a table name is refused before anything starts.
+    let refused = std::process::Command::new(binary())
+        .args(["serve", "--upstream", "http://127.0.0.1:1"])
+        .args(["--store", "memory://", "--store-namespace", "pay-ments"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("\"pay-ments\" is not a namespace"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_requests_finish_and_record() {
     let up = Upstream::start().await;
