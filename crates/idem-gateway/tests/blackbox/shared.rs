@@ -7,9 +7,29 @@ use std::time::Duration;
 
 use idem_core::testing::{Relay, service_addr, service_unavailable, service_url, url_via};
 
-use crate::common::{Gateway, Http, Upstream, new_key};
+use crate::common::{Gateway, Http, Upstream, binary, new_key};
 
 const KEYS: usize = 500;
+
+/// The namespace these tests keep their records in, apart from any gateway a developer
+/// runs on the same server.
+const NAMESPACE: &str = "idem_blackbox";
+
+/// A gateway's arguments for the shared store `url`: this file's namespace, and a short
+/// TTL, so that what a run leaves behind goes (Redis deletes it by itself, a later
+/// run's sweeper purges the PostgreSQL rows) instead of piling up run after run.
+fn on_shared<'a>(url: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--store",
+        url,
+        "--store-namespace",
+        NAMESPACE,
+        "--ttl",
+        "2m",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
 
 async fn reachable(kind: &str, url: &str) -> bool {
     let opened =
@@ -28,8 +48,8 @@ async fn duplicates_split_between_two_gateways_execute_once(store_url: &str) {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     // Started one after the other: each migrates the schema on start.
-    let a = Gateway::start(&up.url(), dir.path(), &["--store", store_url]).await;
-    let b = Gateway::start(&up.url(), dir.path(), &["--store", store_url]).await;
+    let a = Gateway::start(&up.url(), dir.path(), &on_shared(store_url, &[])).await;
+    let b = Gateway::start(&up.url(), dir.path(), &on_shared(store_url, &[])).await;
     let urls = Arc::new([a.url("/v1/charges"), b.url("/v1/charges")]);
     let keys: Arc<Vec<String>> = Arc::new((0..KEYS).map(|_| new_key()).collect());
     let http = Http::new();
@@ -111,15 +131,34 @@ async fn records_survive_kill_9(store_url: &str) {
     let dir = tempfile::tempdir().unwrap();
     let http = Http::new();
     let key = new_key();
-    let gw = Gateway::start(&up.url(), dir.path(), &["--store", store_url]).await;
+    let gw = Gateway::start(&up.url(), dir.path(), &on_shared(store_url, &[])).await;
     let first = http.post(&gw.url("/v1/charges"), &key, "{}", &[]).await;
     assert_eq!(first.status, 201);
     gw.kill9().await;
-    let gw = Gateway::start(&up.url(), dir.path(), &["--store", store_url]).await;
+    let gw = Gateway::start(&up.url(), dir.path(), &on_shared(store_url, &[])).await;
     let retry = http.post(&gw.url("/v1/charges"), &key, "{}", &[]).await;
     assert!(retry.replayed(), "{retry:?}");
     assert_eq!(retry.body, first.body);
     assert_eq!(up.started(&key), 1);
+    gw.terminate().await;
+
+    // The record is in the gateway's namespace, and only there.
+    let show = |namespace: &str| {
+        std::process::Command::new(binary())
+            .args(["keys", "show", &key, "--endpoint", "POST /v1/charges"])
+            .args(["--store", store_url, "--store-namespace", namespace])
+            .output()
+            .unwrap()
+    };
+    let found = show(NAMESPACE);
+    assert!(found.status.success(), "{found:?}");
+    let v: serde_json::Value = serde_json::from_slice(&found.stdout).unwrap();
+    assert_eq!(v["record"]["state"], "completed");
+    assert_eq!(
+        show("idem").status.code(),
+        Some(1),
+        "not in the default namespace"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,7 +190,7 @@ async fn unreachable_store_fails_closed_with_503_and_unkeyed_traffic_flows() {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let store = url_via(&url, relay.addr());
-    let gw = Gateway::start(&up.url(), dir.path(), &["--store", &store, "--admin", "0"]).await;
+    let gw = Gateway::start(&up.url(), dir.path(), &on_shared(&store, &["--admin", "0"])).await;
     let http = Http::new();
     let url = gw.url("/v1/charges");
     assert_eq!(http.post(&url, &new_key(), "{}", &[]).await.status, 201);
@@ -206,7 +245,7 @@ async fn store_unreachable_at_start_is_reached_later(url: &str, default_port: u1
     let store = url_via(url, ([127, 0, 0, 1], port).into());
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let gw = Gateway::start(&up.url(), dir.path(), &["--store", &store, "--admin", "0"]).await;
+    let gw = Gateway::start(&up.url(), dir.path(), &on_shared(&store, &["--admin", "0"])).await;
     let http = Http::new();
     let url = gw.url("/v1/charges");
     let ready = gw.admin_url("/readyz");
