@@ -2,7 +2,7 @@
 //! alone.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -115,37 +115,6 @@ struct ScopeParts {
     tenant: Tenant,
     endpoint: Option<Endpoint>,
     key: Key,
-    digest: CachedDigest,
-}
-
-/// A scope's [`Scope::digest`], computed on first use and shared by every clone: the
-/// Redis store names the record by it at the reservation and again at the completion.
-/// It follows from the other parts, so it never takes part in comparing or hashing.
-#[derive(Default)]
-struct CachedDigest(OnceLock<String>);
-
-impl PartialEq for CachedDigest {
-    fn eq(&self, _: &CachedDigest) -> bool {
-        true
-    }
-}
-
-impl Eq for CachedDigest {}
-
-impl PartialOrd for CachedDigest {
-    fn partial_cmp(&self, other: &CachedDigest) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for CachedDigest {
-    fn cmp(&self, _: &CachedDigest) -> std::cmp::Ordering {
-        std::cmp::Ordering::Equal
-    }
-}
-
-impl std::hash::Hash for CachedDigest {
-    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
 }
 
 impl fmt::Debug for Scope {
@@ -175,7 +144,6 @@ impl Scope {
                 tenant,
                 endpoint,
                 key,
-                digest: CachedDigest::default(),
             }),
         }
     }
@@ -202,21 +170,18 @@ impl Scope {
 
     /// A fixed-length, collision-resistant name for the scope: the hex SHA-256 of its
     /// length-prefixed parts. Stores that need one string per record (Redis) use it; it
-    /// reveals neither the tenant nor the key. Computed once per scope and shared by
-    /// its clones.
-    pub fn digest(&self) -> &str {
-        self.parts.digest.0.get_or_init(|| {
-            let mut h = Sha256::new();
-            for part in [
-                self.tenant().as_str(),
-                self.endpoint_str(),
-                self.key().as_str(),
-            ] {
-                h.update((part.len() as u64).to_be_bytes());
-                h.update(part.as_bytes());
-            }
-            hex_digest("", &h.finalize())
-        })
+    /// reveals neither the tenant nor the key.
+    pub fn digest(&self) -> String {
+        let mut h = Sha256::new();
+        for part in [
+            self.tenant().as_str(),
+            self.endpoint_str(),
+            self.key().as_str(),
+        ] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part.as_bytes());
+        }
+        hex_digest("", &h.finalize())
     }
 }
 
@@ -303,24 +268,6 @@ mod tests {
             anonymous.digest(),
             "195bd0c3161baf3dabc8d1e54a6e1c4aa703710b7327c5517fa5d2eece47b318"
         );
-    }
-
-    #[test]
-    fn a_computed_digest_changes_neither_equality_nor_order_nor_hash() {
-        use std::collections::HashSet;
-        let parts = || (Tenant::new("t"), None, Key::new("k").unwrap());
-        let (t, e, k) = parts();
-        let computed = Scope::from_parts(t, e, k);
-        let clone = computed.clone();
-        let digest = computed.digest().to_owned();
-        // Shared by clones: the clone answers from the same cache.
-        assert!(std::ptr::eq(computed.digest(), clone.digest()));
-        let (t, e, k) = parts();
-        let fresh = Scope::from_parts(t, e, k);
-        assert_eq!(computed, fresh);
-        assert_eq!(computed.cmp(&fresh), std::cmp::Ordering::Equal);
-        assert!(HashSet::from([computed]).contains(&fresh));
-        assert_eq!(fresh.digest(), digest);
     }
 
     #[test]

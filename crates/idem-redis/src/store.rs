@@ -197,7 +197,7 @@ impl RedisStore {
         let mut key = String::with_capacity(self.prefix.len() + digest.len() + 2);
         key.push_str(&self.prefix);
         key.push('{');
-        key.push_str(digest);
+        key.push_str(&digest);
         key.push('}');
         key
     }
