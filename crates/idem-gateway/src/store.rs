@@ -172,18 +172,19 @@ const NAMESPACE_MAX: usize = 55;
 pub struct Namespace(String);
 
 impl Namespace {
-    /// A namespace of ASCII letters, digits and underscores, starting with a letter or
-    /// an underscore, at most 55 characters: it becomes part of a SQL table name as
-    /// it is, unquoted.
+    /// A namespace of lower-case ASCII letters, digits and underscores, starting with a
+    /// letter or an underscore, at most 55 characters: it becomes part of a SQL table
+    /// name as it is, unquoted, which PostgreSQL would fold to lower case.
     pub fn new(name: &str) -> Result<Namespace, String> {
         let mut chars = name.chars();
         let starts_well = chars
             .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-        if !starts_well || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+        let rest_well = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !starts_well || !rest_well {
             return Err(format!(
-                "{name:?} is not a namespace: use ASCII letters, digits and underscores, \
-                 starting with a letter or an underscore"
+                "{name:?} is not a namespace: use lower-case ASCII letters, digits and \
+                 underscores, starting with a letter or an underscore"
             ));
         }
         if name.len() > NAMESPACE_MAX {
@@ -529,7 +530,7 @@ mod tests {
 
     #[test]
     fn namespaces_are_plain_identifiers_that_fit_a_table_name() {
-        for ok in ["idem", "payments_v2", "_staging", "A", &"n".repeat(55)] {
+        for ok in ["idem", "payments_v2", "_staging", "a", &"n".repeat(55)] {
             let ns = Namespace::new(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
             assert_eq!(ns.table(), format!("{ok}_records"));
             assert_eq!(ns.key_prefix(), format!("{ok}:"));
@@ -542,6 +543,7 @@ mod tests {
             "a:b",
             "idem;drop",
             "tablé",
+            "Payments",
         ] {
             let e = Namespace::new(bad).unwrap_err();
             assert!(e.contains("is not a namespace"), "{bad:?}: {e}");
