@@ -2,6 +2,7 @@
 //! on that one key.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -9,8 +10,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{
     Decision, FencingToken, Lease, Record, Reservation, ReserveRequest, Result, Scope, SharedClock,
-    Store, StoreError, StoredResponse, SystemClock, Timestamp, decide, duration_millis,
-    release_unconfirmed,
+    Store, StoreError, StoreMetric, StoredResponse, SystemClock, Timestamp, decide,
+    duration_millis, release_unconfirmed,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Cmd, FromRedisValue, RedisError, RedisResult, Script};
@@ -91,6 +92,25 @@ pub struct RedisStore {
     ttl_grace_ms: i64,
     /// Where the next purge resumes its `SCAN`.
     purge_cursor: Arc<Mutex<u64>>,
+    /// What the store met, for [`Store::metrics`]; shared by clones.
+    counters: Arc<Counters>,
+}
+
+/// Counts of events an operator wants to see, all since the store was opened.
+#[derive(Debug, Default)]
+struct Counters {
+    /// Commands that got an error instead of an answer.
+    failed_commands: AtomicU64,
+    /// Scripts loaded again after the server answered `NOSCRIPT`.
+    script_loads: AtomicU64,
+    /// Fenced writes refused: another attempt held the record.
+    fenced_writes: AtomicU64,
+    /// First reservations whose reply never came, released in the background.
+    unconfirmed_reservations: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 impl fmt::Debug for RedisStore {
@@ -163,6 +183,7 @@ impl RedisStoreBuilder {
             prefix: self.prefix.into(),
             ttl_grace_ms: duration_millis(self.ttl_grace),
             purge_cursor: Arc::default(),
+            counters: Arc::default(),
         })
     }
 }
@@ -206,7 +227,13 @@ impl RedisStore {
     /// not know the script (it restarted, or its cache was flushed) loads it and runs
     /// `cmd` again.
     async fn eval<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> Result<T> {
-        self.eval_raw(script, cmd).await.map_err(from_redis)
+        self.eval_raw(script, cmd).await.map_err(|e| self.failed(e))
+    }
+
+    /// A command's error as the store's, counted.
+    fn failed(&self, e: RedisError) -> StoreError {
+        bump(&self.counters.failed_commands);
+        from_redis(e)
     }
 
     /// [`eval`](Self::eval) with Redis's own error, for callers that look at it.
@@ -214,6 +241,7 @@ impl RedisStore {
         let mut conn = self.conn.clone();
         match cmd.query_async(&mut conn).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
+                bump(&self.counters.script_loads);
                 script.load_async(&mut conn).await?;
                 cmd.query_async(&mut conn).await
             }
@@ -237,6 +265,7 @@ impl RedisStore {
     ) -> Result<T> {
         reply.map_err(|e| {
             if releases_after(&e, attempt) {
+                bump(&self.counters.unconfirmed_reservations);
                 let lease = Lease {
                     scope: req.scope.clone(),
                     token,
@@ -244,7 +273,7 @@ impl RedisStore {
                 };
                 release_unconfirmed(self, lease);
             }
-            from_redis(e)
+            self.failed(e)
         })
     }
 
@@ -254,7 +283,10 @@ impl RedisStore {
         match self.eval::<i64>(script, cmd).await? {
             1 => Ok(()),
             -1 => Err(not_a_record(key)),
-            _ => Err(StoreError::Fenced),
+            _ => {
+                bump(&self.counters.fenced_writes);
+                Err(StoreError::Fenced)
+            }
         }
     }
 
@@ -472,7 +504,7 @@ impl Store for RedisStore {
             .arg(&key)
             .query_async(&mut self.conn.clone())
             .await
-            .map_err(from_redis)?;
+            .map_err(|e| self.failed(e))?;
         value.map(|v| decode(&key, v.into())).transpose()
     }
 
@@ -481,7 +513,7 @@ impl Store for RedisStore {
             .arg(self.record_key(scope))
             .query_async(&mut self.conn.clone())
             .await
-            .map_err(from_redis)?;
+            .map_err(|e| self.failed(e))?;
         Ok(removed > 0)
     }
 
@@ -512,7 +544,7 @@ impl Store for RedisStore {
                 .arg(SCAN_COUNT)
                 .query_async(&mut conn)
                 .await
-                .map_err(from_redis)?;
+                .map_err(|e| self.failed(e))?;
             for key in keys {
                 if purged == limit {
                     // Resume at this page: its remaining keys are not yet examined.
@@ -536,8 +568,38 @@ impl Store for RedisStore {
         let _: String = redis::cmd("PING")
             .query_async(&mut self.conn.clone())
             .await
-            .map_err(from_redis)?;
+            .map_err(|e| self.failed(e))?;
         Ok(())
+    }
+
+    fn metrics(&self) -> Vec<StoreMetric> {
+        let c = &self.counters;
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        vec![
+            StoreMetric::counter(
+                "idem_redis_failed_commands_total",
+                "Commands to Redis that got an error instead of an answer (connection lost \
+                 or timed out, server error).",
+                read(&c.failed_commands),
+            ),
+            StoreMetric::counter(
+                "idem_redis_script_loads_total",
+                "Scripts loaded again because Redis did not know them (it restarted, or \
+                 its script cache was flushed).",
+                read(&c.script_loads),
+            ),
+            StoreMetric::counter(
+                "idem_redis_fenced_writes_total",
+                "Completions, renewals and releases refused because another attempt had \
+                 taken the record over.",
+                read(&c.fenced_writes),
+            ),
+            StoreMetric::counter(
+                "idem_redis_unconfirmed_reservations_total",
+                "First reservations whose reply never came, released in the background.",
+                read(&c.unconfirmed_reservations),
+            ),
+        ]
     }
 }
 

@@ -45,6 +45,16 @@ async fn setup(case: &str) -> Option<(Relay, RedisStore, RedisStore)> {
     Some((relay, proxied, direct))
 }
 
+/// The current value of one of the store's figures.
+fn figure(store: &RedisStore, name: &str) -> u64 {
+    store
+        .metrics()
+        .into_iter()
+        .find(|m| m.name == name)
+        .unwrap_or_else(|| panic!("the store reports no {name}"))
+        .value
+}
+
 fn request(key: &str) -> ReserveRequest {
     ReserveRequest::new(test_scope("/v1/charges", key), test_fingerprint("{}"))
 }
@@ -123,9 +133,18 @@ async fn fails_closed_then_recovers(mode: RelayMode, case: &str) {
     let running = acquire(&store, &running_req).await;
     let fresh = request("fresh-key");
 
+    let failed_before = figure(&store, "idem_redis_failed_commands_total");
     relay.set_mode(mode);
     let slowest = every_operation_fails(&store, &completed, &running, &fresh).await;
     eprintln!("{mode:?}: the slowest operation failed after {slowest:?}");
+    // Each of the nine operations failed at least once (the background release of a
+    // reservation whose reply was lost may fail too, and add to it).
+    let failed = figure(&store, "idem_redis_failed_commands_total") - failed_before;
+    assert!(failed >= 9, "{failed} failed commands counted");
+    if mode == RelayMode::Stall {
+        // The reserve of the fresh key was sent, and timed out: it may have run.
+        assert!(figure(&store, "idem_redis_unconfirmed_reservations_total") >= 1);
+    }
 
     // Nothing was written while the store could not answer.
     assert!(direct.get(&fresh.scope).await.expect("get").is_none());

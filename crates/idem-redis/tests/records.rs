@@ -1,7 +1,7 @@
 //! What `RedisStore` leaves in Redis: the key layout, the record's bytes, the native
 //! TTLs, what it makes of a key holding something else (a record of the older hash
 //! format among them), and that every script touches one key only (Redis Cluster
-//! safety).
+//! safety); and the figures it reports of what it met there.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -500,6 +500,64 @@ fn every_script_touches_only_its_one_declared_key() {
             }
         }
     }
+}
+
+/// The current value of one of the store's figures.
+fn figure(store: &RedisStore, name: &str) -> u64 {
+    store
+        .metrics()
+        .into_iter()
+        .find(|m| m.name == name)
+        .unwrap_or_else(|| panic!("the store reports no {name}"))
+        .value
+}
+
+/// A completion refused by the fence, and a script that Redis forgot (`SCRIPT FLUSH`)
+/// and the store loaded again, are each counted once; no command failed.
+#[tokio::test]
+async fn fenced_writes_and_script_reloads_are_counted() {
+    let Some(f) = fixture("metrics").await else {
+        return;
+    };
+    const FENCED: &str = "idem_redis_fenced_writes_total";
+    const LOADS: &str = "idem_redis_script_loads_total";
+    const FAILED: &str = "idem_redis_failed_commands_total";
+    let scope = test_scope("/v1/charges", "metrics-key");
+    let req =
+        ReserveRequest::new(scope.clone(), test_fingerprint("{}")).lease(Duration::from_secs(30));
+    let first = acquired(f.store.reserve(&req).await.expect("reserve"));
+    f.clock.advance(Duration::from_secs(31));
+    let second = acquired(f.store.reserve(&req).await.expect("take over"));
+    assert_eq!(second.attempt, 2);
+
+    // The first attempt's late answer is refused.
+    let fenced = figure(&f.store, FENCED);
+    let late = f
+        .store
+        .complete(&first, &StoredResponse::new(200, "late"))
+        .await;
+    assert!(matches!(late, Err(StoreError::Fenced)), "{late:?}");
+    assert_eq!(figure(&f.store, FENCED), fenced + 1);
+
+    // Redis forgets its scripts; the next completion loads its script once and works.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut f.raw.clone())
+        .await
+        .expect("SCRIPT FLUSH");
+    let loads = figure(&f.store, LOADS);
+    f.store
+        .complete(&second, &StoredResponse::new(201, "made"))
+        .await
+        .expect("complete after the flush");
+    assert_eq!(figure(&f.store, LOADS), loads + 1);
+    assert_eq!(figure(&f.store, FENCED), fenced + 1);
+    assert_eq!(figure(&f.store, FAILED), 0);
+    assert_eq!(
+        f.store.reserve(&req).await.expect("reserve"),
+        Reservation::Replay(StoredResponse::new(201, "made"))
+    );
+    f.store.remove(&scope).await.expect("clean up");
 }
 
 #[tokio::test]
