@@ -120,6 +120,19 @@ pub fn test_scope(endpoint: &str, key: &str) -> Scope {
     )
 }
 
+/// The value now of the figure `name` among `store`'s [`Store::metrics`]; panics,
+/// listing the names there are, when the store reports no such figure.
+pub fn figure(store: &dyn Store, name: &str) -> u64 {
+    let figures = store.metrics();
+    match figures.iter().find(|m| m.name == name) {
+        Some(m) => m.value,
+        None => {
+            let names: Vec<&str> = figures.iter().map(|m| m.name).collect();
+            panic!("the store reports no {name}; it reports {names:?}")
+        }
+    }
+}
+
 /// A fingerprint of `body` for tests.
 pub fn test_fingerprint(body: &str) -> Fingerprint {
     Fingerprint::compute(

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_core::testing::{
-    Relay, RelayMode, service_addr, service_unavailable, service_url, test_fingerprint, test_scope,
-    unique_namespace, url_via,
+    Relay, RelayMode, figure, service_addr, service_unavailable, service_url, test_fingerprint,
+    test_scope, unique_namespace, url_via,
 };
 use idem_core::{
     Lease, RecordState, Reservation, ReserveRequest, Store, StoreError, StoredResponse,
@@ -43,16 +43,6 @@ async fn setup(case: &str) -> Option<(Relay, RedisStore, RedisStore)> {
         .await
         .expect("connect through the relay");
     Some((relay, proxied, direct))
-}
-
-/// The current value of one of the store's figures.
-fn figure(store: &RedisStore, name: &str) -> u64 {
-    store
-        .metrics()
-        .into_iter()
-        .find(|m| m.name == name)
-        .unwrap_or_else(|| panic!("the store reports no {name}"))
-        .value
 }
 
 fn request(key: &str) -> ReserveRequest {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::testing::{
-    service_unavailable, service_url, test_fingerprint, test_scope, unique_namespace,
+    figure, service_unavailable, service_url, test_fingerprint, test_scope, unique_namespace,
 };
 use idem_core::{
     Clock, Endpoint, FencingToken, Key, Lease, ManualClock, RecordState, Reservation,
@@ -500,16 +500,6 @@ fn every_script_touches_only_its_one_declared_key() {
             }
         }
     }
-}
-
-/// The current value of one of the store's figures.
-fn figure(store: &RedisStore, name: &str) -> u64 {
-    store
-        .metrics()
-        .into_iter()
-        .find(|m| m.name == name)
-        .unwrap_or_else(|| panic!("the store reports no {name}"))
-        .value
 }
 
 /// A completion refused by the fence, and a script that Redis forgot (`SCRIPT FLUSH`)
