@@ -128,6 +128,9 @@ async fn gateway(upstream: SocketAddr, extra: &[&str], dir: &std::path::Path) ->
         .arg("serve")
         .args(["--upstream", &format!("http://{upstream}")])
         .args(["--listen", "127.0.0.1:0", "--ttl", "10m"])
+        // Apart from anything else on the same server; Redis deletes the records 10
+        // minutes on, and a later run's sweeper purges the PostgreSQL rows.
+        .args(["--store-namespace", "idem_load"])
         .args(extra)
         .env("IDEM_LOG", "warn")
         .current_dir(dir)
