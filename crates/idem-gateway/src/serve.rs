@@ -209,6 +209,7 @@ impl Gateway {
         };
         tracing::info!(
             store = %redact(&config.store),
+            namespace = %config.store_options.namespace.clone().unwrap_or_default(),
             upstream = %format!("{}://{}{}", config.upstream.scheme, config.upstream.authority, config.upstream.base_path),
             mode = ?mode,
             "gateway configured"
