@@ -33,6 +33,11 @@ use crate::proxy::{BoxError, ClientAddr, Proxy, ProxyBody};
 use crate::route::{self, Route};
 use crate::store::{self, OpenError, redact};
 
+/// The least time the store is given to close at shutdown, even when waiting for
+/// in-flight requests used up the shutdown timeout: enough for a SQLite store to write
+/// what is queued and fold its WAL into the file.
+const STORE_CLOSE_MIN: Duration = Duration::from_secs(1);
+
 /// The body of answers the gateway sends to clients.
 pub type ClientBody = UnsyncBoxBody<Bytes, BoxError>;
 
@@ -378,7 +383,18 @@ impl Gateway {
             sweeper.stop();
         }
         // Last: a SQLite store writes what is queued and folds its WAL into the file.
-        store.close().await;
+        // Bounded too, so that a store that cannot finish (a SQLite lock another process
+        // holds, a server that stopped answering) does not keep the process alive past
+        // its deadline. What it committed is safe; SQLite replays a WAL left behind.
+        let closing = deadline.max(Instant::now() + STORE_CLOSE_MIN);
+        if tokio::time::timeout_at(closing, store.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the store had not closed by the shutdown deadline; stopping without it"
+            );
+        }
         tracing::info!("stopped");
     }
 }
@@ -426,6 +442,86 @@ mod tests {
         )
         .await
         .expect("bind")
+    }
+
+    /// A memory store whose close never finishes.
+    struct NeverCloses {
+        inner: idem_core::MemoryStore,
+        close_started: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for NeverCloses {
+        async fn reserve(
+            &self,
+            req: &idem_core::ReserveRequest,
+        ) -> idem_core::Result<idem_core::Reservation> {
+            self.inner.reserve(req).await
+        }
+        async fn complete(
+            &self,
+            lease: &idem_core::Lease,
+            response: &idem_core::StoredResponse,
+        ) -> idem_core::Result<()> {
+            self.inner.complete(lease, response).await
+        }
+        async fn renew(
+            &self,
+            lease: &idem_core::Lease,
+            lease_for: Duration,
+        ) -> idem_core::Result<()> {
+            self.inner.renew(lease, lease_for).await
+        }
+        async fn release(&self, lease: &idem_core::Lease) -> idem_core::Result<()> {
+            self.inner.release(lease).await
+        }
+        async fn get(
+            &self,
+            scope: &idem_core::Scope,
+        ) -> idem_core::Result<Option<idem_core::Record>> {
+            self.inner.get(scope).await
+        }
+        async fn remove(&self, scope: &idem_core::Scope) -> idem_core::Result<bool> {
+            self.inner.remove(scope).await
+        }
+        async fn purge_expired(&self, limit: usize) -> idem_core::Result<usize> {
+            self.inner.purge_expired(limit).await
+        }
+        async fn ping(&self) -> idem_core::Result<()> {
+            Ok(())
+        }
+        async fn close(&self) {
+            self.close_started
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// A store that never finishes closing does not keep the gateway from stopping:
+    /// `run` returns once the store's least closing time is over.
+    #[tokio::test]
+    async fn a_store_that_never_closes_does_not_hold_up_shutdown() {
+        let args = ServeArgs {
+            upstream: Some("http://127.0.0.1:9".to_owned()),
+            listen: Some("127.0.0.1:0".to_owned()),
+            shutdown_timeout: Some(Duration::from_millis(100)),
+            ..ServeArgs::default()
+        };
+        let config = GatewayConfig::merge(&args, FileConfig::default()).expect("config");
+        let close_started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let store = NeverCloses {
+            inner: idem_core::MemoryStore::new(),
+            close_started: close_started.clone(),
+        };
+        let gateway = Gateway::bind_with_store(&config, Mode::Idempotent, Arc::new(store))
+            .await
+            .expect("bind");
+        // Far above the shutdown timeout plus STORE_CLOSE_MIN: without the bound, run
+        // would never return.
+        tokio::time::timeout(Duration::from_secs(30), gateway.run(std::future::ready(())))
+            .await
+            .expect("the gateway stops although its store never closes");
+        assert!(close_started.load(std::sync::atomic::Ordering::SeqCst));
     }
 
     #[tokio::test]
