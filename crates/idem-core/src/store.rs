@@ -32,6 +32,17 @@ impl StoreError {
     pub fn unavailable(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
         StoreError::Unavailable(e.into())
     }
+
+    /// A short, stable name of the variant (`fenced`, `unavailable`, `full`, `corrupt`),
+    /// for metric labels and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            StoreError::Fenced => "fenced",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Full => "full",
+            StoreError::Corrupt(_) => "corrupt",
+        }
+    }
 }
 
 /// `Result` with [`StoreError`].
@@ -180,3 +191,20 @@ macro_rules! forward_store {
 
 forward_store!(Arc);
 forward_store!(Box);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_its_own_label() {
+        let labels = [
+            StoreError::Fenced,
+            StoreError::unavailable("refused"),
+            StoreError::Full,
+            StoreError::Corrupt("bad".into()),
+        ]
+        .map(|e| e.label());
+        assert_eq!(labels, ["fenced", "unavailable", "full", "corrupt"]);
+    }
+}

@@ -60,6 +60,8 @@ pub struct Metrics {
     store: RwLock<BTreeMap<(&'static str, bool), Histogram>>,
     in_flight: AtomicI64,
     upstream_errors: RwLock<BTreeMap<&'static str, AtomicU64>>,
+    /// Failed store calls by operation and [`idem_core::StoreError::label`].
+    store_errors: RwLock<BTreeMap<(&'static str, &'static str), AtomicU64>>,
     /// The store whose own figures (`Store::metrics`) are rendered too.
     figures_of: Option<Arc<dyn Store>>,
 }
@@ -72,8 +74,8 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-fn bump(map: &RwLock<BTreeMap<&'static str, AtomicU64>>, label: &'static str) {
-    if let Some(c) = map.read().expect("metrics lock").get(label) {
+fn bump<K: Ord + Copy>(map: &RwLock<BTreeMap<K, AtomicU64>>, label: K) {
+    if let Some(c) = map.read().expect("metrics lock").get(&label) {
         c.fetch_add(1, Ordering::Relaxed);
         return;
     }
@@ -179,6 +181,19 @@ impl Metrics {
             );
         }
         out.push_str(
+            "# HELP idem_store_errors_total Store calls that failed, by operation and kind \
+             (fenced: another attempt had taken the record over, as the lease lapsed; \
+             unavailable; full; corrupt).\n\
+             # TYPE idem_store_errors_total counter\n",
+        );
+        for ((op, kind), c) in self.store_errors.read().expect("metrics lock").iter() {
+            let _ = writeln!(
+                out,
+                "idem_store_errors_total{{op=\"{op}\",kind=\"{kind}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        out.push_str(
             "# HELP idem_store_call_duration_seconds Latency of idempotency store calls.\n\
              # TYPE idem_store_call_duration_seconds histogram\n",
         );
@@ -230,6 +245,10 @@ impl Observer for Metrics {
     fn store_call(&self, op: &'static str, elapsed: Duration, ok: bool) {
         self.observe_store(op, elapsed, ok);
     }
+
+    fn store_error(&self, op: &'static str, error: &idem_core::StoreError) {
+        bump(&self.store_errors, (op, error.label()));
+    }
 }
 
 /// Decrements the in-flight gauge when dropped.
@@ -253,8 +272,17 @@ mod tests {
         m.outcome(Outcome::Replayed);
         m.store_call("reserve", Duration::from_micros(300), true);
         m.store_call("reserve", Duration::from_millis(30), true);
+        for _ in 0..2 {
+            m.store_error("complete", &idem_core::StoreError::Fenced);
+        }
+        m.store_error("reserve", &idem_core::StoreError::unavailable("refused"));
         let g = m.in_flight_guard();
         let text = m.render();
+        assert!(text.contains(
+            "# TYPE idem_store_errors_total counter\n\
+             idem_store_errors_total{op=\"complete\",kind=\"fenced\"} 2\n\
+             idem_store_errors_total{op=\"reserve\",kind=\"unavailable\"} 1\n"
+        ));
         assert!(text.contains("idem_requests_total{outcome=\"replayed\"} 2\n"));
         assert!(text.contains("idem_requests_total{outcome=\"mismatch\"} 0\n"));
         assert!(text.contains("idem_in_flight_requests 1\n"));

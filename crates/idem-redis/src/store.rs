@@ -103,8 +103,6 @@ struct Counters {
     failed_commands: AtomicU64,
     /// Scripts loaded again after the server answered `NOSCRIPT`.
     script_loads: AtomicU64,
-    /// Fenced writes refused: another attempt held the record.
-    fenced_writes: AtomicU64,
     /// First reservations whose reply never came, released in the background.
     unconfirmed_reservations: AtomicU64,
 }
@@ -283,10 +281,7 @@ impl RedisStore {
         match self.eval::<i64>(script, cmd).await? {
             1 => Ok(()),
             -1 => Err(not_a_record(key)),
-            _ => {
-                bump(&self.counters.fenced_writes);
-                Err(StoreError::Fenced)
-            }
+            _ => Err(StoreError::Fenced),
         }
     }
 
@@ -587,12 +582,6 @@ impl Store for RedisStore {
                 "Scripts loaded again because Redis did not know them (it restarted, or \
                  its script cache was flushed).",
                 read(&c.script_loads),
-            ),
-            StoreMetric::counter(
-                "idem_redis_fenced_writes_total",
-                "Completions, renewals and releases refused because another attempt had \
-                 taken the record over.",
-                read(&c.fenced_writes),
             ),
             StoreMetric::counter(
                 "idem_redis_unconfirmed_reservations_total",

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use idem_core::StoreError;
+
 /// A response extension by which the inner service overrides SPEC S6's default
 /// record-or-release decision for one response.
 ///
@@ -90,6 +92,16 @@ pub trait Observer: Send + Sync + 'static {
     /// whether it succeeded.
     fn store_call(&self, op: &'static str, elapsed: Duration, ok: bool) {
         let _ = (op, elapsed, ok);
+    }
+
+    /// One store call that failed, and how, right after its
+    /// [`store_call`](Observer::store_call). [`StoreError::Fenced`] on `complete`,
+    /// `renew` or `release` means another attempt had taken the record over while this
+    /// one ran: its lease lapsed although the heartbeat renews it, as when the worker
+    /// stalled, the renewals failed, or the clocks of the instances sharing the store
+    /// disagree.
+    fn store_error(&self, op: &'static str, error: &StoreError) {
+        let _ = (op, error);
     }
 }
 

@@ -786,6 +786,9 @@ async fn timed<T>(
     let started = Instant::now();
     let result = call.await;
     observer.store_call(op, started.elapsed(), result.is_ok());
+    if let Err(e) = &result {
+        observer.store_error(op, e);
+    }
     result
 }
 

@@ -1157,7 +1157,8 @@ async fn stale_attempt_cannot_overwrite_takeover(kind: StoreKind) {
     // stalls): a retry takes over, and the stalled attempt's late answer must not
     // replace the new attempt's record.
     let lease = Duration::from_secs(60);
-    let app = Arc::new(App::start_with(kind, |l| l.lease(lease)).await);
+    let observer = Arc::new(CountingObserver::default());
+    let app = Arc::new(App::start_with(kind, |l| l.lease(lease).observer(observer.clone())).await);
     let stalled = tokio::spawn({
         let app = app.clone();
         async move { app.post("/slow").key("k-stale").json("{}").send().await }
@@ -1205,6 +1206,11 @@ async fn stale_attempt_cannot_overwrite_takeover(kind: StoreKind) {
     let retry = app.post("/slow").key("k-stale").json("{}").send().await;
     assert!(retry.is_replay());
     assert_eq!(retry.body, taker.body);
+    // The observer heard of the one fenced write, and of no other store error.
+    assert_eq!(
+        *observer.store_errors.lock().unwrap(),
+        [("complete", "fenced")]
+    );
 }
 
 /// A memory store with failures on demand: every `complete` fails, as a store that
@@ -1322,6 +1328,7 @@ async fn a_failed_release_is_tried_again_so_the_retry_executes() {
 struct CountingObserver {
     outcomes: std::sync::Mutex<Vec<Outcome>>,
     store_calls: std::sync::Mutex<Vec<(&'static str, bool)>>,
+    store_errors: std::sync::Mutex<Vec<(&'static str, &'static str)>>,
 }
 
 impl Observer for CountingObserver {
@@ -1330,6 +1337,9 @@ impl Observer for CountingObserver {
     }
     fn store_call(&self, op: &'static str, _elapsed: Duration, ok: bool) {
         self.store_calls.lock().unwrap().push((op, ok));
+    }
+    fn store_error(&self, op: &'static str, error: &StoreError) {
+        self.store_errors.lock().unwrap().push((op, error.label()));
     }
 }
 
@@ -1366,6 +1376,7 @@ async fn observer_sees_each_outcome(kind: StoreKind) {
         ]
     );
     assert!(calls.iter().all(|(_, ok)| *ok));
+    assert!(observer.store_errors.lock().unwrap().is_empty());
 }
 
 // ---------------------------------------------------------------- S10: fail closed
