@@ -231,13 +231,7 @@ async fn body_over_limit_is_413_and_nothing_reserved(kind: StoreKind) {
     let body = reply.assert_problem(413, "body-too-large");
     assert!(body["detail"].as_str().unwrap().contains("64-byte"));
     assert_eq!(count(&app.counters.orders), 0);
-    assert!(
-        app.store
-            .get(&scope("/orders", "k-big", None))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!app.has_record("/orders", "k-big").await);
     // A body within the limit with the same key then executes.
     let ok = app.post("/orders").key("k-big").json(ORDER).send().await;
     assert_eq!(ok.status, 201);
@@ -261,13 +255,7 @@ async fn chunked_body_over_limit_is_413_and_nothing_reserved(kind: StoreKind) {
         "{answer}"
     );
     assert_eq!(count(&app.counters.orders), 0);
-    assert!(
-        app.store
-            .get(&scope("/orders", "k-chunked", None))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!app.has_record("/orders", "k-chunked").await);
 }
 
 async fn slow_body_is_408_and_nothing_reserved(kind: StoreKind) {
@@ -290,13 +278,7 @@ async fn slow_body_is_408_and_nothing_reserved(kind: StoreKind) {
     );
     assert!(started.elapsed() >= Duration::from_millis(200));
     assert_eq!(count(&app.counters.orders), 0);
-    assert!(
-        app.store
-            .get(&scope("/orders", "k-slow", None))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!app.has_record("/orders", "k-slow").await);
 
     // Nothing was reserved: the retry, body whole, executes.
     let ok = app.post("/orders").key("k-slow").json(ORDER).send().await;
@@ -757,11 +739,7 @@ async fn released_statuses_let_corrected_retry_execute(kind: StoreKind) {
                 .starts_with(format!("handler answered {status}").as_bytes())
         );
         assert!(
-            app.store
-                .get(&scope("/status", &key, None))
-                .await
-                .unwrap()
-                .is_none(),
+            !app.has_record("/status", &key).await,
             "{status} must release the key"
         );
         // The corrected request, same key, executes.
@@ -1009,14 +987,7 @@ async fn released_answer_over_response_limit_streams_through_whole(kind: StoreKi
                 format!("handler answered {status} (call {calls})").as_bytes()
             );
             assert!(!reply.is_replay());
-            assert!(
-                app.store
-                    .get(&scope("/status", key, None))
-                    .await
-                    .unwrap()
-                    .is_none(),
-                "released: no record"
-            );
+            assert!(!app.has_record("/status", key).await, "released: no record");
         }
     }
     assert_eq!(count(&app.counters.statuses), 4, "each retry executes");

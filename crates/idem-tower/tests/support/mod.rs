@@ -210,6 +210,16 @@ impl App {
         }
     }
 
+    /// Whether the store holds a record for an anonymous `POST` to `template` with
+    /// `key`; a request that reserved nothing, or released its key, leaves none.
+    pub async fn has_record(&self, template: &str, key: &str) -> bool {
+        self.store
+            .get(&scope(template, key, None))
+            .await
+            .unwrap()
+            .is_some()
+    }
+
     /// Sends raw bytes on a new connection and returns everything the server wrote
     /// back before closing (the request should say `Connection: close`).
     pub async fn raw(&self, request: &[u8]) -> String {
