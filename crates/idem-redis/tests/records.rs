@@ -1,13 +1,13 @@
 //! What `RedisStore` leaves in Redis: the key layout, the record's bytes, the native
 //! TTLs, what it makes of a key holding something else (a record of the older hash
 //! format among them), and that every script touches one key only (Redis Cluster
-//! safety); and the figures it reports of what it met there.
+//! safety).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::testing::{
-    figure, service_unavailable, service_url, test_fingerprint, test_scope, unique_namespace,
+    service_unavailable, service_url, test_fingerprint, test_scope, unique_namespace,
 };
 use idem_core::{
     Clock, Endpoint, FencingToken, Key, Lease, ManualClock, RecordState, Reservation,
@@ -500,51 +500,6 @@ fn every_script_touches_only_its_one_declared_key() {
             }
         }
     }
-}
-
-/// A script that Redis forgot (`SCRIPT FLUSH`) and the store loaded again is counted
-/// once; a completion refused by the fence is no failed command.
-#[tokio::test]
-async fn script_reloads_are_counted_and_a_fence_is_no_failure() {
-    let Some(f) = fixture("metrics").await else {
-        return;
-    };
-    const LOADS: &str = "idem_redis_script_loads_total";
-    const FAILED: &str = "idem_redis_failed_commands_total";
-    let scope = test_scope("/v1/charges", "metrics-key");
-    let req =
-        ReserveRequest::new(scope.clone(), test_fingerprint("{}")).lease(Duration::from_secs(30));
-    let first = acquired(f.store.reserve(&req).await.expect("reserve"));
-    f.clock.advance(Duration::from_secs(31));
-    let second = acquired(f.store.reserve(&req).await.expect("take over"));
-    assert_eq!(second.attempt, 2);
-
-    // The first attempt's late answer is refused, and that is no failed command.
-    let late = f
-        .store
-        .complete(&first, &StoredResponse::new(200, "late"))
-        .await;
-    assert!(matches!(late, Err(StoreError::Fenced)), "{late:?}");
-    assert_eq!(figure(&f.store, FAILED), 0);
-
-    // Redis forgets its scripts; the next completion loads its script once and works.
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut f.raw.clone())
-        .await
-        .expect("SCRIPT FLUSH");
-    let loads = figure(&f.store, LOADS);
-    f.store
-        .complete(&second, &StoredResponse::new(201, "made"))
-        .await
-        .expect("complete after the flush");
-    assert_eq!(figure(&f.store, LOADS), loads + 1);
-    assert_eq!(figure(&f.store, FAILED), 0);
-    assert_eq!(
-        f.store.reserve(&req).await.expect("reserve"),
-        Reservation::Replay(StoredResponse::new(201, "made"))
-    );
-    f.store.remove(&scope).await.expect("clean up");
 }
 
 #[tokio::test]
