@@ -3,7 +3,7 @@
 //! | URL | store |
 //! |---|---|
 //! | `memory://` | `idem_core::MemoryStore` (one process, lost on restart) |
-//! | `sqlite://FILE`, `sqlite:///abs/path` | `idem_sqlite::SqliteStore` (the embedded default; `?synchronous=full` syncs every commit) |
+//! | `sqlite://FILE`, `sqlite:///abs/path` | `idem_sqlite::SqliteStore` (the embedded default; `?synchronous=full` syncs every commit, `?page_size=1024` makes a new file with 1 KiB pages) |
 //! | `postgres://…`, `postgresql://…` | `idem_postgres::PgStore` (shared by several gateways) |
 //! | `redis://…` | `idem_redis::RedisStore` (shared by several gateways) |
 //!

@@ -29,6 +29,12 @@ pub enum Error {
         /// The newest version this build knows.
         supported: i64,
     },
+    /// The URL's `page_size` is not one SQLite accepts.
+    #[error(
+        "invalid page_size {0:?}: use a power of two from 512 to 65536 (bytes); it applies \
+         only when the database file is created"
+    )]
+    InvalidPageSize(String),
     /// The database refused or failed an operation.
     #[error("SQLite: {0}")]
     Database(#[from] sqlx::Error),

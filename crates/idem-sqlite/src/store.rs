@@ -134,14 +134,24 @@ impl SqliteStoreBuilder {
     /// parameters (`?mode=ro`, …) if wanted, and `synchronous=full` (or `normal`,
     /// `extra`, `off`) to choose how commits reach the disk: with `full`, every commit
     /// is synced, so not even a power loss or an OS crash loses a record, at the cost
-    /// of an fsync per group commit.
+    /// of an fsync per group commit. `page_size=1024` (a power of two from 512 to
+    /// 65536) sets the page size of a database file this call creates; a file that
+    /// exists keeps its own. Each new key writes a whole page of the key index to the
+    /// WAL, and each checkpoint writes it again, so smaller pages write less: in a load
+    /// run of small answers, 1 KiB pages wrote about half the bytes per request that
+    /// SQLite's default 4 KiB did, at the same throughput. A large body then spans
+    /// more pages.
     pub fn connect_options(&self, url: &str) -> Result<SqliteConnectOptions> {
-        let (url, synchronous) = split_synchronous(url)?;
-        Ok(SqliteConnectOptions::from_str(&url)?
+        let (url, params) = split_params(url)?;
+        let options = SqliteConnectOptions::from_str(&url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(synchronous.unwrap_or(SqliteSynchronous::Normal))
-            .busy_timeout(self.busy_timeout))
+            .synchronous(params.synchronous.unwrap_or(SqliteSynchronous::Normal))
+            .busy_timeout(self.busy_timeout);
+        Ok(match params.page_size {
+            Some(bytes) => options.page_size(bytes),
+            None => options,
+        })
     }
 
     /// Opens (creating if missing) the database at `url` and migrates it.
@@ -528,18 +538,28 @@ fn is_busy(e: &sqlx::Error) -> bool {
         .is_some_and(|code| matches!(code & 0xff, 5 | 6))
 }
 
-/// `url` without its `synchronous` query parameter, which sqlx does not read, and that
-/// parameter's value.
-fn split_synchronous(url: &str) -> Result<(String, Option<SqliteSynchronous>)> {
+/// The query parameters of a store URL that idem reads itself, sqlx does not.
+#[derive(Debug, Default)]
+struct UrlParams {
+    synchronous: Option<SqliteSynchronous>,
+    page_size: Option<u32>,
+}
+
+/// `url` without the parameters idem reads itself (`synchronous`, `page_size`), and
+/// those parameters' values.
+fn split_params(url: &str) -> Result<(String, UrlParams)> {
+    let mut params = UrlParams::default();
     let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), None));
+        return Ok((url.to_owned(), params));
     };
-    let mut synchronous = None;
     let mut rest = Vec::new();
     for pair in query.split('&') {
         match pair.split_once('=') {
             Some((key, value)) if key.eq_ignore_ascii_case("synchronous") => {
-                synchronous = Some(SqliteSynchronous::from_str(value)?);
+                params.synchronous = Some(SqliteSynchronous::from_str(value)?);
+            }
+            Some((key, value)) if key.eq_ignore_ascii_case("page_size") => {
+                params.page_size = Some(parse_page_size(value)?);
             }
             _ => rest.push(pair),
         }
@@ -549,5 +569,14 @@ fn split_synchronous(url: &str) -> Result<(String, Option<SqliteSynchronous>)> {
     } else {
         format!("{base}?{}", rest.join("&"))
     };
-    Ok((url, synchronous))
+    Ok((url, params))
+}
+
+/// A page size SQLite accepts: a power of two from 512 to 65536 bytes.
+fn parse_page_size(value: &str) -> Result<u32> {
+    value
+        .parse::<u32>()
+        .ok()
+        .filter(|n| n.is_power_of_two() && (512..=65536).contains(n))
+        .ok_or_else(|| Error::InvalidPageSize(value.to_owned()))
 }

@@ -245,3 +245,69 @@ async fn synchronous_comes_from_the_url() {
         "nothing opened on a bad URL"
     );
 }
+
+async fn page_size_of(store: &SqliteStore) -> i64 {
+    sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(store.pool())
+        .await
+        .expect("PRAGMA page_size")
+}
+
+#[tokio::test]
+async fn page_size_from_the_url_applies_to_a_new_file_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("{}?page_size=1024&synchronous=full", db_url(&dir, "p.db"));
+    let small = SqliteStore::connect(&url).await.unwrap();
+    assert_eq!(
+        page_size_of(&small).await,
+        1024,
+        "a new file takes the URL's size"
+    );
+    assert_eq!(
+        synchronous_of(&small).await,
+        2,
+        "the other parameter still applies"
+    );
+    // Records live in it like in any other: the writer's connection shares the file.
+    let scope = Scope::new(
+        ScopeMode::Public,
+        Tenant::anonymous(),
+        Endpoint::new("POST", "/v1/charges"),
+        Key::new("k-1").unwrap(),
+    );
+    let reserved = small
+        .reserve(&ReserveRequest::new(scope.clone(), test_fingerprint("a")))
+        .await
+        .unwrap();
+    assert!(matches!(reserved, Reservation::Acquired(_)), "{reserved:?}");
+    small.close().await;
+
+    // An existing file keeps the size it was made with, whatever the URL says.
+    let reopened = SqliteStore::connect(&format!("{}?page_size=8192", db_url(&dir, "p.db")))
+        .await
+        .unwrap();
+    assert_eq!(page_size_of(&reopened).await, 1024);
+    assert!(
+        reopened.get(&scope).await.unwrap().is_some(),
+        "the record survived"
+    );
+
+    // Without the parameter, SQLite's default.
+    let default = SqliteStore::connect(&db_url(&dir, "d.db")).await.unwrap();
+    assert_eq!(page_size_of(&default).await, 4096);
+
+    for bad in ["1000", "256", "131072", "big", ""] {
+        let e = SqliteStore::connect(&format!("{}?page_size={bad}", db_url(&dir, "e.db")))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidPageSize(v) if v == bad),
+            "{bad:?}: {e}"
+        );
+        assert!(e.to_string().contains("power of two"), "{e}");
+    }
+    assert!(
+        !dir.path().join("e.db").exists(),
+        "nothing opened on a bad URL"
+    );
+}
