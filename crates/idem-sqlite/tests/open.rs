@@ -216,11 +216,12 @@ async fn unopenable_path_is_a_database_error() {
     ));
 }
 
-async fn synchronous_of(store: &SqliteStore) -> i64 {
-    sqlx::query_scalar("PRAGMA synchronous")
+/// The value of `PRAGMA name` on one of the store's pooled connections.
+async fn pragma(store: &SqliteStore, name: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("PRAGMA {name}")))
         .fetch_one(store.pool())
         .await
-        .expect("PRAGMA synchronous")
+        .unwrap_or_else(|e| panic!("PRAGMA {name}: {e}"))
 }
 
 #[tokio::test]
@@ -233,7 +234,7 @@ async fn synchronous_comes_from_the_url() {
     ))
     .await
     .unwrap();
-    assert_eq!(synchronous_of(&full).await, 2, "FULL from the URL");
+    assert_eq!(pragma(&full, "synchronous").await, 2, "FULL from the URL");
     assert!(dir.path().join("b.db").exists());
 
     let e = SqliteStore::connect(&format!("{}?synchronous=sometimes", db_url(&dir, "c.db")))
@@ -246,25 +247,18 @@ async fn synchronous_comes_from_the_url() {
     );
 }
 
-async fn page_size_of(store: &SqliteStore) -> i64 {
-    sqlx::query_scalar("PRAGMA page_size")
-        .fetch_one(store.pool())
-        .await
-        .expect("PRAGMA page_size")
-}
-
 #[tokio::test]
 async fn page_size_from_the_url_applies_to_a_new_file_only() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("{}?page_size=1024&synchronous=full", db_url(&dir, "p.db"));
     let small = SqliteStore::connect(&url).await.unwrap();
     assert_eq!(
-        page_size_of(&small).await,
+        pragma(&small, "page_size").await,
         1024,
         "a new file takes the URL's size"
     );
     assert_eq!(
-        synchronous_of(&small).await,
+        pragma(&small, "synchronous").await,
         2,
         "the other parameter still applies"
     );
@@ -286,7 +280,7 @@ async fn page_size_from_the_url_applies_to_a_new_file_only() {
     let reopened = SqliteStore::connect(&format!("{}?page_size=8192", db_url(&dir, "p.db")))
         .await
         .unwrap();
-    assert_eq!(page_size_of(&reopened).await, 1024);
+    assert_eq!(pragma(&reopened, "page_size").await, 1024);
     assert!(
         reopened.get(&scope).await.unwrap().is_some(),
         "the record survived"
@@ -294,7 +288,7 @@ async fn page_size_from_the_url_applies_to_a_new_file_only() {
 
     // Without the parameter, SQLite's default.
     let default = SqliteStore::connect(&db_url(&dir, "d.db")).await.unwrap();
-    assert_eq!(page_size_of(&default).await, 4096);
+    assert_eq!(pragma(&default, "page_size").await, 4096);
 
     for bad in ["1000", "256", "131072", "big", ""] {
         let e = SqliteStore::connect(&format!("{}?page_size={bad}", db_url(&dir, "e.db")))
