@@ -53,6 +53,7 @@
 //! ```
 
 mod error;
+mod handoff;
 pub mod schema;
 mod store;
 

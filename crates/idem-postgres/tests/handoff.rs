@@ -1,0 +1,148 @@
+//! Under load, a connection whose operation finished goes straight to the next waiting
+//! operation rather than back through the pool; the pool still serves its own waiters.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use idem_core::testing::{figure, test_fingerprint, unique_namespace};
+use idem_core::{
+    Endpoint, Key, RecordState, Reservation, ReserveRequest, Scope, ScopeMode, Store,
+    StoredResponse, Tenant,
+};
+use idem_postgres::PgStore;
+
+const HANDOFFS: &str = "idem_postgres_connection_handoffs_total";
+
+fn scope(key: &str) -> Scope {
+    Scope::new(
+        ScopeMode::Public,
+        Tenant::new("handoff"),
+        Endpoint::new("POST", "/v1/charges"),
+        Key::new(key).expect("key"),
+    )
+}
+
+/// Reserves and completes a fresh key; panics unless both succeed.
+async fn execute(store: &PgStore, key: &str) {
+    let request = ReserveRequest::new(scope(key), test_fingerprint("{}"));
+    let lease = match store.reserve(&request).await.expect("reserve") {
+        Reservation::Acquired(lease) => lease,
+        other => panic!("{key}: expected to acquire, got {other:?}"),
+    };
+    let answer = StoredResponse::new(201, format!("{{\"key\":\"{key}\"}}"));
+    store.complete(&lease, &answer).await.expect("complete");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_pass_from_operation_to_operation_under_load() {
+    const CALLERS: usize = 24;
+    const KEYS_EACH: usize = 20;
+    let ns = unique_namespace("handoff");
+    let Some(store) = common::connect(PgStore::options().max_connections(2), &ns).await else {
+        return;
+    };
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|c| {
+            let store = store.store.clone();
+            tokio::spawn(async move {
+                for k in 0..KEYS_EACH {
+                    execute(&store, &format!("k-{c}-{k}")).await;
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.expect("caller");
+    }
+
+    // Every answer is recorded as it was given: no connection carried one operation's
+    // state into another's.
+    for c in 0..CALLERS {
+        for k in 0..KEYS_EACH {
+            let key = format!("k-{c}-{k}");
+            let record = store
+                .get(&scope(&key))
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{key} has no record"));
+            match record.state {
+                RecordState::Completed { response, .. } => {
+                    assert_eq!(response.status, 201, "{key}");
+                    assert_eq!(response.body, format!("{{\"key\":\"{key}\"}}"), "{key}");
+                }
+                other => panic!("{key} is {other:?}"),
+            }
+        }
+    }
+    let handed = figure(&*store, HANDOFFS);
+    assert!(
+        handed > 0,
+        "{CALLERS} callers on 2 connections never handed one on"
+    );
+    assert!(
+        figure(&*store, "idem_postgres_pool_connections") <= 2,
+        "the pool stays within its size"
+    );
+}
+
+/// An application sharing the store's pool (for same-transaction completion, say)
+/// still gets connections while store operations queue for them: connections go back
+/// to the pool after a bounded number of hand-offs. The pool's acquire timeout is the
+/// check: a starved acquire fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_sharing_the_pool_is_served_under_load() {
+    const CALLERS: usize = 16;
+    // Bounds the run should the application's turns never come.
+    const MAX_KEYS_EACH: usize = 2_000;
+    let ns = unique_namespace("handoff_app");
+    let options = PgStore::options()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(5));
+    let Some(store) = common::connect(options, &ns).await else {
+        return;
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|c| {
+            let (store, stop) = (store.store.clone(), stop.clone());
+            tokio::spawn(async move {
+                for k in 0..MAX_KEYS_EACH {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    execute(&store, &format!("k-{c}-{k}")).await;
+                }
+            })
+        })
+        .collect();
+
+    // Wait until the callers are handing connections on, then take turns with them.
+    while figure(&*store, HANDOFFS) == 0 && !callers.iter().all(|c| c.is_finished()) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let handed_before = figure(&*store, HANDOFFS);
+    for turn in 0..5 {
+        let mut conn = store
+            .pool()
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("turn {turn}: the application was not served: {e}"));
+        let one: i32 = sqlx::query_scalar("SELECT 1")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(one, 1);
+    }
+    let handed_during = figure(&*store, HANDOFFS) - handed_before;
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        caller.await.expect("caller");
+    }
+    assert!(
+        handed_during > 0,
+        "the store was under load while the application took its turns"
+    );
+}
