@@ -97,10 +97,12 @@ pub(crate) struct Conn {
 impl Handoff {
     /// A connection for one operation: from the pool when the store's operations hold
     /// fewer connections than it has, otherwise from the operation that finishes next.
-    /// Waiting in the pool is bounded by its acquire timeout; waiting here, by the
-    /// caller.
+    /// Waiting here and then in the pool takes no longer than the pool's acquire
+    /// timeout in all, as waiting in the pool alone did.
     pub(crate) async fn acquire(self: &Arc<Self>, pool: &PgPool) -> Result<Conn, StoreError> {
-        let max = pool.options().get_max_connections();
+        let options = pool.options();
+        let max = options.get_max_connections();
+        let deadline = tokio::time::Instant::now() + options.get_acquire_timeout();
         let waiting = {
             let mut state = self.state();
             if state.taken < max {
@@ -123,15 +125,20 @@ impl Handoff {
         };
         let slot = match waiting {
             None => Slot::new(self),
-            Some(rx) => match rx.await {
-                Ok(Grant::Handed(conn)) => return Ok(conn),
-                Ok(Grant::Slot(slot)) => slot,
+            // The timer is only armed if nothing is handed over at the first poll.
+            Some(rx) => match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok(Grant::Handed(conn))) => return Ok(conn),
+                Ok(Ok(Grant::Slot(slot))) => slot,
                 // Only a dropped `Handoff` drops a waiter unanswered.
-                Err(_) => return Err(StoreError::unavailable("the store was dropped")),
+                Ok(Err(_)) => return Err(StoreError::unavailable("the store was dropped")),
+                Err(_) => return Err(timed_out()),
             },
         };
         // Dropping `slot` on failure passes it on.
-        let conn = pool.acquire().await.map_err(store_error)?;
+        let conn = match tokio::time::timeout_at(deadline, pool.acquire()).await {
+            Ok(acquired) => acquired.map_err(store_error)?,
+            Err(_) => return Err(timed_out()),
+        };
         Ok(Conn {
             conn,
             served: 0,
@@ -170,6 +177,11 @@ impl Handoff {
         // The lock guards counts and queue operations that cannot panic half-way.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// What an operation that waited out the acquire timeout fails with, in sqlx's words.
+fn timed_out() -> StoreError {
+    store_error(sqlx::Error::PoolTimedOut)
 }
 
 impl Drop for Slot {

@@ -13,6 +13,7 @@ use idem_core::{
     StoredResponse, Tenant,
 };
 use idem_postgres::PgStore;
+use sqlx::Connection;
 
 const HANDOFFS: &str = "idem_postgres_connection_handoffs_total";
 
@@ -145,4 +146,59 @@ async fn an_application_sharing_the_pool_is_served_under_load() {
         handed_during > 0,
         "the store was under load while the application took its turns"
     );
+}
+
+/// An operation that waits in the store for a connection gives up within the pool's
+/// acquire timeout, as one waiting in the pool does, not at the later operation
+/// timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_connection_is_bounded_by_the_acquire_timeout() {
+    let ns = unique_namespace("handoff_wait");
+    let options = PgStore::options()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(300))
+        .operation_timeout(Duration::from_secs(30));
+    let Some(store) = common::connect(options, &ns).await else {
+        return;
+    };
+    // Another session locks the table, so the store's one connection blocks in its
+    // first reserve and the second reserve waits for it.
+    let mut locker = sqlx::PgConnection::connect(&common::pg_url())
+        .await
+        .unwrap();
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+        common::table_for(&ns)
+    )))
+    .execute(&mut locker)
+    .await
+    .unwrap();
+    let blocked = tokio::spawn({
+        let store = store.store.clone();
+        async move { execute(&store, "first").await }
+    });
+    while figure(&*store, "idem_postgres_pool_idle_connections") != 0
+        || figure(&*store, "idem_postgres_pool_connections") != 1
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    let started = std::time::Instant::now();
+    let request = ReserveRequest::new(scope("second"), test_fingerprint("{}"));
+    let waited = store.reserve(&request).await;
+    let elapsed = started.elapsed();
+    assert!(
+        matches!(waited, Err(idem_core::StoreError::Unavailable(_))),
+        "{waited:?}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "gave up after {elapsed:?}, not within the 300 ms acquire timeout"
+    );
+
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    blocked
+        .await
+        .expect("the first reserve completes once the lock is gone");
 }
