@@ -155,7 +155,13 @@ impl Handoff {
             return;
         }
         let mut grant = Grant::Handed(conn);
-        while let Some(waiter) = self.state().waiting.pop_front() {
+        loop {
+            // Popped in a statement of its own, so that the lock is not held while
+            // sending.
+            let next = self.state().waiting.pop_front();
+            let Some(waiter) = next else {
+                break;
+            };
             match waiter.send(grant) {
                 Ok(()) => {
                     self.handed.fetch_add(1, Ordering::Relaxed);
