@@ -36,7 +36,7 @@ use crate::error::store_error;
 
 /// Operations a connection serves, handed from one to the next, before it goes back to
 /// the pool.
-pub(crate) const HANDOFFS: u32 = 8;
+const HANDOFFS: u32 = 8;
 
 /// Hands connections between the operations of one store (and its clones).
 #[derive(Debug, Default)]

@@ -178,11 +178,16 @@ async fn waiting_for_a_connection_is_bounded_by_the_acquire_timeout() {
         let store = store.store.clone();
         async move { execute(&store, "first").await }
     });
-    while figure(&*store, "idem_postgres_pool_idle_connections") != 0
-        || figure(&*store, "idem_postgres_pool_connections") != 1
+    while (figure(&*store, "idem_postgres_pool_idle_connections") != 0
+        || figure(&*store, "idem_postgres_pool_connections") != 1)
+        && !blocked.is_finished()
     {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    assert!(
+        !blocked.is_finished(),
+        "the first reserve should be blocked on the lock, holding the one connection"
+    );
 
     let started = std::time::Instant::now();
     let request = ReserveRequest::new(scope("second"), test_fingerprint("{}"));
