@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -10,7 +11,8 @@ use async_trait::async_trait;
 
 use crate::{
     Decision, Lease, Record, RecordState, Reservation, ReserveRequest, Result, Scope, SharedClock,
-    Store, StoreError, StoredResponse, SystemClock, Timestamp, decide, record::FencingToken,
+    Store, StoreError, StoreMetric, StoredResponse, SystemClock, Timestamp, decide,
+    record::FencingToken,
 };
 
 /// The default bound on [`MemoryStore`] entries.
@@ -33,7 +35,9 @@ const MIN_SHARD_ENTRIES: usize = 1024;
 /// When full, it first drops expired records, then the completed record closest to
 /// expiry (a retry of that key would execute again, as after expiry). In-progress
 /// records are never evicted: with only those left, `reserve` fails with
-/// [`StoreError::Full`] rather than risk a second execution.
+/// [`StoreError::Full`] rather than risk a second execution. Each record dropped
+/// before it expired is counted (`idem_memory_evictions_total` in
+/// [`Store::metrics`]), and the first is logged as a warning.
 ///
 /// A store bounded to 2048 entries or more keeps the bound per shard (the shards'
 /// bounds add up to it) and makes room in the new record's shard. So it may start
@@ -53,6 +57,10 @@ struct Shards {
     /// Picks a scope's shard; keyed at random, so that nobody can aim keys at one shard.
     hasher: RandomState,
     max_entries: usize,
+    /// Completed records dropped before they expired, to make room.
+    evictions: AtomicU64,
+    /// Whether the first such drop has been logged.
+    warned: AtomicBool,
 }
 
 impl Shards {
@@ -62,6 +70,22 @@ impl Shards {
             shards: (0..count).map(|_| Mutex::default()).collect(),
             hasher: RandomState::new(),
             max_entries,
+            evictions: AtomicU64::new(0),
+            warned: AtomicBool::new(false),
+        }
+    }
+
+    /// Counts a completed record dropped before it expired, and says so in the log the
+    /// first time: from then on, some retries execute again.
+    fn evicted(&self) {
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                max_entries = self.max_entries,
+                "the in-memory idempotency store is full: it now drops completed records \
+                 before they expire, and a retry of a dropped key executes again; raise its \
+                 bound or use a durable store"
+            );
         }
     }
 
@@ -136,13 +160,14 @@ impl Inner {
         expired.len()
     }
 
-    /// Makes room for one more record, or says it cannot.
-    fn make_room(&mut self, now: Timestamp, max: usize) -> Result<()> {
+    /// Makes room for one more record, or says it cannot. `true` when that took
+    /// dropping a record that had not expired.
+    fn make_room(&mut self, now: Timestamp, max: usize) -> Result<bool> {
         if self.records.len() < max {
-            return Ok(());
+            return Ok(false);
         }
         if self.purge(now, 1) == 1 {
-            return Ok(());
+            return Ok(false);
         }
         let victim = self
             .by_expiry
@@ -152,7 +177,7 @@ impl Inner {
         match victim {
             Some(s) => {
                 self.remove(&s);
-                Ok(())
+                Ok(true)
             }
             None => Err(StoreError::Full),
         }
@@ -243,7 +268,9 @@ impl Store for MemoryStore {
                     Some((created_at, expires_at)) => (created_at, expires_at.max(lease_until)),
                     None => {
                         inner.remove(&req.scope);
-                        inner.make_room(now, bound)?;
+                        if inner.make_room(now, bound)? {
+                            self.shards.evicted();
+                        }
                         (now, req.expires_at(now))
                     }
                 };
@@ -329,6 +356,27 @@ impl Store for MemoryStore {
     async fn ping(&self) -> Result<()> {
         Ok(())
     }
+
+    fn metrics(&self) -> Vec<StoreMetric> {
+        vec![
+            StoreMetric::gauge(
+                "idem_memory_records",
+                "Records the in-memory store holds, expired ones not yet purged included.",
+                self.len() as u64,
+            ),
+            StoreMetric::gauge(
+                "idem_memory_max_records",
+                "The most records the in-memory store holds.",
+                self.shards.max_entries as u64,
+            ),
+            StoreMetric::counter(
+                "idem_memory_evictions_total",
+                "Completed records the in-memory store dropped before they expired, to make \
+                 room; a retry of one executes again.",
+                self.shards.evictions.load(Ordering::Relaxed),
+            ),
+        ]
+    }
 }
 
 #[cfg(test)]
@@ -362,7 +410,9 @@ mod tests {
         let store = MemoryStore::with_clock(Arc::new(clock.clone())).max_entries(3);
         let scopes: Vec<Scope> = (0..6).map(|i| test_scope("/x", &format!("k{i}"))).collect();
         // k0 expires first; k1 is completed; k2 stays in progress.
-        let short = request(&scopes[0]).ttl(Duration::from_secs(5));
+        let short = request(&scopes[0])
+            .ttl(Duration::from_secs(5))
+            .lease(Duration::from_secs(1));
         let Reservation::Acquired(l0) = store.reserve(&short).await.unwrap() else {
             panic!("k0 is new")
         };
@@ -381,6 +431,7 @@ mod tests {
             "k0 had expired"
         );
         assert_eq!(store.len(), 3);
+        assert_eq!(evictions(&store), 0, "an expired record is no loss");
 
         // No expired record left: the completed one closest to expiry goes, k1 before k3.
         executed(&store, &scopes[4]).await;
@@ -391,6 +442,20 @@ mod tests {
             "in progress"
         );
         assert_eq!(store.len(), 3);
+        assert_eq!(evictions(&store), 1);
+        let figures: Vec<(&str, u64)> = store.metrics().iter().map(|m| (m.name, m.value)).collect();
+        assert_eq!(
+            figures,
+            [
+                ("idem_memory_records", 3),
+                ("idem_memory_max_records", 3),
+                ("idem_memory_evictions_total", 1)
+            ]
+        );
+    }
+
+    fn evictions(store: &MemoryStore) -> u64 {
+        store.shards.evictions.load(Ordering::Relaxed)
     }
 
     #[tokio::test]

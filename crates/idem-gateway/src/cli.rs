@@ -83,7 +83,8 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
 
-    /// Record store: memory://, sqlite://FILE, postgres://…, redis://… [default: sqlite://idem.db].
+    /// Record store: memory:// (memory://?max_entries=N), sqlite://FILE, postgres://…,
+    /// redis://… [default: sqlite://idem.db].
     #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
     pub store: Option<String>,
 

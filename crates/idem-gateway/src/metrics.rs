@@ -338,11 +338,28 @@ mod tests {
         );
         assert!(text.contains("\nidem_sqlite_failed_write_transactions_total 0\n"));
 
-        // A store without figures of its own adds nothing.
-        let plain = Metrics::new()
-            .with_store(Arc::new(idem_core::MemoryStore::new()))
+        // The memory store adds its own figures after the gateway's, and nothing else.
+        let with_memory = Metrics::new()
+            .with_store(Arc::new(idem_core::MemoryStore::new().max_entries(500)))
             .render();
-        assert_eq!(plain, Metrics::new().render());
+        let bare = Metrics::new().render();
+        assert_eq!(
+            with_memory.strip_prefix(&bare),
+            Some(
+                "# HELP idem_memory_records Records the in-memory store holds, expired ones not \
+                 yet purged included.\n\
+                 # TYPE idem_memory_records gauge\n\
+                 idem_memory_records 0\n\
+                 # HELP idem_memory_max_records The most records the in-memory store holds.\n\
+                 # TYPE idem_memory_max_records gauge\n\
+                 idem_memory_max_records 500\n\
+                 # HELP idem_memory_evictions_total Completed records the in-memory store \
+                 dropped before they expired, to make room; a retry of one executes again.\n\
+                 # TYPE idem_memory_evictions_total counter\n\
+                 idem_memory_evictions_total 0\n"
+            ),
+            "{with_memory}"
+        );
         store.close().await;
     }
 }

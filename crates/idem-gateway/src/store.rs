@@ -2,7 +2,7 @@
 //!
 //! | URL | store |
 //! |---|---|
-//! | `memory://` | `idem_core::MemoryStore` (one process, lost on restart) |
+//! | `memory://` | `idem_core::MemoryStore` (one process, lost on restart; at most 100 000 records unless `?max_entries=N` says otherwise, and when full it drops the completed records closest to expiry, whose retries would execute again) |
 //! | `sqlite://FILE`, `sqlite:///abs/path` | `idem_sqlite::SqliteStore` (the embedded default; `?synchronous=full` syncs every commit, `?page_size=1024` makes a new file with 1 KiB pages) |
 //! | `postgres://…`, `postgresql://…` | `idem_postgres::PgStore` (shared by several gateways) |
 //! | `redis://…` | `idem_redis::RedisStore` (shared by several gateways) |
@@ -27,8 +27,9 @@ use idem_core::{
 /// A parsed `--store` URL.
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
-    /// `memory://`.
-    Memory,
+    /// `memory://`, holding at most this many records (`?max_entries=N`, else
+    /// [`idem_core::DEFAULT_MAX_ENTRIES`]).
+    Memory(usize),
     /// `sqlite://PATH`, passed on as written: the path is relative to the working
     /// directory unless it starts with `/` (`sqlite:///var/lib/idem.db`).
     Sqlite(String),
@@ -77,7 +78,15 @@ impl StoreUrl {
             .split_once("://")
             .ok_or_else(|| OpenError::Unsupported(redact(url)))?;
         match scheme.to_ascii_lowercase().as_str() {
-            "memory" | "mem" => Ok(StoreUrl::Memory),
+            "memory" | "mem" => {
+                parse_memory(rest)
+                    .map(StoreUrl::Memory)
+                    .map_err(|reason| OpenError::Invalid {
+                        kind: "memory",
+                        url: redact(url),
+                        reason,
+                    })
+            }
             "sqlite" => {
                 if rest.split('?').next().unwrap_or_default().is_empty() {
                     return Err(OpenError::Unsupported(redact(url)));
@@ -101,7 +110,7 @@ impl StoreUrl {
     /// A short name for logs: `memory`, `sqlite`, `postgres`, `redis`.
     pub fn kind(&self) -> &'static str {
         match self {
-            StoreUrl::Memory => "memory",
+            StoreUrl::Memory(_) => "memory",
             StoreUrl::Sqlite(_) => "sqlite",
             StoreUrl::Postgres(_) => "postgres",
             StoreUrl::Redis(_) => "redis",
@@ -112,12 +121,38 @@ impl StoreUrl {
 impl fmt::Debug for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StoreUrl::Memory => f.write_str("memory://"),
+            StoreUrl::Memory(max) => write!(f, "memory://?max_entries={max}"),
             StoreUrl::Sqlite(u) | StoreUrl::Postgres(u) | StoreUrl::Redis(u) => {
                 f.write_str(&redact(u))
             }
         }
     }
+}
+
+/// The bound of a `memory://` URL: what follows `memory://`, which is nothing or
+/// `?max_entries=N`.
+fn parse_memory(rest: &str) -> Result<usize, String> {
+    let query = match rest.strip_prefix('?') {
+        Some(query) => query,
+        None if rest.is_empty() => return Ok(idem_core::DEFAULT_MAX_ENTRIES),
+        None => return Err("a memory store has no host or path; write memory://".into()),
+    };
+    let mut max = idem_core::DEFAULT_MAX_ENTRIES;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("max_entries", n)) => {
+                max = n.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| {
+                    format!("max_entries must be a whole number above 0, not {n:?}")
+                })?;
+            }
+            _ => {
+                return Err(format!(
+                    "unknown parameter {pair:?}; the memory store takes max_entries=N"
+                ));
+            }
+        }
+    }
+    Ok(max)
 }
 
 /// The URL with any password replaced by `***`, for logs and errors.
@@ -239,7 +274,7 @@ pub async fn open_with(url: &str, options: StoreOptions) -> Result<Arc<dyn Store
         source,
     };
     let store: Arc<dyn Store> = match parsed {
-        StoreUrl::Memory => Arc::new(MemoryStore::new()),
+        StoreUrl::Memory(max) => Arc::new(MemoryStore::new().max_entries(max)),
         StoreUrl::Sqlite(url) => {
             let mut builder = idem_sqlite::SqliteStore::builder();
             if let Some(n) = options.pool {
@@ -442,10 +477,18 @@ impl Store for Deferred {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idem_core::testing::{test_fingerprint, test_scope};
 
     #[test]
     fn store_urls_select_their_store() {
-        assert_eq!(StoreUrl::parse("memory://").unwrap(), StoreUrl::Memory);
+        assert_eq!(
+            StoreUrl::parse("memory://").unwrap(),
+            StoreUrl::Memory(idem_core::DEFAULT_MAX_ENTRIES)
+        );
+        assert_eq!(
+            StoreUrl::parse("memory://?max_entries=5000000").unwrap(),
+            StoreUrl::Memory(5_000_000)
+        );
         assert_eq!(
             StoreUrl::parse("sqlite://idem.db").unwrap(),
             StoreUrl::Sqlite("sqlite://idem.db".into())
@@ -603,5 +646,41 @@ mod tests {
     async fn memory_store_opens_and_answers() {
         let store = open("memory://").await.unwrap();
         store.ping().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_memory_url_sets_the_bound_and_the_store_keeps_it() {
+        let store = open("memory://?max_entries=2").await.unwrap();
+        let max = store
+            .metrics()
+            .into_iter()
+            .find(|m| m.name == "idem_memory_max_records")
+            .map(|m| m.value);
+        assert_eq!(max, Some(2));
+        for key in ["a", "b"] {
+            let request = ReserveRequest::new(test_scope("/x", key), test_fingerprint("{}"));
+            assert!(store.reserve(&request).await.unwrap().lease().is_some());
+        }
+        // Both in progress: nothing may be dropped to make room.
+        let third = ReserveRequest::new(test_scope("/x", "c"), test_fingerprint("{}"));
+        assert!(matches!(store.reserve(&third).await, Err(StoreError::Full)));
+    }
+
+    #[test]
+    fn a_memory_url_with_anything_else_is_refused_with_the_reason() {
+        for (url, says) in [
+            ("memory://?max_entries=0", "above 0"),
+            ("memory://?max_entries=lots", "above 0, not \"lots\""),
+            ("memory://?max_entries=", "above 0"),
+            ("memory://?size=3", "unknown parameter \"size=3\""),
+            ("memory://localhost", "no host or path"),
+        ] {
+            let e = StoreUrl::parse(url).unwrap_err();
+            assert!(
+                matches!(e, OpenError::Invalid { kind: "memory", .. }),
+                "{url}: {e:?}"
+            );
+            assert!(e.to_string().contains(says), "{url}: {e}");
+        }
     }
 }
