@@ -146,14 +146,17 @@ impl Inner {
         }
     }
 
-    fn purge(&mut self, now: Timestamp, limit: usize) -> usize {
-        let expired: Vec<Scope> = self
-            .by_expiry
+    /// The first `limit` records to expire by `until`, in the order they expired.
+    fn expired(&self, until: Timestamp, limit: usize) -> impl Iterator<Item = &(Timestamp, Scope)> {
+        self.by_expiry
             .iter()
-            .take_while(|(at, _)| *at <= now)
+            .take_while(move |(at, _)| *at <= until)
             .take(limit)
-            .map(|(_, s)| s.clone())
-            .collect();
+    }
+
+    /// Deletes the first `limit` records to expire by `until`; returns how many.
+    fn purge(&mut self, until: Timestamp, limit: usize) -> usize {
+        let expired: Vec<Scope> = self.expired(until, limit).map(|(_, s)| s.clone()).collect();
         for s in &expired {
             self.remove(s);
         }
@@ -341,14 +344,43 @@ impl Store for MemoryStore {
         Ok(self.lock(scope).0.remove(scope).is_some())
     }
 
+    /// Purges what one map would: the `limit` records that expired first, ties in scope
+    /// order, as the SQL stores' expiry index does. With more than `limit` expired, the
+    /// `limit`-th expiry across the shards is the cutoff: every record that expired
+    /// before it goes, then as many of those that expired at it as the limit leaves.
     async fn purge_expired(&self, limit: usize) -> Result<usize> {
         let now = self.clock.now();
+        let shards = &self.shards.shards;
+        let mut times: Vec<Timestamp> = Vec::new();
+        for shard in shards.iter() {
+            times.extend(lock(shard).expired(now, limit).map(|(at, _)| *at));
+        }
+        // Counted against `limit` as they go: records may expire meanwhile.
         let mut purged = 0;
-        for shard in self.shards.shards.iter() {
-            if purged == limit {
-                break;
+        if times.len() <= limit {
+            for shard in shards.iter() {
+                purged += lock(shard).purge(now, limit - purged);
             }
-            purged += lock(shard).purge(now, limit - purged);
+            return Ok(purged);
+        }
+        let (_, &mut cutoff, _) = times.select_nth_unstable(limit - 1);
+        let before = Timestamp::from_millis(cutoff.as_millis() - 1);
+        for shard in shards.iter() {
+            purged += lock(shard).purge(before, limit - purged);
+        }
+        let mut ties: Vec<(Timestamp, Scope)> = Vec::new();
+        for shard in shards.iter() {
+            ties.extend(lock(shard).expired(cutoff, limit - purged).cloned());
+        }
+        ties.sort_unstable();
+        ties.truncate(limit - purged);
+        for entry in ties {
+            let (mut inner, _) = self.lock(&entry.1);
+            // Unless renewed, replaced or purged since.
+            if inner.by_expiry.contains(&entry) {
+                inner.remove(&entry.1);
+                purged += 1;
+            }
         }
         Ok(purged)
     }
@@ -525,6 +557,45 @@ mod tests {
         assert_eq!(store.purge_expired(250).await.unwrap(), 250);
         assert_eq!(store.len(), 50);
         assert_eq!(store.purge_expired(250).await.unwrap(), 50);
+        assert!(store.is_empty());
+    }
+
+    #[tokio::test]
+    async fn purging_takes_the_records_that_expired_first_across_the_shards() {
+        let clock = ManualClock::starting_now();
+        let store = MemoryStore::with_clock(Arc::new(clock.clone()));
+        let scopes: Vec<Scope> = (0..300)
+            .map(|i| test_scope("/x", &format!("k{i}")))
+            .collect();
+        // Three expiry times, a hundred records each, over all the shards.
+        for (i, scope) in scopes.iter().enumerate() {
+            let ttl = Duration::from_secs(10 * (1 + i as u64 % 3));
+            let req = request(scope).ttl(ttl).lease(Duration::from_secs(1));
+            let Reservation::Acquired(lease) = store.reserve(&req).await.unwrap() else {
+                panic!("{scope:?} is new")
+            };
+            store
+                .complete(&lease, &StoredResponse::new(201, "{}"))
+                .await
+                .unwrap();
+        }
+        clock.advance(Duration::from_secs(60));
+
+        // The hundred that expired first, then fifty of those that expired next, in
+        // scope order.
+        assert_eq!(store.purge_expired(150).await.unwrap(), 150);
+        let mut second: Vec<&Scope> = scopes.iter().skip(1).step_by(3).collect();
+        second.sort();
+        for (i, scope) in scopes.iter().enumerate() {
+            let kept = match i % 3 {
+                0 => false,
+                1 => !second[..50].contains(&scope),
+                _ => true,
+            };
+            let held = store.get(scope).await.unwrap().is_some();
+            assert_eq!(held, kept, "record {i}");
+        }
+        assert_eq!(store.purge_expired(1_000).await.unwrap(), 150);
         assert!(store.is_empty());
     }
 
