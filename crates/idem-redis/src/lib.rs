@@ -123,7 +123,8 @@ mod record;
 mod store;
 
 pub use store::{
-    DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, RedisStore, RedisStoreBuilder,
+    DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, EvictionRisk, RedisStore,
+    RedisStoreBuilder,
 };
 
 /// The README's example, compiled as a doctest so it cannot rot.

@@ -94,6 +94,40 @@ pub struct RedisStore {
     purge_cursor: Arc<Mutex<u64>>,
     /// What the store met, for [`Store::metrics`]; shared by clones.
     counters: Arc<Counters>,
+    /// The server's memory settings, if they let it evict records; read on connecting.
+    eviction: Option<Arc<EvictionRisk>>,
+}
+
+/// A server whose memory settings let it drop keys when it runs out of memory: with a
+/// `maxmemory` bound, every `maxmemory-policy` but `noeviction` may evict records (all
+/// of them carry a TTL, so the `volatile-*` policies too). A dropped record in progress
+/// lets a duplicate execute while the first still runs; a dropped completed one lets a
+/// retry execute again. With `noeviction`, writes fail once memory is full and the store
+/// answers [`StoreError::Unavailable`] instead: it fails closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EvictionRisk {
+    /// The server's `maxmemory`, in bytes.
+    pub maxmemory: u64,
+    /// The server's `maxmemory-policy`.
+    pub policy: String,
+}
+
+impl EvictionRisk {
+    /// The risk the text of `INFO memory` shows, if any.
+    fn from_info(info: &str) -> Option<EvictionRisk> {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        let maxmemory: u64 = field("maxmemory")?.parse().ok()?;
+        let policy = field("maxmemory_policy")?;
+        (maxmemory > 0 && policy != "noeviction").then(|| EvictionRisk {
+            maxmemory,
+            policy: policy.to_owned(),
+        })
+    }
 }
 
 /// Counts of events an operator wants to see, all since the store was opened.
@@ -175,6 +209,7 @@ impl RedisStoreBuilder {
         let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(from_redis)?;
+        let eviction = eviction_risk(&conn).await.map(Arc::new);
         Ok(RedisStore {
             conn,
             clock: self.clock,
@@ -182,6 +217,7 @@ impl RedisStoreBuilder {
             ttl_grace_ms: duration_millis(self.ttl_grace),
             purge_cursor: Arc::default(),
             counters: Arc::default(),
+            eviction,
         })
     }
 }
@@ -206,6 +242,14 @@ impl RedisStore {
     /// The prefix of this store's record keys.
     pub fn key_prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// The server's memory settings if, when the store connected, they let it evict
+    /// records (see [`EvictionRisk`]); `None` when they did not, or could not be read.
+    /// The store logs a warning when it finds them; a service that wants to refuse to
+    /// start on such a server can check this.
+    pub fn eviction_risk(&self) -> Option<&EvictionRisk> {
+        self.eviction.as_deref()
     }
 
     /// The Redis key of `scope`'s record, for operators inspecting it: `PTTL` shows
@@ -588,14 +632,76 @@ impl Store for RedisStore {
                 "First reservations whose reply never came, released in the background.",
                 read(&c.unconfirmed_reservations),
             ),
+            StoreMetric::gauge(
+                "idem_redis_server_may_evict",
+                "1 when, as the store connected, the server's maxmemory policy let it evict \
+                 records when full (a retry of an evicted key executes again); else 0.",
+                u64::from(self.eviction.is_some()),
+            ),
         ]
     }
+}
+
+/// Reads the server's memory settings and warns when they let it evict records.
+/// Servers that do not allow `INFO` (some managed ones rename it) are not checked.
+async fn eviction_risk(conn: &ConnectionManager) -> Option<EvictionRisk> {
+    let info: String = match redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn.clone())
+        .await
+    {
+        Ok(info) => info,
+        Err(e) => {
+            tracing::debug!(error = %e, "could not read the Redis server's memory settings");
+            return None;
+        }
+    };
+    let risk = EvictionRisk::from_info(&info)?;
+    tracing::warn!(
+        maxmemory = risk.maxmemory,
+        policy = %risk.policy,
+        "the Redis server may evict idempotency records when its memory is full, and a \
+         retry of an evicted key executes again; set maxmemory-policy noeviction"
+    );
+    Some(risk)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io;
+
+    #[test]
+    fn only_a_memory_bound_with_an_evicting_policy_is_a_risk() {
+        let info = |max: &str, policy: &str| {
+            format!(
+                "# Memory\r\nused_memory:1061072\r\nmaxmemory:{max}\r\n\
+                 maxmemory_human:1.00G\r\nmaxmemory_policy:{policy}\r\n\
+                 allocator_frag_ratio:1.19\r\n"
+            )
+        };
+        assert_eq!(
+            EvictionRisk::from_info(&info("1073741824", "allkeys-lru")),
+            Some(EvictionRisk {
+                maxmemory: 1_073_741_824,
+                policy: "allkeys-lru".into()
+            })
+        );
+        // Every record has a TTL, so the volatile policies may take them too.
+        assert!(EvictionRisk::from_info(&info("1073741824", "volatile-ttl")).is_some());
+        assert_eq!(
+            EvictionRisk::from_info(&info("1073741824", "noeviction")),
+            None
+        );
+        // No bound: nothing is evicted, whatever the policy.
+        assert_eq!(EvictionRisk::from_info(&info("0", "allkeys-lru")), None);
+        // Fields missing or unreadable (an INFO edited by a proxy): no claim either way.
+        assert_eq!(
+            EvictionRisk::from_info("# Memory\r\nused_memory:1\r\n"),
+            None
+        );
+        assert_eq!(EvictionRisk::from_info(&info("lots", "allkeys-lru")), None);
+    }
 
     #[test]
     fn scan_pattern_escapes_glob_characters_and_matches_one_record_key_shape() {
