@@ -428,12 +428,19 @@ mod tests {
         }
     }
 
-    async fn executed(store: &MemoryStore, scope: &Scope) {
-        let lease = acquire(store, scope).await;
+    /// Reserves `req`, which must acquire, and completes it.
+    async fn execute(store: &MemoryStore, req: &ReserveRequest) {
+        let Reservation::Acquired(lease) = store.reserve(req).await.unwrap() else {
+            panic!("{:?} is new", req.scope)
+        };
         store
             .complete(&lease, &StoredResponse::new(201, "{}"))
             .await
             .unwrap();
+    }
+
+    async fn executed(store: &MemoryStore, scope: &Scope) {
+        execute(store, &request(scope)).await;
     }
 
     #[tokio::test]
@@ -445,13 +452,7 @@ mod tests {
         let short = request(&scopes[0])
             .ttl(Duration::from_secs(5))
             .lease(Duration::from_secs(1));
-        let Reservation::Acquired(l0) = store.reserve(&short).await.unwrap() else {
-            panic!("k0 is new")
-        };
-        store
-            .complete(&l0, &StoredResponse::new(201, "{}"))
-            .await
-            .unwrap();
+        execute(&store, &short).await;
         clock.advance(Duration::from_secs(1));
         executed(&store, &scopes[1]).await;
         acquire(&store, &scopes[2]).await;
@@ -570,14 +571,11 @@ mod tests {
         // Three expiry times, a hundred records each, over all the shards.
         for (i, scope) in scopes.iter().enumerate() {
             let ttl = Duration::from_secs(10 * (1 + i as u64 % 3));
-            let req = request(scope).ttl(ttl).lease(Duration::from_secs(1));
-            let Reservation::Acquired(lease) = store.reserve(&req).await.unwrap() else {
-                panic!("{scope:?} is new")
-            };
-            store
-                .complete(&lease, &StoredResponse::new(201, "{}"))
-                .await
-                .unwrap();
+            execute(
+                &store,
+                &request(scope).ttl(ttl).lease(Duration::from_secs(1)),
+            )
+            .await;
         }
         clock.advance(Duration::from_secs(60));
 
