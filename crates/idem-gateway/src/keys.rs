@@ -209,6 +209,7 @@ async fn open(
     namespace: Option<String>,
 ) -> Result<std::sync::Arc<dyn Store>, String> {
     let url = url.unwrap_or_else(|| DEFAULT_STORE.to_owned());
+    refuse_memory(&url)?;
     let options = crate::store::StoreOptions {
         namespace: namespace.as_deref().map(Namespace::new).transpose()?,
         ..Default::default()
@@ -216,6 +217,21 @@ async fn open(
     crate::store::open_with(&url, options)
         .await
         .map_err(|e| e.to_string())
+}
+
+/// A memory store lives in the process that made it: opened here it would be a new,
+/// empty one, and every key would be "no record".
+fn refuse_memory(url: &str) -> Result<(), String> {
+    match crate::store::StoreUrl::parse(url) {
+        Ok(crate::store::StoreUrl::Memory(_)) => Err(
+            "a memory:// store lives inside the `idem serve` that holds it, so this command \
+             would read a new, empty one; ask that gateway's admin listener instead \
+             (GET or DELETE /keys?key=…, POST /keys/purge-expired)"
+                .into(),
+        ),
+        // Anything else, good or bad, is for opening to judge.
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

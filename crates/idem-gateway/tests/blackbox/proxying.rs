@@ -553,6 +553,18 @@ async fn keys_command_shows_and_purges_sqlite_records() {
     let expired = run(&["keys", "purge", "--expired", "--store", "sqlite://idem.db"]);
     assert!(expired.status.success());
     assert!(String::from_utf8_lossy(&expired.stdout).contains("purged 0 expired records"));
+
+    // A memory store would be a new, empty one here: refused, pointing at the admin
+    // listener, rather than answering "no record".
+    for args in [
+        &["keys", "show", &key, "--store", "memory://"][..],
+        &["keys", "purge", "--expired", "--store", "memory://"][..],
+    ] {
+        let refused = run(args);
+        assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(said.contains("admin listener"), "{said}");
+    }
 }
 
 /// Gateways in front of two APIs share one SQLite file in two namespaces: the same key
