@@ -59,4 +59,4 @@ mod store;
 
 pub use error::{Error, Result};
 pub use schema::{DEFAULT_TABLE, validate_table_name};
-pub use store::{PgStore, PgStoreOptions};
+pub use store::{DurabilityRisk, PgStore, PgStoreOptions};

@@ -116,9 +116,10 @@ impl PgStoreOptions {
     pub async fn connect(self, url: &str) -> Result<PgStore, Error> {
         let pool = self.pool_options().connect_lazy_with(parse_url(url)?);
         let check = !self.migrate;
-        let store = self.from_pool(pool).await?;
+        let mut store = self.from_pool(pool).await?;
         if check {
             store.ping().await?;
+            store.durability = durability_risk(&store.pool).await.map(Arc::new);
         }
         Ok(store)
     }
@@ -136,9 +137,10 @@ impl PgStoreOptions {
     /// server yet.
     pub async fn from_pool(self, pool: PgPool) -> Result<PgStore, Error> {
         let run = self.migrate;
-        let store = self.build(pool)?;
+        let mut store = self.build(pool)?;
         if run {
             store.migrate().await?;
+            store.durability = durability_risk(&store.pool).await.map(Arc::new);
         }
         Ok(store)
     }
@@ -162,8 +164,66 @@ impl PgStoreOptions {
             clock: self.clock,
             operation_timeout: self.operation_timeout,
             handoff: Arc::default(),
+            durability: None,
         })
     }
+}
+
+/// Server settings under which PostgreSQL can lose records it acknowledged:
+/// `synchronous_commit = off` answers a commit before its WAL reaches the disk, so a
+/// server crash forgets the last fraction of a second of records (a retry of one of
+/// those keys executes again); `fsync = off` may lose or corrupt anything written
+/// since the last checkpoint when the machine crashes or loses power.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DurabilityRisk {
+    /// The store's sessions run with `synchronous_commit = off`.
+    pub synchronous_commit_off: bool,
+    /// The server runs with `fsync = off`.
+    pub fsync_off: bool,
+}
+
+impl DurabilityRisk {
+    /// The risk the two settings make, if any.
+    fn from_settings(fsync: &str, synchronous_commit: &str) -> Option<DurabilityRisk> {
+        let risk = DurabilityRisk {
+            synchronous_commit_off: synchronous_commit.eq_ignore_ascii_case("off"),
+            fsync_off: fsync.eq_ignore_ascii_case("off"),
+        };
+        (risk.synchronous_commit_off || risk.fsync_off).then_some(risk)
+    }
+}
+
+/// Reads, on a connection of the store's pool (so with the URL's session options), the
+/// settings that decide whether an acknowledged commit survives a crash, and warns when
+/// it may not. A server that cannot be asked is not checked.
+async fn durability_risk(pool: &PgPool) -> Option<DurabilityRisk> {
+    let settings: Result<(String, String), sqlx::Error> =
+        sqlx::query_as("SELECT current_setting('fsync'), current_setting('synchronous_commit')")
+            .fetch_one(pool)
+            .await;
+    let (fsync, synchronous_commit) = match settings {
+        Ok(settings) => settings,
+        Err(e) => {
+            tracing::debug!(error = %e, "could not read the PostgreSQL server's durability settings");
+            return None;
+        }
+    };
+    let risk = DurabilityRisk::from_settings(&fsync, &synchronous_commit)?;
+    if risk.fsync_off {
+        tracing::warn!(
+            "PostgreSQL runs with fsync = off: a machine crash or power loss can lose or \
+             corrupt idempotency records, and a retry of a lost key executes again"
+        );
+    }
+    if risk.synchronous_commit_off {
+        tracing::warn!(
+            "the idempotency store's PostgreSQL sessions run with synchronous_commit = off: \
+             a server crash can forget the last records written, and a retry of one of \
+             those keys executes again"
+        );
+    }
+    Some(risk)
 }
 
 /// Connections idle at least this long are pinged before use.
@@ -199,6 +259,8 @@ pub struct PgStore {
     operation_timeout: Duration,
     sql: Arc<Statements>,
     handoff: Arc<Handoff>,
+    /// What the server's settings risk, as read when the store connected.
+    durability: Option<Arc<DurabilityRisk>>,
 }
 
 impl fmt::Debug for PgStore {
@@ -235,6 +297,15 @@ impl PgStore {
     /// The records table.
     pub fn table(&self) -> &str {
         &self.sql.table
+    }
+
+    /// The server's settings if, when the store connected, they let a crash lose
+    /// acknowledged records (see [`DurabilityRisk`]); `None` when they did not, could
+    /// not be read, or were not read ([`connect_lazy`](PgStoreOptions::connect_lazy),
+    /// or [`from_pool`](PgStoreOptions::from_pool) with the migration off). The store
+    /// logs a warning when it finds them.
+    pub fn durability_risk(&self) -> Option<&DurabilityRisk> {
+        self.durability.as_deref()
     }
 
     /// Runs the embedded migration for this store's table (idempotent).
@@ -625,6 +696,12 @@ impl Store for PgStore {
                  skipping the pool's check on return.",
                 self.handoff.handed(),
             ),
+            StoreMetric::gauge(
+                "idem_postgres_commits_may_be_lost",
+                "1 when, as the store connected, the server's settings (synchronous_commit \
+                 or fsync off) let a crash lose acknowledged records; else 0.",
+                u64::from(self.durability.is_some()),
+            ),
         ]
     }
 }
@@ -800,6 +877,28 @@ impl Statements {
 mod tests {
     use super::*;
     use idem_core::testing::{service_unavailable, service_url, unique_namespace};
+
+    #[test]
+    fn either_setting_off_is_a_risk() {
+        assert_eq!(DurabilityRisk::from_settings("on", "on"), None);
+        // Other synchronous_commit levels still wait for the local flush.
+        assert_eq!(DurabilityRisk::from_settings("on", "local"), None);
+        assert_eq!(DurabilityRisk::from_settings("on", "remote_write"), None);
+        assert_eq!(
+            DurabilityRisk::from_settings("on", "off"),
+            Some(DurabilityRisk {
+                synchronous_commit_off: true,
+                fsync_off: false
+            })
+        );
+        assert_eq!(
+            DurabilityRisk::from_settings("off", "on"),
+            Some(DurabilityRisk {
+                synchronous_commit_off: false,
+                fsync_off: true
+            })
+        );
+    }
 
     #[tokio::test]
     async fn bad_table_name_or_url_is_rejected_before_connecting() {
