@@ -3,8 +3,7 @@
 //! them back afterwards, panic or not; it is the only test in this binary, so no other
 //! test of the crate runs while they are changed.
 
-use idem_core::Store;
-use idem_core::testing::{service_unavailable, service_url};
+use idem_core::testing::{figure, service_unavailable, service_url};
 use idem_redis::RedisStore;
 use redis::aio::ConnectionManager;
 
@@ -59,15 +58,6 @@ async fn config_set(raw: &mut ConnectionManager, name: &str, value: &str) {
         .expect("CONFIG SET");
 }
 
-fn may_evict_metric(store: &RedisStore) -> u64 {
-    store
-        .metrics()
-        .into_iter()
-        .find(|m| m.name == "idem_redis_server_may_evict")
-        .map(|m| m.value)
-        .expect("the store reports it")
-}
-
 #[tokio::test]
 async fn the_store_says_when_the_server_may_evict_its_records() {
     let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
@@ -105,6 +95,9 @@ async fn the_store_says_when_the_server_may_evict_its_records() {
             assert_eq!(risk.maxmemory, bound);
             assert_eq!(risk.policy, policy);
         }
-        assert_eq!(may_evict_metric(&store), u64::from(evicts));
+        assert_eq!(
+            figure(&store, "idem_redis_server_may_evict"),
+            u64::from(evicts)
+        );
     }
 }
