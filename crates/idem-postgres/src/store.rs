@@ -111,7 +111,8 @@ impl PgStoreOptions {
     }
 
     /// Connects to `url` (`postgres://user@host:port/db`), builds a pool and runs the
-    /// migration (or, when that is turned off, checks that the server answers). An
+    /// migration (or, when that is turned off, checks that the server answers), then
+    /// reads the server's durability settings ([`PgStore::durability_risk`]). An
     /// unreachable server is [`Error::Store`]`(`[`StoreError::Unavailable`]`)`.
     pub async fn connect(self, url: &str) -> Result<PgStore, Error> {
         let pool = self.pool_options().connect_lazy_with(parse_url(url)?);
@@ -133,7 +134,8 @@ impl PgStoreOptions {
     }
 
     /// Uses an existing pool (its own acquire timeout and size apply) and, unless
-    /// turned off, runs the migration; with the migration off, nothing is sent to the
+    /// turned off, runs the migration and reads the server's durability settings
+    /// ([`PgStore::durability_risk`]); with the migration off, nothing is sent to the
     /// server yet.
     pub async fn from_pool(self, pool: PgPool) -> Result<PgStore, Error> {
         let run = self.migrate;
