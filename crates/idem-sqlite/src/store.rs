@@ -53,6 +53,8 @@ pub struct SqliteStore {
     /// Whether the store opened its pool (and so closes it on [`Store::close`]), rather
     /// than being given the application's.
     owns_pool: bool,
+    /// Whether its commits to a file are never synced (`synchronous = OFF`).
+    never_syncs: bool,
 }
 
 /// Settings for opening a [`SqliteStore`].
@@ -134,7 +136,8 @@ impl SqliteStoreBuilder {
     /// parameters (`?mode=ro`, …) if wanted, and `synchronous=full` (or `normal`,
     /// `extra`, `off`) to choose how commits reach the disk: with `full`, every commit
     /// is synced, so not even a power loss or an OS crash loses a record, at the cost
-    /// of an fsync per group commit. `page_size=1024` (a power of two from 512 to
+    /// of an fsync per group commit; with `off`, nothing is ever synced, so either may
+    /// lose or corrupt records, and the store logs a warning. `page_size=1024` (a power of two from 512 to
     /// 65536) sets the page size of a database file this call creates; a file that
     /// exists keeps its own. Each new key writes a whole page of the key index to the
     /// WAL, and each checkpoint writes it again, so smaller pages write less: in a load
@@ -199,6 +202,14 @@ impl SqliteStoreBuilder {
         schema::migrate(&mut conn, &self.table).await?;
         let target = Target::of(&mut conn, &pool.connect_options()).await?;
         drop(conn);
+        let never_syncs = target.never_syncs();
+        if never_syncs {
+            tracing::warn!(
+                "the SQLite idempotency store runs with synchronous = off: a machine crash \
+                 or power loss can lose or corrupt its records, and a retry of a lost key \
+                 executes again; use normal (the default) or full"
+            );
+        }
         let sql = Arc::new(Statements::new(&self.table));
         let writer = Writer::start(
             target,
@@ -216,6 +227,7 @@ impl SqliteStoreBuilder {
             clock: self.clock,
             writer,
             owns_pool: false,
+            never_syncs,
         })
     }
 }
@@ -524,6 +536,12 @@ impl Store for SqliteStore {
                 "idem_sqlite_pool_idle_connections",
                 "Idle connections in the SQLite read pool.",
                 self.pool.num_idle() as u64,
+            ),
+            StoreMetric::gauge(
+                "idem_sqlite_synchronous_off",
+                "1 when the store's commits are never synced to disk (synchronous = off), \
+                 so a machine crash or power loss can lose or corrupt records; else 0.",
+                u64::from(self.never_syncs),
             ),
         ]
     }

@@ -229,6 +229,12 @@ impl Target {
     fn wal(&self) -> bool {
         !self.memory && self.journal_mode.eq_ignore_ascii_case("wal")
     }
+
+    /// Whether commits to a file skip syncing altogether (`synchronous = OFF`), so that
+    /// a machine crash or power loss may lose or corrupt the database.
+    pub(crate) fn never_syncs(&self) -> bool {
+        !self.memory && self.synchronous == 0
+    }
 }
 
 /// Checkpoints on `conn` each time the writer nudges, at most every

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use idem_core::codec::encode_headers;
-use idem_core::testing::test_fingerprint;
+use idem_core::testing::{figure, test_fingerprint};
 use idem_core::{
     Endpoint, Key, ManualClock, Reservation, ReserveRequest, Scope, ScopeMode, Store, StoreError,
     StoredResponse, Tenant,
@@ -236,6 +236,14 @@ async fn synchronous_comes_from_the_url() {
     .unwrap();
     assert_eq!(pragma(&full, "synchronous").await, 2, "FULL from the URL");
     assert!(dir.path().join("b.db").exists());
+    assert_eq!(figure(&full, "idem_sqlite_synchronous_off"), 0);
+
+    // Allowed, and said: commits that are never synced may be lost or corrupted.
+    let off = SqliteStore::connect(&format!("{}?synchronous=off", db_url(&dir, "o.db")))
+        .await
+        .unwrap();
+    assert_eq!(pragma(&off, "synchronous").await, 0);
+    assert_eq!(figure(&off, "idem_sqlite_synchronous_off"), 1);
 
     let e = SqliteStore::connect(&format!("{}?synchronous=sometimes", db_url(&dir, "c.db")))
         .await
