@@ -477,7 +477,7 @@ impl Store for Deferred {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idem_core::testing::{test_fingerprint, test_scope};
+    use idem_core::testing::{figure, test_fingerprint, test_scope};
 
     #[test]
     fn store_urls_select_their_store() {
@@ -651,12 +651,7 @@ mod tests {
     #[tokio::test]
     async fn a_memory_url_sets_the_bound_and_the_store_keeps_it() {
         let store = open("memory://?max_entries=2").await.unwrap();
-        let max = store
-            .metrics()
-            .into_iter()
-            .find(|m| m.name == "idem_memory_max_records")
-            .map(|m| m.value);
-        assert_eq!(max, Some(2));
+        assert_eq!(figure(&*store, "idem_memory_max_records"), 2);
         for key in ["a", "b"] {
             let request = ReserveRequest::new(test_scope("/x", key), test_fingerprint("{}"));
             assert!(store.reserve(&request).await.unwrap().lease().is_some());
