@@ -49,6 +49,18 @@ fn bench(c: &mut Criterion) {
     });
 
     let opts = FingerprintOptions::default();
+    let charge = br#"{"amount":100,"currency":"eur","customer":"cus_123"}"#;
+    g.bench_function("fingerprint_json_charge", |b| {
+        b.iter(|| {
+            Fingerprint::compute(
+                "POST",
+                "POST /v1/charges",
+                Some("application/json"),
+                black_box(charge),
+                &opts,
+            )
+        })
+    });
     for (name, size) in [
         ("fingerprint_json_1KiB", 1024),
         ("fingerprint_json_64KiB", 64 * 1024),

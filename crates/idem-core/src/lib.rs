@@ -46,6 +46,7 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+mod canonical;
 mod clock;
 pub mod codec;
 mod decision;
