@@ -398,6 +398,40 @@ async fn equal_json_in_another_spelling_replays() {
     assert_eq!(s.up.started(&key), 1);
 }
 
+/// Amounts past a double's precision, and repeated keys, are still payloads of their
+/// own: a retry that changes one is refused, not answered with the first charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_that_differs_only_past_a_double_is_422() {
+    let s = setup(&[]).await;
+    let url = s.gw.url("/v1/charges");
+    for (first, changed, same) in [
+        (
+            r#"{"amount_wei":20000000000000000001}"#,
+            r#"{"amount_wei":20000000000000000002}"#,
+            r#"{"amount_wei": 2.0000000000000000001e19}"#,
+        ),
+        (
+            r#"{"rate":394301.33835633675}"#,
+            r#"{"rate":394301.3383563367}"#,
+            r#"{"rate":394301.338356336750}"#,
+        ),
+        (
+            r#"{"amount":100,"amount":1}"#,
+            r#"{"amount":1}"#,
+            r#"{ "amount": 100, "amount": 1 }"#,
+        ),
+    ] {
+        let key = new_key();
+        let a = s.http.post(&url, &key, first, &[]).await;
+        assert_eq!(a.status, 201, "{first}");
+        let b = s.http.post(&url, &key, changed, &[]).await;
+        assert_eq!(b.status, 422, "{first} then {changed}");
+        let c = s.http.post(&url, &key, same, &[]).await;
+        assert!(c.replayed(), "{first} then {same}: {c:?}");
+        assert_eq!(s.up.started(&key), 1, "{first}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_rule_ignores_pointers_and_stores_extra_headers() {
     let Setup {
