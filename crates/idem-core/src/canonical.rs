@@ -7,9 +7,11 @@
 //!   an `i64` as a double, so `12345678901234567890123` and `12345678901234567890124`,
 //!   or `0.1` and `0.10000000000000000001`, became one value and their requests one
 //!   fingerprint: a retry with a changed amount was replayed instead of refused.
-//!   serde_json's default parser also misreads about one in ten 17-digit doubles by a
-//!   unit in the last place, onto a neighbour that another text names exactly
-//!   (`394301.33835633675` was read as `394301.3383563367`). Here a number is written
+//!   serde_json's default parser also misreads some numbers whose digits run past
+//!   2^53: about one in ten 17-digit doubles, by a unit in the last place, onto a
+//!   neighbour that another text names exactly (`394301.33835633675` was read as
+//!   `394301.3383563367`), and integers written with trailing zeros
+//!   (`-77947587844713.000` was read as a fraction). Here a number is written
 //!   from its own digits, so equal values (`1`, `1.0`, `10e-1`) match and different
 //!   values do not (integers of 10^19 and more: see [`write_number`]).
 //! - **Repeated keys are kept.** A `Value` keeps the last of `{"a":1,"a":2}`, making it
