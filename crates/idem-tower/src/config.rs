@@ -87,8 +87,10 @@ impl fmt::Debug for ReleaseStatuses {
     }
 }
 
-/// Response headers stored and replayed by default (SPEC S6).
-pub const DEFAULT_STORED_HEADERS: [&str; 2] = ["content-type", "location"];
+/// Response headers stored and replayed by default (SPEC S6). `content-encoding` is
+/// among them because the body is recorded as sent: a compressed body replayed without
+/// it could not be read.
+pub const DEFAULT_STORED_HEADERS: [&str; 3] = ["content-type", "content-encoding", "location"];
 
 /// Response headers that are never stored, whatever the allow-list says: they describe
 /// one transmission (date, framing, connection), carry a client's session

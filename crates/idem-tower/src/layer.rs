@@ -186,7 +186,8 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
-    /// Response headers to store and replay besides `content-type` and `location`.
+    /// Response headers to store and replay besides `content-type`, `content-encoding`
+    /// and `location`.
     /// Names in [`NEVER_STORED_HEADERS`](crate::NEVER_STORED_HEADERS) (`date`,
     /// `set-cookie`, trace and request ids, framing) are ignored.
     pub fn store_headers<I: IntoIterator<Item = HeaderName>>(mut self, names: I) -> Self {

@@ -50,7 +50,9 @@ struct UpstreamState {
 /// - `x-test-status: N` answers with status N (default 201);
 /// - `x-test-delay-ms: N` waits N ms before answering (the execution has started);
 /// - `x-test-disposition: V` adds `Idempotency-Disposition: V`;
-/// - `x-test-body-bytes: N` answers with N bytes of `x` instead of JSON.
+/// - `x-test-body-bytes: N` answers with N bytes of `x` instead of JSON;
+/// - `x-test-content-encoding: V` says the body is encoded with V (it is not: the bytes
+///   stand for an encoded body, which the gateway must pass on as they are).
 ///
 /// Every answer carries `Location`, `Set-Cookie`, `X-Request-Id`, `X-Order-Id` and an
 /// old fixed `Date`, so tests can check which headers are stored.
@@ -186,6 +188,9 @@ async fn handle(State(state): State<Arc<UpstreamState>>, req: Request) -> Respon
         HeaderValue::from_str(&format!("ord-{n}")).unwrap(),
     );
     h.insert("date", HeaderValue::from_static(OLD_DATE));
+    if let Some(e) = parts.headers.get("x-test-content-encoding") {
+        h.insert(axum::http::header::CONTENT_ENCODING, e.clone());
+    }
     if let Some(d) = parts.headers.get("x-test-disposition") {
         h.insert(
             HeaderName::from_static("idempotency-disposition"),

@@ -398,6 +398,27 @@ async fn equal_json_in_another_spelling_replays() {
     assert_eq!(s.up.started(&key), 1);
 }
 
+/// A compressed answer is recorded as the bytes it is, so its replay must say how they
+/// are encoded, or the client cannot read them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_keeps_the_content_encoding() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let gzip = [
+        ("accept-encoding", "gzip"),
+        ("x-test-content-encoding", "gzip"),
+    ];
+    let first = s.http.post(&url, &key, "{}", &gzip).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("content-encoding"), Some("gzip"));
+    let again = s.http.post(&url, &key, "{}", &gzip).await;
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.header("content-encoding"), Some("gzip"));
+    assert_eq!(s.up.started(&key), 1);
+}
+
 /// Amounts past a double's precision, and repeated keys, are still payloads of their
 /// own: a retry that changes one is refused, not answered with the first charge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
