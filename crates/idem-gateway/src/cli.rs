@@ -139,7 +139,9 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_RESPONSE_LIMIT", value_name = "BYTES", value_parser = parse_byte_size)]
     pub response_limit: Option<usize>,
 
-    /// Header whose value (hashed) names the tenant [default: Authorization].
+    /// Header whose value (hashed) names the tenant [default: Authorization]. It must
+    /// stay the same across a client's retries: behind rotating access tokens, name a
+    /// header that carries the authenticated principal.
     #[arg(long, env = "IDEM_TENANT_HEADER", value_name = "NAME")]
     pub tenant_header: Option<String>,
 
