@@ -130,6 +130,12 @@ impl<St> IdempotencyLayer<St> {
 
     /// How a request's tenant is found (default: SHA-256 of the `Authorization` value,
     /// see [`default_tenant`](crate::default_tenant)).
+    ///
+    /// The tenant must stay the same across a client's retries of one operation. The
+    /// default suits long-lived API keys; behind access tokens that are refreshed, a
+    /// retry after a refresh would be a new tenant and execute again. There, name the
+    /// authenticated principal (the account id your authentication layer put in the
+    /// request's extensions), never an unverified claim.
     pub fn tenant_from<F>(mut self, extractor: F) -> Self
     where
         F: Fn(&Parts) -> Tenant + Send + Sync + 'static,
