@@ -115,15 +115,16 @@ struct Inner {
 
 impl Inner {
     fn insert(&mut self, record: Record) {
-        // Unindex the old record first: a takeover may keep the same expiry, and
-        // removing its index entry after adding the new one would drop both, leaving a
-        // record that is never purged.
-        if let Some(old) = self.records.remove(&record.scope) {
+        let entry = (record.expires_at, record.scope.clone());
+        // One lookup for the common case, a new key. A record replaced (a takeover)
+        // keeps its index entry when the expiry is unchanged: that entry is the new
+        // record's too, and removing it would leave a record that is never purged.
+        if let Some(old) = self.records.insert(record.scope.clone(), record)
+            && old.expires_at != entry.0
+        {
             self.unindex(&old);
         }
-        self.by_expiry
-            .insert((record.expires_at, record.scope.clone()));
-        self.records.insert(record.scope.clone(), record);
+        self.by_expiry.insert(entry);
     }
 
     fn unindex(&mut self, old: &Record) {
@@ -263,6 +264,7 @@ impl Store for MemoryStore {
             .as_ref()
             .filter(|r| !r.is_expired(now))
             .map(|r| (r.created_at, r.expires_at));
+        let existing_expired = existing.is_some() && kept.is_none();
         match decide(existing, &req.fingerprint, now) {
             Decision::Execute { attempt } => {
                 let token = FencingToken::generate();
@@ -270,7 +272,10 @@ impl Store for MemoryStore {
                 let (created_at, expires_at) = match kept {
                     Some((created_at, expires_at)) => (created_at, expires_at.max(lease_until)),
                     None => {
-                        inner.remove(&req.scope);
+                        // An expired record goes before room is made.
+                        if existing_expired {
+                            inner.remove(&req.scope);
+                        }
                         if inner.make_room(now, bound)? {
                             self.shards.evicted();
                         }
