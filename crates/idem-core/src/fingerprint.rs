@@ -1,8 +1,11 @@
 //! The request fingerprint (SPEC S4): what tells a retry from a different request that
 //! reuses a key.
 
-use sha2::{Digest, Sha256};
 use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+use crate::multipart;
 
 /// The default limit on a buffered request body: 1 MiB (SPEC S4).
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
@@ -85,8 +88,11 @@ impl Fingerprint {
     /// `12345678901234567890123` and `12345678901234567890124` do not), except that an
     /// integer of 10^19 or more matches only numbers spelled the same way (with or
     /// without a fraction or exponent). An object whose keys repeat keeps every entry,
-    /// in order: `{"a":1,"a":2}` does not match `{"a":2}`. Any other body, and JSON
-    /// that does not parse (or nests deeper than 127 levels), is hashed as raw bytes.
+    /// in order: `{"a":1,"a":2}` does not match `{"a":2}`. A `multipart/*` body is
+    /// hashed as its parts (each one's headers and content, as sent) without the
+    /// boundary, which clients choose at random for every attempt. Any other body, and
+    /// JSON or multipart that does not parse (JSON nested deeper than 127 levels
+    /// included), is hashed as raw bytes.
     ///
     /// ```
     /// use idem_core::{Fingerprint, FingerprintOptions};
@@ -109,14 +115,26 @@ impl Fingerprint {
             h.update((part.len() as u64).to_be_bytes());
             h.update(part);
         }
+        let essence = content_type.map(essence).unwrap_or_default();
         let mut canonical = Vec::new();
-        let json = content_type.is_some_and(is_json) && {
+        let json = is_json(&essence) && {
             canonical.reserve(body.len());
             crate::canonical::canonicalize(body, &options.ignored, &mut canonical)
+        };
+        let parts = || {
+            let boundary = multipart::boundary(content_type?)?;
+            multipart::parts(body, boundary)
         };
         if json {
             h.update(b"json");
             h.update(&canonical);
+        } else if let Some(parts) = essence.starts_with("multipart/").then(parts).flatten() {
+            h.update(b"multipart");
+            let fields = parts.iter().flat_map(|p| [p.headers, p.content]);
+            for field in std::iter::once(essence.as_bytes()).chain(fields) {
+                h.update((field.len() as u64).to_be_bytes());
+                h.update(field);
+            }
         } else {
             h.update(b"raw");
             h.update(body);
@@ -151,13 +169,17 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
-fn is_json(content_type: &str) -> bool {
-    let essence = content_type
+/// The media type without parameters, in lower case (`application/json`).
+fn essence(content_type: &str) -> String {
+    content_type
         .split(';')
         .next()
         .unwrap_or("")
         .trim()
-        .to_ascii_lowercase();
+        .to_ascii_lowercase()
+}
+
+fn is_json(essence: &str) -> bool {
     essence == "application/json"
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
@@ -686,5 +708,63 @@ mod tests {
         assert_ne!(a, fp(JSON, br#"{"amount":1}"#, &o));
         assert_ne!(a, fp(JSON, br#"{"amount":1,"amount":100}"#, &o));
         assert_eq!(a, fp(JSON, br#"{ "amount":100, "amount":1 }"#, &o));
+    }
+
+    fn form(boundary: &str, preamble: &str, file: &str) -> (String, Vec<u8>) {
+        let ct = format!("multipart/form-data; boundary={boundary}");
+        let body = format!(
+            "{preamble}--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n\
+             dispute\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; \
+             filename=\"inv.txt\"\r\nContent-Type: text/plain\r\n\r\n{file}\r\n--{boundary}--\r\n"
+        );
+        (ct, body.into_bytes())
+    }
+
+    #[test]
+    fn multipart_bodies_match_whatever_their_boundary() {
+        let o = FingerprintOptions::default();
+        let f = |(ct, body): (String, Vec<u8>)| fp(Some(&ct), &body, &o);
+        let first = f(form(
+            "------------------------d74496d66958873e",
+            "",
+            "invoice",
+        ));
+        // curl and requests pick a new boundary for every attempt; a preamble is ignored.
+        assert_eq!(first, f(form("2f7a1c0e9b8d4a6f", "", "invoice")));
+        assert_eq!(first, f(form("x", "ignored\r\n", "invoice")));
+        // A change to any part's content or headers is a different request.
+        assert_ne!(first, f(form("x", "", "invoice!")));
+        let (ct, body) = form("x", "", "invoice");
+        let renamed = String::from_utf8(body)
+            .unwrap()
+            .replace("inv.txt", "inv2.txt");
+        assert_ne!(first, fp(Some(&ct), renamed.as_bytes(), &o));
+        // Another multipart subtype is another request.
+        let mixed = ct.replace("form-data", "mixed");
+        assert_ne!(first, fp(Some(&mixed), &form("x", "", "invoice").1, &o));
+        // Without a usable boundary the bytes are hashed as they are.
+        let (_, body) = form("x", "", "invoice");
+        assert_ne!(
+            fp(Some("multipart/form-data"), &body, &o),
+            fp(Some("multipart/form-data; boundary=x"), &body, &o)
+        );
+        assert_eq!(
+            fp(Some("multipart/form-data"), &body, &o),
+            fp(Some("application/octet-stream"), &body, &o)
+        );
+    }
+
+    /// The multipart form's digest, computed apart from this code: SHA-256 over the
+    /// method and endpoint framing, `multipart`, then each of `multipart/form-data`,
+    /// part 1's headers and content, part 2's headers and content, every one after its
+    /// length as a big-endian `u64`.
+    #[test]
+    fn multipart_digest_is_stable() {
+        let o = FingerprintOptions::default();
+        let (ct, body) = form("b", "", "invoice");
+        assert_eq!(
+            fp(Some(&ct), &body, &o).to_hex(),
+            "da809e9f4f9617a869c9eeb4b78258eb45d965a080bd38d3bb61d490c7e22dc4"
+        );
     }
 }

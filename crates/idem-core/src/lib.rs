@@ -53,6 +53,7 @@ mod decision;
 mod fingerprint;
 mod key;
 mod memory;
+mod multipart;
 mod record;
 mod scope;
 mod store;
