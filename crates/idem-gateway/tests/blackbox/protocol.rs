@@ -398,6 +398,38 @@ async fn equal_json_in_another_spelling_replays() {
     assert_eq!(s.up.started(&key), 1);
 }
 
+/// An upload retried as curl `-F` or Python's `requests` retry it: the same form under
+/// a new random boundary. It is the same request (replayed); a changed file is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multipart_retry_with_a_new_boundary_replays() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/files");
+    let mut answers = Vec::new();
+    for (boundary, file) in [
+        ("------------------------d74496d66958873e", "invoice"),
+        ("------------------------0f3a5b7c9d1e2f40", "invoice"),
+        ("------------------------77aa", "another invoice"),
+    ] {
+        let ct = format!("multipart/form-data; boundary={boundary}");
+        let body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n\
+             dispute\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; \
+             filename=\"inv.txt\"\r\nContent-Type: text/plain\r\n\r\n{file}\r\n--{boundary}--\r\n"
+        );
+        let headers = [("idempotency-key", key.as_str()), ("content-type", &ct)];
+        answers.push(s.http.send("POST", &url, &headers, body).await);
+    }
+    let [first, again, changed] = &answers[..] else {
+        unreachable!()
+    };
+    assert_eq!(first.status, 201);
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(again.body, first.body);
+    assert_eq!(changed.status, 422);
+    assert_eq!(s.up.started(&key), 1);
+}
+
 /// A compressed answer is recorded as the bytes it is, so its replay must say how they
 /// are encoded, or the client cannot read them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
