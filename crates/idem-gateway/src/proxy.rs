@@ -133,6 +133,10 @@ impl Proxy {
     {
         let this = &*self.inner;
         let (mut parts, body) = req.into_parts();
+        // The answer goes back in the client's HTTP version, not the upstream's: an
+        // HTTP/1.0 upstream must not turn an HTTP/1.1 client's answer into HTTP/1.0,
+        // which ends its keep-alive connection.
+        let client_version = parts.version;
         // Keyed requests carry the layer's context: the attempt, and which answers the
         // layer will release.
         let context = parts.extensions.remove::<IdempotencyContext>();
@@ -175,6 +179,7 @@ impl Proxy {
             Ok(Ok(res)) => res,
         };
         let (mut parts, body) = res.into_parts();
+        parts.version = client_version;
         strip_hop_by_hop(&mut parts.headers);
         let disposition = take_disposition(&mut parts.headers);
         // What the layer will release is not recorded, so it streams through like

@@ -137,6 +137,47 @@ enum Break {
     MidBody,
 }
 
+/// An upstream that answers in HTTP/1.0 (Python's `http.server` does) must not make
+/// the gateway answer its HTTP/1.1 clients in HTTP/1.0 and drop their keep-alive
+/// connections: keyed and unkeyed answers come back as HTTP/1.1, one after the other on
+/// one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_keep_the_clients_http_version() {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = format!("http://{}", listener.local_addr().unwrap());
+    let upstream = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            if read_message(&mut conn).await.is_some() {
+                let answer = "HTTP/1.0 201 Created\r\ncontent-type: application/json\r\n\
+                              content-length: 2\r\n\r\n{}";
+                let _ = conn.write_all(answer.as_bytes()).await;
+            }
+            let _ = conn.shutdown().await;
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(&up, dir.path(), &["--store", "memory://"]).await;
+    let mut client = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    for (i, key) in [Some(new_key()), None, Some(new_key())].iter().enumerate() {
+        let key = key
+            .as_ref()
+            .map_or(String::new(), |k| format!("idempotency-key: {k}\r\n"));
+        let request = format!(
+            "POST /v1/charges HTTP/1.1\r\nhost: x\r\n{key}content-type: application/json\r\n\
+             content-length: 2\r\n\r\n{{}}"
+        );
+        client.write_all(request.as_bytes()).await.unwrap();
+        let (head, body) = read_message(&mut client)
+            .await
+            .unwrap_or_else(|| panic!("request {i}: the gateway closed the connection"));
+        assert!(head.starts_with("HTTP/1.1 201"), "request {i}: {head}");
+        assert!(!head.to_lowercase().contains("connection: close"), "{head}");
+        assert_eq!(body, b"{}");
+    }
+    upstream.abort();
+}
+
 /// A raw HTTP/1.1 upstream that reads each request whole, notes its
 /// `Idempotency-Attempt`, breaks the first connection as `how` says and answers later
 /// ones `201` with the attempt number in a JSON body.
