@@ -7,6 +7,10 @@
 //! | `postgres://…`, `postgresql://…` | `idem_postgres::PgStore` (shared by several gateways) |
 //! | `redis://…` | `idem_redis::RedisStore` (shared by several gateways) |
 //!
+//! A query parameter that the store would not read is refused, not skipped: the
+//! drivers for PostgreSQL and Redis pass over unknown ones, so a misspelt `sslmode`
+//! would connect without TLS.
+//!
 //! A [`Namespace`] (`--store-namespace`) picks the table or key prefix within the store,
 //! so that gateways in front of different APIs can share one.
 //!
@@ -47,7 +51,8 @@ pub enum OpenError {
     #[error("unsupported store URL {0:?}: use memory://, sqlite://FILE, postgres://… or redis://…")]
     Unsupported(String),
     /// The URL names a known store but is not usable as written (a Redis URL that does
-    /// not parse, or `rediss://`, which this build cannot speak).
+    /// not parse, `rediss://`, which this build cannot speak, or a query parameter the
+    /// store's driver would skip, such as a misspelt `sslmode`).
     #[error("invalid {kind} store URL {url}: {reason}")]
     Invalid {
         /// Which store.
@@ -93,16 +98,27 @@ impl StoreUrl {
                 }
                 Ok(StoreUrl::Sqlite(url.to_owned()))
             }
-            "postgres" | "postgresql" => Ok(StoreUrl::Postgres(url.to_owned())),
-            "redis" | "rediss" => match redis::Client::open(url) {
-                // Parsing only: nothing is sent until the store connects.
-                Ok(_) => Ok(StoreUrl::Redis(url.to_owned())),
-                Err(e) => Err(OpenError::Invalid {
+            "postgres" | "postgresql" => {
+                known_parameters(rest, POSTGRES_PARAMETERS).map_err(|reason| {
+                    OpenError::Invalid {
+                        kind: "postgres",
+                        url: redact(url),
+                        reason,
+                    }
+                })?;
+                Ok(StoreUrl::Postgres(url.to_owned()))
+            }
+            "redis" | "rediss" => {
+                let invalid = |reason: String| OpenError::Invalid {
                     kind: "redis",
                     url: redact(url),
-                    reason: e.to_string(),
-                }),
-            },
+                    reason,
+                };
+                known_parameters(rest, REDIS_PARAMETERS).map_err(invalid)?;
+                // Parsing only: nothing is sent until the store connects.
+                redis::Client::open(url).map_err(|e| invalid(e.to_string()))?;
+                Ok(StoreUrl::Redis(url.to_owned()))
+            }
             _ => Err(OpenError::Unsupported(redact(url))),
         }
     }
@@ -153,6 +169,54 @@ fn parse_memory(rest: &str) -> Result<usize, String> {
         }
     }
     Ok(max)
+}
+
+/// The query parameters a PostgreSQL URL may carry: those the driver reads. It skips
+/// any other with no more than a log line, so a misspelt `sslmode` would connect
+/// without the TLS it asked for.
+const POSTGRES_PARAMETERS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+    "options[…]",
+];
+
+/// The query parameters a Redis URL may carry: the driver reads `protocol` and
+/// silently skips anything else.
+const REDIS_PARAMETERS: &[&str] = &["protocol"];
+
+/// Refuses a query parameter of `rest` (what follows `scheme://`) that is not in
+/// `known`, where `options[…]` stands for any `options[NAME]`.
+fn known_parameters(rest: &str, known: &[&str]) -> Result<(), String> {
+    let query = rest.split_once('?').map_or("", |(_, q)| q);
+    let query = query.split_once('#').map_or(query, |(q, _)| q);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+        let bracketed = name.starts_with("options[") && name.ends_with(']');
+        let known_name = known.contains(&name) || bracketed && known.contains(&"options[…]");
+        if !known_name {
+            return Err(format!(
+                "unknown parameter {name:?}; this store's URL takes {}",
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The URL with any password replaced by `***`, for logs and errors.
@@ -510,6 +574,48 @@ mod tests {
         assert!(StoreUrl::parse("mysql://x").is_err());
         assert!(StoreUrl::parse("idem.db").is_err());
         assert!(StoreUrl::parse("sqlite://").is_err());
+    }
+
+    #[test]
+    fn unknown_url_parameters_are_refused() {
+        for url in [
+            "postgres://u@127.0.0.1/test?sslmode=require&application_name=idem",
+            "postgresql://127.0.0.1/test?options=-c%20synchronous_commit%3Doff",
+            "postgres://127.0.0.1/test?options[statement_timeout]=5s",
+            "redis://127.0.0.1:6379/0?protocol=resp3",
+            "redis://127.0.0.1:6379/",
+        ] {
+            assert!(StoreUrl::parse(url).is_ok(), "{url}");
+        }
+        for (url, kind, name) in [
+            (
+                "postgres://u@127.0.0.1/test?ssl_mode=require",
+                "postgres",
+                "ssl_mode",
+            ),
+            (
+                "postgres://127.0.0.1/test?sslmode=require&prefix=x",
+                "postgres",
+                "prefix",
+            ),
+            (
+                "redis://127.0.0.1:6379/?prefix=idem_prof",
+                "redis",
+                "prefix",
+            ),
+            ("redis://127.0.0.1:6379/?timeout=5", "redis", "timeout"),
+        ] {
+            let e = StoreUrl::parse(url).unwrap_err();
+            let message = e.to_string();
+            assert!(
+                matches!(e, OpenError::Invalid { kind: k, .. } if k == kind),
+                "{url}: {message}"
+            );
+            assert!(
+                message.contains(&format!("unknown parameter {name:?}")),
+                "{message}"
+            );
+        }
     }
 
     #[test]
