@@ -8,7 +8,7 @@ use crate::Store;
 /// Sweeper settings.
 #[derive(Debug, Clone, Copy)]
 pub struct SweeperConfig {
-    /// Time between sweeps.
+    /// Time between sweeps; zero counts as 1 ms.
     pub every: Duration,
     /// Records deleted per store call; keeps each delete's locks short.
     pub batch: usize,
@@ -37,7 +37,8 @@ impl Sweeper {
     /// Starts sweeping `store` on the current tokio runtime.
     pub fn spawn<S: Store + ?Sized>(store: Arc<S>, config: SweeperConfig) -> Sweeper {
         let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(config.every);
+            // `interval` panics on zero, which would end the sweeps for good.
+            let mut tick = tokio::time::interval(config.every.max(Duration::from_millis(1)));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
@@ -89,11 +90,11 @@ mod tests {
     use crate::testing::{test_fingerprint, test_scope};
     use crate::{ManualClock, MemoryStore, Reservation, ReserveRequest, StoredResponse};
 
-    #[tokio::test]
-    async fn sweep_once_purges_in_batches_until_short() {
+    /// A store with `n` completed records that expire after 1 s, and its clock.
+    async fn completed_records(n: usize) -> (ManualClock, MemoryStore) {
         let clock = ManualClock::starting_now();
         let store = MemoryStore::with_clock(Arc::new(clock.clone()));
-        for i in 0..25 {
+        for i in 0..n {
             let req =
                 ReserveRequest::new(test_scope("/s", &format!("k{i}")), test_fingerprint("{}"))
                     .ttl(Duration::from_secs(1))
@@ -106,6 +107,12 @@ mod tests {
                 .await
                 .unwrap();
         }
+        (clock, store)
+    }
+
+    #[tokio::test]
+    async fn sweep_once_purges_in_batches_until_short() {
+        let (clock, store) = completed_records(25).await;
         clock.advance(Duration::from_secs(1));
         let cfg = SweeperConfig {
             every: Duration::from_secs(1),
@@ -116,5 +123,29 @@ mod tests {
         assert_eq!(store.len(), 5);
         assert_eq!(sweep_once(&store, cfg).await, 5);
         assert!(store.is_empty());
+    }
+
+    /// `tokio::time::interval` panics on a zero period; in the sweeper's task that
+    /// would end the sweeps without a word and let the store grow.
+    #[tokio::test]
+    async fn a_zero_interval_still_sweeps() {
+        let (clock, store) = completed_records(3).await;
+        clock.advance(Duration::from_secs(1));
+        let store = Arc::new(store);
+        let sweeper = Sweeper::spawn(
+            store.clone(),
+            SweeperConfig {
+                every: Duration::ZERO,
+                ..SweeperConfig::default()
+            },
+        );
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !store.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the sweeper purged the expired records");
+        assert!(!sweeper.task.is_finished(), "the sweeper keeps running");
     }
 }

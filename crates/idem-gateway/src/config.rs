@@ -361,6 +361,14 @@ impl GatewayConfig {
             .or(file.keyed_methods)
             .unwrap_or_else(|| vec!["POST".into(), "PATCH".into()]);
         let keyed_methods = parse_methods(&methods, "keyed_methods")?;
+        // An empty list (an `IDEM_KEYED_METHODS` set to nothing, say) would turn keys off
+        // without a word.
+        if keyed_methods.is_empty() {
+            return Err(invalid(
+                "keyed_methods",
+                "names no method; --passthrough is how to turn keys off",
+            ));
+        }
         let release_statuses = match (&args.release_statuses, file.release_statuses) {
             (Some(list), _) => parse_release_statuses(list)?,
             (None, Some(codes)) => check_release_statuses(codes, "release_statuses")?,
@@ -431,11 +439,18 @@ impl GatewayConfig {
             )?,
             routes,
         };
-        if config.lease.is_zero() {
-            return Err(invalid("lease", "must be longer than zero"));
-        }
-        if config.ttl.is_zero() {
-            return Err(invalid("ttl", "must be longer than zero"));
+        for (setting, value) in [
+            ("lease", config.lease),
+            ("ttl", config.ttl),
+            // Zero would time out every upstream call at once, leaving each keyed
+            // request's record in progress until its lease lapsed.
+            ("upstream_timeout", config.upstream_timeout),
+            // Zero would leave the store without a sweeper, growing without bound.
+            ("sweep_interval", config.sweep_interval),
+        ] {
+            if value.is_zero() {
+                return Err(invalid(setting, "must be longer than zero"));
+            }
         }
         Ok(config)
     }
@@ -616,6 +631,62 @@ mod tests {
         assert_eq!(c.keyed_methods, vec![Method::POST, Method::PATCH]);
         assert_eq!(c.client_timeout, Some(Duration::from_secs(30)));
         assert_eq!(c.store_options.namespace, None, "the stores' own: idem");
+    }
+
+    #[test]
+    fn settings_that_would_disable_protection_are_refused() {
+        let zero = Some(Duration::ZERO);
+        let cases: [(&str, ServeArgs); 6] = [
+            (
+                "lease",
+                ServeArgs {
+                    lease: zero,
+                    ..args("http://127.0.0.1:1")
+                },
+            ),
+            (
+                "ttl",
+                ServeArgs {
+                    ttl: zero,
+                    ..args("http://127.0.0.1:1")
+                },
+            ),
+            (
+                "upstream_timeout",
+                ServeArgs {
+                    upstream_timeout: zero,
+                    ..args("http://127.0.0.1:1")
+                },
+            ),
+            (
+                "sweep_interval",
+                ServeArgs {
+                    sweep_interval: zero,
+                    ..args("http://127.0.0.1:1")
+                },
+            ),
+            (
+                "keyed_methods",
+                ServeArgs {
+                    keyed_methods: Some(vec![]),
+                    ..args("http://127.0.0.1:1")
+                },
+            ),
+            (
+                "keyed_methods",
+                ServeArgs {
+                    keyed_methods: Some(vec![" ".into(), "".into()]),
+                    ..args("http://127.0.0.1:1")
+                },
+            ),
+        ];
+        for (setting, a) in cases {
+            let e = GatewayConfig::merge(&a, FileConfig::default()).unwrap_err();
+            assert!(e.to_string().contains(setting), "{setting}: {e}");
+        }
+        let file: FileConfig =
+            toml::from_str("upstream = \"http://127.0.0.1:1\"\nsweep_interval = \"0s\"").unwrap();
+        assert!(GatewayConfig::merge(&ServeArgs::default(), file).is_err());
     }
 
     #[test]
