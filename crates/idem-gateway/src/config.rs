@@ -541,6 +541,9 @@ fn route_from_rule(i: usize, rule: RouteRule) -> Result<Route, ConfigError> {
         .map(crate::cli::parse_duration)
         .transpose()
         .map_err(|e| invalid(&name, e))?;
+    if ttl.is_some_and(|t| t.is_zero()) {
+        return Err(invalid(&name, "ttl must be longer than zero"));
+    }
     let store_headers = rule
         .store_headers
         .iter()
@@ -684,9 +687,14 @@ mod tests {
             let e = GatewayConfig::merge(&a, FileConfig::default()).unwrap_err();
             assert!(e.to_string().contains(setting), "{setting}: {e}");
         }
-        let file: FileConfig =
-            toml::from_str("upstream = \"http://127.0.0.1:1\"\nsweep_interval = \"0s\"").unwrap();
-        assert!(GatewayConfig::merge(&ServeArgs::default(), file).is_err());
+        for file in [
+            "upstream = \"http://127.0.0.1:1\"\nsweep_interval = \"0s\"",
+            "upstream = \"http://127.0.0.1:1\"\n[[route]]\npath = \"/x\"\nttl = \"0s\"",
+        ] {
+            let file: FileConfig = toml::from_str(file).unwrap();
+            let e = GatewayConfig::merge(&ServeArgs::default(), file).unwrap_err();
+            assert!(e.to_string().contains("longer than zero"), "{e}");
+        }
     }
 
     #[test]
