@@ -61,6 +61,32 @@ fn bench(c: &mut Criterion) {
             )
         })
     });
+    // A 1 MiB upload, and a body built to make a naive boundary search quadratic: a
+    // long run of the boundary's own first bytes.
+    let boundary = format!("{}x", "-".repeat(69));
+    let multipart_ct = format!("multipart/form-data; boundary={boundary}");
+    let upload = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.bin\"\r\n\r\n{}\r\n--{boundary}--\r\n",
+        "a".repeat(1024 * 1024)
+    );
+    let adversarial = format!("--{boundary}\r\n\r\n{}", "-".repeat(1024 * 1024));
+    for (name, body) in [
+        ("fingerprint_multipart_1MiB", upload),
+        ("fingerprint_multipart_adversarial_1MiB", adversarial),
+    ] {
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                Fingerprint::compute(
+                    "POST",
+                    "POST /v1/files",
+                    Some(&multipart_ct),
+                    black_box(body.as_bytes()),
+                    &opts,
+                )
+            })
+        });
+    }
     for (name, size) in [
         ("fingerprint_json_1KiB", 1024),
         ("fingerprint_json_64KiB", 64 * 1024),

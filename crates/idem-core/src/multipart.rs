@@ -80,7 +80,7 @@ pub(crate) fn parts<'a>(body: &'a [u8], boundary: &str) -> Option<Vec<Part<'a>>>
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+    memchr::memmem::find(haystack, needle)
 }
 
 #[cfg(test)]
