@@ -69,7 +69,8 @@ impl Sleep for FinishFirstThenWake {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflict_while_the_first_attempt_runs_then_replay() {
-    // The store's clock stands still, so the 409's Retry-After is exactly the lease.
+    // The store's clock stands still, so the 409's Retry-After is one second: the first
+    // attempt has only just begun (the lease, 30 s, is only the upper bound).
     let store_clock = ManualClock::starting_now();
     let app = ChargeApp::start(true, Arc::new(store_clock), Duration::from_secs(30)).await;
     let (done_tx, done_rx) = watch::channel(false);
@@ -105,7 +106,7 @@ async fn conflict_while_the_first_attempt_runs_then_replay() {
     assert_eq!(second.attempts(), 2, "409, then the replay");
     assert_eq!(
         *sleeper.delays.lock().unwrap(),
-        [Duration::from_secs(30)],
+        [Duration::from_secs(1)],
         "waited the server's Retry-After"
     );
     assert_eq!(first.body(), second.body());

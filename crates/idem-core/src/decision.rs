@@ -18,7 +18,7 @@ pub enum Decision {
     Replay(StoredResponse),
     /// Another attempt holds a live lease: answer 409 with `Retry-After`.
     InProgress {
-        /// How long until the lease lapses (at least one second).
+        /// How long to wait before asking again: see [`decide`].
         retry_after: Duration,
     },
     /// The key was used for a request with a different fingerprint: answer 422.
@@ -34,6 +34,14 @@ pub enum Decision {
 /// | in progress, lease alive    | same               | `InProgress`              |
 /// | in progress, lease expired  | same               | `Execute { attempt: n+1 }`|
 /// | completed                   | same               | `Replay`                  |
+///
+/// The wait `InProgress` suggests is how long the record has existed, in whole
+/// seconds rounded up, at least 1 and at most until the lease lapses. A duplicate that
+/// comes soon after the first attempt began (a client that timed out early, a user who
+/// pressed "send" again) is asked back soon, when the attempt has likely finished and
+/// its answer can be replayed, rather than after the whole lease; the longer an attempt
+/// runs, the longer the wait; and an attempt that died is taken over once its lease
+/// lapses, as before.
 pub fn decide(existing: Option<Record>, fingerprint: &Fingerprint, now: Timestamp) -> Decision {
     let Some(record) = existing.filter(|r| !r.is_expired(now)) else {
         return Decision::Execute { attempt: 1 };
@@ -43,7 +51,7 @@ pub fn decide(existing: Option<Record>, fingerprint: &Fingerprint, now: Timestam
     }
     match record.state {
         RecordState::InProgress { lease_until } if lease_until > now => Decision::InProgress {
-            retry_after: retry_after(lease_until.since(now)),
+            retry_after: retry_after(now.since(record.created_at), lease_until.since(now)),
         },
         RecordState::InProgress { .. } => Decision::Execute {
             attempt: record.attempt.saturating_add(1),
@@ -52,10 +60,11 @@ pub fn decide(existing: Option<Record>, fingerprint: &Fingerprint, now: Timestam
     }
 }
 
-/// Whole seconds, rounded up, and never zero: `Retry-After: 0` invites a hot loop.
-fn retry_after(remaining: Duration) -> Duration {
-    let secs = remaining.as_millis().div_ceil(1000).max(1);
-    Duration::from_secs(secs as u64)
+/// `running`, but no longer than `remaining`, in whole seconds rounded up, and never
+/// zero: `Retry-After: 0` invites a hot loop.
+fn retry_after(running: Duration, remaining: Duration) -> Duration {
+    let secs = |d: Duration| d.as_millis().div_ceil(1000).max(1) as u64;
+    Duration::from_secs(secs(running).min(secs(remaining)))
 }
 
 /// The outcome of [`Store::reserve`](crate::Store::reserve).
@@ -67,7 +76,7 @@ pub enum Reservation {
     Replay(StoredResponse),
     /// Another attempt holds a live lease.
     InProgress {
-        /// How long until the lease lapses (at least one second).
+        /// How long to wait before asking again (see [`decide`]): at least one second.
         retry_after: Duration,
     },
     /// The key was used with a different payload.
@@ -183,6 +192,31 @@ mod tests {
                 retry_after: Duration::from_secs(2)
             }
         );
+    }
+
+    /// The wait follows how long the attempt has run, up to the lease's end.
+    #[test]
+    fn retry_after_grows_with_the_attempt_up_to_the_lease() {
+        let in_progress = |created_ms: i64, lease_until_ms: i64| {
+            let mut r = record(
+                RecordState::InProgress {
+                    lease_until: Timestamp::from_millis(lease_until_ms),
+                },
+                1,
+            );
+            r.created_at = Timestamp::from_millis(created_ms);
+            match decide(Some(r), &fp(b"a"), T) {
+                Decision::InProgress { retry_after } => retry_after.as_secs(),
+                other => panic!("{other:?}"),
+            }
+        };
+        // T is 10 s. Just begun, with a 60 s lease: come back in a second.
+        assert_eq!(in_progress(9_700, 69_700), 1);
+        assert_eq!(in_progress(10_000, 70_000), 1);
+        // Running 4.2 s: come back in 5.
+        assert_eq!(in_progress(5_800, 65_800), 5);
+        // Running longer than its lease has left: when the lease lapses.
+        assert_eq!(in_progress(0, 13_500), 4);
     }
 
     #[test]

@@ -602,7 +602,9 @@ pub mod cases {
         assert!(record.is_completed());
     }
 
-    /// A live lease answers in progress with the time left, rounded up to seconds.
+    /// A live lease answers in progress, asking to wait as long as the record has
+    /// existed (at least a second) but no longer than the lease has left, rounded up to
+    /// seconds.
     pub async fn live_lease_is_in_progress_with_retry_after<S: Store>(
         store: S,
         clock: ManualClock,
@@ -613,10 +615,17 @@ pub mod cases {
         assert_eq!(
             store.reserve(&req).await.expect("reserve"),
             Reservation::InProgress {
-                retry_after: Duration::from_secs(60)
+                retry_after: Duration::from_secs(1)
             }
         );
-        clock.advance(Duration::from_millis(50_500));
+        clock.advance(Duration::from_millis(4_200));
+        assert_eq!(
+            store.reserve(&req).await.expect("reserve"),
+            Reservation::InProgress {
+                retry_after: Duration::from_secs(5)
+            }
+        );
+        clock.advance(Duration::from_millis(46_300));
         assert_eq!(
             store.reserve(&req).await.expect("reserve"),
             Reservation::InProgress {

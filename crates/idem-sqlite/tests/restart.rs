@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use idem_core::testing::{test_fingerprint, test_scope};
 use idem_core::{
-    DEFAULT_LEASE, ManualClock, RecordState, Reservation, ReserveRequest, Store, StoredResponse,
+    Clock, DEFAULT_LEASE, ManualClock, RecordState, Reservation, ReserveRequest, Store,
+    StoredResponse,
 };
 use idem_sqlite::SqliteStore;
 
@@ -47,10 +48,16 @@ async fn records_survive_closing_and_reopening_the_file() {
         Reservation::Replay(resp.clone())
     );
     // The in-progress record still holds its lease...
+    match store.get(&busy.scope).await.unwrap().unwrap().state {
+        RecordState::InProgress { lease_until } => {
+            assert_eq!(lease_until, clock.now().plus(DEFAULT_LEASE));
+        }
+        other => panic!("{other:?}"),
+    }
     assert_eq!(
         store.reserve(&busy).await.unwrap(),
         Reservation::InProgress {
-            retry_after: DEFAULT_LEASE
+            retry_after: Duration::from_secs(1)
         }
     );
     // ...and its token: the attempt that reserved before the restart may complete.

@@ -128,10 +128,13 @@ async fn rollback_leaves_neither_and_the_retry_executes_cleanly() {
     let record = f.store.get(&f.req.scope).await.unwrap().unwrap();
     assert_eq!(record.token, first.token);
     assert!(matches!(record.state, RecordState::InProgress { .. }));
-    // Until the lease lapses, retries wait.
+    // Until the lease lapses, retries wait (asked back in a second: the attempt has
+    // only just begun).
     assert_eq!(
         f.store.reserve(&f.req).await.unwrap(),
-        Reservation::InProgress { retry_after: LEASE }
+        Reservation::InProgress {
+            retry_after: Duration::from_secs(1)
+        }
     );
 
     f.clock.advance(LEASE);
