@@ -267,6 +267,57 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (examples: 500ms, 2s, 24h)"))
 }
 
+/// `IDEM_*` environment variables that are no setting but look like a misspelt one,
+/// each with the setting it resembles: `IDEM_STORE_URL` (for `IDEM_STORE`),
+/// `IDEM_TTL_SECS`, `IDEM_LEASES`. Such a variable is otherwise ignored, and the
+/// gateway would start on a default (`IDEM_STORE_URL=postgres://…` would leave it on
+/// its own SQLite file, executing duplicates that reach another gateway). Variables of
+/// other tools that merely start with `IDEM_` are not listed.
+pub fn misspelt_env_vars(names: impl IntoIterator<Item = String>) -> Vec<(String, String)> {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    let serve = cli
+        .find_subcommand("serve")
+        .expect("the serve command")
+        .get_arguments();
+    let mut known: Vec<String> = cli
+        .get_arguments()
+        .chain(serve)
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect();
+    // Read by the log filter, not by clap.
+    known.push("IDEM_LOG".to_owned());
+    names
+        .into_iter()
+        .filter(|name| name.starts_with("IDEM_") && !known.contains(name))
+        .filter_map(|name| {
+            let like = known.iter().find(|k| {
+                name.strip_prefix(k.as_str())
+                    .is_some_and(|rest| rest.starts_with('_'))
+                    || edit_distance(&name, k) <= 2
+            })?;
+            Some((name, like.clone()))
+        })
+        .collect()
+}
+
+/// Levenshtein distance, for the short names above.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.as_bytes().iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let substitution = diagonal + usize::from(ca != cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitution.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,6 +378,45 @@ mod tests {
             args.release_statuses,
             Some(vec!["409".to_owned(), "503".to_owned()])
         );
+    }
+
+    #[test]
+    fn misspelt_settings_in_the_environment_are_found() {
+        let names = [
+            "IDEM_STORE_URL",
+            "IDEM_TTL_SECONDS",
+            "IDEM_LEASES",
+            "IDEM_UPSTRAEM",
+            "IDEM_LOG_LEVEL",
+            // Settings, and other tools' variables: not listed.
+            "IDEM_STORE",
+            "IDEM_STORE_POOL",
+            "IDEM_LOG",
+            "IDEM_LOG_FORMAT",
+            "IDEM_TEST_POSTGRES_URL",
+            "IDEM_REQUIRE_SERVICES",
+            "IDEM_LOAD_ONLY",
+            "IDEM_INBOX_CONSUMER",
+            "IDEM_RACE_TENANT",
+            "IDEM_BENCH_SECS",
+            "PATH",
+        ];
+        let found = misspelt_env_vars(names.map(String::from));
+        let found: Vec<(&str, &str)> = found
+            .iter()
+            .map(|(n, k)| (n.as_str(), k.as_str()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("IDEM_STORE_URL", "IDEM_STORE"),
+                ("IDEM_TTL_SECONDS", "IDEM_TTL"),
+                ("IDEM_LEASES", "IDEM_LEASE"),
+                ("IDEM_UPSTRAEM", "IDEM_UPSTREAM"),
+                ("IDEM_LOG_LEVEL", "IDEM_LOG"),
+            ]
+        );
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 
     #[test]

@@ -18,6 +18,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.log_format);
+    if matches!(cli.command, Command::Serve(_) | Command::CheckConfig(_)) {
+        warn_of_misspelt_env_vars();
+    }
     match cli.command {
         Command::Serve(args) => {
             let config = match GatewayConfig::resolve(&args) {
@@ -57,6 +60,19 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// Logs each `IDEM_*` variable that is no setting but resembles one: it is ignored, and
+/// the setting it was meant for keeps its default.
+fn warn_of_misspelt_env_vars() {
+    let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
+    for (variable, setting) in idem_gateway::cli::misspelt_env_vars(names) {
+        tracing::warn!(
+            %variable,
+            %setting,
+            "an environment variable that is not a setting is ignored; did you mean {setting}?"
+        );
     }
 }
 

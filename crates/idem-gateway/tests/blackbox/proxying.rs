@@ -709,9 +709,18 @@ async fn environment_variables_configure_the_gateway() {
             ("IDEM_STORE", "memory://"),
             ("IDEM_REQUIRE_KEY", "true"),
             ("IDEM_BODY_LIMIT", "1KiB"),
+            // Not a setting: ignored, with a warning that names the one it resembles.
+            ("IDEM_TTL_SECONDS", "60"),
         ],
     )
     .await;
+    let logs = gw.logs();
+    assert!(
+        logs.contains("WARN")
+            && logs.contains("IDEM_TTL_SECONDS")
+            && logs.contains("did you mean IDEM_TTL?"),
+        "{logs}"
+    );
     let http = Http::new();
     let url = gw.url("/v1/charges");
     assert_eq!(http.send("POST", &url, &[], "{}").await.status, 400);
