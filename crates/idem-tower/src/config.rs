@@ -89,8 +89,18 @@ impl fmt::Debug for ReleaseStatuses {
 
 /// Response headers stored and replayed by default (SPEC S6). `content-encoding` is
 /// among them because the body is recorded as sent: a compressed body replayed without
-/// it could not be read.
-pub const DEFAULT_STORED_HEADERS: [&str; 3] = ["content-type", "content-encoding", "location"];
+/// it could not be read. So are the CORS headers of an answer to a browser's
+/// cross-origin request: without them the page could not read the replay, and its
+/// retries would never see the answer. They are replayed as first sent, for the origin
+/// of the first request.
+pub const DEFAULT_STORED_HEADERS: [&str; 6] = [
+    "content-type",
+    "content-encoding",
+    "location",
+    "access-control-allow-origin",
+    "access-control-allow-credentials",
+    "access-control-expose-headers",
+];
 
 /// Response headers that are never stored, whatever the allow-list says: they describe
 /// one transmission (date, framing, connection), carry a client's session

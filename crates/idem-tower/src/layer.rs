@@ -192,8 +192,10 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
-    /// Response headers to store and replay besides `content-type`, `content-encoding`
-    /// and `location`.
+    /// Response headers to store and replay besides the
+    /// [`DEFAULT_STORED_HEADERS`](crate::DEFAULT_STORED_HEADERS) (`content-type`,
+    /// `content-encoding`, `location` and the CORS headers that let a browser read the
+    /// answer).
     /// Names in [`NEVER_STORED_HEADERS`](crate::NEVER_STORED_HEADERS) (`date`,
     /// `set-cookie`, trace and request ids, framing) are ignored.
     pub fn store_headers<I: IntoIterator<Item = HeaderName>>(mut self, names: I) -> Self {

@@ -115,8 +115,10 @@
 //! execute. A [`Disposition`] response extension overrides that for one response. The
 //! handler can ask [`IdempotencyContext::releases`] whether a status will release, as
 //! a proxy that streams released answers rather than buffering them must. Stored
-//! headers are an allow-list (`content-type`, `content-encoding`, `location`, plus
-//! [`IdempotencyLayer::store_headers`]); [`NEVER_STORED_HEADERS`] are refused. The body
+//! headers are an allow-list ([`DEFAULT_STORED_HEADERS`]: `content-type`,
+//! `content-encoding`, `location` and the CORS headers a browser needs to read the
+//! answer; plus [`IdempotencyLayer::store_headers`]); [`NEVER_STORED_HEADERS`] are
+//! refused. The body
 //! is stored as sent, so a compressed answer replays compressed, with its
 //! `content-encoding`, whatever the retry's `accept-encoding` says. The first
 //! caller receives the handler's full response; replays receive only what was stored.

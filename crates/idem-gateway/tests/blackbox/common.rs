@@ -51,6 +51,7 @@ struct UpstreamState {
 /// - `x-test-delay-ms: N` waits N ms before answering (the execution has started);
 /// - `x-test-disposition: V` adds `Idempotency-Disposition: V`;
 /// - `x-test-body-bytes: N` answers with N bytes of `x` instead of JSON;
+/// - `origin: O` is answered with CORS headers allowing O;
 /// - `x-test-content-encoding: V` says the body is encoded with V (it is not: the bytes
 ///   stand for an encoded body, which the gateway must pass on as they are).
 ///
@@ -190,6 +191,18 @@ async fn handle(State(state): State<Arc<UpstreamState>>, req: Request) -> Respon
     h.insert("date", HeaderValue::from_static(OLD_DATE));
     if let Some(e) = parts.headers.get("x-test-content-encoding") {
         h.insert(axum::http::header::CONTENT_ENCODING, e.clone());
+    }
+    // As an API that browsers call across origins answers.
+    if let Some(origin) = parts.headers.get("origin") {
+        h.insert("access-control-allow-origin", origin.clone());
+        h.insert(
+            "access-control-allow-credentials",
+            HeaderValue::from_static("true"),
+        );
+        h.insert(
+            "access-control-expose-headers",
+            HeaderValue::from_static("location, idempotent-replayed"),
+        );
     }
     if let Some(d) = parts.headers.get("x-test-disposition") {
         h.insert(

@@ -430,6 +430,30 @@ async fn multipart_retry_with_a_new_boundary_replays() {
     assert_eq!(s.up.started(&key), 1);
 }
 
+/// A browser reads a cross-origin answer only if it carries the CORS headers that
+/// allow its origin; a replay without them would look to the page like a network
+/// error, and its retries would never get the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_keeps_the_cors_headers() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let origin = [("origin", "https://shop.example")];
+    let first = s.http.post(&url, &key, "{}", &origin).await;
+    assert_eq!(first.status, 201);
+    let again = s.http.post(&url, &key, "{}", &origin).await;
+    assert!(again.replayed(), "{again:?}");
+    for name in [
+        "access-control-allow-origin",
+        "access-control-allow-credentials",
+        "access-control-expose-headers",
+    ] {
+        assert!(first.header(name).is_some(), "{name}");
+        assert_eq!(again.header(name), first.header(name), "{name}");
+    }
+    assert_eq!(s.up.started(&key), 1);
+}
+
 /// A compressed answer is recorded as the bytes it is, so its replay must say how they
 /// are encoded, or the client cannot read them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
