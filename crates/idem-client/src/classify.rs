@@ -23,7 +23,7 @@ pub enum Retryable {
 /// |------------------------------------------|----------------|
 /// | connection refused/reset/closed, timeout | `Transient` (backoff) |
 /// | 502, 504                                 | `Transient` (backoff) |
-/// | 409 (another attempt holds the key)      | `Transient` (server's `Retry-After`, else backoff) |
+/// | 409 (another attempt holds the key)      | `Transient` (server's `Retry-After`, else backoff; after the first attempt, not counted against `max_attempts` or the budget) |
 /// | 429, 503                                 | `Transient` (server's `Retry-After`, else backoff) |
 /// | 400, 422                                 | `Fatal`: returned as [`Error::InvalidKey`](crate::Error::InvalidKey), [`Error::KeyReused`](crate::Error::KeyReused) or [`Error::Rejected`](crate::Error::Rejected) |
 /// | anything else                            | `Fatal`: returned as the answer |

@@ -8,7 +8,9 @@
 //! * [`Operation::send`] retries with exponential backoff and full jitter
 //!   ([`RetryPolicy`]), honours `Retry-After` on 409, 429 and 503, and stops at the
 //!   maximum attempts, the deadline, or when the client's shared [`RetryBudget`] is
-//!   spent. 400 and 422 are never retried and come back as [`Error::InvalidKey`],
+//!   spent. A 409 after the first attempt (another attempt holds the key) counts
+//!   against neither the attempts nor the budget: it is waited out, within the
+//!   deadline. 400 and 422 are never retried and come back as [`Error::InvalidKey`],
 //!   [`Error::KeyReused`] or [`Error::Rejected`]. The [`Outcome`] says whether the
 //!   answer was a replay, how many attempts it took, and the key.
 //! * [`Journal`] (feature `journal`, on by default) persists an operation in SQLite

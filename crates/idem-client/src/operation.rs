@@ -17,6 +17,10 @@ use reqwest::Url;
 
 use crate::{Client, Error, Failure, GiveUp, Outcome, Result, Retryable, random_key, retry_after};
 
+/// The least wait after a 409 that does not count against the maximum attempts, should
+/// a server ask for less (`Retry-After: 0`).
+const MIN_CONFLICT_WAIT: Duration = Duration::from_secs(1);
+
 /// The request header that carries the key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
@@ -200,6 +204,12 @@ impl Operation {
         inner.budget.deposit();
 
         let mut attempts = 0u32;
+        // Attempts that count against the maximum. A 409 after the first attempt does
+        // not: another attempt holds the key, nothing ran for this one, and the wait
+        // the server asks for is how a slow or crashed first attempt is outlasted
+        // (idem asks again after as long as the attempt has run, up to its lease).
+        // The deadline bounds those waits.
+        let mut counted = 0u32;
         loop {
             attempts += 1;
             let now = inner.clock.now();
@@ -234,19 +244,31 @@ impl Operation {
                 (Retryable::Transient, Err(e)) => Failure::Transport(e),
             };
 
-            if attempts >= policy.get_max_attempts() {
+            let conflict =
+                matches!(&failure, Failure::Answer(o) if o.status == StatusCode::CONFLICT);
+            if !conflict || attempts == 1 {
+                counted += 1;
+            }
+            if counted >= policy.get_max_attempts() {
                 return Err(self.exhausted(attempts, GiveUp::MaxAttempts, failure));
             }
             let now = inner.clock.now();
-            let wait = match &failure {
+            let asked = match &failure {
                 Failure::Answer(o) => retry_after(&o.headers, now),
                 Failure::Transport(_) => None,
-            }
-            .unwrap_or_else(|| inner.jitter.full(policy.backoff_ceiling(attempts)));
+            };
+            let wait = match asked {
+                // Uncounted waits never run hot, whatever the server says.
+                Some(wait) if conflict => wait.max(MIN_CONFLICT_WAIT),
+                Some(wait) => wait,
+                None => inner.jitter.full(policy.backoff_ceiling(attempts)),
+            };
             if now.plus(wait) >= deadline {
                 return Err(self.exhausted(attempts, GiveUp::Deadline, failure));
             }
-            if !inner.budget.try_withdraw() {
+            // A 409 costs the server a lookup, paced by its own Retry-After: it does
+            // not draw on the budget that keeps retries from piling on a failing server.
+            if !conflict && !inner.budget.try_withdraw() {
                 return Err(self.exhausted(attempts, GiveUp::Budget, failure));
             }
             tracing::debug!(

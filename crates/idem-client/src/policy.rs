@@ -49,7 +49,9 @@ impl RetryPolicy {
         RetryPolicy::default().max_attempts(1)
     }
 
-    /// Sets the most attempts, the first included (at least 1).
+    /// Sets the most attempts, the first included (at least 1). A 409 answer after the
+    /// first attempt does not count: another attempt holds the key, and the operation
+    /// waits as the server's `Retry-After` asks, within the deadline.
     pub fn max_attempts(mut self, n: u32) -> RetryPolicy {
         self.max_attempts = n.max(1);
         self

@@ -96,6 +96,112 @@ async fn conflict_without_retry_after_backs_off() {
     assert!(delays[0] <= policy().backoff_ceiling(1));
 }
 
+/// A 409 means another attempt holds the key and nothing ran for this one: waiting it
+/// out as the server asks does not use up attempts, so a slow first attempt is waited
+/// for, however many 409s that takes, within the deadline.
+#[tokio::test]
+async fn conflicts_after_the_first_attempt_do_not_use_up_attempts() {
+    let busy = |secs: u32| Reply::with_header(409, "retry-after", secs.to_string());
+    let server = FaultServer::start([busy(1), busy(2), busy(4), busy(8), busy(16)]).await;
+    let (client, sleeper, _) = client(policy().max_attempts(2));
+    let op = client.post(server.url("/v1/charges"));
+
+    let outcome = op.send().await.unwrap();
+
+    assert_eq!(outcome.status(), 200);
+    assert_eq!(outcome.attempts(), 6, "five 409s, then the answer");
+    assert_eq!(
+        sleeper.delays(),
+        [1, 2, 4, 8, 16].map(Duration::from_secs),
+        "each wait as the server asked"
+    );
+    all_same_key(&server, op.key().as_str());
+    // Other failures still count: a 502 after the 409s is the second attempt.
+    let server = FaultServer::start([busy(1), busy(1), Reply::status(502)]).await;
+    let err = client.post(server.url("/")).send().await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Exhausted {
+                reason: GiveUp::MaxAttempts,
+                attempts: 3,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn conflicts_are_waited_out_only_until_the_deadline() {
+    let server = FaultServer::start([]).await;
+    server.set_default(Reply::with_header(409, "retry-after", "0"));
+    let (client, sleeper, _) = client(policy().max_attempts(2).deadline(Duration::from_secs(5)));
+
+    let err = client.post(server.url("/")).send().await.unwrap_err();
+
+    assert!(
+        matches!(&err, Error::Exhausted { reason: GiveUp::Deadline, attempts: 5, last, .. }
+            if matches!(&**last, Failure::Answer(o) if o.status() == 409)),
+        "{err:?}"
+    );
+    // `Retry-After: 0` is waited as a second, not in a hot loop.
+    assert_eq!(sleeper.delays(), [Duration::from_secs(1); 4]);
+}
+
+/// The budget keeps retries from piling on a failing server; waiting out a 409 is the
+/// server's own pacing and does not draw on it.
+#[tokio::test]
+async fn an_empty_budget_still_waits_out_a_conflict() {
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let client = Client::builder()
+        .policy(policy())
+        .budget(RetryBudget::default().ratio(0.0).min_retries(0))
+        .clock(Arc::new(clock.clone()))
+        .sleeper(ManualSleeper::new(clock))
+        .build()
+        .unwrap();
+    let server = FaultServer::start([Reply::with_header(409, "retry-after", "1")]).await;
+    let outcome = client.post(server.url("/")).send().await.unwrap();
+    assert_eq!(outcome.status(), 200);
+    assert_eq!(outcome.attempts(), 2);
+
+    let server = FaultServer::start([Reply::status(502)]).await;
+    let err = client.post(server.url("/")).send().await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Exhausted {
+                reason: GiveUp::Budget,
+                attempts: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_policy_without_retries_does_not_wait_out_a_conflict() {
+    let server = FaultServer::start([Reply::with_header(409, "retry-after", "1")]).await;
+    let (client, sleeper, _) = client(RetryPolicy::no_retries());
+
+    let err = client.post(server.url("/")).send().await.unwrap_err();
+
+    assert!(
+        matches!(
+            &err,
+            Error::Exhausted {
+                reason: GiveUp::MaxAttempts,
+                attempts: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(sleeper.delays().is_empty());
+}
+
 #[tokio::test]
 async fn too_many_requests_honours_retry_after_one_second() {
     let server = FaultServer::start([Reply::with_header(429, "retry-after", "1")]).await;
