@@ -11,6 +11,8 @@
 //! - [`proxy`]: forwarding, hop-by-hop stripping, `Forwarded` headers,
 //!   `Idempotency-Attempt`, `Idempotency-Disposition`, and what upstream failures mean
 //!   for the key ([`error`]);
+//! - [`cors`]: CORS headers on the gateway's own answers, for pages calling the API
+//!   from another origin;
 //! - [`admin`] and [`metrics`]: `/healthz`, `/readyz`, Prometheus `/metrics`, key
 //!   inspection and purge;
 //! - [`serve`]: listeners, the sweeper and graceful shutdown; [`keys`]: `idem keys`;
@@ -46,6 +48,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod cors;
 pub mod demo;
 pub mod error;
 pub mod keys;

@@ -141,10 +141,13 @@ impl Proxy {
         // layer will release.
         let context = parts.extensions.remove::<IdempotencyContext>();
         let attempt = context.as_ref().map(|c| c.attempt);
+        // For the gateway's own answers, should the upstream give none.
+        let origin = crate::cors::preflighted_origin(&parts.method, &parts.headers);
+        let fail = |e: UpstreamError| self.fail(e, origin.clone());
         let uri = match this.upstream.uri_for(&parts.uri) {
             Ok(uri) => uri,
             // The incoming URI already parsed, so only a base path could break it.
-            Err(_) => return self.fail(UpstreamError::Unreachable),
+            Err(_) => return fail(UpstreamError::Unreachable),
         };
         let client = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
         let mut headers = parts.headers;
@@ -167,14 +170,14 @@ impl Proxy {
 
         let deadline = Instant::now() + this.timeout;
         let res = match tokio::time::timeout_at(deadline, this.client.request(up)).await {
-            Err(_) => return self.fail(UpstreamError::Timeout),
+            Err(_) => return fail(UpstreamError::Timeout),
             Ok(Err(e)) if e.is_connect() => {
                 tracing::warn!(error = %e, "upstream unreachable");
-                return self.fail(UpstreamError::Unreachable);
+                return fail(UpstreamError::Unreachable);
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "upstream connection broke after the request was sent");
-                return self.fail(UpstreamError::Broken);
+                return fail(UpstreamError::Broken);
             }
             Ok(Ok(res)) => res,
         };
@@ -192,17 +195,17 @@ impl Proxy {
         let body = if recorded {
             let limited = http_body_util::Limited::new(body, this.response_limit);
             match tokio::time::timeout_at(deadline, limited.collect()).await {
-                Err(_) => return self.fail(UpstreamError::Timeout),
+                Err(_) => return fail(UpstreamError::Timeout),
                 Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
                     tracing::error!(
                         limit = this.response_limit,
                         "the upstream's answer is over the response limit; recording a 502 in its place"
                     );
-                    return self.fail(UpstreamError::TooLarge);
+                    return fail(UpstreamError::TooLarge);
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "upstream body broke off");
-                    return self.fail(UpstreamError::Broken);
+                    return fail(UpstreamError::Broken);
                 }
                 Ok(Ok(collected)) => Full::new(collected.to_bytes())
                     .map_err(|never| match never {})
@@ -218,9 +221,14 @@ impl Proxy {
         res
     }
 
-    fn fail(&self, e: UpstreamError) -> Response<ProxyBody> {
+    /// The answer to an upstream failure; readable by `origin` (see [`crate::cors`]).
+    fn fail(&self, e: UpstreamError, origin: Option<HeaderValue>) -> Response<ProxyBody> {
         self.inner.metrics.count_upstream_error(e.kind());
-        e.into_response()
+        let mut res = e.into_response();
+        if let Some(origin) = origin {
+            crate::cors::allow_origin(res.headers_mut(), origin);
+        }
+        res
     }
 }
 

@@ -28,6 +28,7 @@ use tower::{Layer, ServiceExt};
 
 use crate::admin::{self, AdminState};
 use crate::config::GatewayConfig;
+use crate::cors;
 use crate::metrics::Metrics;
 use crate::proxy::{BoxError, ClientAddr, Proxy, ProxyBody};
 use crate::route::{self, Route};
@@ -317,6 +318,7 @@ impl Gateway {
                 req.extensions_mut().insert(ClientAddr(peer));
                 let svc = svc.clone();
                 let guard = metrics.in_flight_guard();
+                let origin = cors::preflighted_origin(req.method(), req.headers());
                 async move {
                     // The access log is at debug level; skip its bookkeeping otherwise.
                     let logged = tracing::enabled!(tracing::Level::DEBUG).then(|| {
@@ -326,7 +328,10 @@ impl Gateway {
                             req.uri().path().to_owned(),
                         )
                     });
-                    let res = svc.oneshot(req).await;
+                    let mut res = svc.oneshot(req).await;
+                    if let (Some(origin), Ok(r)) = (origin, &mut res) {
+                        cors::allow_origin_on_problem(r, origin);
+                    }
                     if let (Some((started, method, path)), Ok(r)) = (logged, &res) {
                         tracing::debug!(
                             %method,

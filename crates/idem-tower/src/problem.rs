@@ -161,10 +161,15 @@ impl Problem {
         Bytes::from(body.to_string())
     }
 
-    /// The full response: status, `Content-Type`, `Retry-After` when set, body.
+    /// The full response: status, `Content-Type`, `Retry-After` when set, body, and the
+    /// [`ProblemKind`] as a response extension, by which layers outside can tell the
+    /// layer's own answers from the handler's (the idem gateway adds CORS headers to
+    /// them). Problems the layer records in place of an answer (500s) lose it with
+    /// every other extension, so that the first answer and its replays look alike.
     pub fn to_response(&self) -> Response<Bytes> {
         let mut response = Response::new(self.body());
         *response.status_mut() = self.kind.status();
+        response.extensions_mut().insert(self.kind);
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,
@@ -193,6 +198,10 @@ mod tests {
         let p = Problem::new(ProblemKind::KeyReused, "the key was used for another body");
         let r = p.to_response();
         assert_eq!(r.status(), 422);
+        assert_eq!(
+            r.extensions().get::<ProblemKind>(),
+            Some(&ProblemKind::KeyReused)
+        );
         assert_eq!(r.headers()[header::CONTENT_TYPE], PROBLEM_CONTENT_TYPE);
         assert!(r.headers().get(header::RETRY_AFTER).is_none());
         let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();

@@ -51,7 +51,8 @@ struct UpstreamState {
 /// - `x-test-delay-ms: N` waits N ms before answering (the execution has started);
 /// - `x-test-disposition: V` adds `Idempotency-Disposition: V`;
 /// - `x-test-body-bytes: N` answers with N bytes of `x` instead of JSON;
-/// - `origin: O` is answered with CORS headers allowing O;
+/// - `origin: O` is answered with CORS headers allowing O, unless `x-test-no-cors` is
+///   sent too;
 /// - `x-test-content-encoding: V` says the body is encoded with V (it is not: the bytes
 ///   stand for an encoded body, which the gateway must pass on as they are).
 ///
@@ -193,7 +194,11 @@ async fn handle(State(state): State<Arc<UpstreamState>>, req: Request) -> Respon
         h.insert(axum::http::header::CONTENT_ENCODING, e.clone());
     }
     // As an API that browsers call across origins answers.
-    if let Some(origin) = parts.headers.get("origin") {
+    if let Some(origin) = parts
+        .headers
+        .get("origin")
+        .filter(|_| !parts.headers.contains_key("x-test-no-cors"))
+    {
         h.insert("access-control-allow-origin", origin.clone());
         h.insert(
             "access-control-allow-credentials",

@@ -454,6 +454,80 @@ async fn replay_keeps_the_cors_headers() {
     assert_eq!(s.up.started(&key), 1);
 }
 
+/// The gateway's own answers (409, 422, 400) reach the upstream never, so they carry no
+/// CORS headers of the upstream's; without some, a page on another origin sees a
+/// network error instead of "retry after 1 s". They allow the request's origin when
+/// the request needed a preflight (which the upstream answered), and only then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateways_own_answers_are_readable_across_origins() {
+    const SHOP: &str = "https://shop.example";
+    let s = setup(&["--require-key"]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let origin = ("origin", SHOP);
+    let allows = |a: &crate::common::Answer| {
+        a.header("access-control-allow-origin") == Some(SHOP)
+            && a.header("access-control-allow-credentials") == Some("true")
+            && a.headers.get_all("vary").iter().any(|v| v == "origin")
+    };
+
+    let slow = {
+        let (http, url, key) = (s.http.clone(), url.clone(), key.clone());
+        tokio::spawn(async move {
+            http.post(&url, &key, "{}", &[("x-test-delay-ms", "1500"), origin])
+                .await
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while s.up.started(&key) == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let conflict = s.http.post(&url, &key, "{}", &[origin]).await;
+    assert_eq!(conflict.status, 409);
+    assert!(allows(&conflict), "{conflict:?}");
+    assert_eq!(
+        conflict.header("access-control-expose-headers"),
+        Some("retry-after")
+    );
+    let plain = s.http.post(&url, &key, "{}", &[]).await;
+    assert_eq!(plain.status, 409);
+    assert_eq!(plain.header("access-control-allow-origin"), None);
+    assert_eq!(slow.await.unwrap().status, 201);
+
+    let reused = s.http.post(&url, &key, r#"{"a":1}"#, &[origin]).await;
+    assert_eq!(reused.status, 422);
+    assert!(allows(&reused), "{reused:?}");
+    assert_eq!(reused.header("access-control-expose-headers"), None);
+    let invalid = s.http.post(&url, "", "{}", &[origin]).await;
+    assert_eq!(invalid.status, 400);
+    assert!(allows(&invalid), "{invalid:?}");
+
+    // A form post needs no preflight: nothing says the upstream allows this origin.
+    let form = s
+        .http
+        .send(
+            "POST",
+            &url,
+            &[
+                origin,
+                ("content-type", "application/x-www-form-urlencoded"),
+            ],
+            "a=1",
+        )
+        .await;
+    assert_eq!(form.status, 400);
+    assert_eq!(form.problem_type(), "https://idem.dev/problems/missing-key");
+    assert_eq!(form.header("access-control-allow-origin"), None);
+    // The upstream's own answers are its business, CORS headers or none.
+    let bare = s
+        .http
+        .post(&url, &new_key(), "{}", &[origin, ("x-test-no-cors", "1")])
+        .await;
+    assert_eq!(bare.status, 201);
+    assert_eq!(bare.header("access-control-allow-origin"), None);
+    assert_eq!(s.up.started(&key), 1);
+}
+
 /// A compressed answer is recorded as the bytes it is, so its replay must say how they
 /// are encoded, or the client cannot read them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -82,6 +82,23 @@ async fn unreachable_upstream_is_502_and_releases_the_key() {
     assert_eq!(rec.status, 404, "{rec:?}");
     let b = http.post(&gw.url("/v1/charges"), &key, "{}", &[]).await;
     assert_eq!(b.status, 502);
+    assert_eq!(b.header("access-control-allow-origin"), None);
+    // A page on another origin can read why: the gateway made this answer, not the
+    // upstream, whose preflight let the request through.
+    let c = http
+        .post(
+            &gw.url("/v1/charges"),
+            &key,
+            "{}",
+            &[("origin", "https://shop.example")],
+        )
+        .await;
+    assert_eq!(c.status, 502);
+    assert_eq!(
+        c.header("access-control-allow-origin"),
+        Some("https://shop.example")
+    );
+    assert_eq!(c.header("access-control-allow-credentials"), Some("true"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

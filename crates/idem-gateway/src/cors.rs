@@ -1,0 +1,185 @@
+//! CORS headers on the answers the gateway makes itself (a 409, a 422, a 502…), so that
+//! a page calling the API from another origin can read them.
+//!
+//! Cross-origin policy is the upstream's: it answers the preflight (`OPTIONS` passes
+//! through) and puts its own CORS headers on its answers, which replays keep. But an
+//! answer the gateway makes itself never reaches the upstream, and without
+//! `Access-Control-Allow-Origin` a browser hides it from the page: `fetch` fails with a
+//! network error instead of showing the 409 and its `Retry-After`, and the page cannot
+//! tell "wait and retry" from "the network is down".
+//!
+//! The gateway allows the request's origin on its own answers only when the browser
+//! must have sent a preflight for that request and the upstream must have allowed it,
+//! as the request would not have been sent otherwise. A request proves that by what
+//! browsers never send without asking first (Fetch standard, "CORS-unsafe request"): an
+//! `Idempotency-Key` header, a method other than `GET`, `HEAD` and `POST`, or a
+//! `Content-Type` other than the three form types. A simple form post from another
+//! origin proves nothing of the kind, and its answers get no CORS headers.
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Response};
+use idem_tower::{DEFAULT_HEADER_NAME, ProblemKind};
+
+/// The request's `Origin`, when the request is one a browser sends only after a
+/// preflight the upstream allowed; `None` otherwise, and for requests without one.
+pub fn preflighted_origin(method: &Method, headers: &HeaderMap) -> Option<HeaderValue> {
+    let origin = headers.get(header::ORIGIN)?;
+    // `Origin: null` (sandboxed frames, some redirects) names no origin to allow.
+    if origin.as_bytes() == b"null" {
+        return None;
+    }
+    let preflighted = headers.contains_key(DEFAULT_HEADER_NAME)
+        || !matches!(*method, Method::GET | Method::HEAD | Method::POST)
+        || headers
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|ct| !is_form_type(ct.as_bytes()));
+    preflighted.then(|| origin.clone())
+}
+
+/// Whether a `Content-Type` is one a page may send across origins without a preflight.
+fn is_form_type(value: &[u8]) -> bool {
+    let essence = value.split(|&b| b == b';').next().unwrap_or_default();
+    let essence = essence.trim_ascii();
+    [
+        b"application/x-www-form-urlencoded".as_slice(),
+        b"multipart/form-data",
+        b"text/plain",
+    ]
+    .iter()
+    .any(|form| essence.eq_ignore_ascii_case(form))
+}
+
+/// Adds to one of the gateway's own answers the headers that let `origin` read it:
+/// the origin itself, credentials (the preflight allowed them, or the browser ignores
+/// this), `Retry-After` exposed where there is one, and `Vary: Origin`. An answer that
+/// already allows an origin is left as it is.
+pub fn allow_origin(headers: &mut HeaderMap, origin: HeaderValue) {
+    if headers.contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN) {
+        return;
+    }
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    headers.insert(
+        header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+        HeaderValue::from_static("true"),
+    );
+    if headers.contains_key(header::RETRY_AFTER) {
+        headers.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("retry-after"),
+        );
+    }
+    headers.append(header::VARY, HeaderValue::from_static("origin"));
+}
+
+/// [`allow_origin`] on an answer of the idempotency layer's own (it carries its
+/// [`ProblemKind`]); answers that came from the upstream are left alone.
+pub fn allow_origin_on_problem<B>(response: &mut Response<B>, origin: HeaderValue) {
+    if response.extensions().get::<ProblemKind>().is_some() {
+        allow_origin(response.headers_mut(), origin);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                (
+                    header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    const SHOP: &str = "https://shop.example";
+
+    /// A method, request headers, and whether they prove a preflight.
+    type Case<'a> = (&'a Method, &'a [(&'a str, &'a str)], bool);
+
+    #[test]
+    fn only_requests_that_needed_a_preflight_get_their_origin() {
+        let cases: [Case; 11] = [
+            (&Method::POST, &[("idempotency-key", "k")], true),
+            (&Method::POST, &[("content-type", "application/json")], true),
+            (
+                &Method::POST,
+                &[("content-type", "Application/JSON; charset=utf-8")],
+                true,
+            ),
+            (&Method::PATCH, &[], true),
+            (&Method::DELETE, &[], true),
+            (&Method::POST, &[], false),
+            (&Method::GET, &[], false),
+            (&Method::POST, &[("content-type", "text/plain")], false),
+            (
+                &Method::POST,
+                &[("content-type", " Multipart/Form-Data ; boundary=x")],
+                false,
+            ),
+            (
+                &Method::POST,
+                &[("content-type", "application/x-www-form-urlencoded")],
+                false,
+            ),
+            // Sent by a browser on its own (cached credentials): no proof of a preflight.
+            (&Method::POST, &[("authorization", "Basic eDp5")], false),
+        ];
+        for (method, pairs, expected) in cases {
+            let mut h = headers(pairs);
+            assert_eq!(preflighted_origin(method, &h), None, "{method} {pairs:?}");
+            h.insert(header::ORIGIN, HeaderValue::from_static(SHOP));
+            let got = preflighted_origin(method, &h);
+            assert_eq!(got.is_some(), expected, "{method} {pairs:?}");
+            if let Some(origin) = got {
+                assert_eq!(origin, SHOP);
+            }
+        }
+    }
+
+    #[test]
+    fn a_null_origin_is_never_allowed() {
+        let h = headers(&[("origin", "null"), ("idempotency-key", "k")]);
+        assert_eq!(preflighted_origin(&Method::POST, &h), None);
+    }
+
+    #[test]
+    fn allowing_adds_the_origin_credentials_vary_and_exposes_retry_after() {
+        let mut h = headers(&[("retry-after", "3"), ("vary", "accept-encoding")]);
+        allow_origin(&mut h, HeaderValue::from_static(SHOP));
+        assert_eq!(h["access-control-allow-origin"], SHOP);
+        assert_eq!(h["access-control-allow-credentials"], "true");
+        assert_eq!(h["access-control-expose-headers"], "retry-after");
+        let vary: Vec<_> = h.get_all("vary").iter().collect();
+        assert_eq!(vary, ["accept-encoding", "origin"]);
+
+        let mut h = HeaderMap::new();
+        allow_origin(&mut h, HeaderValue::from_static(SHOP));
+        assert!(!h.contains_key("access-control-expose-headers"));
+    }
+
+    #[test]
+    fn an_answer_that_allows_an_origin_already_is_left_alone() {
+        let mut h = headers(&[("access-control-allow-origin", "https://other.example")]);
+        allow_origin(&mut h, HeaderValue::from_static(SHOP));
+        assert_eq!(h["access-control-allow-origin"], "https://other.example");
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn only_the_layers_problems_are_touched() {
+        let mut upstream = Response::new(());
+        allow_origin_on_problem(&mut upstream, HeaderValue::from_static(SHOP));
+        assert!(upstream.headers().is_empty());
+
+        let mut problem = Response::new(());
+        problem
+            .extensions_mut()
+            .insert(ProblemKind::RequestInProgress);
+        allow_origin_on_problem(&mut problem, HeaderValue::from_static(SHOP));
+        assert_eq!(problem.headers()["access-control-allow-origin"], SHOP);
+    }
+}
