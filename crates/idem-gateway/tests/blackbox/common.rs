@@ -34,6 +34,8 @@ pub struct Seen {
     pub path: String,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -41,7 +43,16 @@ struct UpstreamState {
     seq: AtomicU64,
     started: Mutex<HashMap<String, u64>>,
     finished: Mutex<HashMap<String, u64>>,
+    executions: Mutex<HashMap<String, Vec<Execution>>>,
     seen: Mutex<Vec<Seen>>,
+}
+
+/// One request the upstream answered: its sequence number (`n` in the answer) and the
+/// `Idempotency-Attempt` it carried (`"none"` without one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Execution {
+    pub n: u64,
+    pub attempt: String,
 }
 
 /// An upstream that counts executions per `Idempotency-Key` header value (as sent) and
@@ -90,6 +101,17 @@ impl Upstream {
     /// Executions that finished (answered) for a key header value.
     pub fn finished(&self, key: &str) -> u64 {
         *self.state.finished.lock().unwrap().get(key).unwrap_or(&0)
+    }
+
+    /// The executions that finished for a key header value, in the order they did.
+    pub fn executions(&self, key: &str) -> Vec<Execution> {
+        self.state
+            .executions
+            .lock()
+            .unwrap()
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Every request seen, in arrival order.
@@ -142,6 +164,7 @@ async fn handle(State(state): State<Arc<UpstreamState>>, req: Request) -> Respon
         path: parts.uri.path().to_owned(),
         headers: parts.headers.clone(),
         body: body.clone(),
+        at: std::time::Instant::now(),
     });
     let n = state.seq.fetch_add(1, Ordering::SeqCst) + 1;
     if let Some(ms) = header_u64(&parts.headers, "x-test-delay-ms") {
@@ -165,7 +188,7 @@ async fn handle(State(state): State<Arc<UpstreamState>>, req: Request) -> Respon
                 "n": n,
                 "method": parts.method.as_str(),
                 "path": parts.uri.path(),
-                "attempt": attempt,
+                "attempt": &attempt,
                 "body_len": body.len(),
             })
             .to_string(),
@@ -216,7 +239,14 @@ async fn handle(State(state): State<Arc<UpstreamState>>, req: Request) -> Respon
         );
     }
     if let Some(k) = key {
-        *state.finished.lock().unwrap().entry(k).or_default() += 1;
+        *state.finished.lock().unwrap().entry(k.clone()).or_default() += 1;
+        state
+            .executions
+            .lock()
+            .unwrap()
+            .entry(k)
+            .or_default()
+            .push(Execution { n, attempt });
     }
     res
 }

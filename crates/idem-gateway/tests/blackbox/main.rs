@@ -1,9 +1,11 @@
 //! Black-box tests: the real `idem` binary between a client and a counting upstream.
+//! `chaos` kills it again and again under load; `crash` one kill at a time.
 //!
 //! Run with `cargo test -p idem-gateway --test blackbox`. The PostgreSQL and Redis cases
 //! read `IDEM_TEST_POSTGRES_URL` and `IDEM_TEST_REDIS_URL` and skip loudly when the
 //! service is unreachable (fail under `IDEM_REQUIRE_SERVICES=1`).
 
+mod chaos;
 mod common;
 mod crash;
 mod protocol;

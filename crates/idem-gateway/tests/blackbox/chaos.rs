@@ -1,0 +1,252 @@
+//! Chaos (SPEC S5, S7): the gateway killed with SIGKILL again and again on its SQLite
+//! file while clients send, resend and hang up on a few hundred keys at once.
+//!
+//! What a crash may cost is bounded by the spec: an attempt whose outcome the crash hid
+//! runs again as the next attempt once its lease lapses. What it may never cost, and
+//! what this checks after the dust settles: an attempt of a key running twice, a key
+//! that never gets an answer, or a replay of anything but one of the key's own
+//! executions.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::common::{Gateway, Upstream, new_key, read_message};
+
+const KEYS: usize = 400;
+const CLIENTS: usize = 8;
+const KILLS: usize = 5;
+/// Short, so that attempts a kill left in progress are taken over soon after.
+const LEASE: &str = "1s";
+
+/// A small xorshift generator: the test needs variety, not quality.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Key `i`'s request: the same body every time, and an upstream that takes 0, 50, 100
+/// or 150 ms (a header, outside the fingerprint) so that kills find work in flight.
+fn request(key: &str, i: usize) -> String {
+    let body = format!(r#"{{"amount":{i}}}"#);
+    format!(
+        "POST /v1/charges HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: {key}\r\n\
+         Content-Type: application/json\r\nx-test-delay-ms: {}\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        (i % 4) * 50,
+        body.len()
+    )
+}
+
+/// Sends `request` on a new connection and reads the answer: its status and body, or
+/// `None` when the gateway is down or went down before answering.
+async fn send(addr: SocketAddr, request: &str) -> Option<(u16, Vec<u8>)> {
+    let mut stream = TcpStream::connect(addr).await.ok()?;
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let (head, body) = tokio::time::timeout(Duration::from_secs(10), read_message(&mut stream))
+        .await
+        .ok()??;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body))
+}
+
+/// Sends key `i`'s request until it is answered 201, and returns the answer's `n`;
+/// panics on any other answer than 409 (or none: a gateway still starting), and after
+/// 30 s.
+async fn settle(addr: SocketAddr, key: &str, i: usize) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match send(addr, &request(key, i)).await {
+            Some((201, body)) => {
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                return v["n"].as_u64().unwrap();
+            }
+            other => {
+                let status = other.map(|(s, _)| s);
+                assert!(
+                    matches!(status, Some(409) | None),
+                    "key {i}: {status:?} while settling"
+                );
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "key {i} never settled"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_again_and_again_never_runs_an_attempt_twice() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--store", "sqlite://idem.db", "--lease", LEASE];
+    let mut gw = Gateway::start(&up.url(), dir.path(), &args).await;
+    let addr = Arc::new(RwLock::new(gw.addr));
+    let keys: Arc<Vec<String>> = Arc::new((0..KEYS).map(|_| new_key()).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    // Half the requests take the next key never sent before, so that first executions
+    // go on while the kills come; the others resend a key already sent.
+    let next = Arc::new(AtomicUsize::new(0));
+
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (addr, keys, stop, next) = (addr.clone(), keys.clone(), stop.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (c as u64 + 1));
+                let mut tally: HashMap<&'static str, u64> = HashMap::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let sent = next.load(Ordering::Relaxed).min(KEYS);
+                    let i = if sent < KEYS && (sent == 0 || rng.below(2) == 0) {
+                        next.fetch_add(1, Ordering::Relaxed).min(KEYS - 1)
+                    } else {
+                        rng.below(sent as u64) as usize
+                    };
+                    let request = request(&keys[i], i);
+                    let at = *addr.read().unwrap();
+                    // Some clients give up before the answer comes.
+                    if rng.below(100) < 15 {
+                        if let Ok(mut s) = TcpStream::connect(at).await {
+                            let _ = s.write_all(request.as_bytes()).await;
+                            tokio::time::sleep(Duration::from_millis(rng.below(100))).await;
+                        }
+                        *tally.entry("hung up").or_default() += 1;
+                        continue;
+                    }
+                    let outcome = match send(at, &request).await {
+                        Some((201, _)) => "201",
+                        Some((409, _)) => "409",
+                        Some(_) => "other",
+                        None => {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            "no answer"
+                        }
+                    };
+                    *tally.entry(outcome).or_default() += 1;
+                }
+                tally
+            })
+        })
+        .collect();
+
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut restarts = Vec::new();
+    for _ in 0..KILLS {
+        tokio::time::sleep(Duration::from_millis(300 + rng.below(600))).await;
+        gw.kill9().await;
+        gw = Gateway::start(&up.url(), dir.path(), &args).await;
+        // The new gateway is up: what the dead one sent has long reached the upstream
+        // (starting takes far longer than loopback delivery), and what this one sends
+        // comes after.
+        restarts.push(std::time::Instant::now());
+        *addr.write().unwrap() = gw.addr;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut tally: HashMap<&str, u64> = HashMap::new();
+    for client in clients {
+        for (k, v) in client.await.unwrap() {
+            *tally.entry(k).or_default() += v;
+        }
+    }
+
+    // Every key gets its answer: a replay, or, for a key a kill left in progress, the
+    // next attempt once the lease lapses (409 until then). Keys never sent yet execute
+    // now.
+    let settlers: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (keys, at) = (keys.clone(), gw.addr);
+            tokio::spawn(async move {
+                let mut settled = Vec::new();
+                for i in (c..KEYS).step_by(CLIENTS) {
+                    settled.push((i, settle(at, &keys[i], i).await));
+                }
+                settled
+            })
+        })
+        .collect();
+    let mut settled = HashMap::new();
+    for settler in settlers {
+        settled.extend(settler.await.unwrap());
+    }
+
+    assert_eq!(
+        tally.get("other"),
+        None,
+        "answers other than 201 and 409: {tally:?}"
+    );
+    // Between the kills the gateway served (each lives for a fraction of a second).
+    assert!(tally.get("201").is_some_and(|n| *n >= 50), "{tally:?}");
+    // A later attempt is sent only by a gateway started after the attempt before it
+    // was sent: never while that one's gateway still lives (its lease is renewed while
+    // it runs).
+    let mut arrived: HashMap<(String, u32), Vec<std::time::Instant>> = HashMap::new();
+    for seen in up.seen() {
+        let header = |name| seen.headers.get(name).and_then(|v| v.to_str().ok());
+        let (Some(key), Some(attempt)) = (header("idempotency-key"), header("idempotency-attempt"))
+        else {
+            panic!("a request reached the upstream without a key or an attempt: {seen:?}");
+        };
+        let attempt: u32 = attempt.parse().unwrap();
+        arrived
+            .entry((key.to_owned(), attempt))
+            .or_default()
+            .push(seen.at);
+    }
+    for ((key, attempt), starts) in &arrived {
+        if *attempt == 1 {
+            continue;
+        }
+        let before = arrived.get(&(key.clone(), attempt - 1)).unwrap_or_else(|| {
+            panic!(
+                "key {key}: attempt {attempt} without attempt {}",
+                attempt - 1
+            )
+        });
+        for start in starts {
+            assert!(
+                before
+                    .iter()
+                    .any(|b| restarts.iter().any(|r| b < r && r < start)),
+                "key {key}: attempt {attempt} sent by the gateway that sent attempt {}",
+                attempt - 1
+            );
+        }
+    }
+    let (mut again, mut taken_over) = (0, 0);
+    for (i, key) in keys.iter().enumerate() {
+        let runs = up.executions(key);
+        let mut attempts: Vec<&str> = runs.iter().map(|e| e.attempt.as_str()).collect();
+        attempts.sort_unstable();
+        let before = attempts.len();
+        attempts.dedup();
+        assert_eq!(
+            before,
+            attempts.len(),
+            "key {i}: an attempt ran twice: {runs:?}"
+        );
+        assert!(
+            runs.iter().any(|e| e.n == settled[&i]),
+            "key {i}: the answer (n = {}) is none of its executions {runs:?}",
+            settled[&i]
+        );
+        again += runs.len().saturating_sub(1);
+        taken_over += runs.iter().filter(|e| e.attempt != "1").count();
+    }
+    println!(
+        "{KILLS} kills; requests: {tally:?}; executions as a later attempt (a kill left \
+         the key in progress): {taken_over}; keys run more than once (a kill hid the \
+         outcome): {again} of {KEYS}"
+    );
+}
