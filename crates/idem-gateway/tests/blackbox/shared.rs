@@ -18,7 +18,7 @@ const NAMESPACE: &str = "idem_blackbox";
 /// A gateway's arguments for the shared store `url`: this file's namespace, and a short
 /// TTL, so that what a run leaves behind goes (Redis deletes it by itself, a later
 /// run's sweeper purges the PostgreSQL rows) instead of piling up run after run.
-fn on_shared<'a>(url: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+pub fn on_shared<'a>(url: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "--store",
         url,
@@ -31,7 +31,9 @@ fn on_shared<'a>(url: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     args
 }
 
-async fn reachable(kind: &str, url: &str) -> bool {
+/// Whether the store at `url` answers; says so loudly when it does not (and panics
+/// under `IDEM_REQUIRE_SERVICES=1`).
+pub async fn reachable(kind: &str, url: &str) -> bool {
     let opened =
         tokio::time::timeout(Duration::from_secs(10), idem_gateway::store::open(url)).await;
     match opened {
