@@ -94,7 +94,7 @@
 //! # Execution
 //!
 //! The reservation, the handler and the recording run inside the response future, with
-//! no task spawned. A client that disconnects does not cancel them: once the body is
+//! no task spawned (unless recording must go on after the answer, as above). A client that disconnects does not cancel them: once the body is
 //! read, a response future dropped before it finished hands the rest of its execution to
 //! the runtime, where the handler runs to completion and its answer is recorded, so the
 //! client's retry gets the replay. While the handler runs, the lease is renewed every
@@ -123,8 +123,16 @@
 //! `content-encoding`, whatever the retry's `accept-encoding` says. The first
 //! caller receives the handler's full response; replays receive only what was stored.
 //!
+//! Recording is tried three times within half a second before the caller gets the
+//! answer. If the store is down all that time, the caller gets the answer anyway and
+//! recording goes on in the background, after growing pauses, for as long again as the
+//! lease: retries get 409 meanwhile, then the replay, and the handler does not run a
+//! second time for an outage shorter than that. Only if the store stays away longer
+//! does the lease lapse and a retry execute again, as the next attempt.
+//!
 //! On shutdown, stop accepting connections, then await
-//! [`IdempotencyLayer::in_flight`]`().wait()` so every started execution is recorded.
+//! [`IdempotencyLayer::in_flight`]`().wait()` so every started execution is recorded
+//! (an answer still being recorded in the background counts as in flight).
 //!
 //! # Problem types
 //!

@@ -512,8 +512,17 @@ where
         match disposition {
             Disposition::Record => {
                 let stored = stored_response(config, &extra_headers, &head, &body);
-                complete(store, observer, &lease, &stored).await;
                 observer.outcome(Outcome::Executed);
+                if !complete(store, observer, &lease, &stored).await {
+                    // The client gets its answer now; recording it goes on behind.
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        complete_later(&shared, &lease, &stored, lease_for).await;
+                        drop(guard);
+                    });
+                    head.extensions.clear();
+                    return Response::from_parts(head, IdempotencyBody::buffered(body));
+                }
             }
             // Released answers left the handler early, streaming; none of the recorded
             // problems releases. Kept total all the same.
@@ -729,14 +738,14 @@ fn too_large_response(limit: usize) -> (http::response::Parts, Bytes, Dispositio
     )
 }
 
-/// Stages 3–4, tried a few times: an answer that is not recorded leaves the record in
-/// progress until its lease lapses, and the retry after that executes again.
+/// Stages 3–4, tried a few times before the client gets its answer. `false` when every
+/// try failed and the answer is still to be recorded (see [`complete_later`]).
 async fn complete<St: Store>(
     store: &St,
     observer: &dyn Observer,
     lease: &Lease,
     stored: &StoredResponse,
-) {
+) -> bool {
     let settled = settle(
         observer,
         "complete",
@@ -744,16 +753,72 @@ async fn complete<St: Store>(
         || store.complete(lease, stored),
     );
     match settled.await {
-        Settled::Written => {}
-        Settled::Fenced => tracing::warn!(
-            scope = %lease.scope.digest(),
-            attempt = lease.attempt,
-            "the record was taken over before this attempt finished; its answer is not recorded"
-        ),
-        Settled::GaveUp => tracing::error!(
-            scope = %lease.scope.digest(),
-            "the response could not be recorded; the key stays in progress until its lease lapses"
-        ),
+        Settled::Written => true,
+        Settled::Fenced => {
+            fenced_completion(lease);
+            true
+        }
+        Settled::GaveUp => false,
+    }
+}
+
+fn fenced_completion(lease: &Lease) {
+    tracing::warn!(
+        scope = %lease.scope.digest(),
+        attempt = lease.attempt,
+        "the record was taken over before this attempt finished; its answer is not recorded"
+    );
+}
+
+/// The pauses between the tries of [`complete_later`]: growing to a few seconds.
+const LATER_BACKOFF: [Duration; 5] = [
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+    Duration::from_millis(1600),
+    Duration::from_secs(3),
+];
+
+/// Stages 3–4 for an answer the first tries could not record (the store is down, say),
+/// tried again after growing pauses for as long again as the lease. Until the answer
+/// is recorded, retries of the key get 409, and once the lease lapses one takes over
+/// and the upstream runs again (SPEC S7): every store outage shorter than that costs
+/// no second execution. A takeover fences this attempt's token, so a late completion
+/// can never overwrite a newer attempt's record.
+async fn complete_later<St: Store>(
+    shared: &Shared<St>,
+    lease: &Lease,
+    stored: &StoredResponse,
+    lease_for: Duration,
+) {
+    let observer = &*shared.config.observer;
+    let deadline = tokio::time::Instant::now() + lease_for;
+    let mut pauses = LATER_BACKOFF
+        .iter()
+        .chain(std::iter::repeat(&LATER_BACKOFF[4]));
+    tracing::warn!(
+        scope = %lease.scope.digest(),
+        "the response could not be recorded yet; trying again while the client has its answer"
+    );
+    loop {
+        let pause = *pauses.next().expect("an endless iterator");
+        if tokio::time::Instant::now() + pause > deadline {
+            tracing::error!(
+                scope = %lease.scope.digest(),
+                "the response could not be recorded; the key stays in progress until its \
+                 lease lapses, and then a retry executes again"
+            );
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        match timed(observer, "complete", shared.store.complete(lease, stored)).await {
+            Ok(()) => {
+                tracing::info!(scope = %lease.scope.digest(), "the response is recorded after all");
+                return;
+            }
+            Err(StoreError::Fenced) => return fenced_completion(lease),
+            Err(e) => tracing::debug!(error = %e, "recording the response failed again"),
+        }
     }
 }
 

@@ -1185,20 +1185,25 @@ async fn stale_attempt_cannot_overwrite_takeover(kind: StoreKind) {
     );
 }
 
-/// A memory store with failures on demand: every `complete` fails, as a store that
-/// went down while the handler ran, or only the first `release`, as one whose
-/// connection blipped.
+/// A memory store with failures on demand: `complete` fails (every time, or the first
+/// n times), as a store that went down while the handler ran, or only the first
+/// `release` fails, as one whose connection blipped.
 struct Flaky {
     inner: MemoryStore,
-    complete_fails: bool,
+    /// How many more `complete`s fail.
+    complete_failures: AtomicUsize,
     release_failed: AtomicBool,
 }
 
 impl Flaky {
     fn complete_fails(inner: MemoryStore) -> Flaky {
+        Flaky::first_completes_fail(inner, usize::MAX)
+    }
+
+    fn first_completes_fail(inner: MemoryStore, n: usize) -> Flaky {
         Flaky {
             inner,
-            complete_fails: true,
+            complete_failures: AtomicUsize::new(n),
             release_failed: AtomicBool::new(true),
         }
     }
@@ -1206,7 +1211,7 @@ impl Flaky {
     fn first_release_fails(inner: MemoryStore) -> Flaky {
         Flaky {
             inner,
-            complete_fails: false,
+            complete_failures: AtomicUsize::new(0),
             release_failed: AtomicBool::new(false),
         }
     }
@@ -1218,7 +1223,11 @@ impl Store for Flaky {
         self.inner.reserve(r).await
     }
     async fn complete(&self, l: &Lease, r: &StoredResponse) -> Result<()> {
-        if self.complete_fails {
+        let failures = &self.complete_failures;
+        if failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
             return down();
         }
         self.inner.complete(l, r).await
@@ -1269,6 +1278,35 @@ async fn unrecorded_answer_leaves_key_in_progress_until_lease_lapses() {
     assert_eq!(taken.json()["attempt"], 2);
     assert_eq!(taken.json()["recovered"], true);
     assert_eq!(count(&app.counters.orders), 2);
+}
+
+/// A store that is down for a moment when the handler finishes: the client gets its
+/// answer at once, and the answer is recorded once the store is back, so the retry
+/// replays it instead of waiting out the lease and running the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_the_store_could_not_take_is_recorded_once_it_is_back() {
+    let clock = ManualClock::starting_now();
+    // The three tries before answering and the first two after fail.
+    let store = Flaky::first_completes_fail(MemoryStore::with_clock(Arc::new(clock.clone())), 5);
+    let app = App::start_on(clock, Arc::new(store), |l| l.lease(Duration::from_secs(60))).await;
+    let first = app.post("/orders").key("k-later").json(ORDER).send().await;
+    assert_eq!(first.status, 201);
+    assert!(!first.is_replay());
+    // Counted in flight until recorded, so a graceful shutdown waits for it.
+    assert_eq!(app.in_flight.count(), 1);
+    // Until then, retries wait (the record is in progress, its lease alive)...
+    app.post("/orders")
+        .key("k-later")
+        .json(ORDER)
+        .send()
+        .await
+        .assert_problem(409, "request-in-progress");
+    // ...and then replay: the clock never moved, so this is no takeover.
+    app.in_flight.wait().await;
+    let retry = app.post("/orders").key("k-later").json(ORDER).send().await;
+    assert!(retry.is_replay(), "{retry:?}");
+    assert_eq!(retry.body, first.body);
+    assert_eq!(count(&app.counters.orders), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
