@@ -123,12 +123,13 @@
 //! `content-encoding`, whatever the retry's `accept-encoding` says. The first
 //! caller receives the handler's full response; replays receive only what was stored.
 //!
-//! Recording is tried three times within half a second before the caller gets the
-//! answer. If the store is down all that time, the caller gets the answer anyway and
-//! recording goes on in the background, after growing pauses, for as long again as the
-//! lease: retries get 409 meanwhile, then the replay, and the handler does not run a
-//! second time for an outage shorter than that. Only if the store stays away longer
-//! does the lease lapse and a retry execute again, as the next attempt.
+//! Recording (or releasing) is tried three times within half a second before the
+//! caller gets the answer. If the store is down all that time, the caller gets the
+//! answer anyway and the write goes on in the background, after growing pauses, for as
+//! long again as the lease: retries get 409 meanwhile, then the replay (or, after a
+//! release, a new execution), and the handler does not run a second time for an outage
+//! shorter than that. Only if the store stays away longer does the lease lapse and a
+//! retry execute again, as the next attempt.
 //!
 //! On shutdown, stop accepting connections, then await
 //! [`IdempotencyLayer::in_flight`]`().wait()` so every started execution is recorded

@@ -35,8 +35,8 @@ use crate::{BoxError, IdempotencyBody};
 /// The header that marks a replayed answer.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// How often, and with what pauses, recording or releasing a key is tried before giving
-/// up. The record then stays in progress and its lease lapses, so a retry takes over.
+/// How often, and with what pauses, recording or releasing a key is tried before the
+/// client gets its answer; [`settle_later`] goes on from there.
 const WRITE_BACKOFF: [Duration; 3] = [
     Duration::ZERO,
     Duration::from_millis(100),
@@ -485,8 +485,8 @@ where
         let (mut head, body, disposition) = match result {
             Ok(Ok(Answered::Whole(head, body, disposition))) => (head, body, disposition),
             Ok(Ok(Answered::Released(mut head, body))) => {
-                release(store, observer, &lease).await;
-                drop(guard);
+                observer.outcome(Outcome::Released);
+                settle(&shared, lease, lease_for, KeyWrite::Release, guard).await;
                 head.extensions.clear();
                 return Response::from_parts(head, IdempotencyBody::stream(body));
             }
@@ -513,23 +513,19 @@ where
             Disposition::Record => {
                 let stored = stored_response(config, &extra_headers, &head, &body);
                 observer.outcome(Outcome::Executed);
-                if !complete(store, observer, &lease, &stored).await {
-                    // The client gets its answer now; recording it goes on behind.
-                    let shared = shared.clone();
-                    tokio::spawn(async move {
-                        complete_later(&shared, &lease, &stored, lease_for).await;
-                        drop(guard);
-                    });
-                    head.extensions.clear();
-                    return Response::from_parts(head, IdempotencyBody::buffered(body));
-                }
+                settle(&shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
             }
             // Released answers left the handler early, streaming; none of the recorded
             // problems releases. Kept total all the same.
-            Disposition::Release => release(store, observer, &lease).await,
-            Disposition::KeepInProgress => observer.outcome(Outcome::KeptInProgress),
+            Disposition::Release => {
+                observer.outcome(Outcome::Released);
+                settle(&shared, lease, lease_for, KeyWrite::Release, guard).await;
+            }
+            Disposition::KeepInProgress => {
+                observer.outcome(Outcome::KeptInProgress);
+                drop(guard);
+            }
         }
-        drop(guard);
         head.extensions.clear();
         Response::from_parts(head, IdempotencyBody::buffered(body))
     }
@@ -542,58 +538,151 @@ enum Answered<B> {
     Released(http::response::Parts, B),
 }
 
-/// Stage 4's other branch: deletes the record so that the key executes again (SPEC S6),
-/// tried a few times like [`complete`]: a key left in progress answers 409 to every
-/// retry until its lease lapses.
-async fn release<St: Store>(store: &St, observer: &dyn Observer, lease: &Lease) {
-    observer.outcome(Outcome::Released);
-    let settled = settle(observer, "release", "releasing the key failed", || {
-        store.release(lease)
-    });
-    match settled.await {
-        // Fenced: taken over or expired since, nothing of this attempt is left to release.
-        Settled::Written | Settled::Fenced => {}
-        // The lease lapses on its own; a retry then takes over.
-        Settled::GaveUp => tracing::error!(
-            scope = %lease.scope.digest(),
-            "the key could not be released; it stays in progress until its lease lapses"
-        ),
+/// The write that settles a key once its handler answered (SPEC S5 stages 3–4, S6).
+enum KeyWrite {
+    /// Record the answer and complete the record.
+    Complete(StoredResponse),
+    /// Delete the record, so that the key executes again.
+    Release,
+}
+
+impl KeyWrite {
+    fn op(&self) -> &'static str {
+        match self {
+            KeyWrite::Complete(_) => "complete",
+            KeyWrite::Release => "release",
+        }
+    }
+
+    async fn run<St: Store>(&self, store: &St, lease: &Lease) -> idem_core::Result<()> {
+        match self {
+            KeyWrite::Complete(stored) => store.complete(lease, stored).await,
+            KeyWrite::Release => store.release(lease).await,
+        }
     }
 }
 
-/// How a write that settles a key (a completion or a release) ended.
+/// How a [`KeyWrite`] ended.
 enum Settled {
     Written,
     /// The lease no longer holds the record: another attempt took it over, or it
     /// expired.
     Fenced,
-    /// Every try in [`WRITE_BACKOFF`] failed otherwise.
+    /// Every try failed otherwise.
     GaveUp,
 }
 
-/// Runs `write` until it succeeds or is fenced, pausing as [`WRITE_BACKOFF`] says after
-/// any other failure, each logged as `failed`; timed as `op`.
-async fn settle<F, Fut>(
-    observer: &dyn Observer,
-    op: &'static str,
-    failed: &'static str,
-    mut write: F,
-) -> Settled
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = idem_core::Result<()>>,
-{
+/// Settles the key: `write` is tried as [`WRITE_BACKOFF`] says before the caller gets
+/// its answer. If the store failed every time (it is down, say), the caller gets the
+/// answer anyway and [`settle_later`] goes on in the background, the request counted in
+/// flight (`guard`) until it is done.
+async fn settle<St: Store>(
+    shared: &Arc<Shared<St>>,
+    lease: Lease,
+    lease_for: Duration,
+    write: KeyWrite,
+    guard: InFlightGuard,
+) {
+    let observer = &*shared.config.observer;
+    let mut settled = Settled::GaveUp;
     for pause in WRITE_BACKOFF {
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }
-        match timed(observer, op, write()).await {
-            Ok(()) => return Settled::Written,
-            Err(StoreError::Fenced) => return Settled::Fenced,
-            Err(e) => tracing::warn!(error = %e, "{failed}"),
+        match timed(observer, write.op(), write.run(&*shared.store, &lease)).await {
+            Ok(()) => {
+                settled = Settled::Written;
+                break;
+            }
+            Err(StoreError::Fenced) => {
+                settled = Settled::Fenced;
+                break;
+            }
+            Err(e) => tracing::warn!(error = %e, op = write.op(), "settling the key failed"),
         }
     }
-    Settled::GaveUp
+    match settled {
+        Settled::Written => {}
+        Settled::Fenced => fenced(&lease, &write),
+        Settled::GaveUp => {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                settle_later(&shared, &lease, lease_for, &write).await;
+                drop(guard);
+            });
+        }
+    }
+}
+
+fn fenced(lease: &Lease, write: &KeyWrite) {
+    match write {
+        KeyWrite::Complete(_) => tracing::warn!(
+            scope = %lease.scope.digest(),
+            attempt = lease.attempt,
+            "the record was taken over before this attempt finished; its answer is not recorded"
+        ),
+        // Taken over or expired since: nothing of this attempt is left to release.
+        KeyWrite::Release => {}
+    }
+}
+
+/// The pauses between the tries of [`settle_later`]: growing to a few seconds.
+const LATER_BACKOFF: [Duration; 5] = [
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+    Duration::from_millis(1600),
+    Duration::from_secs(3),
+];
+
+/// A key write the first tries could not make (the store is down, say), tried again
+/// after growing pauses for as long again as the lease. Until it is made, retries of
+/// the key get 409; once the lease lapses one takes over, and after an unrecorded
+/// answer the handler runs again (SPEC S7). So a store outage shorter than the lease
+/// costs no second execution, and no retry waits out the lease after a release. A
+/// takeover fences this attempt's token: a late write never touches a newer attempt's
+/// record.
+async fn settle_later<St: Store>(
+    shared: &Shared<St>,
+    lease: &Lease,
+    lease_for: Duration,
+    write: &KeyWrite,
+) {
+    let observer = &*shared.config.observer;
+    let deadline = tokio::time::Instant::now() + lease_for;
+    let mut pauses = LATER_BACKOFF
+        .iter()
+        .chain(std::iter::repeat(&LATER_BACKOFF[4]));
+    tracing::warn!(
+        scope = %lease.scope.digest(),
+        op = write.op(),
+        "the key could not be settled yet; trying again while the client has its answer"
+    );
+    loop {
+        let pause = *pauses.next().expect("an endless iterator");
+        if tokio::time::Instant::now() + pause > deadline {
+            tracing::error!(
+                scope = %lease.scope.digest(),
+                op = write.op(),
+                "the key could not be settled; it stays in progress until its lease \
+                 lapses, and then a retry executes again"
+            );
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        match timed(observer, write.op(), write.run(&*shared.store, lease)).await {
+            Ok(()) => {
+                tracing::info!(
+                    scope = %lease.scope.digest(),
+                    op = write.op(),
+                    "the key is settled after all"
+                );
+                return;
+            }
+            Err(StoreError::Fenced) => return fenced(lease, write),
+            Err(e) => tracing::debug!(error = %e, op = write.op(), "settling the key failed again"),
+        }
+    }
 }
 
 /// The answer to a reservation that did not acquire the key: stage 5's replay, or a
@@ -736,90 +825,6 @@ fn too_large_response(limit: usize) -> (http::response::Parts, Bytes, Dispositio
              recorded answers and cannot be kept; this answer is final for this key"
         ),
     )
-}
-
-/// Stages 3–4, tried a few times before the client gets its answer. `false` when every
-/// try failed and the answer is still to be recorded (see [`complete_later`]).
-async fn complete<St: Store>(
-    store: &St,
-    observer: &dyn Observer,
-    lease: &Lease,
-    stored: &StoredResponse,
-) -> bool {
-    let settled = settle(
-        observer,
-        "complete",
-        "recording the response failed",
-        || store.complete(lease, stored),
-    );
-    match settled.await {
-        Settled::Written => true,
-        Settled::Fenced => {
-            fenced_completion(lease);
-            true
-        }
-        Settled::GaveUp => false,
-    }
-}
-
-fn fenced_completion(lease: &Lease) {
-    tracing::warn!(
-        scope = %lease.scope.digest(),
-        attempt = lease.attempt,
-        "the record was taken over before this attempt finished; its answer is not recorded"
-    );
-}
-
-/// The pauses between the tries of [`complete_later`]: growing to a few seconds.
-const LATER_BACKOFF: [Duration; 5] = [
-    Duration::from_millis(200),
-    Duration::from_millis(400),
-    Duration::from_millis(800),
-    Duration::from_millis(1600),
-    Duration::from_secs(3),
-];
-
-/// Stages 3–4 for an answer the first tries could not record (the store is down, say),
-/// tried again after growing pauses for as long again as the lease. Until the answer
-/// is recorded, retries of the key get 409, and once the lease lapses one takes over
-/// and the upstream runs again (SPEC S7): every store outage shorter than that costs
-/// no second execution. A takeover fences this attempt's token, so a late completion
-/// can never overwrite a newer attempt's record.
-async fn complete_later<St: Store>(
-    shared: &Shared<St>,
-    lease: &Lease,
-    stored: &StoredResponse,
-    lease_for: Duration,
-) {
-    let observer = &*shared.config.observer;
-    let deadline = tokio::time::Instant::now() + lease_for;
-    let mut pauses = LATER_BACKOFF
-        .iter()
-        .chain(std::iter::repeat(&LATER_BACKOFF[4]));
-    tracing::warn!(
-        scope = %lease.scope.digest(),
-        "the response could not be recorded yet; trying again while the client has its answer"
-    );
-    loop {
-        let pause = *pauses.next().expect("an endless iterator");
-        if tokio::time::Instant::now() + pause > deadline {
-            tracing::error!(
-                scope = %lease.scope.digest(),
-                "the response could not be recorded; the key stays in progress until its \
-                 lease lapses, and then a retry executes again"
-            );
-            return;
-        }
-        tokio::time::sleep(pause).await;
-        match timed(observer, "complete", shared.store.complete(lease, stored)).await {
-            Ok(()) => {
-                tracing::info!(scope = %lease.scope.digest(), "the response is recorded after all");
-                return;
-            }
-            Err(StoreError::Fenced) => return fenced_completion(lease),
-            Err(e) => tracing::debug!(error = %e, "recording the response failed again"),
-        }
-    }
 }
 
 /// Stage 5: the recorded answer, marked as a replay.

@@ -5,7 +5,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -1185,14 +1185,14 @@ async fn stale_attempt_cannot_overwrite_takeover(kind: StoreKind) {
     );
 }
 
-/// A memory store with failures on demand: `complete` fails (every time, or the first
-/// n times), as a store that went down while the handler ran, or only the first
-/// `release` fails, as one whose connection blipped.
+/// A memory store with failures on demand: the first n `complete`s or `release`s
+/// fail, as a store that went down while the handler ran, or whose connection blipped.
 struct Flaky {
     inner: MemoryStore,
     /// How many more `complete`s fail.
     complete_failures: AtomicUsize,
-    release_failed: AtomicBool,
+    /// How many more `release`s fail.
+    release_failures: AtomicUsize,
 }
 
 impl Flaky {
@@ -1204,17 +1204,24 @@ impl Flaky {
         Flaky {
             inner,
             complete_failures: AtomicUsize::new(n),
-            release_failed: AtomicBool::new(true),
+            release_failures: AtomicUsize::new(0),
         }
     }
 
-    fn first_release_fails(inner: MemoryStore) -> Flaky {
+    fn first_releases_fail(inner: MemoryStore, n: usize) -> Flaky {
         Flaky {
             inner,
             complete_failures: AtomicUsize::new(0),
-            release_failed: AtomicBool::new(false),
+            release_failures: AtomicUsize::new(n),
         }
     }
+}
+
+/// Whether one more call is to fail, counting it.
+fn fails(remaining: &AtomicUsize) -> bool {
+    remaining
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 #[async_trait]
@@ -1223,11 +1230,7 @@ impl Store for Flaky {
         self.inner.reserve(r).await
     }
     async fn complete(&self, l: &Lease, r: &StoredResponse) -> Result<()> {
-        let failures = &self.complete_failures;
-        if failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if fails(&self.complete_failures) {
             return down();
         }
         self.inner.complete(l, r).await
@@ -1236,7 +1239,7 @@ impl Store for Flaky {
         self.inner.renew(l, d).await
     }
     async fn release(&self, l: &Lease) -> Result<()> {
-        if !self.release_failed.swap(true, Ordering::SeqCst) {
+        if fails(&self.release_failures) {
             return down();
         }
         self.inner.release(l).await
@@ -1312,7 +1315,7 @@ async fn an_answer_the_store_could_not_take_is_recorded_once_it_is_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_release_is_tried_again_so_the_retry_executes() {
     let clock = ManualClock::starting_now();
-    let store = Flaky::first_release_fails(MemoryStore::with_clock(Arc::new(clock.clone())));
+    let store = Flaky::first_releases_fail(MemoryStore::with_clock(Arc::new(clock.clone())), 1);
     let app = App::start_on(clock, Arc::new(store), |l| l).await;
     let body = status_body(429, None);
     let refused = app
@@ -1326,6 +1329,41 @@ async fn a_failed_release_is_tried_again_so_the_retry_executes() {
     let retry = app
         .post("/status")
         .key("k-rel-retry")
+        .json(&body)
+        .send()
+        .await;
+    assert_eq!(retry.status, 429, "{retry:?}");
+    assert!(!retry.is_replay());
+    assert_eq!(count(&app.counters.statuses), 2);
+}
+
+/// A release the store could not take at first is made once it is back: the retry
+/// executes then, instead of getting 409 until the lease lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_the_store_could_not_take_is_made_once_it_is_back() {
+    let clock = ManualClock::starting_now();
+    // The three tries before answering and the first two after fail.
+    let store = Flaky::first_releases_fail(MemoryStore::with_clock(Arc::new(clock.clone())), 5);
+    let app = App::start_on(clock, Arc::new(store), |l| l.lease(Duration::from_secs(60))).await;
+    let body = status_body(429, None);
+    let refused = app
+        .post("/status")
+        .key("k-rel-later")
+        .json(&body)
+        .send()
+        .await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(app.in_flight.count(), 1);
+    app.post("/status")
+        .key("k-rel-later")
+        .json(&body)
+        .send()
+        .await
+        .assert_problem(409, "request-in-progress");
+    app.in_flight.wait().await;
+    let retry = app
+        .post("/status")
+        .key("k-rel-later")
         .json(&body)
         .send()
         .await;
