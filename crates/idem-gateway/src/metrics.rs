@@ -62,8 +62,19 @@ pub struct Metrics {
     upstream_errors: RwLock<BTreeMap<&'static str, AtomicU64>>,
     /// Failed store calls by operation and [`idem_core::StoreError::label`].
     store_errors: RwLock<BTreeMap<(&'static str, &'static str), AtomicU64>>,
+    /// Key writes going on in the background, and those given up, by op
+    /// ([`KEY_WRITES`]).
+    deferred_writes: [AtomicI64; 2],
+    abandoned_writes: [AtomicU64; 2],
     /// The store whose own figures (`Store::metrics`) are rendered too.
     figures_of: Option<Arc<dyn Store>>,
+}
+
+/// The key writes that may go on in the background (see [`Observer::write_deferred`]).
+const KEY_WRITES: [&str; 2] = ["complete", "release"];
+
+fn key_write(op: &str) -> Option<usize> {
+    KEY_WRITES.iter().position(|w| *w == op)
 }
 
 impl std::fmt::Debug for Metrics {
@@ -222,6 +233,27 @@ impl Metrics {
                 "idem_store_call_duration_seconds_count{{{labels}}} {count}"
             );
         }
+        out.push_str(
+            "# HELP idem_deferred_key_writes Answers being recorded (op complete) or keys \
+             being released (op release) in the background, because the store failed \
+             every try before the client got its answer; retries of those keys get 409 \
+             meanwhile.\n\
+             # TYPE idem_deferred_key_writes gauge\n",
+        );
+        for (op, n) in KEY_WRITES.iter().zip(&self.deferred_writes) {
+            let n = n.load(Ordering::Relaxed);
+            let _ = writeln!(out, "idem_deferred_key_writes{{op=\"{op}\"}} {n}");
+        }
+        out.push_str(
+            "# HELP idem_abandoned_key_writes_total Background key writes given up after \
+             a lease's length: each key stays in progress until its lease lapses, and after \
+             an unrecorded answer (op complete) the next retry runs the upstream again.\n\
+             # TYPE idem_abandoned_key_writes_total counter\n",
+        );
+        for (op, n) in KEY_WRITES.iter().zip(&self.abandoned_writes) {
+            let n = n.load(Ordering::Relaxed);
+            let _ = writeln!(out, "idem_abandoned_key_writes_total{{op=\"{op}\"}} {n}");
+        }
         for m in self.figures_of.iter().flat_map(|s| s.metrics()) {
             let kind = match m.kind {
                 MetricKind::Counter => "counter",
@@ -248,6 +280,21 @@ impl Observer for Metrics {
 
     fn store_error(&self, op: &'static str, error: &idem_core::StoreError) {
         bump(&self.store_errors, (op, error.label()));
+    }
+
+    fn write_deferred(&self, op: &'static str) {
+        if let Some(i) = key_write(op) {
+            self.deferred_writes[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn deferred_write_ended(&self, op: &'static str, settled: bool) {
+        if let Some(i) = key_write(op) {
+            self.deferred_writes[i].fetch_sub(1, Ordering::Relaxed);
+            if !settled {
+                self.abandoned_writes[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -297,6 +344,31 @@ mod tests {
         );
         drop(g);
         assert_eq!(m.in_flight(), 0);
+    }
+
+    #[test]
+    fn counts_deferred_key_writes_and_those_given_up() {
+        let m = Metrics::new();
+        let text = m.render();
+        assert!(text.contains("idem_deferred_key_writes{op=\"complete\"} 0\n"));
+        assert!(text.contains("idem_abandoned_key_writes_total{op=\"release\"} 0\n"));
+        for _ in 0..3 {
+            m.write_deferred("complete");
+        }
+        m.write_deferred("release");
+        m.deferred_write_ended("complete", true);
+        m.deferred_write_ended("complete", false);
+        let text = m.render();
+        assert!(text.contains(
+            "# TYPE idem_deferred_key_writes gauge\n\
+             idem_deferred_key_writes{op=\"complete\"} 1\n\
+             idem_deferred_key_writes{op=\"release\"} 1\n"
+        ));
+        assert!(text.contains(
+            "# TYPE idem_abandoned_key_writes_total counter\n\
+             idem_abandoned_key_writes_total{op=\"complete\"} 1\n\
+             idem_abandoned_key_writes_total{op=\"release\"} 0\n"
+        ));
     }
 
     #[tokio::test]

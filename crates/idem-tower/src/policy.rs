@@ -103,6 +103,20 @@ pub trait Observer: Send + Sync + 'static {
     fn store_error(&self, op: &'static str, error: &StoreError) {
         let _ = (op, error);
     }
+
+    /// A key write (`complete` or `release`) failed every try before the caller got
+    /// its answer (the store is down, say), and goes on in the background for as long
+    /// as the lease. Until it ends, retries of the key get 409.
+    fn write_deferred(&self, op: &'static str) {
+        let _ = op;
+    }
+
+    /// A deferred key write ended: made (or fenced by a takeover) if `settled`; else
+    /// given up, so the key stays in progress until its lease lapses, and after an
+    /// answer that was never recorded the next retry runs the handler again.
+    fn deferred_write_ended(&self, op: &'static str, settled: bool) {
+        let _ = (op, settled);
+    }
 }
 
 /// The default observer: does nothing.

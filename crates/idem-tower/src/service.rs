@@ -605,9 +605,14 @@ async fn settle<St: Store>(
         Settled::Written => {}
         Settled::Fenced => fenced(&lease, &write),
         Settled::GaveUp => {
+            observer.write_deferred(write.op());
             let shared = shared.clone();
             tokio::spawn(async move {
-                settle_later(&shared, &lease, lease_for, &write).await;
+                let settled = settle_later(&shared, &lease, lease_for, &write).await;
+                shared
+                    .config
+                    .observer
+                    .deferred_write_ended(write.op(), settled);
                 drop(guard);
             });
         }
@@ -641,13 +646,13 @@ const LATER_BACKOFF: [Duration; 5] = [
 /// answer the handler runs again (SPEC S7). So a store outage shorter than the lease
 /// costs no second execution, and no retry waits out the lease after a release. A
 /// takeover fences this attempt's token: a late write never touches a newer attempt's
-/// record.
+/// record. `false` when it gave up.
 async fn settle_later<St: Store>(
     shared: &Shared<St>,
     lease: &Lease,
     lease_for: Duration,
     write: &KeyWrite,
-) {
+) -> bool {
     let observer = &*shared.config.observer;
     let deadline = tokio::time::Instant::now() + lease_for;
     let mut pauses = LATER_BACKOFF
@@ -667,7 +672,7 @@ async fn settle_later<St: Store>(
                 "the key could not be settled; it stays in progress until its lease \
                  lapses, and then a retry executes again"
             );
-            return;
+            return false;
         }
         tokio::time::sleep(pause).await;
         match timed(observer, write.op(), write.run(&*shared.store, lease)).await {
@@ -677,9 +682,12 @@ async fn settle_later<St: Store>(
                     op = write.op(),
                     "the key is settled after all"
                 );
-                return;
+                return true;
             }
-            Err(StoreError::Fenced) => return fenced(lease, write),
+            Err(StoreError::Fenced) => {
+                fenced(lease, write);
+                return true;
+            }
             Err(e) => tracing::debug!(error = %e, op = write.op(), "settling the key failed again"),
         }
     }

@@ -1291,7 +1291,11 @@ async fn an_answer_the_store_could_not_take_is_recorded_once_it_is_back() {
     let clock = ManualClock::starting_now();
     // The three tries before answering and the first two after fail.
     let store = Flaky::first_completes_fail(MemoryStore::with_clock(Arc::new(clock.clone())), 5);
-    let app = App::start_on(clock, Arc::new(store), |l| l.lease(Duration::from_secs(60))).await;
+    let observer = Arc::new(CountingObserver::default());
+    let app = App::start_on(clock, Arc::new(store), |l| {
+        l.lease(Duration::from_secs(60)).observer(observer.clone())
+    })
+    .await;
     let first = app.post("/orders").key("k-later").json(ORDER).send().await;
     assert_eq!(first.status, 201);
     assert!(!first.is_replay());
@@ -1310,6 +1314,10 @@ async fn an_answer_the_store_could_not_take_is_recorded_once_it_is_back() {
     assert!(retry.is_replay(), "{retry:?}");
     assert_eq!(retry.body, first.body);
     assert_eq!(count(&app.counters.orders), 1);
+    assert_eq!(
+        *observer.deferred.lock().unwrap(),
+        [("complete", None), ("complete", Some(true))]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1377,6 +1385,8 @@ struct CountingObserver {
     outcomes: std::sync::Mutex<Vec<Outcome>>,
     store_calls: std::sync::Mutex<Vec<(&'static str, bool)>>,
     store_errors: std::sync::Mutex<Vec<(&'static str, &'static str)>>,
+    /// Deferred key writes: `None` when one is deferred, `Some(settled)` when it ends.
+    deferred: std::sync::Mutex<Vec<(&'static str, Option<bool>)>>,
 }
 
 impl Observer for CountingObserver {
@@ -1388,6 +1398,12 @@ impl Observer for CountingObserver {
     }
     fn store_error(&self, op: &'static str, error: &StoreError) {
         self.store_errors.lock().unwrap().push((op, error.label()));
+    }
+    fn write_deferred(&self, op: &'static str) {
+        self.deferred.lock().unwrap().push((op, None));
+    }
+    fn deferred_write_ended(&self, op: &'static str, settled: bool) {
+        self.deferred.lock().unwrap().push((op, Some(settled)));
     }
 }
 
