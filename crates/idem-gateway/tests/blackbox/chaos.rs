@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use idem_core::testing::{Relay, RelayMode, service_addr, service_url, url_via};
+use idem_core::testing::{Relay, RelayMode, service_addr, url_via};
 
 use crate::common::{Gateway, Upstream, new_key, read_message};
-use crate::shared::{on_shared, reachable};
+use crate::shared::{on_shared, postgres, redis};
 
 const KEYS: usize = 400;
 const CLIENTS: usize = 8;
@@ -101,21 +101,18 @@ async fn kill_9_again_and_again_on_sqlite_never_runs_an_attempt_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_again_and_again_on_postgres_never_runs_an_attempt_twice() {
-    let url = service_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    if reachable("PostgreSQL", &url).await {
-        kill_9_again_and_again(&on_shared(&url, &["--lease", LEASE])).await;
-    }
+    let Some(url) = postgres().await else {
+        return;
+    };
+    kill_9_again_and_again(&on_shared(&url, &["--lease", LEASE])).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_again_and_again_on_redis_never_runs_an_attempt_twice() {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    if reachable("Redis", &url).await {
-        kill_9_again_and_again(&on_shared(&url, &["--lease", LEASE])).await;
-    }
+    let Some(url) = redis().await else {
+        return;
+    };
+    kill_9_again_and_again(&on_shared(&url, &["--lease", LEASE])).await;
 }
 
 /// The run: kills, then settling every key, then the checks.
@@ -156,21 +153,18 @@ async fn kill_9_again_and_again(args: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn store_outages_again_and_again_on_postgres_never_run_an_attempt_twice() {
-    let url = service_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    if reachable("PostgreSQL", &url).await {
-        store_outages_again_and_again(&url, 5432).await;
-    }
+    let Some(url) = postgres().await else {
+        return;
+    };
+    store_outages_again_and_again(&url, 5432).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn store_outages_again_and_again_on_redis_never_run_an_attempt_twice() {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    if reachable("Redis", &url).await {
-        store_outages_again_and_again(&url, 6379).await;
-    }
+    let Some(url) = redis().await else {
+        return;
+    };
+    store_outages_again_and_again(&url, 6379).await;
 }
 
 /// The store behind a relay that, again and again, refuses connections, resets them or

@@ -31,6 +31,23 @@ pub fn on_shared<'a>(url: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     args
 }
 
+/// The PostgreSQL server's URL (`IDEM_TEST_POSTGRES_URL`, or the local one) when it
+/// answers; `None`, said loudly, when it does not (a panic under
+/// `IDEM_REQUIRE_SERVICES=1`).
+pub async fn postgres() -> Option<String> {
+    let url = service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    reachable("PostgreSQL", &url).await.then_some(url)
+}
+
+/// The Redis server's URL (`IDEM_TEST_REDIS_URL`, or the local one), as [`postgres`].
+pub async fn redis() -> Option<String> {
+    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    reachable("Redis", &url).await.then_some(url)
+}
+
 /// Whether the store at `url` answers; says so loudly when it does not (and panics
 /// under `IDEM_REQUIRE_SERVICES=1`).
 pub async fn reachable(kind: &str, url: &str) -> bool {
@@ -109,22 +126,17 @@ async fn duplicates_split_between_two_gateways_execute_once(store_url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_postgres_execute_each_key_once() {
-    let url = service_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    if !reachable("PostgreSQL", &url).await {
+    let Some(url) = postgres().await else {
         return;
-    }
+    };
     duplicates_split_between_two_gateways_execute_once(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_redis_execute_each_key_once() {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    if !reachable("Redis", &url).await {
+    let Some(url) = redis().await else {
         return;
-    }
+    };
     duplicates_split_between_two_gateways_execute_once(&url).await;
 }
 
@@ -165,29 +177,25 @@ async fn records_survive_kill_9(store_url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_survive_kill_9_on_postgres() {
-    let url = service_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    if reachable("PostgreSQL", &url).await {
-        records_survive_kill_9(&url).await;
-    }
+    let Some(url) = postgres().await else {
+        return;
+    };
+    records_survive_kill_9(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_survive_kill_9_on_redis() {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    if reachable("Redis", &url).await {
-        records_survive_kill_9(&url).await;
-    }
+    let Some(url) = redis().await else {
+        return;
+    };
+    records_survive_kill_9(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_store_fails_closed_with_503_and_unkeyed_traffic_flows() {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    if !reachable("Redis", &url).await {
+    let Some(url) = redis().await else {
         return;
-    }
+    };
     let relay = Relay::start(service_addr(&url, 6379).await).await;
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -281,19 +289,16 @@ async fn store_unreachable_at_start_is_reached_later(url: &str, default_port: u1
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_unreachable_at_start_is_reached_later() {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    if reachable("Redis", &url).await {
-        store_unreachable_at_start_is_reached_later(&url, 6379).await;
-    }
+    let Some(url) = redis().await else {
+        return;
+    };
+    store_unreachable_at_start_is_reached_later(&url, 6379).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_unreachable_at_start_is_reached_later() {
-    let url = service_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    if reachable("PostgreSQL", &url).await {
-        store_unreachable_at_start_is_reached_later(&url, 5432).await;
-    }
+    let Some(url) = postgres().await else {
+        return;
+    };
+    store_unreachable_at_start_is_reached_later(&url, 5432).await;
 }
