@@ -70,8 +70,8 @@ pub use fingerprint::{DEFAULT_BODY_LIMIT, Fingerprint, FingerprintOptions, Point
 pub use key::{Key, KeyError, MAX_KEY_LEN};
 pub use memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
 pub use record::{
-    DEFAULT_LEASE, DEFAULT_TTL, FencingToken, Lease, Record, RecordState, ReserveRequest,
-    StoredResponse,
+    DEFAULT_LEASE, DEFAULT_TTL, FencingToken, Lease, REFERENCE_HEADER, Record, RecordState,
+    ReserveRequest, StoredResponse,
 };
 pub use scope::{Endpoint, Scope, ScopeMode, Tenant};
 pub use store::{MetricKind, Result, Store, StoreError, StoreMetric};

@@ -97,7 +97,40 @@ impl StoredResponse {
         self.headers.push((name.to_ascii_lowercase(), value.into()));
         self
     }
+
+    /// Records `reference`, a path on the same service (`/v1/reports/42`), as where
+    /// this answer's body is to be rendered from at replay time, instead of the body
+    /// itself (SPEC S6, for large answers). Stored among the headers under
+    /// [`REFERENCE_HEADER`], which no HTTP field name can equal, so every store keeps it
+    /// as it keeps headers.
+    pub fn with_reference(self, reference: &str) -> StoredResponse {
+        self.with_header(
+            REFERENCE_HEADER,
+            Bytes::copy_from_slice(reference.as_bytes()),
+        )
+    }
+
+    /// The reference this answer's body is to be rendered from, if it was recorded as
+    /// one ([`with_reference`](Self::with_reference)).
+    pub fn reference(&self) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(name, _)| name == REFERENCE_HEADER)
+            .and_then(|(_, value)| std::str::from_utf8(value).ok())
+    }
+
+    /// The stored headers that are HTTP headers: all but the reference.
+    pub fn http_headers(&self) -> impl Iterator<Item = &(String, Bytes)> {
+        self.headers
+            .iter()
+            .filter(|(name, _)| name != REFERENCE_HEADER)
+    }
 }
+
+/// The name under which [`StoredResponse::with_reference`] keeps a reference among the
+/// stored headers: a colon makes it an invalid HTTP field name, so it never collides
+/// with a real header, and a build that does not know it skips it at replay.
+pub const REFERENCE_HEADER: &str = ":reference";
 
 /// Where a record stands.
 #[derive(Clone, PartialEq, Eq, Debug)]

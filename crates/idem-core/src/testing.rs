@@ -36,6 +36,7 @@ macro_rules! store_contract_tests {
             concurrent_takeover_exactly_one_wins,
             replays_completed_response,
             large_binary_body_round_trips,
+            referenced_answer_round_trips,
             mismatched_payload_is_rejected,
             live_lease_is_in_progress_with_retry_after,
             expired_lease_is_taken_over_as_next_attempt,
@@ -580,6 +581,25 @@ pub mod cases {
             store.reserve(&req).await.expect("reserve"),
             Reservation::Replay(resp)
         );
+    }
+
+    /// An answer recorded as a reference to a resource (SPEC S6) replays with its
+    /// reference, apart from its HTTP headers.
+    pub async fn referenced_answer_round_trips<S: Store>(store: S, _clock: ManualClock) {
+        let scope = test_scope("/v1/reports", "reference-key");
+        let req = request(&scope, "{}");
+        let lease = acquire(&store, &req).await;
+        let resp = StoredResponse::new(201, Bytes::new())
+            .with_header("location", "/v1/reports/42")
+            .with_reference("/v1/reports/42?format=csv");
+        store.complete(&lease, &resp).await.expect("complete");
+        let Reservation::Replay(replay) = store.reserve(&req).await.expect("reserve") else {
+            panic!("not a replay");
+        };
+        assert_eq!(replay, resp);
+        assert_eq!(replay.reference(), Some("/v1/reports/42?format=csv"));
+        let http: Vec<_> = replay.http_headers().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(http, ["location"]);
     }
 
     /// A different payload under the same key is a mismatch, in progress or completed.

@@ -62,10 +62,12 @@ pub fn record_json(record: &Record, now: Timestamp) -> Value {
             "response": {
                 "status": response.status,
                 "headers": response
-                    .headers
-                    .iter()
+                    .http_headers()
                     .map(|(n, v)| json!({ "name": n, "value": bytes_json(v) }))
                     .collect::<Vec<_>>(),
+                // Where a replay renders the body from, when it is recorded as a
+                // reference (SPEC S6); the body is then empty.
+                "reference": response.reference(),
                 "body": bytes_json(&response.body),
                 "body_len": response.body.len(),
             },
@@ -286,7 +288,25 @@ mod tests {
         assert_eq!(v["record"]["response"]["status"], 201);
         assert_eq!(v["record"]["response"]["body"]["text"], "made");
         assert_eq!(v["record"]["response"]["headers"][0]["name"], "location");
+        assert_eq!(
+            v["record"]["response"]["reference"],
+            serde_json::Value::Null
+        );
         assert_eq!(v["endpoint"], "POST /x");
+        // An answer recorded as a reference shows it apart from the headers.
+        let referenced = Record {
+            state: RecordState::Completed {
+                response: StoredResponse::new(201, "")
+                    .with_header("location", "/x/1")
+                    .with_reference("/x/1?full=1"),
+                completed_at: now,
+            },
+            ..store.get(&scope).await.unwrap().unwrap()
+        };
+        let v = record_json(&referenced, now);
+        assert_eq!(v["record"]["response"]["reference"], "/x/1?full=1");
+        let headers = v["record"]["response"]["headers"].as_array().unwrap();
+        assert_eq!(headers.len(), 1);
         assert_eq!(v["fingerprint"], fp.to_hex());
     }
 }

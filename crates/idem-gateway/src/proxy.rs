@@ -11,6 +11,9 @@
 //!   `Idempotency-Key` header passes through as the client sent it;
 //! - an `Idempotency-Disposition: record|release` response header overrides the default
 //!   record-or-release decision and is stripped;
+//! - an `Idempotency-Resource: /path` response header on an answer to be recorded has it
+//!   recorded as that reference (its body streams through unread, at any size), and
+//!   replays render it again with a `GET` of that path; it is stripped too;
 //! - a refused connection is a 502 that releases the key; a timeout or broken connection
 //!   after sending is a 504 that keeps the record in progress until its lease lapses; a
 //!   keyed answer over `--response-limit` is a 502 that is recorded in its place.
@@ -38,7 +41,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_tower::{Disposition, IdempotencyContext};
+use idem_tower::{Disposition, IdempotencyContext, ResourceReference};
 use tokio::time::Instant;
 use tower::Service;
 
@@ -57,6 +60,11 @@ pub const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("idempotency-atte
 
 /// The response header by which the upstream overrides record-or-release.
 pub const DISPOSITION_HEADER: HeaderName = HeaderName::from_static("idempotency-disposition");
+
+/// The response header by which the upstream asks for its answer to be recorded as a
+/// reference to a resource (`/v1/reports/42`) and rendered again from it at replay
+/// (SPEC S6), instead of recorded whole.
+pub const RESOURCE_HEADER: HeaderName = HeaderName::from_static("idempotency-resource");
 
 /// The client's address, put in request extensions by the listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +193,7 @@ impl Proxy {
         parts.version = client_version;
         strip_hop_by_hop(&mut parts.headers);
         let disposition = take_disposition(&mut parts.headers);
+        let reference = take_reference(&mut parts.headers);
         // What the layer will release is not recorded, so it streams through like
         // unkeyed traffic, whatever its size. The context says which statuses the layer
         // releases on this request's route.
@@ -192,7 +201,9 @@ impl Proxy {
             Some(d) => !matches!(d, Disposition::Release),
             None => !c.releases(parts.status),
         });
-        let body = if recorded {
+        // An answer recorded as a reference is not read either: only its head is kept.
+        let reference = reference.filter(|_| recorded);
+        let body = if recorded && reference.is_none() {
             let limited = http_body_util::Limited::new(body, this.response_limit);
             match tokio::time::timeout_at(deadline, limited.collect()).await {
                 Err(_) => return fail(UpstreamError::Timeout),
@@ -217,6 +228,9 @@ impl Proxy {
         let mut res = Response::from_parts(parts, body);
         if let Some(d) = disposition {
             res.extensions_mut().insert(d);
+        }
+        if let Some(r) = reference {
+            res.extensions_mut().insert(r);
         }
         res
     }
@@ -344,6 +358,27 @@ fn push_ipv4(out: &mut String, ip: Ipv4Addr) {
     }
 }
 
+/// Removes the upstream's `Idempotency-Resource` header and returns the reference it
+/// names; `None` (with a warning) unless it is one absolute path, with an optional
+/// query, on the upstream.
+pub fn take_reference(headers: &mut HeaderMap) -> Option<ResourceReference> {
+    let values: Vec<HeaderValue> = match headers.entry(RESOURCE_HEADER) {
+        header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
+        header::Entry::Vacant(_) => return None,
+    };
+    let reference = match values.as_slice() {
+        [value] => value.to_str().ok().and_then(ResourceReference::new),
+        _ => None,
+    };
+    if reference.is_none() {
+        tracing::warn!(
+            "upstream sent an Idempotency-Resource that is not one path such as /v1/reports/42; \
+             recording the answer whole"
+        );
+    }
+    reference
+}
+
 /// Reads and removes the upstream's `Idempotency-Disposition`. Unknown values are
 /// dropped (and logged): the default S6 policy then applies.
 pub fn take_disposition(headers: &mut HeaderMap) -> Option<Disposition> {
@@ -445,6 +480,30 @@ mod tests {
                 push_ipv4(&mut out, ip);
                 assert_eq!(out, format!("x{ip}"));
             }
+        }
+    }
+
+    #[test]
+    fn resource_header_is_read_and_stripped_and_must_be_one_path() {
+        let cases: [(&[&str], Option<&str>); 6] = [
+            (&["/v1/reports/42"], Some("/v1/reports/42")),
+            (
+                &["/v1/reports?id=42&f=csv"],
+                Some("/v1/reports?id=42&f=csv"),
+            ),
+            (&["https://elsewhere.example/x"], None),
+            (&["//elsewhere.example/x"], None),
+            (&["reports/42"], None),
+            (&["/a", "/b"], None),
+        ];
+        for (values, expected) in cases {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(RESOURCE_HEADER, HeaderValue::from_str(v).unwrap());
+            }
+            let got = take_reference(&mut h);
+            assert_eq!(got.as_ref().map(|r| r.as_str()), expected, "{values:?}");
+            assert!(h.is_empty(), "stripped: {values:?}");
         }
     }
 

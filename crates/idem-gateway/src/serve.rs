@@ -115,6 +115,8 @@ pub fn idempotency_layer(
         .ttl(config.ttl)
         .lease(config.lease)
         .release_statuses(config.release_statuses.iter())
+        // The inner service is the proxy: a replay's `GET <reference>` goes upstream.
+        .render_references(true)
         .tenant_from(move |parts| match parts.headers.get(&tenant_header) {
             Some(v) => Tenant::from_credential(v.as_bytes()),
             None => Tenant::anonymous(),

@@ -151,6 +151,9 @@ pub(crate) struct Config {
     pub(crate) body_limit: usize,
     pub(crate) body_timeout: Option<Duration>,
     pub(crate) response_limit: usize,
+    /// Whether a [`crate::ResourceReference`] is honoured (see
+    /// `IdempotencyLayer::render_references`).
+    pub(crate) render_references: bool,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) stored_headers: Vec<HeaderName>,
@@ -171,6 +174,7 @@ impl Default for Config {
             body_limit: DEFAULT_BODY_LIMIT,
             body_timeout: None,
             response_limit: DEFAULT_RESPONSE_LIMIT,
+            render_references: false,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             stored_headers: DEFAULT_STORED_HEADERS
@@ -194,6 +198,7 @@ impl fmt::Debug for Config {
             .field("body_limit", &self.body_limit)
             .field("body_timeout", &self.body_timeout)
             .field("response_limit", &self.response_limit)
+            .field("render_references", &self.render_references)
             .field("ttl", &self.ttl)
             .field("lease", &self.lease)
             .field("stored_headers", &self.stored_headers)

@@ -179,6 +179,23 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// Honours [`ResourceReference`](crate::ResourceReference) response extensions
+    /// (SPEC S6): such an answer is recorded as its head and the reference, and a
+    /// replay renders it again by calling the wrapped service with `GET <reference>`.
+    /// Off by default, when the extension is ignored and the answer recorded whole (and
+    /// a record made with references on, by another instance, replays as a 503
+    /// `replay-unavailable` rather than with an empty body).
+    ///
+    /// Turn it on only where the wrapped service routes a `GET` by its path: a whole
+    /// router the layer wraps (`layer.layer(router)`), or a proxy (the idem gateway).
+    /// **Not** under axum's `Router::layer` or `route_layer`: there the layer wraps
+    /// each route's handler for one method, and the `GET` would run the `POST`
+    /// handler again.
+    pub fn render_references(mut self, on: bool) -> Self {
+        self.config().render_references = on;
+        self
+    }
+
     /// How long records live (default 24 h).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.config().ttl = ttl;

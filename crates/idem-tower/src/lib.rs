@@ -152,6 +152,7 @@
 //! | 500    | `https://idem.dev/problems/handler-failed`      | the handler panicked or failed (recorded) |
 //! | 500    | `https://idem.dev/problems/response-too-large`  | the handler ran; its answer is over the response limit (recorded) |
 //! | 503    | `https://idem.dev/problems/store-unavailable`   | store unreachable; `Retry-After`      |
+//! | 503    | `https://idem.dev/problems/replay-unavailable`  | the answer, recorded as a [`ResourceReference`], could not be rendered again; the operation ran; `Retry-After` |
 //!
 //! # Limits of this version
 //!
@@ -162,9 +163,11 @@
 //!   answer comes from a handler that has run, so it is replaced, for the first caller
 //!   and every retry alike, by a recorded 500 `response-too-large` problem: the operation
 //!   never runs twice, but its answer is lost. Raise the limit above your largest
-//!   answer; recording a reference to a large resource instead (SPEC S6) is not
-//!   implemented. A response the layer releases (by status or disposition) is known
-//!   from its head; it is not recorded, so it streams through unread, at any size.
+//!   answer, or record a reference to the resource instead (SPEC S6: a
+//!   [`ResourceReference`] extension, with [`IdempotencyLayer::render_references`] on
+//!   where the layer wraps a whole router; not under `Router::layer`). A response the
+//!   layer releases (by status or disposition), or records as a reference, is known
+//!   from its head and streams through unread, at any size.
 
 mod body;
 mod config;
@@ -186,7 +189,7 @@ pub use context::IdempotencyContext;
 pub use future::ResponseFuture;
 pub use in_flight::InFlight;
 pub use layer::IdempotencyLayer;
-pub use policy::{Disposition, Observer, Outcome};
+pub use policy::{Disposition, Observer, Outcome, ResourceReference};
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
 pub use service::{IDEMPOTENT_REPLAYED, Idempotency};
 

@@ -29,6 +29,53 @@ pub enum Disposition {
     KeepInProgress,
 }
 
+/// A response extension by which the inner service records where its answer's body
+/// can be rendered again, instead of the body itself (SPEC S6, for answers too large to
+/// keep, or not worth keeping).
+///
+/// The layer records the status, the allow-listed headers and the reference, passes the
+/// body on to the first caller as it streams (no response limit applies), and answers
+/// a replay by calling the service it wraps with `GET <reference>` (the retry's headers,
+/// no body): a 2xx answer is replayed with the recorded status and headers, its own
+/// representation headers (`content-type`, `content-length`, `content-encoding`,
+/// `etag`, `last-modified`), `Content-Location: <reference>` and
+/// `Idempotent-Replayed: true`; anything else is a 503 `replay-unavailable`. The
+/// replay shows the resource as it is then, which may differ from the first answer.
+///
+/// Honoured only where the layer is told to render references
+/// ([`IdempotencyLayer::render_references`](crate::IdempotencyLayer::render_references)),
+/// which needs a wrapped service that routes a `GET` by its path: a whole router, or a
+/// proxy such as the idem gateway. Elsewhere the extension is ignored (with a warning)
+/// and the answer recorded whole.
+///
+/// ```
+/// use idem_tower::ResourceReference;
+///
+/// let mut response = http::Response::builder().status(201).body(()).unwrap();
+/// let reference = ResourceReference::new("/v1/reports?id=42").unwrap();
+/// response.extensions_mut().insert(reference);
+/// assert!(ResourceReference::new("https://elsewhere.example/x").is_none());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ResourceReference(String);
+
+impl ResourceReference {
+    /// A reference to `path_and_query` on the wrapped service; `None` unless it is an
+    /// absolute path (`/…`, not `//…`), with an optional query, valid in a URI.
+    pub fn new(path_and_query: &str) -> Option<ResourceReference> {
+        let valid = path_and_query.starts_with('/')
+            && !path_and_query.starts_with("//")
+            && http::uri::PathAndQuery::try_from(path_and_query)
+                .is_ok_and(|pq| pq.as_str() == path_and_query);
+        valid.then(|| ResourceReference(path_and_query.to_owned()))
+    }
+
+    /// The path and query.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// What the layer did with one request, as reported to an [`Observer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -43,11 +43,16 @@ pub enum ProblemKind {
     /// 503 + `Retry-After`: the idempotency store is unreachable; the handler was not
     /// called (SPEC S10).
     StoreUnavailable,
+    /// 503 + `Retry-After`: the key's answer is recorded as a
+    /// [`ResourceReference`](crate::ResourceReference)
+    /// and rendering it again failed. The operation did run:
+    /// retry with the same key, never a new one.
+    ReplayUnavailable,
 }
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 10] = [
+    pub const ALL: [ProblemKind; 11] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
@@ -58,6 +63,7 @@ impl ProblemKind {
         ProblemKind::HandlerFailed,
         ProblemKind::ResponseTooLarge,
         ProblemKind::StoreUnavailable,
+        ProblemKind::ReplayUnavailable,
     ];
 
     /// The stable `type` URI, `https://idem.dev/problems/<slug>`.
@@ -73,6 +79,7 @@ impl ProblemKind {
             ProblemKind::HandlerFailed => "https://idem.dev/problems/handler-failed",
             ProblemKind::ResponseTooLarge => "https://idem.dev/problems/response-too-large",
             ProblemKind::StoreUnavailable => "https://idem.dev/problems/store-unavailable",
+            ProblemKind::ReplayUnavailable => "https://idem.dev/problems/replay-unavailable",
         }
     }
 
@@ -89,7 +96,9 @@ impl ProblemKind {
             ProblemKind::HandlerFailed | ProblemKind::ResponseTooLarge => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            ProblemKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProblemKind::StoreUnavailable | ProblemKind::ReplayUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -106,6 +115,7 @@ impl ProblemKind {
             ProblemKind::HandlerFailed => "Request failed",
             ProblemKind::ResponseTooLarge => "Response too large to record",
             ProblemKind::StoreUnavailable => "Idempotency store unavailable",
+            ProblemKind::ReplayUnavailable => "Recorded answer unavailable",
         }
     }
 }
@@ -123,7 +133,9 @@ impl Problem {
     /// A problem of `kind` with a human-readable `detail`.
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Problem {
         let retry_after = match kind {
-            ProblemKind::StoreUnavailable => Some(STORE_UNAVAILABLE_RETRY_AFTER),
+            ProblemKind::StoreUnavailable | ProblemKind::ReplayUnavailable => {
+                Some(STORE_UNAVAILABLE_RETRY_AFTER)
+            }
             ProblemKind::RequestInProgress => Some(Duration::from_secs(1)),
             _ => None,
         };

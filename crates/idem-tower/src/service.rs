@@ -17,8 +17,8 @@ use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, heade
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{
-    Endpoint, Fingerprint, FingerprintOptions, Key, Lease, Reservation, ReserveRequest, Scope,
-    Store, StoreError, StoredResponse,
+    Endpoint, Fingerprint, FingerprintOptions, Key, Lease, REFERENCE_HEADER, Reservation,
+    ReserveRequest, Scope, Store, StoreError, StoredResponse,
 };
 use tower::{Layer, Service};
 
@@ -28,7 +28,7 @@ use crate::execution::{Execution, panic_message};
 use crate::future::ResponseFuture;
 use crate::in_flight::InFlightGuard;
 use crate::layer::{IdempotencyLayer, Shared};
-use crate::policy::{Disposition, Observer, Outcome};
+use crate::policy::{Disposition, Observer, Outcome, ResourceReference};
 use crate::problem::{Problem, ProblemKind};
 use crate::{BoxError, IdempotencyBody};
 
@@ -434,6 +434,18 @@ where
         let reserved = timed(observer, "reserve", store.reserve(&request)).await;
         let lease = match reserved {
             Ok(Reservation::Acquired(lease)) => lease,
+            Ok(Reservation::Replay(stored)) if stored.reference().is_some() => {
+                observer.outcome(Outcome::Replayed);
+                if !config.render_references {
+                    // Recorded where references are rendered (another instance, or this
+                    // one before a change of settings): an empty body would be a lie.
+                    let reference = stored.reference().unwrap_or_default();
+                    return replay_unavailable(reference, "this layer does not render references");
+                }
+                // Boxed: a rare path, kept out of every keyed request's future.
+                let rendered = render(inner, parts, stored, config.header_name.clone());
+                return Box::pin(rendered).await;
+            }
             other => return refuse(observer, other).map(IdempotencyBody::buffered),
         };
 
@@ -455,6 +467,7 @@ where
         let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
         req.extensions_mut().insert(context);
         let response_limit = config.response_limit;
+        let render_references = config.render_references;
         // The disposition is known from the head. An answer to release is not recorded,
         // so it is passed on as it streams, whatever its size; the rest is read whole
         // (up to the limit) to be recorded.
@@ -470,6 +483,18 @@ where
             });
             if matches!(disposition, Disposition::Release) {
                 return Ok(Answered::Released(head, body));
+            }
+            if matches!(disposition, Disposition::Record)
+                && let Some(reference) = head.extensions.remove::<ResourceReference>()
+            {
+                if render_references {
+                    return Ok(Answered::Referenced(head, body, reference));
+                }
+                tracing::warn!(
+                    reference = reference.as_str(),
+                    "a ResourceReference is ignored unless the layer renders references; \
+                     recording the answer whole"
+                );
             }
             let bytes = Limited::new(body, response_limit)
                 .collect()
@@ -487,6 +512,14 @@ where
             Ok(Ok(Answered::Released(mut head, body))) => {
                 observer.outcome(Outcome::Released);
                 settle(&shared, lease, lease_for, KeyWrite::Release, guard).await;
+                head.extensions.clear();
+                return Response::from_parts(head, IdempotencyBody::stream(body));
+            }
+            Ok(Ok(Answered::Referenced(mut head, body, reference))) => {
+                let stored = stored_response(config, &extra_headers, &head, &Bytes::new())
+                    .with_reference(reference.as_str());
+                observer.outcome(Outcome::Executed);
+                settle(&shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
                 head.extensions.clear();
                 return Response::from_parts(head, IdempotencyBody::stream(body));
             }
@@ -532,10 +565,11 @@ where
 }
 
 /// How the handler answered: read whole, to be recorded (or kept in progress), or a head
-/// whose answer is released and streams on unread.
+/// whose answer is released, or recorded as a reference, and streams on unread.
 enum Answered<B> {
     Whole(http::response::Parts, Bytes, Disposition),
     Released(http::response::Parts, B),
+    Referenced(http::response::Parts, B, ResourceReference),
 }
 
 /// The write that settles a key once its handler answered (SPEC S5 stages 3–4, S6).
@@ -841,7 +875,11 @@ fn replay(stored: StoredResponse) -> Response<Bytes> {
     *response.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let headers = response.headers_mut();
-    for (name, value) in stored.headers {
+    let http_headers = stored
+        .headers
+        .into_iter()
+        .filter(|(name, _)| name != REFERENCE_HEADER);
+    for (name, value) in http_headers {
         match (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_maybe_shared(value),
@@ -853,6 +891,92 @@ fn replay(stored: StoredResponse) -> Response<Bytes> {
         }
     }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+/// The 503 for an answer recorded as `reference` that cannot be rendered now, and why.
+fn replay_unavailable<B>(reference: &str, why: &str) -> Response<IdempotencyBody<B>> {
+    tracing::warn!(reference, "{why}");
+    Problem::new(
+        ProblemKind::ReplayUnavailable,
+        format!(
+            "this key's request was executed, and its answer is recorded as {reference}, \
+             which could not be rendered now ({why}); retry with the same key, never a new one"
+        ),
+    )
+    .to_response()
+    .map(IdempotencyBody::buffered)
+}
+
+/// The headers that describe a representation, taken from a rendered answer rather
+/// than from the recorded one.
+const REPRESENTATION_HEADERS: [HeaderName; 5] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LENGTH,
+    header::CONTENT_ENCODING,
+    header::ETAG,
+    header::LAST_MODIFIED,
+];
+
+/// Stage 5 for an answer recorded as a [`ResourceReference`]: the wrapped service is
+/// asked for `GET <reference>` with the retry's headers, and a 2xx answer is replayed
+/// under the recorded status and headers; anything else is a 503 `replay-unavailable`.
+async fn render<S, ReqBody, ResBody>(
+    mut inner: S,
+    parts: Parts,
+    stored: StoredResponse,
+    key_header: HeaderName,
+) -> Response<IdempotencyBody<ResBody>>
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+{
+    let reference = stored.reference().unwrap_or_default().to_owned();
+    let unavailable = |why: String| replay_unavailable(&reference, &why);
+    let mut uri = http::Uri::builder();
+    if let (Some(scheme), Some(authority)) = (parts.uri.scheme(), parts.uri.authority()) {
+        uri = uri.scheme(scheme.clone()).authority(authority.clone());
+    }
+    let uri = match uri.path_and_query(reference.as_str()).build() {
+        Ok(uri) => uri,
+        Err(e) => return unavailable(format!("not a path: {e}")),
+    };
+    let mut headers = parts.headers;
+    for name in [
+        header::CONTENT_TYPE,
+        header::CONTENT_LENGTH,
+        header::CONTENT_ENCODING,
+        header::TRANSFER_ENCODING,
+        header::EXPECT,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove(&key_header);
+    let mut get = Request::new(IdempotencyBody::buffered(Bytes::new()));
+    *get.method_mut() = Method::GET;
+    *get.uri_mut() = uri;
+    *get.version_mut() = parts.version;
+    *get.headers_mut() = headers;
+    *get.extensions_mut() = parts.extensions;
+    let rendered = match inner.call(get).await {
+        Ok(rendered) => rendered,
+        Err(e) => return unavailable(format!("the service failed: {}", e.into())),
+    };
+    if !rendered.status().is_success() {
+        return unavailable(format!("GET answered {}", rendered.status()));
+    }
+    let (head, body) = rendered.into_parts();
+    let mut response = replay(stored).map(|_| IdempotencyBody::stream(body));
+    let headers = response.headers_mut();
+    for name in REPRESENTATION_HEADERS {
+        headers.remove(&name);
+        for value in head.headers.get_all(&name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    if let Ok(location) = HeaderValue::from_str(&reference) {
+        headers.insert(header::CONTENT_LOCATION, location);
+    }
     response
 }
 

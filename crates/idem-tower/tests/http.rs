@@ -16,7 +16,7 @@ use idem_core::{
 };
 use idem_tower::{Observer, Outcome, ReleaseStatuses, RouteConfig};
 use sha2::{Digest, Sha256};
-use support::{App, Counters, StoreKind, eventually, eventually_async, scope};
+use support::{App, Counters, StoreKind, eventually, eventually_async, json_fingerprint, scope};
 
 const ORDER: &str = r#"{"sku":"tea","qty":2,"amount":100}"#;
 
@@ -1354,6 +1354,115 @@ async fn release_that_fails_at_first(failures: usize, key: &str) {
     assert_eq!(retry.status, 429, "{retry:?}");
     assert!(!retry.is_replay());
     assert_eq!(count(&app.counters.statuses), 2);
+}
+
+/// An answer recorded as a reference (SPEC S6) reaches the first caller whole, however
+/// large, and keeps only its head and the reference in the store; a retry gets the
+/// resource as rendered now, under the recorded status and headers, and the handler
+/// does not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_recorded_as_a_reference_is_rendered_again_at_replay() {
+    let app = App::start_around_router(StoreKind::Sqlite, |l| {
+        l.response_limit(1024).render_references(true)
+    })
+    .await;
+    let body = r#"{"size":5000}"#;
+    let first = app.post("/reports").key("k-report").json(body).send().await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body.len(), 5000, "over the response limit, and whole");
+    assert_eq!(first.header("content-location"), None);
+
+    let record = app
+        .store
+        .get(&scope("/reports", "k-report", None))
+        .await
+        .unwrap()
+        .unwrap();
+    let RecordState::Completed { response, .. } = record.state else {
+        panic!("not completed: {record:?}");
+    };
+    assert_eq!(response.reference(), Some("/reports?id=1"));
+    assert!(response.body.is_empty());
+
+    for read in 1..=2 {
+        let retry = app.post("/reports").key("k-report").json(body).send().await;
+        assert!(retry.is_replay(), "{retry:?}");
+        assert_eq!(retry.status, 201);
+        assert_eq!(retry.header("location"), Some("/reports/1"));
+        assert_eq!(retry.header("content-location"), Some("/reports?id=1"));
+        // The rendering's representation, not the first answer's.
+        assert_eq!(retry.header("content-type"), Some("application/json"));
+        assert_eq!(retry.header("etag"), Some("\"v2\""));
+        assert_eq!(retry.body, format!(r#"{{"report":1,"read":{read}}}"#));
+    }
+    assert_eq!(count(&app.counters.reports), 1);
+    assert_eq!(count(&app.counters.report_reads), 2);
+}
+
+/// A reference that cannot be rendered now is a 503 that says the operation ran, never
+/// a new execution; the record stays as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_that_cannot_be_rendered_is_503_and_never_runs_again() {
+    // Nothing to render, and (by default) no rendering at all.
+    let gone = App::start_around_router(StoreKind::Memory, |l| l.render_references(true));
+    for app in [gone.await, App::start(StoreKind::Memory).await] {
+        reference_that_cannot_be_rendered(&app).await;
+    }
+}
+
+async fn reference_that_cannot_be_rendered(app: &App) {
+    let scope = scope("/reports", "k-gone", None);
+    // Recorded as a reference to a report that does not exist.
+    let request = ReserveRequest::new(scope, json_fingerprint("/reports", r#"{"size":1}"#));
+    let lease = app
+        .store
+        .reserve(&request)
+        .await
+        .unwrap()
+        .lease()
+        .cloned()
+        .unwrap();
+    let stored = StoredResponse::new(201, "").with_reference("/reports?id=404");
+    app.store.complete(&lease, &stored).await.unwrap();
+
+    let retry = app
+        .post("/reports")
+        .key("k-gone")
+        .json(r#"{"size":1}"#)
+        .send()
+        .await;
+    retry.assert_problem(503, "replay-unavailable");
+    assert!(retry.header("retry-after").is_some());
+    assert!(
+        retry.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("never a new one")
+    );
+    assert_eq!(count(&app.counters.reports), 0);
+}
+
+/// Without the extension, or where the layer does not render references (the
+/// default: under `Router::layer` a `GET` would reach the `POST` handler), the answer
+/// is recorded whole, as ever, and a replay runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_is_recorded_whole_unless_references_are_rendered() {
+    let unreferenced = App::start_around_router(StoreKind::Memory, |l| l.render_references(true));
+    let by_default = App::start(StoreKind::Memory);
+    let cases = [
+        (unreferenced.await, r#"{"size":10,"by_value":true}"#),
+        (by_default.await, r#"{"size":10}"#),
+    ];
+    for (app, body) in cases {
+        let first = app.post("/reports").key("k-value").json(body).send().await;
+        let retry = app.post("/reports").key("k-value").json(body).send().await;
+        assert!(retry.is_replay());
+        assert_eq!(retry.body, first.body);
+        assert_eq!(retry.body.len(), 10);
+        assert_eq!(retry.header("content-location"), None);
+        assert_eq!(count(&app.counters.reports), 1);
+        assert_eq!(count(&app.counters.report_reads), 0);
+    }
 }
 
 #[derive(Default)]

@@ -61,6 +61,7 @@ pub struct Execution {
 /// - `x-test-status: N` answers with status N (default 201);
 /// - `x-test-delay-ms: N` waits N ms before answering (the execution has started);
 /// - `x-test-disposition: V` adds `Idempotency-Disposition: V`;
+/// - `x-test-resource: P` adds `Idempotency-Resource: P`;
 /// - `x-test-body-bytes: N` answers with N bytes of `x` instead of JSON;
 /// - `origin: O` is answered with CORS headers allowing O, unless `x-test-no-cors` is
 ///   sent too;
@@ -231,6 +232,9 @@ async fn handle(State(state): State<Arc<UpstreamState>>, req: Request) -> Respon
             "access-control-expose-headers",
             HeaderValue::from_static("location, idempotent-replayed"),
         );
+    }
+    if let Some(r) = parts.headers.get("x-test-resource") {
+        h.insert(HeaderName::from_static("idempotency-resource"), r.clone());
     }
     if let Some(d) = parts.headers.get("x-test-disposition") {
         h.insert(

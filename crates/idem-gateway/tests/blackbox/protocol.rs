@@ -528,6 +528,65 @@ async fn the_gateways_own_answers_are_readable_across_origins() {
     assert_eq!(s.up.started(&key), 1);
 }
 
+/// An upstream that names its answer's resource in `Idempotency-Resource` has the
+/// answer recorded as that reference (SPEC S6): the first client gets the whole body,
+/// even over `--response-limit`, and a retry gets the resource rendered again by a
+/// `GET` upstream, under the first answer's status and stored headers. The upstream
+/// never executes the operation twice; a resource it cannot render is a 503 that says
+/// the operation ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_recorded_as_a_reference_is_rendered_again_upstream() {
+    let s = setup(&["--response-limit", "1KiB"]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/reports");
+    let first = s
+        .http
+        .post(
+            &url,
+            &key,
+            "{}",
+            &[
+                ("x-test-body-bytes", "5000"),
+                ("x-test-resource", "/v1/reports/7?format=csv"),
+            ],
+        )
+        .await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body.len(), 5000);
+    assert_eq!(first.header("idempotency-resource"), None, "stripped");
+
+    let retry = s.http.post(&url, &key, "{}", &[]).await;
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.header("location"), first.header("location"));
+    assert_eq!(
+        retry.header("content-location"),
+        Some("/v1/reports/7?format=csv")
+    );
+    assert_eq!(retry.header("content-type"), Some("application/json"));
+    let rendered = retry.json();
+    assert_eq!(rendered["method"], "GET");
+    assert_eq!(rendered["path"], "/v1/reports/7");
+    assert_eq!(s.up.started(&key), 1, "executed once");
+    let get = s.up.seen().pop().unwrap();
+    assert_eq!(get.method, "GET");
+    assert!(get.headers.get("idempotency-key").is_none());
+    assert!(get.headers.get("content-type").is_none());
+    assert!(get.body.is_empty());
+
+    // The upstream cannot render it now (the retry's headers reach the GET).
+    let gone = s
+        .http
+        .post(&url, &key, "{}", &[("x-test-status", "404")])
+        .await;
+    assert_eq!(gone.status, 503, "{gone:?}");
+    assert_eq!(
+        gone.problem_type(),
+        "https://idem.dev/problems/replay-unavailable"
+    );
+    assert_eq!(s.up.started(&key), 1);
+}
+
 /// A compressed answer is recorded as the bytes it is, so its replay must say how they
 /// are encoded, or the client cannot read them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

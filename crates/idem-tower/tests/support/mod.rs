@@ -77,6 +77,9 @@ pub struct Counters {
     pub slow_finished: AtomicUsize,
     pub panics: AtomicUsize,
     pub reads: AtomicUsize,
+    /// `POST /reports` executions, and `GET /reports?id=N` renderings.
+    pub reports: AtomicUsize,
+    pub report_reads: AtomicUsize,
     /// Requests whose response future was dropped before it finished (the client went
     /// away), seen by a probe outside the idempotency layer.
     pub cancelled: AtomicUsize,
@@ -129,6 +132,19 @@ impl App {
         App::serve(clock, test_store, layer).await
     }
 
+    /// Starts the test API with the layer around the whole router (as
+    /// `layer.layer(router)`, not `Router::layer`), so that a `GET` it makes is routed
+    /// by its path: what [`IdempotencyLayer::render_references`] needs.
+    pub async fn start_around_router(
+        kind: StoreKind,
+        configure: impl FnOnce(Layer) -> Layer,
+    ) -> App {
+        let clock = ManualClock::starting_now();
+        let test_store = make_store(kind, &clock).await;
+        let layer = configure(IdempotencyLayer::new(test_store.store.clone()));
+        App::serve_as(clock, test_store, layer, true).await
+    }
+
     /// Starts the test API with a layer over a store of the test's own, which reads
     /// time from `clock`.
     pub async fn start_on(
@@ -145,6 +161,15 @@ impl App {
     }
 
     async fn serve(clock: ManualClock, test_store: TestStore, layer: Layer) -> App {
+        App::serve_as(clock, test_store, layer, false).await
+    }
+
+    async fn serve_as(
+        clock: ManualClock,
+        test_store: TestStore,
+        layer: Layer,
+        around_router: bool,
+    ) -> App {
         let counters = Arc::new(Counters::default());
         let gate = Arc::new(Semaphore::new(0));
         let handlers = Arc::new(Handlers {
@@ -153,28 +178,33 @@ impl App {
         });
         let in_flight = layer.in_flight();
         let probe_counters = counters.clone();
-        let router = Router::new()
+        let routes = Router::new()
             .route("/orders", post(create_order).get(read_orders))
             .route("/orders/{id}/capture", post(capture_order))
             .route("/status", post(answer_status))
             .route("/slow", post(slow))
             .route("/panic", post(panic_handler))
-            .with_state(handlers)
-            .layer(layer)
-            .layer(axum::middleware::from_fn(
-                move |req: Request, next: Next| {
-                    let counters = probe_counters.clone();
-                    async move {
-                        let mut probe = CancelProbe {
-                            counters,
-                            finished: false,
-                        };
-                        let response = next.run(req).await;
-                        probe.finished = true;
-                        response
-                    }
-                },
-            ));
+            .route("/reports", post(create_report).get(read_report))
+            .with_state(handlers);
+        let routes = if around_router {
+            Router::new().fallback_service(tower::Layer::layer(&layer, routes))
+        } else {
+            routes.layer(layer)
+        };
+        let router = routes.layer(axum::middleware::from_fn(
+            move |req: Request, next: Next| {
+                let counters = probe_counters.clone();
+                async move {
+                    let mut probe = CancelProbe {
+                        counters,
+                        finished: false,
+                    };
+                    let response = next.run(req).await;
+                    probe.finished = true;
+                    response
+                }
+            },
+        ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");
@@ -426,6 +456,52 @@ async fn create_order(State(h): State<Arc<Handlers>>, request: Request) -> Respo
             ),
         ],
         axum::Json(answer),
+    )
+        .into_response()
+}
+
+/// Creates report N: answers 201 with `size` bytes of CSV (the JSON body's `size`,
+/// default 100), recorded as a reference to `GET /reports?id=N` unless the body says
+/// `"by_value": true`.
+async fn create_report(State(h): State<Arc<Handlers>>, body: Bytes) -> Response {
+    let n = h.counters.reports.fetch_add(1, Ordering::SeqCst) + 1;
+    let ask: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let size = ask["size"].as_u64().unwrap_or(100) as usize;
+    let mut response = (
+        StatusCode::CREATED,
+        [
+            (header::LOCATION, format!("/reports/{n}")),
+            (header::CONTENT_TYPE, "text/csv".to_owned()),
+        ],
+        "r".repeat(size),
+    )
+        .into_response();
+    if !ask["by_value"].as_bool().unwrap_or(false) {
+        let reference = idem_tower::ResourceReference::new(&format!("/reports?id={n}")).unwrap();
+        response.extensions_mut().insert(reference);
+    }
+    response
+}
+
+/// Renders report N as it is now: `report N, read R` (R counts renderings), or 404 for
+/// `id=404` and any report not created.
+async fn read_report(State(h): State<Arc<Handlers>>, request: Request) -> Response {
+    let id: usize = request
+        .uri()
+        .query()
+        .and_then(|q| q.strip_prefix("id="))
+        .and_then(|id| id.parse().ok())
+        .unwrap_or(0);
+    if id == 0 || id > h.counters.reports.load(Ordering::SeqCst) {
+        return (StatusCode::NOT_FOUND, "no such report").into_response();
+    }
+    let r = h.counters.report_reads.fetch_add(1, Ordering::SeqCst) + 1;
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::ETAG, "\"v2\""),
+        ],
+        format!(r#"{{"report":{id},"read":{r}}}"#),
     )
         .into_response()
 }
