@@ -21,9 +21,10 @@ const BUCKETS: [f64; 12] = [
 ];
 
 /// Outcomes listed even before they first happen, so dashboards see zeros.
-const KNOWN_OUTCOMES: [&str; 9] = [
+const KNOWN_OUTCOMES: [&str; 10] = [
     "executed",
     "replayed",
+    "replay_unavailable",
     "conflict",
     "mismatch",
     "released",

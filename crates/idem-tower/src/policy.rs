@@ -98,6 +98,9 @@ pub enum Outcome {
     Rejected,
     /// The store failed: 503, handler not called.
     StoreUnavailable,
+    /// The record's answer is a [`ResourceReference`], and rendering it again failed:
+    /// 503 `replay-unavailable`, handler not called.
+    ReplayUnavailable,
     /// The request was not keyed (method, route, or no key on an optional route) and
     /// went to the handler untouched.
     PassedThrough,
@@ -115,6 +118,7 @@ impl Outcome {
             Outcome::KeptInProgress => "kept_in_progress",
             Outcome::Rejected => "rejected",
             Outcome::StoreUnavailable => "store_unavailable",
+            Outcome::ReplayUnavailable => "replay_unavailable",
             Outcome::PassedThrough => "passed_through",
         }
     }

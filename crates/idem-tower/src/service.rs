@@ -435,16 +435,22 @@ where
         let lease = match reserved {
             Ok(Reservation::Acquired(lease)) => lease,
             Ok(Reservation::Replay(stored)) if stored.reference().is_some() => {
-                observer.outcome(Outcome::Replayed);
                 if !config.render_references {
                     // Recorded where references are rendered (another instance, or this
                     // one before a change of settings): an empty body would be a lie.
+                    observer.outcome(Outcome::ReplayUnavailable);
                     let reference = stored.reference().unwrap_or_default();
                     return replay_unavailable(reference, "this layer does not render references");
                 }
                 // Boxed: a rare path, kept out of every keyed request's future.
                 let rendered = render(inner, parts, stored, config.header_name.clone());
-                return Box::pin(rendered).await;
+                let response = Box::pin(rendered).await;
+                observer.outcome(if response.status().is_success() {
+                    Outcome::Replayed
+                } else {
+                    Outcome::ReplayUnavailable
+                });
+                return response;
             }
             other => return refuse(observer, other).map(IdempotencyBody::buffered),
         };

@@ -1404,9 +1404,20 @@ async fn an_answer_recorded_as_a_reference_is_rendered_again_at_replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reference_that_cannot_be_rendered_is_503_and_never_runs_again() {
     // Nothing to render, and (by default) no rendering at all.
-    let gone = App::start_around_router(StoreKind::Memory, |l| l.render_references(true));
-    for app in [gone.await, App::start(StoreKind::Memory).await] {
+    let (observed, by_default) = (
+        Arc::new(CountingObserver::default()),
+        Arc::new(CountingObserver::default()),
+    );
+    let gone = App::start_around_router(StoreKind::Memory, |l| {
+        l.render_references(true).observer(observed.clone())
+    });
+    let off = App::start_with(StoreKind::Memory, |l| l.observer(by_default.clone()));
+    for (app, observer) in [(gone.await, observed), (off.await, by_default)] {
         reference_that_cannot_be_rendered(&app).await;
+        assert_eq!(
+            *observer.outcomes.lock().unwrap(),
+            [Outcome::ReplayUnavailable]
+        );
     }
 }
 
