@@ -138,6 +138,19 @@ pub fn is_storable_header(name: &HeaderName) -> bool {
 pub(crate) type PartsPredicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 pub(crate) type TenantExtractor = Arc<dyn Fn(&Parts) -> Tenant + Send + Sync>;
 pub(crate) type RouteConfigFn = Arc<dyn Fn(&Parts) -> Option<RouteConfig> + Send + Sync>;
+/// Renders a [`crate::ResourceReference`] again: `GET <reference>` in, the resource out.
+pub(crate) type Renderer = Arc<
+    dyn Fn(
+            http::Request<()>,
+        ) -> std::pin::Pin<
+            Box<
+                dyn std::future::Future<
+                        Output = Result<http::Response<bytes::Bytes>, crate::BoxError>,
+                    > + Send,
+            >,
+        > + Send
+        + Sync,
+>;
 
 /// The layer's settings, shared by every service it makes.
 #[derive(Clone)]
@@ -154,6 +167,8 @@ pub(crate) struct Config {
     /// Whether a [`crate::ResourceReference`] is honoured (see
     /// `IdempotencyLayer::render_references`).
     pub(crate) render_references: bool,
+    /// Renders references instead of the wrapped service, when set.
+    pub(crate) renderer: Option<Renderer>,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) stored_headers: Vec<HeaderName>,
@@ -175,6 +190,7 @@ impl Default for Config {
             body_timeout: None,
             response_limit: DEFAULT_RESPONSE_LIMIT,
             render_references: false,
+            renderer: None,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             stored_headers: DEFAULT_STORED_HEADERS

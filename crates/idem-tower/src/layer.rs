@@ -190,9 +190,49 @@ impl<St> IdempotencyLayer<St> {
     /// router the layer wraps (`layer.layer(router)`), or a proxy (the idem gateway).
     /// **Not** under axum's `Router::layer` or `route_layer`: there the layer wraps
     /// each route's handler for one method, and the `GET` would run the `POST`
-    /// handler again.
+    /// handler again; use [`render_references_with`](Self::render_references_with)
+    /// there.
     pub fn render_references(mut self, on: bool) -> Self {
         self.config().render_references = on;
+        self
+    }
+
+    /// Honours [`ResourceReference`](crate::ResourceReference) response extensions, as
+    /// [`render_references`](Self::render_references) does, but renders them with `f`
+    /// instead of the wrapped service, so it works wherever the layer sits, under
+    /// axum's `Router::layer` too. `f` gets `GET <reference>` with the retry's headers
+    /// and extensions and no body, and answers the resource whole (a replay holds it in
+    /// memory; nothing of it is stored); an error, or a status other than 2xx, is a 503
+    /// `replay-unavailable`.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use idem_core::MemoryStore;
+    /// use idem_tower::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).render_references_with(
+    ///     |get: http::Request<()>| async move {
+    ///         // Look the report up by `get.uri()` and serialise it.
+    ///         let report = format!("rendered {}", get.uri());
+    ///         http::Response::builder()
+    ///             .header("content-type", "text/plain")
+    ///             .body(Bytes::from(report))
+    ///     },
+    /// );
+    /// # let _ = layer;
+    /// ```
+    pub fn render_references_with<F, Fut, E>(mut self, f: F) -> Self
+    where
+        F: Fn(http::Request<()>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<http::Response<bytes::Bytes>, E>> + Send + 'static,
+        E: Into<crate::BoxError>,
+    {
+        let config = self.config();
+        config.render_references = true;
+        config.renderer = Some(std::sync::Arc::new(move |get| {
+            let rendered = f(get);
+            Box::pin(async move { rendered.await.map_err(Into::into) })
+        }));
         self
     }
 

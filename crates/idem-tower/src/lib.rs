@@ -164,8 +164,9 @@
 //!   and every retry alike, by a recorded 500 `response-too-large` problem: the operation
 //!   never runs twice, but its answer is lost. Raise the limit above your largest
 //!   answer, or record a reference to the resource instead (SPEC S6: a
-//!   [`ResourceReference`] extension, with [`IdempotencyLayer::render_references`] on
-//!   where the layer wraps a whole router; not under `Router::layer`). A response the
+//!   [`ResourceReference`] extension, rendered again at replay by a renderer of yours,
+//!   [`IdempotencyLayer::render_references_with`], or by the wrapped service where it
+//!   routes a `GET` by path, [`IdempotencyLayer::render_references`]). A response the
 //!   layer releases (by status or disposition), or records as a reference, is known
 //!   from its head and streams through unread, at any size.
 

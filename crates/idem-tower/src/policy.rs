@@ -35,18 +35,21 @@ pub enum Disposition {
 ///
 /// The layer records the status, the allow-listed headers and the reference, passes the
 /// body on to the first caller as it streams (no response limit applies), and answers
-/// a replay by calling the service it wraps with `GET <reference>` (the retry's headers,
-/// no body): a 2xx answer is replayed with the recorded status and headers, its own
-/// representation headers (`content-type`, `content-length`, `content-encoding`,
-/// `etag`, `last-modified`), `Content-Location: <reference>` and
-/// `Idempotent-Replayed: true`; anything else is a 503 `replay-unavailable`. The
+/// a replay by asking for `GET <reference>` (the retry's headers, no body): a 2xx
+/// answer is replayed with the recorded status and headers, its own representation
+/// headers (`content-type`, `content-length`, `content-encoding`, `etag`,
+/// `last-modified`), `Content-Location: <reference>` and `Idempotent-Replayed: true`;
+/// anything else is a 503 `replay-unavailable`. The
 /// replay shows the resource as it is then, which may differ from the first answer.
 ///
-/// Honoured only where the layer is told to render references
+/// Honoured only where the layer is told how to render references: with a renderer of
+/// the application's own
+/// ([`IdempotencyLayer::render_references_with`](crate::IdempotencyLayer::render_references_with)),
+/// which works anywhere, or through the wrapped service
 /// ([`IdempotencyLayer::render_references`](crate::IdempotencyLayer::render_references)),
-/// which needs a wrapped service that routes a `GET` by its path: a whole router, or a
-/// proxy such as the idem gateway. Elsewhere the extension is ignored (with a warning)
-/// and the answer recorded whole.
+/// which needs one that routes a `GET` by its path: a whole router, or a proxy such as
+/// the idem gateway. Elsewhere the extension is ignored (with a warning) and the answer
+/// recorded whole.
 ///
 /// ```
 /// use idem_tower::ResourceReference;

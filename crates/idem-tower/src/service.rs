@@ -22,7 +22,7 @@ use idem_core::{
 };
 use tower::{Layer, Service};
 
-use crate::config::{Config, ReleaseStatuses, RouteConfig};
+use crate::config::{Config, ReleaseStatuses, Renderer, RouteConfig};
 use crate::context::IdempotencyContext;
 use crate::execution::{Execution, panic_message};
 use crate::future::ResponseFuture;
@@ -443,7 +443,13 @@ where
                     return replay_unavailable(reference, "this layer does not render references");
                 }
                 // Boxed: a rare path, kept out of every keyed request's future.
-                let rendered = render(inner, parts, stored, config.header_name.clone());
+                let rendered = render(
+                    inner,
+                    parts,
+                    stored,
+                    config.header_name.clone(),
+                    config.renderer.clone(),
+                );
                 let response = Box::pin(rendered).await;
                 observer.outcome(if response.status().is_success() {
                     Outcome::Replayed
@@ -924,14 +930,16 @@ const REPRESENTATION_HEADERS: [HeaderName; 5] = [
     header::LAST_MODIFIED,
 ];
 
-/// Stage 5 for an answer recorded as a [`ResourceReference`]: the wrapped service is
-/// asked for `GET <reference>` with the retry's headers, and a 2xx answer is replayed
-/// under the recorded status and headers; anything else is a 503 `replay-unavailable`.
+/// Stage 5 for an answer recorded as a [`ResourceReference`]: the layer's `renderer`,
+/// or else the wrapped service, is asked for `GET <reference>` with the retry's headers,
+/// and a 2xx answer is replayed under the recorded status and headers; anything else is
+/// a 503 `replay-unavailable`.
 async fn render<S, ReqBody, ResBody>(
     mut inner: S,
     parts: Parts,
     stored: StoredResponse,
     key_header: HeaderName,
+    renderer: Option<Renderer>,
 ) -> Response<IdempotencyBody<ResBody>>
 where
     S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
@@ -958,21 +966,31 @@ where
         headers.remove(name);
     }
     headers.remove(&key_header);
-    let mut get = Request::new(IdempotencyBody::buffered(Bytes::new()));
+    let mut get = Request::new(());
     *get.method_mut() = Method::GET;
     *get.uri_mut() = uri;
     *get.version_mut() = parts.version;
     *get.headers_mut() = headers;
     *get.extensions_mut() = parts.extensions;
-    let rendered = match inner.call(get).await {
+    let rendered = match renderer {
+        Some(render) => render(get)
+            .await
+            .map(|rendered| rendered.map(IdempotencyBody::buffered)),
+        None => inner
+            .call(get.map(|()| IdempotencyBody::buffered(Bytes::new())))
+            .await
+            .map(|rendered| rendered.map(IdempotencyBody::stream))
+            .map_err(Into::into),
+    };
+    let rendered = match rendered {
         Ok(rendered) => rendered,
-        Err(e) => return unavailable(format!("the service failed: {}", e.into())),
+        Err(e) => return unavailable(format!("rendering failed: {e}")),
     };
     if !rendered.status().is_success() {
         return unavailable(format!("GET answered {}", rendered.status()));
     }
     let (head, body) = rendered.into_parts();
-    let mut response = replay(stored).map(|_| IdempotencyBody::stream(body));
+    let mut response = replay(stored).map(|_| body);
     let headers = response.headers_mut();
     for name in REPRESENTATION_HEADERS {
         headers.remove(&name);

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use http::{HeaderName, Method, StatusCode};
 use idem_core::{
     FingerprintOptions, Lease, ManualClock, MemoryStore, Record, RecordState, Reservation,
@@ -1397,6 +1398,48 @@ async fn an_answer_recorded_as_a_reference_is_rendered_again_at_replay() {
     }
     assert_eq!(count(&app.counters.reports), 1);
     assert_eq!(count(&app.counters.report_reads), 2);
+}
+
+/// Under `Router::layer`, where the wrapped service is the `POST` handler itself, a
+/// renderer of the application's own renders references: the handler runs once, and
+/// the route's `GET` is not involved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renderer_renders_references_under_router_layer() {
+    let app = App::start_with(StoreKind::Memory, |l| {
+        l.render_references_with(|get: http::Request<()>| async move {
+            assert!(get.headers().get("idempotency-key").is_none());
+            assert!(get.headers().get("content-type").is_none());
+            let path = get.uri().path_and_query().map(|pq| pq.to_string());
+            http::Response::builder()
+                .header("content-type", "text/plain")
+                .body(Bytes::from(format!(
+                    "rendered {}",
+                    path.unwrap_or_default()
+                )))
+        })
+    })
+    .await;
+    let body = r#"{"size":3000}"#;
+    let first = app
+        .post("/reports")
+        .key("k-rendered")
+        .json(body)
+        .send()
+        .await;
+    assert_eq!(first.body.len(), 3000);
+    let retry = app
+        .post("/reports")
+        .key("k-rendered")
+        .json(body)
+        .send()
+        .await;
+    assert!(retry.is_replay(), "{retry:?}");
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.body, "rendered /reports?id=1");
+    assert_eq!(retry.header("content-type"), Some("text/plain"));
+    assert_eq!(retry.header("content-location"), Some("/reports?id=1"));
+    assert_eq!(count(&app.counters.reports), 1);
+    assert_eq!(count(&app.counters.report_reads), 0);
 }
 
 /// A reference that cannot be rendered now is a 503 that says the operation ran, never
