@@ -152,6 +152,34 @@ pub(crate) type Renderer = Arc<
         + Sync,
 >;
 
+/// What the layer does with a [`crate::ResourceReference`] (see
+/// `IdempotencyLayer::render_references` and `render_references_with`).
+#[derive(Clone)]
+pub(crate) enum References {
+    /// Ignored: the answer is recorded whole.
+    Ignored,
+    /// Recorded, and rendered by the wrapped service.
+    ThroughService,
+    /// Recorded, and rendered by this renderer.
+    With(Renderer),
+}
+
+impl References {
+    pub(crate) fn honoured(&self) -> bool {
+        !matches!(self, References::Ignored)
+    }
+}
+
+impl fmt::Debug for References {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            References::Ignored => "Ignored",
+            References::ThroughService => "ThroughService",
+            References::With(_) => "With(renderer)",
+        })
+    }
+}
+
 /// The layer's settings, shared by every service it makes.
 #[derive(Clone)]
 pub(crate) struct Config {
@@ -164,11 +192,8 @@ pub(crate) struct Config {
     pub(crate) body_limit: usize,
     pub(crate) body_timeout: Option<Duration>,
     pub(crate) response_limit: usize,
-    /// Whether a [`crate::ResourceReference`] is honoured (see
-    /// `IdempotencyLayer::render_references`).
-    pub(crate) render_references: bool,
-    /// Renders references instead of the wrapped service, when set.
-    pub(crate) renderer: Option<Renderer>,
+    /// Whether a [`crate::ResourceReference`] is honoured, and how it is rendered.
+    pub(crate) references: References,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) stored_headers: Vec<HeaderName>,
@@ -189,8 +214,7 @@ impl Default for Config {
             body_limit: DEFAULT_BODY_LIMIT,
             body_timeout: None,
             response_limit: DEFAULT_RESPONSE_LIMIT,
-            render_references: false,
-            renderer: None,
+            references: References::Ignored,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             stored_headers: DEFAULT_STORED_HEADERS
@@ -214,7 +238,7 @@ impl fmt::Debug for Config {
             .field("body_limit", &self.body_limit)
             .field("body_timeout", &self.body_timeout)
             .field("response_limit", &self.response_limit)
-            .field("render_references", &self.render_references)
+            .field("references", &self.references)
             .field("ttl", &self.ttl)
             .field("lease", &self.lease)
             .field("stored_headers", &self.stored_headers)

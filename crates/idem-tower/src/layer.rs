@@ -9,7 +9,7 @@ use http::{HeaderName, Method, StatusCode};
 use idem_core::{FingerprintOptions, ScopeMode, Store, Tenant};
 use tower::Layer;
 
-use crate::config::{Config, ReleaseStatuses, RouteConfig, is_storable_header};
+use crate::config::{Config, References, ReleaseStatuses, RouteConfig, is_storable_header};
 use crate::in_flight::InFlight;
 use crate::policy::Observer;
 use crate::service::Idempotency;
@@ -193,7 +193,11 @@ impl<St> IdempotencyLayer<St> {
     /// handler again; use [`render_references_with`](Self::render_references_with)
     /// there.
     pub fn render_references(mut self, on: bool) -> Self {
-        self.config().render_references = on;
+        self.config().references = if on {
+            References::ThroughService
+        } else {
+            References::Ignored
+        };
         self
     }
 
@@ -227,9 +231,7 @@ impl<St> IdempotencyLayer<St> {
         Fut: std::future::Future<Output = Result<http::Response<bytes::Bytes>, E>> + Send + 'static,
         E: Into<crate::BoxError>,
     {
-        let config = self.config();
-        config.render_references = true;
-        config.renderer = Some(std::sync::Arc::new(move |get| {
+        self.config().references = References::With(std::sync::Arc::new(move |get| {
             let rendered = f(get);
             Box::pin(async move { rendered.await.map_err(Into::into) })
         }));

@@ -22,7 +22,7 @@ use idem_core::{
 };
 use tower::{Layer, Service};
 
-use crate::config::{Config, ReleaseStatuses, Renderer, RouteConfig};
+use crate::config::{Config, References, ReleaseStatuses, RouteConfig};
 use crate::context::IdempotencyContext;
 use crate::execution::{Execution, panic_message};
 use crate::future::ResponseFuture;
@@ -435,7 +435,7 @@ where
         let lease = match reserved {
             Ok(Reservation::Acquired(lease)) => lease,
             Ok(Reservation::Replay(stored)) if stored.reference().is_some() => {
-                if !config.render_references {
+                if !config.references.honoured() {
                     // Recorded where references are rendered (another instance, or this
                     // one before a change of settings): an empty body would be a lie.
                     observer.outcome(Outcome::ReplayUnavailable);
@@ -443,13 +443,7 @@ where
                     return replay_unavailable(reference, "this layer does not render references");
                 }
                 // Boxed: a rare path, kept out of every keyed request's future.
-                let rendered = render(
-                    inner,
-                    parts,
-                    stored,
-                    config.header_name.clone(),
-                    config.renderer.clone(),
-                );
+                let rendered = render(inner, parts, stored, config);
                 let response = Box::pin(rendered).await;
                 observer.outcome(if response.status().is_success() {
                     Outcome::Replayed
@@ -479,7 +473,7 @@ where
         let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
         req.extensions_mut().insert(context);
         let response_limit = config.response_limit;
-        let render_references = config.render_references;
+        let render_references = config.references.honoured();
         // The disposition is known from the head. An answer to release is not recorded,
         // so it is passed on as it streams, whatever its size; the rest is read whole
         // (up to the limit) to be recorded.
@@ -608,16 +602,6 @@ impl KeyWrite {
     }
 }
 
-/// How a [`KeyWrite`] ended.
-enum Settled {
-    Written,
-    /// The lease no longer holds the record: another attempt took it over, or it
-    /// expired.
-    Fenced,
-    /// Every try failed otherwise.
-    GaveUp,
-}
-
 /// Settles the key: `write` is tried as [`WRITE_BACKOFF`] says before the caller gets
 /// its answer. If the store failed every time (it is down, say), the caller gets the
 /// answer anyway and [`settle_later`] goes on in the background, the request counted in
@@ -630,39 +614,26 @@ async fn settle<St: Store>(
     guard: InFlightGuard,
 ) {
     let observer = &*shared.config.observer;
-    let mut settled = Settled::GaveUp;
     for pause in WRITE_BACKOFF {
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }
         match timed(observer, write.op(), write.run(&*shared.store, &lease)).await {
-            Ok(()) => {
-                settled = Settled::Written;
-                break;
-            }
-            Err(StoreError::Fenced) => {
-                settled = Settled::Fenced;
-                break;
-            }
+            Ok(()) => return,
+            Err(StoreError::Fenced) => return fenced(&lease, &write),
             Err(e) => tracing::warn!(error = %e, op = write.op(), "settling the key failed"),
         }
     }
-    match settled {
-        Settled::Written => {}
-        Settled::Fenced => fenced(&lease, &write),
-        Settled::GaveUp => {
-            observer.write_deferred(write.op());
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                let settled = settle_later(&shared, &lease, lease_for, &write).await;
-                shared
-                    .config
-                    .observer
-                    .deferred_write_ended(write.op(), settled);
-                drop(guard);
-            });
-        }
-    }
+    observer.write_deferred(write.op());
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let settled = settle_later(&shared, &lease, lease_for, &write).await;
+        shared
+            .config
+            .observer
+            .deferred_write_ended(write.op(), settled);
+        drop(guard);
+    });
 }
 
 fn fenced(lease: &Lease, write: &KeyWrite) {
@@ -938,8 +909,7 @@ async fn render<S, ReqBody, ResBody>(
     mut inner: S,
     parts: Parts,
     stored: StoredResponse,
-    key_header: HeaderName,
-    renderer: Option<Renderer>,
+    config: &Config,
 ) -> Response<IdempotencyBody<ResBody>>
 where
     S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
@@ -965,18 +935,18 @@ where
     ] {
         headers.remove(name);
     }
-    headers.remove(&key_header);
+    headers.remove(&config.header_name);
     let mut get = Request::new(());
     *get.method_mut() = Method::GET;
     *get.uri_mut() = uri;
     *get.version_mut() = parts.version;
     *get.headers_mut() = headers;
     *get.extensions_mut() = parts.extensions;
-    let rendered = match renderer {
-        Some(render) => render(get)
+    let rendered = match &config.references {
+        References::With(render) => render(get)
             .await
             .map(|rendered| rendered.map(IdempotencyBody::buffered)),
-        None => inner
+        References::ThroughService | References::Ignored => inner
             .call(get.map(|()| IdempotencyBody::buffered(Bytes::new())))
             .await
             .map(|rendered| rendered.map(IdempotencyBody::stream))
