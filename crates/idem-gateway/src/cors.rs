@@ -20,6 +20,11 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response};
 use idem_tower::{DEFAULT_HEADER_NAME, ProblemKind};
 
+/// A request extension the listener adds when [`preflighted_origin`] found one, so
+/// that the proxy, answering an upstream failure itself, need not look again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreflightedOrigin(pub HeaderValue);
+
 /// The request's `Origin`, when the request is one a browser sends only after a
 /// preflight the upstream allowed; `None` otherwise, and for requests without one.
 pub fn preflighted_origin(method: &Method, headers: &HeaderMap) -> Option<HeaderValue> {

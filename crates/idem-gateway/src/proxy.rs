@@ -149,8 +149,12 @@ impl Proxy {
         // layer will release.
         let context = parts.extensions.remove::<IdempotencyContext>();
         let attempt = context.as_ref().map(|c| c.attempt);
-        // For the gateway's own answers, should the upstream give none.
-        let origin = crate::cors::preflighted_origin(&parts.method, &parts.headers);
+        // For the gateway's own answers, should the upstream give none: the listener
+        // found the request's origin allowed.
+        let origin = parts
+            .extensions
+            .remove::<crate::cors::PreflightedOrigin>()
+            .map(|o| o.0);
         let fail = |e: UpstreamError| self.fail(e, origin.clone());
         let uri = match this.upstream.uri_for(&parts.uri) {
             Ok(uri) => uri,
