@@ -17,8 +17,8 @@ use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, heade
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{
-    Endpoint, Fingerprint, FingerprintOptions, Key, Lease, REFERENCE_HEADER, Reservation,
-    ReserveRequest, Scope, Store, StoreError, StoredResponse,
+    Endpoint, Fingerprint, FingerprintOptions, Key, Lease, Reservation, ReserveRequest, Scope,
+    Store, StoreError, StoredResponse,
 };
 use tower::{Layer, Service};
 
@@ -854,18 +854,14 @@ fn too_large_response(limit: usize) -> (http::response::Parts, Bytes, Dispositio
 
 /// Stage 5: the recorded answer, marked as a replay.
 fn replay(stored: StoredResponse) -> Response<Bytes> {
-    let mut response = Response::new(stored.body);
+    let mut response = Response::new(stored.body.clone());
     *response.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let headers = response.headers_mut();
-    let http_headers = stored
-        .headers
-        .into_iter()
-        .filter(|(name, _)| name != REFERENCE_HEADER);
-    for (name, value) in http_headers {
+    for (name, value) in stored.http_headers() {
         match (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_maybe_shared(value),
+            HeaderValue::from_maybe_shared(value.clone()),
         ) {
             (Ok(name), Ok(value)) => {
                 headers.append(name, value);
