@@ -60,6 +60,8 @@ pub struct Metrics {
     outcomes: RwLock<BTreeMap<&'static str, AtomicU64>>,
     store: RwLock<BTreeMap<(&'static str, bool), Histogram>>,
     in_flight: AtomicI64,
+    /// Upgraded connections (WebSocket and the like) tunnelled to the upstream now.
+    tunnels: AtomicI64,
     upstream_errors: RwLock<BTreeMap<&'static str, AtomicU64>>,
     /// Failed store calls by operation and [`idem_core::StoreError::label`].
     store_errors: RwLock<BTreeMap<(&'static str, &'static str), AtomicU64>>,
@@ -162,6 +164,17 @@ impl Metrics {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// Counts an upgraded connection as open until the guard drops.
+    pub fn tunnel_guard(self: &Arc<Self>) -> TunnelGuard {
+        self.tunnels.fetch_add(1, Ordering::Relaxed);
+        TunnelGuard(self.clone())
+    }
+
+    /// Upgraded connections open now.
+    pub fn tunnels(&self) -> i64 {
+        self.tunnels.load(Ordering::Relaxed)
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
@@ -181,6 +194,12 @@ impl Metrics {
              # TYPE idem_in_flight_requests gauge\n",
         );
         let _ = writeln!(out, "idem_in_flight_requests {}", self.in_flight());
+        out.push_str(
+            "# HELP idem_upgraded_connections Upgraded connections (WebSocket and the like) \
+             tunnelled to the upstream now.\n\
+             # TYPE idem_upgraded_connections gauge\n",
+        );
+        let _ = writeln!(out, "idem_upgraded_connections {}", self.tunnels());
         out.push_str(
             "# HELP idem_upstream_errors_total Upstream calls that failed, by kind.\n\
              # TYPE idem_upstream_errors_total counter\n",
@@ -309,6 +328,16 @@ impl Drop for InFlightGuard {
     }
 }
 
+/// Decrements the upgraded-connections gauge when dropped.
+#[derive(Debug)]
+pub struct TunnelGuard(Arc<Metrics>);
+
+impl Drop for TunnelGuard {
+    fn drop(&mut self) {
+        self.0.tunnels.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,6 +354,7 @@ mod tests {
         }
         m.store_error("reserve", &idem_core::StoreError::unavailable("refused"));
         let g = m.in_flight_guard();
+        let t = m.tunnel_guard();
         let text = m.render();
         assert!(text.contains(
             "# TYPE idem_store_errors_total counter\n\
@@ -334,6 +364,9 @@ mod tests {
         assert!(text.contains("idem_requests_total{outcome=\"replayed\"} 2\n"));
         assert!(text.contains("idem_requests_total{outcome=\"mismatch\"} 0\n"));
         assert!(text.contains("idem_in_flight_requests 1\n"));
+        assert!(
+            text.contains("# TYPE idem_upgraded_connections gauge\nidem_upgraded_connections 1\n")
+        );
         assert!(text.contains(
             "idem_store_call_duration_seconds_bucket{op=\"reserve\",ok=\"true\",le=\"0.0005\"} 1\n"
         ));
@@ -343,8 +376,9 @@ mod tests {
         assert!(
             text.contains("idem_store_call_duration_seconds_count{op=\"reserve\",ok=\"true\"} 2\n")
         );
-        drop(g);
+        drop((g, t));
         assert_eq!(m.in_flight(), 0);
+        assert_eq!(m.tunnels(), 0);
     }
 
     #[test]

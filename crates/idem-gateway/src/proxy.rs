@@ -18,6 +18,12 @@
 //!   after sending is a 504 that keeps the record in progress until its lease lapses; a
 //!   keyed answer over `--response-limit` is a 502 that is recorded in its place.
 //!
+//! A connection upgrade (WebSocket, say) on an unkeyed request is offered to the
+//! upstream with its `Upgrade` header; if the upstream answers `101 Switching
+//! Protocols`, the client gets that answer and the two connections are joined into a
+//! byte tunnel until either side closes it. Keyed requests are never upgraded: their
+//! answer is recorded, and a switch of protocols cannot be.
+//!
 //! Unkeyed traffic streams both ways. Keyed answers to be recorded are read whole within
 //! the upstream timeout (the layer records them anyway), so an upstream that stalls
 //! mid-body is a timeout too. Keyed answers to be released (a release status, or the
@@ -34,7 +40,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
@@ -164,7 +170,19 @@ impl Proxy {
         let client = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
         let mut headers = parts.headers;
         let original_host = headers.get(header::HOST).cloned();
+        // Taken before the hop-by-hop headers go, and offered again to the upstream.
+        let upgrade = match (&context, requested_upgrade(&headers)) {
+            (None, Some(protocol)) => parts
+                .extensions
+                .remove::<hyper::upgrade::OnUpgrade>()
+                .map(|client_side| (protocol, client_side)),
+            _ => None,
+        };
         strip_hop_by_hop(&mut headers);
+        if let Some((protocol, _)) = &upgrade {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(header::UPGRADE, protocol.clone());
+        }
         add_forwarded(&mut headers, client, original_host.as_ref());
         headers.remove(ATTEMPT_HEADER);
         if let Some(n) = attempt {
@@ -193,6 +211,21 @@ impl Proxy {
             }
             Ok(Ok(res)) => res,
         };
+        if res.status() == StatusCode::SWITCHING_PROTOCOLS {
+            return match upgrade {
+                Some((_, client_side)) => {
+                    let open = this.metrics.tunnel_guard();
+                    switch_protocols(res, client_side, client_version, open)
+                }
+                // Nothing was asked to switch: the upstream's answer is not HTTP.
+                None => {
+                    tracing::warn!(
+                        "the upstream switched protocols on a request that did not ask to"
+                    );
+                    fail(UpstreamError::Broken)
+                }
+            };
+        }
         let (mut parts, body) = res.into_parts();
         parts.version = client_version;
         strip_hop_by_hop(&mut parts.headers);
@@ -267,6 +300,61 @@ where
         let this = self.clone();
         Box::pin(async move { Ok(this.forward(req).await) })
     }
+}
+
+/// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` header, when its
+/// `Connection` header names `upgrade`.
+fn requested_upgrade(headers: &HeaderMap) -> Option<HeaderValue> {
+    let protocol = headers.get(header::UPGRADE)?;
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
+        .then(|| protocol.clone())
+}
+
+/// The upstream's `101 Switching Protocols`, passed on to the client with its `Upgrade`
+/// header, while a task of its own joins the two connections once both have switched,
+/// and copies bytes both ways until either side closes; counted open (`open`) until
+/// then.
+fn switch_protocols(
+    mut res: Response<hyper::body::Incoming>,
+    client_side: hyper::upgrade::OnUpgrade,
+    client_version: Version,
+    open: crate::metrics::TunnelGuard,
+) -> Response<ProxyBody> {
+    let upstream_side = hyper::upgrade::on(&mut res);
+    let (mut parts, _) = res.into_parts();
+    let protocol = parts.headers.get(header::UPGRADE).cloned();
+    strip_hop_by_hop(&mut parts.headers);
+    parts
+        .headers
+        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    if let Some(protocol) = protocol {
+        parts.headers.insert(header::UPGRADE, protocol);
+    }
+    parts.version = client_version;
+    tokio::spawn(async move {
+        let (client, upstream) = match tokio::try_join!(client_side, upstream_side) {
+            Ok(both) => both,
+            Err(e) => {
+                tracing::debug!(error = %e, "a connection upgrade did not complete");
+                return;
+            }
+        };
+        let mut client = hyper_util::rt::TokioIo::new(client);
+        let mut upstream = hyper_util::rt::TokioIo::new(upstream);
+        match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+            Ok((sent, received)) => {
+                tracing::debug!(sent, received, "an upgraded connection closed");
+            }
+            Err(e) => tracing::debug!(error = %e, "an upgraded connection broke off"),
+        }
+        drop(open);
+    });
+    Response::from_parts(parts, ProxyBody::default())
 }
 
 /// Removes hop-by-hop headers, including those the `Connection` header names.

@@ -4,7 +4,8 @@
 //! Shutdown (SIGTERM or SIGINT) stops accepting, lets open connections finish their
 //! current request, then waits for every execution the layer spawned to finish and
 //! record (a client that went away does not cancel its upstream call), bounded by
-//! `--shutdown-timeout`.
+//! `--shutdown-timeout`. Upgraded connections (WebSocket tunnels) are not waited for:
+//! they close when the process exits.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,7 +19,6 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use idem_core::{Store, Sweeper, SweeperConfig, Tenant};
 use idem_tower::{IdempotencyBody, IdempotencyLayer, InFlight, RouteConfig};
 use tokio::net::TcpListener;
@@ -298,7 +298,10 @@ impl Gateway {
             })
         });
 
-        let graceful = GracefulShutdown::new();
+        // Each connection's task holds a sender; once the listener stops, every
+        // connection is asked to finish, and `open` ends when the last task has.
+        let (stop_connections, stopping) = tokio::sync::watch::channel(false);
+        let (open_tx, mut open) = tokio::sync::mpsc::channel::<()>(1);
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let (stream, peer) = tokio::select! {
@@ -355,22 +358,38 @@ impl Gateway {
             // A client that sends no complete request head in time (a slow or stalled
             // one, or an idle keep-alive connection) is disconnected, so it cannot hold a
             // connection and its buffers without limit.
+            // With upgrades, so that the proxy can hand a switched connection (a
+            // WebSocket) over to its tunnel.
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(client_timeout)
-                .serve_connection(TokioIo::new(stream), hyper_svc);
-            let conn = graceful.watch(conn);
+                .serve_connection(TokioIo::new(stream), hyper_svc)
+                .with_upgrades();
+            let mut stopping = stopping.clone();
+            let open = open_tx.clone();
             tokio::spawn(async move {
-                if let Err(e) = conn.await {
+                let mut conn = std::pin::pin!(conn);
+                let ended = tokio::select! {
+                    ended = conn.as_mut() => ended,
+                    _ = async { stopping.wait_for(|stop| *stop).await.map(drop) } => {
+                        // Finish the request in progress, if any, then close.
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                };
+                if let Err(e) = ended {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
+                drop(open);
             });
         }
 
         tracing::info!("shutting down: no new connections; finishing in-flight requests");
         drop(listener);
         let deadline = Instant::now() + shutdown_timeout;
-        if tokio::time::timeout_at(deadline, graceful.shutdown())
+        stop_connections.send_replace(true);
+        drop(open_tx);
+        if tokio::time::timeout_at(deadline, open.recv())
             .await
             .is_err()
         {

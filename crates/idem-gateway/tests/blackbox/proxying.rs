@@ -823,3 +823,184 @@ async fn check_config_command_validates_settings_and_store() {
     assert_eq!(missing.status.code(), Some(2), "no upstream");
     assert!(String::from_utf8_lossy(&missing.stderr).contains("--upstream"));
 }
+
+/// A raw HTTP/1.1 upstream for connection upgrades. Every request head it reads is
+/// kept. A request with `Upgrade: echo` is switched, and the upstream then sends back
+/// every byte it reads in upper case until the client closes. `/rogue` is switched
+/// whatever the request asked for. Anything else gets `201`.
+async fn upgrading_upstream() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                while let Some((head, _)) = read_message(&mut conn).await {
+                    seen.lock().unwrap().push(head.clone());
+                    let lower = head.to_lowercase();
+                    if !lower.contains("\r\nupgrade: echo") && !lower.starts_with("get /rogue ") {
+                        let answer = "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n\
+                                      content-length: 2\r\n\r\n{}";
+                        conn.write_all(answer.as_bytes()).await.unwrap();
+                        continue;
+                    }
+                    let switched = "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\n\
+                                    upgrade: echo\r\nx-session: s1\r\n\r\n";
+                    conn.write_all(switched.as_bytes()).await.unwrap();
+                    let mut buf = [0u8; 1024];
+                    loop {
+                        let n = conn.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            let _ = conn.shutdown().await;
+                            return;
+                        }
+                        let upper = buf[..n].to_ascii_uppercase();
+                        if conn.write_all(&upper).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (url, heads)
+}
+
+/// Reads from `stream` until `want` bytes came, or it ends.
+async fn read_exactly(stream: &mut tokio::net::TcpStream, want: usize) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut got = vec![0u8; want];
+    tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut got))
+        .await
+        .expect("the tunnel answered in time")
+        .expect("the tunnel stayed open");
+    got
+}
+
+/// A WebSocket-style upgrade on an unkeyed request reaches the upstream with its
+/// `Upgrade` header; the upstream's `101` comes back, and from then on bytes flow both
+/// ways, past the upstream timeout, until the client closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_upgrades_are_tunnelled_to_the_upstream() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (up, heads) = upgrading_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &up,
+        dir.path(),
+        &[
+            "--store",
+            "memory://",
+            "--upstream-timeout",
+            "1s",
+            "--admin",
+            "127.0.0.1:0",
+        ],
+    )
+    .await;
+    let http = Http::new();
+    let tunnels = || async {
+        let text = http.send("GET", &gw.admin_url("/metrics"), &[], "").await;
+        metric(
+            &String::from_utf8_lossy(&text.body),
+            "idem_upgraded_connections",
+        )
+    };
+    let mut client = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    client
+        .write_all(
+            b"GET /v1/stream HTTP/1.1\r\nhost: x\r\nconnection: keep-alive, Upgrade\r\n\
+              upgrade: echo\r\nx-hop: no\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let (head, body) = read_message(&mut client).await.expect("an answer");
+    let lower = head.to_lowercase();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(lower.contains("\r\nupgrade: echo"), "{head}");
+    assert!(lower.contains("\r\nconnection: upgrade"), "{head}");
+    assert!(lower.contains("\r\nx-session: s1"), "{head}");
+    assert!(body.is_empty());
+
+    client.write_all(b"hello").await.unwrap();
+    assert_eq!(read_exactly(&mut client, 5).await, b"HELLO");
+    assert_eq!(tunnels().await, 1);
+    // Longer than the upstream timeout, which bounds the handshake only.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    client.write_all(b" world").await.unwrap();
+    assert_eq!(read_exactly(&mut client, 6).await, b" WORLD");
+    client.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut rest))
+        .await
+        .expect("the tunnel closed after the client")
+        .unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tunnels().await != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the tunnel stayed counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    let upstream_saw = heads[0].to_lowercase();
+    assert!(
+        upstream_saw.starts_with("get /v1/stream "),
+        "{upstream_saw}"
+    );
+    assert!(
+        upstream_saw.contains("\r\nconnection: upgrade"),
+        "{upstream_saw}"
+    );
+    assert!(upstream_saw.contains("\r\nupgrade: echo"), "{upstream_saw}");
+    assert!(!upstream_saw.contains("keep-alive"), "{upstream_saw}");
+    assert!(
+        upstream_saw.contains("\r\nx-forwarded-for: 127.0.0.1"),
+        "{upstream_saw}"
+    );
+}
+
+/// A keyed request is never upgraded: the upstream sees no `Upgrade` header and its
+/// answer is recorded and replayed as usual. A `101` the request did not ask for is an
+/// upstream that stopped speaking HTTP: a 504.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_requests_are_not_upgraded_and_uninvited_switches_are_refused() {
+    let (up, heads) = upgrading_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(&up, dir.path(), &["--store", "memory://"]).await;
+    let http = Http::new();
+    let key = new_key();
+    let upgrade = [("connection", "upgrade"), ("upgrade", "echo")];
+    let first = http
+        .post(&gw.url("/v1/charges"), &key, "{}", &upgrade)
+        .await;
+    assert_eq!(first.status, 201);
+    let again = http
+        .post(&gw.url("/v1/charges"), &key, "{}", &upgrade)
+        .await;
+    assert_eq!(again.status, 201);
+    assert!(again.replayed());
+    {
+        let heads = heads.lock().unwrap();
+        assert_eq!(
+            heads.len(),
+            1,
+            "the replay did not reach the upstream: {heads:?}"
+        );
+        assert!(!heads[0].to_lowercase().contains("upgrade"), "{}", heads[0]);
+    }
+
+    let rogue = http.send("GET", &gw.url("/rogue"), &[], "").await;
+    assert_eq!(rogue.status, 504, "{:?}", rogue.body);
+    assert_eq!(
+        rogue.problem_type(),
+        "https://idem.dev/problems/upstream-connection-lost"
+    );
+}
