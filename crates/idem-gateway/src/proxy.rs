@@ -18,11 +18,12 @@
 //!   after sending is a 504 that keeps the record in progress until its lease lapses; a
 //!   keyed answer over `--response-limit` is a 502 that is recorded in its place.
 //!
-//! A connection upgrade (WebSocket, say) on an unkeyed request is offered to the
-//! upstream with its `Upgrade` header; if the upstream answers `101 Switching
-//! Protocols`, the client gets that answer and the two connections are joined into a
-//! byte tunnel until either side closes it. Keyed requests are never upgraded: their
-//! answer is recorded, and a switch of protocols cannot be.
+//! A WebSocket upgrade on an unkeyed request is offered to the upstream with its
+//! `Upgrade` header; if the upstream answers `101 Switching Protocols`, the client gets
+//! that answer and the two connections are joined into a byte tunnel until either side
+//! closes it. Keyed requests are never upgraded: their answer is recorded, and a switch
+//! of protocols cannot be. Other upgrades (`h2c`, TLS) are stripped like any hop-by-hop
+//! header: their tunnel would carry HTTP requests past the idempotency layer.
 //!
 //! Unkeyed traffic streams both ways. Keyed answers to be recorded are read whole within
 //! the upstream timeout (the layer records them anyway), so an upstream that stalls
@@ -302,17 +303,24 @@ where
     }
 }
 
-/// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` header, when its
-/// `Connection` header names `upgrade`.
+/// The protocol an HTTP/1.1 request asks to switch to, when it is WebSocket: its
+/// `Upgrade` header, when its `Connection` header names `upgrade`.
+///
+/// Only WebSocket: a tunnel is opaque to the gateway, and a protocol that carries HTTP
+/// requests of its own (`h2c`, or TLS by RFC 2817) would let a client send them to the
+/// upstream past the idempotency layer. WebSocket messages are not HTTP requests.
 fn requested_upgrade(headers: &HeaderMap) -> Option<HeaderValue> {
     let protocol = headers.get(header::UPGRADE)?;
-    headers
+    let websocket = protocol
+        .to_str()
+        .is_ok_and(|p| p.trim().eq_ignore_ascii_case("websocket"));
+    let asked = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
-        .then(|| protocol.clone())
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    (websocket && asked).then(|| protocol.clone())
 }
 
 /// The upstream's `101 Switching Protocols`, passed on to the client with its `Upgrade`

@@ -825,8 +825,8 @@ async fn check_config_command_validates_settings_and_store() {
 }
 
 /// A raw HTTP/1.1 upstream for connection upgrades. Every request head it reads is
-/// kept. A request with `Upgrade: echo` is switched, and the upstream then sends back
-/// every byte it reads in upper case until the client closes. `/rogue` is switched
+/// kept. A request with any `Upgrade` header is switched, and the upstream then sends
+/// back every byte it reads in upper case until the client closes. `/rogue` is switched
 /// whatever the request asked for. Anything else gets `201`.
 async fn upgrading_upstream() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -841,14 +841,14 @@ async fn upgrading_upstream() -> (String, std::sync::Arc<std::sync::Mutex<Vec<St
                 while let Some((head, _)) = read_message(&mut conn).await {
                     seen.lock().unwrap().push(head.clone());
                     let lower = head.to_lowercase();
-                    if !lower.contains("\r\nupgrade: echo") && !lower.starts_with("get /rogue ") {
+                    if !lower.contains("\r\nupgrade: ") && !lower.starts_with("get /rogue ") {
                         let answer = "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n\
                                       content-length: 2\r\n\r\n{}";
                         conn.write_all(answer.as_bytes()).await.unwrap();
                         continue;
                     }
                     let switched = "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\n\
-                                    upgrade: echo\r\nx-session: s1\r\n\r\n";
+                                    upgrade: websocket\r\nx-session: s1\r\n\r\n";
                     conn.write_all(switched.as_bytes()).await.unwrap();
                     let mut buf = [0u8; 1024];
                     loop {
@@ -913,14 +913,14 @@ async fn connection_upgrades_are_tunnelled_to_the_upstream() {
     client
         .write_all(
             b"GET /v1/stream HTTP/1.1\r\nhost: x\r\nconnection: keep-alive, Upgrade\r\n\
-              upgrade: echo\r\nx-hop: no\r\n\r\n",
+              upgrade: WebSocket\r\nx-hop: no\r\n\r\n",
         )
         .await
         .unwrap();
     let (head, body) = read_message(&mut client).await.expect("an answer");
     let lower = head.to_lowercase();
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    assert!(lower.contains("\r\nupgrade: echo"), "{head}");
+    assert!(lower.contains("\r\nupgrade: websocket"), "{head}");
     assert!(lower.contains("\r\nconnection: upgrade"), "{head}");
     assert!(lower.contains("\r\nx-session: s1"), "{head}");
     assert!(body.is_empty());
@@ -959,7 +959,10 @@ async fn connection_upgrades_are_tunnelled_to_the_upstream() {
         upstream_saw.contains("\r\nconnection: upgrade"),
         "{upstream_saw}"
     );
-    assert!(upstream_saw.contains("\r\nupgrade: echo"), "{upstream_saw}");
+    assert!(
+        upstream_saw.contains("\r\nupgrade: websocket"),
+        "{upstream_saw}"
+    );
     assert!(!upstream_saw.contains("keep-alive"), "{upstream_saw}");
     assert!(
         upstream_saw.contains("\r\nx-forwarded-for: 127.0.0.1"),
@@ -968,16 +971,17 @@ async fn connection_upgrades_are_tunnelled_to_the_upstream() {
 }
 
 /// A keyed request is never upgraded: the upstream sees no `Upgrade` header and its
-/// answer is recorded and replayed as usual. A `101` the request did not ask for is an
-/// upstream that stopped speaking HTTP: a 504.
+/// answer is recorded and replayed as usual. Nor is an upgrade to a protocol that
+/// carries HTTP requests (`h2c`), whose tunnel would bypass the layer. A `101` the
+/// request did not ask for is an upstream that stopped speaking HTTP: a 504.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyed_requests_are_not_upgraded_and_uninvited_switches_are_refused() {
+async fn only_unkeyed_websocket_requests_are_upgraded() {
     let (up, heads) = upgrading_upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let gw = Gateway::start(&up, dir.path(), &["--store", "memory://"]).await;
     let http = Http::new();
     let key = new_key();
-    let upgrade = [("connection", "upgrade"), ("upgrade", "echo")];
+    let upgrade = [("connection", "upgrade"), ("upgrade", "websocket")];
     let first = http
         .post(&gw.url("/v1/charges"), &key, "{}", &upgrade)
         .await;
@@ -995,6 +999,30 @@ async fn keyed_requests_are_not_upgraded_and_uninvited_switches_are_refused() {
             "the replay did not reach the upstream: {heads:?}"
         );
         assert!(!heads[0].to_lowercase().contains("upgrade"), "{}", heads[0]);
+    }
+
+    // What `curl --http2` sends on plain HTTP.
+    let h2c = http
+        .send(
+            "GET",
+            &gw.url("/v1/charges"),
+            &[
+                ("connection", "Upgrade, HTTP2-Settings"),
+                ("upgrade", "h2c"),
+                ("http2-settings", "AAMAAABkAARAAAAAAAIAAAAA"),
+            ],
+            "",
+        )
+        .await;
+    assert_eq!(h2c.status, 201);
+    {
+        let heads = heads.lock().unwrap();
+        assert_eq!(heads.len(), 2, "{heads:?}");
+        let saw = heads[1].to_lowercase();
+        assert!(
+            !saw.contains("upgrade") && !saw.contains("http2-settings"),
+            "{saw}"
+        );
     }
 
     let rogue = http.send("GET", &gw.url("/rogue"), &[], "").await;
