@@ -1032,3 +1032,45 @@ async fn only_unkeyed_websocket_requests_are_upgraded() {
         "https://idem.dev/problems/upstream-connection-lost"
     );
 }
+
+/// An open WebSocket tunnel does not hold up a graceful shutdown: the gateway exits
+/// within its shutdown timeout, and the client's side of the tunnel ends with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_tunnels_do_not_hold_up_shutdown() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (up, _heads) = upgrading_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &up,
+        dir.path(),
+        &["--store", "memory://", "--shutdown-timeout", "20s"],
+    )
+    .await;
+    let mut client = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    client
+        .write_all(
+            b"GET /v1/stream HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\n\
+              upgrade: websocket\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let (head, _) = read_message(&mut client).await.expect("an answer");
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    client.write_all(b"ping").await.unwrap();
+    assert_eq!(read_exactly(&mut client, 4).await, b"PING");
+
+    let started = std::time::Instant::now();
+    let status = gw.terminate().await;
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the gateway waited {:?} for the tunnel",
+        started.elapsed()
+    );
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut rest))
+        .await
+        .expect("the tunnel ended with the gateway");
+    // Closed or reset: either way nothing more comes through.
+    assert!(ended.map_or(true, |n| n == 0), "{rest:?}");
+}
