@@ -370,6 +370,7 @@ impl Gateway {
             tokio::spawn(async move {
                 let mut conn = std::pin::pin!(conn);
                 let ended = tokio::select! {
+                    biased;
                     ended = conn.as_mut() => ended,
                     _ = async { stopping.wait_for(|stop| *stop).await.map(drop) } => {
                         // Finish the request in progress, if any, then close.
