@@ -62,6 +62,18 @@ pub enum ServeError {
     },
 }
 
+/// How long a connection may stay silent before TCP starts asking whether its peer is
+/// still there (client connections and upstream connections alike).
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+
+/// Turns TCP keepalive on for `stream`, so that a peer that vanished without closing
+/// (a client whose network dropped) is found out and its connection closed. An idle
+/// HTTP connection has the client timeout for that; a WebSocket tunnel has nothing else.
+fn keep_alive(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
+    let params = socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE);
+    socket2::SockRef::from(stream).set_tcp_keepalive(&params)
+}
+
 /// Whether requests go through the idempotency layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -317,6 +329,9 @@ impl Gateway {
                 },
             };
             let _ = stream.set_nodelay(true);
+            if let Err(e) = keep_alive(&stream) {
+                tracing::debug!(error = %e, "TCP keepalive could not be set on a connection");
+            }
             let svc = service.clone();
             let metrics = metrics.clone();
             let hyper_svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
@@ -455,6 +470,22 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_get_tcp_keepalive() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+        let (client, accepted) = tokio::join!(client, listener.accept());
+        let (accepted, _) = accepted.unwrap();
+        let socket = socket2::SockRef::from(&accepted);
+        assert!(
+            !socket.keepalive().unwrap(),
+            "off until the listener sets it"
+        );
+        keep_alive(&accepted).unwrap();
+        assert!(socket.keepalive().unwrap());
+        drop(client);
+    }
     use crate::cli::ServeArgs;
     use crate::config::FileConfig;
 
