@@ -215,14 +215,16 @@ impl Proxy {
         };
         if res.status() == StatusCode::SWITCHING_PROTOCOLS {
             return match upgrade {
-                Some((_, client_side)) => {
+                // To WebSocket, as asked (RFC 6455 §4.1 has the answer name it too).
+                Some((_, client_side)) if requested_upgrade_answered(res.headers()) => {
                     let open = this.metrics.tunnel_guard();
                     switch_protocols(res, client_side, client_version, open)
                 }
-                // Nothing was asked to switch: the upstream's answer is not HTTP.
-                None => {
+                // Nothing was asked to switch, or not to this: the upstream's answer is
+                // not one the client can read.
+                _ => {
                     tracing::warn!(
-                        "the upstream switched protocols on a request that did not ask to"
+                        "the upstream switched protocols where the request did not ask it to"
                     );
                     fail(UpstreamError::Broken)
                 }
@@ -322,6 +324,14 @@ fn requested_upgrade(headers: &HeaderMap) -> Option<HeaderValue> {
         .flat_map(|v| v.split(','))
         .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
     (websocket && asked).then(|| protocol.clone())
+}
+
+/// Whether a `101` switches to WebSocket, the only upgrade the gateway offers.
+fn requested_upgrade_answered(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.trim().eq_ignore_ascii_case("websocket"))
 }
 
 /// The upstream's `101 Switching Protocols`, passed on to the client with its `Upgrade`

@@ -827,7 +827,8 @@ async fn check_config_command_validates_settings_and_store() {
 /// A raw HTTP/1.1 upstream for connection upgrades. Every request head it reads is
 /// kept. A request with any `Upgrade` header is switched, and the upstream then sends
 /// back every byte it reads in upper case until the client closes. `/rogue` is switched
-/// whatever the request asked for. Anything else gets `201`.
+/// whatever the request asked for, and `/other` to `h2c` whatever it asked for.
+/// Anything else gets `201`.
 async fn upgrading_upstream() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -847,8 +848,15 @@ async fn upgrading_upstream() -> (String, std::sync::Arc<std::sync::Mutex<Vec<St
                         conn.write_all(answer.as_bytes()).await.unwrap();
                         continue;
                     }
-                    let switched = "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\n\
-                                    upgrade: websocket\r\nx-session: s1\r\n\r\n";
+                    let protocol = if lower.starts_with("get /other ") {
+                        "h2c"
+                    } else {
+                        "websocket"
+                    };
+                    let switched = format!(
+                        "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\n\
+                         upgrade: {protocol}\r\nx-session: s1\r\n\r\n"
+                    );
                     conn.write_all(switched.as_bytes()).await.unwrap();
                     let mut buf = [0u8; 1024];
                     loop {
@@ -973,7 +981,8 @@ async fn connection_upgrades_are_tunnelled_to_the_upstream() {
 /// A keyed request is never upgraded: the upstream sees no `Upgrade` header and its
 /// answer is recorded and replayed as usual. Nor is an upgrade to a protocol that
 /// carries HTTP requests (`h2c`), whose tunnel would bypass the layer. A `101` the
-/// request did not ask for is an upstream that stopped speaking HTTP: a 504.
+/// request did not ask for, or to another protocol than the one asked for, is an
+/// upstream that stopped speaking HTTP the client can read: a 504.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_unkeyed_websocket_requests_are_upgraded() {
     let (up, heads) = upgrading_upstream().await;
@@ -1029,6 +1038,13 @@ async fn only_unkeyed_websocket_requests_are_upgraded() {
     assert_eq!(rogue.status, 504, "{:?}", rogue.body);
     assert_eq!(
         rogue.problem_type(),
+        "https://idem.dev/problems/upstream-connection-lost"
+    );
+    // Asked for WebSocket, switched to something else.
+    let other = http.send("GET", &gw.url("/other"), &upgrade, "").await;
+    assert_eq!(other.status, 504, "{:?}", other.body);
+    assert_eq!(
+        other.problem_type(),
         "https://idem.dev/problems/upstream-connection-lost"
     );
 }
