@@ -154,9 +154,8 @@ impl Metrics {
     }
 
     /// Marks a request in flight until the guard drops.
-    pub fn in_flight_guard(self: &Arc<Self>) -> InFlightGuard {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlightGuard(self.clone())
+    pub fn in_flight_guard(self: &Arc<Self>) -> GaugeGuard {
+        self.hold(|m| &m.in_flight)
     }
 
     /// Requests in flight now.
@@ -165,9 +164,17 @@ impl Metrics {
     }
 
     /// Counts an upgraded connection as open until the guard drops.
-    pub fn tunnel_guard(self: &Arc<Self>) -> TunnelGuard {
-        self.tunnels.fetch_add(1, Ordering::Relaxed);
-        TunnelGuard(self.clone())
+    pub fn tunnel_guard(self: &Arc<Self>) -> GaugeGuard {
+        self.hold(|m| &m.tunnels)
+    }
+
+    /// Raises `gauge` by one until the guard drops.
+    fn hold(self: &Arc<Self>, gauge: fn(&Metrics) -> &AtomicI64) -> GaugeGuard {
+        gauge(self).fetch_add(1, Ordering::Relaxed);
+        GaugeGuard {
+            metrics: self.clone(),
+            gauge,
+        }
     }
 
     /// Upgraded connections open now.
@@ -318,23 +325,16 @@ impl Observer for Metrics {
     }
 }
 
-/// Decrements the in-flight gauge when dropped.
+/// Lowers a gauge (requests in flight, upgraded connections) again when dropped.
 #[derive(Debug)]
-pub struct InFlightGuard(Arc<Metrics>);
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
+pub struct GaugeGuard {
+    metrics: Arc<Metrics>,
+    gauge: fn(&Metrics) -> &AtomicI64,
 }
 
-/// Decrements the upgraded-connections gauge when dropped.
-#[derive(Debug)]
-pub struct TunnelGuard(Arc<Metrics>);
-
-impl Drop for TunnelGuard {
+impl Drop for GaugeGuard {
     fn drop(&mut self) {
-        self.0.tunnels.fetch_sub(1, Ordering::Relaxed);
+        (self.gauge)(&self.metrics).fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -342,7 +342,7 @@ fn switch_protocols(
     mut res: Response<hyper::body::Incoming>,
     client_side: hyper::upgrade::OnUpgrade,
     client_version: Version,
-    open: crate::metrics::TunnelGuard,
+    open: crate::metrics::GaugeGuard,
 ) -> Response<ProxyBody> {
     let upstream_side = hyper::upgrade::on(&mut res);
     let (mut parts, _) = res.into_parts();
