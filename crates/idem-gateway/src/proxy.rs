@@ -216,7 +216,7 @@ impl Proxy {
         if res.status() == StatusCode::SWITCHING_PROTOCOLS {
             return match upgrade {
                 // To WebSocket, as asked (RFC 6455 §4.1 has the answer name it too).
-                Some((_, client_side)) if requested_upgrade_answered(res.headers()) => {
+                Some((_, client_side)) if upgrades_to_websocket(res.headers()) => {
                     let open = this.metrics.tunnel_guard();
                     switch_protocols(res, client_side, client_version, open)
                 }
@@ -313,25 +313,27 @@ where
 /// requests of its own (`h2c`, or TLS by RFC 2817) would let a client send them to the
 /// upstream past the idempotency layer. WebSocket messages are not HTTP requests.
 fn requested_upgrade(headers: &HeaderMap) -> Option<HeaderValue> {
-    let protocol = headers.get(header::UPGRADE)?;
-    let websocket = protocol
-        .to_str()
-        .is_ok_and(|p| p.trim().eq_ignore_ascii_case("websocket"));
-    let asked = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    (websocket && asked).then(|| protocol.clone())
+    let asked = connection_options(headers).any(|token| token.eq_ignore_ascii_case("upgrade"));
+    (asked && upgrades_to_websocket(headers)).then(|| headers[header::UPGRADE].clone())
 }
 
-/// Whether a `101` switches to WebSocket, the only upgrade the gateway offers.
-fn requested_upgrade_answered(headers: &HeaderMap) -> bool {
+/// Whether `headers` (a request's, or a `101`'s) name WebSocket in `Upgrade`, the only
+/// upgrade the gateway offers and accepts.
+fn upgrades_to_websocket(headers: &HeaderMap) -> bool {
     headers
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|p| p.trim().eq_ignore_ascii_case("websocket"))
+}
+
+/// The comma-separated options of the `Connection` header fields, trimmed.
+fn connection_options(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
 }
 
 /// The upstream's `101 Switching Protocols`, passed on to the client with its `Upgrade`
@@ -389,12 +391,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .collect();
     if present.contains(&header::CONNECTION) {
         present.extend(
-            headers
-                .get_all(header::CONNECTION)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok()),
+            connection_options(headers)
+                .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok()),
         );
     }
     for name in &present {
