@@ -6,10 +6,13 @@
 //! as a ratio of pass-through, and CPU time per request: the gateway's, this process's
 //! (driver and upstream), and the rest of the machine's (a store server, and whatever
 //! else runs). The configurations run interleaved, `IDEM_LOAD_ROUNDS` rounds (default
-//! 3) of `IDEM_LOAD_SECS` seconds each (default 3, after a 1 s warm-up), and the medians
-//! are reported, each ratio taken within a round, followed by what the SQLite and Redis
-//! targets allow in CPU time per request against what was spent.
-//! `IDEM_LOAD_ONLY=memory,sqlite` runs only those stores (and pass-through).
+//! 3) of `IDEM_LOAD_SECS` seconds each (default 3, after a 1 s warm-up). Each round
+//! starts one configuration further on, and each run first waits for the machine to be
+//! quiet. The medians are reported, each ratio taken within a round, followed by what
+//! the SQLite and Redis targets allow in CPU time per request against what was spent.
+//! `IDEM_LOAD_ONLY=memory,sqlite` runs only those stores (and pass-through), and
+//! `IDEM_LOAD_EXTRA=name=URL,...` adds stores under names of one's own, to compare
+//! settings in one run (`sqlite-off=sqlite://off.db?synchronous=off`, say).
 //! `IDEM_LOAD_UPSTREAM_US=200` makes the upstream spend that much CPU per request, as an
 //! API with work of its own does (default none: the harshest case, where the gateway's
 //! own cost is all there is).
@@ -259,6 +262,30 @@ async fn run(name: &str, gw: &Gateway, secs: u64) -> Figures {
     }
 }
 
+/// Waits, up to 5 s, for the machine to be quiet (under a fifth busy over 250 ms), so
+/// that what a run left behind (a store's background writes) is not counted against
+/// the next one.
+async fn settle() {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let before = machine_ticks();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let after = machine_ticks();
+        let busy = after.0.saturating_sub(before.0) as f64;
+        let total = after.1.saturating_sub(before.1).max(1) as f64;
+        if busy / total < 0.2 {
+            return;
+        }
+        if Instant::now() > deadline {
+            println!(
+                "  (the machine stayed {:.0}% busy between runs)",
+                100.0 * busy / total
+            );
+            return;
+        }
+    }
+}
+
 async fn reachable(url: &str) -> bool {
     match tokio::time::timeout(Duration::from_secs(5), idem_gateway::store::open(url)).await {
         Ok(Ok(store)) => store.ping().await.is_ok(),
@@ -301,25 +328,31 @@ fn main() {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
         let redis =
             std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-        let mut configs: Vec<(&str, Vec<String>)> = vec![
-            ("pass-through", vec!["--passthrough".into(), "--store".into(), "memory://".into()]),
-            ("memory", vec!["--store".into(), "memory://".into()]),
-            ("sqlite", vec!["--store".into(), "sqlite://load.db".into()]),
+        let mut configs: Vec<(String, Vec<String>)> = vec![
+            ("pass-through".into(), vec!["--passthrough".into(), "--store".into(), "memory://".into()]),
+            ("memory".into(), vec!["--store".into(), "memory://".into()]),
+            ("sqlite".into(), vec!["--store".into(), "sqlite://load.db".into()]),
         ];
         if reachable(&redis).await {
-            configs.push(("redis", vec!["--store".into(), redis.clone()]));
+            configs.push(("redis".into(), vec!["--store".into(), redis.clone()]));
         } else {
             eprintln!("Redis at {redis} unreachable: skipped");
         }
         if reachable(&pg).await {
-            configs.push(("postgres", vec!["--store".into(), pg.clone()]));
+            configs.push(("postgres".into(), vec!["--store".into(), pg.clone()]));
         } else {
             eprintln!("PostgreSQL unreachable: skipped");
         }
         // IDEM_LOAD_ONLY=memory,sqlite narrows the run (pass-through always runs).
         if let Ok(only) = std::env::var("IDEM_LOAD_ONLY") {
             let only: Vec<&str> = only.split(',').map(str::trim).collect();
-            configs.retain(|(name, _)| *name == "pass-through" || only.contains(name));
+            configs.retain(|(name, _)| name == "pass-through" || only.contains(&name.as_str()));
+        }
+        // IDEM_LOAD_EXTRA=name=URL,... adds stores under names of one's own.
+        for extra in std::env::var("IDEM_LOAD_EXTRA").unwrap_or_default().split(',') {
+            if let Some((name, url)) = extra.split_once('=') {
+                configs.push((name.trim().to_owned(), vec!["--store".into(), url.trim().to_owned()]));
+            }
         }
 
         println!(
@@ -333,13 +366,19 @@ fn main() {
         let mut gateways = Vec::new();
         for (name, args) in &configs {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            gateways.push((*name, gateway(up, &args, dir.path()).await));
+            gateways.push((name.as_str(), gateway(up, &args, dir.path()).await));
         }
         let mut rounds_out: Vec<Vec<Figures>> = Vec::new();
         for round in 1..=rounds {
             println!("round {round}:");
-            let mut this_round = Vec::new();
-            for (name, gw) in &gateways {
+            let mut this_round: Vec<Option<Figures>> = (0..gateways.len()).map(|_| None).collect();
+            // Each round starts one configuration further on, so that none always runs
+            // right after the same one (PostgreSQL, say, whose checkpoints and vacuum go
+            // on after its run).
+            for k in 0..gateways.len() {
+                let i = (k + round - 1) % gateways.len();
+                let (name, gw) = &gateways[i];
+                settle().await;
                 let f = run(name, gw, secs).await;
                 println!(
                     "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, driver+upstream {:>4.0} us, rest {:>4.0} us  machine {:>3.0}% busy  errors {}",
@@ -353,9 +392,9 @@ fn main() {
                     f.machine_busy,
                     f.errors
                 );
-                this_round.push(f);
+                this_round[i] = Some(f);
             }
-            rounds_out.push(this_round);
+            rounds_out.push(this_round.into_iter().map(|f| f.expect("every configuration ran")).collect());
         }
         drop(gateways);
 
