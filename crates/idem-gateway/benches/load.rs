@@ -330,7 +330,12 @@ fn main() {
             std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
         let mut configs: Vec<(String, Vec<String>)> = vec![
             ("pass-through".into(), vec!["--passthrough".into(), "--store".into(), "memory://".into()]),
-            ("memory".into(), vec!["--store".into(), "memory://".into()]),
+            // Room for every request of a long run: at the default bound of 100 000
+            // the store would be dropping records, work that is not the keyed path's.
+            (
+                "memory".into(),
+                vec!["--store".into(), "memory://?max_entries=2000000".into()],
+            ),
             ("sqlite".into(), vec!["--store".into(), "sqlite://load.db".into()]),
         ];
         if reachable(&redis).await {
