@@ -8,8 +8,9 @@
 //! else runs). The configurations run interleaved, `IDEM_LOAD_ROUNDS` rounds (default
 //! 3) of `IDEM_LOAD_SECS` seconds each (default 3, after a 1 s warm-up). Each round
 //! starts one configuration further on, and each run first waits for the machine to be
-//! quiet. The medians are reported, each ratio taken within a round, followed by what
-//! the SQLite and Redis targets allow in CPU time per request against what was spent.
+//! quiet. The medians are reported, each ratio taken within a round and followed by the
+//! rounds' lowest and highest, and then what the SQLite and Redis targets allow in CPU
+//! time per request against what was spent.
 //! `IDEM_LOAD_ONLY=memory,sqlite` runs only those stores (and pass-through), and
 //! `IDEM_LOAD_EXTRA=name=URL,...` adds stores under names of one's own, to compare
 //! settings in one run (`sqlite-off=sqlite://off.db?synchronous=off`, say).
@@ -415,11 +416,17 @@ fn main() {
             "medians over {rounds} rounds (ratio: this store's throughput / pass-through's in the same round):"
         );
         for (i, (name, _)) in configs.iter().enumerate() {
-            let ratio =
-                median(rounds_out.iter().map(|r| r[i].rps() / r[0].rps().max(1.0)).collect());
+            let ratios: Vec<f64> = rounds_out
+                .iter()
+                .map(|r| r[i].rps() / r[0].rps().max(1.0))
+                .collect();
+            // The spread shows how much of a difference between two runs is noise.
+            let lowest = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let highest = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let ratio = median(ratios);
             let target = target(name).map_or(String::new(), |t| format!("  (target >= {t:.2})"));
             println!(
-                "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, rest {:>4.0} us  ratio {:.2}{target}",
+                "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, rest {:>4.0} us  ratio {:.2} ({lowest:.2}-{highest:.2}){target}",
                 name,
                 col(i, &|f| f.rps()),
                 col(i, &|f| f.p50.as_secs_f64() * 1e3),
