@@ -1,6 +1,8 @@
 //! Load run: the real `idem` binary in front of a trivial upstream, idempotency off
 //! (`--passthrough`) against on (memory, SQLite, Redis, PostgreSQL when reachable), at
-//! 64 keep-alive connections, every request a POST with its own fresh key.
+//! 64 keep-alive connections (`IDEM_LOAD_CONNECTIONS` sets another number; 1 gives the
+//! latency a keyed request adds when nothing queues), every request a POST with its own
+//! fresh key.
 //!
 //! Prints requests/s, p50 and p99 latency per configuration and each one's throughput
 //! as a ratio of pass-through, and CPU time per request: the gateway's, this process's
@@ -38,6 +40,7 @@ use idem_core::testing::cpu_time;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+/// Keep-alive connections, unless `IDEM_LOAD_CONNECTIONS` says otherwise.
 const CONNECTIONS: usize = 64;
 const BODY: &str = r#"{"amount":100,"currency":"eur","customer":"cus_123"}"#;
 
@@ -205,12 +208,12 @@ async fn connection(
     (latencies, errors)
 }
 
-async fn run(name: &str, gw: &Gateway, secs: u64) -> Figures {
+async fn run(name: &str, gw: &Gateway, connections: usize, secs: u64) -> Figures {
     let addr = gw.addr;
     let warm = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let run_id = uuid::Uuid::new_v4().simple().to_string();
-    let tasks: Vec<_> = (0..CONNECTIONS)
+    let tasks: Vec<_> = (0..connections)
         .map(|c| {
             tokio::spawn(connection(
                 addr,
@@ -300,6 +303,12 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    // IDEM_LOAD_CONNECTIONS=1: the latency a keyed request adds when nothing queues.
+    let connections: usize = std::env::var("IDEM_LOAD_CONNECTIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(CONNECTIONS)
+        .max(1);
     let secs: u64 = std::env::var("IDEM_LOAD_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -362,7 +371,7 @@ fn main() {
         }
 
         println!(
-            "idem load run: {CONNECTIONS} connections, POST with a fresh key per request, \
+            "idem load run: {connections} connections, POST with a fresh key per request, \
              {rounds} rounds of {secs}s per configuration, upstream work {} us per request",
             work.as_micros()
         );
@@ -385,7 +394,7 @@ fn main() {
                 let i = (k + round - 1) % gateways.len();
                 let (name, gw) = &gateways[i];
                 settle().await;
-                let f = run(name, gw, secs).await;
+                let f = run(name, gw, connections, secs).await;
                 println!(
                     "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, driver+upstream {:>4.0} us, rest {:>4.0} us  machine {:>3.0}% busy  errors {}",
                     f.name,
