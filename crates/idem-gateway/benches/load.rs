@@ -18,7 +18,8 @@
 //! settings in one run (`sqlite-off=sqlite://off.db?synchronous=off`, say).
 //! `IDEM_LOAD_UPSTREAM_US=200` makes the upstream spend that much CPU per request, as an
 //! API with work of its own does (default none: the harshest case, where the gateway's
-//! own cost is all there is).
+//! own cost is all there is); a list (`0,100,200`) runs the whole load once per value
+//! and ends with every run's ratios side by side.
 //!
 //! ```text
 //! cargo bench -p idem-gateway --bench load
@@ -324,29 +325,29 @@ fn main() {
         .build()
         .unwrap();
     // IDEM_LOAD_UPSTREAM_US=200: the upstream spends that much CPU per request, as an
-    // API with work of its own does; the default, none, is the harshest case.
-    let work = Duration::from_micros(
-        std::env::var("IDEM_LOAD_UPSTREAM_US")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0),
-    );
+    // API with work of its own does; the default, none, is the harshest case. A list
+    // (0,100,200) runs each in turn and ends with the ratios side by side.
+    let works = upstream_works(&std::env::var("IDEM_LOAD_UPSTREAM_US").unwrap_or_default());
     rt.block_on(async move {
-        let up = upstream(work).await;
-        let dir = tempfile::tempdir().unwrap();
         let pg = std::env::var("IDEM_TEST_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-        let redis =
-            std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let redis = std::env::var("IDEM_TEST_REDIS_URL")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
         let mut configs: Vec<(String, Vec<String>)> = vec![
-            ("pass-through".into(), vec!["--passthrough".into(), "--store".into(), "memory://".into()]),
+            (
+                "pass-through".into(),
+                vec!["--passthrough".into(), "--store".into(), "memory://".into()],
+            ),
             // Room for every request of a long run: at the default bound of 100 000
             // the store would be dropping records, work that is not the keyed path's.
             (
                 "memory".into(),
                 vec!["--store".into(), "memory://?max_entries=2000000".into()],
             ),
-            ("sqlite".into(), vec!["--store".into(), "sqlite://load.db".into()]),
+            (
+                "sqlite".into(),
+                vec!["--store".into(), "sqlite://load.db".into()],
+            ),
         ];
         if reachable(&redis).await {
             configs.push(("redis".into(), vec!["--store".into(), redis.clone()]));
@@ -364,111 +365,193 @@ fn main() {
             configs.retain(|(name, _)| name == "pass-through" || only.contains(&name.as_str()));
         }
         // IDEM_LOAD_EXTRA=name=URL,... adds stores under names of one's own.
-        for extra in std::env::var("IDEM_LOAD_EXTRA").unwrap_or_default().split(',') {
+        for extra in std::env::var("IDEM_LOAD_EXTRA")
+            .unwrap_or_default()
+            .split(',')
+        {
             if let Some((name, url)) = extra.split_once('=') {
-                configs.push((name.trim().to_owned(), vec!["--store".into(), url.trim().to_owned()]));
+                configs.push((
+                    name.trim().to_owned(),
+                    vec!["--store".into(), url.trim().to_owned()],
+                ));
             }
         }
 
-        println!(
-            "idem load run: {connections} connections, POST with a fresh key per request, \
-             {rounds} rounds of {secs}s per configuration, upstream work {} us per request",
-            work.as_micros()
-        );
-        // Every gateway runs for the whole load run; the rounds interleave them so that
-        // other load on the machine hits every configuration alike, and each round's
-        // ratio compares figures taken seconds apart.
-        let mut gateways = Vec::new();
-        for (name, args) in &configs {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            gateways.push((name.as_str(), gateway(up, &args, dir.path()).await));
+        let mut by_work = Vec::new();
+        for &work in &works {
+            let ratios = load_run(&configs, work, connections, secs, rounds).await;
+            by_work.push((work, ratios));
         }
-        let mut rounds_out: Vec<Vec<Figures>> = Vec::new();
-        for round in 1..=rounds {
-            println!("round {round}:");
-            let mut this_round: Vec<Option<Figures>> = (0..gateways.len()).map(|_| None).collect();
-            // Each round starts one configuration further on, so that none always runs
-            // right after the same one (PostgreSQL, say, whose checkpoints and vacuum go
-            // on after its run).
-            for k in 0..gateways.len() {
-                let i = (k + round - 1) % gateways.len();
-                let (name, gw) = &gateways[i];
-                settle().await;
-                let f = run(name, gw, connections, secs).await;
-                println!(
-                    "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, driver+upstream {:>4.0} us, rest {:>4.0} us  machine {:>3.0}% busy  errors {}",
-                    f.name,
-                    f.rps(),
-                    f.p50.as_secs_f64() * 1e3,
-                    f.p99.as_secs_f64() * 1e3,
-                    f.cpu_us,
-                    f.driver_us,
-                    f.others_us,
-                    f.machine_busy,
-                    f.errors
-                );
-                this_round[i] = Some(f);
-            }
-            rounds_out.push(this_round.into_iter().map(|f| f.expect("every configuration ran")).collect());
-        }
-        drop(gateways);
-
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        // The median over the rounds of a figure of configuration `i`.
-        let col = |i: usize, f: &dyn Fn(&Figures) -> f64| {
-            median(rounds_out.iter().map(|r| f(&r[i])).collect())
-        };
-        println!(
-            "medians over {rounds} rounds (ratio: this store's throughput / pass-through's in the same round):"
-        );
-        for (i, (name, _)) in configs.iter().enumerate() {
-            let ratios: Vec<f64> = rounds_out
-                .iter()
-                .map(|r| r[i].rps() / r[0].rps().max(1.0))
-                .collect();
-            // The spread shows how much of a difference between two runs is noise.
-            let lowest = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-            let highest = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let ratio = median(ratios);
-            let target = target(name).map_or(String::new(), |t| format!("  (target >= {t:.2})"));
-            println!(
-                "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, rest {:>4.0} us  ratio {:.2} ({lowest:.2}-{highest:.2}){target}",
-                name,
-                col(i, &|f| f.rps()),
-                col(i, &|f| f.p50.as_secs_f64() * 1e3),
-                col(i, &|f| f.p99.as_secs_f64() * 1e3),
-                col(i, &|f| f.cpu_us),
-                col(i, &|f| f.others_us),
-                ratio,
-            );
-        }
-
-        // What the targets allow, in CPU time: with every core busy, throughput goes as
-        // the inverse of the CPU the whole machine spends per request, so a ratio r
-        // allows a keyed request 1/r of pass-through's total.
-        let pass_total = col(0, &|f| f.driver_us + f.cpu_us + f.others_us);
-        let mut heading = false;
-        for (i, (name, _)) in configs.iter().enumerate() {
-            let Some(target) = target(name) else {
-                continue;
-            };
-            if !heading {
-                println!(
-                    "CPU budget at the targets: pass-through costs the machine {pass_total:.0} us per request in all"
-                );
-                heading = true;
-            }
-            let allowed = pass_total / target;
-            let driver = col(i, &|f| f.driver_us);
-            let budget = allowed - driver;
-            let spent = col(i, &|f| f.cpu_us + f.others_us);
-            let busy = col(i, &|f| f.machine_busy);
-            println!(
-                "  {name:<13} {target:.2} allows {allowed:.0} us; less the driver and upstream's {driver:.0} us, the gateway and its store server may spend {budget:.0} us, and spent {spent:.0} us (machine {busy:.0}% busy)",
-            );
+        if by_work.len() > 1 {
+            print_by_work(&by_work);
         }
     });
+}
+
+/// The ratios of one load run: per configuration, the median of the rounds' ratios to
+/// pass-through, then the lowest and highest.
+type Ratios = Vec<(String, f64, f64, f64)>;
+
+/// One load run of every configuration in `configs` against an upstream that spends
+/// `work` per request: prints the rounds, the medians and the CPU budget at the targets,
+/// and returns the ratios.
+async fn load_run(
+    configs: &[(String, Vec<String>)],
+    work: Duration,
+    connections: usize,
+    secs: u64,
+    rounds: usize,
+) -> Ratios {
+    let up = upstream(work).await;
+    // A directory of its own per run: each run's SQLite files start empty.
+    let dir = tempfile::tempdir().unwrap();
+    println!(
+        "idem load run: {connections} connections, POST with a fresh key per request, \
+         {rounds} rounds of {secs}s per configuration, upstream work {} us per request",
+        work.as_micros()
+    );
+    // Every gateway runs for the whole load run; the rounds interleave them so that
+    // other load on the machine hits every configuration alike, and each round's
+    // ratio compares figures taken seconds apart.
+    let mut gateways = Vec::new();
+    for (name, args) in configs {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        gateways.push((name.as_str(), gateway(up, &args, dir.path()).await));
+    }
+    let mut rounds_out: Vec<Vec<Figures>> = Vec::new();
+    for round in 1..=rounds {
+        println!("round {round}:");
+        let mut this_round: Vec<Option<Figures>> = (0..gateways.len()).map(|_| None).collect();
+        // Each round starts one configuration further on, so that none always runs
+        // right after the same one (PostgreSQL, say, whose checkpoints and vacuum go
+        // on after its run).
+        for k in 0..gateways.len() {
+            let i = (k + round - 1) % gateways.len();
+            let (name, gw) = &gateways[i];
+            settle().await;
+            let f = run(name, gw, connections, secs).await;
+            println!(
+                "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, driver+upstream {:>4.0} us, rest {:>4.0} us  machine {:>3.0}% busy  errors {}",
+                f.name,
+                f.rps(),
+                f.p50.as_secs_f64() * 1e3,
+                f.p99.as_secs_f64() * 1e3,
+                f.cpu_us,
+                f.driver_us,
+                f.others_us,
+                f.machine_busy,
+                f.errors
+            );
+            this_round[i] = Some(f);
+        }
+        rounds_out.push(
+            this_round
+                .into_iter()
+                .map(|f| f.expect("every configuration ran"))
+                .collect(),
+        );
+    }
+    drop(gateways);
+
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    // The median over the rounds of a figure of configuration `i`.
+    let col = |i: usize, f: &dyn Fn(&Figures) -> f64| {
+        median(rounds_out.iter().map(|r| f(&r[i])).collect())
+    };
+    let mut out = Vec::new();
+    println!(
+        "medians over {rounds} rounds (ratio: this store's throughput / pass-through's in the same round):"
+    );
+    for (i, (name, _)) in configs.iter().enumerate() {
+        let ratios: Vec<f64> = rounds_out
+            .iter()
+            .map(|r| r[i].rps() / r[0].rps().max(1.0))
+            .collect();
+        // The spread shows how much of a difference between two runs is noise.
+        let lowest = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let highest = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let ratio = median(ratios);
+        out.push((name.clone(), ratio, lowest, highest));
+        let target = target(name).map_or(String::new(), |t| format!("  (target >= {t:.2})"));
+        println!(
+            "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, rest {:>4.0} us  ratio {:.2} ({lowest:.2}-{highest:.2}){target}",
+            name,
+            col(i, &|f| f.rps()),
+            col(i, &|f| f.p50.as_secs_f64() * 1e3),
+            col(i, &|f| f.p99.as_secs_f64() * 1e3),
+            col(i, &|f| f.cpu_us),
+            col(i, &|f| f.others_us),
+            ratio,
+        );
+    }
+
+    // What the targets allow, in CPU time: with every core busy, throughput goes as
+    // the inverse of the CPU the whole machine spends per request, so a ratio r
+    // allows a keyed request 1/r of pass-through's total.
+    let pass_total = col(0, &|f| f.driver_us + f.cpu_us + f.others_us);
+    let mut heading = false;
+    for (i, (name, _)) in configs.iter().enumerate() {
+        let Some(target) = target(name) else {
+            continue;
+        };
+        if !heading {
+            println!(
+                "CPU budget at the targets: pass-through costs the machine {pass_total:.0} us per request in all"
+            );
+            heading = true;
+        }
+        let allowed = pass_total / target;
+        let driver = col(i, &|f| f.driver_us);
+        let budget = allowed - driver;
+        let spent = col(i, &|f| f.cpu_us + f.others_us);
+        let busy = col(i, &|f| f.machine_busy);
+        println!(
+            "  {name:<13} {target:.2} allows {allowed:.0} us; less the driver and upstream's {driver:.0} us, the gateway and its store server may spend {budget:.0} us, and spent {spent:.0} us (machine {busy:.0}% busy)",
+        );
+    }
+    out
+}
+
+/// The upstream's CPU time per request for each run, from `IDEM_LOAD_UPSTREAM_US`'s
+/// comma-separated microseconds; none when unset.
+fn upstream_works(var: &str) -> Vec<Duration> {
+    let works: Vec<Duration> = var
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            let us = s.trim().parse().unwrap_or_else(|_| {
+                panic!("IDEM_LOAD_UPSTREAM_US: {s:?} is not a number of microseconds")
+            });
+            Duration::from_micros(us)
+        })
+        .collect();
+    if works.is_empty() {
+        vec![Duration::ZERO]
+    } else {
+        works
+    }
+}
+
+/// The ratios of every run side by side: a row per upstream work, a column per store.
+fn print_by_work(by_work: &[(Duration, Ratios)]) {
+    println!("ratios to pass-through by upstream work (median, lowest-highest):");
+    let names: Vec<&str> = by_work[0].1.iter().skip(1).map(|r| r.0.as_str()).collect();
+    let mut heading = format!("  {:<12}", "upstream us");
+    for name in &names {
+        heading.push_str(&format!("  {name:<17}"));
+    }
+    println!("{}", heading.trim_end());
+    for (work, ratios) in by_work {
+        let mut row = format!("  {:<12}", work.as_micros());
+        for (_, ratio, lowest, highest) in ratios.iter().skip(1) {
+            row.push_str(&format!(
+                "  {:<17}",
+                format!("{ratio:.2} ({lowest:.2}-{highest:.2})")
+            ));
+        }
+        println!("{}", row.trim_end());
+    }
 }
