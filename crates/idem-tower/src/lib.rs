@@ -77,9 +77,12 @@
 //!   else the path.
 //! - The body is buffered up to the limit (default 1 MiB; over it: 413 `body-too-large`,
 //!   nothing reserved) and fingerprinted over the method, the request target (path and
-//!   query) and the body, JSON normalised. The fingerprint takes the concrete path, not
-//!   the template: a key reused on `/orders/2/capture` after `/orders/1/capture` is a
-//!   422, never order 1's replay.
+//!   query) and the body, JSON normalised. A body in the `gzip` or `deflate` content
+//!   coding is fingerprinted by its decoded content (up to the same limit; a body whose
+//!   coding is another, or that does not decode, by its bytes), so a retry that a client
+//!   compressed afresh matches; the handler gets the body as sent. The fingerprint
+//!   takes the concrete path, not the template: a key reused on `/orders/2/capture`
+//!   after `/orders/1/capture` is a 422, never order 1's replay.
 //! - The store's atomic reserve then decides, through [`idem_core::decide`]:
 //!
 //! | record                        | answer                                                    |
@@ -171,6 +174,7 @@
 //!   from its head and streams through unread, at any size.
 
 mod body;
+mod coding;
 mod config;
 mod context;
 mod execution;

@@ -236,8 +236,14 @@ fn endpoint(method: &Method, template: &str) -> Endpoint {
 
 /// The request's fingerprint (SPEC S4) over `METHOD request-target`: the concrete path
 /// and query, so that a key reused on `/orders/2/capture` is a mismatch, never order 1's
-/// replay.
-fn fingerprint(parts: &Parts, body: &[u8], options: &FingerprintOptions) -> Fingerprint {
+/// replay. A compressed body is fingerprinted by its content, up to `limit` bytes of it
+/// (see [`coding`](crate::coding)).
+fn fingerprint(
+    parts: &Parts,
+    body: &[u8],
+    limit: usize,
+    options: &FingerprintOptions,
+) -> Fingerprint {
     let method = parts.method.as_str();
     let target = parts
         .uri
@@ -251,6 +257,8 @@ fn fingerprint(parts: &Parts, body: &[u8], options: &FingerprintOptions) -> Fing
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
+    let content = crate::coding::decoded(&parts.headers, body, limit);
+    let body = content.as_deref().unwrap_or(body);
     Fingerprint::compute(method, &request_target, content_type, body, options)
 }
 
@@ -327,7 +335,7 @@ where
             }
         };
         let options = plan.fingerprint.as_ref().unwrap_or(&config.fingerprint);
-        let fingerprint = fingerprint(&parts, &bytes, options);
+        let fingerprint = fingerprint(&parts, &bytes, config.body_limit, options);
         let request = ReserveRequest::new(plan.scope, fingerprint)
             .ttl(plan.ttl)
             .lease(plan.lease);

@@ -64,6 +64,7 @@ for_each_store!(
     slow_body_is_408_and_nothing_reserved,
     semantically_equal_json_replays,
     changed_amount_is_422,
+    compressed_bodies_are_fingerprinted_by_content,
     ignored_json_pointer_is_left_out,
     // S5: the decision table
     first_request_executes_and_records,
@@ -319,6 +320,50 @@ async fn changed_amount_is_422(kind: StoreKind) {
     let reply = app.post("/orders").key("k-amt").json(changed).send().await;
     reply.assert_problem(422, "key-reused");
     assert!(!reply.is_replay());
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+/// `body` gzipped with `mtime` in its header, as Python's `gzip.compress` writes the
+/// current second there.
+fn gzip(body: &str, mtime: u32, level: u32) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::GzBuilder::new()
+        .mtime(mtime)
+        .write(Vec::new(), flate2::Compression::new(level));
+    e.write_all(body.as_bytes()).unwrap();
+    e.finish().unwrap()
+}
+
+async fn compressed_bodies_are_fingerprinted_by_content(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let send = |body: Vec<u8>, coding: Option<&'static str>| {
+        let mut call = app
+            .post("/orders")
+            .key("k-gz")
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(coding) = coding {
+            call = call.header("content-encoding", coding);
+        }
+        call.send()
+    };
+    let first = send(gzip(ORDER, 1_796_140_000, 6), Some("gzip")).await;
+    assert_eq!(first.status, 201);
+    // Compressed afresh a second later, at another level, keys in another order: the
+    // same content, so a replay.
+    let reordered = r#"{"qty":2,"amount":100,"sku":"tea"}"#;
+    let retry = send(gzip(reordered, 1_796_140_001, 9), Some("gzip")).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.is_replay());
+    assert_eq!(retry.body, first.body);
+    // Not compressed at all: still the same content.
+    let plain = send(ORDER.as_bytes().to_vec(), None).await;
+    assert!(plain.is_replay());
+    // Other content, however compressed, is another payload.
+    let changed = gzip(r#"{"sku":"tea","qty":2,"amount":1000}"#, 1_796_140_002, 6);
+    send(changed, Some("gzip"))
+        .await
+        .assert_problem(422, "key-reused");
     assert_eq!(count(&app.counters.orders), 1);
 }
 

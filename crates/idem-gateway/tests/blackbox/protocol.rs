@@ -398,6 +398,57 @@ async fn equal_json_in_another_spelling_replays() {
     assert_eq!(s.up.started(&key), 1);
 }
 
+/// A client that compresses each attempt afresh sends other bytes on its retry:
+/// Python's `gzip.compress` writes the current second into the gzip header. The content
+/// is the same, so it is a replay; other content is a 422; and the upstream gets the
+/// body as the client sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_retry_replays_and_the_upstream_gets_the_bytes_as_sent() {
+    let gzip = |json: &str, mtime: u32| {
+        use std::io::Write;
+        let mut e = flate2::GzBuilder::new()
+            .mtime(mtime)
+            .write(Vec::new(), flate2::Compression::default());
+        e.write_all(json.as_bytes()).unwrap();
+        e.finish().unwrap()
+    };
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let headers = [
+        ("idempotency-key", key.as_str()),
+        ("content-type", "application/json"),
+        ("content-encoding", "gzip"),
+    ];
+    let json = r#"{"amount":100,"currency":"eur"}"#;
+    let sent = gzip(json, 1_796_140_000);
+    let first = s.http.send("POST", &url, &headers, sent.clone()).await;
+    assert_eq!(first.status, 201);
+    let again = s
+        .http
+        .send("POST", &url, &headers, gzip(json, 1_796_140_001))
+        .await;
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(again.body, first.body);
+    let other = gzip(r#"{"amount":999,"currency":"eur"}"#, 1_796_140_002);
+    let changed = s.http.send("POST", &url, &headers, other).await;
+    assert_eq!(changed.status, 422);
+
+    assert_eq!(s.up.started(&key), 1);
+    let seen: Vec<_> =
+        s.up.seen()
+            .into_iter()
+            .filter(|r| {
+                r.headers
+                    .get("idempotency-key")
+                    .is_some_and(|k| k == key.as_str())
+            })
+            .collect();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body, sent);
+    assert_eq!(seen[0].headers["content-encoding"], "gzip");
+}
+
 /// An upload retried as curl `-F` or Python's `requests` retry it: the same form under
 /// a new random boundary. It is the same request (replayed); a changed file is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
