@@ -181,6 +181,41 @@ mod tests {
         assert_eq!(decoded(&headers, &body, 1024), None);
     }
 
+    proptest::proptest! {
+        /// Whatever a client sends under a coding, arbitrary bytes or a compressed body
+        /// with one byte changed, the answer is content within the limit or nothing,
+        /// and never a panic.
+        #[test]
+        fn any_bytes_decode_within_the_limit_or_not_at_all(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+            flip in proptest::prelude::any::<(usize, u8)>(),
+            coding in proptest::sample::select(vec!["gzip", "deflate", "gzip, deflate"]),
+            limit in 0usize..2048,
+        ) {
+            let mut damaged = gzip(&bytes, 0, 6);
+            let at = flip.0 % damaged.len();
+            damaged[at] ^= flip.1;
+            for body in [&bytes, &damaged] {
+                if let Some(content) = decoded(&encoded(&[coding]), body, limit) {
+                    proptest::prop_assert!(content.len() <= limit);
+                }
+            }
+        }
+
+        /// Any content, compressed at any level with any header time, decodes to
+        /// itself.
+        #[test]
+        fn any_content_round_trips(
+            content in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..3000),
+            mtime in proptest::prelude::any::<u32>(),
+            level in 0u32..=9,
+        ) {
+            let body = gzip(&content, mtime, level);
+            let got = decoded(&encoded(&["gzip"]), &body, content.len());
+            proptest::prop_assert_eq!(got, Some(content));
+        }
+    }
+
     #[test]
     fn content_past_the_limit_is_not_decoded_further() {
         // 16 MiB of zeros compress to about 16 KiB: decoding stops one byte past the
