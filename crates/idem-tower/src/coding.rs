@@ -63,7 +63,7 @@ impl Coding {
         }
     }
 
-    /// `coded` decoded, if it decodes whole to at most `limit` bytes.
+    /// `coded` decoded, if it decodes without error to at most `limit` bytes.
     fn undo(self, coded: &[u8], limit: usize) -> Option<Vec<u8>> {
         match self {
             // A gzip body may hold several members, one after the other.
