@@ -96,7 +96,7 @@ fn bench(c: &mut Criterion) {
 
     let scope = Scope::new(
         ScopeMode::Public,
-        Tenant::from_credential(b"Bearer sk_test"),
+        Tenant::new("hmac-sha256:0000000000000000000000000000000000000000000000000000000000000000"),
         Endpoint::new("POST", "/v1/orders"),
         Key::new("8e03978e-40d5-43e8-bc93-6894a57f9324").expect("key"),
     );

@@ -20,8 +20,10 @@
 //! let store = MemoryStore::new();
 //! let key = Key::parse(b"\"8e03978e-40d5-43e8-bc93-6894a57f9324\"").unwrap();
 //! let endpoint = Endpoint::new("POST", "/v1/charges");
-//! let scope = Scope::new(ScopeMode::Public, Tenant::from_credential(b"Bearer sk_1"),
-//!     endpoint.clone(), key);
+//! // The tenant: an HMAC of the credential under the store's secret (SPEC S3).
+//! let tenants = TenantKey::from_store(&store).await.unwrap();
+//! let tenant = tenants.credential("authorization", b"Bearer sk_1");
+//! let scope = Scope::new(ScopeMode::Public, tenant, endpoint.clone(), key);
 //! let body = br#"{"amount":100}"#;
 //! let fp = Fingerprint::compute("POST", endpoint.as_str(), Some("application/json"),
 //!     body, &FingerprintOptions::default());
@@ -59,6 +61,7 @@ mod scope;
 mod store;
 #[cfg(feature = "sweeper")]
 mod sweeper;
+mod tenant;
 #[cfg(feature = "testing")]
 pub mod testing;
 #[cfg(feature = "tokio")]
@@ -77,6 +80,10 @@ pub use scope::{Endpoint, Scope, ScopeMode, Tenant};
 pub use store::{MetricKind, Result, Store, StoreError, StoreMetric};
 #[cfg(feature = "sweeper")]
 pub use sweeper::{Sweeper, SweeperConfig, sweep_once};
+pub use tenant::{
+    MIN_TENANT_SECRET_LEN, TENANT_PREFIX, TENANT_SECRET_NAME, TenantHasher, TenantKey,
+    TenantSecretError,
+};
 #[cfg(feature = "tokio")]
 pub use unconfirmed::{
     MAX_UNCONFIRMED_RELEASES, UNCONFIRMED_RELEASE_PAUSES, release_unconfirmed,

@@ -61,6 +61,8 @@ struct Shards {
     evictions: AtomicU64,
     /// Whether the first such drop has been logged.
     warned: AtomicBool,
+    /// [`Store::init_secret`]'s secrets: apart from the records, never evicted.
+    secrets: Mutex<HashMap<String, Vec<u8>>>,
 }
 
 impl Shards {
@@ -72,6 +74,7 @@ impl Shards {
             max_entries,
             evictions: AtomicU64::new(0),
             warned: AtomicBool::new(false),
+            secrets: Mutex::default(),
         }
     }
 
@@ -392,6 +395,19 @@ impl Store for MemoryStore {
 
     async fn ping(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// Kept in the process, with the records: a restart generates another.
+    async fn init_secret(&self, name: &str, candidate: &[u8]) -> Result<Vec<u8>> {
+        let mut secrets = self
+            .shards
+            .secrets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        Ok(secrets
+            .entry(name.to_owned())
+            .or_insert_with(|| candidate.to_vec())
+            .clone())
     }
 
     fn metrics(&self) -> Vec<StoreMetric> {

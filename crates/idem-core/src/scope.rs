@@ -10,8 +10,9 @@ use crate::Key;
 
 /// The party a key belongs to. Two tenants never see each other's records.
 ///
-/// Built from a credential with [`Tenant::from_credential`], which keeps only a SHA-256
-/// digest, or from an already-trusted identifier with [`Tenant::new`].
+/// Built from credentials with a [`TenantKey`](crate::TenantKey), which keeps only an
+/// HMAC-SHA256 under a deployment secret (`hmac-sha256:<hex>`), or from an
+/// already-trusted identifier with [`Tenant::new`].
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tenant(String);
 
@@ -23,14 +24,6 @@ impl Tenant {
     /// an authenticated session, say). The name is stored as given.
     pub fn new(name: impl Into<String>) -> Tenant {
         Tenant(name.into())
-    }
-
-    /// The tenant of a credential (an `Authorization` header value, an API key).
-    ///
-    /// Only `sha256:` plus the hex SHA-256 digest is kept: the raw credential is never
-    /// stored or logged.
-    pub fn from_credential(credential: &[u8]) -> Tenant {
-        Tenant(hex_digest("sha256:", &Sha256::digest(credential)))
     }
 
     /// The tenant of requests without a credential.
@@ -188,7 +181,7 @@ impl Scope {
 /// `prefix` followed by the lowercase hex digits of a SHA-256 `digest`, in one
 /// allocation (`hex::encode` pushes its digits one `char` at a time, which cost more
 /// than the hashing on the Redis store's path).
-fn hex_digest(prefix: &str, digest: &[u8]) -> String {
+pub(crate) fn hex_digest(prefix: &str, digest: &[u8]) -> String {
     let mut hex = [0u8; 64];
     hex::encode_to_slice(digest, &mut hex).expect("64 hex digits for 32 bytes");
     let mut out = String::with_capacity(prefix.len() + hex.len());
@@ -200,15 +193,6 @@ fn hex_digest(prefix: &str, digest: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn credential_is_hashed_not_kept() {
-        let t = Tenant::from_credential(b"Bearer sk_live_secret");
-        assert!(t.as_str().starts_with("sha256:"));
-        assert!(!t.as_str().contains("secret"));
-        assert_eq!(t, Tenant::from_credential(b"Bearer sk_live_secret"));
-        assert_ne!(t, Tenant::from_credential(b"Bearer sk_live_other"));
-    }
 
     #[test]
     fn internal_mode_drops_endpoint() {
@@ -242,17 +226,29 @@ mod tests {
         assert_ne!(c.digest(), d.digest());
     }
 
-    /// Redis keeps each record under its scope's digest, and a tenant named by a
-    /// credential is stored by its hash: a release that spelled either differently would
-    /// lose every stored record. The expected values were computed apart from this
-    /// code, from the layout the docs give (each part's length as a big-endian `u64`,
-    /// then its bytes; lowercase hex).
+    /// Redis keeps each record under its scope's digest, and a tenant named by
+    /// credentials is stored by its HMAC: a release that spelled either differently
+    /// would lose every stored record. The expected values were computed apart from
+    /// this code, from the layouts the docs give (each part's length as a big-endian
+    /// `u64`, then its bytes; lowercase hex; the tenant's HMAC input as
+    /// [`TenantHasher`](crate::TenantHasher) documents it). The tenant is keyed by a
+    /// secret since before the first release; the scope digest's layout is unchanged.
     #[test]
     fn digests_are_stable_across_releases() {
-        let tenant = Tenant::from_credential(b"Bearer sk_live_secret");
+        let key = crate::TenantKey::new(&[0x42; 32]).unwrap();
+        let tenant = key.credential("authorization", b"Bearer sk_live_secret");
         assert_eq!(
             tenant.as_str(),
-            "sha256:491a75c1d51006417c20cc1082ede18985505a92f9b42ec1a53ce63dc20b1779"
+            "hmac-sha256:1332d0dc777cfe968fe915a36e7f6948684dbcc48711bc0a658ce922e5bf6da8"
+        );
+        let keyed = Scope::from_parts(
+            tenant,
+            Some(Endpoint::new("post", "/v1/charges")),
+            Key::new("k-1").unwrap(),
+        );
+        assert_eq!(
+            keyed.digest(),
+            "1d58245f9d22dec5ca281697d588471d6b3c48a92c2c1d5ea39fcd2dadff185e"
         );
         let scope = Scope::from_parts(
             Tenant::new("acct_1"),

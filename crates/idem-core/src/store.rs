@@ -138,6 +138,17 @@ pub trait Store: Send + Sync + 'static {
     /// Checks that the store answers (readiness).
     async fn ping(&self) -> Result<()>;
 
+    /// Stores `candidate` as the secret `name` unless one is stored already, and
+    /// returns the stored one, in one atomic step: of any number of callers at once,
+    /// on any number of instances sharing the store, all get the same value (SPEC S3:
+    /// the tenant secret, see [`TenantKey::from_store`](crate::TenantKey::from_store)).
+    ///
+    /// A secret is kept apart from the records, never expires, and is never deleted
+    /// by [`purge_expired`](Self::purge_expired), [`remove`](Self::remove) or a
+    /// sweeper: losing it would make every stored tenant unreachable. A store that
+    /// persists its records keeps its secrets as durably.
+    async fn init_secret(&self, name: &str, candidate: &[u8]) -> Result<Vec<u8>>;
+
     /// Finishes the store's background work and closes its connections, for a clean
     /// stop once nothing else will call it. A store may refuse every operation after it
     /// (answering [`StoreError::Unavailable`]); one with nothing to finish does nothing,
@@ -178,6 +189,9 @@ macro_rules! forward_store {
             }
             async fn ping(&self) -> Result<()> {
                 (**self).ping().await
+            }
+            async fn init_secret(&self, name: &str, candidate: &[u8]) -> Result<Vec<u8>> {
+                (**self).init_secret(name, candidate).await
             }
             async fn close(&self) {
                 (**self).close().await

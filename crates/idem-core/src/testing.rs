@@ -47,7 +47,8 @@ macro_rules! store_contract_tests {
             expired_record_counts_as_absent,
             purge_removes_only_expired_in_bounded_batches,
             scopes_never_collide,
-            get_and_remove_show_and_delete_records
+            get_and_remove_show_and_delete_records,
+            secret_is_stored_once_and_never_purged
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -802,6 +803,60 @@ pub mod cases {
                 .complete(&lease, &StoredResponse::new(200, "old"))
                 .await,
             "complete after expiry",
+        );
+    }
+
+    /// 32 tasks offer different secrets under one name at once: every one gets the same
+    /// value back, one of those offered, and later callers get it too. A purge after
+    /// every record's expiry leaves it, and another name is a secret of its own.
+    pub async fn secret_is_stored_once_and_never_purged<S: Store>(store: S, clock: ManualClock) {
+        let store = Arc::new(store);
+        let name = crate::TENANT_SECRET_NAME;
+        let barrier = Arc::new(tokio::sync::Barrier::new(32));
+        let candidates: Vec<Vec<u8>> = (0..32u8).map(|i| vec![i; 32]).collect();
+        let tasks: Vec<_> = candidates
+            .iter()
+            .cloned()
+            .map(|candidate| {
+                let (store, barrier) = (store.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store
+                        .init_secret(name, &candidate)
+                        .await
+                        .expect("init_secret")
+                })
+            })
+            .collect();
+        let mut got = HashSet::new();
+        for t in tasks {
+            got.insert(t.await.expect("task"));
+        }
+        assert_eq!(got.len(), 1, "callers at once got different secrets");
+        let stored = got.into_iter().next().expect("one secret");
+        assert!(candidates.contains(&stored), "the secret is one offered");
+        assert_eq!(
+            store.init_secret(name, &[0xff; 32]).await.expect("again"),
+            stored,
+            "a later caller gets the stored secret"
+        );
+        let other = store
+            .init_secret("other", &[0xee; 40])
+            .await
+            .expect("other");
+        assert_eq!(other, vec![0xee; 40], "another name is its own secret");
+
+        let lease = acquire(&*store, &request(&test_scope("/secret", "k"), "{}")).await;
+        store.complete(&lease, &response()).await.expect("complete");
+        clock.advance(TTL * 3);
+        while store.purge_expired(100).await.expect("purge") > 0 {}
+        assert_eq!(
+            store
+                .init_secret(name, &[0xfe; 32])
+                .await
+                .expect("after purge"),
+            stored,
+            "a purge deleted the secret"
         );
     }
 

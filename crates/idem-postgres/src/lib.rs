@@ -26,7 +26,7 @@
 //!
 //! ```no_run
 //! use idem_core::{Endpoint, Fingerprint, Key, Reservation, ReserveRequest, Scope,
-//!     ScopeMode, Store, StoredResponse, Tenant};
+//!     ScopeMode, Store, StoredResponse, TenantKey};
 //! use idem_postgres::PgStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -34,7 +34,9 @@
 //! let store = PgStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
 //!
 //! let endpoint = Endpoint::new("POST", "/v1/charges");
-//! let scope = Scope::new(ScopeMode::Public, Tenant::from_credential(b"Bearer sk_1"),
+//! // The tenant: an HMAC of the credential under the secret the store keeps.
+//! let tenant = TenantKey::from_store(&store).await?.credential("authorization", b"Bearer sk_1");
+//! let scope = Scope::new(ScopeMode::Public, tenant,
 //!     endpoint.clone(), Key::new("8e03978e-40d5-43e8-bc93-6894a57f9324")?);
 //! let fp = Fingerprint::compute("POST", endpoint.as_str(), None, b"amount=100",
 //!     &Default::default());

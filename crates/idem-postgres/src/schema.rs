@@ -75,13 +75,14 @@ struct Migration {
     statements: fn(&str) -> Vec<String>,
 }
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "records table, primary key on the scope, index on expires_at",
-    statements: |t| {
-        vec![
-            format!(
-                "CREATE TABLE {t} (
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "records table, primary key on the scope, index on expires_at",
+        statements: |t| {
+            vec![
+                format!(
+                    "CREATE TABLE {t} (
                     tenant       TEXT COLLATE \"C\" NOT NULL,
                     endpoint     TEXT COLLATE \"C\" NOT NULL,
                     idem_key     TEXT COLLATE \"C\" NOT NULL,
@@ -104,14 +105,35 @@ const MIGRATIONS: &[Migration] = &[Migration {
                             AND status IS NOT NULL AND headers IS NOT NULL
                             AND body IS NOT NULL AND completed_at IS NOT NULL))
                 ) WITH (fillfactor = 90)"
-            ),
-            format!("CREATE INDEX {t}_expires ON {t} (expires_at)"),
-        ]
+                ),
+                format!("CREATE INDEX {t}_expires ON {t} (expires_at)"),
+            ]
+        },
     },
-}];
+    Migration {
+        version: 2,
+        description: "secrets table, apart from the records",
+        statements: |t| {
+            let meta = meta_table(t);
+            vec![format!(
+                "CREATE TABLE {meta} (
+                    name  TEXT COLLATE \"C\" PRIMARY KEY,
+                    value BYTEA NOT NULL
+                )"
+            )]
+        },
+    },
+];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
+
+/// The table of `table`'s secrets ([`idem_core::Store::init_secret`]): `TABLE_meta`,
+/// one row per name, apart from the records, so that no purge or removal of records
+/// can reach it. Within PostgreSQL's 63 bytes for any admitted table name.
+pub fn meta_table(table: &str) -> String {
+    format!("{table}_meta")
+}
 
 /// Brings `table` up to [`SCHEMA_VERSION`], running each missing step in one
 /// transaction under a cluster-wide advisory lock. Safe to call from many instances at
@@ -187,6 +209,12 @@ pub async fn drop_table(pool: &PgPool, table: &str) -> Result<(), Error> {
     tx.execute(AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
         .await
         .map_err(store_error)?;
+    tx.execute(AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {}",
+        meta_table(table)
+    )))
+    .await
+    .map_err(store_error)?;
     let tracked: Option<String> =
         sqlx::query_scalar("SELECT to_regclass('idem_schema_migrations')::text")
             .fetch_one(&mut *tx)

@@ -34,3 +34,32 @@ async fn metrics_report_the_pool() {
     assert!((1..=3).contains(&open), "{open} connections open");
     assert!(value("idem_postgres_pool_idle_connections") <= open);
 }
+
+/// Two stores on one table (two gateways), each offering its own tenant secret at
+/// once, agree on one, and a store connected afterwards reads it again.
+#[tokio::test]
+async fn secrets_are_shared_by_instances_and_survive_reconnecting() {
+    let ns = unique_namespace("secret");
+    let Some(a) = common::connect(PgStore::options(), &ns).await else {
+        return;
+    };
+    let b = PgStore::options()
+        .table(common::table_for(&ns))
+        .connect(&common::pg_url())
+        .await
+        .unwrap();
+    let name = idem_core::TENANT_SECRET_NAME;
+    let (from_a, from_b) =
+        tokio::join!(a.init_secret(name, &[1; 32]), b.init_secret(name, &[2; 32]));
+    let (from_a, from_b) = (from_a.unwrap(), from_b.unwrap());
+    assert_eq!(from_a, from_b);
+    assert!(from_a == [1; 32] || from_a == [2; 32], "{from_a:?}");
+    b.close().await;
+    let c = PgStore::options()
+        .table(common::table_for(&ns))
+        .connect(&common::pg_url())
+        .await
+        .unwrap();
+    assert_eq!(c.init_secret(name, &[3; 32]).await.unwrap(), from_a);
+    c.close().await;
+}

@@ -99,7 +99,9 @@
 //!     .connect()
 //!     .await?;
 //!
-//! let scope = Scope::new(ScopeMode::Public, Tenant::from_credential(b"Bearer sk_1"),
+//! // The tenant: an HMAC of the credential under the secret the store keeps.
+//! let tenant = TenantKey::from_store(&store).await?.credential("authorization", b"Bearer sk_1");
+//! let scope = Scope::new(ScopeMode::Public, tenant,
 //!     Endpoint::new("POST", "/v1/charges"), Key::new("8e03978e-40d5-43e8").unwrap());
 //! let fp = Fingerprint::compute("POST", "POST /v1/charges", Some("application/json"),
 //!     br#"{"amount":100}"#, &FingerprintOptions::default());

@@ -265,6 +265,12 @@ impl RedisStore {
         key
     }
 
+    /// The Redis key of the secret `name` ([`Store::init_secret`]): the prefix, `meta:`
+    /// and the name. It has no TTL.
+    pub fn secret_key(&self, name: &str) -> String {
+        format!("{}meta:{name}", self.prefix)
+    }
+
     /// Runs `cmd`, an `EVALSHA` of `script` built by [`evalsha`]; when the server does
     /// not know the script (it restarted, or its cache was flushed) loads it and runs
     /// `cmd` again.
@@ -609,6 +615,22 @@ impl Store for RedisStore {
             .await
             .map_err(|e| self.failed(e))?;
         Ok(())
+    }
+
+    /// At `PREFIX` + `meta:` + `name`, with no TTL: one `SET … NX GET`, which stores
+    /// the candidate where nothing is and answers what was there, atomically. No
+    /// purge reaches it: the sweep matches record keys only.
+    async fn init_secret(&self, name: &str, candidate: &[u8]) -> Result<Vec<u8>> {
+        let key = self.secret_key(name);
+        let existing: Option<Vec<u8>> = redis::cmd("SET")
+            .arg(&key)
+            .arg(candidate)
+            .arg("NX")
+            .arg("GET")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(existing.unwrap_or_else(|| candidate.to_vec()))
     }
 
     fn metrics(&self) -> Vec<StoreMetric> {

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use idem_core::ManualClock;
 use idem_core::testing::{service_unavailable, service_url};
+use idem_core::{ManualClock, Store};
 use idem_redis::RedisStore;
 
 async fn store(clock: ManualClock, ns: String) -> Option<RedisStore> {
@@ -20,3 +20,45 @@ async fn store(clock: ManualClock, ns: String) -> Option<RedisStore> {
 }
 
 idem_core::store_contract_tests!(store);
+
+/// Two stores on one prefix (two gateways), each offering its own tenant secret at
+/// once, agree on one; a store connected afterwards reads it again, and it has no
+/// TTL. The test deletes its key afterwards.
+#[tokio::test]
+async fn secrets_are_shared_by_instances_and_survive_reconnecting() {
+    let clock = ManualClock::starting_now();
+    let ns = idem_core::testing::unique_namespace("secret");
+    let Some(a) = store(clock.clone(), ns.clone()).await else {
+        return;
+    };
+    let b = store(clock.clone(), ns.clone())
+        .await
+        .expect("second store");
+    let name = idem_core::TENANT_SECRET_NAME;
+    let (from_a, from_b) =
+        tokio::join!(a.init_secret(name, &[1; 32]), b.init_secret(name, &[2; 32]));
+    let (from_a, from_b) = (from_a.unwrap(), from_b.unwrap());
+    assert_eq!(from_a, from_b);
+    assert!(from_a == [1; 32] || from_a == [2; 32], "{from_a:?}");
+    let c = store(clock, ns).await.expect("third store");
+    assert_eq!(c.init_secret(name, &[3; 32]).await.unwrap(), from_a);
+
+    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let mut conn = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = c.secret_key(name);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(ttl, -1, "the secret has no TTL");
+    let _: i64 = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}

@@ -64,6 +64,23 @@ fn v1(table: &str) -> String {
     )
 }
 
+/// The table of `table`'s secrets ([`idem_core::Store::init_secret`]): `TABLE_meta`,
+/// one row per name, apart from the records, so that no purge or removal of records
+/// can reach it.
+pub fn meta_table(table: &str) -> String {
+    format!("{table}_meta")
+}
+
+fn meta(table: &str) -> String {
+    let meta = meta_table(table);
+    format!(
+        "CREATE TABLE IF NOT EXISTS {meta} (
+            name  TEXT PRIMARY KEY,
+            value BLOB NOT NULL
+        )"
+    )
+}
+
 /// Brings `table` to [`SCHEMA_VERSION`]; running it again changes nothing.
 ///
 /// It runs under `BEGIN IMMEDIATE`, which takes SQLite's write lock up front (waiting
@@ -104,6 +121,10 @@ pub(crate) async fn migrate(conn: &mut SqliteConnection, table: &str) -> Result<
             });
         }
     }
+    // Whatever the version: the secrets table came after version 1's first files.
+    sqlx::raw_sql(AssertSqlSafe(meta(table)))
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(())
 }
@@ -120,6 +141,8 @@ pub(crate) struct Statements {
     pub release: Arc<str>,
     pub remove: Arc<str>,
     pub purge: Arc<str>,
+    pub init_secret: Arc<str>,
+    pub secret: Arc<str>,
 }
 
 /// The columns [`Statements::select`] returns, in order.
@@ -135,6 +158,7 @@ impl Statements {
         // A fresh in-progress record, attempt 1: the start of `insert` and `reserve`.
         // ?1–?3 the scope, ?4 fingerprint, ?5 now, ?6 expires_at, ?7 token,
         // ?8 lease_until.
+        let meta = meta_table(t);
         let fresh = format!(
             "INSERT INTO {t} (tenant, endpoint, idem_key, fingerprint, created_at,
                  expires_at, attempt, token, state, lease_until)
@@ -205,6 +229,12 @@ impl Statements {
                      (SELECT rowid FROM {t} WHERE expires_at <= ?1 LIMIT ?2)"
             )
             .into(),
+            // ?1 name, ?2 candidate.
+            init_secret: format!(
+                "INSERT INTO {meta} (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO NOTHING"
+            )
+            .into(),
+            secret: format!("SELECT value FROM {meta} WHERE name = ?1").into(),
         }
     }
 }

@@ -484,6 +484,30 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    /// In `TABLE_meta`, through the pool rather than the writer: it runs once per
+    /// start. The insert and the read are one transaction under SQLite's write lock,
+    /// so callers in other processes on the file wait for it and read its value.
+    async fn init_secret(&self, name: &str, candidate: &[u8]) -> idem_core::Result<Vec<u8>> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(store_error)?;
+        sqlx::query(AssertSqlSafe(self.sql.init_secret.clone()))
+            .bind(name)
+            .bind(candidate)
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        let stored: Vec<u8> = sqlx::query_scalar(AssertSqlSafe(self.sql.secret.clone()))
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)?;
+        Ok(stored)
+    }
+
     /// Writes what is queued, closes the writer's connections, and then the pool if
     /// the store opened it (not one given to
     /// [`from_pool`](SqliteStoreBuilder::from_pool)). The database's last connection

@@ -44,6 +44,9 @@ impl Store for CaseStore {
     async fn ping(&self) -> Result<()> {
         self.store.ping().await
     }
+    async fn init_secret(&self, name: &str, candidate: &[u8]) -> Result<Vec<u8>> {
+        self.store.init_secret(name, candidate).await
+    }
 }
 
 idem_core::store_contract_tests!(|clock: ManualClock, ns: String| async move {

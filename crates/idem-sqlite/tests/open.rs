@@ -313,3 +313,38 @@ async fn page_size_from_the_url_applies_to_a_new_file_only() {
         "nothing opened on a bad URL"
     );
 }
+
+/// The tenant secret is kept in the file: two stores opened on it at once, each
+/// offering its own, agree on one, and a store reopened after both closed reads it
+/// again (SPEC S3: every gateway on one store, and every restart, names a tenant
+/// alike).
+#[tokio::test]
+async fn secrets_are_shared_by_stores_on_one_file_and_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = db_url(&dir, "secret.db");
+    let a = SqliteStore::connect(&url).await.unwrap();
+    let b = SqliteStore::connect(&url).await.unwrap();
+    let (from_a, from_b) = tokio::join!(
+        a.init_secret(idem_core::TENANT_SECRET_NAME, &[1; 32]),
+        b.init_secret(idem_core::TENANT_SECRET_NAME, &[2; 32]),
+    );
+    let (from_a, from_b) = (from_a.unwrap(), from_b.unwrap());
+    assert_eq!(from_a, from_b);
+    assert!(from_a == [1; 32] || from_a == [2; 32], "{from_a:?}");
+    a.close().await;
+    b.close().await;
+    let reopened = SqliteStore::connect(&url).await.unwrap();
+    assert_eq!(
+        reopened
+            .init_secret(idem_core::TENANT_SECRET_NAME, &[3; 32])
+            .await
+            .unwrap(),
+        from_a
+    );
+    let mut conn = reopened.pool().acquire().await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records_meta")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "kept apart from the records, in TABLE_meta");
+}

@@ -135,6 +135,9 @@ impl Store for TempStore {
     async fn ping(&self) -> idem_core::Result<()> {
         self.store.ping().await
     }
+    async fn init_secret(&self, name: &str, candidate: &[u8]) -> idem_core::Result<Vec<u8>> {
+        self.store.init_secret(name, candidate).await
+    }
     fn metrics(&self) -> Vec<idem_core::StoreMetric> {
         self.store.metrics()
     }
