@@ -8,10 +8,11 @@ use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
 use idem_core::{
     DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, FingerprintOptions, PointerError, ScopeMode,
-    Tenant,
+    Tenant, TenantKey,
 };
 
 use crate::policy::{NoopObserver, Observer};
+use crate::tenant::TenantHeaders;
 
 /// The header that carries the key unless configured otherwise.
 pub const DEFAULT_HEADER_NAME: HeaderName = HeaderName::from_static("idempotency-key");
@@ -187,7 +188,15 @@ pub(crate) struct Config {
     pub(crate) keyed_methods: Vec<Method>,
     pub(crate) require_key: PartsPredicate,
     pub(crate) scope_mode: ScopeMode,
-    pub(crate) tenant_from: TenantExtractor,
+    /// The headers that name the tenant, unless `tenant_from` names it.
+    pub(crate) tenant_headers: TenantHeaders,
+    /// The key those headers are hashed under: set by the builder, or fetched from the
+    /// store before the first keyed request is scoped. Shared by every clone.
+    pub(crate) tenant_key: Arc<tokio::sync::OnceCell<TenantKey>>,
+    /// A caller's own extractor, which replaces the headers.
+    pub(crate) tenant_from: Option<TenantExtractor>,
+    /// Whether a keyed request must name a tenant (401 `missing-tenant` otherwise).
+    pub(crate) require_tenant: bool,
     pub(crate) fingerprint: FingerprintOptions,
     pub(crate) body_limit: usize,
     pub(crate) body_timeout: Option<Duration>,
@@ -209,7 +218,10 @@ impl Default for Config {
             keyed_methods: vec![Method::POST, Method::PATCH],
             require_key: Arc::new(|_| false),
             scope_mode: ScopeMode::Public,
-            tenant_from: Arc::new(default_tenant),
+            tenant_headers: TenantHeaders::default(),
+            tenant_key: Arc::default(),
+            tenant_from: None,
+            require_tenant: false,
             fingerprint: FingerprintOptions::default(),
             body_limit: DEFAULT_BODY_LIMIT,
             body_timeout: None,
@@ -234,6 +246,9 @@ impl fmt::Debug for Config {
             .field("header_name", &self.header_name)
             .field("keyed_methods", &self.keyed_methods)
             .field("scope_mode", &self.scope_mode)
+            .field("tenant_headers", &self.tenant_headers)
+            .field("tenant_from", &self.tenant_from.is_some())
+            .field("require_tenant", &self.require_tenant)
             .field("fingerprint", &self.fingerprint)
             .field("body_limit", &self.body_limit)
             .field("body_timeout", &self.body_timeout)
@@ -245,15 +260,6 @@ impl fmt::Debug for Config {
             .field("release_statuses", &self.release_statuses)
             .field("route_config", &self.route_config.is_some())
             .finish_non_exhaustive()
-    }
-}
-
-/// The default tenant (SPEC S3): the SHA-256 of the first `Authorization` value, else
-/// [`Tenant::anonymous`]. The raw credential is neither stored nor logged.
-pub fn default_tenant(parts: &Parts) -> Tenant {
-    match parts.headers.get(http::header::AUTHORIZATION) {
-        Some(v) => Tenant::from_credential(v.as_bytes()),
-        None => Tenant::anonymous(),
     }
 }
 

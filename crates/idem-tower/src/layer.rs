@@ -128,19 +128,59 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
-    /// How a request's tenant is found (default: SHA-256 of the `Authorization` value,
-    /// see [`default_tenant`](crate::default_tenant)).
+    /// The headers that name a request's tenant together, in order (default
+    /// `Authorization` alone; see [`TenantHeaders`](crate::TenantHeaders) for how
+    /// they are hashed). Replaces an extractor set with
+    /// [`tenant_from`](Self::tenant_from).
     ///
     /// The tenant must stay the same across a client's retries of one operation. The
     /// default suits long-lived API keys; behind access tokens that are refreshed, a
-    /// retry after a refresh would be a new tenant and execute again. There, name the
-    /// authenticated principal (the account id your authentication layer put in the
-    /// request's extensions), never an unverified claim.
+    /// retry after a refresh would be a new tenant and execute again. There, name a
+    /// header that carries the authenticated principal, or use
+    /// [`tenant_from`](Self::tenant_from).
+    pub fn tenant_headers<I: IntoIterator<Item = HeaderName>>(mut self, names: I) -> Self {
+        let config = self.config();
+        config.tenant_headers = crate::TenantHeaders::new(names);
+        config.tenant_from = None;
+        self
+    }
+
+    /// The key the tenant headers are hashed under (SPEC S3). Every instance in front
+    /// of one store must use the same one.
+    ///
+    /// Without it, the layer uses the store's own secret: before it scopes its first
+    /// keyed request it calls [`TenantKey::from_store`](idem_core::TenantKey::from_store),
+    /// which reads the secret the store keeps, or generates and stores one on the
+    /// store's first use, so every instance sharing the store and every restart agree.
+    /// Until the store answers, keyed requests get the 503 `store-unavailable` that a
+    /// store outage gives, and the handler is not called. (A [`MemoryStore`] keeps its
+    /// secret in the process, like its records.)
+    ///
+    /// [`MemoryStore`]: idem_core::MemoryStore
+    pub fn tenant_key(mut self, key: idem_core::TenantKey) -> Self {
+        self.config().tenant_key = Arc::new(tokio::sync::OnceCell::new_with(Some(key)));
+        self
+    }
+
+    /// Whether a keyed request must name a tenant (default `false`: one that does not
+    /// is `anonymous`). A keyed request that carries none of the tenant headers (or,
+    /// with [`tenant_from`](Self::tenant_from), whose tenant is `anonymous`) is then
+    /// answered 401 `missing-tenant` with `WWW-Authenticate: Bearer`; nothing is
+    /// reserved and the handler is not called. Unkeyed requests are not affected.
+    pub fn require_tenant(mut self, required: bool) -> Self {
+        self.config().require_tenant = required;
+        self
+    }
+
+    /// Names a request's tenant with `extractor` instead of the tenant headers: an
+    /// account id your authentication layer put in the request's extensions, say,
+    /// never an unverified claim. The name is stored as returned, so it must not be a
+    /// credential; hash one with an [`idem_core::TenantKey`].
     pub fn tenant_from<F>(mut self, extractor: F) -> Self
     where
         F: Fn(&Parts) -> Tenant + Send + Sync + 'static,
     {
-        self.config().tenant_from = Arc::new(extractor);
+        self.config().tenant_from = Some(Arc::new(extractor));
         self
     }
 

@@ -70,8 +70,15 @@
 //! - The key is read in the quoted Structured Field form or the bare form; anything
 //!   malformed, and two key fields on one request, is 400 `invalid-key`.
 //! - The scope is `(tenant, endpoint, key)` in public mode, `(tenant, key)` in internal
-//!   mode. The tenant defaults to the SHA-256 of the `Authorization` value
-//!   ([`default_tenant`]); the endpoint is `METHOD route-template`, the template coming
+//!   mode. The tenant is an HMAC-SHA256 of the `Authorization` value, auth-scheme case
+//!   folded ([`TenantHeaders`]; [`IdempotencyLayer::tenant_headers`] lists others),
+//!   under a secret: the one given to [`IdempotencyLayer::tenant_key`], else the
+//!   store's own, which the layer fetches (and on a store's first use generates) with
+//!   [`idem_core::TenantKey::from_store`] before it scopes the first keyed request. So
+//!   a stolen store cannot be reversed with a word list, and every instance on one
+//!   store names a client alike. A request without the header is `anonymous`, or with
+//!   [`IdempotencyLayer::require_tenant`] a 401 `missing-tenant`. The endpoint is
+//!   `METHOD route-template`, the template coming
 //!   from [`RouteConfig::endpoint`], else axum's `MatchedPath` (feature `axum`, on by
 //!   default; present when the layer is added with `Router::layer` or `route_layer`),
 //!   else the path.
@@ -184,11 +191,12 @@ mod layer;
 mod policy;
 mod problem;
 mod service;
+mod tenant;
 
 pub use body::IdempotencyBody;
 pub use config::{
     DEFAULT_HEADER_NAME, DEFAULT_RELEASE_STATUSES, DEFAULT_RESPONSE_LIMIT, DEFAULT_STORED_HEADERS,
-    NEVER_STORED_HEADERS, ReleaseStatuses, RouteConfig, default_tenant, is_storable_header,
+    NEVER_STORED_HEADERS, ReleaseStatuses, RouteConfig, is_storable_header,
 };
 pub use context::IdempotencyContext;
 pub use future::ResponseFuture;
@@ -197,6 +205,7 @@ pub use layer::IdempotencyLayer;
 pub use policy::{Disposition, Observer, Outcome, ResourceReference};
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
 pub use service::{IDEMPOTENT_REPLAYED, Idempotency};
+pub use tenant::TenantHeaders;
 
 /// The error type the layer's bounds convert inner errors into.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

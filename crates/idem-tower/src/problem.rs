@@ -24,6 +24,11 @@ pub enum ProblemKind {
     MissingKey,
     /// 400: the request body could not be read.
     BodyUnreadable,
+    /// 401 + `WWW-Authenticate: Bearer`: the layer requires a tenant
+    /// ([`IdempotencyLayer::require_tenant`](crate::IdempotencyLayer::require_tenant))
+    /// and the keyed request carries none of the headers that name one; nothing was
+    /// reserved or forwarded (SPEC S3).
+    MissingTenant,
     /// 413: the body is over the limit; nothing was reserved (SPEC S4).
     BodyTooLarge,
     /// 408: the body did not arrive within the layer's body timeout; nothing was
@@ -52,10 +57,11 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 11] = [
+    pub const ALL: [ProblemKind; 12] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
+        ProblemKind::MissingTenant,
         ProblemKind::BodyTooLarge,
         ProblemKind::BodyTimeout,
         ProblemKind::RequestInProgress,
@@ -72,6 +78,7 @@ impl ProblemKind {
             ProblemKind::InvalidKey => "https://idem.dev/problems/invalid-key",
             ProblemKind::MissingKey => "https://idem.dev/problems/missing-key",
             ProblemKind::BodyUnreadable => "https://idem.dev/problems/body-unreadable",
+            ProblemKind::MissingTenant => "https://idem.dev/problems/missing-tenant",
             ProblemKind::BodyTooLarge => "https://idem.dev/problems/body-too-large",
             ProblemKind::BodyTimeout => "https://idem.dev/problems/body-timeout",
             ProblemKind::RequestInProgress => "https://idem.dev/problems/request-in-progress",
@@ -89,6 +96,7 @@ impl ProblemKind {
             ProblemKind::InvalidKey | ProblemKind::MissingKey | ProblemKind::BodyUnreadable => {
                 StatusCode::BAD_REQUEST
             }
+            ProblemKind::MissingTenant => StatusCode::UNAUTHORIZED,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProblemKind::RequestInProgress => StatusCode::CONFLICT,
@@ -108,6 +116,7 @@ impl ProblemKind {
             ProblemKind::InvalidKey => "Invalid Idempotency-Key",
             ProblemKind::MissingKey => "Idempotency-Key required",
             ProblemKind::BodyUnreadable => "Request body could not be read",
+            ProblemKind::MissingTenant => "Credentials required for a keyed request",
             ProblemKind::BodyTooLarge => "Request body too large",
             ProblemKind::BodyTimeout => "Request body too slow",
             ProblemKind::RequestInProgress => "Request in progress",
@@ -191,6 +200,12 @@ impl Problem {
             let secs = wait.as_millis().div_ceil(1000).max(1);
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
         }
+        if self.kind == ProblemKind::MissingTenant {
+            // RFC 9110 §15.5.2: every 401 carries a challenge. The layer cannot know the
+            // service's own scheme; `Bearer` is what API clients send, and unlike
+            // `Basic` it opens no login dialog in a browser.
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         response
     }
 }
@@ -233,6 +248,17 @@ mod tests {
         let r = Problem::new(ProblemKind::StoreUnavailable, "down").to_response();
         assert_eq!(r.status(), 503);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn missing_tenant_is_401_with_a_challenge() {
+        let r = Problem::new(ProblemKind::MissingTenant, "send Authorization").to_response();
+        assert_eq!(r.status(), 401);
+        assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        assert!(r.headers().get(header::RETRY_AFTER).is_none());
+        let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(v["type"], "https://idem.dev/problems/missing-tenant");
+        assert_eq!(v["status"], 401);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{
     Endpoint, Fingerprint, FingerprintOptions, Key, Lease, Reservation, ReserveRequest, Scope,
-    Store, StoreError, StoredResponse,
+    Store, StoreError, StoredResponse, Tenant, TenantKey,
 };
 use tower::{Layer, Service};
 
@@ -174,7 +174,32 @@ where
             }
         };
 
-        let plan = Plan::new(config, route, &parts, key);
+        // A caller's extractor names the tenant now; the headers are hashed once the
+        // key they are hashed under is in hand (it may have to come from the store).
+        let tenant = config.tenant_from.as_ref().map(|f| f(&parts));
+        if config.require_tenant {
+            let named = match &tenant {
+                Some(t) => t.as_str() != Tenant::ANONYMOUS,
+                None => config.tenant_headers.carried_by(&parts.headers),
+            };
+            if !named {
+                let wanted = match tenant {
+                    Some(_) => "an authenticated tenant".to_owned(),
+                    None => format!("one of the headers {}", config.tenant_headers.listed()),
+                };
+                let detail = format!(
+                    "{} {} is keyed, and a keyed request must name its tenant: send {wanted}; \
+                     nothing was reserved",
+                    parts.method,
+                    parts.uri.path()
+                );
+                return reject(
+                    &*config.observer,
+                    Problem::new(ProblemKind::MissingTenant, detail),
+                );
+            }
+        }
+        let plan = Plan::new(config, route, &parts, key, tenant);
         ResponseFuture::new(handle_keyed(shared, inner, parts, body, plan))
     }
 }
@@ -182,7 +207,10 @@ where
 /// What a keyed request will be reserved and recorded as. The layer's settings stay in
 /// [`Config`]; a plan carries only what this request adds to them.
 struct Plan {
-    scope: Scope,
+    /// The tenant, when a caller's extractor named it; else the headers name it.
+    tenant: Option<Tenant>,
+    endpoint: Endpoint,
+    key: Key,
     ttl: Duration,
     lease: Duration,
     /// The route's fingerprint options, which replace the layer's.
@@ -200,16 +228,22 @@ struct AnswerRules {
 }
 
 impl Plan {
-    fn new(config: &Config, route: RouteConfig, parts: &Parts, key: Key) -> Plan {
+    fn new(
+        config: &Config,
+        route: RouteConfig,
+        parts: &Parts,
+        key: Key,
+        tenant: Option<Tenant>,
+    ) -> Plan {
         let template = route
             .endpoint
             .as_deref()
             .or_else(|| matched_path(parts))
             .unwrap_or_else(|| parts.uri.path());
-        let endpoint = endpoint(&parts.method, template);
-        let tenant = (config.tenant_from)(parts);
         Plan {
-            scope: Scope::new(config.scope_mode, tenant, endpoint, key),
+            tenant,
+            endpoint: endpoint(&parts.method, template),
+            key,
             ttl: route.ttl.unwrap_or(config.ttl),
             lease: route.lease.unwrap_or(config.lease),
             fingerprint: route.fingerprint,
@@ -327,6 +361,25 @@ where
 {
     async move {
         let config = &shared.config;
+        let tenant = match plan.tenant {
+            Some(tenant) => tenant,
+            None => {
+                let key = config
+                    .tenant_key
+                    .get_or_try_init(|| TenantKey::from_store(&*shared.store))
+                    .await;
+                match key {
+                    Ok(key) => config.tenant_headers.tenant(key, &parts.headers),
+                    // Nothing is scoped without the secret: fail closed, as for any
+                    // store outage.
+                    Err(e) => {
+                        let response = refuse(&*config.observer, Err(e));
+                        return Ok(response.map(IdempotencyBody::buffered));
+                    }
+                }
+            }
+        };
+        let scope = Scope::new(config.scope_mode, tenant, plan.endpoint, plan.key);
         let bytes = match buffer(&parts, body, config.body_limit, config.body_timeout).await {
             Ok(bytes) => bytes,
             Err(problem) => {
@@ -336,7 +389,7 @@ where
         };
         let options = plan.fingerprint.as_ref().unwrap_or(&config.fingerprint);
         let fingerprint = fingerprint(&parts, &bytes, config.body_limit, options);
-        let request = ReserveRequest::new(plan.scope, fingerprint)
+        let request = ReserveRequest::new(scope, fingerprint)
             .ttl(plan.ttl)
             .lease(plan.lease);
 

@@ -165,6 +165,9 @@ impl Store for PanicsOnReserve {
     async fn ping(&self) -> idem_core::Result<()> {
         self.0.ping().await
     }
+    async fn init_secret(&self, name: &str, candidate: &[u8]) -> idem_core::Result<Vec<u8>> {
+        self.0.init_secret(name, candidate).await
+    }
 }
 
 #[tokio::test]

@@ -371,10 +371,16 @@ impl Reply {
     }
 }
 
-/// The scope the layer gives a request by default (public mode).
-pub fn scope(template: &str, key: &str, authorization: Option<&str>) -> Scope {
-    let tenant =
-        authorization.map_or_else(Tenant::anonymous, |a| Tenant::from_credential(a.as_bytes()));
+/// The scope the layer gives a request by default (public mode): `authorization`
+/// comes with the key the layer hashes it under (the store's, by default).
+pub fn scope(
+    template: &str,
+    key: &str,
+    authorization: Option<(&idem_core::TenantKey, &str)>,
+) -> Scope {
+    let tenant = authorization.map_or_else(Tenant::anonymous, |(tenants, a)| {
+        tenants.credential("authorization", a.as_bytes())
+    });
     Scope::new(
         ScopeMode::Public,
         tenant,
