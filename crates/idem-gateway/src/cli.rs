@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::parse_byte_size;
+use crate::config::{TenantSecret, parse_byte_size};
 
 /// `idem`: idempotency keys for any HTTP API.
 #[derive(Debug, Parser)]
@@ -139,11 +139,34 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_RESPONSE_LIMIT", value_name = "BYTES", value_parser = parse_byte_size)]
     pub response_limit: Option<usize>,
 
-    /// Header whose value (hashed) names the tenant [default: Authorization]. It must
-    /// stay the same across a client's retries: behind rotating access tokens, name a
-    /// header that carries the authenticated principal.
-    #[arg(long, env = "IDEM_TENANT_HEADER", value_name = "NAME")]
-    pub tenant_header: Option<String>,
+    /// Headers that name the tenant together, in order, e.g.
+    /// Authorization,Stripe-Account: the stored tenant is an HMAC-SHA256 of their names
+    /// and values under the tenant secret [default: Authorization]. They must stay the
+    /// same across a client's retries: behind rotating access tokens, name a header that
+    /// carries the authenticated principal.
+    #[arg(
+        long,
+        env = "IDEM_TENANT_HEADER",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub tenant_header: Option<Vec<String>>,
+
+    /// Answer 401 `missing-tenant` to a keyed request that carries none of the tenant
+    /// headers, instead of keying it as `anonymous`.
+    #[arg(long, env = "IDEM_REQUIRE_TENANT")]
+    pub require_tenant: bool,
+
+    /// File holding the tenant secret (at least 32 bytes; surrounding whitespace is
+    /// trimmed). IDEM_TENANT_SECRET may hold the secret itself instead [default: the
+    /// secret the store keeps, generated on its first use].
+    #[arg(long, env = "IDEM_TENANT_SECRET_FILE", value_name = "PATH")]
+    pub tenant_secret_file: Option<PathBuf>,
+
+    /// The secret itself, from `IDEM_TENANT_SECRET` only: never a flag, so that it
+    /// stays out of process listings.
+    #[arg(skip = TenantSecret::from_env())]
+    pub tenant_secret: Option<TenantSecret>,
 
     /// Scope of a key: public = (tenant, endpoint, key), internal = (tenant, key)
     /// [default: public].
@@ -207,14 +230,14 @@ pub struct KeyTarget {
     /// The key, as the client sent it (quoted or bare).
     pub key: String,
 
-    /// The tenant as stored: `anonymous` or `sha256:<hex>` (see --tenant-credential-env).
+    /// The tenant as stored: `anonymous` or `hmac-sha256:<hex>` (see
+    /// --tenant-credential-env).
     #[arg(long, value_name = "T")]
     pub tenant: Option<String>,
 
-    /// Name of an environment variable holding the tenant's credential (the tenant-header
-    /// value); its SHA-256 names the tenant. Keeps the credential off the command line.
-    #[arg(long, value_name = "VAR", conflicts_with = "tenant")]
-    pub tenant_credential_env: Option<String>,
+    /// How the gateway names tenants, to name one from its credentials.
+    #[command(flatten)]
+    pub tenants: TenantArgs,
 
     /// The endpoint in public scope mode, `METHOD /path/or/{template}`; leave out in
     /// internal mode.
@@ -245,9 +268,9 @@ pub struct PurgeArgs {
     #[arg(long, value_name = "T")]
     pub tenant: Option<String>,
 
-    /// Name of an environment variable holding the tenant's credential.
-    #[arg(long, value_name = "VAR", conflicts_with = "tenant")]
-    pub tenant_credential_env: Option<String>,
+    /// How the gateway names tenants, to name one from its credentials.
+    #[command(flatten)]
+    pub tenants: TenantArgs,
 
     /// The endpoint in public scope mode, `METHOD /path`.
     #[arg(long, value_name = "E")]
@@ -260,6 +283,40 @@ pub struct PurgeArgs {
     /// The gateway's --store-namespace [default: idem].
     #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
     pub store_namespace: Option<String>,
+}
+
+/// How `idem keys` names a tenant from its credentials, as the gateway does: the same
+/// tenant headers and secret as `idem serve`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct TenantArgs {
+    /// Names of environment variables holding the tenant's credentials: one per tenant
+    /// header, in the order of --tenant-header (the Authorization value, say). Keeps
+    /// the credentials off the command line.
+    #[arg(
+        long,
+        value_name = "VAR,…",
+        value_delimiter = ',',
+        conflicts_with = "tenant"
+    )]
+    pub tenant_credential_env: Option<Vec<String>>,
+
+    /// The gateway's --tenant-header [default: Authorization].
+    #[arg(
+        long,
+        env = "IDEM_TENANT_HEADER",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub tenant_header: Option<Vec<String>>,
+
+    /// The gateway's --tenant-secret-file; IDEM_TENANT_SECRET may hold the secret
+    /// instead [default: the secret the store keeps].
+    #[arg(long, env = "IDEM_TENANT_SECRET_FILE", value_name = "PATH")]
+    pub tenant_secret_file: Option<PathBuf>,
+
+    /// The secret itself, from `IDEM_TENANT_SECRET` only.
+    #[arg(skip = TenantSecret::from_env())]
+    pub tenant_secret: Option<TenantSecret>,
 }
 
 /// Parses a humantime duration (`500ms`, `2s`, `24h`, `1h 30m`).
@@ -286,8 +343,9 @@ pub fn misspelt_env_vars(names: impl IntoIterator<Item = String>) -> Vec<(String
         .filter_map(|a| a.get_env())
         .map(|e| e.to_string_lossy().into_owned())
         .collect();
-    // Read by the log filter, not by clap.
+    // Read by the log filter, not by clap; the secret is read apart from the flags.
     known.push("IDEM_LOG".to_owned());
+    known.push(crate::config::TENANT_SECRET_ENV.to_owned());
     names
         .into_iter()
         .filter(|name| name.starts_with("IDEM_") && !known.contains(name))
@@ -351,7 +409,10 @@ mod tests {
             "--body-limit",
             "64KiB",
             "--tenant-header",
-            "X-Api-Key",
+            "X-Api-Key,Stripe-Account",
+            "--require-tenant",
+            "--tenant-secret-file",
+            "/run/secrets/idem-tenant",
             "--scope",
             "internal",
             "--keyed-methods",
@@ -370,6 +431,15 @@ mod tests {
         assert_eq!(args.upstream_timeout, Some(Duration::from_secs(5)));
         assert_eq!(args.body_limit, Some(64 * 1024));
         assert_eq!(args.scope, Some(ScopeArg::Internal));
+        assert_eq!(
+            args.tenant_header,
+            Some(vec!["X-Api-Key".to_owned(), "Stripe-Account".to_owned()])
+        );
+        assert!(args.require_tenant);
+        assert_eq!(
+            args.tenant_secret_file.as_deref(),
+            Some(std::path::Path::new("/run/secrets/idem-tenant"))
+        );
         assert_eq!(
             args.keyed_methods,
             Some(vec!["POST".to_owned(), "PUT".to_owned()])
@@ -393,6 +463,9 @@ mod tests {
             "IDEM_STORE_POOL",
             "IDEM_LOG",
             "IDEM_LOG_FORMAT",
+            "IDEM_TENANT_SECRET",
+            "IDEM_TENANT_SECRET_FILE",
+            "IDEM_REQUIRE_TENANT",
             "IDEM_TEST_POSTGRES_URL",
             "IDEM_REQUIRE_SERVICES",
             "IDEM_LOAD_ONLY",

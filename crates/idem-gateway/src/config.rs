@@ -23,7 +23,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode, Uri};
-use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, ScopeMode};
+use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, ScopeMode, TenantKey};
 use idem_tower::{DEFAULT_RESPONSE_LIMIT, ReleaseStatuses};
 use serde::Deserialize;
 
@@ -130,8 +130,13 @@ pub struct FileConfig {
     pub body_limit: Option<ByteSize>,
     /// `--response-limit`: a number of bytes or a string such as `"8MiB"`.
     pub response_limit: Option<ByteSize>,
-    /// `--tenant-header`.
-    pub tenant_header: Option<String>,
+    /// `--tenant-header`: a list (`["Authorization", "Stripe-Account"]`) or one
+    /// comma-separated string.
+    pub tenant_header: Option<HeaderList>,
+    /// `--require-tenant`.
+    pub require_tenant: Option<bool>,
+    /// `--tenant-secret-file`.
+    pub tenant_secret_file: Option<std::path::PathBuf>,
     /// `--scope`.
     pub scope: Option<ScopeArg>,
     /// `--keyed-methods`.
@@ -147,6 +152,132 @@ pub struct FileConfig {
     /// Per-route rules, first match wins.
     #[serde(default)]
     pub route: Vec<RouteRule>,
+}
+
+/// A list of header names in the file: an array, or one comma-separated string.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum HeaderList {
+    /// `"Authorization,Stripe-Account"`.
+    Text(String),
+    /// `["Authorization", "Stripe-Account"]`.
+    List(Vec<String>),
+}
+
+impl HeaderList {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            HeaderList::Text(s) => s.split(',').map(str::to_owned).collect(),
+            HeaderList::List(v) => v,
+        }
+    }
+}
+
+/// The environment variable that holds the tenant secret itself.
+pub const TENANT_SECRET_ENV: &str = "IDEM_TENANT_SECRET";
+
+/// A tenant secret as read from [`TENANT_SECRET_ENV`]: its bytes, which `Debug` never
+/// shows.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TenantSecret(Vec<u8>);
+
+impl TenantSecret {
+    /// A secret of these bytes.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> TenantSecret {
+        TenantSecret(bytes.into())
+    }
+
+    /// The secret in [`TENANT_SECRET_ENV`], if it is set.
+    pub fn from_env() -> Option<TenantSecret> {
+        std::env::var_os(TENANT_SECRET_ENV).map(|v| TenantSecret(v.into_encoded_bytes()))
+    }
+}
+
+impl std::fmt::Debug for TenantSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TenantSecret({} bytes)", self.0.len())
+    }
+}
+
+/// The tenant key from the operator's secret: `IDEM_TENANT_SECRET`, or the file the
+/// command line (else the config file) names; `None` when neither is given, and the
+/// store's own secret is used. Surrounding ASCII whitespace is trimmed (a file's
+/// trailing newline), then the secret must be at least 32 bytes. Given both ways, the
+/// secret is refused rather than one picked: two gateways that picked differently
+/// would name every client differently.
+pub fn tenant_key(
+    from_env: Option<&TenantSecret>,
+    cli_file: Option<&Path>,
+    config_file: Option<&Path>,
+) -> Result<Option<TenantKey>, ConfigError> {
+    let file = cli_file.or(config_file);
+    let (setting, secret) = match (from_env, file) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "tenant_secret_file",
+                format!(
+                    "the tenant secret is given twice, in {TENANT_SECRET_ENV} and as a file; \
+                     give it once"
+                ),
+            ));
+        }
+        (Some(secret), None) => (TENANT_SECRET_ENV.to_owned(), secret.0.clone()),
+        (None, Some(path)) => {
+            let bytes = std::fs::read(path).map_err(|e| {
+                invalid(
+                    "tenant_secret_file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            warn_if_readable_by_others(path);
+            (format!("tenant_secret_file {}", path.display()), bytes)
+        }
+        (None, None) => return Ok(None),
+    };
+    TenantKey::new(secret.trim_ascii())
+        .map(Some)
+        .map_err(|e| invalid(setting, e))
+}
+
+/// A secret file that others may read lets them name every tenant.
+fn warn_if_readable_by_others(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.permissions().mode() & 0o077 != 0
+        {
+            tracing::warn!(
+                file = %path.display(),
+                "the tenant secret file is readable by others than its owner; chmod 600 it"
+            );
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+}
+
+/// The tenant headers as given: names, in order, without repeats.
+pub(crate) fn parse_tenant_headers(list: &[String]) -> Result<Vec<HeaderName>, ConfigError> {
+    let mut names: Vec<HeaderName> = Vec::new();
+    for item in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        let name = HeaderName::try_from(item)
+            .map_err(|e| invalid("tenant_header", format!("{item:?}: {e}")))?;
+        if names.contains(&name) {
+            return Err(invalid(
+                "tenant_header",
+                format!("{item:?} is listed twice"),
+            ));
+        }
+        names.push(name);
+    }
+    if names.is_empty() {
+        return Err(invalid(
+            "tenant_header",
+            "the list is empty; name at least one header, e.g. Authorization",
+        ));
+    }
+    Ok(names)
 }
 
 /// A byte count in the file: an integer or a string with a unit.
@@ -270,8 +401,13 @@ pub struct GatewayConfig {
     pub body_limit: usize,
     /// Largest keyed answer recorded, in bytes.
     pub response_limit: usize,
-    /// The header naming the tenant.
-    pub tenant_header: HeaderName,
+    /// The headers naming the tenant together, in order.
+    pub tenant_headers: Vec<HeaderName>,
+    /// Whether a keyed request without any of them is refused (401).
+    pub require_tenant: bool,
+    /// The key tenants are hashed under, from the operator's secret; `None` for the
+    /// store's own.
+    pub tenant_key: Option<TenantKey>,
     /// The scope mode.
     pub scope: ScopeMode,
     /// The keyed methods.
@@ -344,13 +480,18 @@ impl GatewayConfig {
             "response_limit",
             DEFAULT_RESPONSE_LIMIT,
         )?;
-        let tenant_header = args
-            .tenant_header
-            .clone()
-            .or(file.tenant_header)
-            .unwrap_or_else(|| "authorization".to_owned());
-        let tenant_header = HeaderName::try_from(tenant_header.as_str())
-            .map_err(|e| invalid("tenant_header", format!("{tenant_header:?}: {e}")))?;
+        let tenant_headers = parse_tenant_headers(
+            &args
+                .tenant_header
+                .clone()
+                .or(file.tenant_header.map(HeaderList::into_vec))
+                .unwrap_or_else(|| vec!["authorization".to_owned()]),
+        )?;
+        let tenant_key = tenant_key(
+            args.tenant_secret.as_ref(),
+            args.tenant_secret_file.as_deref(),
+            file.tenant_secret_file.as_deref(),
+        )?;
         let scope = match args.scope.or(file.scope).unwrap_or(ScopeArg::Public) {
             ScopeArg::Public => ScopeMode::Public,
             ScopeArg::Internal => ScopeMode::Internal,
@@ -414,7 +555,9 @@ impl GatewayConfig {
             upstream_timeout,
             body_limit,
             response_limit,
-            tenant_header,
+            tenant_headers,
+            require_tenant: args.require_tenant || file.require_tenant.unwrap_or(false),
+            tenant_key,
             scope,
             keyed_methods,
             release_statuses,
@@ -629,7 +772,9 @@ mod tests {
         assert_eq!(c.upstream_timeout, Duration::from_secs(60));
         assert_eq!(c.body_limit, 1024 * 1024);
         assert_eq!(c.response_limit, 8 * 1024 * 1024);
-        assert_eq!(c.tenant_header, http::header::AUTHORIZATION);
+        assert_eq!(c.tenant_headers, vec![http::header::AUTHORIZATION]);
+        assert!(!c.require_tenant);
+        assert!(c.tenant_key.is_none(), "the store's own secret");
         assert_eq!(c.scope, ScopeMode::Public);
         assert_eq!(c.keyed_methods, vec![Method::POST, Method::PATCH]);
         assert_eq!(c.client_timeout, Some(Duration::from_secs(30)));
@@ -838,6 +983,93 @@ mod tests {
         let file: FileConfig = toml::from_str("release_statuses = [201]").unwrap();
         let err = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap_err();
         assert!(err.to_string().contains("201: only 4xx and 5xx"), "{err}");
+    }
+
+    #[test]
+    fn tenant_headers_from_the_command_line_or_the_file_and_checked() {
+        let file = |toml: &str| -> FileConfig { toml::from_str(toml).unwrap() };
+        let c = GatewayConfig::merge(
+            &args("http://127.0.0.1:1"),
+            file("tenant_header = [\"Authorization\", \"Stripe-Account\"]\nrequire_tenant = true"),
+        )
+        .unwrap();
+        assert_eq!(
+            c.tenant_headers,
+            vec![
+                http::header::AUTHORIZATION,
+                HeaderName::from_static("stripe-account")
+            ]
+        );
+        assert!(c.require_tenant);
+        let c = GatewayConfig::merge(
+            &args("http://127.0.0.1:1"),
+            file("tenant_header = \"X-Api-Key, Stripe-Account\""),
+        )
+        .unwrap();
+        assert_eq!(c.tenant_headers.len(), 2);
+        let mut a = args("http://127.0.0.1:1");
+        a.tenant_header = Some(vec!["x-api-key".into()]);
+        let c = GatewayConfig::merge(&a, file("tenant_header = \"Authorization\"")).unwrap();
+        assert_eq!(c.tenant_headers, vec![HeaderName::from_static("x-api-key")]);
+        for (list, says) in [
+            (vec!["", " "], "the list is empty"),
+            (vec!["Authorization", "authorization"], "listed twice"),
+            (vec!["bad header"], "\"bad header\""),
+        ] {
+            a.tenant_header = Some(list.iter().map(|s| s.to_string()).collect());
+            let e = GatewayConfig::merge(&a, FileConfig::default()).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("tenant_header") && text.contains(says),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn tenant_secret_from_the_environment_or_a_file_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good");
+        std::fs::write(&good, "  0123456789abcdef0123456789abcdef\n").unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, "0123456789abcdef0123456789abcde\n").unwrap();
+        let env = TenantSecret::new("0123456789abcdef0123456789abcdef");
+        let from_file = tenant_key(None, Some(&good), None).unwrap().unwrap();
+        let from_env = tenant_key(Some(&env), None, None).unwrap().unwrap();
+        let name = |k: &TenantKey| k.credential("authorization", b"basic x");
+        assert_eq!(
+            name(&from_file),
+            name(&from_env),
+            "the file's whitespace is trimmed"
+        );
+        let from_config = tenant_key(None, None, Some(&good)).unwrap().unwrap();
+        assert_eq!(name(&from_config), name(&from_env));
+        assert!(tenant_key(None, None, None).unwrap().is_none());
+
+        let e = tenant_key(None, Some(&short), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("31 bytes") && e.contains("at least 32"), "{e}");
+        assert!(!e.contains("0123456789"), "the secret is shown: {e}");
+        let e = tenant_key(Some(&TenantSecret::new("hunter2")), None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("IDEM_TENANT_SECRET") && !e.contains("hunter2"),
+            "{e}"
+        );
+        let e = tenant_key(Some(&env), Some(&good), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("given twice"), "{e}");
+        let e = tenant_key(None, Some(&dir.path().join("none")), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tenant_secret_file") && e.contains("cannot read"),
+            "{e}"
+        );
+        assert!(!format!("{env:?}").contains("0123"), "{env:?}");
     }
 
     #[test]

@@ -4,11 +4,12 @@ use std::process::ExitCode;
 
 use idem_core::{
     Clock, Endpoint, Key, Record, RecordState, Scope, Store, SweeperConfig, SystemClock, Tenant,
-    Timestamp, sweep_once,
+    TenantKey, Timestamp, sweep_once,
 };
+use idem_tower::TenantHeaders;
 use serde_json::{Value, json};
 
-use crate::cli::{KeyTarget, KeysCommand, PurgeArgs};
+use crate::cli::{KeyTarget, KeysCommand, PurgeArgs, TenantArgs};
 use crate::config::DEFAULT_STORE;
 use crate::store::Namespace;
 
@@ -104,23 +105,55 @@ pub async fn purge_expired(store: &dyn Store) -> usize {
     }
 }
 
-fn tenant_of(
-    tenant: &Option<String>,
-    credential_env: &Option<String>,
+/// The stored tenant an operator names: `--tenant` as stored, or the tenant the
+/// gateway derives from the credentials in `--tenant-credential-env`'s variables, one
+/// per tenant header, hashed under the same secret (the operator's, else the store's).
+async fn tenant_of(
+    tenant: Option<String>,
+    args: &TenantArgs,
+    store: &dyn Store,
 ) -> Result<Option<String>, String> {
-    match (tenant, credential_env) {
-        (Some(t), _) => Ok(Some(t.clone())),
-        (None, Some(var)) => {
-            let value = std::env::var_os(var)
-                .ok_or_else(|| format!("environment variable {var} is not set"))?;
-            Ok(Some(
-                Tenant::from_credential(value.as_encoded_bytes())
-                    .as_str()
-                    .to_owned(),
-            ))
-        }
-        (None, None) => Ok(None),
+    let Some(vars) = &args.tenant_credential_env else {
+        return Ok(tenant);
+    };
+    let names = crate::config::parse_tenant_headers(
+        &args
+            .tenant_header
+            .clone()
+            .unwrap_or_else(|| vec!["authorization".to_owned()]),
+    )
+    .map_err(|e| e.to_string())?;
+    if vars.len() != names.len() {
+        let listed: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+        return Err(format!(
+            "--tenant-credential-env names {} variables; give one per tenant header, in \
+             order: {}",
+            vars.len(),
+            listed.join(", ")
+        ));
     }
+    let mut headers = http::HeaderMap::new();
+    for (name, var) in names.iter().zip(vars) {
+        let value = std::env::var_os(var)
+            .ok_or_else(|| format!("environment variable {var} is not set"))?;
+        let value = http::HeaderValue::from_bytes(value.as_encoded_bytes())
+            .map_err(|_| format!("environment variable {var} holds no valid header value"))?;
+        headers.insert(name.clone(), value);
+    }
+    let key = crate::config::tenant_key(
+        args.tenant_secret.as_ref(),
+        args.tenant_secret_file.as_deref(),
+        None,
+    )
+    .map_err(|e| e.to_string())?;
+    let key = match key {
+        Some(key) => key,
+        None => TenantKey::from_store(store)
+            .await
+            .map_err(|e| format!("cannot read the tenant secret from the store: {e}"))?,
+    };
+    let tenant = TenantHeaders::new(names).tenant(&key, &headers);
+    Ok(Some(tenant.as_str().to_owned()))
 }
 
 /// Runs `idem keys …`; prints to standard output and returns the exit code.
@@ -139,15 +172,20 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
         KeysCommand::Show(KeyTarget {
             key,
             tenant,
-            tenant_credential_env,
+            tenants,
             endpoint,
             store,
             store_namespace,
         }) => {
-            let tenant = tenant_of(&tenant, &tenant_credential_env)?;
-            let scope = scope_for(&key, tenant.as_deref(), endpoint.as_deref())?;
             let store = open(store, store_namespace).await?;
-            let result = show(&*store, &scope).await;
+            let scope = match tenant_of(tenant, &tenants, &*store).await {
+                Ok(tenant) => scope_for(&key, tenant.as_deref(), endpoint.as_deref()),
+                Err(e) => Err(e),
+            };
+            let result = match scope {
+                Ok(scope) => show(&*store, &scope).await,
+                Err(e) => Err(e),
+            };
             store.close().await;
             result
         }
@@ -155,20 +193,28 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
             key,
             expired,
             tenant,
-            tenant_credential_env,
+            tenants,
             endpoint,
             store,
             store_namespace,
         }) => {
-            let scope = if expired {
-                None
-            } else {
-                let key = key.ok_or("give a KEY or --expired")?;
-                let tenant = tenant_of(&tenant, &tenant_credential_env)?;
-                Some(scope_for(&key, tenant.as_deref(), endpoint.as_deref())?)
+            let key = match (expired, key) {
+                (true, _) => None,
+                (false, Some(key)) => Some(key),
+                (false, None) => return Err("give a KEY or --expired".into()),
             };
             let store = open(store, store_namespace).await?;
-            let result = purge(&*store, scope.as_ref()).await;
+            let scope = match key {
+                None => Ok(None),
+                Some(key) => match tenant_of(tenant, &tenants, &*store).await {
+                    Ok(tenant) => scope_for(&key, tenant.as_deref(), endpoint.as_deref()).map(Some),
+                    Err(e) => Err(e),
+                },
+            };
+            let result = match scope {
+                Ok(scope) => purge(&*store, scope.as_ref()).await,
+                Err(e) => Err(e),
+            };
             store.close().await;
             result
         }
@@ -245,10 +291,15 @@ mod tests {
 
     #[test]
     fn scope_for_matches_the_layers_scope() {
-        let s = scope_for("\"k-1\"", Some("sha256:ab"), Some("post /v1/orders/{id}")).unwrap();
+        let s = scope_for(
+            "\"k-1\"",
+            Some("hmac-sha256:ab"),
+            Some("post /v1/orders/{id}"),
+        )
+        .unwrap();
         let expected = Scope::new(
             ScopeMode::Public,
-            Tenant::new("sha256:ab"),
+            Tenant::new("hmac-sha256:ab"),
             Endpoint::new("POST", "/v1/orders/{id}"),
             Key::new("k-1").unwrap(),
         );

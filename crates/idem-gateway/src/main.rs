@@ -136,6 +136,21 @@ async fn check(args: &ServeArgs) -> ExitCode {
         config.body_limit,
         config.response_limit
     );
+    let tenant_headers: Vec<&str> = config.tenant_headers.iter().map(|h| h.as_str()).collect();
+    println!(
+        "tenants   {} ({}), secret {}",
+        tenant_headers.join(","),
+        if config.require_tenant {
+            "required on keyed requests"
+        } else {
+            "none is anonymous"
+        },
+        if config.tenant_key.is_some() {
+            "the operator's"
+        } else {
+            "the store's own"
+        }
+    );
     println!(
         "release   {}",
         if config.release_statuses.is_empty() {

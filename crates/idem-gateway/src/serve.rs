@@ -19,7 +19,7 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use idem_core::{Store, Sweeper, SweeperConfig, Tenant};
+use idem_core::{Store, StoreError, Sweeper, SweeperConfig, TenantKey};
 use idem_tower::{IdempotencyBody, IdempotencyLayer, InFlight, RouteConfig};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -51,6 +51,9 @@ pub enum ServeError {
     /// The store could not be opened.
     #[error(transparent)]
     Store(#[from] OpenError),
+    /// The store holds a tenant secret that cannot be used, or cannot store one.
+    #[error("cannot read the tenant secret from the store: {0}")]
+    TenantSecret(#[source] StoreError),
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -110,13 +113,15 @@ impl std::fmt::Debug for Gateway {
     }
 }
 
-/// The layer configured from the gateway's settings.
+/// The layer configured from the gateway's settings. Tenants are hashed under
+/// `tenant_key`, else under the store's own secret, which the layer fetches before it
+/// scopes the first keyed request.
 pub fn idempotency_layer(
     store: Arc<dyn Store>,
     config: &GatewayConfig,
+    tenant_key: Option<TenantKey>,
     metrics: Arc<Metrics>,
 ) -> IdempotencyLayer<Arc<dyn Store>> {
-    let tenant_header = config.tenant_header.clone();
     let routes: Arc<[Route]> = config.routes.clone().into();
     let mut layer = IdempotencyLayer::new(store)
         .keyed_methods(config.keyed_methods.clone())
@@ -129,11 +134,12 @@ pub fn idempotency_layer(
         .release_statuses(config.release_statuses.iter())
         // The inner service is the proxy: a replay's `GET <reference>` goes upstream.
         .render_references(true)
-        .tenant_from(move |parts| match parts.headers.get(&tenant_header) {
-            Some(v) => Tenant::from_credential(v.as_bytes()),
-            None => Tenant::anonymous(),
-        })
+        .tenant_headers(config.tenant_headers.iter().cloned())
+        .require_tenant(config.require_tenant)
         .observer(metrics);
+    if let Some(key) = tenant_key {
+        layer = layer.tenant_key(key);
+    }
     // The client timeout bounds a keyed body's arrival too: it is buffered whole before
     // anything is reserved.
     if let Some(timeout) = config.client_timeout {
@@ -166,6 +172,28 @@ fn route_config(route: &Route) -> RouteConfig {
     rc
 }
 
+/// The one key the gateway names tenants by: the operator's secret, else the store's
+/// own (generated on its first use), read now so that a store holding an unusable one
+/// stops the start. A store not reached yet (a deferred PostgreSQL or Redis) leaves
+/// it to the layer, which reads it before it scopes the first keyed request; until
+/// then keyed requests get the 503 they get while the store is unreachable.
+async fn tenant_key(
+    config: &GatewayConfig,
+    store: &dyn Store,
+) -> Result<Option<TenantKey>, ServeError> {
+    if let Some(key) = &config.tenant_key {
+        return Ok(Some(key.clone()));
+    }
+    match TenantKey::from_store(store).await {
+        Ok(key) => Ok(Some(key)),
+        Err(StoreError::Unavailable(e)) => {
+            tracing::info!(error = %e, "the tenant secret will be read from the store once it is reached");
+            Ok(None)
+        }
+        Err(e) => Err(ServeError::TenantSecret(e)),
+    }
+}
+
 impl Gateway {
     /// Opens the store and binds the listeners. A PostgreSQL or Redis store that cannot
     /// be reached yet does not fail the start: see [`store::open_or_defer`].
@@ -189,7 +217,8 @@ impl Gateway {
         );
         let (service, in_flight) = match mode {
             Mode::Idempotent => {
-                let layer = idempotency_layer(store.clone(), config, metrics.clone());
+                let tenant_key = tenant_key(config, &*store).await?;
+                let layer = idempotency_layer(store.clone(), config, tenant_key, metrics.clone());
                 let in_flight = layer.in_flight();
                 let svc = ServiceExt::<Request<Incoming>>::map_response(
                     layer.layer(proxy),
@@ -551,6 +580,9 @@ mod tests {
         }
         async fn ping(&self) -> idem_core::Result<()> {
             Ok(())
+        }
+        async fn init_secret(&self, name: &str, candidate: &[u8]) -> idem_core::Result<Vec<u8>> {
+            self.inner.init_secret(name, candidate).await
         }
         async fn close(&self) {
             self.close_started

@@ -525,6 +525,13 @@ impl Store for Deferred {
         self.opened()?.ping().await
     }
 
+    /// Unavailable until the store is reached, like every operation: the layer then
+    /// answers keyed requests 503 without scoping them, and reads the secret on the
+    /// first keyed request after the store is reached.
+    async fn init_secret(&self, name: &str, candidate: &[u8]) -> idem_core::Result<Vec<u8>> {
+        self.opened()?.init_secret(name, candidate).await
+    }
+
     async fn close(&self) {
         self.opener.abort();
         if let Some(store) = self.opened.get() {

@@ -263,8 +263,12 @@ pub struct Gateway {
     log: PathBuf,
 }
 
-pub fn binary() -> &'static str {
-    env!("CARGO_BIN_EXE_idem")
+/// The binary under test: `IDEM_TEST_BINARY` when set, else the one Cargo built for
+/// these tests. Builds that share a target directory share `target/debug/idem` too, so
+/// one checkout's build can replace another's between its build and its tests; the
+/// variable pins the binary (e.g. to the `target/debug/deps/idem-HASH` Cargo built).
+pub fn binary() -> String {
+    std::env::var("IDEM_TEST_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_idem").to_owned())
 }
 
 impl Gateway {

@@ -11,3 +11,4 @@ mod crash;
 mod protocol;
 mod proxying;
 mod shared;
+mod tenants;

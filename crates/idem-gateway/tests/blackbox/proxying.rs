@@ -570,7 +570,7 @@ async fn keys_command_shows_and_purges_sqlite_records() {
     assert!(show.status.success(), "{show:?}");
     let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
     assert_eq!(v["record"]["state"], "completed");
-    assert!(v["tenant"].as_str().unwrap().starts_with("sha256:"));
+    assert!(v["tenant"].as_str().unwrap().starts_with("hmac-sha256:"));
     assert!(!String::from_utf8_lossy(&show.stdout).contains("sk_test"));
 
     let wrong_tenant = run(&[
