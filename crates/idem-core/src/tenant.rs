@@ -195,7 +195,13 @@ mod tests {
         TenantKey::new(&[byte; 32]).unwrap()
     }
 
-    fn tenant(key: &TenantKey, sources: &[(&str, &[&[u8]])]) -> Tenant {
+    /// A source and its values, as a request would carry them.
+    type Source<'a> = (&'a str, &'a [&'a [u8]]);
+
+    /// Sources in order.
+    type Sources<'a> = [Source<'a>];
+
+    fn tenant(key: &TenantKey, sources: &Sources<'_>) -> Tenant {
         let mut h = key.hasher();
         for (name, values) in sources {
             h.source(name, values.iter());
@@ -264,7 +270,7 @@ mod tests {
     #[test]
     fn distinct_header_sets_never_collide() {
         let k = key(3);
-        let cases: Vec<Vec<(&str, &[&[u8]])>> = vec![
+        let cases: Vec<Vec<Source>> = vec![
             vec![("a", &[b"x"]), ("b", &[])],
             vec![("a", &[b"x"]), ("b", &[b""])],
             vec![("a", &[]), ("b", &[b"x"])],
