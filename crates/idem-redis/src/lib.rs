@@ -68,6 +68,11 @@
 //! braces make the digest the Redis Cluster hash tag. The native TTL is the record's
 //! remaining life by the store's clock plus [`DEFAULT_TTL_GRACE`].
 //!
+//! The tenant secret ([`Store::init_secret`](idem_core::Store::init_secret)) is at
+//! `prefix + "meta:" + name` ([`RedisStore::secret_key`]), set once with `SET NX`,
+//! without TTL; the purge's `SCAN` matches record keys only, so it never reaches it.
+//! An `allkeys-*` eviction policy could evict it, as it could records.
+//!
 //! **Inspecting a record.** `idem keys show` (or the gateway's admin `GET /keys`) decodes
 //! it through [`Store::get`](idem_core::Store::get). By hand: `PTTL key` for the native
 //! TTL; `redis-cli --no-raw GET key` prints the value with its bytes escaped, where the

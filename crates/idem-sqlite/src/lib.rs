@@ -126,6 +126,11 @@
 //! (`idem_core::codec`), `body` BLOB. An index on `expires_at` serves
 //! [`purge_expired`](idem_core::Store::purge_expired), which deletes in bounded
 //! batches; run `idem_core::Sweeper` to keep the file bounded.
+//!
+//! `TABLE_meta` (`name` TEXT primary key, `value` BLOB) holds the secrets of
+//! [`init_secret`](idem_core::Store::init_secret) (the tenant secret), apart from the
+//! records: no purge or removal reaches it. It lives in the same file, so a copy of
+//! the file holds it too.
 
 mod error;
 mod schema;
