@@ -177,6 +177,12 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_CLIENT_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
     pub client_timeout: Option<Duration>,
 
+    /// Most client connections the proxy holds open; at it, it accepts no more until one
+    /// closes [default: derived from the open-file limit, which is raised to its hard
+    /// value: (limit - store connections - 32 for the admin listener - 64) / 2].
+    #[arg(long, env = "IDEM_MAX_CONNECTIONS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: Option<u32>,
+
     /// Time between sweeps of expired records [default: 60s].
     #[arg(long, env = "IDEM_SWEEP_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]
     pub sweep_interval: Option<Duration>,

@@ -184,6 +184,7 @@ impl Proxy {
                 .map(|client_side| (protocol, client_side)),
             _ => None,
         };
+        let slot = parts.extensions.remove::<crate::listener::ConnectionSlot>();
         strip_hop_by_hop(&mut headers);
         if let Some((protocol, _)) = &upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -226,7 +227,11 @@ impl Proxy {
                 tracing::warn!(error = %e, "upstream unreachable");
                 return fail(UpstreamError::Unreachable);
             }
-            Ok(Err(e)) if client_failed.as_ref().is_some_and(|f| f.load(Ordering::Relaxed)) => {
+            Ok(Err(e))
+                if client_failed
+                    .as_ref()
+                    .is_some_and(|f| f.load(Ordering::Relaxed)) =>
+            {
                 tracing::debug!(error = %e, "the client's request body broke off");
                 return client_body_unreadable(origin);
             }
@@ -240,7 +245,8 @@ impl Proxy {
             return match upgrade {
                 // To WebSocket, as asked (RFC 6455 §4.1 has the answer name it too).
                 Some((_, client_side)) if upgrades_to_websocket(res.headers()) => {
-                    let open = this.metrics.tunnel_guard();
+                    // The tunnel keeps the client connection's place under the cap.
+                    let open = (this.metrics.tunnel_guard(), slot);
                     switch_protocols(res, client_side, client_version, open)
                 }
                 // Nothing was asked to switch, or not to this: the upstream's answer is
@@ -337,11 +343,9 @@ fn client_body_unreadable(origin: Option<HeaderValue>) -> Response<ProxyBody> {
         ProblemKind::BodyUnreadable,
         "the request body could not be read: it broke off or was malformed",
     );
-    let mut res = problem.to_response().map(|b| {
-        Full::new(b)
-            .map_err(|never| match never {})
-            .boxed_unsync()
-    });
+    let mut res = problem
+        .to_response()
+        .map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync());
     if let Some(origin) = origin {
         crate::cors::allow_origin(res.headers_mut(), origin);
     }
@@ -386,7 +390,7 @@ fn switch_protocols(
     mut res: Response<hyper::body::Incoming>,
     client_side: hyper::upgrade::OnUpgrade,
     client_version: Version,
-    open: crate::metrics::GaugeGuard,
+    open: impl Send + 'static,
 ) -> Response<ProxyBody> {
     let upstream_side = hyper::upgrade::on(&mut res);
     let (mut parts, _) = res.into_parts();

@@ -172,7 +172,10 @@ mod tests {
             polled.load(Ordering::SeqCst)
         };
         let mut expects = HeaderMap::new();
-        expects.insert(header::EXPECT, http::HeaderValue::from_static("100-Continue"));
+        expects.insert(
+            header::EXPECT,
+            http::HeaderValue::from_static("100-Continue"),
+        );
         assert!(!read(expects).await);
         assert!(read(HeaderMap::new()).await, "read away without the header");
     }
