@@ -170,7 +170,7 @@ fn route_config(route: &Route) -> RouteConfig {
 /// The proxy's connection cap: `--max-connections`, else derived from the open-file
 /// limit ([`default_max_connections`]). A cap given above the derived one is kept, with
 /// a warning: the process may run out of descriptors before it reaches it.
-fn max_connections(config: &GatewayConfig) -> usize {
+fn proxy_connection_cap(config: &GatewayConfig) -> usize {
     let store = store::StoreUrl::parse(&config.store)
         .map_or(0, |url| url.descriptors(config.store_options.pool));
     let nofile = listener::fd_limit();
@@ -246,7 +246,7 @@ impl Gateway {
             }
             None => None,
         };
-        let max_connections = max_connections(config);
+        let max_connections = proxy_connection_cap(config);
         let listener = Listener::new(
             listener,
             ListenerKind::Proxy,
