@@ -173,7 +173,8 @@ pub struct ServeArgs {
     /// How long a client may take to send a request's headers, counted from when its
     /// connection is ready for the next request (so an idle keep-alive connection is
     /// closed after it too), and then a keyed request's body (408 after it, nothing
-    /// reserved); 0s turns both off [default: 30s].
+    /// reserved); a client whose reading stalls that long is disconnected too; 0s turns
+    /// all three off [default: 30s].
     #[arg(long, env = "IDEM_CLIENT_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
     pub client_timeout: Option<Duration>,
 

@@ -281,7 +281,8 @@ pub struct GatewayConfig {
     /// Upstream statuses that release the key rather than being recorded.
     pub release_statuses: ReleaseStatuses,
     /// How long a client connection may take to send a request's headers (idle time
-    /// before them included); `None` for no limit.
+    /// before them included), and may leave the gateway's writes to it without
+    /// progress; `None` for no limit.
     pub client_timeout: Option<Duration>,
     /// The most client connections the proxy holds open; `None` derives it from the
     /// open-file limit when the gateway binds

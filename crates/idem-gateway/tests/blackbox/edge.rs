@@ -459,3 +459,59 @@ async fn reading_a_rejected_body_away_is_bounded() {
     );
     assert_eq!(up.total(), 0);
 }
+
+/// A client that asks for a large answer and never reads it cannot hold its connection
+/// (and its place under the cap) for ever: once the gateway's writes to it have made
+/// no progress for the client timeout, the connection is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_disconnected_after_the_client_timeout() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &[
+            "--store",
+            "memory://",
+            "--admin",
+            "0",
+            "--client-timeout",
+            "1s",
+        ],
+    )
+    .await;
+    let http = Http::new();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    let mut stalled = socket.connect(gw.addr).await.unwrap();
+    stalled
+        .write_all(b"GET /v1/exports HTTP/1.1\r\nhost: x\r\nx-test-body-bytes: 67108864\r\n\r\n")
+        .await
+        .unwrap();
+    let open = |text: &str| metric(text, "idem_connections_open{listener=\"proxy\"}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut seen_open = false;
+    loop {
+        let n = open(&metrics(&http, &gw).await);
+        seen_open |= n == Some(1);
+        if seen_open && n == Some(0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the connection of a client that reads nothing is still open ({n:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // It was closed, not finished: far less than the answer was sent.
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), stalled.read(&mut buf)).await
+    {
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    assert!(got < 64 * 1024 * 1024, "read {got} bytes");
+}
