@@ -17,9 +17,9 @@
 //! **The client timeout.** A connection must send each request's head within the
 //! timeout, counted from when it is ready for its next request, so an idle keep-alive
 //! connection is closed after it too. And a client that stops reading is closed once
-//! the gateway's writes to it have made no progress for the timeout ([`WriteStall`]),
-//! so it cannot hold its connection, its place under the cap and the answer's buffers
-//! for ever by asking for an answer and never reading it.
+//! the gateway's writes to it have made no progress for the timeout, so it cannot hold
+//! its connection, its place under the cap and the answer's buffers for ever by asking
+//! for an answer and never reading it.
 
 use std::future::Future;
 use std::io;
