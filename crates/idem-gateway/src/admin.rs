@@ -11,6 +11,11 @@
 //!
 //! With `--admin-token`, every route but the two probes needs
 //! `Authorization: Bearer TOKEN`. A bare `--admin PORT` binds to 127.0.0.1.
+//!
+//! It is served like the proxy ([`crate::listener`]): at most
+//! [`ADMIN_MAX_CONNECTIONS`](crate::listener::ADMIN_MAX_CONNECTIONS) connections open,
+//! and the client timeout for each request's head, so idle admin connections can neither
+//! pile up nor take the proxy's file descriptors.
 
 use std::sync::Arc;
 

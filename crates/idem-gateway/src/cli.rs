@@ -196,9 +196,16 @@ pub struct ServeArgs {
     /// How long a client may take to send a request's headers, counted from when its
     /// connection is ready for the next request (so an idle keep-alive connection is
     /// closed after it too), and then a keyed request's body (408 after it, nothing
-    /// reserved); 0s turns both off [default: 30s].
+    /// reserved); a client whose reading stalls that long is disconnected too; 0s turns
+    /// all three off [default: 30s].
     #[arg(long, env = "IDEM_CLIENT_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
     pub client_timeout: Option<Duration>,
+
+    /// Most client connections the proxy holds open; at it, it accepts no more until one
+    /// closes [default: derived from the open-file limit, which is raised to its hard
+    /// value: (limit - store connections - 32 for the admin listener - 64) / 2].
+    #[arg(long, env = "IDEM_MAX_CONNECTIONS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: Option<u32>,
 
     /// Time between sweeps of expired records [default: 60s].
     #[arg(long, env = "IDEM_SWEEP_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]

@@ -145,6 +145,8 @@ pub struct FileConfig {
     pub release_statuses: Option<Vec<u16>>,
     /// `--client-timeout`.
     pub client_timeout: Option<String>,
+    /// `--max-connections`.
+    pub max_connections: Option<u32>,
     /// `--sweep-interval`.
     pub sweep_interval: Option<String>,
     /// `--shutdown-timeout`.
@@ -415,8 +417,13 @@ pub struct GatewayConfig {
     /// Upstream statuses that release the key rather than being recorded.
     pub release_statuses: ReleaseStatuses,
     /// How long a client connection may take to send a request's headers (idle time
-    /// before them included); `None` for no limit.
+    /// before them included), and may leave the gateway's writes to it without
+    /// progress; `None` for no limit.
     pub client_timeout: Option<Duration>,
+    /// The most client connections the proxy holds open; `None` derives it from the
+    /// open-file limit when the gateway binds
+    /// ([`default_max_connections`](crate::listener::default_max_connections)).
+    pub max_connections: Option<usize>,
     /// Time between sweeps.
     pub sweep_interval: Duration,
     /// Longest graceful-shutdown wait.
@@ -568,6 +575,10 @@ impl GatewayConfig {
                 DEFAULT_CLIENT_TIMEOUT,
             )?)
             .filter(|t| !t.is_zero()),
+            max_connections: match args.max_connections.or(file.max_connections) {
+                Some(0) => return Err(invalid("max_connections", "must be at least 1")),
+                n => n.map(|n| n as usize),
+            },
             sweep_interval: dur(
                 args.sweep_interval,
                 &file.sweep_interval,
@@ -886,6 +897,31 @@ mod tests {
         a.client_timeout = Some(Duration::ZERO);
         let c = GatewayConfig::merge(&a, file()).unwrap();
         assert_eq!(c.client_timeout, None, "0s turns it off");
+    }
+
+    #[test]
+    fn max_connections_from_the_file_or_the_command_line_and_never_zero() {
+        let file = |n: u32| -> FileConfig {
+            toml::from_str(&format!(
+                "upstream = \"http://127.0.0.1:1\"\nmax_connections = {n}"
+            ))
+            .unwrap()
+        };
+        let bare: FileConfig = toml::from_str("upstream = \"http://127.0.0.1:1\"").unwrap();
+        let c = GatewayConfig::merge(&ServeArgs::default(), bare).unwrap();
+        assert_eq!(c.max_connections, None, "derived when the gateway binds");
+        let c = GatewayConfig::merge(&ServeArgs::default(), file(300)).unwrap();
+        assert_eq!(c.max_connections, Some(300));
+        let a = ServeArgs {
+            max_connections: Some(4),
+            ..ServeArgs::default()
+        };
+        assert_eq!(
+            GatewayConfig::merge(&a, file(300)).unwrap().max_connections,
+            Some(4)
+        );
+        let e = GatewayConfig::merge(&ServeArgs::default(), file(0)).unwrap_err();
+        assert!(e.to_string().contains("max_connections"), "{e}");
     }
 
     fn codes(c: &GatewayConfig) -> Vec<u16> {

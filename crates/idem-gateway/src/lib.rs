@@ -15,7 +15,8 @@
 //!   from another origin;
 //! - [`admin`] and [`metrics`]: `/healthz`, `/readyz`, Prometheus `/metrics`, key
 //!   inspection and purge;
-//! - [`serve`]: listeners, the sweeper and graceful shutdown; [`keys`]: `idem keys`;
+//! - [`serve`]: the gateway's start, the sweeper and graceful shutdown; [`listener`]:
+//!   accepting connections, their cap and the client timeout; [`keys`]: `idem keys`;
 //!   [`demo`]: `idem demo-upstream`, a naive API to try the gateway on.
 //!
 //! # Examples
@@ -52,6 +53,7 @@ pub mod cors;
 pub mod demo;
 pub mod error;
 pub mod keys;
+pub mod listener;
 pub mod logging;
 pub mod metrics;
 pub mod proxy;

@@ -35,6 +35,9 @@ async fn main() -> ExitCode {
             } else {
                 Mode::Idempotent
             };
+            // Before binding: the proxy's default connection cap is derived from it.
+            let open_files = idem_gateway::listener::raise_fd_limit();
+            tracing::info!(open_file_limit = open_files, "open-file limit");
             let gateway = match Gateway::bind(&config, mode).await {
                 Ok(g) => g,
                 Err(e) => {

@@ -14,6 +14,8 @@ use std::time::Duration;
 use idem_core::{MetricKind, Store};
 use idem_tower::{Observer, Outcome};
 
+use crate::listener::ListenerKind;
+
 /// Histogram bucket upper bounds, in seconds: from a fast in-process store to a slow
 /// network round trip.
 const BUCKETS: [f64; 12] = [
@@ -69,6 +71,12 @@ pub struct Metrics {
     /// ([`KEY_WRITES`]).
     deferred_writes: [AtomicI64; 2],
     abandoned_writes: [AtomicU64; 2],
+    /// Connections open now, their caps, the times a listener waited at its cap, and
+    /// failed accepts, by listener ([`ListenerKind::index`]).
+    connections_open: [AtomicI64; 2],
+    connections_max: [AtomicU64; 2],
+    connection_waits: [AtomicU64; 2],
+    accept_errors: [AtomicU64; 2],
     /// The store whose own figures (`Store::metrics`) are rendered too.
     figures_of: Option<Arc<dyn Store>>,
 }
@@ -182,6 +190,35 @@ impl Metrics {
         self.tunnels.load(Ordering::Relaxed)
     }
 
+    /// Counts a connection of `listener` as open until the guard drops.
+    pub fn connection_guard(self: &Arc<Self>, listener: ListenerKind) -> GaugeGuard {
+        self.hold(match listener {
+            ListenerKind::Proxy => |m| &m.connections_open[0],
+            ListenerKind::Admin => |m| &m.connections_open[1],
+        })
+    }
+
+    /// Connections of `listener` open now.
+    pub fn connections_open(&self, listener: ListenerKind) -> i64 {
+        self.connections_open[listener.index()].load(Ordering::Relaxed)
+    }
+
+    /// Sets the most connections `listener` holds open.
+    pub fn set_max_connections(&self, listener: ListenerKind, max: usize) {
+        let max = u64::try_from(max).unwrap_or(u64::MAX);
+        self.connections_max[listener.index()].store(max, Ordering::Relaxed);
+    }
+
+    /// Counts one time `listener` reached its cap and waited for a connection to close.
+    pub fn count_connection_wait(&self, listener: ListenerKind) {
+        self.connection_waits[listener.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one failed accept on `listener`.
+    pub fn count_accept_error(&self, listener: ListenerKind) {
+        self.accept_errors[listener.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
@@ -207,6 +244,47 @@ impl Metrics {
              # TYPE idem_upgraded_connections gauge\n",
         );
         let _ = writeln!(out, "idem_upgraded_connections {}", self.tunnels());
+        let by_listener =
+            |out: &mut String, name: &str, kind: &str, help: &str, values: [u64; 2]| {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+                for (listener, value) in ListenerKind::ALL.iter().zip(values) {
+                    let _ = writeln!(out, "{name}{{listener=\"{}\"}} {value}", listener.as_str());
+                }
+            };
+        let load = |a: &[AtomicU64; 2]| a.each_ref().map(|c| c.load(Ordering::Relaxed));
+        by_listener(
+            &mut out,
+            "idem_connections_open",
+            "gauge",
+            "Client connections open now, by listener; WebSocket tunnels included.",
+            self.connections_open
+                .each_ref()
+                .map(|c| u64::try_from(c.load(Ordering::Relaxed)).unwrap_or(0)),
+        );
+        by_listener(
+            &mut out,
+            "idem_connections_max",
+            "gauge",
+            "The most connections each listener holds open (the proxy's is \
+             --max-connections); at it, the listener accepts no more until one closes.",
+            load(&self.connections_max),
+        );
+        by_listener(
+            &mut out,
+            "idem_connection_waits_total",
+            "counter",
+            "Times a listener reached its connection cap and stopped accepting until a \
+             connection closed; connections arriving meanwhile wait in the kernel's backlog.",
+            load(&self.connection_waits),
+        );
+        by_listener(
+            &mut out,
+            "idem_accept_errors_total",
+            "counter",
+            "Accepts that failed (out of file descriptors and the like), by listener; \
+             after each the listener pauses, from 50 ms doubling to 1 s.",
+            load(&self.accept_errors),
+        );
         out.push_str(
             "# HELP idem_upstream_errors_total Upstream calls that failed, by kind.\n\
              # TYPE idem_upstream_errors_total counter\n",
@@ -379,6 +457,43 @@ mod tests {
         drop((g, t));
         assert_eq!(m.in_flight(), 0);
         assert_eq!(m.tunnels(), 0);
+    }
+
+    #[test]
+    fn renders_connections_by_listener() {
+        let m = Arc::new(Metrics::new());
+        let text = m.render();
+        assert!(text.contains(
+            "# TYPE idem_connections_open gauge\n\
+             idem_connections_open{listener=\"proxy\"} 0\n\
+             idem_connections_open{listener=\"admin\"} 0\n"
+        ));
+        m.set_max_connections(ListenerKind::Proxy, 452);
+        m.set_max_connections(ListenerKind::Admin, 32);
+        let open = [
+            m.connection_guard(ListenerKind::Proxy),
+            m.connection_guard(ListenerKind::Proxy),
+            m.connection_guard(ListenerKind::Admin),
+        ];
+        m.count_connection_wait(ListenerKind::Proxy);
+        m.count_accept_error(ListenerKind::Admin);
+        let text = m.render();
+        for line in [
+            "idem_connections_open{listener=\"proxy\"} 2",
+            "idem_connections_open{listener=\"admin\"} 1",
+            "idem_connections_max{listener=\"proxy\"} 452",
+            "idem_connections_max{listener=\"admin\"} 32",
+            "idem_connection_waits_total{listener=\"proxy\"} 1",
+            "idem_connection_waits_total{listener=\"admin\"} 0",
+            "idem_accept_errors_total{listener=\"proxy\"} 0",
+            "idem_accept_errors_total{listener=\"admin\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        assert!(text.contains("# TYPE idem_connection_waits_total counter\n"));
+        drop(open);
+        assert_eq!(m.connections_open(ListenerKind::Proxy), 0);
+        assert_eq!(m.connections_open(ListenerKind::Admin), 0);
     }
 
     #[test]

@@ -16,7 +16,10 @@
 //!   replays render it again with a `GET` of that path; it is stripped too;
 //! - a refused connection is a 502 that releases the key; a timeout or broken connection
 //!   after sending is a 504 that keeps the record in progress until its lease lapses; a
-//!   keyed answer over `--response-limit` is a 502 that is recorded in its place.
+//!   keyed answer over `--response-limit` is a 502 that is recorded in its place;
+//! - a request body that breaks off on the client's side (a malformed chunk, an upload
+//!   abandoned halfway) is the client's fault: a 400 `body-unreadable` (if the client is
+//!   still there to read it), not an upstream failure.
 //!
 //! A WebSocket upgrade on an unkeyed request is offered to the upstream with its
 //! `Upgrade` header; if the upstream answers `101 Switching Protocols`, the client gets
@@ -36,6 +39,7 @@ use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -48,7 +52,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_tower::{Disposition, IdempotencyContext, ResourceReference};
+use idem_tower::{Disposition, IdempotencyContext, Problem, ProblemKind, ResourceReference};
 use tokio::time::Instant;
 use tower::Service;
 
@@ -180,6 +184,7 @@ impl Proxy {
                 .map(|client_side| (protocol, client_side)),
             _ => None,
         };
+        let slot = parts.extensions.remove::<crate::listener::ConnectionSlot>();
         strip_hop_by_hop(&mut headers);
         if let Some((protocol, _)) = &upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -194,7 +199,22 @@ impl Proxy {
             headers.insert(header::HOST, host.clone());
         }
 
-        let mut up = Request::new(body.map_err(Into::into).boxed_unsync());
+        // A request body that fails (a chunk size that is no number, a client that went
+        // away mid-upload) fails the upstream call too; noted, so that it is answered as
+        // the client's fault rather than as an upstream failure.
+        let client_failed = (!body.is_end_stream()).then(|| Arc::new(AtomicBool::new(false)));
+        let body = match &client_failed {
+            Some(failed) => {
+                let failed = failed.clone();
+                body.map_err(move |e| {
+                    failed.store(true, Ordering::Relaxed);
+                    e.into()
+                })
+                .boxed_unsync()
+            }
+            None => body.map_err(Into::into).boxed_unsync(),
+        };
+        let mut up = Request::new(body);
         *up.method_mut() = parts.method;
         *up.uri_mut() = uri;
         *up.version_mut() = Version::HTTP_11;
@@ -207,6 +227,14 @@ impl Proxy {
                 tracing::warn!(error = %e, "upstream unreachable");
                 return fail(UpstreamError::Unreachable);
             }
+            Ok(Err(e))
+                if client_failed
+                    .as_ref()
+                    .is_some_and(|f| f.load(Ordering::Relaxed)) =>
+            {
+                tracing::debug!(error = %e, "the client's request body broke off");
+                return client_body_unreadable(origin);
+            }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "upstream connection broke after the request was sent");
                 return fail(UpstreamError::Broken);
@@ -217,7 +245,8 @@ impl Proxy {
             return match upgrade {
                 // To WebSocket, as asked (RFC 6455 §4.1 has the answer name it too).
                 Some((_, client_side)) if upgrades_to_websocket(res.headers()) => {
-                    let open = this.metrics.tunnel_guard();
+                    // The tunnel keeps the client connection's place under the cap.
+                    let open = (this.metrics.tunnel_guard(), slot);
                     switch_protocols(res, client_side, client_version, open)
                 }
                 // Nothing was asked to switch, or not to this: the upstream's answer is
@@ -306,6 +335,23 @@ where
     }
 }
 
+/// The answer to a request whose body broke off on the client's side: a 400
+/// `body-unreadable`, the client's fault, not an upstream failure (no retry with the
+/// same key is asked for, no upstream error counted). Readable by `origin`.
+fn client_body_unreadable(origin: Option<HeaderValue>) -> Response<ProxyBody> {
+    let problem = Problem::new(
+        ProblemKind::BodyUnreadable,
+        "the request body could not be read: it broke off or was malformed",
+    );
+    let mut res = problem
+        .to_response()
+        .map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync());
+    if let Some(origin) = origin {
+        crate::cors::allow_origin(res.headers_mut(), origin);
+    }
+    res
+}
+
 /// The protocol an HTTP/1.1 request asks to switch to, when it is WebSocket: its
 /// `Upgrade` header, when its `Connection` header names `upgrade`.
 ///
@@ -344,7 +390,7 @@ fn switch_protocols(
     mut res: Response<hyper::body::Incoming>,
     client_side: hyper::upgrade::OnUpgrade,
     client_version: Version,
-    open: crate::metrics::GaugeGuard,
+    open: impl Send + 'static,
 ) -> Response<ProxyBody> {
     let upstream_side = hyper::upgrade::on(&mut res);
     let (mut parts, _) = res.into_parts();

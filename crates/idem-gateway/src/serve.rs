@@ -1,5 +1,5 @@
-//! `idem serve`: the listener, the idempotency layer around the proxy, the admin
-//! listener, the sweeper, and graceful shutdown.
+//! `idem serve`: the listeners (served as [`crate::listener`] says), the idempotency
+//! layer around the proxy, the admin router, the sweeper, and graceful shutdown.
 //!
 //! Shutdown (SIGTERM or SIGINT) stops accepting, lets open connections finish their
 //! current request, then waits for every execution the layer spawned to finish and
@@ -18,10 +18,8 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use idem_core::{Store, StoreError, Sweeper, SweeperConfig, TenantKey};
 use idem_tower::{IdempotencyBody, IdempotencyLayer, InFlight, RouteConfig};
-use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
@@ -29,6 +27,9 @@ use tower::{Layer, ServiceExt};
 use crate::admin::{self, AdminState};
 use crate::config::GatewayConfig;
 use crate::cors;
+use crate::listener::{
+    self, ADMIN_MAX_CONNECTIONS, ConnectionSlot, Listener, ListenerKind, default_max_connections,
+};
 use crate::metrics::Metrics;
 use crate::proxy::{BoxError, ClientAddr, Proxy, ProxyBody};
 use crate::route::{self, Route};
@@ -38,6 +39,15 @@ use crate::store::{self, OpenError, redact};
 /// in-flight requests used up the shutdown timeout: enough for a SQLite store to write
 /// what is queued and fold its WAL into the file.
 const STORE_CLOSE_MIN: Duration = Duration::from_secs(1);
+
+/// The proxy's connection cap where the open-file limit cannot be read.
+const UNKNOWN_FD_LIMIT_MAX_CONNECTIONS: usize = 1024;
+
+/// The admin listener's client timeout when `--client-timeout` is off.
+const ADMIN_CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the admin listener's connections are given to finish at shutdown.
+const ADMIN_SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
 /// The body of answers the gateway sends to clients.
 pub type ClientBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -69,14 +79,6 @@ pub enum ServeError {
 /// still there (client connections and upstream connections alike).
 pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 
-/// Turns TCP keepalive on for `stream`, so that a peer that vanished without closing
-/// (a client whose network dropped) is found out and its connection closed. An idle
-/// HTTP connection has the client timeout for that; a WebSocket tunnel has nothing else.
-fn keep_alive(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
-    let params = socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE);
-    socket2::SockRef::from(stream).set_tcp_keepalive(&params)
-}
-
 /// Whether requests go through the idempotency layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -88,8 +90,8 @@ pub enum Mode {
 
 /// A gateway bound to its listeners, ready to run.
 pub struct Gateway {
-    listener: TcpListener,
-    admin: Option<TcpListener>,
+    listener: Listener,
+    admin: Option<Listener>,
     service: GatewayService,
     in_flight: Option<InFlight>,
     store: Arc<dyn Store>,
@@ -98,7 +100,6 @@ pub struct Gateway {
     /// `None` where the store expires records by itself (Redis).
     sweep_interval: Option<Duration>,
     shutdown_timeout: Duration,
-    client_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -194,6 +195,31 @@ async fn tenant_key(
     }
 }
 
+/// The proxy's connection cap: `--max-connections`, else derived from the open-file
+/// limit ([`default_max_connections`]). A cap given above the derived one is kept, with
+/// a warning: the process may run out of descriptors before it reaches it.
+fn proxy_connection_cap(config: &GatewayConfig) -> usize {
+    let store = store::StoreUrl::parse(&config.store)
+        .map_or(0, |url| url.descriptors(config.store_options.pool));
+    let nofile = listener::fd_limit();
+    let derived = nofile.map(|n| default_max_connections(n, store, config.admin.is_some()));
+    match (config.max_connections, derived) {
+        (Some(given), Some(derived)) if given > derived => {
+            tracing::warn!(
+                max_connections = given,
+                open_file_limit = nofile,
+                fits = derived,
+                "--max-connections is more than the open-file limit leaves room for; \
+                 accepts may fail with too many open files before the cap is reached"
+            );
+            given
+        }
+        (Some(given), _) => given,
+        (None, Some(derived)) => derived,
+        (None, None) => UNKNOWN_FD_LIMIT_MAX_CONNECTIONS,
+    }
+}
+
 impl Gateway {
     /// Opens the store and binds the listeners. A PostgreSQL or Redis store that cannot
     /// be reached yet does not fail the start: see [`store::open_or_defer`].
@@ -236,31 +262,45 @@ impl Gateway {
                 (BoxCloneService::new(svc), None)
             }
         };
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| ServeError::Bind {
-                    addr: config.listen,
-                    source,
-                })?;
+        let listener = listener::bind(config.listen).map_err(|source| ServeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
         let admin = match config.admin {
             Some(addr) => {
                 if !addr.ip().is_loopback() && config.admin_token.is_none() {
                     tracing::warn!(%addr, "the admin listener is not on loopback and has no --admin-token");
                 }
-                Some(
-                    TcpListener::bind(addr)
-                        .await
-                        .map_err(|source| ServeError::Bind { addr, source })?,
-                )
+                Some(listener::bind(addr).map_err(|source| ServeError::Bind { addr, source })?)
             }
             None => None,
         };
+        let max_connections = proxy_connection_cap(config);
+        let listener = Listener::new(
+            listener,
+            ListenerKind::Proxy,
+            max_connections,
+            config.client_timeout,
+            metrics.clone(),
+        );
+        // An admin listener always has a client timeout: nothing it serves needs a
+        // connection that idles longer.
+        let admin_timeout = config.client_timeout.unwrap_or(ADMIN_CLIENT_TIMEOUT);
+        let admin = admin.map(|tcp| {
+            Listener::new(
+                tcp,
+                ListenerKind::Admin,
+                ADMIN_MAX_CONNECTIONS,
+                Some(admin_timeout),
+                metrics.clone(),
+            )
+        });
         tracing::info!(
             store = %redact(&config.store),
             namespace = %config.store_options.namespace.clone().unwrap_or_default(),
             upstream = %format!("{}://{}{}", config.upstream.scheme, config.upstream.authority, config.upstream.base_path),
             mode = ?mode,
+            max_connections = listener.max_connections(),
             "gateway configured"
         );
         Ok(Gateway {
@@ -279,7 +319,6 @@ impl Gateway {
             ))
             .then_some(config.sweep_interval),
             shutdown_timeout: config.shutdown_timeout,
-            client_timeout: config.client_timeout,
         })
     }
 
@@ -312,7 +351,6 @@ impl Gateway {
             admin_token,
             sweep_interval,
             shutdown_timeout,
-            client_timeout,
         } = self;
         let sweeper = sweep_interval.map(|every| {
             Sweeper::spawn(
@@ -331,40 +369,33 @@ impl Gateway {
                 token: admin_token,
             });
             tokio::spawn(async move {
-                let _ = axum::serve(listener, router)
-                    .with_graceful_shutdown(async {
-                        let _ = admin_stopped.await;
+                let serve = |_, _: &ConnectionSlot| {
+                    let router = router.clone();
+                    hyper::service::service_fn(move |req: Request<Incoming>| {
+                        router.clone().oneshot(req)
                     })
+                };
+                let stopped = async {
+                    let _ = admin_stopped.await;
+                };
+                let connections = listener.run(serve, stopped).await;
+                connections
+                    .finish(Instant::now() + ADMIN_SHUTDOWN_WAIT)
                     .await;
             })
         });
 
-        // Each connection's task holds a sender; once the listener stops, every
-        // connection is asked to finish, and `open` ends when the last task has.
-        let (stop_connections, stopping) = tokio::sync::watch::channel(false);
-        let (open_tx, mut open) = tokio::sync::mpsc::channel::<()>(1);
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let (stream, peer) = tokio::select! {
-                () = &mut shutdown => break,
-                accepted = listener.accept() => match accepted {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off, keep serving.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
-            let _ = stream.set_nodelay(true);
-            if let Err(e) = keep_alive(&stream) {
-                tracing::debug!(error = %e, "TCP keepalive could not be set on a connection");
-            }
+        let serve = |peer, slot: &ConnectionSlot| {
             let svc = service.clone();
             let metrics = metrics.clone();
-            let hyper_svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            let slot = slot.clone();
+            hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 req.extensions_mut().insert(ClientAddr(peer));
+                // A connection that becomes a WebSocket tunnel keeps its place under the
+                // cap while the tunnel is open.
+                if req.headers().contains_key(http::header::UPGRADE) {
+                    req.extensions_mut().insert(slot.clone());
+                }
                 let svc = svc.clone();
                 let guard = metrics.in_flight_guard();
                 let origin = cors::preflighted_origin(req.method(), req.headers());
@@ -398,46 +429,13 @@ impl Gateway {
                     drop(guard);
                     res
                 }
-            });
-            // A client that sends no complete request head in time (a slow or stalled
-            // one, or an idle keep-alive connection) is disconnected, so it cannot hold a
-            // connection and its buffers without limit.
-            // With upgrades, so that the proxy can hand a switched connection (a
-            // WebSocket) over to its tunnel.
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(client_timeout)
-                .serve_connection(TokioIo::new(stream), hyper_svc)
-                .with_upgrades();
-            let mut stopping = stopping.clone();
-            let open = open_tx.clone();
-            tokio::spawn(async move {
-                let mut conn = std::pin::pin!(conn);
-                let ended = tokio::select! {
-                    biased;
-                    ended = conn.as_mut() => ended,
-                    _ = async { stopping.wait_for(|stop| *stop).await.map(drop) } => {
-                        // Finish the request in progress, if any, then close.
-                        conn.as_mut().graceful_shutdown();
-                        conn.await
-                    }
-                };
-                if let Err(e) = ended {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-                drop(open);
-            });
-        }
+            })
+        };
+        let connections = listener.run(serve, shutdown).await;
 
         tracing::info!("shutting down: no new connections; finishing in-flight requests");
-        drop(listener);
         let deadline = Instant::now() + shutdown_timeout;
-        stop_connections.send_replace(true);
-        drop(open_tx);
-        if tokio::time::timeout_at(deadline, open.recv())
-            .await
-            .is_err()
-        {
+        if !connections.finish(deadline).await {
             tracing::warn!("some connections were still open at the shutdown deadline");
         }
         if let Some(in_flight) = in_flight
@@ -452,7 +450,7 @@ impl Gateway {
         }
         let _ = admin_stop.send(());
         if let Some(task) = admin_task {
-            let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+            let _ = tokio::time::timeout(ADMIN_SHUTDOWN_WAIT + Duration::from_secs(1), task).await;
         }
         if let Some(sweeper) = sweeper {
             sweeper.stop();
@@ -500,21 +498,6 @@ pub async fn shutdown_signal() {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn accepted_connections_get_tcp_keepalive() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
-        let (client, accepted) = tokio::join!(client, listener.accept());
-        let (accepted, _) = accepted.unwrap();
-        let socket = socket2::SockRef::from(&accepted);
-        assert!(
-            !socket.keepalive().unwrap(),
-            "off until the listener sets it"
-        );
-        keep_alive(&accepted).unwrap();
-        assert!(socket.keepalive().unwrap());
-        drop(client);
-    }
     use crate::cli::ServeArgs;
     use crate::config::FileConfig;
 

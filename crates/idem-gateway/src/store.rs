@@ -132,6 +132,23 @@ impl StoreUrl {
             StoreUrl::Redis(_) => "redis",
         }
     }
+
+    /// The most file descriptors the store may hold with `pool` connections in a SQL
+    /// store's pool (`None`: the store's default): none in memory, three per SQLite
+    /// connection (the database, its WAL and its shared-memory index), one per
+    /// PostgreSQL connection, and two for Redis (its multiplexed connection, and a new
+    /// one while it reconnects).
+    pub fn descriptors(&self, pool: Option<u32>) -> u64 {
+        match self {
+            StoreUrl::Memory(_) => 0,
+            StoreUrl::Sqlite(_) => {
+                3 * u64::from(pool.unwrap_or(idem_sqlite::DEFAULT_MAX_CONNECTIONS))
+            }
+            // PgStore's own default pool.
+            StoreUrl::Postgres(_) => u64::from(pool.unwrap_or(10)),
+            StoreUrl::Redis(_) => 2,
+        }
+    }
 }
 
 impl fmt::Debug for StoreUrl {

@@ -165,6 +165,11 @@
 //! | 503    | `https://idem.dev/problems/store-unavailable`   | store unreachable; `Retry-After`      |
 //! | 503    | `https://idem.dev/problems/replay-unavailable`  | the answer, recorded as a [`ResourceReference`], could not be rendered again; the operation ran; `Retry-After` |
 //!
+//! The 400s for the key, the 413 and the 408 are answered before the body is read
+//! whole. What is left of it is read away in the background ([`drain_body`]: up to
+//! [`DRAIN_LIMIT`], 4 MiB, within [`DRAIN_TIMEOUT`], 5 s, then the connection closes), so
+//! a client that sends its whole body before it reads gets the answer, not a reset.
+//!
 //! # Limits of this version
 //!
 //! - The response future is boxed (one allocation per request; a keyed request's
@@ -185,6 +190,7 @@ mod body;
 mod coding;
 mod config;
 mod context;
+mod drain;
 mod execution;
 mod future;
 mod in_flight;
@@ -200,6 +206,7 @@ pub use config::{
     NEVER_STORED_HEADERS, ReleaseStatuses, RouteConfig, is_storable_header,
 };
 pub use context::IdempotencyContext;
+pub use drain::{DRAIN_LIMIT, DRAIN_TIMEOUT, drain_body};
 pub use future::ResponseFuture;
 pub use in_flight::InFlight;
 pub use layer::IdempotencyLayer;

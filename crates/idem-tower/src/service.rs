@@ -24,6 +24,7 @@ use tower::{Layer, Service};
 
 use crate::config::{Config, References, ReleaseStatuses, RouteConfig};
 use crate::context::IdempotencyContext;
+use crate::drain::{drain_body, drain_in_background};
 use crate::execution::{Execution, panic_message};
 use crate::future::ResponseFuture;
 use crate::in_flight::InFlightGuard;
@@ -164,12 +165,16 @@ where
                 return reject(
                     &*config.observer,
                     Problem::new(ProblemKind::MissingKey, detail),
+                    &parts,
+                    body,
                 );
             }
             Err(e) => {
                 return reject(
                     &*config.observer,
                     Problem::new(ProblemKind::InvalidKey, e.to_string()),
+                    &parts,
+                    body,
                 );
             }
         };
@@ -196,6 +201,8 @@ where
                 return reject(
                     &*config.observer,
                     Problem::new(ProblemKind::MissingTenant, detail),
+                    &parts,
+                    body,
                 );
             }
         }
@@ -321,11 +328,21 @@ where
     ResponseFuture::new(async move { Ok(future.await?.map(IdempotencyBody::stream)) })
 }
 
-fn reject<B, E>(observer: &dyn Observer, problem: Problem) -> ResponseFuture<B, E>
+/// Answers `problem` from the request's head alone; the unread body is read away
+/// (see [`drain_body`]).
+fn reject<B, E, ReqBody>(
+    observer: &dyn Observer,
+    problem: Problem,
+    parts: &Parts,
+    body: ReqBody,
+) -> ResponseFuture<B, E>
 where
     B: Send + 'static,
     E: Send + 'static,
+    ReqBody: Body + Send + 'static,
+    ReqBody::Data: Send,
 {
+    drain_body(&parts.headers, body);
     observer.outcome(Outcome::Rejected);
     let response = problem.to_response().map(IdempotencyBody::buffered);
     ResponseFuture::new(std::future::ready(Ok(response)))
@@ -410,7 +427,8 @@ where
 }
 
 /// Reads a keyed request's body up to `limit` bytes (SPEC S4), within `timeout` when
-/// one is set.
+/// one is set. When it answers early (over the limit, too slow), what is left of the
+/// body is read away in the background (see [`drain_body`]).
 async fn buffer<B>(
     parts: &Parts,
     body: B,
@@ -418,7 +436,7 @@ async fn buffer<B>(
     timeout: Option<Duration>,
 ) -> Result<Bytes, Problem>
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
     let too_large = || {
@@ -433,30 +451,72 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
+        drain_body(&parts.headers, body);
         return Err(too_large());
     }
-    let collect = Limited::new(body, limit).collect();
+    // Boxed, so that what is left of it can be handed on after an early answer.
+    let mut body = Box::pin(body);
+    let collect = read_up_to(body.as_mut(), limit);
     let collected = match timeout {
         // The timer is only armed if the body is not all there at the first poll.
-        Some(t) => tokio::time::timeout(t, collect).await.map_err(|_| {
-            Problem::new(
-                ProblemKind::BodyTimeout,
-                format!(
-                    "the request body did not arrive within {} ms; nothing was reserved",
-                    t.as_millis()
-                ),
-            )
-        })?,
+        Some(t) => match tokio::time::timeout(t, collect).await {
+            Ok(collected) => collected,
+            Err(_) => {
+                drain_in_background(body);
+                return Err(Problem::new(
+                    ProblemKind::BodyTimeout,
+                    format!(
+                        "the request body did not arrive within {} ms; nothing was reserved",
+                        t.as_millis()
+                    ),
+                ));
+            }
+        },
         None => collect.await,
     };
     match collected {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(Problem::new(
+        Ok(bytes) => Ok(bytes),
+        Err(None) => {
+            drain_in_background(body);
+            Err(too_large())
+        }
+        Err(Some(e)) => Err(Problem::new(
             ProblemKind::BodyUnreadable,
             format!("the request body could not be read: {e}"),
         )),
     }
+}
+
+/// Reads `body` whole, unless it is over `limit` bytes (`Err(None)`) or fails.
+async fn read_up_to<B>(mut body: Pin<&mut B>, limit: usize) -> Result<Bytes, Option<BoxError>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut first = Bytes::new();
+    let mut rest: Option<bytes::BytesMut> = None;
+    let mut len = 0usize;
+    while let Some(frame) = body.as_mut().frame().await {
+        let Ok(data) = frame.map_err(|e| Some(e.into()))?.into_data() else {
+            continue;
+        };
+        len += data.len();
+        if len > limit {
+            return Err(None);
+        }
+        // One chunk, the usual case, is handed on without a copy.
+        match &mut rest {
+            None if first.is_empty() => first = data,
+            None => {
+                let mut joined = bytes::BytesMut::with_capacity(len);
+                joined.extend_from_slice(&first);
+                joined.extend_from_slice(&data);
+                rest = Some(joined);
+            }
+            Some(joined) => joined.extend_from_slice(&data),
+        }
+    }
+    Ok(rest.map_or(first, bytes::BytesMut::freeze))
 }
 
 /// SPEC S5's stages for one keyed request whose body is in hand; counted in flight

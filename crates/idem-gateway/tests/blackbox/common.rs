@@ -263,12 +263,14 @@ pub struct Gateway {
     log: PathBuf,
 }
 
-/// The binary under test: `IDEM_TEST_BINARY` when set, else the one Cargo built for
-/// these tests. Builds that share a target directory share `target/debug/idem` too, so
-/// one checkout's build can replace another's between its build and its tests; the
-/// variable pins the binary (e.g. to the `target/debug/deps/idem-HASH` Cargo built).
-pub fn binary() -> String {
-    std::env::var("IDEM_TEST_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_idem").to_owned())
+/// The `idem` binary under test: `IDEM_TEST_BINARY` when set (a release build, or a
+/// copy taken where several checkouts share one target directory and its `idem`), else
+/// the one cargo built for this test.
+pub fn binary() -> &'static str {
+    static BINARY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BINARY.get_or_init(|| {
+        std::env::var("IDEM_TEST_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_idem").to_owned())
+    })
 }
 
 impl Gateway {
@@ -285,9 +287,35 @@ impl Gateway {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Gateway {
+        Gateway::launch(Command::new(binary()), upstream, log_dir, extra, env).await
+    }
+
+    /// Like [`Gateway::start`], with the process's file-descriptor limit set by the
+    /// shell that starts it: `ulimit` is that command's options and figure, `-n 256`
+    /// for soft and hard limits of 256, `-Sn 256` for the soft one alone.
+    pub async fn start_with_fd_limit(
+        upstream: &str,
+        log_dir: &Path,
+        extra: &[&str],
+        ulimit: &str,
+    ) -> Gateway {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!("ulimit {ulimit} && exec \"$0\" \"$@\""))
+            .arg(binary());
+        Gateway::launch(cmd, upstream, log_dir, extra, &[]).await
+    }
+
+    /// Runs `cmd serve --listen 127.0.0.1:0 --upstream URL EXTRA…`.
+    async fn launch(
+        mut cmd: Command,
+        upstream: &str,
+        log_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Gateway {
         static N: AtomicU64 = AtomicU64::new(0);
         let log = log_dir.join(format!("gateway-{}.log", N.fetch_add(1, Ordering::Relaxed)));
-        let mut cmd = Command::new(binary());
         cmd.arg("serve").args(["--listen", "127.0.0.1:0"]);
         if !upstream.is_empty() {
             cmd.args(["--upstream", upstream]);
