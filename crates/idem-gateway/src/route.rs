@@ -153,9 +153,14 @@ impl Route {
         })
     }
 
-    /// Whether the rule applies to a request.
+    /// Whether the rule applies to a request: its method ignoring ASCII case (SPEC S14:
+    /// `post` is `POST` to most upstream frameworks), and its path, normalised by the
+    /// listener before any rule sees it.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
-        self.method.as_ref().is_none_or(|m| m == method) && self.template.matches(path)
+        self.method
+            .as_ref()
+            .is_none_or(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
+            && self.template.matches(path)
     }
 
     /// The fingerprint options with this route's ignored pointers.
@@ -231,6 +236,20 @@ mod tests {
             "/v1/{*rest}"
         );
         assert!(find(&routes, &Method::POST, "/v2/x").is_none());
+    }
+
+    /// `[[route]] method = "POST"` holds for `post` and `PoSt` too, which upstream
+    /// frameworks run as `POST`: a rule cannot be sidestepped by spelling.
+    #[test]
+    fn rule_method_matches_in_any_case() {
+        let t = PathTemplate::parse("/v1/charges").unwrap();
+        let rule = Route::new(Some(Method::POST), t, Some(true), None, vec![], vec![]).unwrap();
+        for spelling in ["POST", "post", "PoSt"] {
+            let method = Method::from_bytes(spelling.as_bytes()).unwrap();
+            assert!(rule.matches(&method, "/v1/charges"), "{spelling}");
+        }
+        assert!(!rule.matches(&Method::PUT, "/v1/charges"));
+        assert!(!rule.matches(&Method::from_bytes(b"posts").unwrap(), "/v1/charges"));
     }
 
     #[test]
