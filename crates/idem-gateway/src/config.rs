@@ -28,6 +28,7 @@ use idem_tower::{DEFAULT_RESPONSE_LIMIT, ReleaseStatuses};
 use serde::Deserialize;
 
 use crate::cli::{ScopeArg, ServeArgs};
+use crate::path::PathNormalization;
 use crate::route::{PathTemplate, Route};
 
 /// The default listen address.
@@ -143,6 +144,9 @@ pub struct FileConfig {
     pub keyed_methods: Option<Vec<String>>,
     /// `--release-statuses`, as numbers: `[409, 429, 503]`; `[]` releases none.
     pub release_statuses: Option<Vec<u16>>,
+    /// `--path-normalization`: a list, `["rfc3986", "merge-slashes"]`, or one string,
+    /// `"none"` or `"rfc3986,merge-slashes"`.
+    pub path_normalization: Option<ItemList>,
     /// `--client-timeout`.
     pub client_timeout: Option<String>,
     /// `--sweep-interval`.
@@ -290,6 +294,25 @@ pub enum ByteSize {
     Text(String),
 }
 
+/// A list setting in the file: a TOML array of strings, or one comma-separated string.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ItemList {
+    /// `["rfc3986", "merge-slashes"]`.
+    Many(Vec<String>),
+    /// `"rfc3986,merge-slashes"`, `"none"`.
+    One(String),
+}
+
+impl ItemList {
+    fn items(&self) -> Vec<&str> {
+        match self {
+            ItemList::Many(items) => items.iter().map(String::as_str).collect(),
+            ItemList::One(list) => list.split(',').collect(),
+        }
+    }
+}
+
 /// A `[[route]]` table as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -414,6 +437,8 @@ pub struct GatewayConfig {
     pub keyed_methods: Vec<Method>,
     /// Upstream statuses that release the key rather than being recorded.
     pub release_statuses: ReleaseStatuses,
+    /// How request paths are normalised before any rule sees them (SPEC S14).
+    pub path_normalization: PathNormalization,
     /// How long a client connection may take to send a request's headers (idle time
     /// before them included); `None` for no limit.
     pub client_timeout: Option<Duration>,
@@ -515,6 +540,12 @@ impl GatewayConfig {
             (None, Some(codes)) => check_release_statuses(codes, "release_statuses")?,
             (None, None) => ReleaseStatuses::default(),
         };
+        let path_normalization = match (&args.path_normalization, &file.path_normalization) {
+            (Some(list), _) => PathNormalization::from_items(list),
+            (None, Some(list)) => PathNormalization::from_items(list.items()),
+            (None, None) => Ok(PathNormalization::default()),
+        }
+        .map_err(|e| invalid("path_normalization", e))?;
         let upstream_timeout = dur(
             args.upstream_timeout,
             &file.upstream_timeout,
@@ -561,6 +592,7 @@ impl GatewayConfig {
             scope,
             keyed_methods,
             release_statuses,
+            path_normalization,
             client_timeout: Some(dur(
                 args.client_timeout,
                 &file.client_timeout,
@@ -1070,6 +1102,61 @@ mod tests {
             "{e}"
         );
         assert!(!format!("{env:?}").contains("0123"), "{env:?}");
+    }
+
+    #[test]
+    fn path_normalization_from_the_command_line_the_file_or_the_default() {
+        let c =
+            GatewayConfig::merge(&args("http://127.0.0.1:3000"), FileConfig::default()).unwrap();
+        assert_eq!(c.path_normalization, PathNormalization::default());
+        assert_eq!(c.path_normalization.to_string(), "rfc3986,merge-slashes");
+        for toml in [
+            "path_normalization = [\"rfc3986\", \"lowercase\"]",
+            "path_normalization = \"rfc3986,lowercase\"",
+        ] {
+            let file: FileConfig = toml::from_str(toml).unwrap();
+            let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap();
+            assert_eq!(
+                c.path_normalization.to_string(),
+                "rfc3986,lowercase",
+                "{toml}"
+            );
+        }
+        let file = || -> FileConfig { toml::from_str("path_normalization = \"none\"").unwrap() };
+        let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file()).unwrap();
+        assert!(c.path_normalization.is_none());
+        let mut cli = args("http://127.0.0.1:3000");
+        cli.path_normalization = Some(vec!["merge-slashes".into(), "trailing-slash".into()]);
+        let c = GatewayConfig::merge(&cli, file()).unwrap();
+        assert_eq!(
+            c.path_normalization.to_string(),
+            "merge-slashes,trailing-slash",
+            "the command line wins"
+        );
+    }
+
+    #[test]
+    fn path_normalization_refuses_what_it_cannot_use() {
+        let mut cli = args("http://127.0.0.1:3000");
+        for (list, says) in [
+            (
+                vec!["rfc3986", "dedupe"],
+                "\"dedupe\" is not a normalisation",
+            ),
+            (vec!["none", "rfc3986"], "cannot be given with other items"),
+            (vec![""], "the list is empty"),
+        ] {
+            cli.path_normalization = Some(list.iter().map(|s| s.to_string()).collect());
+            let err = GatewayConfig::merge(&cli, FileConfig::default()).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains("path_normalization") && text.contains(says),
+                "{list:?}: {text}"
+            );
+        }
+        let file: FileConfig = toml::from_str("path_normalization = []").unwrap();
+        let err = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap_err();
+        assert!(err.to_string().contains("the list is empty"), "{err}");
     }
 
     #[test]

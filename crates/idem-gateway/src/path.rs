@@ -268,6 +268,43 @@ pub fn normalize(path: &str, options: PathNormalization) -> Result<Cow<'_, str>,
     })
 }
 
+/// A request target with its path normalised (see [`normalize`]), for the listener to
+/// put in place of the request's before any rule sees it: `None` when the path is
+/// already normal (nothing is allocated then). The query is kept as it came, and so
+/// are an absolute-form target's scheme and authority (`POST http://host/v1//x`
+/// becomes `http://host/v1/x`; the proxy forwards only the path and query anyway).
+///
+/// ```
+/// use idem_gateway::path::{PathNormalization, normalize_uri};
+///
+/// let uri: http::Uri = "/v1/./charges?expand=%2e".parse().unwrap();
+/// let normal = normalize_uri(&uri, PathNormalization::default()).unwrap().unwrap();
+/// assert_eq!(normal, "/v1/charges?expand=%2e");
+/// let normal: http::Uri = "/v1/charges".parse().unwrap();
+/// assert_eq!(normalize_uri(&normal, PathNormalization::default()), Ok(None));
+/// ```
+pub fn normalize_uri(
+    uri: &http::Uri,
+    options: PathNormalization,
+) -> Result<Option<http::Uri>, InvalidPath> {
+    let Cow::Owned(path) = normalize(uri.path(), options)? else {
+        return Ok(None);
+    };
+    let target = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path,
+    };
+    let mut parts = uri.clone().into_parts();
+    // A normalised path holds only characters of the request's own path, unreserved
+    // characters, `/` and percent-escapes, all of which a request target may.
+    parts.path_and_query = Some(
+        http::uri::PathAndQuery::try_from(target).expect("a normalised path is a valid target"),
+    );
+    Ok(Some(
+        http::Uri::from_parts(parts).expect("the request's own URI with a valid path"),
+    ))
+}
+
 /// RFC 3986's unreserved characters: an escape of one is decoded.
 fn is_unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
@@ -567,7 +604,10 @@ mod tests {
             ("/v1/%4", InvalidPath::BrokenEscape { at: 4 }),
             ("/v1/%", InvalidPath::BrokenEscape { at: 4 }),
             ("/v1/a%2", InvalidPath::BrokenEscape { at: 5 }),
-            ("/v1/charges%00.json", InvalidPath::ControlCharacter { at: 11 }),
+            (
+                "/v1/charges%00.json",
+                InvalidPath::ControlCharacter { at: 11 },
+            ),
             ("/v1/%0a", InvalidPath::ControlCharacter { at: 4 }),
             ("/v1/%7F", InvalidPath::ControlCharacter { at: 4 }),
             ("/v1/a\tb", InvalidPath::ControlCharacter { at: 5 }),
@@ -608,9 +648,15 @@ mod tests {
         assert_eq!(normalize("/v1/charges//", trailing).unwrap(), "/v1/charges");
         assert_eq!(normalize("/", trailing).unwrap(), "/");
         let lower = options("lowercase");
-        assert_eq!(normalize("/V1/Charges%2f", lower).unwrap(), "/v1/charges%2f");
+        assert_eq!(
+            normalize("/V1/Charges%2f", lower).unwrap(),
+            "/v1/charges%2f"
+        );
         let all = options("rfc3986,merge-slashes,trailing-slash,lowercase");
-        assert_eq!(normalize("/V1//Charges/%41/.", all).unwrap(), "/v1/charges/a");
+        assert_eq!(
+            normalize("/V1//Charges/%41/.", all).unwrap(),
+            "/v1/charges/a"
+        );
         assert_eq!(normalize("/V1/%2f/", all).unwrap(), "/v1/%2F");
     }
 
@@ -626,8 +672,14 @@ mod tests {
 
     #[test]
     fn lists_parse_and_refuse_what_they_cannot_use() {
-        assert_eq!(options("rfc3986,merge-slashes"), PathNormalization::default());
-        assert_eq!(options(" RFC3986 , merge-slashes,,"), PathNormalization::default());
+        assert_eq!(
+            options("rfc3986,merge-slashes"),
+            PathNormalization::default()
+        );
+        assert_eq!(
+            options(" RFC3986 , merge-slashes,,"),
+            PathNormalization::default()
+        );
         assert_eq!(options("none"), PathNormalization::NONE);
         assert_eq!(options("NONE").to_string(), "none");
         assert_eq!(
@@ -661,9 +713,32 @@ mod tests {
     /// Paths made of the pieces that normalisation cares about.
     fn hostile_path() -> impl Strategy<Value = String> {
         const PIECES: [&str; 26] = [
-            "/", "//", ".", "..", "%2e", "%2E", "%2f", "%5c", "%41", "%7e", "%c3%a9", "%25",
-            "%", "%4", "%00", "\\", "é", "{", "a", "B", "z9", "-_~", ":@", "!$&'()*+,;=",
-            "%3A", "%g1",
+            "/",
+            "//",
+            ".",
+            "..",
+            "%2e",
+            "%2E",
+            "%2f",
+            "%5c",
+            "%41",
+            "%7e",
+            "%c3%a9",
+            "%25",
+            "%",
+            "%4",
+            "%00",
+            "\\",
+            "é",
+            "{",
+            "a",
+            "B",
+            "z9",
+            "-_~",
+            ":@",
+            "!$&'()*+,;=",
+            "%3A",
+            "%g1",
         ];
         let piece = proptest::sample::select(&PIECES[..]);
         proptest::collection::vec(piece, 0..12).prop_map(|pieces| format!("/{}", pieces.concat()))
@@ -716,6 +791,31 @@ mod tests {
                 prop_assert!(!normal.contains("//"), "{}", normal);
                 for segment in normal.split('/') {
                     prop_assert!(segment != "." && segment != "..", "{}", normal);
+                }
+            }
+        }
+
+        /// Any request target http accepts is normalised without a panic, keeps its
+        /// query, and is what `normalize` makes of its path.
+        #[test]
+        fn request_targets_are_rewritten_whole(
+            path in hostile_path(),
+            query in proptest::option::of(proptest::sample::select(&["", "a=%2e", "b=/../x"][..])),
+            options in any_options(),
+        ) {
+            let target = match query {
+                Some(q) => format!("{path}?{q}"),
+                None => path.clone(),
+            };
+            if let Ok(uri) = target.parse::<http::Uri>() {
+                match normalize_uri(&uri, options) {
+                    Ok(Some(normal)) => {
+                        prop_assert_eq!(normal.query(), uri.query());
+                        let expected = normalize(uri.path(), options);
+                        prop_assert_eq!(Ok(normal.path()), expected.as_deref());
+                    }
+                    Ok(None) => prop_assert!(matches!(normalize(uri.path(), options), Ok(Cow::Borrowed(_)))),
+                    Err(e) => prop_assert_eq!(Err(e), normalize(uri.path(), options)),
                 }
             }
         }

@@ -15,12 +15,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use idem_core::{Store, StoreError, Sweeper, SweeperConfig, TenantKey};
-use idem_tower::{IdempotencyBody, IdempotencyLayer, InFlight, RouteConfig};
+use idem_tower::{
+    IdempotencyBody, IdempotencyLayer, InFlight, Observer, Outcome, Problem, ProblemKind,
+    RouteConfig,
+};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
@@ -30,6 +33,7 @@ use crate::admin::{self, AdminState};
 use crate::config::GatewayConfig;
 use crate::cors;
 use crate::metrics::Metrics;
+use crate::path::{self, PathNormalization};
 use crate::proxy::{BoxError, ClientAddr, Proxy, ProxyBody};
 use crate::route::{self, Route};
 use crate::store::{self, OpenError, redact};
@@ -99,6 +103,7 @@ pub struct Gateway {
     sweep_interval: Option<Duration>,
     shutdown_timeout: Duration,
     client_timeout: Option<Duration>,
+    path_normalization: PathNormalization,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -280,6 +285,7 @@ impl Gateway {
             .then_some(config.sweep_interval),
             shutdown_timeout: config.shutdown_timeout,
             client_timeout: config.client_timeout,
+            path_normalization: config.path_normalization,
         })
     }
 
@@ -313,6 +319,7 @@ impl Gateway {
             sweep_interval,
             shutdown_timeout,
             client_timeout,
+            path_normalization,
         } = self;
         let sweeper = sweep_interval.map(|every| {
             Sweeper::spawn(
@@ -364,6 +371,12 @@ impl Gateway {
             let svc = service.clone();
             let metrics = metrics.clone();
             let hyper_svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                // Once, before any rule sees the request: the layer, the routes and the
+                // proxy all see the one normalised path (SPEC S14).
+                let invalid = normalize_target(&mut req, path_normalization).err();
+                if invalid.is_some() {
+                    metrics.outcome(Outcome::Rejected);
+                }
                 req.extensions_mut().insert(ClientAddr(peer));
                 let svc = svc.clone();
                 let guard = metrics.in_flight_guard();
@@ -381,7 +394,12 @@ impl Gateway {
                             req.uri().path().to_owned(),
                         )
                     });
-                    let mut res = svc.oneshot(req).await;
+                    let mut res = match invalid {
+                        None => svc.oneshot(req).await,
+                        Some(problem) => Ok(problem
+                            .to_response()
+                            .map(|b| Full::new(b).map_err(|e| match e {}).boxed_unsync())),
+                    };
                     if let (Some(origin), Ok(r)) = (origin, &mut res) {
                         cors::allow_origin_on_problem(r, origin);
                     }
@@ -471,6 +489,29 @@ impl Gateway {
             );
         }
         tracing::info!("stopped");
+    }
+}
+
+/// Puts the request's normalised target (see [`path::normalize_uri`]) in place of its
+/// own, or says why its path cannot be normalised, as the 400 `invalid-path` problem
+/// to answer with. An `OPTIONS *` request names no path and passes as it came; any
+/// other target that is not a path (`*`, a `CONNECT` authority) is invalid.
+fn normalize_target<B>(req: &mut Request<B>, options: PathNormalization) -> Result<(), Problem> {
+    if options.is_none() || (req.method() == http::Method::OPTIONS && req.uri() == "*") {
+        return Ok(());
+    }
+    match path::normalize_uri(req.uri(), options) {
+        Ok(None) => Ok(()),
+        Ok(Some(normal)) => {
+            *req.uri_mut() = normal;
+            Ok(())
+        }
+        Err(e) => Err(Problem::new(
+            ProblemKind::InvalidPath,
+            format!(
+                "the request path cannot be normalised: {e}; nothing was reserved or forwarded"
+            ),
+        )),
     }
 }
 

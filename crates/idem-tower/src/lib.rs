@@ -156,6 +156,7 @@
 //! | 400    | `https://idem.dev/problems/missing-key`         | the route requires a key              |
 //! | 400    | `https://idem.dev/problems/body-unreadable`     | the request body could not be read    |
 //! | 401    | `https://idem.dev/problems/missing-tenant`      | [`IdempotencyLayer::require_tenant`] and no tenant header; `WWW-Authenticate: Bearer`; nothing reserved |
+//! | 400    | `https://idem.dev/problems/invalid-path`        | the path cannot be normalised (the idem gateway's listener, SPEC S14); nothing reserved or forwarded |
 //! | 413    | `https://idem.dev/problems/body-too-large`      | body over the limit; nothing reserved |
 //! | 408    | `https://idem.dev/problems/body-timeout`        | body not in within the body timeout; nothing reserved |
 //! | 409    | `https://idem.dev/problems/request-in-progress` | another attempt runs; `Retry-After`   |

@@ -1741,7 +1741,9 @@ where
         req = req.header("idempotency-key", key);
     }
     let req = req
-        .body(http_body_util::Full::new(Bytes::from_static(ORDER.as_bytes())))
+        .body(http_body_util::Full::new(Bytes::from_static(
+            ORDER.as_bytes(),
+        )))
         .unwrap();
     let res = svc.clone().oneshot(req).await.unwrap();
     let status = res.status().as_u16();

@@ -11,4 +11,5 @@ mod crash;
 mod protocol;
 mod proxying;
 mod shared;
+mod spelling;
 mod tenants;
