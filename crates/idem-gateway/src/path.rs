@@ -39,7 +39,11 @@
 //! - With `rfc3986`: a `..` that would climb above the root (`/../v1/charges`); a `%`
 //!   not followed by two hex digits (`%G1`, a trailing `%4`); an escape of a control
 //!   character (`%00` to `%1F`, `%7F`), which no resource name needs and which upstreams
-//!   written in C truncate at or write into their logs; and a raw backslash, which
+//!   written in C truncate at or write into their logs; escapes of bytes that are not
+//!   UTF-8 (`%FF`, or the overlong `%C0%AE` that a lax decoder reads as `.`), which
+//!   upstreams decode each their own way (an error, U+FFFD, a raw byte), so that two
+//!   such paths could be one resource to them and two to the gateway, or a dot segment
+//!   the gateway never saw; and a raw backslash, which
 //!   some upstreams read as a slash and others as a character, so no one spelling can
 //!   stand for it (send `%5C`).
 //!
@@ -225,6 +229,16 @@ pub enum InvalidPath {
         /// The byte offset of the character or of its escape's `%`.
         at: usize,
     },
+    /// The percent-escapes from this byte offset on encode bytes that are not UTF-8
+    /// (`%FF`, an overlong `%C0%AE`), which upstreams decode each their own way.
+    #[error(
+        "the percent-escapes at byte {at} do not encode UTF-8 (such as %FF, or %C0%AE), \
+         which upstreams decode each their own way"
+    )]
+    NotUtf8 {
+        /// The byte offset of the first escape's `%`.
+        at: usize,
+    },
     /// A raw backslash at this byte offset.
     #[error(
         "byte {at} is a backslash, which upstreams read either as a slash or as a \
@@ -332,6 +346,28 @@ fn hex_value(b: u8) -> Option<u8> {
     }
 }
 
+/// How many escapes from `bytes[i]` on (a `%` whose byte is 0x80 or more) encode one
+/// UTF-8 character; `None` when they encode none: a stray continuation byte, an
+/// overlong form (`%C0%AE` for `.`), a surrogate, or a sequence cut short.
+fn encoded_utf8_len(bytes: &[u8], i: usize) -> Option<usize> {
+    let lead = escape_at(bytes, i)?;
+    let len = match lead {
+        0xC2..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0..=0xF4 => 4,
+        _ => return None,
+    };
+    let mut buf = [0u8; 4];
+    for (n, byte) in buf.iter_mut().enumerate().take(len) {
+        let at = i + 3 * n;
+        if bytes.get(at) != Some(&b'%') {
+            return None;
+        }
+        *byte = escape_at(bytes, at)?;
+    }
+    std::str::from_utf8(&buf[..len]).ok().map(|_| len)
+}
+
 /// The escape at `bytes[i]` (a `%`), if two hex digits follow.
 fn escape_at(bytes: &[u8], i: usize) -> Option<u8> {
     let hi = hex_value(*bytes.get(i + 1)?)?;
@@ -364,7 +400,7 @@ fn is_normal(bytes: &[u8], options: PathNormalization) -> bool {
             }
             b'%' if options.rfc3986 || options.lowercase => match escape_at(bytes, i) {
                 Some(v)
-                    if !(options.rfc3986 && (is_unreserved(v) || is_control(v)))
+                    if !(options.rfc3986 && (is_unreserved(v) || is_control(v) || v >= 0x80))
                         && !bytes[i + 1..i + 3].iter().any(u8::is_ascii_lowercase) =>
                 {
                     i += 2;
@@ -497,10 +533,18 @@ fn segment_into(
             }
             if is_unreserved(v) {
                 out.push(letter(v));
-            } else {
+                i += 3;
+            } else if v < 0x80 {
                 push_escape(out, v);
+                i += 3;
+            } else {
+                // The escapes of one UTF-8 character, checked whole and kept encoded.
+                let len = encoded_utf8_len(raw, i).ok_or(InvalidPath::NotUtf8 { at })?;
+                for _ in 0..len {
+                    push_escape(out, escape_at(raw, i).expect("checked"));
+                    i += 3;
+                }
             }
-            i += 3;
         } else if is_unreserved(b) || is_pchar_delim(b) {
             out.push(letter(b));
             i += 1;
@@ -612,6 +656,12 @@ mod tests {
             ("/v1/%7F", InvalidPath::ControlCharacter { at: 4 }),
             ("/v1/a\tb", InvalidPath::ControlCharacter { at: 5 }),
             ("/v1\\charges", InvalidPath::Backslash { at: 3 }),
+            ("/v1/%FF", InvalidPath::NotUtf8 { at: 4 }),
+            ("/v1/%C0%AE%C0%AE/x", InvalidPath::NotUtf8 { at: 4 }),
+            ("/v1/a%C3", InvalidPath::NotUtf8 { at: 5 }),
+            ("/v1/%C3/%A9", InvalidPath::NotUtf8 { at: 4 }),
+            ("/v1/%ED%A0%80", InvalidPath::NotUtf8 { at: 4 }),
+            ("/v1/%80", InvalidPath::NotUtf8 { at: 4 }),
             ("*", InvalidPath::NotAbsolute),
             ("", InvalidPath::NotAbsolute),
             ("v1/charges", InvalidPath::NotAbsolute),
@@ -710,9 +760,28 @@ mod tests {
         assert_eq!(norm(&escapes).unwrap(), "/a".repeat(n));
     }
 
+    /// Every percent-escape of `bytes` decoded.
+    fn decode_all(bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            match escape_at(bytes, i).filter(|_| bytes[i] == b'%') {
+                Some(v) => {
+                    out.push(v);
+                    i += 3;
+                }
+                None => {
+                    out.push(bytes[i]);
+                    i += 1;
+                }
+            }
+        }
+        out
+    }
+
     /// Paths made of the pieces that normalisation cares about.
     fn hostile_path() -> impl Strategy<Value = String> {
-        const PIECES: [&str; 26] = [
+        const PIECES: [&str; 29] = [
             "/",
             "//",
             ".",
@@ -739,6 +808,9 @@ mod tests {
             "!$&'()*+,;=",
             "%3A",
             "%g1",
+            "%C3",
+            "%ff",
+            "%C0%AE",
         ];
         let piece = proptest::sample::select(&PIECES[..]);
         proptest::collection::vec(piece, 0..12).prop_map(|pieces| format!("/{}", pieces.concat()))
@@ -789,6 +861,7 @@ mod tests {
                     }
                 }
                 prop_assert!(!normal.contains("//"), "{}", normal);
+                prop_assert!(std::str::from_utf8(&decode_all(bytes)).is_ok(), "{}", normal);
                 for segment in normal.split('/') {
                     prop_assert!(segment != "." && segment != "..", "{}", normal);
                 }

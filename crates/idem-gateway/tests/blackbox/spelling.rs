@@ -229,6 +229,8 @@ async fn paths_that_cannot_be_normalised_are_400_and_never_forwarded() {
         "/v1/charges%4",
         "/v1/charges%00.json",
         "/v1/%0d%0aset-cookie:x",
+        "/v1/x/%C0%AE%C0%AE/charges",
+        "/v1/%FF",
         "/v1\\charges",
     ] {
         for method in ["POST", "GET"] {
