@@ -614,6 +614,19 @@ mod tests {
             normalize("/V1/Charges", options("trailing-slash")),
             Ok(Cow::Borrowed(_))
         ));
+        // The common paths take the fast check alone, which allocates nothing.
+        for path in [
+            "/",
+            "/v1/charges",
+            "/v1/orders/42/capture",
+            "/v1/a%2Fb",
+            "/v1/x;y=z",
+        ] {
+            assert!(
+                is_normal(path.as_bytes(), PathNormalization::default()),
+                "{path}"
+            );
+        }
     }
 
     #[test]

@@ -1692,18 +1692,18 @@ async fn store_unavailable_is_503_and_handler_not_called() {
 
 // ------------------------------------------------- SPEC S14: a method in any case
 
+/// The layer around a service that answers with the method it was called with.
+type MethodEcho = tower::util::BoxCloneService<
+    http::Request<http_body_util::Full<Bytes>>,
+    http::Response<idem_tower::IdempotencyBody<http_body_util::Full<Bytes>>>,
+    std::convert::Infallible,
+>;
+
 /// A counting service answering with the method it was called with, behind a layer
 /// that `configure` adjusts: the method as the handler sees it, and how often it ran.
 fn method_echo(
     configure: impl FnOnce(support::Layer) -> support::Layer,
-) -> (
-    impl tower::Service<
-        http::Request<http_body_util::Full<Bytes>>,
-        Response = http::Response<idem_tower::IdempotencyBody<http_body_util::Full<Bytes>>>,
-        Error = std::convert::Infallible,
-    > + Clone,
-    Arc<AtomicUsize>,
-) {
+) -> (MethodEcho, Arc<AtomicUsize>) {
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();
     let handler = tower::service_fn(move |req: http::Request<idem_tower::IdempotencyBody<_>>| {
@@ -1720,17 +1720,13 @@ fn method_echo(
     });
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let layer = configure(idem_tower::IdempotencyLayer::new(store));
-    (tower::Layer::layer(&layer, handler), runs)
+    (
+        tower::util::BoxCloneService::new(tower::Layer::layer(&layer, handler)),
+        runs,
+    )
 }
 
-async fn call_method<S>(svc: &S, method: &str, key: Option<&str>) -> (u16, bool, Bytes)
-where
-    S: tower::Service<
-            http::Request<http_body_util::Full<Bytes>>,
-            Response = http::Response<idem_tower::IdempotencyBody<http_body_util::Full<Bytes>>>,
-            Error = std::convert::Infallible,
-        > + Clone,
-{
+async fn call_method(svc: &MethodEcho, method: &str, key: Option<&str>) -> (u16, bool, Bytes) {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
     let mut req = http::Request::builder()

@@ -219,9 +219,9 @@ async fn a_route_ignore_pointer_applies_to_every_spelling() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paths_that_cannot_be_normalised_are_400_and_never_forwarded() {
-    let s = setup(&[], None, &[]).await;
+    let s = setup(&["--admin", "0"], None, &[]).await;
     let key = new_key();
-    for path in [
+    let paths = [
         "/../v1/charges",
         "/v1/x/../../../charges",
         "/%2e%2e/v1/charges",
@@ -232,7 +232,8 @@ async fn paths_that_cannot_be_normalised_are_400_and_never_forwarded() {
         "/v1/x/%C0%AE%C0%AE/charges",
         "/v1/%FF",
         "/v1\\charges",
-    ] {
+    ];
+    for path in paths {
         for method in ["POST", "GET"] {
             let a = s
                 .http
@@ -250,6 +251,16 @@ async fn paths_that_cannot_be_normalised_are_400_and_never_forwarded() {
         }
     }
     assert_eq!(s.up.total(), 0, "nothing forwarded");
+    let metrics = s
+        .http
+        .send("GET", &s.gw.admin_url("/metrics"), &[], "")
+        .await;
+    let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+    let rejected = format!(
+        "idem_requests_total{{outcome=\"rejected\"}} {}",
+        2 * paths.len()
+    );
+    assert!(metrics.contains(&rejected), "{rejected} in:\n{metrics}");
     // Nothing was reserved either: the key is fresh for a request that can be served.
     let ok = s.http.post(&s.gw.url("/v1/charges"), &key, "{}", &[]).await;
     assert_eq!(ok.status, 201);
