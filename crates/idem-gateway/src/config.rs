@@ -556,7 +556,7 @@ impl GatewayConfig {
             .route
             .into_iter()
             .enumerate()
-            .map(|(i, r)| route_from_rule(i, r))
+            .map(|(i, r)| route_from_rule(i, r, path_normalization))
             .collect::<Result<Vec<_>, _>>()?;
         let config = GatewayConfig {
             upstream: Upstream::parse(&upstream)?,
@@ -703,13 +703,22 @@ fn check_release_statuses(codes: Vec<u16>, setting: &str) -> Result<ReleaseStatu
         .map(ReleaseStatuses::new)
 }
 
-fn route_from_rule(i: usize, rule: RouteRule) -> Result<Route, ConfigError> {
+fn route_from_rule(
+    i: usize,
+    rule: RouteRule,
+    paths: PathNormalization,
+) -> Result<Route, ConfigError> {
     let name = format!("route[{i}] ({})", rule.path);
     let method = match rule.method.as_deref().map(str::trim) {
         None | Some("*") | Some("") => None,
         Some(m) => Some(parse_methods(&[m.to_owned()], &name)?.remove(0)),
     };
     let template = PathTemplate::parse(&rule.path).map_err(|e| invalid(&name, e))?;
+    // Rules see normalised paths only: a template in another spelling would never
+    // match, and its require_key would silently hold nowhere.
+    template
+        .check_normal(paths)
+        .map_err(|e| invalid(&name, e))?;
     let ttl = rule
         .ttl
         .as_deref()
@@ -1133,6 +1142,61 @@ mod tests {
             "merge-slashes,trailing-slash",
             "the command line wins"
         );
+    }
+
+    #[test]
+    fn route_paths_are_written_as_the_normal_paths_they_match() {
+        let file = |normalization: &str, path: &str| -> FileConfig {
+            toml::from_str(&format!(
+                "path_normalization = \"{normalization}\"\n[[route]]\npath = \"{path}\""
+            ))
+            .unwrap()
+        };
+        let a = args("http://127.0.0.1:3000");
+        for (normalization, path, says) in [
+            (
+                "rfc3986,merge-slashes",
+                "/v1//charges",
+                "write it /v1/charges",
+            ),
+            ("rfc3986", "/v1/%63harges", "write it /v1/charges"),
+            (
+                "rfc3986",
+                "/v1/orders/{id}/./capture",
+                "write it /v1/orders/{id}/capture",
+            ),
+            ("rfc3986", "/v1/a%2fb", "write it /v1/a%2Fb"),
+            ("rfc3986", "/../v1", "climbs above the root"),
+            (
+                "rfc3986,lowercase",
+                "/V1/Orders/{Id}",
+                "write it /v1/orders/{Id}",
+            ),
+            (
+                "rfc3986,trailing-slash",
+                "/v1/charges/",
+                "write it /v1/charges",
+            ),
+        ] {
+            let err = GatewayConfig::merge(&a, file(normalization, path)).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!("route[0] ({path})"))
+                    && text.contains("never matches")
+                    && text.contains(says),
+                "{normalization} {path}: {text}"
+            );
+        }
+        for (normalization, path) in [
+            ("rfc3986,merge-slashes", "/v1/orders/{id}/capture"),
+            ("rfc3986,merge-slashes", "/v1/charges/"),
+            ("rfc3986,merge-slashes", "/files/{*rest}"),
+            ("rfc3986,merge-slashes", "/v1/a%2Fb"),
+            ("none", "/V1//%63harges/./"),
+        ] {
+            let c = GatewayConfig::merge(&a, file(normalization, path));
+            assert!(c.is_ok(), "{normalization} {path}: {c:?}");
+        }
     }
 
     #[test]

@@ -9,6 +9,8 @@ use http::{HeaderName, Method};
 use idem_core::{FingerprintOptions, PointerError};
 use idem_tower::ReleaseStatuses;
 
+use crate::path::{self, PathNormalization};
+
 /// A path template: literal segments and `{name}` placeholders that match one non-empty
 /// segment; a last segment `{*name}` matches the rest of the path.
 #[derive(Clone, PartialEq, Eq)]
@@ -97,6 +99,42 @@ impl PathTemplate {
     /// The template as written.
     pub fn as_str(&self) -> &str {
         &self.raw
+    }
+
+    /// Whether paths normalised as `options` say can match this template: its literal
+    /// segments must be spelt as normalised paths are (`/v1/charges`, not
+    /// `/v1/%63harges`, `/v1//charges` or, under `lowercase`, `/V1/Charges`), since
+    /// the listener normalises every path before a rule sees it. The error says why,
+    /// and how to write it.
+    pub fn check_normal(&self, options: PathNormalization) -> Result<(), String> {
+        // Each placeholder stands for a segment that is normal whatever the options, and
+        // that no normalisation changes, so that it can be put back afterwards.
+        let parts: Vec<&str> = self.raw[1..].split('/').collect();
+        let sentinel = |n: usize| format!("idem-placeholder-{n}-");
+        let sample: Vec<String> = self
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(n, segment)| match segment {
+                Segment::Literal(literal) => literal.clone(),
+                Segment::Param | Segment::Rest => sentinel(n),
+            })
+            .collect();
+        let sample = format!("/{}", sample.join("/"));
+        let mut written = match path::normalize(&sample, options) {
+            Ok(normal) if normal == sample => return Ok(()),
+            Ok(normal) => normal.into_owned(),
+            Err(e) => return Err(format!("never matches a normalised path: {e}")),
+        };
+        for (n, segment) in self.segments.iter().enumerate() {
+            if !matches!(segment, Segment::Literal(_)) {
+                written = written.replace(&sentinel(n), parts[n]);
+            }
+        }
+        Err(format!(
+            "never matches, since paths are normalised ({options}) before rules see them; \
+             write it {written}"
+        ))
     }
 }
 
