@@ -193,6 +193,19 @@ pub struct ServeArgs {
     )]
     pub release_statuses: Option<Vec<String>>,
 
+    /// How request paths are normalised before route matching, scoping and forwarding
+    /// (the upstream receives the normalised path): rfc3986 (RFC 3986 §6.2.2: unreserved
+    /// escapes decoded, dot segments removed), merge-slashes, and the opt-in
+    /// trailing-slash and lowercase; or none. A path that cannot be normalised is a 400
+    /// `invalid-path` [default: rfc3986,merge-slashes].
+    #[arg(
+        long,
+        env = "IDEM_PATH_NORMALIZATION",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub path_normalization: Option<Vec<String>>,
+
     /// How long a client may take to send a request's headers, counted from when its
     /// connection is ready for the next request (so an idle keep-alive connection is
     /// closed after it too), and then a keyed request's body (408 after it, nothing
@@ -426,6 +439,8 @@ mod tests {
             "POST,PUT",
             "--release-statuses",
             "409,503",
+            "--path-normalization",
+            "rfc3986,trailing-slash",
         ])
         .unwrap();
         let Command::Serve(args) = cli.command else {
@@ -454,6 +469,10 @@ mod tests {
         assert_eq!(
             args.release_statuses,
             Some(vec!["409".to_owned(), "503".to_owned()])
+        );
+        assert_eq!(
+            args.path_normalization,
+            Some(vec!["rfc3986".to_owned(), "trailing-slash".to_owned()])
         );
     }
 

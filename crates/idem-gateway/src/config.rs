@@ -28,6 +28,7 @@ use idem_tower::{DEFAULT_RESPONSE_LIMIT, ReleaseStatuses};
 use serde::Deserialize;
 
 use crate::cli::{ScopeArg, ServeArgs};
+use crate::path::PathNormalization;
 use crate::route::{PathTemplate, Route};
 
 /// The default listen address.
@@ -143,6 +144,9 @@ pub struct FileConfig {
     pub keyed_methods: Option<Vec<String>>,
     /// `--release-statuses`, as numbers: `[409, 429, 503]`; `[]` releases none.
     pub release_statuses: Option<Vec<u16>>,
+    /// `--path-normalization`: a list, `["rfc3986", "merge-slashes"]`, or one string,
+    /// `"none"` or `"rfc3986,merge-slashes"`.
+    pub path_normalization: Option<ItemList>,
     /// `--client-timeout`.
     pub client_timeout: Option<String>,
     /// `--max-connections`.
@@ -292,6 +296,25 @@ pub enum ByteSize {
     Text(String),
 }
 
+/// A list setting in the file: a TOML array of strings, or one comma-separated string.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ItemList {
+    /// `["rfc3986", "merge-slashes"]`.
+    Many(Vec<String>),
+    /// `"rfc3986,merge-slashes"`, `"none"`.
+    One(String),
+}
+
+impl ItemList {
+    fn items(&self) -> Vec<&str> {
+        match self {
+            ItemList::Many(items) => items.iter().map(String::as_str).collect(),
+            ItemList::One(list) => list.split(',').collect(),
+        }
+    }
+}
+
 /// A `[[route]]` table as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -416,6 +439,8 @@ pub struct GatewayConfig {
     pub keyed_methods: Vec<Method>,
     /// Upstream statuses that release the key rather than being recorded.
     pub release_statuses: ReleaseStatuses,
+    /// How request paths are normalised before any rule sees them (SPEC S14).
+    pub path_normalization: PathNormalization,
     /// How long a client connection may take to send a request's headers (idle time
     /// before them included), and may leave the gateway's writes to it without
     /// progress; `None` for no limit.
@@ -522,6 +547,12 @@ impl GatewayConfig {
             (None, Some(codes)) => check_release_statuses(codes, "release_statuses")?,
             (None, None) => ReleaseStatuses::default(),
         };
+        let path_normalization = match (&args.path_normalization, &file.path_normalization) {
+            (Some(list), _) => PathNormalization::from_items(list),
+            (None, Some(list)) => PathNormalization::from_items(list.items()),
+            (None, None) => Ok(PathNormalization::default()),
+        }
+        .map_err(|e| invalid("path_normalization", e))?;
         let upstream_timeout = dur(
             args.upstream_timeout,
             &file.upstream_timeout,
@@ -532,7 +563,7 @@ impl GatewayConfig {
             .route
             .into_iter()
             .enumerate()
-            .map(|(i, r)| route_from_rule(i, r))
+            .map(|(i, r)| route_from_rule(i, r, path_normalization))
             .collect::<Result<Vec<_>, _>>()?;
         let config = GatewayConfig {
             upstream: Upstream::parse(&upstream)?,
@@ -568,6 +599,7 @@ impl GatewayConfig {
             scope,
             keyed_methods,
             release_statuses,
+            path_normalization,
             client_timeout: Some(dur(
                 args.client_timeout,
                 &file.client_timeout,
@@ -682,13 +714,22 @@ fn check_release_statuses(codes: Vec<u16>, setting: &str) -> Result<ReleaseStatu
         .map(ReleaseStatuses::new)
 }
 
-fn route_from_rule(i: usize, rule: RouteRule) -> Result<Route, ConfigError> {
+fn route_from_rule(
+    i: usize,
+    rule: RouteRule,
+    paths: PathNormalization,
+) -> Result<Route, ConfigError> {
     let name = format!("route[{i}] ({})", rule.path);
     let method = match rule.method.as_deref().map(str::trim) {
         None | Some("*") | Some("") => None,
         Some(m) => Some(parse_methods(&[m.to_owned()], &name)?.remove(0)),
     };
     let template = PathTemplate::parse(&rule.path).map_err(|e| invalid(&name, e))?;
+    // Rules see normalised paths only: a template in another spelling would never
+    // match, and its require_key would silently hold nowhere.
+    template
+        .check_normal(paths)
+        .map_err(|e| invalid(&name, e))?;
     let ttl = rule
         .ttl
         .as_deref()
@@ -1106,6 +1147,116 @@ mod tests {
             "{e}"
         );
         assert!(!format!("{env:?}").contains("0123"), "{env:?}");
+    }
+
+    #[test]
+    fn path_normalization_from_the_command_line_the_file_or_the_default() {
+        let c =
+            GatewayConfig::merge(&args("http://127.0.0.1:3000"), FileConfig::default()).unwrap();
+        assert_eq!(c.path_normalization, PathNormalization::default());
+        assert_eq!(c.path_normalization.to_string(), "rfc3986,merge-slashes");
+        for toml in [
+            "path_normalization = [\"rfc3986\", \"lowercase\"]",
+            "path_normalization = \"rfc3986,lowercase\"",
+        ] {
+            let file: FileConfig = toml::from_str(toml).unwrap();
+            let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap();
+            assert_eq!(
+                c.path_normalization.to_string(),
+                "rfc3986,lowercase",
+                "{toml}"
+            );
+        }
+        let file = || -> FileConfig { toml::from_str("path_normalization = \"none\"").unwrap() };
+        let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file()).unwrap();
+        assert!(c.path_normalization.is_none());
+        let mut cli = args("http://127.0.0.1:3000");
+        cli.path_normalization = Some(vec!["merge-slashes".into(), "trailing-slash".into()]);
+        let c = GatewayConfig::merge(&cli, file()).unwrap();
+        assert_eq!(
+            c.path_normalization.to_string(),
+            "merge-slashes,trailing-slash",
+            "the command line wins"
+        );
+    }
+
+    #[test]
+    fn route_paths_are_written_as_the_normal_paths_they_match() {
+        let file = |normalization: &str, path: &str| -> FileConfig {
+            toml::from_str(&format!(
+                "path_normalization = \"{normalization}\"\n[[route]]\npath = \"{path}\""
+            ))
+            .unwrap()
+        };
+        let a = args("http://127.0.0.1:3000");
+        for (normalization, path, says) in [
+            (
+                "rfc3986,merge-slashes",
+                "/v1//charges",
+                "write it /v1/charges",
+            ),
+            ("rfc3986", "/v1/%63harges", "write it /v1/charges"),
+            (
+                "rfc3986",
+                "/v1/orders/{id}/./capture",
+                "write it /v1/orders/{id}/capture",
+            ),
+            ("rfc3986", "/v1/a%2fb", "write it /v1/a%2Fb"),
+            ("rfc3986", "/../v1", "climbs above the root"),
+            (
+                "rfc3986,lowercase",
+                "/V1/Orders/{Id}",
+                "write it /v1/orders/{Id}",
+            ),
+            (
+                "rfc3986,trailing-slash",
+                "/v1/charges/",
+                "write it /v1/charges",
+            ),
+        ] {
+            let err = GatewayConfig::merge(&a, file(normalization, path)).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!("route[0] ({path})"))
+                    && text.contains("never matches")
+                    && text.contains(says),
+                "{normalization} {path}: {text}"
+            );
+        }
+        for (normalization, path) in [
+            ("rfc3986,merge-slashes", "/v1/orders/{id}/capture"),
+            ("rfc3986,merge-slashes", "/v1/charges/"),
+            ("rfc3986,merge-slashes", "/files/{*rest}"),
+            ("rfc3986,merge-slashes", "/v1/a%2Fb"),
+            ("none", "/V1//%63harges/./"),
+        ] {
+            let c = GatewayConfig::merge(&a, file(normalization, path));
+            assert!(c.is_ok(), "{normalization} {path}: {c:?}");
+        }
+    }
+
+    #[test]
+    fn path_normalization_refuses_what_it_cannot_use() {
+        let mut cli = args("http://127.0.0.1:3000");
+        for (list, says) in [
+            (
+                vec!["rfc3986", "dedupe"],
+                "\"dedupe\" is not a normalisation",
+            ),
+            (vec!["none", "rfc3986"], "cannot be given with other items"),
+            (vec![""], "the list is empty"),
+        ] {
+            cli.path_normalization = Some(list.iter().map(|s| s.to_string()).collect());
+            let err = GatewayConfig::merge(&cli, FileConfig::default()).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains("path_normalization") && text.contains(says),
+                "{list:?}: {text}"
+            );
+        }
+        let file: FileConfig = toml::from_str("path_normalization = []").unwrap();
+        let err = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap_err();
+        assert!(err.to_string().contains("the list is empty"), "{err}");
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! - [`proxy`]: forwarding, hop-by-hop stripping, `Forwarded` headers,
 //!   `Idempotency-Attempt`, `Idempotency-Disposition`, and what upstream failures mean
 //!   for the key ([`error`]);
+//! - [`path`]: path normalisation before any rule sees a request (SPEC S14);
 //! - [`cors`]: CORS headers on the gateway's own answers, for pages calling the API
 //!   from another origin;
 //! - [`admin`] and [`metrics`]: `/healthz`, `/readyz`, Prometheus `/metrics`, key
@@ -56,6 +57,7 @@ pub mod keys;
 pub mod listener;
 pub mod logging;
 pub mod metrics;
+pub mod path;
 pub mod proxy;
 pub mod route;
 pub mod serve;

@@ -165,6 +165,17 @@ async fn check(args: &ServeArgs) -> ExitCode {
             )
         }
     );
+    println!(
+        "paths     {}",
+        if config.path_normalization.is_none() {
+            "none: routed, scoped and forwarded as they come".to_owned()
+        } else {
+            format!(
+                "{} (normalised before routing; the upstream gets the normal form)",
+                config.path_normalization
+            )
+        }
+    );
     for r in &config.routes {
         let release = r.release_statuses.as_ref().map(|set| {
             if set.is_empty() {

@@ -9,6 +9,8 @@ use http::{HeaderName, Method};
 use idem_core::{FingerprintOptions, PointerError};
 use idem_tower::ReleaseStatuses;
 
+use crate::path::{self, PathNormalization};
+
 /// A path template: literal segments and `{name}` placeholders that match one non-empty
 /// segment; a last segment `{*name}` matches the rest of the path.
 #[derive(Clone, PartialEq, Eq)]
@@ -98,6 +100,42 @@ impl PathTemplate {
     pub fn as_str(&self) -> &str {
         &self.raw
     }
+
+    /// Whether paths normalised as `options` say can match this template: its literal
+    /// segments must be spelt as normalised paths are (`/v1/charges`, not
+    /// `/v1/%63harges`, `/v1//charges` or, under `lowercase`, `/V1/Charges`), since
+    /// the listener normalises every path before a rule sees it. The error says why,
+    /// and how to write it.
+    pub fn check_normal(&self, options: PathNormalization) -> Result<(), String> {
+        // Each placeholder stands for a segment that is normal whatever the options, and
+        // that no normalisation changes, so that it can be put back afterwards.
+        let parts: Vec<&str> = self.raw[1..].split('/').collect();
+        let sentinel = |n: usize| format!("idem-placeholder-{n}-");
+        let sample: Vec<String> = self
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(n, segment)| match segment {
+                Segment::Literal(literal) => literal.clone(),
+                Segment::Param | Segment::Rest => sentinel(n),
+            })
+            .collect();
+        let sample = format!("/{}", sample.join("/"));
+        let mut written = match path::normalize(&sample, options) {
+            Ok(normal) if normal == sample => return Ok(()),
+            Ok(normal) => normal.into_owned(),
+            Err(e) => return Err(format!("never matches a normalised path: {e}")),
+        };
+        for (n, segment) in self.segments.iter().enumerate() {
+            if !matches!(segment, Segment::Literal(_)) {
+                written = written.replace(&sentinel(n), parts[n]);
+            }
+        }
+        Err(format!(
+            "never matches, since paths are normalised ({options}) before rules see them; \
+             write it {written}"
+        ))
+    }
 }
 
 impl fmt::Debug for PathTemplate {
@@ -153,9 +191,14 @@ impl Route {
         })
     }
 
-    /// Whether the rule applies to a request.
+    /// Whether the rule applies to a request: its method ignoring ASCII case (SPEC S14:
+    /// `post` is `POST` to most upstream frameworks), and its path, normalised by the
+    /// listener before any rule sees it.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
-        self.method.as_ref().is_none_or(|m| m == method) && self.template.matches(path)
+        self.method
+            .as_ref()
+            .is_none_or(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
+            && self.template.matches(path)
     }
 
     /// The fingerprint options with this route's ignored pointers.
@@ -231,6 +274,20 @@ mod tests {
             "/v1/{*rest}"
         );
         assert!(find(&routes, &Method::POST, "/v2/x").is_none());
+    }
+
+    /// `[[route]] method = "POST"` holds for `post` and `PoSt` too, which upstream
+    /// frameworks run as `POST`: a rule cannot be sidestepped by spelling.
+    #[test]
+    fn rule_method_matches_in_any_case() {
+        let t = PathTemplate::parse("/v1/charges").unwrap();
+        let rule = Route::new(Some(Method::POST), t, Some(true), None, vec![], vec![]).unwrap();
+        for spelling in ["POST", "post", "PoSt"] {
+            let method = Method::from_bytes(spelling.as_bytes()).unwrap();
+            assert!(rule.matches(&method, "/v1/charges"), "{spelling}");
+        }
+        assert!(!rule.matches(&Method::PUT, "/v1/charges"));
+        assert!(!rule.matches(&Method::from_bytes(b"posts").unwrap(), "/v1/charges"));
     }
 
     #[test]

@@ -15,11 +15,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use idem_core::{Store, StoreError, Sweeper, SweeperConfig, TenantKey};
-use idem_tower::{IdempotencyBody, IdempotencyLayer, InFlight, RouteConfig};
+use idem_tower::{
+    IdempotencyBody, IdempotencyLayer, InFlight, Observer, Outcome, Problem, ProblemKind,
+    RouteConfig,
+};
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
@@ -31,6 +34,7 @@ use crate::listener::{
     self, ADMIN_MAX_CONNECTIONS, ConnectionSlot, Listener, ListenerKind, default_max_connections,
 };
 use crate::metrics::Metrics;
+use crate::path::{self, PathNormalization};
 use crate::proxy::{BoxError, ClientAddr, Proxy, ProxyBody};
 use crate::route::{self, Route};
 use crate::store::{self, OpenError, redact};
@@ -100,6 +104,7 @@ pub struct Gateway {
     /// `None` where the store expires records by itself (Redis).
     sweep_interval: Option<Duration>,
     shutdown_timeout: Duration,
+    path_normalization: PathNormalization,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -319,6 +324,7 @@ impl Gateway {
             ))
             .then_some(config.sweep_interval),
             shutdown_timeout: config.shutdown_timeout,
+            path_normalization: config.path_normalization,
         })
     }
 
@@ -351,6 +357,7 @@ impl Gateway {
             admin_token,
             sweep_interval,
             shutdown_timeout,
+            path_normalization,
         } = self;
         let sweeper = sweep_interval.map(|every| {
             Sweeper::spawn(
@@ -390,6 +397,12 @@ impl Gateway {
             let metrics = metrics.clone();
             let slot = slot.clone();
             hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                // Once, before any rule sees the request: the layer, the routes and the
+                // proxy all see the one normalised path (SPEC S14).
+                let invalid = normalize_target(&mut req, path_normalization).err();
+                if invalid.is_some() {
+                    metrics.outcome(Outcome::Rejected);
+                }
                 req.extensions_mut().insert(ClientAddr(peer));
                 // A connection that becomes a WebSocket tunnel keeps its place under the
                 // cap while the tunnel is open.
@@ -412,7 +425,18 @@ impl Gateway {
                             req.uri().path().to_owned(),
                         )
                     });
-                    let mut res = svc.oneshot(req).await;
+                    let mut res = match invalid {
+                        None => svc.oneshot(req).await,
+                        Some(problem) => {
+                            // Read away what the client still sends, so that it reads the
+                            // 400 rather than a reset.
+                            let (parts, body) = req.into_parts();
+                            idem_tower::drain_body(&parts.headers, body);
+                            Ok(problem
+                                .to_response()
+                                .map(|b| Full::new(b).map_err(|e| match e {}).boxed_unsync()))
+                        }
+                    };
                     if let (Some(origin), Ok(r)) = (origin, &mut res) {
                         cors::allow_origin_on_problem(r, origin);
                     }
@@ -469,6 +493,29 @@ impl Gateway {
             );
         }
         tracing::info!("stopped");
+    }
+}
+
+/// Puts the request's normalised target (see [`path::normalize_uri`]) in place of its
+/// own, or says why its path cannot be normalised, as the 400 `invalid-path` problem
+/// to answer with. An `OPTIONS *` request names no path and passes as it came; any
+/// other target that is not a path (`*`, a `CONNECT` authority) is invalid.
+fn normalize_target<B>(req: &mut Request<B>, options: PathNormalization) -> Result<(), Problem> {
+    if options.is_none() || (req.method() == http::Method::OPTIONS && req.uri() == "*") {
+        return Ok(());
+    }
+    match path::normalize_uri(req.uri(), options) {
+        Ok(None) => Ok(()),
+        Ok(Some(normal)) => {
+            *req.uri_mut() = normal;
+            Ok(())
+        }
+        Err(e) => Err(Problem::new(
+            ProblemKind::InvalidPath,
+            format!(
+                "the request path cannot be normalised: {e}; nothing was reserved or forwarded"
+            ),
+        )),
     }
 }
 

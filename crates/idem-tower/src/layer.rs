@@ -100,7 +100,10 @@ impl<St> IdempotencyLayer<St> {
     }
 
     /// The methods whose requests are keyed (default POST and PATCH). Other methods pass
-    /// through untouched, key or not.
+    /// through untouched, key or not. A request's method is compared ignoring ASCII case
+    /// and keyed as the method it matches (`post` as `POST`: in its scope and its
+    /// fingerprint), while the inner service gets it as sent: most frameworks run `post`
+    /// as `POST`, so a spelling must not sidestep the key.
     pub fn keyed_methods<I: IntoIterator<Item = Method>>(mut self, methods: I) -> Self {
         self.config().keyed_methods = methods.into_iter().collect();
         self

@@ -63,7 +63,10 @@
 //! # What happens to a request (SPEC S2–S8)
 //!
 //! - Methods that are not keyed (default: anything but POST and PATCH) pass through
-//!   untouched and streaming, key or not. So does a keyed request without a key on a
+//!   untouched and streaming, key or not. A method equal to a keyed one ignoring ASCII
+//!   case is keyed as that method (`post` and `PoSt` as `POST`, in the scope and the
+//!   fingerprint alike; the handler gets it as sent), since most frameworks run it so:
+//!   no spelling sidesteps the key. So does a keyed request without a key on a
 //!   route that does not require one; on a route that does (see
 //!   [`IdempotencyLayer::require_key`], [`IdempotencyLayer::require_key_if`],
 //!   [`RouteConfig::require_key`]) it is answered 400 `missing-key`.
@@ -156,6 +159,7 @@
 //! | 400    | `https://idem.dev/problems/missing-key`         | the route requires a key              |
 //! | 400    | `https://idem.dev/problems/body-unreadable`     | the request body could not be read    |
 //! | 401    | `https://idem.dev/problems/missing-tenant`      | [`IdempotencyLayer::require_tenant`] and no tenant header; `WWW-Authenticate: Bearer`; nothing reserved |
+//! | 400    | `https://idem.dev/problems/invalid-path`        | the path cannot be normalised (the idem gateway's listener, SPEC S14); nothing reserved or forwarded |
 //! | 413    | `https://idem.dev/problems/body-too-large`      | body over the limit; nothing reserved |
 //! | 408    | `https://idem.dev/problems/body-timeout`        | body not in within the body timeout; nothing reserved |
 //! | 409    | `https://idem.dev/problems/request-in-progress` | another attempt runs; `Retry-After`   |

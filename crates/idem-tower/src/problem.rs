@@ -29,6 +29,10 @@ pub enum ProblemKind {
     /// and the keyed request carries none of the headers that name one; nothing was
     /// reserved or forwarded (SPEC S3).
     MissingTenant,
+    /// 400: the request's path cannot be normalised (SPEC S14): a `..` above the root,
+    /// a broken percent-escape, an escaped control character. Nothing was reserved or
+    /// forwarded.
+    InvalidPath,
     /// 413: the body is over the limit; nothing was reserved (SPEC S4).
     BodyTooLarge,
     /// 408: the body did not arrive within the layer's body timeout; nothing was
@@ -57,11 +61,12 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 12] = [
+    pub const ALL: [ProblemKind; 13] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
         ProblemKind::MissingTenant,
+        ProblemKind::InvalidPath,
         ProblemKind::BodyTooLarge,
         ProblemKind::BodyTimeout,
         ProblemKind::RequestInProgress,
@@ -79,6 +84,7 @@ impl ProblemKind {
             ProblemKind::MissingKey => "https://idem.dev/problems/missing-key",
             ProblemKind::BodyUnreadable => "https://idem.dev/problems/body-unreadable",
             ProblemKind::MissingTenant => "https://idem.dev/problems/missing-tenant",
+            ProblemKind::InvalidPath => "https://idem.dev/problems/invalid-path",
             ProblemKind::BodyTooLarge => "https://idem.dev/problems/body-too-large",
             ProblemKind::BodyTimeout => "https://idem.dev/problems/body-timeout",
             ProblemKind::RequestInProgress => "https://idem.dev/problems/request-in-progress",
@@ -93,9 +99,10 @@ impl ProblemKind {
     /// The HTTP status.
     pub fn status(self) -> StatusCode {
         match self {
-            ProblemKind::InvalidKey | ProblemKind::MissingKey | ProblemKind::BodyUnreadable => {
-                StatusCode::BAD_REQUEST
-            }
+            ProblemKind::InvalidKey
+            | ProblemKind::MissingKey
+            | ProblemKind::BodyUnreadable
+            | ProblemKind::InvalidPath => StatusCode::BAD_REQUEST,
             ProblemKind::MissingTenant => StatusCode::UNAUTHORIZED,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -117,6 +124,7 @@ impl ProblemKind {
             ProblemKind::MissingKey => "Idempotency-Key required",
             ProblemKind::BodyUnreadable => "Request body could not be read",
             ProblemKind::MissingTenant => "Credentials required for a keyed request",
+            ProblemKind::InvalidPath => "Invalid request path",
             ProblemKind::BodyTooLarge => "Request body too large",
             ProblemKind::BodyTimeout => "Request body too slow",
             ProblemKind::RequestInProgress => "Request in progress",

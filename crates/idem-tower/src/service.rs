@@ -138,9 +138,12 @@ where
             .as_ref()
             .and_then(|f| f(&parts))
             .unwrap_or_default();
-        let keyed = route
-            .keyed
-            .unwrap_or_else(|| config.keyed_methods.contains(&parts.method));
+        let keyed = route.keyed.unwrap_or_else(|| {
+            config
+                .keyed_methods
+                .iter()
+                .any(|m| same_method(m, &parts.method))
+        });
         if !keyed {
             return pass_through(&mut inner, &*config.observer, parts, body);
         }
@@ -264,6 +267,13 @@ impl Plan {
     }
 }
 
+/// Whether two methods are one ignoring ASCII case (SPEC S14): `post` and `PoSt` are
+/// keyed as `POST`, which is how most frameworks run them, so that neither the keyed
+/// methods nor a required key can be sidestepped by spelling.
+fn same_method(a: &Method, b: &Method) -> bool {
+    a.as_str().eq_ignore_ascii_case(b.as_str())
+}
+
 /// `Endpoint::new(method, template)` in one allocation instead of two.
 fn endpoint(method: &Method, template: &str) -> Endpoint {
     let method = method.as_str();
@@ -277,8 +287,9 @@ fn endpoint(method: &Method, template: &str) -> Endpoint {
 
 /// The request's fingerprint (SPEC S4) over `METHOD request-target`: the concrete path
 /// and query, so that a key reused on `/orders/2/capture` is a mismatch, never order 1's
-/// replay. A compressed body is fingerprinted by its content, up to `limit` bytes of it
-/// (see [`coding`](crate::coding)).
+/// replay. The method is upper-cased, as in the endpoint, so that `post` after `POST`
+/// replays rather than being a 422 (SPEC S14). A compressed body is fingerprinted by its
+/// content, up to `limit` bytes of it (see [`coding`](crate::coding)).
 fn fingerprint(
     parts: &Parts,
     body: &[u8],
@@ -292,6 +303,7 @@ fn fingerprint(
         .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
     let mut request_target = String::with_capacity(method.len() + 1 + target.len());
     request_target.push_str(method);
+    request_target.make_ascii_uppercase();
     request_target.push(' ');
     request_target.push_str(target);
     let content_type = parts
@@ -300,6 +312,7 @@ fn fingerprint(
         .and_then(|v| v.to_str().ok());
     let content = crate::coding::decoded(&parts.headers, body, limit);
     let body = content.as_deref().unwrap_or(body);
+    let method = &request_target[..method.len()];
     Fingerprint::compute(method, &request_target, content_type, body, options)
 }
 

@@ -1689,3 +1689,110 @@ async fn store_unavailable_is_503_and_handler_not_called() {
     assert_eq!(app.post("/orders").json(ORDER).send().await.status, 201);
     assert_eq!(count(&app.counters.orders), 1);
 }
+
+// ------------------------------------------------- SPEC S14: a method in any case
+
+/// The layer around a service that answers with the method it was called with.
+type MethodEcho = tower::util::BoxCloneService<
+    http::Request<http_body_util::Full<Bytes>>,
+    http::Response<idem_tower::IdempotencyBody<http_body_util::Full<Bytes>>>,
+    std::convert::Infallible,
+>;
+
+/// A counting service answering with the method it was called with, behind a layer
+/// that `configure` adjusts: the method as the handler sees it, and how often it ran.
+fn method_echo(
+    configure: impl FnOnce(support::Layer) -> support::Layer,
+) -> (MethodEcho, Arc<AtomicUsize>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let handler = tower::service_fn(move |req: http::Request<idem_tower::IdempotencyBody<_>>| {
+        let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            let body = format!("{} #{n}", req.method());
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(201)
+                    .body(http_body_util::Full::new(Bytes::from(body)))
+                    .unwrap(),
+            )
+        }
+    });
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let layer = configure(idem_tower::IdempotencyLayer::new(store));
+    (
+        tower::util::BoxCloneService::new(tower::Layer::layer(&layer, handler)),
+        runs,
+    )
+}
+
+async fn call_method(svc: &MethodEcho, method: &str, key: Option<&str>) -> (u16, bool, Bytes) {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let mut req = http::Request::builder()
+        .method(Method::from_bytes(method.as_bytes()).unwrap())
+        .uri("/v1/charges")
+        .header("content-type", "application/json");
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    let req = req
+        .body(http_body_util::Full::new(Bytes::from_static(
+            ORDER.as_bytes(),
+        )))
+        .unwrap();
+    let res = svc.clone().oneshot(req).await.unwrap();
+    let status = res.status().as_u16();
+    let replayed = res.headers().contains_key("idempotent-replayed");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, replayed, body)
+}
+
+/// `post`, `PoSt` and `POST` are one method to most frameworks: under one key the
+/// handler runs once, for the first spelling, which it sees as sent; the other two
+/// replay its answer rather than passing through unkeyed or being a 422.
+#[tokio::test]
+async fn method_in_any_case_is_keyed_as_that_method() {
+    let (svc, runs) = method_echo(|l| l);
+    let (status, replayed, body) = call_method(&svc, "post", Some("k-case")).await;
+    assert_eq!((status, replayed), (201, false));
+    assert_eq!(body, "post #1", "the handler gets the method as sent");
+    for spelling in ["PoSt", "POST", "post"] {
+        let (status, replayed, again) = call_method(&svc, spelling, Some("k-case")).await;
+        assert_eq!((status, replayed), (201, true), "{spelling}");
+        assert_eq!(again, body, "{spelling}");
+    }
+    let (status, replayed, _) = call_method(&svc, "patch", Some("k-patch")).await;
+    assert_eq!((status, replayed), (201, false));
+    let (status, replayed, _) = call_method(&svc, "PATCH", Some("k-patch")).await;
+    assert_eq!((status, replayed), (201, true), "patch is keyed as PATCH");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A required key cannot be sidestepped by spelling the method in lower case.
+#[tokio::test]
+async fn required_key_holds_for_a_method_in_any_case() {
+    let (svc, runs) = method_echo(|l| l.require_key(true));
+    for spelling in ["post", "PoSt", "patch"] {
+        let (status, _, body) = call_method(&svc, spelling, None).await;
+        assert_eq!(status, 400, "{spelling}");
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["type"], "https://idem.dev/problems/missing-key");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // Unkeyed methods still pass through, in any case.
+    let (status, _, _) = call_method(&svc, "get", None).await;
+    assert_eq!(status, 201);
+}
+
+/// A keyed method configured in lower case keys every spelling of it too.
+#[tokio::test]
+async fn keyed_method_configured_in_any_case_keys_every_spelling() {
+    let (svc, runs) = method_echo(|l| l.keyed_methods([Method::from_bytes(b"charge").unwrap()]));
+    let (_, replayed, first) = call_method(&svc, "CHARGE", Some("k-ext")).await;
+    assert!(!replayed);
+    let (_, replayed, again) = call_method(&svc, "charge", Some("k-ext")).await;
+    assert!(replayed);
+    assert_eq!(again, first);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

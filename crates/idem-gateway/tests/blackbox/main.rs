@@ -12,4 +12,5 @@ mod edge;
 mod protocol;
 mod proxying;
 mod shared;
+mod spelling;
 mod tenants;
