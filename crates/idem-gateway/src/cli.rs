@@ -113,6 +113,11 @@ pub struct ServeArgs {
     )]
     pub admin_token: Option<String>,
 
+    /// A file holding the admin bearer token, so it stays out of the process's arguments
+    /// and environment; a trailing line end is dropped. Not with --admin-token.
+    #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    pub admin_token_file: Option<std::path::PathBuf>,
+
     /// Answer 400 to a keyed method that carries no Idempotency-Key.
     #[arg(long, env = "IDEM_REQUIRE_KEY")]
     pub require_key: bool,

@@ -457,6 +457,82 @@ async fn admin_metrics_show_the_sqlite_writer() {
     assert!(metric(&after, "idem_sqlite_pool_connections") >= 1);
 }
 
+/// The admin token can come from a file (its line end dropped), and a token that is
+/// empty, blank, or given twice stops the gateway before it listens, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_token_file_is_honoured_and_an_empty_token_is_refused_at_start() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("admin-token");
+    std::fs::write(&token_file, "fr0m-a-file\n").unwrap();
+    let token_path = token_file.to_str().unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &[
+            "--store",
+            "memory://",
+            "--admin",
+            "0",
+            "--admin-token-file",
+            token_path,
+        ],
+    )
+    .await;
+    let http = Http::new();
+    let metrics = gw.admin_url("/metrics");
+    assert_eq!(http.send("GET", &metrics, &[], "").await.status, 401);
+    let wrong = [("authorization", "Bearer fr0m-a-fil")];
+    assert_eq!(http.send("GET", &metrics, &wrong, "").await.status, 401);
+    let right = [("authorization", "Bearer fr0m-a-file")];
+    assert_eq!(http.send("GET", &metrics, &right, "").await.status, 200);
+    drop(gw);
+
+    let blank = dir.path().join("blank-token");
+    std::fs::write(&blank, "  \n").unwrap();
+    let serve = [
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--store",
+        "memory://",
+    ];
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 4] = [
+        (&["--admin-token", ""], &[], "empty"),
+        (
+            &["--admin-token-file", blank.to_str().unwrap()],
+            &[],
+            "empty",
+        ),
+        (&[], &[("IDEM_ADMIN_TOKEN", "   ")], "empty"),
+        (
+            &["--admin-token", "t0k", "--admin-token-file", token_path],
+            &[],
+            "not both",
+        ),
+    ];
+    for (args, env, says) in cases {
+        let mut cmd = tokio::process::Command::new(binary());
+        cmd.args(serve).args(["--listen", "127.0.0.1:0"]).args(args);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("IDEM_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(env.iter().copied()).kill_on_drop(true);
+        // A gateway that started anyway would never exit: bounded.
+        let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+            .await
+            .unwrap_or_else(|_| panic!("{args:?} {env:?}: the gateway started"))
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?} {env:?}: {stderr}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_serves_probes_metrics_and_keys_behind_a_token() {
     let up = Upstream::start().await;
