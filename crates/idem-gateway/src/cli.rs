@@ -122,7 +122,9 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_REQUIRE_KEY")]
     pub require_key: bool,
 
-    /// How long records live [default: 24h].
+    /// How long records live, counted from the first request: a completed record is
+    /// replayed until then; one in progress lives at least until its lease lapses
+    /// [default: 24h].
     #[arg(long, env = "IDEM_TTL", value_name = "DURATION", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
 

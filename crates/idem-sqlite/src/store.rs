@@ -10,6 +10,7 @@ use idem_core::codec::{decode_headers, encode_headers};
 use idem_core::{
     FencingToken, Fingerprint, Lease, Record, RecordState, Reservation, ReserveRequest, Scope,
     SharedClock, Store, StoreError, StoreMetric, StoredResponse, SystemClock, Timestamp,
+    duration_millis,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -315,6 +316,7 @@ impl SqliteStore {
             .bind(i64::from(response.status))
             .bind(encode_headers(&response.headers))
             .bind(&response.body[..])
+            .bind(duration_millis(lease.ttl))
             .execute(&mut *conn)
             .await
             .map_err(store_error)?;
