@@ -51,6 +51,7 @@ pub mod config;
 pub mod cors;
 pub mod demo;
 pub mod error;
+pub mod forwarded;
 pub mod keys;
 pub mod logging;
 pub mod metrics;

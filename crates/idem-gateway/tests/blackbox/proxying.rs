@@ -47,6 +47,59 @@ async fn forwards_with_attempt_and_forwarded_headers_and_strips_hop_by_hop() {
     assert!(up.seen()[1].headers.get("idempotency-attempt").is_none());
 }
 
+/// A client's `Forwarded` that does not parse (an open quote) is dropped: the upstream
+/// sees the gateway's element alone, never inside the client's quoted-string; a valid
+/// one, in two fields, is kept as one list before it. `X-Forwarded-For` likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_client_forwarded_is_dropped_before_the_gateways_element() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", "memory://"]).await;
+    let http = Http::new();
+    let ours = format!("for=127.0.0.1;proto=http;host=\"{}\"", gw.addr);
+    // What the client sends; the Forwarded and the X-Forwarded-For the upstream gets.
+    type Case<'a> = (&'a [(&'a str, &'a str)], String, &'a str);
+    let cases: [Case; 3] = [
+        (
+            &[
+                ("forwarded", r#"for="6.6.6.6"#),
+                ("x-forwarded-for", "6.6.6.6, \"evil"),
+            ],
+            ours.clone(),
+            "127.0.0.1",
+        ),
+        (
+            &[
+                ("forwarded", r#"for="6.6.6.6\"#),
+                ("x-forwarded-for", "6.6.6.6 7.7.7.7"),
+            ],
+            ours.clone(),
+            "127.0.0.1",
+        ),
+        (
+            &[
+                ("forwarded", "for=192.0.2.1"),
+                ("forwarded", r#"for="[2001:db8::1]""#),
+                ("x-forwarded-for", "192.0.2.1"),
+                ("x-forwarded-for", "2001:db8::1"),
+            ],
+            format!(r#"for=192.0.2.1, for="[2001:db8::1]", {ours}"#),
+            "192.0.2.1, 2001:db8::1, 127.0.0.1",
+        ),
+    ];
+    for (i, (sent, forwarded, xff)) in cases.iter().enumerate() {
+        let key = new_key();
+        let a = http.post(&gw.url("/v1/charges"), &key, "{}", sent).await;
+        assert_eq!(a.status, 201, "{sent:?}");
+        let seen = up.seen();
+        let h = &seen[i].headers;
+        let got: Vec<_> = h.get_all("forwarded").iter().collect();
+        assert_eq!(got, [forwarded.as_str()], "{sent:?}");
+        let got: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(got, [*xff], "{sent:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_upstream_is_502_and_releases_the_key() {
     // A port that was just free: nothing listens there.
