@@ -10,7 +10,8 @@
 //! | `POST /keys/purge-expired` | deletes expired records, `{"purged": n}` |
 //!
 //! With `--admin-token` (or `--admin-token-file`), every route but the two probes needs
-//! `Authorization: Bearer TOKEN`, compared in constant time. A bare `--admin PORT` binds to 127.0.0.1.
+//! `Authorization: Bearer TOKEN`, compared in constant time. A bare `--admin PORT`
+//! binds to 127.0.0.1.
 
 use std::sync::Arc;
 

@@ -17,7 +17,9 @@
 //! - an element is `;`-separated `token=value` pairs (empty pairs, as in `for=a;;by=b`,
 //!   are skipped too; whitespace around a `;` is tolerated, never around the `=`);
 //! - a value is a token or a quoted-string (`"…"`, with `\` escaping the next
-//!   character; an unterminated one, or one ending in a lone `\`, does not parse);
+//!   character; an unterminated one, or one ending in a lone `\`, does not parse); `:`
+//!   and `[` are no token characters, so an address with a port and an IPv6 address
+//!   are quoted (`for="[2001:db8::1]:4711"`), as RFC 7239 §6 says;
 //! - a parameter name occurs at most once per element, ignoring case (RFC 7239 §4):
 //!   `for=a;for=b` would let two parsers of the same header disagree about the client.
 //!
@@ -390,6 +392,73 @@ mod tests {
             if x_forwarded_for_is_valid(&value) {
                 let appended = format!("{value}, 127.0.0.1");
                 proptest::prop_assert!(x_forwarded_for_is_valid(&appended));
+            }
+        }
+    }
+
+    /// A value made of pairs, some with quoted-strings full of commas, semicolons,
+    /// quotes and backslashes (escaped as a sender must).
+    fn valid_value() -> impl proptest::strategy::Strategy<Value = (String, Vec<Element>)> {
+        use proptest::prelude::*;
+        let pair = (
+            "[a-zA-Z][a-zA-Z0-9_-]{0,6}",
+            prop_oneof![
+                "[a-zA-Z0-9._~!-]{1,8}".prop_map(|v| (v.clone(), v)),
+                r#"[a-z0-9 ,;="\\\[\]:]{0,10}"#.prop_map(|v| {
+                    let quoted: String = v
+                        .chars()
+                        .flat_map(|c| match c {
+                            '"' | '\\' => vec!['\\', c],
+                            c => vec![c],
+                        })
+                        .collect();
+                    (format!("\"{quoted}\""), v)
+                }),
+            ],
+        );
+        proptest::collection::vec(proptest::collection::vec(pair, 1..4), 1..4).prop_map(
+            |elements| {
+                let mut text = Vec::new();
+                let mut parsed = Vec::new();
+                for element in elements {
+                    let mut seen = std::collections::HashSet::new();
+                    let mut pairs = Vec::new();
+                    let mut parts = Vec::new();
+                    for (name, (sent, value)) in element {
+                        if seen.insert(name.to_ascii_lowercase()) {
+                            parts.push(format!("{name}={sent}"));
+                            pairs.push(Pair { name, value });
+                        }
+                    }
+                    text.push(parts.join(";"));
+                    parsed.push(pairs);
+                }
+                (text.join(", "), parsed)
+            },
+        )
+    }
+
+    proptest::proptest! {
+        /// What a sender writes by the grammar parses back to what it meant, and the
+        /// gateway's element appended to it is the last, as sent.
+        #[test]
+        fn valid_values_parse_back_and_keep_the_gateways_element_last(
+            (value, elements) in valid_value(),
+        ) {
+            let parsed = parse(&value);
+            proptest::prop_assert_eq!(parsed.as_ref(), Ok(&elements));
+            let joined = parse(&format!("{value}, for=127.0.0.1;proto=http")).unwrap();
+            proptest::prop_assert_eq!(joined.len(), elements.len() + 1);
+            proptest::prop_assert_eq!(
+                joined.last().unwrap(),
+                &vec![
+                    Pair { name: "for".into(), value: "127.0.0.1".into() },
+                    Pair { name: "proto".into(), value: "http".into() },
+                ]
+            );
+            // Cut anywhere inside a quoted-string, the value no longer parses.
+            if let Some(open) = value.find('"') {
+                proptest::prop_assert!(!is_valid(&value[..=open]));
             }
         }
     }
