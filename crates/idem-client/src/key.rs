@@ -81,6 +81,71 @@ impl KeyDeriver {
         let digest = mac.finalize().into_bytes();
         Key::new(hex::encode(digest)).expect("64 hex characters are a valid key")
     }
+
+    /// The [`BusinessId`] of `value` for the kind of operation `purpose` names: what
+    /// [`Journal::persist_unique`](crate::Journal::persist_unique) sends at most once.
+    ///
+    /// It is HMAC-SHA-256 under the same secret, in a domain of its own, so it never
+    /// equals a key from [`derive`](Self::derive) on the same value: the journal can
+    /// hold both without one telling anything about the other.
+    #[cfg(feature = "journal")]
+    pub fn business_id(&self, purpose: &str, value: &[u8]) -> BusinessId {
+        let mut mac =
+            HmacSha256::new_from_slice(&self.secret).expect("HMAC accepts keys of any length");
+        mac.update(BUSINESS_ID_DOMAIN);
+        mac.update(&(purpose.len() as u64).to_be_bytes());
+        mac.update(purpose.as_bytes());
+        mac.update(value);
+        BusinessId {
+            digest: mac.finalize().into_bytes().into(),
+        }
+    }
+}
+
+/// What sets [`KeyDeriver::business_id`] apart from [`KeyDeriver::derive`]: `derive`
+/// starts with a length, whose first byte is zero for any purpose shorter than 2^56.
+#[cfg(feature = "journal")]
+const BUSINESS_ID_DOMAIN: &[u8] = b"idem-client business id\0";
+
+/// The identity of a business operation (an order number, a payout batch, an e-mail
+/// address), as the journal stores it: a keyed hash, made by
+/// [`KeyDeriver::business_id`], never the value itself.
+///
+/// Business ids are often personal data. The journal keeps only this 32-byte
+/// HMAC-SHA-256 under the deriver's secret, so its file does not reveal the id, and
+/// without the secret the id cannot be found by hashing candidates. Keep the secret
+/// stable for as long as the journal keeps entries: under another secret the same id
+/// is another business id, and would be sent again.
+///
+/// ```
+/// use idem_client::KeyDeriver;
+///
+/// let deriver = KeyDeriver::new(b"a 32-byte secret from your vault".to_vec());
+/// let id = deriver.business_id("payout", b"order-4711");
+/// assert_eq!(id, deriver.business_id("payout", b"order-4711"));
+/// assert_ne!(id, deriver.business_id("refund", b"order-4711"));
+/// ```
+#[cfg(feature = "journal")]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BusinessId {
+    digest: [u8; 32],
+}
+
+#[cfg(feature = "journal")]
+impl BusinessId {
+    /// The hash as stored in the journal's `business_id` column.
+    pub fn digest(&self) -> &[u8; 32] {
+        &self.digest
+    }
+}
+
+#[cfg(feature = "journal")]
+impl fmt::Debug for BusinessId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A prefix tells entries apart in logs; the hash reveals nothing without the
+        // secret anyway.
+        write!(f, "BusinessId({}…)", hex::encode(&self.digest[..6]))
+    }
 }
 
 impl fmt::Debug for KeyDeriver {
@@ -134,6 +199,27 @@ mod tests {
             "6ac7932a3dd57feebf3e76cfed14e1f86c4b0c954fda7c339382189313ecf76a"
         );
     }
+
+    #[cfg(feature = "journal")]
+    #[test]
+    fn business_ids_never_change_across_releases_and_are_not_keys() {
+        // A journal written by one release must guard the same ids under the next.
+        // Pinned value; never update it.
+        let d = KeyDeriver::new(b"Jefe".to_vec());
+        let id = d.business_id("checkout", b"cart-8812");
+        assert_eq!(hex::encode(id.digest()), PINNED_BUSINESS_ID);
+        assert_ne!(
+            hex::encode(id.digest()),
+            d.derive("checkout", b"cart-8812").as_str()
+        );
+        assert_ne!(id, KeyDeriver::new(b"other".to_vec()).business_id("checkout", b"cart-8812"));
+        assert_ne!(id, d.business_id("checkout", b"cart-8813"));
+        assert!(!format!("{id:?}").contains("cart"));
+    }
+
+    #[cfg(feature = "journal")]
+    const PINNED_BUSINESS_ID: &str =
+        "224bfd796b1c7bb0df9641372b38ad7fca66bd3027aed88b545264f72584e0f8";
 
     #[test]
     fn debug_does_not_show_the_secret() {

@@ -77,6 +77,8 @@ pub use client::{Client, ClientBuilder};
 pub use error::{Error, Failure, GiveUp, Result};
 #[cfg(feature = "journal")]
 pub use journal::{Entry, EntryState, Journal, JournaledOperation};
+#[cfg(feature = "journal")]
+pub use key::BusinessId;
 pub use key::{KeyDeriver, random_key};
 pub use operation::{IDEMPOTENCY_KEY, Operation};
 pub use outcome::{IDEMPOTENT_REPLAYED, Outcome};
