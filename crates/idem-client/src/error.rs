@@ -117,6 +117,19 @@ pub enum Error {
         key: Key,
     },
 
+    /// The journal holds a different request under this business id
+    /// ([`Journal::persist_unique`](crate::Journal::persist_unique)).
+    #[cfg(feature = "journal")]
+    #[error(
+        "the journal already holds a different request (method, URL, headers or body) under \
+         this business id, as the operation with Idempotency-Key {key}; a business id is \
+         sent once: send that request unchanged, or give a new operation its own business id"
+    )]
+    BusinessIdConflict {
+        /// The key of the operation journaled under the business id.
+        key: Key,
+    },
+
     /// The operation carries a credential header; the journal never writes credentials
     /// to disk.
     #[cfg(feature = "journal")]
@@ -141,7 +154,7 @@ impl Error {
             | Error::Exhausted { key, .. }
             | Error::Transport { key, .. } => Some(key),
             #[cfg(feature = "journal")]
-            Error::JournalConflict { key } => Some(key),
+            Error::JournalConflict { key } | Error::BusinessIdConflict { key } => Some(key),
             _ => None,
         }
     }

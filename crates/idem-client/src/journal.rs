@@ -11,6 +11,25 @@
 //!
 //! A resumed operation must reach the server before its record expires (24 h by
 //! default, SPEC S8); after that a resume executes it again.
+//!
+//! # At most once per business id
+//!
+//! A server that keeps no record of keys (a provider without idempotency support)
+//! executes every attempt that reaches it; the key protects nothing there. The second
+//! layer is the journal's own: [`Journal::persist_unique`] persists an operation under a
+//! [`BusinessId`] (an order number, a payout batch) that a unique index lets in once.
+//! Any later operation with that id, from any task or process sharing the file, gets
+//! the first one's state ([`Persisted`]): still pending, with its key; or its answer,
+//! as recorded when its send finished. Only the first is ever handed out to send.
+//!
+//! What a business id entry adds: the id as a keyed hash (never the value, which may
+//! be personal data: see [`BusinessId`]), and the answer's headers and body. Retries
+//! that gave up leave the entry pending, as for any entry; resuming it
+//! ([`Journal::pending`]) sends again with the same key, and a provider that ignores
+//! the key executes again if an earlier attempt reached it. Before resuming such an
+//! entry, ask the provider (by your own reference in the request) whether it arrived.
+//! Entries under a business id outlive [`purge_finished`](Journal::purge_finished):
+//! they are the guard; [`purge_guarded`](Journal::purge_guarded) removes them.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -18,7 +37,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{AUTHORIZATION, COOKIE, HeaderName, HeaderValue, PROXY_AUTHORIZATION};
-use http::{HeaderMap, Method};
+use http::{HeaderMap, Method, StatusCode};
 use idem_core::codec::{decode_headers, encode_headers};
 use idem_core::{Key, SharedClock, SystemClock, Timestamp, duration_millis};
 use sqlx::Row;
@@ -27,7 +46,7 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 
-use crate::{Client, Error, Operation, Outcome, Result};
+use crate::{BusinessId, Client, Error, Operation, Outcome, Result};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idem_client_operations (
@@ -49,10 +68,21 @@ CREATE INDEX IF NOT EXISTS idem_client_operations_state
     ON idem_client_operations (state, updated_at);
 ";
 
+/// What business ids add to a journal made before them: the keyed hash of the id, under
+/// a unique index (which, in SQLite, lets any number of entries have none), and the
+/// answer, so that a later operation with the same id gets it instead of a send.
+const BUSINESS_ID_COLUMNS: &str = "
+ALTER TABLE idem_client_operations ADD COLUMN business_id BLOB;
+ALTER TABLE idem_client_operations ADD COLUMN response_headers BLOB;
+ALTER TABLE idem_client_operations ADD COLUMN response_body BLOB;
+CREATE UNIQUE INDEX IF NOT EXISTS idem_client_operations_business_id
+    ON idem_client_operations (business_id);
+";
+
 macro_rules! entry_select {
     () => {
-        "SELECT id, idempotency_key, method, url, state, attempts, status, replayed,
-             last_error, created_at, updated_at
+        "SELECT id, idempotency_key, business_id, method, url, state, attempts, status,
+             replayed, last_error, created_at, updated_at
          FROM idem_client_operations"
     };
 }
@@ -94,6 +124,9 @@ pub struct Entry {
     pub id: i64,
     /// The operation's key.
     pub key: Key,
+    /// The business id it was persisted under
+    /// ([`persist_unique`](Journal::persist_unique)), if any.
+    pub business_id: Option<BusinessId>,
     /// The method.
     pub method: Method,
     /// The URL.
@@ -217,9 +250,10 @@ impl Journal {
         Journal::with_pool(pool).await
     }
 
-    /// A journal in an existing pool (its table is created if missing).
+    /// A journal in an existing pool. Its table is created if missing, and a table made
+    /// by an earlier release gains the business id columns; the entries in it are kept.
     pub async fn with_pool(pool: SqlitePool) -> Result<Journal> {
-        sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+        migrate(&pool).await?;
         Ok(Journal {
             pool,
             clock: std::sync::Arc::new(SystemClock),
@@ -237,19 +271,11 @@ impl Journal {
     ///
     /// Persisting the same operation (same key, method, URL, headers and body) again
     /// returns the existing entry, so a step that crashed between persisting and
-    /// recording that it did can run again. The same key with a different request is
-    /// [`Error::JournalConflict`].
+    /// recording that it did can run again. The same key with a different request, or
+    /// with an entry persisted under a business id
+    /// ([`persist_unique`](Self::persist_unique)), is [`Error::JournalConflict`].
     pub async fn persist(&self, op: Operation) -> Result<JournaledOperation> {
-        if let Some(e) = op.build_error() {
-            return Err(Error::Build(e.to_owned()));
-        }
-        refuse_credentials(op.header_map())?;
-        let headers = encode_headers(
-            &op.header_map()
-                .iter()
-                .map(|(n, v)| (n.as_str().to_owned(), Bytes::copy_from_slice(v.as_bytes())))
-                .collect::<Vec<_>>(),
-        );
+        let headers = journalable(&op)?;
         let now = self.clock.now().as_millis();
         sqlx::query(
             "INSERT INTO idem_client_operations
@@ -266,17 +292,16 @@ impl Journal {
         .execute(&self.pool)
         .await?;
         let row = sqlx::query(
-            "SELECT id, method, url, headers, body FROM idem_client_operations
+            "SELECT id, business_id, method, url, headers, body FROM idem_client_operations
              WHERE idempotency_key = ?1",
         )
         .bind(op.key().as_str())
         .fetch_one(&self.pool)
         .await?;
-        let same = row.try_get::<String, _>("method")? == op.method().as_str()
-            && row.try_get::<String, _>("url")? == op.url()
-            && row.try_get::<Vec<u8>, _>("headers")? == headers
-            && row.try_get::<Vec<u8>, _>("body")?[..] == op.body_bytes()[..];
-        if !same {
+        // An entry under a business id is reached through persist_unique only, which
+        // never hands it out twice.
+        let guarded = row.try_get::<Option<Vec<u8>>, _>("business_id")?.is_some();
+        if guarded || !same_request(&row, &op, &headers)? {
             return Err(Error::JournalConflict {
                 key: op.key().clone(),
             });
@@ -285,6 +310,118 @@ impl Journal {
             id: row.try_get("id")?,
             op,
             journal: self.clone(),
+        })
+    }
+
+    /// Persists `op` under `business_id` unless an operation was persisted under it
+    /// before; this is how an operation is sent at most once per business id, even to a
+    /// provider that ignores `Idempotency-Key`.
+    ///
+    /// * [`Persisted::New`]: `op` is written as pending, as [`persist`](Self::persist)
+    ///   does; send it. When the send finishes its answer is recorded against the id.
+    /// * [`Persisted::Pending`]: an operation for this id was persisted and has no
+    ///   answer yet: it is being sent, or its retries gave up, or its process died.
+    ///   Nothing is sent; the variant carries its key. Resume it from
+    ///   [`pending`](Self::pending) (at start-up, say), never by sending `op`.
+    /// * [`Persisted::Completed`]: it was answered; the variant carries the answer as
+    ///   recorded (status, headers, body).
+    /// * [`Persisted::Failed`]: it was refused in a way a resume would not change; the
+    ///   variant carries the refusal, if one came.
+    ///
+    /// A unique index on the id decides, so this holds for any number of tasks and
+    /// processes sharing the journal file, and across restarts. The id is the
+    /// operation's identity: `op`'s method, URL, headers and body must be those of the
+    /// operation first persisted under it, or the answer is
+    /// [`Error::BusinessIdConflict`] (a different amount for the same order is a bug,
+    /// or a new operation that needs its own id). `op`'s key does not matter: an
+    /// existing entry keeps its own. An `op` whose key the journal holds under no or
+    /// another business id is [`Error::JournalConflict`].
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idem_client::Error> {
+    /// use idem_client::{Client, Journal, KeyDeriver, Persisted};
+    ///
+    /// let client = Client::new();
+    /// let journal = Journal::open("payouts-journal.db").await?;
+    /// // The secret keeps order numbers out of the journal file; keep it stable.
+    /// let ids = KeyDeriver::new(b"a 32-byte secret from your vault".to_vec());
+    ///
+    /// let op = client
+    ///     .post("http://127.0.0.1:8080/v1/payouts")
+    ///     .json(&serde_json::json!({"order": "order-4711", "amount": 500}));
+    /// match journal.persist_unique(&ids.business_id("payout", b"order-4711"), op).await? {
+    ///     Persisted::New(op) => println!("sent: {}", op.send().await?.status()),
+    ///     Persisted::Pending { key, .. } => println!("in flight or to resume, key {key}"),
+    ///     Persisted::Completed { outcome, .. } => println!("paid before: {}", outcome.text()),
+    ///     Persisted::Failed { entry, .. } => println!("refused before: {:?}", entry.last_error),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn persist_unique(
+        &self,
+        business_id: &BusinessId,
+        op: Operation,
+    ) -> Result<Persisted> {
+        let headers = journalable(&op)?;
+        let now = self.clock.now().as_millis();
+        // No conflict target: a clash on the business id or on the key inserts nothing,
+        // and the lookup below tells which.
+        let inserted = sqlx::query(
+            "INSERT INTO idem_client_operations
+                 (idempotency_key, business_id, method, url, headers, body, state,
+                  created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?7)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(op.key().as_str())
+        .bind(&business_id.digest()[..])
+        .bind(op.method().as_str())
+        .bind(op.url())
+        .bind(&headers[..])
+        .bind(&op.body_bytes()[..])
+        .bind(now)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            == 1;
+        let row = sqlx::query(
+            "SELECT id, idempotency_key, business_id, method, url, headers, body, state,
+                 attempts, status, replayed, last_error, created_at, updated_at,
+                 response_headers, response_body
+             FROM idem_client_operations WHERE business_id = ?1",
+        )
+        .bind(&business_id.digest()[..])
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else {
+            // Nothing under this id, so the key clashed with another entry.
+            return Err(Error::JournalConflict {
+                key: op.key().clone(),
+            });
+        };
+        let entry = entry(&row)?;
+        if inserted {
+            return Ok(Persisted::New(JournaledOperation {
+                id: entry.id,
+                op,
+                journal: self.clone(),
+            }));
+        }
+        if !same_request(&row, &op, &headers)? {
+            return Err(Error::BusinessIdConflict { key: entry.key });
+        }
+        let answer = recorded_answer(&row, &entry)?;
+        Ok(match entry.state {
+            EntryState::Pending => Persisted::Pending {
+                key: entry.key.clone(),
+                entry,
+            },
+            EntryState::Completed => Persisted::Completed {
+                outcome: answer
+                    .ok_or_else(|| corrupt("a completed entry without its answer".into()))?,
+                entry,
+            },
+            EntryState::Failed => Persisted::Failed { answer, entry },
         })
     }
 
@@ -300,15 +437,7 @@ impl Journal {
             .map(|row| {
                 let key = parse_key(row)?;
                 let method = parse_method(row)?;
-                let headers = decode_headers(&row.try_get::<Vec<u8>, _>("headers")?)
-                    .map_err(|e| corrupt(e.to_string()))?;
-                let mut map = HeaderMap::with_capacity(headers.len());
-                for (name, value) in headers {
-                    let name = HeaderName::from_str(&name).map_err(|e| corrupt(e.to_string()))?;
-                    let value = HeaderValue::from_maybe_shared(value)
-                        .map_err(|e| corrupt(e.to_string()))?;
-                    map.append(name, value);
-                }
+                let map = decode_header_map(&row.try_get::<Vec<u8>, _>("headers")?)?;
                 let op = Operation::restore(
                     client.clone(),
                     method,
@@ -348,23 +477,43 @@ impl Journal {
     }
 
     /// Deletes at most `limit` completed or failed entries last changed `older_than`
-    /// ago or earlier; returns how many. Pending entries are never purged.
+    /// ago or earlier; returns how many. Pending entries are never purged, nor entries
+    /// with a business id: those are the guard that
+    /// [`persist_unique`](Self::persist_unique) checks (see
+    /// [`purge_guarded`](Self::purge_guarded)).
     pub async fn purge_finished(&self, older_than: Duration, limit: u32) -> Result<u64> {
+        self.purge(older_than, limit, "business_id IS NULL").await
+    }
+
+    /// Deletes at most `limit` completed or failed entries with a business id, last
+    /// changed `older_than` ago or earlier; returns how many. Pending entries are never
+    /// purged.
+    ///
+    /// After this an operation persisted under one of their ids is new and is sent:
+    /// purge only what the business can no longer ask for again (orders closed for
+    /// longer than any retry, replay or re-run of a batch could reach back).
+    pub async fn purge_guarded(&self, older_than: Duration, limit: u32) -> Result<u64> {
+        self.purge(older_than, limit, "business_id IS NOT NULL")
+            .await
+    }
+
+    async fn purge(&self, older_than: Duration, limit: u32, which: &str) -> Result<u64> {
         let cutoff = self
             .clock
             .now()
             .as_millis()
             .saturating_sub(duration_millis(older_than));
-        let done = sqlx::query(
+        let sql = format!(
             "DELETE FROM idem_client_operations WHERE id IN (
                  SELECT id FROM idem_client_operations
-                 WHERE state IN ('completed', 'failed') AND updated_at <= ?1
-                 ORDER BY updated_at LIMIT ?2)",
-        )
-        .bind(cutoff)
-        .bind(i64::from(limit))
-        .execute(&self.pool)
-        .await?;
+                 WHERE state IN ('completed', 'failed') AND updated_at <= ?1 AND {which}
+                 ORDER BY updated_at LIMIT ?2)"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(cutoff)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected())
     }
 
@@ -376,10 +525,14 @@ impl Journal {
         answer: Option<&Outcome>,
         error: Option<String>,
     ) -> Result<()> {
+        // The answer's headers and body are what a later operation with the same
+        // business id gets instead of a send; entries without one do not need them.
         sqlx::query(
             "UPDATE idem_client_operations
              SET state = ?2, attempts = attempts + ?3, status = ?4, replayed = ?5,
-                 last_error = ?6, updated_at = ?7
+                 last_error = ?6, updated_at = ?7,
+                 response_headers = CASE WHEN business_id IS NULL THEN NULL ELSE ?8 END,
+                 response_body = CASE WHEN business_id IS NULL THEN NULL ELSE ?9 END
              WHERE id = ?1",
         )
         .bind(id)
@@ -389,16 +542,106 @@ impl Journal {
         .bind(answer.map(Outcome::replayed))
         .bind(error)
         .bind(self.clock.now().as_millis())
+        .bind(answer.map(|o| encode_header_map(o.headers())))
+        .bind(answer.map(|o| o.body().to_vec()))
         .execute(&self.pool)
         .await?;
         Ok(())
     }
 }
 
+/// Creates the table, or brings one made by an earlier release up to date, in one
+/// write transaction so that processes opening the file at once migrate it once.
+async fn migrate(pool: &SqlitePool) -> Result<()> {
+    sqlx::raw_sql(SCHEMA).execute(pool).await?;
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    // The table's columns, not `user_version`: a pool given to `with_pool` may be the
+    // application's database, whose version is its own.
+    let has_business_ids: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pragma_table_info('idem_client_operations')
+         WHERE name = 'business_id'",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if has_business_ids == 0 {
+        sqlx::raw_sql(BUSINESS_ID_COLUMNS).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The operation's headers as the journal stores them, once it is known that they may
+/// be stored and the operation was built right.
+fn journalable(op: &Operation) -> Result<Vec<u8>> {
+    if let Some(e) = op.build_error() {
+        return Err(Error::Build(e.to_owned()));
+    }
+    refuse_credentials(op.header_map())?;
+    Ok(encode_header_map(op.header_map()))
+}
+
+fn encode_header_map(headers: &HeaderMap) -> Vec<u8> {
+    encode_headers(
+        &headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), Bytes::copy_from_slice(v.as_bytes())))
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn decode_header_map(stored: &[u8]) -> Result<HeaderMap> {
+    let headers = decode_headers(stored).map_err(|e| corrupt(e.to_string()))?;
+    let mut map = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let name = HeaderName::from_str(&name).map_err(|e| corrupt(e.to_string()))?;
+        let value = HeaderValue::from_maybe_shared(value).map_err(|e| corrupt(e.to_string()))?;
+        map.append(name, value);
+    }
+    Ok(map)
+}
+
+/// Whether the stored request in `row` is `op`'s (`headers` encoded).
+fn same_request(row: &SqliteRow, op: &Operation, headers: &[u8]) -> Result<bool> {
+    Ok(row.try_get::<String, _>("method")? == op.method().as_str()
+        && row.try_get::<String, _>("url")? == op.url()
+        && row.try_get::<Vec<u8>, _>("headers")?[..] == headers[..]
+        && row.try_get::<Vec<u8>, _>("body")?[..] == op.body_bytes()[..])
+}
+
+/// The answer recorded in `row`, if one was.
+fn recorded_answer(row: &SqliteRow, entry: &Entry) -> Result<Option<Outcome>> {
+    let Some(status) = entry.status else {
+        return Ok(None);
+    };
+    let status = StatusCode::from_u16(status).map_err(|e| corrupt(e.to_string()))?;
+    let headers = match row.try_get::<Option<Vec<u8>>, _>("response_headers")? {
+        Some(stored) => decode_header_map(&stored)?,
+        None => HeaderMap::new(),
+    };
+    let body = row
+        .try_get::<Option<Vec<u8>>, _>("response_body")?
+        .unwrap_or_default();
+    Ok(Some(Outcome {
+        key: entry.key.clone(),
+        attempts: entry.attempts,
+        status,
+        headers,
+        body: Bytes::from(body),
+    }))
+}
+
 fn entry(row: &SqliteRow) -> Result<Entry> {
     Ok(Entry {
         id: row.try_get("id")?,
         key: parse_key(row)?,
+        business_id: row
+            .try_get::<Option<Vec<u8>>, _>("business_id")?
+            .map(|d| {
+                <[u8; 32]>::try_from(d)
+                    .map(BusinessId::from_digest)
+                    .map_err(|d| corrupt(format!("a business id of {} bytes", d.len())))
+            })
+            .transpose()?,
         method: parse_method(row)?,
         url: row.try_get("url")?,
         state: EntryState::parse(&row.try_get::<String, _>("state")?)?,
@@ -440,6 +683,52 @@ fn refuse_credentials(headers: &HeaderMap) -> Result<()> {
     Ok(())
 }
 
+/// What [`Journal::persist_unique`] found for a business id: the one way to send,
+/// [`New`](Persisted::New), is the variant that holds an operation to send.
+#[derive(Debug)]
+#[must_use = "a new operation must be sent, and the others say what became of the id"]
+pub enum Persisted {
+    /// The first operation under this business id, now journaled as pending: send it.
+    New(JournaledOperation),
+    /// An operation under this id is journaled and has no answer yet (being sent, or
+    /// left by retries that gave up or by a process that died). Not sent again;
+    /// [`Journal::pending`] resumes it with this key.
+    Pending {
+        /// The pending operation's key.
+        key: Key,
+        /// Its entry.
+        entry: Entry,
+    },
+    /// The operation under this id was answered.
+    Completed {
+        /// The answer as recorded: status, headers, body, the operation's key, and
+        /// the attempts every process recorded.
+        outcome: Outcome,
+        /// Its entry.
+        entry: Entry,
+    },
+    /// The operation under this id was refused in a way a resume would not change
+    /// ([`EntryState::Failed`]).
+    Failed {
+        /// The refusal (a 400 or 422), if an answer came; `entry.last_error` says why.
+        answer: Option<Outcome>,
+        /// Its entry.
+        entry: Entry,
+    },
+}
+
+impl Persisted {
+    /// The key of the operation journaled under the business id (`op`'s own when it is
+    /// new).
+    pub fn key(&self) -> &Key {
+        match self {
+            Persisted::New(op) => op.key(),
+            Persisted::Pending { key, .. } => key,
+            Persisted::Completed { entry, .. } | Persisted::Failed { entry, .. } => &entry.key,
+        }
+    }
+}
+
 /// An operation with its journal entry. [`send`](Self::send) sends it and records the
 /// result.
 #[derive(Debug, Clone)]
@@ -468,7 +757,8 @@ impl JournaledOperation {
     /// Sends the operation (see [`Operation::send`]) and records what came of it:
     /// an answer marks the entry completed; a refusal that a resume would not change
     /// (key reused, invalid request) marks it failed; retries that gave up leave it
-    /// pending, for a later resume.
+    /// pending, for a later resume. Under a business id the answer's headers and body
+    /// are recorded too, for [`Journal::persist_unique`] to give later operations.
     ///
     /// If recording fails the result is still returned and the entry stays pending; a
     /// later resume then gets the server's replay. The failure is logged.

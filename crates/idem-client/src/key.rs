@@ -137,6 +137,11 @@ impl BusinessId {
     pub fn digest(&self) -> &[u8; 32] {
         &self.digest
     }
+
+    /// Rebuilds a business id from a stored [`digest`](Self::digest).
+    pub(crate) fn from_digest(digest: [u8; 32]) -> BusinessId {
+        BusinessId { digest }
+    }
 }
 
 #[cfg(feature = "journal")]
@@ -212,7 +217,10 @@ mod tests {
             hex::encode(id.digest()),
             d.derive("checkout", b"cart-8812").as_str()
         );
-        assert_ne!(id, KeyDeriver::new(b"other".to_vec()).business_id("checkout", b"cart-8812"));
+        assert_ne!(
+            id,
+            KeyDeriver::new(b"other".to_vec()).business_id("checkout", b"cart-8812")
+        );
         assert_ne!(id, d.business_id("checkout", b"cart-8813"));
         assert!(!format!("{id:?}").contains("cart"));
     }

@@ -76,7 +76,7 @@ pub use classify::{Classify, DefaultClassifier, Retryable, http_date, retry_afte
 pub use client::{Client, ClientBuilder};
 pub use error::{Error, Failure, GiveUp, Result};
 #[cfg(feature = "journal")]
-pub use journal::{Entry, EntryState, Journal, JournaledOperation};
+pub use journal::{Entry, EntryState, Journal, JournaledOperation, Persisted};
 #[cfg(feature = "journal")]
 pub use key::BusinessId;
 pub use key::{KeyDeriver, random_key};
