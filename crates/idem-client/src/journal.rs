@@ -274,6 +274,10 @@ impl Journal {
     /// recording that it did can run again. The same key with a different request, or
     /// with an entry persisted under a business id
     /// ([`persist_unique`](Self::persist_unique)), is [`Error::JournalConflict`].
+    ///
+    /// An operation that cannot be sent is refused before anything is written, with
+    /// the error its send would give: [`Error::Build`] (built wrong, an invalid URL or
+    /// scheme) or [`Error::TlsDisabled`].
     pub async fn persist(&self, op: Operation) -> Result<JournaledOperation> {
         let headers = journalable(&op)?;
         let now = self.clock.now().as_millis();
@@ -335,7 +339,9 @@ impl Journal {
     /// [`Error::BusinessIdConflict`] (a different amount for the same order is a bug,
     /// or a new operation that needs its own id). `op`'s key does not matter: an
     /// existing entry keeps its own. An `op` whose key the journal holds under no or
-    /// another business id is [`Error::JournalConflict`].
+    /// another business id is [`Error::JournalConflict`]; one that cannot be sent, or
+    /// carries a credential, is refused as [`persist`](Self::persist) refuses it, and
+    /// takes no id.
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), idem_client::Error> {
@@ -571,11 +577,10 @@ async fn migrate(pool: &SqlitePool) -> Result<()> {
 }
 
 /// The operation's headers as the journal stores them, once it is known that they may
-/// be stored and the operation was built right.
+/// be stored and that the operation can be sent: one that cannot would only be
+/// recorded as failed, and under a business id it would take the id.
 fn journalable(op: &Operation) -> Result<Vec<u8>> {
-    if let Some(e) = op.build_error() {
-        return Err(Error::Build(e.to_owned()));
-    }
+    op.checked_url()?;
     refuse_credentials(op.header_map())?;
     Ok(encode_header_map(op.header_map()))
 }

@@ -83,12 +83,6 @@ impl Operation {
         }
     }
 
-    /// Why the operation cannot be sent, if it was built wrong.
-    #[cfg(feature = "journal")]
-    pub(crate) fn build_error(&self) -> Option<&str> {
-        self.error.as_deref()
-    }
-
     /// Replaces the random key with `key`: one derived from the business operation
     /// ([`KeyDeriver`](crate::KeyDeriver)), or one stored before a restart.
     pub fn with_key(mut self, key: Key) -> Operation {
@@ -282,7 +276,9 @@ impl Operation {
         }
     }
 
-    fn checked_url(&self) -> Result<Url> {
+    /// The URL to send to, or why the operation cannot be sent: it was built wrong,
+    /// its URL does not parse, or its scheme cannot be sent.
+    pub(crate) fn checked_url(&self) -> Result<Url> {
         if let Some(e) = &self.error {
             return Err(Error::Build(e.clone()));
         }

@@ -507,6 +507,32 @@ async fn journal_made_before_business_ids_opens_and_migrates() {
 }
 
 #[tokio::test]
+async fn unsendable_operation_is_refused_before_it_takes_the_business_id() {
+    let server = FaultServer::start([]).await;
+    let journal = Journal::in_memory().await.unwrap();
+    let client = client(1);
+
+    for bad in ["not a url", "ftp://127.0.0.1/v1/payouts"] {
+        let err = journal
+            .persist_unique(&order("order-3"), client.post(bad).body("x"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Build(_)), "{bad}: {err:?}");
+    }
+    assert!(journal.entries().await.unwrap().is_empty());
+
+    let Persisted::New(op) = journal
+        .persist_unique(&order("order-3"), payout(&client, &server))
+        .await
+        .unwrap()
+    else {
+        panic!("the id was not taken by the refused operations");
+    };
+    op.send().await.unwrap();
+    assert_eq!(server.hits(), 1);
+}
+
+#[tokio::test]
 async fn plain_persist_cannot_reach_an_entry_under_a_business_id() {
     // `persist` of the same operation again returns its entry, to be sent; for an
     // entry under a business id that would be a second send beside the first.
