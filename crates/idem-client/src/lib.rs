@@ -15,7 +15,9 @@
 //!   answer was a replay, how many attempts it took, and the key.
 //! * [`Journal`] (feature `journal`, on by default) persists an operation in SQLite
 //!   before its first attempt; after a crash, [`Journal::pending`] gives the
-//!   operations back with their keys to resume.
+//!   operations back with their keys to resume. [`Journal::persist_unique`] sends an
+//!   operation at most once per [`BusinessId`] (a keyed hash of an order number, say),
+//!   the guard for a provider that ignores `Idempotency-Key`.
 //!
 //! Time and randomness are injected ([`ClientBuilder::clock`],
 //! [`ClientBuilder::sleeper`], [`ClientBuilder::seed`]) so tests assert the exact
