@@ -119,15 +119,24 @@ async fn concurrent_persists_of_one_business_id_send_exactly_once() {
     let server = FaultServer::start([]).await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal.db");
-    let journal = Journal::open(&path).await.unwrap();
+    // Two journals on one file, as two processes would have: their own pools and
+    // connections, only the file in common.
+    let journals = [
+        Journal::open(&path).await.unwrap(),
+        Journal::open(&path).await.unwrap(),
+    ];
     let client = client(3);
     let url = server.url("/v1/payouts");
     let start = Arc::new(tokio::sync::Barrier::new(TASKS));
 
     let tasks: Vec<_> = (0..TASKS)
-        .map(|_| {
-            let (journal, client, url, start) =
-                (journal.clone(), client.clone(), url.clone(), start.clone());
+        .map(|i| {
+            let (journal, client, url, start) = (
+                journals[i % 2].clone(),
+                client.clone(),
+                url.clone(),
+                start.clone(),
+            );
             tokio::spawn(async move {
                 let op = client.post(url).body("amount=500");
                 start.wait().await;
@@ -157,7 +166,7 @@ async fn concurrent_persists_of_one_business_id_send_exactly_once() {
     assert!(results.iter().all(|(_, k)| k == key), "all see the one key");
     assert_eq!(server.hits(), 1, "exactly one send");
     assert_eq!(rows_for(&raw(&path).await, &order("order-9")).await, 1);
-    assert_eq!(journal.entries().await.unwrap().len(), 1);
+    assert_eq!(journals[1].entries().await.unwrap().len(), 1);
 }
 
 #[tokio::test]
@@ -440,10 +449,12 @@ async fn journal_made_before_business_ids_opens_and_migrates() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal.db");
     {
+        // As the old Journal::open left it: in WAL mode.
         let old = SqlitePool::connect_with(
             SqliteConnectOptions::new()
                 .filename(&path)
-                .create_if_missing(true),
+                .create_if_missing(true)
+                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal),
         )
         .await
         .unwrap();
@@ -467,7 +478,18 @@ async fn journal_made_before_business_ids_opens_and_migrates() {
         old.close().await;
     }
 
-    let journal = Journal::open(&path).await.unwrap();
+    // Two processes starting at once migrate it once.
+    let (journal, other) = tokio::join!(Journal::open(&path), Journal::open(&path));
+    let (journal, other) = (journal.unwrap(), other.unwrap());
+    drop(other);
+    let columns: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_table_info('idem_client_operations')")
+            .fetch_all(&raw(&path).await)
+            .await
+            .unwrap();
+    for added in ["business_id", "response_headers", "response_body"] {
+        assert_eq!(columns.iter().filter(|c| *c == added).count(), 1, "{added}");
+    }
     let client = client(1);
     let pending = journal.pending(&client).await.unwrap();
     assert_eq!(pending.len(), 1);
