@@ -216,9 +216,9 @@ impl Journal {
     /// [`persist`](Self::persist) returns, the operation survives a power cut, not only
     /// a crash.
     ///
-    /// A journal holds request bodies and keys, so a new file is created with mode 0600
-    /// before SQLite opens it, and SQLite gives its `-wal` and `-shm` the same mode,
-    /// whatever the umask. A file that exists keeps its mode; if every user may read
+    /// A journal holds request bodies and keys (and, under a business id, answers), so
+    /// a new file is created with mode 0600 before SQLite opens it, and SQLite gives its
+    /// `-wal` and `-shm` the same mode, whatever the umask. A file that exists keeps its mode; if every user may read
     /// or write it, a warning says so.
     pub async fn open(path: impl AsRef<Path>) -> Result<Journal> {
         let path = path.as_ref();
