@@ -3,13 +3,15 @@
 //!
 //! Environment: `ORDERS_API_ADDR` (default `127.0.0.1:3000`), `ORDERS_API_DB` (default
 //! `orders-api.db` in the system's temporary directory), `ORDERS_API_KEY_TTL` (how long
-//! a key's record lives, default `24h`; e.g. `30s` to watch the order number answer a
-//! retry after expiry).
+//! a key's record lives, default `24h`), `ORDERS_API_LEASE` (how long a dead attempt's
+//! key stays in progress, default `60s`). A record lives the longer of the two: to watch
+//! the order number answer a retry after expiry, set both to e.g. `10s`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use idem_core::{Store, Sweeper, SweeperConfig};
-use orders_api::{BoxError, DEFAULT_KEY_TTL, Settings};
+use orders_api::{BoxError, DEFAULT_KEY_TTL, DEFAULT_LEASE, Settings};
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
@@ -18,19 +20,14 @@ async fn main() -> Result<(), BoxError> {
         let path = std::env::temp_dir().join("orders-api.db");
         format!("sqlite://{}", path.display())
     });
-    let key_ttl = match std::env::var("ORDERS_API_KEY_TTL") {
-        Ok(ttl) => humantime::parse_duration(&ttl)
-            .map_err(|e| format!("ORDERS_API_KEY_TTL={ttl:?}: {e} (write e.g. 30s or 24h)"))?,
-        Err(_) => DEFAULT_KEY_TTL,
-    };
-    if key_ttl.is_zero() {
-        return Err("ORDERS_API_KEY_TTL must be longer than zero".into());
-    }
+    let key_ttl = duration_var("ORDERS_API_KEY_TTL", DEFAULT_KEY_TTL)?;
+    let lease = duration_var("ORDERS_API_LEASE", DEFAULT_LEASE)?;
 
     let store = orders_api::open(&db, orders_api::system_clock()).await?;
     let sweeper = Sweeper::spawn(Arc::new(store.clone()), SweeperConfig::default());
     let settings = Settings {
         key_ttl,
+        lease,
         ..Settings::default()
     };
     let (router, in_flight) = orders_api::app(store.clone(), settings);
@@ -39,7 +36,7 @@ async fn main() -> Result<(), BoxError> {
     println!(
         "orders-api listening on http://{} (orders and keys in {db}, keys live {})",
         listener.local_addr()?,
-        humantime::format_duration(key_ttl)
+        humantime::format_duration(key_ttl.max(lease))
     );
     axum::serve(listener, router)
         .with_graceful_shutdown(async {
@@ -53,4 +50,17 @@ async fn main() -> Result<(), BoxError> {
     store.close().await;
     println!("orders-api stopped");
     Ok(())
+}
+
+/// The duration in the environment variable `name` (`30s`, `24h`), else `default`.
+fn duration_var(name: &str, default: Duration) -> Result<Duration, BoxError> {
+    let Ok(value) = std::env::var(name) else {
+        return Ok(default);
+    };
+    let duration = humantime::parse_duration(&value)
+        .map_err(|e| format!("{name}={value:?}: {e} (write e.g. 30s or 24h)"))?;
+    if duration.is_zero() {
+        return Err(format!("{name} must be longer than zero").into());
+    }
+    Ok(duration)
 }

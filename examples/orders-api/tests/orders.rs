@@ -226,6 +226,9 @@ async fn retry_after_key_expiry_answers_with_the_existing_order() {
 async fn order_number_of_another_order_is_409_and_releases_the_key() {
     let api = Api::new().await;
     api.create(Some("k-1"), &tea("A-1001")).await;
+    // A duplicate under another key: answered with order 1.
+    let duplicate = api.create(Some("k-2"), &tea("A-1001")).await;
+    assert_eq!(duplicate.status, StatusCode::OK);
     api.clock
         .advance(DEFAULT_KEY_TTL + Duration::from_millis(1));
     let other = json!({ "order_number": "A-1001", "sku": "tea", "qty": 3, "amount_cents": 1800 });
@@ -241,7 +244,7 @@ async fn order_number_of_another_order_is_409_and_releases_the_key() {
         (created.status, created.replayed),
         (StatusCode::CREATED, false)
     );
-    assert_eq!(created.body["id"], 2);
+    assert_eq!(created.body["id"], 2, "a conflicting insert takes no id");
     assert_eq!(api.orders().await, 2);
 }
 
