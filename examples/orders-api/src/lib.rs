@@ -89,7 +89,15 @@ pub struct Settings {
     pub lease: Duration,
     /// Told every request's outcome (metrics, tests).
     pub observer: Option<Arc<dyn Observer>>,
+    /// For demonstrations and tests of SPEC S9: the process exits with
+    /// [`CRASH_EXIT_CODE`], as a power cut would stop it, after creating an order and
+    /// completing its key inside their transaction and before the `COMMIT`. Never set
+    /// it in service.
+    pub crash_before_commit: bool,
 }
+
+/// The exit status of a process that [`Settings::crash_before_commit`] stopped.
+pub const CRASH_EXIT_CODE: i32 = 70;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -97,6 +105,7 @@ impl Default for Settings {
             key_ttl: DEFAULT_KEY_TTL,
             lease: DEFAULT_LEASE,
             observer: None,
+            crash_before_commit: false,
         }
     }
 }
@@ -169,6 +178,7 @@ impl Order {
 #[derive(Clone)]
 struct Orders {
     store: SqliteStore,
+    crash_before_commit: bool,
 }
 
 /// The API with idempotency on every route, over `store` (which [`open`] gave, so the
@@ -186,7 +196,10 @@ pub fn app(store: SqliteStore, settings: Settings) -> (Router, InFlight) {
         .route("/v1/orders", post(create_order))
         .route("/v1/orders/{id}", get(get_order))
         .route("/v1/orders/{id}/capture", post(capture_order))
-        .with_state(Orders { store })
+        .with_state(Orders {
+            store,
+            crash_before_commit: settings.crash_before_commit,
+        })
         .layer(layer);
     (router, in_flight)
 }
@@ -210,7 +223,7 @@ async fn create_order(
         // Recorded: the card stays declined on retry.
         return problem(StatusCode::PAYMENT_REQUIRED, "the card was declined");
     }
-    match insert_order(&orders.store, &ctx, &new).await {
+    match insert_order(&orders, &ctx, &new).await {
         Ok(response) => response,
         Err(e) => unavailable(&e),
     }
@@ -219,10 +232,11 @@ async fn create_order(
 /// Inserts the order, or finds the one its number names, and completes the key with
 /// the answer in the same transaction. Nothing is written unless the whole commits.
 async fn insert_order(
-    store: &SqliteStore,
+    orders: &Orders,
     ctx: &IdempotencyContext,
     new: &NewOrder,
 ) -> Result<Response, BoxError> {
+    let store = &orders.store;
     let tenant = ctx.scope.tenant().as_str();
     // IMMEDIATE: the write lock up front, so the lookup after a conflicting insert
     // cannot race another writer (and no upgrade can fail with SQLITE_BUSY).
@@ -267,6 +281,10 @@ async fn insert_order(
     let (stored, response) = order_response(status, &order);
     // Fenced if another attempt took the key over: dropping `tx` rolls the order back.
     store.complete_in(&mut tx, &ctx.lease, &stored).await?;
+    if orders.crash_before_commit && status == StatusCode::CREATED {
+        eprintln!("orders-api: exiting before COMMIT, as crash_before_commit asks");
+        std::process::exit(CRASH_EXIT_CODE);
+    }
     tx.commit().await?;
     Ok(response)
 }

@@ -6,6 +6,8 @@
 //! a key's record lives, default `24h`), `ORDERS_API_LEASE` (how long a dead attempt's
 //! key stays in progress, default `60s`). A record lives the longer of the two: to watch
 //! the order number answer a retry after expiry, set both to e.g. `10s`.
+//! `ORDERS_API_CRASH_BEFORE_COMMIT=1` makes the process exit before it commits its
+//! first new order (a demonstration of SPEC S9, never for service).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +30,9 @@ async fn main() -> Result<(), BoxError> {
     let settings = Settings {
         key_ttl,
         lease,
+        // SPEC S9 made visible: see the README's "A crash before the commit".
+        crash_before_commit: std::env::var_os("ORDERS_API_CRASH_BEFORE_COMMIT")
+            .is_some_and(|v| v == "1"),
         ..Settings::default()
     };
     let (router, in_flight) = orders_api::app(store.clone(), settings);

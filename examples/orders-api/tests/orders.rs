@@ -3,6 +3,9 @@
 //! order and the key's completion commit together or not at all (S9).
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,7 +16,7 @@ use http_body_util::BodyExt;
 use idem_core::ManualClock;
 use idem_sqlite::SqliteStore;
 use idem_tower::{Observer, Outcome};
-use orders_api::{DEFAULT_KEY_TTL, ORDER_NUMBER_TAKEN, Settings};
+use orders_api::{CRASH_EXIT_CODE, DEFAULT_KEY_TTL, DEFAULT_LEASE, ORDER_NUMBER_TAKEN, Settings};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -66,8 +69,12 @@ struct Answer {
 
 impl Api {
     async fn new() -> Api {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("orders.db").display());
+        Api::on(tempfile::tempdir().unwrap()).await
+    }
+
+    /// The API over `orders.db` in `dir`, which may hold what an earlier process left.
+    async fn on(dir: tempfile::TempDir) -> Api {
+        let url = db_url(&dir);
         let clock = ManualClock::starting_now();
         let store = orders_api::open(&url, Arc::new(clock.clone()))
             .await
@@ -132,6 +139,10 @@ impl Api {
     async fn key_records(&self) -> i64 {
         self.scalar("SELECT count(*) FROM idem_records").await
     }
+}
+
+fn db_url(dir: &tempfile::TempDir) -> String {
+    format!("sqlite://{}", dir.path().join("orders.db").display())
 }
 
 fn order_request(key: Option<&str>, authorization: Option<&str>, order: &Value) -> Request<Body> {
@@ -418,4 +429,111 @@ async fn capture_commits_with_its_key_and_replays() {
         .send(Request::get("/v1/orders/1").body(Body::empty()).unwrap())
         .await;
     assert_eq!(read.body, first.body);
+}
+
+/// Kills the process on drop, so that a failing test leaves none running.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs the real binary over the database at `url` until its first new order stops it before the
+/// commit (SPEC S9's crash); returns what the client read and the exit status.
+fn crash_before_commit(url: &str, key: &str, order: &Value) -> (String, i32) {
+    let child = Command::new(env!("CARGO_BIN_EXE_orders-api"))
+        .env("ORDERS_API_ADDR", "127.0.0.1:0")
+        .env("ORDERS_API_DB", url)
+        .env("ORDERS_API_CRASH_BEFORE_COMMIT", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = Reaped(child);
+    let mut banner = String::new();
+    BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut banner)
+        .unwrap();
+    let addr = banner
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {banner:?}"))
+        .to_owned();
+    let mut conn = TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(ANSWER_WITHIN)).unwrap();
+    let body = order.to_string();
+    write!(
+        conn,
+        "POST /v1/orders HTTP/1.1\r\nhost: {addr}\r\nidempotency-key: {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    // The process dies mid-request: the connection ends (or resets) without an answer.
+    let _ = conn.read_to_string(&mut answer);
+    let deadline = std::time::Instant::now() + ANSWER_WITHIN;
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the process did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (answer, status.code().expect("exited, not killed"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_between_insert_and_commit_leaves_no_order_and_the_key_in_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = db_url(&dir);
+    let (answer, code) =
+        tokio::task::spawn_blocking(move || crash_before_commit(&url, "k-crash", &tea("A-1001")))
+            .await
+            .unwrap();
+    assert_eq!(answer, "", "the client got no answer");
+    assert_eq!(code, CRASH_EXIT_CODE);
+
+    // The service restarts on the same file.
+    let api = Api::on(dir).await;
+    assert_eq!(api.orders().await, 0, "the order never committed");
+    assert_eq!(
+        api.scalar("SELECT count(*) FROM idem_records WHERE state = 'in_progress' AND attempt = 1")
+            .await,
+        1,
+        "the key's reservation committed on its own; its completion did not"
+    );
+    // While the dead attempt's lease lives, the retry is told to come back.
+    let early = api.create(Some("k-crash"), &tea("A-1001")).await;
+    assert_eq!(early.status, StatusCode::CONFLICT);
+    assert_eq!(
+        early.body["type"],
+        "https://idem.dev/problems/request-in-progress"
+    );
+    assert_eq!(api.outcomes.handler_runs(), 0);
+
+    // Then it takes the key over and runs cleanly: one order.
+    api.clock.advance(DEFAULT_LEASE);
+    let retry = api.create(Some("k-crash"), &tea("A-1001")).await;
+    assert_eq!((retry.status, retry.replayed), (StatusCode::CREATED, false));
+    assert_eq!(retry.body["id"], 1);
+    assert_eq!(api.orders().await, 1);
+    assert_eq!(
+        api.scalar("SELECT count(*) FROM idem_records WHERE state = 'completed' AND attempt = 2")
+            .await,
+        1
+    );
+    let replay = api.create(Some("k-crash"), &tea("A-1001")).await;
+    assert_eq!(
+        (replay.status, replay.replayed),
+        (StatusCode::CREATED, true)
+    );
+    assert_eq!(api.outcomes.handler_runs(), 1);
 }
