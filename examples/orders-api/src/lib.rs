@@ -14,10 +14,12 @@
 //! The order insert and the key's completion commit in one transaction (SPEC S9,
 //! [`SqliteStore::complete_in`] with the lease from the request's
 //! [`IdempotencyContext`]): there is no moment at which the order exists and the key is
-//! still open, or the key is completed without the order. If anything fails before the
-//! commit, neither is written, and the handler releases the key so that the retry runs
-//! cleanly; if the process dies there, the key stays in progress until its lease lapses
-//! and the retry then takes it over.
+//! still open, or the key is completed without the order. If a step before the commit
+//! fails, neither is written, and the handler answers 503 and releases the key so that
+//! the retry runs cleanly; if the process dies there, the key stays in progress until
+//! its lease lapses and the retry then takes it over. (A handler that panics is
+//! answered by the layer with a recorded 500, as anywhere: its order rolled back, but
+//! the layer cannot know that.)
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), orders_api::BoxError> {
