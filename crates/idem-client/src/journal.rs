@@ -142,13 +142,54 @@ pub struct Journal {
     clock: SharedClock,
 }
 
+/// Creates the journal's file with mode 0600 if it is missing (SPEC S14: files holding
+/// records are readable by their owner only); warns of one that exists and that every
+/// user can read or write. An error creating it is left for SQLite to report.
+fn create_private(path: &Path) {
+    // SQLite's own names (":memory:") are no files.
+    if path.as_os_str().is_empty() || path.to_string_lossy().starts_with(':') {
+        return;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let created = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path);
+        if created.is_ok() {
+            return;
+        }
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.permissions().mode() & 0o007 != 0
+        {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format_args!("{:o}", meta.permissions().mode() & 0o777),
+                "every local user can read or write this journal of operations (bodies \
+                 and keys); chmod 600 it and its -wal and -shm"
+            );
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+}
+
 impl Journal {
     /// Opens (creating if needed) the journal in the SQLite file at `path`.
     ///
     /// Writes are synchronous (`synchronous = FULL`): once
     /// [`persist`](Self::persist) returns, the operation survives a power cut, not only
     /// a crash.
+    ///
+    /// A journal holds request bodies and keys, so a new file is created with mode 0600
+    /// before SQLite opens it, and SQLite gives its `-wal` and `-shm` the same mode,
+    /// whatever the umask. A file that exists keeps its mode; if every user may read
+    /// or write it, a warning says so.
     pub async fn open(path: impl AsRef<Path>) -> Result<Journal> {
+        let path = path.as_ref();
+        create_private(path);
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)

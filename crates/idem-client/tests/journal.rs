@@ -329,3 +329,41 @@ async fn killed_client_resumes_with_the_same_key_and_gets_the_replay() {
     assert_eq!(entry.status, Some(201));
     assert_eq!(entry.replayed, Some(true));
 }
+
+/// The journal's files hold request bodies and keys: its database, `-wal` and `-shm` are
+/// created readable by their owner only, whatever the umask, and an existing file keeps
+/// the mode its owner gave it (SPEC S14).
+#[cfg(unix)]
+#[tokio::test]
+async fn journal_files_are_0600_and_an_existing_file_keeps_its_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let existing = dir.path().join("existing.db");
+    std::fs::File::create(&existing).unwrap();
+    std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let client = client(1);
+    for (db, want) in [(dir.path().join("fresh.db"), 0o600), (existing, 0o640)] {
+        let journal = Journal::open(&db).await.unwrap();
+        journal
+            .persist(
+                client
+                    .post("http://127.0.0.1:1/v1/payouts")
+                    .body("amount=5"),
+            )
+            .await
+            .unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let mut file = db.clone().into_os_string();
+            file.push(suffix);
+            let file = std::path::PathBuf::from(file);
+            assert_eq!(mode(&file), want, "{}", file.display());
+        }
+    }
+}

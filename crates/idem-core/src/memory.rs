@@ -298,6 +298,7 @@ impl Store for MemoryStore {
                     scope: req.scope.clone(),
                     token,
                     attempt,
+                    ttl: req.ttl,
                 }))
             }
             Decision::Replay(r) => Ok(Reservation::Replay(r)),
@@ -317,6 +318,8 @@ impl Store for MemoryStore {
             response: response.clone(),
             completed_at: now,
         };
+        let expires_at = lease.completed_expires_at(record.created_at, record.expires_at);
+        inner.set_expiry(&lease.scope, expires_at);
         Ok(())
     }
 

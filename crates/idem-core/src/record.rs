@@ -189,9 +189,25 @@ pub struct Lease {
     pub token: FencingToken,
     /// 1 for a first execution, n+1 after a takeover.
     pub attempt: u32,
+    /// The TTL the record was reserved with ([`ReserveRequest::ttl`]): completing sets
+    /// its expiry to creation + this (see [`Lease::completed_expires_at`]).
+    pub ttl: Duration,
 }
 
 impl Lease {
+    /// When the record this lease completes expires (SPEC S8): its creation plus the
+    /// TTL. While in progress the record lived at least as long as the lease, which may
+    /// be longer than the TTL, so that an attempt still running is never taken for
+    /// absent; once completed, the lease protects nothing, and the answer is kept for
+    /// the TTL, counted from the first request, like any other. Never later than
+    /// `expires_at`, the record's expiry while in progress (the minimum also keeps the
+    /// sum from overflowing for a `Duration::MAX` TTL). An attempt that ran longer
+    /// than the TTL completes a record that has already expired: its answer reaches the
+    /// caller but is not replayed.
+    pub fn completed_expires_at(&self, created_at: Timestamp, expires_at: Timestamp) -> Timestamp {
+        created_at.plus(self.ttl).min(expires_at)
+    }
+
     /// Whether this attempt took over a record whose earlier attempt died (SPEC S7): the
     /// handler should consult its business records before acting again.
     pub fn recovered(&self) -> bool {
@@ -206,7 +222,8 @@ pub struct ReserveRequest {
     pub scope: Scope,
     /// The incoming request's fingerprint.
     pub fingerprint: Fingerprint,
-    /// How long a new record lives (SPEC S8).
+    /// How long a new record lives (SPEC S8), counted from its creation: a completed
+    /// record expires then, an in-progress one not before its lease lapses.
     pub ttl: Duration,
     /// How long the lease lasts before it must be renewed (SPEC S7).
     pub lease: Duration,
@@ -236,7 +253,9 @@ impl ReserveRequest {
     }
 
     /// When a record created now expires: the TTL, but never before the first lease
-    /// lapses, so an in-progress record cannot expire under a live attempt.
+    /// lapses, so an in-progress record cannot expire under a live attempt. Renewals
+    /// push it out with the lease; completing brings it back to creation + TTL
+    /// ([`Lease::completed_expires_at`]).
     pub fn expires_at(&self, now: Timestamp) -> Timestamp {
         now.plus(self.ttl.max(self.lease))
     }

@@ -23,8 +23,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::{
-    Endpoint, Fingerprint, FingerprintOptions, Key, Lease, ManualClock, RecordState, Reservation,
-    ReserveRequest, Scope, ScopeMode, Store, StoreError, StoredResponse, Tenant,
+    Clock, Endpoint, Fingerprint, FingerprintOptions, Key, Lease, ManualClock, RecordState,
+    Reservation, ReserveRequest, Scope, ScopeMode, Store, StoreError, StoredResponse, Tenant,
 };
 
 /// Runs every contract case as its own `#[tokio::test]`. See the [module docs](self).
@@ -45,6 +45,7 @@ macro_rules! store_contract_tests {
             complete_is_idempotent_for_the_same_lease,
             release_lets_the_key_execute_again,
             expired_record_counts_as_absent,
+            completed_record_expires_at_its_ttl_though_the_lease_is_longer,
             purge_removes_only_expired_in_bounded_batches,
             scopes_never_collide,
             get_and_remove_show_and_delete_records,
@@ -858,6 +859,61 @@ pub mod cases {
             stored,
             "a purge deleted the secret"
         );
+    }
+
+    /// A TTL shorter than the lease (SPEC S8): the lease keeps a running attempt's record
+    /// alive past the TTL, but a completed record expires at its creation plus the TTL,
+    /// and purge removes it then.
+    pub async fn completed_record_expires_at_its_ttl_though_the_lease_is_longer<S: Store>(
+        store: S,
+        clock: ManualClock,
+    ) {
+        let ttl = Duration::from_secs(2);
+        let short = |scope: &Scope| {
+            ReserveRequest::new(scope.clone(), test_fingerprint("{}"))
+                .ttl(ttl)
+                .lease(LEASE)
+        };
+        let start = clock.now();
+        // Completed within the TTL: replayed until creation + TTL, then absent.
+        let done = test_scope("/short-ttl", "completed");
+        let lease = acquire(&store, &short(&done)).await;
+        // Running past the TTL: still in progress, as its lease says.
+        let running = test_scope("/short-ttl", "running");
+        let running_lease = acquire(&store, &short(&running)).await;
+        clock.advance(Duration::from_secs(1));
+        store.complete(&lease, &response()).await.expect("complete");
+        clock.advance(Duration::from_millis(999));
+        assert_eq!(
+            store.reserve(&short(&done)).await.expect("reserve"),
+            Reservation::Replay(response())
+        );
+        let record = store.get(&done).await.expect("get").expect("stored");
+        assert_eq!(record.expires_at, start.plus(ttl), "creation + TTL");
+        clock.advance(Duration::from_millis(1));
+        assert!(matches!(
+            store.reserve(&short(&running)).await.expect("reserve"),
+            Reservation::InProgress { .. }
+        ));
+        assert_eq!(
+            store.purge_expired(100).await.expect("purge"),
+            1,
+            "the completed record, not the running one"
+        );
+        assert!(store.get(&done).await.expect("get").is_none());
+        let again = acquire(&store, &short(&done)).await;
+        assert_eq!((again.attempt, again.recovered()), (1, false));
+
+        // An attempt that outlives the TTL is recorded, and its record expires at once:
+        // the TTL is how long an answer is kept, counted from the first request.
+        clock.advance(Duration::from_secs(30));
+        store.renew(&running_lease, LEASE).await.expect("renew");
+        store
+            .complete(&running_lease, &response())
+            .await
+            .expect("complete past the TTL");
+        let next = acquire(&store, &short(&running)).await;
+        assert_eq!((next.attempt, next.recovered()), (1, false));
     }
 
     /// Purge deletes only expired records, at most `limit` per call.

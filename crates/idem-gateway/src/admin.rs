@@ -9,8 +9,9 @@
 //! | `DELETE /keys?key=K[&tenant=T][&endpoint=E]` | deletes the record, or 404 |
 //! | `POST /keys/purge-expired` | deletes expired records, `{"purged": n}` |
 //!
-//! With `--admin-token`, every route but the two probes needs
-//! `Authorization: Bearer TOKEN`. A bare `--admin PORT` binds to 127.0.0.1.
+//! With `--admin-token` (or `--admin-token-file`), every route but the two probes needs
+//! `Authorization: Bearer TOKEN`, compared in constant time. A bare `--admin PORT`
+//! binds to 127.0.0.1.
 //!
 //! It is served like the proxy ([`crate::listener`]): at most
 //! [`ADMIN_MAX_CONNECTIONS`](crate::listener::ADMIN_MAX_CONNECTIONS) connections open,
@@ -28,6 +29,8 @@ use axum::{Json, Router};
 use idem_core::{Clock, Store, SystemClock};
 use serde::Deserialize;
 use serde_json::json;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 use crate::keys::{purge_expired, record_json, scope_for};
 use crate::metrics::Metrics;
@@ -68,7 +71,7 @@ async fn require_token(State(state): State<AdminState>, req: Request, next: Next
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     match presented {
-        Some(p) if constant_time_eq(p.as_bytes(), token.as_bytes()) => next.run(req).await,
+        Some(p) if token_matches(p.as_bytes(), token.as_bytes()) => next.run(req).await,
         _ => (
             StatusCode::UNAUTHORIZED,
             [(header::WWW_AUTHENTICATE, "Bearer")],
@@ -152,13 +155,13 @@ async fn purge(State(state): State<AdminState>) -> Response {
     Json(json!({ "purged": n })).into_response()
 }
 
-/// A comparison whose time does not depend on where the inputs first differ, so the
-/// token cannot be guessed byte by byte from response times.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Whether `presented` is the token, in a time that depends on neither where the two
+/// first differ nor how long the expected token is, so it cannot be guessed byte by
+/// byte (or its length learnt) from response times: both are hashed to 32 bytes, and
+/// the digests compared in constant time.
+fn token_matches(presented: &[u8], token: &[u8]) -> bool {
+    let (a, b) = (Sha256::digest(presented), Sha256::digest(token));
+    bool::from(a.as_slice().ct_eq(b.as_slice()))
 }
 
 #[cfg(test)]
@@ -168,9 +171,11 @@ mod tests {
 
     #[test]
     fn token_compare_is_exact() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(token_matches(b"abc", b"abc"));
+        assert!(!token_matches(b"abc", b"abd"));
+        assert!(!token_matches(b"abc", b"abcd"));
+        assert!(!token_matches(b"", b"abc"));
+        assert!(!token_matches(b"ABC", b"abc"));
     }
 
     async fn serve(token: Option<&str>) -> (String, Arc<MemoryStore>) {

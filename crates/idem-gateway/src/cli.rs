@@ -113,11 +113,18 @@ pub struct ServeArgs {
     )]
     pub admin_token: Option<String>,
 
+    /// A file holding the admin bearer token, so it stays out of the process's arguments
+    /// and environment; a trailing line end is dropped. Not with --admin-token.
+    #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    pub admin_token_file: Option<std::path::PathBuf>,
+
     /// Answer 400 to a keyed method that carries no Idempotency-Key.
     #[arg(long, env = "IDEM_REQUIRE_KEY")]
     pub require_key: bool,
 
-    /// How long records live [default: 24h].
+    /// How long records live, counted from the first request: a completed record is
+    /// replayed until then; one in progress lives at least until its lease lapses
+    /// [default: 24h].
     #[arg(long, env = "IDEM_TTL", value_name = "DURATION", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
 

@@ -119,6 +119,8 @@ pub struct FileConfig {
     pub admin: Option<String>,
     /// `--admin-token`.
     pub admin_token: Option<String>,
+    /// `--admin-token-file`.
+    pub admin_token_file: Option<std::path::PathBuf>,
     /// `--require-key`.
     pub require_key: Option<bool>,
     /// `--ttl`.
@@ -500,6 +502,10 @@ impl GatewayConfig {
             .or(file.admin)
             .map(|a| parse_admin_addr(&a))
             .transpose()?;
+        let admin_token = admin_token(
+            args.admin_token.clone().or(file.admin_token),
+            args.admin_token_file.clone().or(file.admin_token_file),
+        )?;
         let body_limit = bytes(
             args.body_limit,
             file.body_limit,
@@ -586,7 +592,7 @@ impl GatewayConfig {
                     .transpose()?,
             },
             admin,
-            admin_token: args.admin_token.clone().or(file.admin_token),
+            admin_token,
             require_key: args.require_key || file.require_key.unwrap_or(false),
             ttl: dur(args.ttl, &file.ttl, "ttl", DEFAULT_TTL)?,
             lease: dur(args.lease, &file.lease, "lease", DEFAULT_LEASE)?,
@@ -760,6 +766,84 @@ fn route_from_rule(
         .map(|codes| check_release_statuses(codes, &format!("{name} release_statuses")))
         .transpose()?;
     Ok(route)
+}
+
+/// The admin bearer token, given as itself or as a file that holds it (one line; the
+/// line end is dropped). Both at once is an error rather than one silently winning: an
+/// operator who moved the token to a file and forgot the old setting would otherwise
+/// run with a token they believe retired. A token that is empty, or that a bearer
+/// header cannot carry as it is (surrounding whitespace, which the header's parsing
+/// trims; anything but printable ASCII), is refused at start instead of locking every
+/// caller out, or letting an empty header in.
+fn admin_token(
+    token: Option<String>,
+    file: Option<std::path::PathBuf>,
+) -> Result<Option<String>, ConfigError> {
+    let (token, setting) = match (token, file) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "admin_token_file",
+                "give the admin token or a file holding it, not both \
+                 (--admin-token/IDEM_ADMIN_TOKEN/admin_token and \
+                 --admin-token-file/IDEM_ADMIN_TOKEN_FILE/admin_token_file)",
+            ));
+        }
+        (None, None) => return Ok(None),
+        (Some(token), None) => (token, "admin_token"),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                invalid(
+                    "admin_token_file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            warn_if_others_can_read(&path);
+            let line = text.strip_suffix('\n').unwrap_or(&text);
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            (line.to_owned(), "admin_token_file")
+        }
+    };
+    if token.trim().is_empty() {
+        return Err(invalid(
+            setting,
+            "the admin token is empty; give a long random value, or no token",
+        ));
+    }
+    if token.trim() != token {
+        return Err(invalid(
+            setting,
+            "the admin token starts or ends with whitespace, which an Authorization \
+             header cannot carry",
+        ));
+    }
+    if !token.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        return Err(invalid(
+            setting,
+            "the admin token has a character that is not printable ASCII (or a second \
+             line), which an Authorization header cannot carry",
+        ));
+    }
+    Ok(Some(token))
+}
+
+/// A secret in a file that others may read is not much of a secret: say so, but start
+/// (the operator may know why, a group-readable file for a sidecar, say).
+fn warn_if_others_can_read(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.permissions().mode() & 0o004 != 0
+        {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format_args!("{:o}", meta.permissions().mode() & 0o777),
+                "the admin token file is readable by every user; chmod 600 it"
+            );
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
 }
 
 /// An admin address: `ADDR:PORT`, or a bare port bound to loopback.
@@ -1362,6 +1446,91 @@ mod tests {
             parse_admin_addr("[::1]:9091").unwrap(),
             "[::1]:9091".parse().unwrap()
         );
+    }
+
+    fn with_token_file(contents: &str) -> (tempfile::TempDir, ServeArgs) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("admin-token");
+        std::fs::write(&path, contents).unwrap();
+        let a = ServeArgs {
+            admin_token_file: Some(path),
+            ..args("http://127.0.0.1:1")
+        };
+        (dir, a)
+    }
+
+    #[test]
+    fn admin_token_file_is_read_without_its_line_end() {
+        for contents in ["s3cret\n", "s3cret\r\n", "s3cret"] {
+            let (_dir, a) = with_token_file(contents);
+            let c = GatewayConfig::merge(&a, FileConfig::default()).unwrap();
+            assert_eq!(c.admin_token.as_deref(), Some("s3cret"), "{contents:?}");
+        }
+        // The TOML key names the file too.
+        let (dir, _) = with_token_file("from-toml\n");
+        let path = dir.path().join("admin-token");
+        let file: FileConfig = toml::from_str(&format!(
+            "admin_token_file = {:?}",
+            path.display().to_string()
+        ))
+        .unwrap();
+        let c = GatewayConfig::merge(&args("http://127.0.0.1:1"), file).unwrap();
+        assert_eq!(c.admin_token.as_deref(), Some("from-toml"));
+    }
+
+    #[test]
+    fn admin_token_and_token_file_together_are_refused() {
+        let (_dir, a) = with_token_file("one\n");
+        let a = ServeArgs {
+            admin_token: Some("two".into()),
+            ..a
+        };
+        let e = GatewayConfig::merge(&a, FileConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("admin_token_file"), "{e}");
+        // Wherever each comes from.
+        let (_dir, a) = with_token_file("one\n");
+        let file: FileConfig = toml::from_str("admin_token = \"two\"").unwrap();
+        let e = GatewayConfig::merge(&a, file).unwrap_err();
+        assert!(e.to_string().contains("admin_token_file"), "{e}");
+    }
+
+    #[test]
+    fn empty_admin_token_is_refused() {
+        for token in ["", "   ", "\t"] {
+            let a = ServeArgs {
+                admin_token: Some(token.into()),
+                ..args("http://127.0.0.1:1")
+            };
+            let e = GatewayConfig::merge(&a, FileConfig::default()).unwrap_err();
+            assert!(e.to_string().contains("empty"), "{token:?}: {e}");
+        }
+        for contents in ["", "\n", "  \n\n", "\r\n"] {
+            let (_dir, a) = with_token_file(contents);
+            let e = GatewayConfig::merge(&a, FileConfig::default()).unwrap_err();
+            assert!(e.to_string().contains("empty"), "{contents:?}: {e}");
+        }
+        // A token a bearer header cannot carry as it is would lock every caller out.
+        for token in [" s3cret", "s3cret ", "s3c\u{7f}ret", "sécret"] {
+            let a = ServeArgs {
+                admin_token: Some(token.into()),
+                ..args("http://127.0.0.1:1")
+            };
+            assert!(
+                GatewayConfig::merge(&a, FileConfig::default()).is_err(),
+                "{token:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unreadable_admin_token_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ServeArgs {
+            admin_token_file: Some(dir.path().join("missing")),
+            ..args("http://127.0.0.1:1")
+        };
+        let e = GatewayConfig::merge(&a, FileConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("missing"), "{e}");
     }
 
     #[test]

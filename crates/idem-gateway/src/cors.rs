@@ -11,14 +11,23 @@
 //! The gateway allows the request's origin on its own answers only when the browser
 //! must have sent a preflight for that request and the upstream must have allowed it,
 //! as the request would not have been sent otherwise. A request proves that by what
-//! browsers never send without asking first (Fetch standard, "CORS-unsafe request"): an
-//! `Idempotency-Key` header, a method other than `GET`, `HEAD` and `POST`, or a
-//! `Content-Type` other than the three form types. A simple form post from another
-//! origin proves nothing of the kind, and its answers get no CORS headers.
+//! browsers never send without asking first (Fetch standard, "CORS-unsafe request"): a
+//! method other than `GET`, `HEAD` and `POST`, or a `Content-Type` other than the
+//! three form types. A simple form post from another origin proves nothing of the
+//! kind, and its answers get no CORS headers.
+//!
+//! An `Idempotency-Key` header proves nothing either, although a page's script cannot
+//! add one without a preflight: a browser may add it by itself (Firefox adds a quoted
+//! number to a POST that has none, `network.http.idempotencyKey.enabled`), and what a
+//! browser adds needs no preflight. A form post that carries a key is a form post.
+//! The common cross-origin call, a JSON `POST` or a `PATCH`, still proves its
+//! preflight by its content type or method, so its 409, 422 and 400 stay readable;
+//! a page that posts a form type with a key of its own gets the gateway's own answers
+//! as opaque network errors, and should send JSON or handle the upstream's answers only.
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response};
-use idem_tower::{DEFAULT_HEADER_NAME, ProblemKind};
+use idem_tower::ProblemKind;
 
 /// A request extension the listener adds when [`preflighted_origin`] found one, so
 /// that the proxy, answering an upstream failure itself, need not look again.
@@ -33,8 +42,8 @@ pub fn preflighted_origin(method: &Method, headers: &HeaderMap) -> Option<Header
     if origin.as_bytes() == b"null" {
         return None;
     }
-    let preflighted = headers.contains_key(DEFAULT_HEADER_NAME)
-        || !matches!(*method, Method::GET | Method::HEAD | Method::POST)
+    // Not the `Idempotency-Key`: a browser may add one itself (see the module docs).
+    let preflighted = !matches!(*method, Method::GET | Method::HEAD | Method::POST)
         || headers
             .get(header::CONTENT_TYPE)
             .is_some_and(|ct| !is_form_type(ct.as_bytes()));
@@ -107,8 +116,26 @@ mod tests {
 
     #[test]
     fn only_requests_that_needed_a_preflight_get_their_origin() {
-        let cases: [Case; 11] = [
-            (&Method::POST, &[("idempotency-key", "k")], true),
+        let cases: [Case; 13] = [
+            // Firefox adds a key to a POST that has none, with no preflight: a key,
+            // whatever its form, proves nothing.
+            (&Method::POST, &[("idempotency-key", "k")], false),
+            (
+                &Method::POST,
+                &[
+                    ("idempotency-key", "\"1733077500123\""),
+                    ("content-type", "application/x-www-form-urlencoded"),
+                ],
+                false,
+            ),
+            (
+                &Method::POST,
+                &[
+                    ("idempotency-key", "k"),
+                    ("content-type", "application/json"),
+                ],
+                true,
+            ),
             (&Method::POST, &[("content-type", "application/json")], true),
             (
                 &Method::POST,
@@ -147,7 +174,7 @@ mod tests {
 
     #[test]
     fn a_null_origin_is_never_allowed() {
-        let h = headers(&[("origin", "null"), ("idempotency-key", "k")]);
+        let h = headers(&[("origin", "null"), ("content-type", "application/json")]);
         assert_eq!(preflighted_origin(&Method::POST, &h), None);
     }
 

@@ -53,6 +53,7 @@ pub mod config;
 pub mod cors;
 pub mod demo;
 pub mod error;
+pub mod forwarded;
 pub mod keys;
 pub mod listener;
 pub mod logging;

@@ -5,7 +5,9 @@
 //! answer means for the key:
 //!
 //! - hop-by-hop headers (RFC 9110 §7.6.1) are stripped both ways; `X-Forwarded-For`,
-//!   `X-Forwarded-Host`, `X-Forwarded-Proto` and `Forwarded` are set;
+//!   `X-Forwarded-Host`, `X-Forwarded-Proto` and `Forwarded` are set, the client's own
+//!   `Forwarded` and `X-Forwarded-For` kept before the gateway's hop only when they
+//!   parse ([`crate::forwarded`]);
 //! - on keyed requests `Idempotency-Attempt: N` tells the upstream which attempt this is
 //!   (N > 1 after a takeover: it should consult its business records first), and the
 //!   `Idempotency-Key` header passes through as the client sent it;
@@ -453,6 +455,11 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 /// Appends the client to `X-Forwarded-For` and `Forwarded` and records the original
 /// host and protocol.
 ///
+/// What the client sent in either is kept (several fields joined with `", "`, as one
+/// list) only if it parses ([`crate::forwarded`]); otherwise it is dropped, with a
+/// debug log line, and the upstream gets the gateway's hop alone: appended to a broken
+/// value, the gateway's element could end up inside the client's open quote.
+///
 /// On every forwarded request, so built without a `format!` or a header-name parse:
 /// each value is written once into a buffer sized for it.
 pub fn add_forwarded(headers: &mut HeaderMap, client: Option<IpAddr>, host: Option<&HeaderValue>) {
@@ -460,21 +467,48 @@ pub fn add_forwarded(headers: &mut HeaderMap, client: Option<IpAddr>, host: Opti
     // Each value starts with room for what is appended to it (an IPv6 address, the
     // host with every character escaped), so it is allocated once.
     let host_len = host.map_or(0, HeaderValue::len);
-    let prior = |headers: &HeaderMap, name: &HeaderName, room: usize| {
-        let prior = headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.trim().is_empty());
-        let mut value = String::with_capacity(prior.map_or(0, str::len) + room);
-        if let Some(prior) = prior {
-            value.push_str(prior);
+    let prior = |headers: &HeaderMap, name: &HeaderName, valid: fn(&str) -> bool, room: usize| {
+        let fields = headers.get_all(name);
+        let mut value =
+            String::with_capacity(fields.iter().map(|v| v.len() + 2).sum::<usize>() + room);
+        let mut visible = true;
+        for field in fields {
+            match field.to_str() {
+                Ok(text) => {
+                    if !value.is_empty() {
+                        value.push_str(", ");
+                    }
+                    value.push_str(text);
+                }
+                Err(_) => visible = false,
+            }
+        }
+        if value.trim().is_empty() && visible {
+            value.clear();
+        } else if visible && valid(&value) {
             value.push_str(", ");
+        } else {
+            tracing::debug!(
+                header = %name,
+                "dropped the client's value, which does not parse, before adding this hop"
+            );
+            value.clear();
         }
         value
     };
-    let mut forwarded = prior(headers, &header::FORWARDED, 64 + 2 * host_len);
+    let mut forwarded = prior(
+        headers,
+        &header::FORWARDED,
+        crate::forwarded::is_valid,
+        64 + 2 * host_len,
+    );
     if let Some(ip) = client {
-        let mut xff = prior(headers, &X_FORWARDED_FOR, 48);
+        let mut xff = prior(
+            headers,
+            &X_FORWARDED_FOR,
+            crate::forwarded::x_forwarded_for_is_valid,
+            48,
+        );
         match ip {
             IpAddr::V4(v4) => {
                 push_ipv4(&mut xff, v4);
@@ -636,6 +670,69 @@ mod tests {
         add_forwarded(&mut h, None, Some(&host));
         assert_eq!(h[header::FORWARDED], r#"proto=http;host="a\"b\\c""#);
         assert!(h.get("x-forwarded-for").is_none());
+    }
+
+    /// A client value that does not parse is dropped, so the gateway's element cannot
+    /// end up inside the client's quoted-string; several fields are one list.
+    #[test]
+    fn broken_client_forwarded_values_are_dropped_and_fields_joined() {
+        let client = Some("127.0.0.1".parse().unwrap());
+        let ours = "for=127.0.0.1;proto=http";
+        let cases: [(&[&str], &str); 6] = [
+            (&[r#"for="6.6.6.6"#], ours),
+            (&[r#"for="6.6.6.6\"#], ours),
+            (&["for=a;for=b"], ours),
+            (&["for=1.2.3.4", r#"for="5"#], ours),
+            (
+                &["for=1.2.3.4", "for=5.6.7.8"],
+                "for=1.2.3.4, for=5.6.7.8, for=127.0.0.1;proto=http",
+            ),
+            (
+                &[r#"for="a,b";by=c"#],
+                r#"for="a,b";by=c, for=127.0.0.1;proto=http"#,
+            ),
+        ];
+        for (fields, want) in cases {
+            let mut h = HeaderMap::new();
+            for f in fields {
+                h.append(header::FORWARDED, HeaderValue::from_str(f).unwrap());
+            }
+            add_forwarded(&mut h, client, None);
+            let got: Vec<_> = h.get_all(header::FORWARDED).iter().collect();
+            assert_eq!(got, [want], "{fields:?}");
+        }
+        // Not visible ASCII: not a value the gateway can vouch for either.
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::FORWARDED,
+            HeaderValue::from_bytes(b"for=\"\xff\"").unwrap(),
+        );
+        add_forwarded(&mut h, client, None);
+        assert_eq!(h[header::FORWARDED], ours);
+    }
+
+    #[test]
+    fn garbage_in_x_forwarded_for_is_dropped_and_fields_joined() {
+        let client = Some("127.0.0.1".parse().unwrap());
+        let cases: [(&[&str], &str); 5] = [
+            (&["203.0.113.7"], "203.0.113.7, 127.0.0.1"),
+            (
+                &["203.0.113.7", "10.0.0.1"],
+                "203.0.113.7, 10.0.0.1, 127.0.0.1",
+            ),
+            (&["203.0.113.7, evil"], "127.0.0.1"),
+            (&["203.0.113.7", "\"x"], "127.0.0.1"),
+            (&[" "], "127.0.0.1"),
+        ];
+        for (fields, want) in cases {
+            let mut h = HeaderMap::new();
+            for f in fields {
+                h.append("x-forwarded-for", HeaderValue::from_str(f).unwrap());
+            }
+            add_forwarded(&mut h, client, None);
+            let got: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+            assert_eq!(got, [want], "{fields:?}");
+        }
     }
 
     #[test]

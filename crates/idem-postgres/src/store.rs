@@ -12,7 +12,7 @@ use idem_core::codec::{decode_headers, encode_headers};
 use idem_core::{
     FencingToken, Fingerprint, Lease, Record, RecordState, Reservation, ReserveRequest, Scope,
     SharedClock, Store, StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig,
-    SystemClock, Timestamp, release_unconfirmed_with,
+    SystemClock, Timestamp, duration_millis, release_unconfirmed_with,
 };
 use sqlx::pool::PoolConnectionMetadata;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
@@ -419,6 +419,7 @@ impl PgStore {
                 scope: scope.clone(),
                 token,
                 attempt: 1,
+                ttl: req.ttl,
             }),
         };
         let row = sqlx::query(AssertSqlSafe(self.sql.reserve.clone()))
@@ -460,6 +461,7 @@ impl PgStore {
                 scope: scope.clone(),
                 token,
                 attempt,
+                ttl: req.ttl,
             })));
         }
         unconfirmed.disarm();
@@ -486,6 +488,7 @@ impl PgStore {
             .bind(i32::from(response.status))
             .bind(encode_headers(&response.headers))
             .bind(&response.body[..])
+            .bind(duration_millis(lease.ttl))
             .execute(&mut *conn)
             .await
             .map_err(store_error)?;
@@ -854,10 +857,15 @@ impl Statements {
             SELECT FALSE AS acquired, {RECORD_COLUMNS} FROM {t}
              WHERE {BY_SCOPE} AND NOT EXISTS (SELECT 1 FROM ins)"
         );
-        // complete: $4 token, $5 now, $6 status, $7 headers, $8 body.
+        // complete: $4 token, $5 now, $6 status, $7 headers, $8 body, $9 the TTL in ms.
+        // A completed record expires at creation + TTL, as `Lease::completed_expires_at`
+        // says: the lease may have kept it alive longer while in progress. A CASE, so
+        // that a TTL of i64::MAX ms never overflows the sum.
         let complete = format!(
             "UPDATE {t} SET state = 'completed', lease_until = NULL, status = $6,
-                    headers = $7, body = $8, completed_at = $5
+                    headers = $7, body = $8, completed_at = $5,
+                    expires_at = CASE WHEN $9::BIGINT < expires_at - created_at
+                                      THEN created_at + $9::BIGINT ELSE expires_at END
               WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'in_progress'"
         );
         let completed_by = format!(
@@ -1116,6 +1124,7 @@ mod tests {
                 .bind(200_i32)
                 .bind(vec![0_u8, 0])
                 .bind(vec![1_u8])
+                .bind(86_400_000_i64)
                 .fetch_all(&store.pool)
                 .await?
                 .join("\n")

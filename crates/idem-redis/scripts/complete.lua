@@ -9,6 +9,11 @@
 -- ARGV[1] token, 8 bytes     ARGV[2] now, ms (decimal)
 -- ARGV[3] completed_at, 8 bytes
 -- ARGV[4] status and headers (record::encode_answer_head)   ARGV[5] body
+-- ARGV[6] the record's TTL, ms (decimal)   ARGV[7] the native TTL's grace, ms (decimal)
+--
+-- A completed record expires at creation (bytes 28-35) + TTL, as
+-- Lease::completed_expires_at says: the lease may have kept it alive longer while in
+-- progress. Its native TTL follows, with the grace.
 --
 -- Returns 1 when the record is (now or already) completed by this attempt, 0 when
 -- fenced, -1 when the key holds something that is not a record.
@@ -19,14 +24,23 @@ end
 if #v < 83 or string.sub(v, 1, 2) ~= 'I1' then
   return -1
 end
-if string.sub(v, 3, 10) ~= ARGV[1] or struct.unpack('>i8', v, 11) <= tonumber(ARGV[2]) then
+local expires_at = struct.unpack('>i8', v, 11)
+local now = tonumber(ARGV[2])
+if string.sub(v, 3, 10) ~= ARGV[1] or expires_at <= now then
   return 0
 end
 if string.sub(v, 27, 27) == 'C' then
   return 1
 end
 -- completed_at and 'C' replace lease_until and 'P'; the answer follows the scope.
-redis.call('SET', KEYS[1],
-  string.sub(v, 1, 18) .. ARGV[3] .. 'C' .. string.sub(v, 28) .. ARGV[4] .. ARGV[5],
-  'KEEPTTL')
+local tail = ARGV[3] .. 'C' .. string.sub(v, 28) .. ARGV[4] .. ARGV[5]
+local created_at = struct.unpack('>i8', v, 28)
+local ttl = tonumber(ARGV[6])
+if ttl < expires_at - created_at then
+  local until_ms = created_at + ttl
+  redis.call('SET', KEYS[1], string.sub(v, 1, 10) .. struct.pack('>i8', until_ms) .. tail,
+    'PX', math.max(1, until_ms - now + tonumber(ARGV[7])))
+else
+  redis.call('SET', KEYS[1], string.sub(v, 1, 18) .. tail, 'KEEPTTL')
+end
 return 1

@@ -318,6 +318,7 @@ impl RedisStore {
                     scope: req.scope.clone(),
                     token,
                     attempt,
+                    ttl: req.ttl,
                 };
                 release_unconfirmed(self, lease);
             }
@@ -392,6 +393,7 @@ fn acquired(req: &ReserveRequest, token: FencingToken, attempt: u32) -> Reservat
         scope: req.scope.clone(),
         token,
         attempt,
+        ttl: req.ttl,
     })
 }
 
@@ -517,7 +519,9 @@ impl Store for RedisStore {
             .arg(now.as_millis())
             .arg(&now.as_millis().to_be_bytes())
             .arg(record::encode_answer_head(response))
-            .arg(&response.body[..]);
+            .arg(&response.body[..])
+            .arg(duration_millis(lease.ttl))
+            .arg(self.ttl_grace_ms);
         self.fenced(&COMPLETE, &cmd, &key).await
     }
 

@@ -226,6 +226,37 @@ async fn native_ttl_follows_expiry_plus_grace_through_renew_and_takeover() {
     f.store.remove(&scope).await.expect("clean up");
 }
 
+/// Completing brings a record that a renewal kept alive past its TTL back to creation
+/// + TTL, natively too, so Redis does not hold the answer for the lease's extra time.
+#[tokio::test]
+async fn native_ttl_returns_to_creation_plus_ttl_on_completion() {
+    let Some(f) = fixture("native_ttl_completion").await else {
+        return;
+    };
+    let scope = test_scope("/v1/charges", "ttl-complete-key");
+    let (ttl, lease) = (Duration::from_secs(100), Duration::from_secs(30));
+    let req = ReserveRequest::new(scope.clone(), test_fingerprint("{}"))
+        .ttl(ttl)
+        .lease(lease);
+    let start = f.clock.now();
+    let first = acquired(f.store.reserve(&req).await.expect("reserve"));
+    f.clock.advance(Duration::from_secs(90));
+    f.store.renew(&first, lease).await.expect("renew");
+    assert_ttl_near(f.pttl(&scope).await, lease + DEFAULT_TTL_GRACE);
+    f.clock.advance(Duration::from_secs(5));
+    f.store
+        .complete(&first, &StoredResponse::new(201, "done"))
+        .await
+        .expect("complete");
+    let record = f.store.get(&scope).await.expect("get").expect("stored");
+    assert_eq!(record.expires_at, start.plus(ttl));
+    assert_ttl_near(
+        f.pttl(&scope).await,
+        Duration::from_secs(5) + DEFAULT_TTL_GRACE,
+    );
+    f.store.remove(&scope).await.expect("clean up");
+}
+
 #[tokio::test]
 async fn expired_record_is_replaced_whole_without_its_old_answer() {
     let Some(f) = fixture("replace").await else {
@@ -265,6 +296,7 @@ fn stray_lease(scope: &Scope) -> Lease {
         scope: scope.clone(),
         token: FencingToken::generate(),
         attempt: 1,
+        ttl: idem_core::DEFAULT_TTL,
     }
 }
 

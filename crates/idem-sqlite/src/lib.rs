@@ -116,6 +116,13 @@
 //!   fail, which middleware answers with a fail-closed 503.
 //! - **Embedded migration** on every open, idempotent and serialised by
 //!   `BEGIN IMMEDIATE`, with a version per records table in `idem_schema_versions`.
+//! - **Owner-only files** (SPEC S14). [`SqliteStore::connect`] creates a missing
+//!   database file itself, with mode 0600, before SQLite opens it; SQLite gives the
+//!   `-wal` and `-shm` the database's mode, so all three are the owner's only,
+//!   whatever the umask. A file that exists keeps its mode, with a warning if every
+//!   user may read or write it. With [`SqliteStoreBuilder::connect_with`] or
+//!   [`SqliteStoreBuilder::from_pool`] the application opens the file, and its mode is
+//!   the application's to choose.
 //!
 //! # Schema
 //!
@@ -133,6 +140,7 @@
 //! the file holds it too.
 
 mod error;
+mod file;
 mod schema;
 mod store;
 mod writer;

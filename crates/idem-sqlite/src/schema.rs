@@ -201,10 +201,15 @@ impl Statements {
             )
             .into(),
             select: format!("SELECT {RECORD_COLUMNS} FROM {t} WHERE {PK}").into(),
-            // ?6 status, ?7 headers, ?8 body.
+            // ?6 status, ?7 headers, ?8 body, ?9 the TTL in ms. A completed record
+            // expires at creation + TTL, as `Lease::completed_expires_at` says: the
+            // lease may have kept it alive longer while in progress. Written as a CASE
+            // so that a TTL of i64::MAX ms never overflows the sum.
             complete: format!(
                 "UPDATE {t} SET state = 'completed', status = ?6, headers = ?7, body = ?8,
-                     completed_at = ?5, lease_until = NULL
+                     completed_at = ?5, lease_until = NULL,
+                     expires_at = CASE WHEN ?9 < expires_at - created_at
+                                       THEN created_at + ?9 ELSE expires_at END
                  WHERE {PK} AND {FENCE} AND state = 'in_progress'"
             )
             .into(),

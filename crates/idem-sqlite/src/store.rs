@@ -10,6 +10,7 @@ use idem_core::codec::{decode_headers, encode_headers};
 use idem_core::{
     FencingToken, Fingerprint, Lease, Record, RecordState, Reservation, ReserveRequest, Scope,
     SharedClock, Store, StoreError, StoreMetric, StoredResponse, SystemClock, Timestamp,
+    duration_millis,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -158,12 +159,21 @@ impl SqliteStoreBuilder {
     }
 
     /// Opens (creating if missing) the database at `url` and migrates it.
+    ///
+    /// A missing database file is created first with mode 0600, so it and its `-wal`
+    /// and `-shm` (which SQLite gives the database's mode) are readable by their owner
+    /// only, whatever the umask. A file that exists keeps its mode; if every user may
+    /// read or write it, or its `-wal` or `-shm`, a warning says so.
     pub async fn connect(self, url: &str) -> Result<SqliteStore> {
         let options = self.connect_options(url)?;
+        schema::validate_table_name(&self.table)?;
+        crate::file::prepare(url, &options);
         self.connect_with(options).await
     }
 
-    /// Opens a pool with `options` as given and migrates it.
+    /// Opens a pool with `options` as given and migrates it. A file SQLite creates
+    /// here gets SQLite's mode (0644 less the umask): create it beforehand with the
+    /// mode wanted, as [`connect`](Self::connect) does.
     pub async fn connect_with(self, options: SqliteConnectOptions) -> Result<SqliteStore> {
         schema::validate_table_name(&self.table)?;
         // Two processes opening one new file at once both switch it to WAL; SQLite
@@ -306,6 +316,7 @@ impl SqliteStore {
             .bind(i64::from(response.status))
             .bind(encode_headers(&response.headers))
             .bind(&response.body[..])
+            .bind(duration_millis(lease.ttl))
             .execute(&mut *conn)
             .await
             .map_err(store_error)?;

@@ -51,6 +51,7 @@ use std::time::Duration;
 
 use idem_core::{
     Clock, FencingToken, Lease, Reservation, ReserveRequest, Scope, SharedClock, StoreError,
+    duration_millis,
 };
 use rusqlite::{OpenFlags, OptionalExtension, params};
 use sqlx::SqliteConnection;
@@ -705,6 +706,7 @@ fn reserve(
                 scope: scope.clone(),
                 token,
                 attempt: 1,
+                ttl: req.ttl,
             })));
         }
         let attempt: Option<i64> = conn
@@ -717,6 +719,7 @@ fn reserve(
                     scope: scope.clone(),
                     token,
                     attempt,
+                    ttl: req.ttl,
                 })),
                 Err(_) => Err(corrupt("attempt")),
             });
@@ -784,6 +787,7 @@ fn complete(
         i64::from(status),
         headers,
         body,
+        duration_millis(lease.ttl),
     ])?;
     if changed == 1 {
         return Ok(Ok(()));

@@ -317,7 +317,8 @@ impl RouteConfig {
         self
     }
 
-    /// How long records of this route live (SPEC S8).
+    /// How long records of this route live (SPEC S8), counted from the first request;
+    /// see [`IdempotencyLayer::ttl`](crate::IdempotencyLayer::ttl).
     pub fn ttl(mut self, ttl: Duration) -> RouteConfig {
         self.ttl = Some(ttl);
         self

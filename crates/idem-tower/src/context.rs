@@ -110,6 +110,7 @@ mod tests {
             scope: scope.clone(),
             token: FencingToken::generate(),
             attempt,
+            ttl: idem_core::DEFAULT_TTL,
         };
         IdempotencyContext::new(
             scope,

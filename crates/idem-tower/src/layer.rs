@@ -281,7 +281,10 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
-    /// How long records live (default 24 h).
+    /// How long records live (default 24 h), counted from the first request: a completed
+    /// record is replayed until then. A record in progress lives at least until its
+    /// lease lapses, even past the TTL; an attempt that outruns the TTL is recorded, but
+    /// its answer is not replayed.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.config().ttl = ttl;
         self

@@ -579,6 +579,62 @@ async fn the_gateways_own_answers_are_readable_across_origins() {
     assert_eq!(s.up.started(&key), 1);
 }
 
+/// A browser may add an `Idempotency-Key` to a POST by itself (Firefox does, a quoted
+/// number, to POSTs that carry none), with no preflight: a form post from another
+/// origin that carries one proves nothing about what the upstream allows, so the
+/// gateway's own answers to it (409, 422) carry no CORS headers; a JSON post's still do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_a_browser_adds_by_itself_does_not_make_answers_readable_across_origins() {
+    const SHOP: &str = "https://shop.example";
+    let s = setup(&[]).await;
+    let url = s.gw.url("/v1/charges");
+    // As Firefox writes its own keys.
+    let key = format!(
+        "\"{}\"",
+        1_733_077_500_123_u64 + u64::from(std::process::id())
+    );
+    let headers = |key: &str, delay: Option<&'static str>| -> Vec<(&'static str, String)> {
+        let mut h = vec![
+            ("origin", SHOP.to_owned()),
+            (
+                "content-type",
+                "application/x-www-form-urlencoded".to_owned(),
+            ),
+            ("idempotency-key", key.to_owned()),
+        ];
+        h.extend(delay.map(|ms| ("x-test-delay-ms", ms.to_owned())));
+        h
+    };
+    let send = |h: Vec<(&'static str, String)>, body: &'static str| {
+        let (http, url) = (s.http.clone(), url.clone());
+        async move {
+            let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            http.send("POST", &url, &h, body).await
+        }
+    };
+    let slow = tokio::spawn(send(headers(&key, Some("1500")), "a=1"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while s.up.total() == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let conflict = send(headers(&key, None), "a=1").await;
+    assert_eq!(conflict.status, 409, "{conflict:?}");
+    assert_eq!(conflict.header("access-control-allow-origin"), None);
+    assert_eq!(conflict.header("access-control-allow-credentials"), None);
+    assert_eq!(slow.await.unwrap().status, 201);
+    let reused = send(headers(&key, None), "a=2").await;
+    assert_eq!(reused.status, 422, "{reused:?}");
+    assert_eq!(reused.header("access-control-allow-origin"), None);
+    // A page's JSON post needed a preflight, key or not: its 422 stays readable.
+    let json = s
+        .http
+        .post(&url, &key, r#"{"a":3}"#, &[("origin", SHOP)])
+        .await;
+    assert_eq!(json.status, 422, "{json:?}");
+    assert_eq!(json.header("access-control-allow-origin"), Some(SHOP));
+    assert_eq!(s.up.total(), 1);
+}
+
 /// An upstream that names its answer's resource in `Idempotency-Resource` has the
 /// answer recorded as that reference (SPEC S6): the first client gets the whole body,
 /// even over `--response-limit`, and a retry gets the resource rendered again by a

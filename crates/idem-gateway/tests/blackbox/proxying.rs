@@ -47,6 +47,59 @@ async fn forwards_with_attempt_and_forwarded_headers_and_strips_hop_by_hop() {
     assert!(up.seen()[1].headers.get("idempotency-attempt").is_none());
 }
 
+/// A client's `Forwarded` that does not parse (an open quote) is dropped: the upstream
+/// sees the gateway's element alone, never inside the client's quoted-string; a valid
+/// one, in two fields, is kept as one list before it. `X-Forwarded-For` likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_client_forwarded_is_dropped_before_the_gateways_element() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", "memory://"]).await;
+    let http = Http::new();
+    let ours = format!("for=127.0.0.1;proto=http;host=\"{}\"", gw.addr);
+    // What the client sends; the Forwarded and the X-Forwarded-For the upstream gets.
+    type Case<'a> = (&'a [(&'a str, &'a str)], String, &'a str);
+    let cases: [Case; 3] = [
+        (
+            &[
+                ("forwarded", r#"for="6.6.6.6"#),
+                ("x-forwarded-for", "6.6.6.6, \"evil"),
+            ],
+            ours.clone(),
+            "127.0.0.1",
+        ),
+        (
+            &[
+                ("forwarded", r#"for="6.6.6.6\"#),
+                ("x-forwarded-for", "6.6.6.6 7.7.7.7"),
+            ],
+            ours.clone(),
+            "127.0.0.1",
+        ),
+        (
+            &[
+                ("forwarded", "for=192.0.2.1"),
+                ("forwarded", r#"for="[2001:db8::1]""#),
+                ("x-forwarded-for", "192.0.2.1"),
+                ("x-forwarded-for", "2001:db8::1"),
+            ],
+            format!(r#"for=192.0.2.1, for="[2001:db8::1]", {ours}"#),
+            "192.0.2.1, 2001:db8::1, 127.0.0.1",
+        ),
+    ];
+    for (i, (sent, forwarded, xff)) in cases.iter().enumerate() {
+        let key = new_key();
+        let a = http.post(&gw.url("/v1/charges"), &key, "{}", sent).await;
+        assert_eq!(a.status, 201, "{sent:?}");
+        let seen = up.seen();
+        let h = &seen[i].headers;
+        let got: Vec<_> = h.get_all("forwarded").iter().collect();
+        assert_eq!(got, [forwarded.as_str()], "{sent:?}");
+        let got: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(got, [*xff], "{sent:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_upstream_is_502_and_releases_the_key() {
     // A port that was just free: nothing listens there.
@@ -455,6 +508,82 @@ async fn admin_metrics_show_the_sqlite_writer() {
         0
     );
     assert!(metric(&after, "idem_sqlite_pool_connections") >= 1);
+}
+
+/// The admin token can come from a file (its line end dropped), and a token that is
+/// empty, blank, or given twice stops the gateway before it listens, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_token_file_is_honoured_and_an_empty_token_is_refused_at_start() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("admin-token");
+    std::fs::write(&token_file, "fr0m-a-file\n").unwrap();
+    let token_path = token_file.to_str().unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &[
+            "--store",
+            "memory://",
+            "--admin",
+            "0",
+            "--admin-token-file",
+            token_path,
+        ],
+    )
+    .await;
+    let http = Http::new();
+    let metrics = gw.admin_url("/metrics");
+    assert_eq!(http.send("GET", &metrics, &[], "").await.status, 401);
+    let wrong = [("authorization", "Bearer fr0m-a-fil")];
+    assert_eq!(http.send("GET", &metrics, &wrong, "").await.status, 401);
+    let right = [("authorization", "Bearer fr0m-a-file")];
+    assert_eq!(http.send("GET", &metrics, &right, "").await.status, 200);
+    drop(gw);
+
+    let blank = dir.path().join("blank-token");
+    std::fs::write(&blank, "  \n").unwrap();
+    let serve = [
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--store",
+        "memory://",
+    ];
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 4] = [
+        (&["--admin-token", ""], &[], "empty"),
+        (
+            &["--admin-token-file", blank.to_str().unwrap()],
+            &[],
+            "empty",
+        ),
+        (&[], &[("IDEM_ADMIN_TOKEN", "   ")], "empty"),
+        (
+            &["--admin-token", "t0k", "--admin-token-file", token_path],
+            &[],
+            "not both",
+        ),
+    ];
+    for (args, env, says) in cases {
+        let mut cmd = tokio::process::Command::new(binary());
+        cmd.args(serve).args(["--listen", "127.0.0.1:0"]).args(args);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("IDEM_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(env.iter().copied()).kill_on_drop(true);
+        // A gateway that started anyway would never exit: bounded.
+        let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+            .await
+            .unwrap_or_else(|_| panic!("{args:?} {env:?}: the gateway started"))
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?} {env:?}: {stderr}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
