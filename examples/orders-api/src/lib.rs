@@ -82,9 +82,9 @@ const ORDERS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS orders (
 /// What the API is configured with.
 #[derive(Clone)]
 pub struct Settings {
-    /// How long a key's record lives ([`DEFAULT_KEY_TTL`]), and never less than
-    /// [`lease`](Self::lease). After it, a retry with the key runs the handler again
-    /// and the order number answers it.
+    /// How long a key's completed record lives, from its first request
+    /// ([`DEFAULT_KEY_TTL`]). After it, a retry with the key runs the handler again and
+    /// the order number answers it.
     pub key_ttl: Duration,
     /// How long an attempt's lease lasts ([`DEFAULT_LEASE`]): how long the key of an
     /// attempt that died stays in progress before a retry may take it over.

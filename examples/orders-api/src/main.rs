@@ -4,8 +4,8 @@
 //! Environment: `ORDERS_API_ADDR` (default `127.0.0.1:3000`), `ORDERS_API_DB` (default
 //! `orders-api.db` in the system's temporary directory), `ORDERS_API_KEY_TTL` (how long
 //! a key's record lives, default `24h`), `ORDERS_API_LEASE` (how long a dead attempt's
-//! key stays in progress, default `60s`). A record lives the longer of the two: to watch
-//! the order number answer a retry after expiry, set both to e.g. `10s`.
+//! key stays in progress, default `60s`). To watch the order number answer a retry after
+//! the key expired, set the TTL to e.g. `10s`.
 //! `ORDERS_API_CRASH_BEFORE_COMMIT=1` makes the process exit before it commits its
 //! first new order (a demonstration of SPEC S9, never for service).
 
@@ -41,7 +41,7 @@ async fn main() -> Result<(), BoxError> {
     println!(
         "orders-api listening on http://{} (orders and keys in {db}, keys live {})",
         listener.local_addr()?,
-        humantime::format_duration(key_ttl.max(lease))
+        humantime::format_duration(key_ttl)
     );
     axum::serve(listener, router)
         .with_graceful_shutdown(async {

@@ -74,6 +74,10 @@ impl Api {
 
     /// The API over `orders.db` in `dir`, which may hold what an earlier process left.
     async fn on(dir: tempfile::TempDir) -> Api {
+        Api::with(dir, Settings::default()).await
+    }
+
+    async fn with(dir: tempfile::TempDir, settings: Settings) -> Api {
         let url = db_url(&dir);
         let clock = ManualClock::starting_now();
         let store = orders_api::open(&url, Arc::new(clock.clone()))
@@ -82,7 +86,7 @@ impl Api {
         let outcomes = Arc::new(Outcomes::default());
         let settings = Settings {
             observer: Some(outcomes.clone()),
-            ..Settings::default()
+            ..settings
         };
         let (router, _) = orders_api::app(store.clone(), settings);
         Api {
@@ -231,6 +235,30 @@ async fn retry_after_key_expiry_answers_with_the_existing_order() {
     assert_eq!(again.body, first.body);
     assert_eq!(api.outcomes.handler_runs(), 2);
     assert_eq!(api.orders().await, 1);
+}
+
+#[tokio::test]
+async fn key_ttl_shorter_than_the_lease_expires_the_answer_on_time() {
+    let key_ttl = Duration::from_secs(10);
+    assert!(key_ttl < DEFAULT_LEASE);
+    let settings = Settings {
+        key_ttl,
+        ..Settings::default()
+    };
+    let api = Api::with(tempfile::tempdir().unwrap(), settings).await;
+    let first = api.create(Some("k-1"), &tea("A-1001")).await;
+    api.clock.advance(key_ttl - Duration::from_millis(1));
+    let replay = api.create(Some("k-1"), &tea("A-1001")).await;
+    assert_eq!(
+        (replay.status, replay.replayed),
+        (StatusCode::CREATED, true)
+    );
+    api.clock.advance(Duration::from_millis(1));
+    let late = api.create(Some("k-1"), &tea("A-1001")).await;
+    assert_eq!((late.status, late.replayed), (StatusCode::OK, false));
+    assert_eq!(late.body, first.body);
+    assert_eq!(api.orders().await, 1);
+    assert_eq!(api.outcomes.handler_runs(), 2);
 }
 
 #[tokio::test]
