@@ -33,6 +33,17 @@ pub enum ProblemKind {
     /// a broken percent-escape, an escaped control character. Nothing was reserved or
     /// forwarded.
     InvalidPath,
+    /// 400: the method-override headers (`X-HTTP-Method-Override` and the like; see
+    /// [`IdempotencyLayer::method_override_headers`](crate::IdempotencyLayer::method_override_headers))
+    /// do not name one method: two different ones, or a value that is no method. The
+    /// upstream could run the request as either, so nothing was reserved or forwarded
+    /// (SPEC S14).
+    InvalidMethodOverride,
+    /// 400: a keyed request carries a header named as the key's or a tenant header is,
+    /// but with `_` for `-` (`Idempotency_Key`), which CGI and WSGI servers, and nginx
+    /// with `underscores_in_headers`, read as that header: the upstream would see a key
+    /// or a tenant the layer never read. Nothing was reserved or forwarded (SPEC S14).
+    AmbiguousHeader,
     /// 413: the body is over the limit; nothing was reserved (SPEC S4).
     BodyTooLarge,
     /// 408: the body did not arrive within the layer's body timeout; nothing was
@@ -61,12 +72,14 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 13] = [
+    pub const ALL: [ProblemKind; 15] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
         ProblemKind::MissingTenant,
         ProblemKind::InvalidPath,
+        ProblemKind::InvalidMethodOverride,
+        ProblemKind::AmbiguousHeader,
         ProblemKind::BodyTooLarge,
         ProblemKind::BodyTimeout,
         ProblemKind::RequestInProgress,
@@ -85,6 +98,10 @@ impl ProblemKind {
             ProblemKind::BodyUnreadable => "https://idem.dev/problems/body-unreadable",
             ProblemKind::MissingTenant => "https://idem.dev/problems/missing-tenant",
             ProblemKind::InvalidPath => "https://idem.dev/problems/invalid-path",
+            ProblemKind::InvalidMethodOverride => {
+                "https://idem.dev/problems/invalid-method-override"
+            }
+            ProblemKind::AmbiguousHeader => "https://idem.dev/problems/ambiguous-header",
             ProblemKind::BodyTooLarge => "https://idem.dev/problems/body-too-large",
             ProblemKind::BodyTimeout => "https://idem.dev/problems/body-timeout",
             ProblemKind::RequestInProgress => "https://idem.dev/problems/request-in-progress",
@@ -102,7 +119,9 @@ impl ProblemKind {
             ProblemKind::InvalidKey
             | ProblemKind::MissingKey
             | ProblemKind::BodyUnreadable
-            | ProblemKind::InvalidPath => StatusCode::BAD_REQUEST,
+            | ProblemKind::InvalidPath
+            | ProblemKind::InvalidMethodOverride
+            | ProblemKind::AmbiguousHeader => StatusCode::BAD_REQUEST,
             ProblemKind::MissingTenant => StatusCode::UNAUTHORIZED,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -125,6 +144,8 @@ impl ProblemKind {
             ProblemKind::BodyUnreadable => "Request body could not be read",
             ProblemKind::MissingTenant => "Credentials required for a keyed request",
             ProblemKind::InvalidPath => "Invalid request path",
+            ProblemKind::InvalidMethodOverride => "Conflicting method override",
+            ProblemKind::AmbiguousHeader => "Ambiguous header name",
             ProblemKind::BodyTooLarge => "Request body too large",
             ProblemKind::BodyTimeout => "Request body too slow",
             ProblemKind::RequestInProgress => "Request in progress",
