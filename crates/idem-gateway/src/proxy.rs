@@ -8,6 +8,10 @@
 //!   `X-Forwarded-Host`, `X-Forwarded-Proto` and `Forwarded` are set, the client's own
 //!   `Forwarded` and `X-Forwarded-For` kept before the gateway's hop only when they
 //!   parse ([`crate::forwarded`]);
+//! - `X-Original-URL` and `X-Rewrite-URL` from the client are dropped
+//!   ([`REWRITE_HEADERS`]): some upstream stacks (IIS, older Symfony and Zend) route by
+//!   them in place of the request line, which would name another resource than the
+//!   normalised path the rules and the scope saw;
 //! - on keyed requests `Idempotency-Attempt: N` tells the upstream which attempt this is
 //!   (N > 1 after a takeover: it should consult its business records first), and the
 //!   `Idempotency-Key` header passes through as the client sent it;
@@ -95,6 +99,15 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
+];
+
+/// Request headers by which some upstream stacks take the path from the header rather
+/// than the request line (IIS's URL rewriting, Symfony and Zend before they stopped).
+/// A client's would route the request past the path the gateway normalised, matched
+/// its rules on and scoped its key by, so they are never forwarded.
+pub const REWRITE_HEADERS: [HeaderName; 2] = [
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
 ];
 
 /// Forwards requests to one upstream. Cheap to clone: clones share the connection pool.
@@ -188,6 +201,9 @@ impl Proxy {
         };
         let slot = parts.extensions.remove::<crate::listener::ConnectionSlot>();
         strip_hop_by_hop(&mut headers);
+        for name in &REWRITE_HEADERS {
+            headers.remove(name);
+        }
         if let Some((protocol, _)) = &upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, protocol.clone());
