@@ -1,0 +1,264 @@
+//! SPEC S14 at the gateway, for what upstream stacks read besides the request line and
+//! the header names as spelt: method-override headers decide the method a request is
+//! keyed as, a client's `X-Original-URL` and `X-Rewrite-URL` never reach the upstream,
+//! a key header spelt with `_` is refused; a body framed two ways is read one way, and
+//! an oversized head is answered at once.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::{Gateway, Http, Upstream, new_key, read_message};
+
+struct Setup {
+    up: Upstream,
+    gw: Gateway,
+    http: Http,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup(extra: &[&str]) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let mut args = vec!["--store", "memory://"];
+    args.extend_from_slice(extra);
+    let gw = Gateway::start(&up.url(), dir.path(), &args).await;
+    Setup {
+        up,
+        gw,
+        http: Http::new(),
+        _dir: dir,
+    }
+}
+
+/// Sends `request` on a fresh connection; the answer's head and body, or `None` if the
+/// gateway closed without one.
+async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> Option<(String, Vec<u8>)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), read_message(&mut stream))
+        .await
+        .expect("an answer or a close within 10 s")
+}
+
+/// A `GET` carrying `X-HTTP-Method-Override: POST`, which many upstream frameworks run
+/// as a `POST`, is keyed as that `POST`: sent twice under one key, it executes once at
+/// the upstream, which gets it as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_overridden_to_post_executes_once_at_the_upstream() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let headers = [
+        ("idempotency-key", key.as_str()),
+        ("x-http-method-override", "POST"),
+        ("content-type", "application/json"),
+    ];
+    let first = s.http.send("GET", &url, &headers, "{}").await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(!first.replayed());
+    let again = s.http.send("GET", &url, &headers, "{}").await;
+    assert_eq!(again.status, 201, "{again:?}");
+    assert!(again.replayed(), "the second GET replays: {again:?}");
+    assert_eq!(again.body, first.body);
+    assert_eq!(s.up.started(&key), 1);
+    let seen = s.up.seen();
+    assert_eq!(seen[0].method, "GET", "forwarded as sent");
+    assert_eq!(seen[0].headers["x-http-method-override"], "POST");
+}
+
+/// `--require-key` holds for a `GET` overridden to `POST`; overrides that disagree are
+/// a 400 that reaches nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_key_holds_for_a_get_overridden_to_post() {
+    let s = setup(&["--require-key"]).await;
+    let url = s.gw.url("/v1/charges");
+    let missing = s
+        .http
+        .send("GET", &url, &[("x-http-method-override", "POST")], "")
+        .await;
+    assert_eq!(missing.status, 400, "{missing:?}");
+    assert_eq!(
+        missing.problem_type(),
+        "https://idem.dev/problems/missing-key"
+    );
+    let key = new_key();
+    let conflicting = s
+        .http
+        .send(
+            "GET",
+            &url,
+            &[
+                ("idempotency-key", key.as_str()),
+                ("x-http-method-override", "POST"),
+                ("x-http-method", "DELETE"),
+            ],
+            "",
+        )
+        .await;
+    assert_eq!(conflicting.status, 400, "{conflicting:?}");
+    assert_eq!(
+        conflicting.problem_type(),
+        "https://idem.dev/problems/invalid-method-override"
+    );
+    assert_eq!(s.up.total(), 0, "nothing reached the upstream");
+    // A plain GET still passes through.
+    assert_eq!(s.http.send("GET", &url, &[], "").await.status, 201);
+}
+
+/// `X-Original-URL` and `X-Rewrite-URL`, by which some upstream stacks route in place
+/// of the request line, never reach the upstream, keyed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_rewrite_headers_never_reach_the_upstream() {
+    let s = setup(&[]).await;
+    let url = s.gw.url("/v1/charges");
+    let rewrites = [
+        ("x-original-url", "/admin/refunds"),
+        ("X-Rewrite-URL", "/admin/refunds"),
+    ];
+    let key = new_key();
+    let keyed = s.http.post(&url, &key, "{}", &rewrites).await;
+    assert_eq!(keyed.status, 201, "{keyed:?}");
+    let unkeyed = s.http.send("GET", &url, &rewrites, "").await;
+    assert_eq!(unkeyed.status, 201, "{unkeyed:?}");
+    let seen = s.up.seen();
+    assert_eq!(seen.len(), 2);
+    for request in seen {
+        assert_eq!(request.path, "/v1/charges");
+        for (name, _) in rewrites {
+            assert!(
+                !request.headers.contains_key(name),
+                "{name} reached the upstream: {:?}",
+                request.headers
+            );
+        }
+    }
+}
+
+/// `Idempotency_Key` is `Idempotency-Key` to CGI and WSGI upstreams: a keyed request
+/// carrying it is refused rather than passed through unkeyed (or keyed by the other
+/// header) while the upstream reads it as the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn underscore_key_header_is_refused_before_the_upstream() {
+    let s = setup(&[]).await;
+    let url = s.gw.url("/v1/charges");
+    let key = new_key();
+    for headers in [
+        vec![("idempotency_key", key.as_str())],
+        vec![
+            ("idempotency-key", key.as_str()),
+            ("Idempotency_Key", "other"),
+        ],
+    ] {
+        let answer = s.http.send("POST", &url, &headers, "{}").await;
+        assert_eq!(answer.status, 400, "{headers:?}: {answer:?}");
+        assert_eq!(
+            answer.problem_type(),
+            "https://idem.dev/problems/ambiguous-header"
+        );
+    }
+    assert_eq!(s.up.total(), 0);
+}
+
+/// A request with both `Transfer-Encoding` and `Content-Length` frames its body two
+/// ways (RFC 9112 §6.1), the classic request-smuggling lever. The listener reads it by
+/// its chunks alone, in either order of the two fields, drops the `Content-Length`, so
+/// the upstream gets the body the key was fingerprinted by and no length that
+/// disagrees with it, and closes the connection after the answer, so nothing after the
+/// body is read as another request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfer_encoding_with_content_length_is_read_by_its_chunks_and_closes() {
+    let s = setup(&[]).await;
+    let framings = [
+        "Content-Length: 3\r\nTransfer-Encoding: chunked",
+        "Transfer-Encoding: chunked\r\nContent-Length: 3",
+    ];
+    for (i, framing) in framings.iter().enumerate() {
+        for method in ["POST", "PUT"] {
+            let key = new_key();
+            // A second request hidden after the chunks: it must never be read as one.
+            let request = format!(
+                "{method} /v1/charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {key}\r\n\
+                 Content-Type: application/json\r\n{framing}\r\n\r\n\
+                 7\r\n{{\"a\":1}}\r\n0\r\n\r\n\
+                 POST /v1/smuggled HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+            );
+            let mut stream = tokio::net::TcpStream::connect(s.gw.addr).await.unwrap();
+            stream.write_all(request.as_bytes()).await.unwrap();
+            let mut out = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out))
+                .await
+                .expect("answered and closed within 10 s")
+                .unwrap();
+            let out = String::from_utf8_lossy(&out);
+            assert!(out.starts_with("HTTP/1.1 201"), "{framing} {method}: {out}");
+            assert_eq!(out.matches("HTTP/1.1").count(), 1, "one answer: {out}");
+            assert!(out.contains("connection: close"), "{out}");
+            let seen = s.up.seen();
+            let last = seen.last().unwrap();
+            assert_eq!(last.body.as_ref(), br#"{"a":1}"#, "{framing} {method}");
+            assert_ne!(
+                last.headers.get("content-length").map(|v| v.as_bytes()),
+                Some(&b"3"[..]),
+                "{framing} {method}"
+            );
+            assert_eq!(seen.len(), 2 * i + if method == "POST" { 1 } else { 2 });
+        }
+    }
+    assert!(s.up.seen().iter().all(|r| r.path == "/v1/charges"));
+}
+
+/// More header fields than the gateway reads, or one larger than its buffer, get a
+/// 431 at once rather than a hang, and nothing reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_request_heads_are_431_at_once() {
+    let s = setup(&[]).await;
+    let mut many = String::from("POST /v1/charges HTTP/1.1\r\nHost: x\r\n");
+    for i in 0..150 {
+        many.push_str(&format!("X-Filler-{i}: {i}\r\n"));
+    }
+    many.push_str("Content-Length: 0\r\n\r\n");
+    let huge = format!(
+        "POST /v1/charges HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nContent-Length: 0\r\n\r\n",
+        "a".repeat(600 * 1024)
+    );
+    for request in [many, huge] {
+        let mut stream = tokio::net::TcpStream::connect(s.gw.addr).await.unwrap();
+        // The gateway may answer and close before it has read all of a huge head.
+        let _ = stream.write_all(request.as_bytes()).await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out))
+            .await
+            .expect("answered and closed within 10 s");
+        let out = String::from_utf8_lossy(&out);
+        assert!(
+            out.starts_with("HTTP/1.1 431"),
+            "{}",
+            &out[..out.len().min(200)]
+        );
+    }
+    assert_eq!(s.up.total(), 0);
+}
+
+/// A fragment in the request target (never sent by a client, RFC 9110 §7.1) is no way
+/// to another resource: the rules and the upstream see the path without it, and the
+/// key scopes the same request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fragment_in_the_target_names_the_path_without_it() {
+    let s = setup(&[]).await;
+    let key = new_key();
+    for target in ["/v1/charges", "/v1/charges#/admin", "/v1/charges#x"] {
+        let request = format!(
+            "POST {target} HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+        );
+        let (head, _) = raw(s.gw.addr, request.as_bytes()).await.expect("answer");
+        assert!(head.starts_with("HTTP/1.1 201"), "{target}: {head}");
+        let replayed = head.contains("idempotent-replayed: true");
+        assert_eq!(replayed, target != "/v1/charges", "{target}: {head}");
+    }
+    assert_eq!(s.up.started(&key), 1);
+    for seen in s.up.seen() {
+        assert_eq!(seen.path, "/v1/charges");
+    }
+}
