@@ -166,6 +166,7 @@
 //! | 400    | `https://idem.dev/problems/missing-key`         | the route requires a key              |
 //! | 400    | `https://idem.dev/problems/body-unreadable`     | the request body could not be read    |
 //! | 401    | `https://idem.dev/problems/missing-tenant`      | [`IdempotencyLayer::require_tenant`] and no tenant header; `WWW-Authenticate: Bearer`; nothing reserved |
+//! | 400    | `https://idem.dev/problems/invalid-host`        | no `Host` on HTTP/1.1, several, or one that names no host (the idem gateway's listener, SPEC S14); nothing reserved or forwarded |
 //! | 400    | `https://idem.dev/problems/invalid-method-override` | method-override headers that do not name one method; nothing reserved or forwarded |
 //! | 400    | `https://idem.dev/problems/ambiguous-header`    | a keyed request carries the key's or a tenant header's name spelt with `_` for `-`; nothing reserved or forwarded |
 //! | 400    | `https://idem.dev/problems/invalid-path`        | the path cannot be normalised (the idem gateway's listener, SPEC S14); nothing reserved or forwarded |

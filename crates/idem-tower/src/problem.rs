@@ -33,6 +33,10 @@ pub enum ProblemKind {
     /// a broken percent-escape, an escaped control character. Nothing was reserved or
     /// forwarded.
     InvalidPath,
+    /// 400: the request's `Host` is missing on HTTP/1.1, repeated, or no host (RFC 9112
+    /// §3.2 makes each a 400): the idem gateway's listener (SPEC S14). Nothing was
+    /// reserved or forwarded.
+    InvalidHost,
     /// 400: the method-override headers (`X-HTTP-Method-Override` and the like; see
     /// [`IdempotencyLayer::method_override_headers`](crate::IdempotencyLayer::method_override_headers))
     /// do not name one method: two different ones, or a value that is no method. The
@@ -72,12 +76,13 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 15] = [
+    pub const ALL: [ProblemKind; 16] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
         ProblemKind::MissingTenant,
         ProblemKind::InvalidPath,
+        ProblemKind::InvalidHost,
         ProblemKind::InvalidMethodOverride,
         ProblemKind::AmbiguousHeader,
         ProblemKind::BodyTooLarge,
@@ -98,6 +103,7 @@ impl ProblemKind {
             ProblemKind::BodyUnreadable => "https://idem.dev/problems/body-unreadable",
             ProblemKind::MissingTenant => "https://idem.dev/problems/missing-tenant",
             ProblemKind::InvalidPath => "https://idem.dev/problems/invalid-path",
+            ProblemKind::InvalidHost => "https://idem.dev/problems/invalid-host",
             ProblemKind::InvalidMethodOverride => {
                 "https://idem.dev/problems/invalid-method-override"
             }
@@ -120,6 +126,7 @@ impl ProblemKind {
             | ProblemKind::MissingKey
             | ProblemKind::BodyUnreadable
             | ProblemKind::InvalidPath
+            | ProblemKind::InvalidHost
             | ProblemKind::InvalidMethodOverride
             | ProblemKind::AmbiguousHeader => StatusCode::BAD_REQUEST,
             ProblemKind::MissingTenant => StatusCode::UNAUTHORIZED,
@@ -144,6 +151,7 @@ impl ProblemKind {
             ProblemKind::BodyUnreadable => "Request body could not be read",
             ProblemKind::MissingTenant => "Credentials required for a keyed request",
             ProblemKind::InvalidPath => "Invalid request path",
+            ProblemKind::InvalidHost => "Invalid Host header",
             ProblemKind::InvalidMethodOverride => "Conflicting method override",
             ProblemKind::AmbiguousHeader => "Ambiguous header name",
             ProblemKind::BodyTooLarge => "Request body too large",

@@ -262,3 +262,69 @@ async fn a_fragment_in_the_target_names_the_path_without_it() {
         assert_eq!(seen.path, "/v1/charges");
     }
 }
+
+/// `Host` as RFC 9112 §3.2 has it: an HTTP/1.1 request without one, with two, or with
+/// one that names no host is a 400 `invalid-host` that reaches nobody; HTTP/1.0 may
+/// leave it out. An absolute-form target's authority takes its place, so the upstream
+/// is told of the host the target named, not of a `Host` that disagrees with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_is_required_once_and_the_absolute_target_names_it() {
+    let s = setup(&[]).await;
+    let refused = [
+        "GET /v1/x HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+        "GET /v1/x HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n",
+        "GET /v1/x HTTP/1.1\r\nHost: a.example/admin\r\n\r\n",
+        "GET /v1/x HTTP/1.1\r\nHost: user@a.example\r\n\r\n",
+        "GET /v1/x HTTP/1.1\r\nHost: \r\n\r\n",
+        "GET http://user@a.example/v1/x HTTP/1.1\r\nHost: a.example\r\n\r\n",
+    ];
+    for request in refused {
+        let (head, body) = raw(s.gw.addr, request.as_bytes()).await.expect("answer");
+        assert!(head.starts_with("HTTP/1.1 400"), "{request:?}: {head}");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v["type"], "https://idem.dev/problems/invalid-host",
+            "{request:?}"
+        );
+    }
+    assert_eq!(s.up.total(), 0, "{:?}", s.up.seen());
+
+    let (head, _) = raw(s.gw.addr, b"GET /v1/old HTTP/1.0\r\n\r\n")
+        .await
+        .expect("answer");
+    assert!(head.starts_with("HTTP/1.0 201"), "{head}");
+    let request = "GET http://a.example/v1/abs HTTP/1.1\r\nHost: b.example\r\n\r\n";
+    let (head, _) = raw(s.gw.addr, request.as_bytes()).await.expect("answer");
+    assert!(head.starts_with("HTTP/1.1 201"), "{head}");
+    let seen = s.up.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].path, "/v1/old");
+    assert!(!seen[0].headers.contains_key("x-forwarded-host"));
+    assert_eq!(seen[1].path, "/v1/abs");
+    assert_eq!(seen[1].headers["x-forwarded-host"], "a.example");
+    assert_eq!(
+        seen[1].headers["forwarded"],
+        "for=127.0.0.1;proto=http;host=\"a.example\""
+    );
+}
+
+/// Heads that frame a body ambiguously or are malformed are 400s that reach nobody:
+/// two different lengths, a `Transfer-Encoding` that does not end in `chunked`,
+/// whitespace before a header's colon (which some stacks strip and others keep), and
+/// a bare control character in a value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_framing_is_400_and_never_forwarded() {
+    let s = setup(&[]).await;
+    let refused = [
+        "POST /v1/charges HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+        "POST /v1/charges HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n{}",
+        "POST /v1/charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key : k\r\nContent-Length: 2\r\n\r\n{}",
+        "POST /v1/charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\x01b\r\nContent-Length: 2\r\n\r\n{}",
+    ];
+    for request in refused {
+        let answer = raw(s.gw.addr, request.as_bytes()).await;
+        let (head, _) = answer.unwrap_or_else(|| panic!("no answer to {request:?}"));
+        assert!(head.starts_with("HTTP/1.1 400"), "{request:?}: {head}");
+    }
+    assert_eq!(s.up.total(), 0, "{:?}", s.up.seen());
+}
