@@ -12,6 +12,9 @@
 //!   ([`REWRITE_HEADERS`]): some upstream stacks (IIS, older Symfony and Zend) route by
 //!   them in place of the request line, which would name another resource than the
 //!   normalised path the rules and the scope saw;
+//! - a client's header named as one the gateway sets is, but with `_` for `-`
+//!   (`X_Forwarded_For`, `Idempotency_Attempt`), is dropped ([`strip_look_alikes`]):
+//!   CGI and WSGI servers read it as the header the gateway vouches for;
 //! - on keyed requests `Idempotency-Attempt: N` tells the upstream which attempt this is
 //!   (N > 1 after a takeover: it should consult its business records first), and the
 //!   `Idempotency-Key` header passes through as the client sent it;
@@ -110,6 +113,35 @@ pub const REWRITE_HEADERS: [HeaderName; 2] = [
     HeaderName::from_static("x-rewrite-url"),
 ];
 
+/// The request headers the gateway sets itself, whose look-alikes with `_` for `-` a
+/// client may not send (see [`strip_look_alikes`]).
+const SET_BY_THE_GATEWAY: [&str; 5] = [
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "idempotency-attempt",
+    "host",
+];
+
+/// Removes the client's headers that are named as one the gateway sets is, but with
+/// `_` for `-` (`X_Forwarded_For`, `Idempotency_Attempt`): CGI and WSGI servers, and
+/// nginx with `underscores_in_headers`, read them as the header itself, so a client
+/// could pass for another address, or make a first attempt look recovered. Other
+/// names with `_` pass; names are lower case in a `HeaderMap`.
+pub fn strip_look_alikes(headers: &mut HeaderMap) {
+    let folded = |name: &HeaderName| name.as_str().replace('_', "-");
+    let look_alikes: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().contains('_'))
+        .filter(|name| SET_BY_THE_GATEWAY.contains(&folded(name).as_str()))
+        .cloned()
+        .collect();
+    for name in &look_alikes {
+        tracing::debug!(header = %name, "dropped a look-alike of a header the gateway sets");
+        headers.remove(name);
+    }
+}
+
 /// Forwards requests to one upstream. Cheap to clone: clones share the connection pool.
 #[derive(Clone, Debug)]
 pub struct Proxy {
@@ -204,6 +236,7 @@ impl Proxy {
         for name in &REWRITE_HEADERS {
             headers.remove(name);
         }
+        strip_look_alikes(&mut headers);
         if let Some((protocol, _)) = &upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, protocol.clone());
@@ -655,6 +688,28 @@ mod tests {
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, vec!["authorization", "content-type"]);
+    }
+
+    #[test]
+    fn look_alikes_of_the_gateways_headers_are_dropped() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "x_forwarded_for",
+            "x-forwarded_host",
+            "X_Forwarded_Proto",
+            "idempotency_attempt",
+            "x_request_id",
+            "x-forwarded-for",
+        ] {
+            h.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_static("v"),
+            );
+        }
+        strip_look_alikes(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["x-forwarded-for", "x_request_id"]);
     }
 
     #[test]

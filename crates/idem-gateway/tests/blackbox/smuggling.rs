@@ -328,3 +328,36 @@ async fn malformed_framing_is_400_and_never_forwarded() {
     }
     assert_eq!(s.up.total(), 0, "{:?}", s.up.seen());
 }
+
+/// A client's `X_Forwarded_For` or `Idempotency_Attempt`, which CGI and WSGI upstreams
+/// read as the headers the gateway sets, never reach the upstream: a client cannot pass
+/// for another address or make a first attempt look recovered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn look_alikes_of_the_gateways_headers_never_reach_the_upstream() {
+    let s = setup(&[]).await;
+    let look_alikes = [
+        ("x_forwarded_for", "6.6.6.6"),
+        ("X_Forwarded_Host", "evil.example"),
+        ("x-forwarded_proto", "https"),
+        ("idempotency_attempt", "9"),
+    ];
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    assert_eq!(
+        s.http.post(&url, &key, "{}", &look_alikes).await.status,
+        201
+    );
+    assert_eq!(s.http.send("GET", &url, &look_alikes, "").await.status, 201);
+    let seen = s.up.seen();
+    assert_eq!(seen.len(), 2);
+    for request in seen {
+        for (name, _) in look_alikes {
+            assert!(
+                !request.headers.contains_key(name),
+                "{name}: {:?}",
+                request.headers
+            );
+        }
+        assert_eq!(request.headers["x-forwarded-for"], "127.0.0.1");
+    }
+}
