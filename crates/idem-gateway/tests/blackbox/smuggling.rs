@@ -106,6 +106,46 @@ async fn require_key_holds_for_a_get_overridden_to_post() {
     assert_eq!(s.http.send("GET", &url, &[], "").await.status, 201);
 }
 
+/// A `[[route]]` rule for `POST` holds for a `GET` overridden to `POST`: its required
+/// key, and its template as the endpoint, so a plain `POST` under the key replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_rule_holds_for_a_get_overridden_to_post() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let toml = r#"
+        [[route]]
+        method = "POST"
+        path = "/v1/orders/{id}/capture"
+        require_key = true
+    "#;
+    std::fs::write(dir.path().join("idem.toml"), toml).unwrap();
+    let args = ["--store", "memory://", "--config", "idem.toml"];
+    let gw = Gateway::start(&up.url(), dir.path(), &args).await;
+    let http = Http::new();
+    let url = gw.url("/v1/orders/7/capture");
+    let missing = http
+        .send("GET", &url, &[("x-http-method-override", "POST")], "")
+        .await;
+    assert_eq!(missing.status, 400, "{missing:?}");
+    assert_eq!(
+        missing.problem_type(),
+        "https://idem.dev/problems/missing-key"
+    );
+    assert_eq!(up.total(), 0);
+    let key = new_key();
+    let headers = [
+        ("idempotency-key", key.as_str()),
+        ("x-http-method-override", "POST"),
+    ];
+    let first = http.send("GET", &url, &headers, "").await;
+    assert_eq!((first.status, first.replayed()), (201, false), "{first:?}");
+    let post = http
+        .send("POST", &url, &[("idempotency-key", key.as_str())], "")
+        .await;
+    assert_eq!((post.status, post.replayed()), (201, true), "{post:?}");
+    assert_eq!(up.started(&key), 1);
+}
+
 /// `X-Original-URL` and `X-Rewrite-URL`, by which some upstream stacks route in place
 /// of the request line, never reach the upstream, keyed or not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
