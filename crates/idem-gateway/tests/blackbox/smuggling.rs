@@ -401,3 +401,22 @@ async fn look_alikes_of_the_gateways_headers_never_reach_the_upstream() {
         assert_eq!(request.headers["x-forwarded-for"], "127.0.0.1");
     }
 }
+
+/// A keyed request that asks for `100 Continue` with a body over `--body-limit` gets
+/// its 413 before it sends the body: no `100 Continue` first, nothing reserved or
+/// forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_continue_over_the_body_limit_is_413_before_the_body() {
+    let s = setup(&["--body-limit", "1KiB"]).await;
+    let key = new_key();
+    let request = format!(
+        "POST /v1/charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: 2048\r\n\
+         Expect: 100-continue\r\n\r\n"
+    );
+    let (head, body) = raw(s.gw.addr, request.as_bytes()).await.expect("answer");
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["type"], "https://idem.dev/problems/body-too-large");
+    assert_eq!(s.up.total(), 0);
+}
