@@ -10,7 +10,8 @@
 //! | `POST /keys/purge-expired` | deletes expired records, `{"purged": n}` |
 //!
 //! With `--admin-token` (or `--admin-token-file`), every route but the two probes needs
-//! `Authorization: Bearer TOKEN`, compared in constant time. A bare `--admin PORT`
+//! `Authorization: Bearer TOKEN` (the scheme in any case, RFC 9110 §11.1), the token
+//! compared in constant time. A bare `--admin PORT`
 //! binds to 127.0.0.1.
 //!
 //! It is served like the proxy ([`crate::listener`]): at most
@@ -68,8 +69,7 @@ async fn require_token(State(state): State<AdminState>, req: Request, next: Next
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(bearer_token);
     match presented {
         Some(p) if token_matches(p.as_bytes(), token.as_bytes()) => next.run(req).await,
         _ => (
@@ -155,6 +155,14 @@ async fn purge(State(state): State<AdminState>) -> Response {
     Json(json!({ "purged": n })).into_response()
 }
 
+/// The token of an `Authorization: Bearer TOKEN` value: the scheme is matched ignoring
+/// case and may be followed by several spaces (RFC 9110 §11.1, §11.4).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// Whether `presented` is the token, in a time that depends on neither where the two
 /// first differ nor how long the expected token is, so it cannot be guessed byte by
 /// byte (or its length learnt) from response times: both are hashed to 32 bytes, and
@@ -178,6 +186,27 @@ mod tests {
         assert!(!token_matches(b"ABC", b"abc"));
     }
 
+    #[test]
+    fn bearer_scheme_is_matched_in_any_case() {
+        for value in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "bEaReR   s3cret ",
+        ] {
+            assert_eq!(bearer_token(value), Some("s3cret"), "{value:?}");
+        }
+        for value in [
+            "Basic s3cret",
+            "Bearer",
+            "Bearer ",
+            "Bearers3cret",
+            "s3cret",
+        ] {
+            assert_eq!(bearer_token(value), None, "{value:?}");
+        }
+    }
+
     async fn serve(token: Option<&str>) -> (String, Arc<MemoryStore>) {
         let store = Arc::new(MemoryStore::new());
         let state = AdminState {
@@ -198,7 +227,12 @@ mod tests {
         let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
         let mut req = http::Request::get(url);
         if let Some(t) = token {
-            req = req.header("authorization", format!("Bearer {t}"));
+            let value = if t.contains(' ') {
+                t.to_owned()
+            } else {
+                format!("Bearer {t}")
+            };
+            req = req.header("authorization", value);
         }
         client
             .request(req.body(Empty::new()).unwrap())
@@ -225,6 +259,18 @@ mod tests {
         assert_eq!(
             get_status(&format!("{base}/keys?key=nope"), Some("s3cret")).await,
             404
+        );
+        // The scheme in any case (RFC 9110 §11.1); the token exactly.
+        for value in ["bearer s3cret", "BEARER  s3cret"] {
+            assert_eq!(
+                get_status(&format!("{base}/metrics"), Some(value)).await,
+                200,
+                "{value}"
+            );
+        }
+        assert_eq!(
+            get_status(&format!("{base}/metrics"), Some("bearer S3CRET")).await,
+            401
         );
     }
 }

@@ -8,6 +8,13 @@
 //!   `X-Forwarded-Host`, `X-Forwarded-Proto` and `Forwarded` are set, the client's own
 //!   `Forwarded` and `X-Forwarded-For` kept before the gateway's hop only when they
 //!   parse ([`crate::forwarded`]);
+//! - `X-Original-URL` and `X-Rewrite-URL` from the client are dropped
+//!   ([`REWRITE_HEADERS`]): some upstream stacks (IIS, older Symfony and Zend) route by
+//!   them in place of the request line, which would name another resource than the
+//!   normalised path the rules and the scope saw;
+//! - a client's header named as one the gateway sets is, but with `_` for `-`
+//!   (`X_Forwarded_For`, `Idempotency_Attempt`), is dropped ([`strip_look_alikes`]):
+//!   CGI and WSGI servers read it as the header the gateway vouches for;
 //! - on keyed requests `Idempotency-Attempt: N` tells the upstream which attempt this is
 //!   (N > 1 after a takeover: it should consult its business records first), and the
 //!   `Idempotency-Key` header passes through as the client sent it;
@@ -96,6 +103,44 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
+
+/// Request headers by which some upstream stacks take the path from the header rather
+/// than the request line (IIS's URL rewriting, Symfony and Zend before they stopped).
+/// A client's would route the request past the path the gateway normalised, matched
+/// its rules on and scoped its key by, so they are never forwarded.
+pub const REWRITE_HEADERS: [HeaderName; 2] = [
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+];
+
+/// The request headers the gateway sets itself, whose look-alikes with `_` for `-` a
+/// client may not send (see [`strip_look_alikes`]).
+const SET_BY_THE_GATEWAY: [&str; 5] = [
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "idempotency-attempt",
+    "host",
+];
+
+/// Removes the client's headers that are named as one the gateway sets is, but with
+/// `_` for `-` (`X_Forwarded_For`, `Idempotency_Attempt`): CGI and WSGI servers, and
+/// nginx with `underscores_in_headers`, read them as the header itself, so a client
+/// could pass for another address, or make a first attempt look recovered. Other
+/// names with `_` pass; names are lower case in a `HeaderMap`.
+pub fn strip_look_alikes(headers: &mut HeaderMap) {
+    let folded = |name: &HeaderName| name.as_str().replace('_', "-");
+    let look_alikes: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().contains('_'))
+        .filter(|name| SET_BY_THE_GATEWAY.contains(&folded(name).as_str()))
+        .cloned()
+        .collect();
+    for name in &look_alikes {
+        tracing::debug!(header = %name, "dropped a look-alike of a header the gateway sets");
+        headers.remove(name);
+    }
+}
 
 /// Forwards requests to one upstream. Cheap to clone: clones share the connection pool.
 #[derive(Clone, Debug)]
@@ -188,6 +233,10 @@ impl Proxy {
         };
         let slot = parts.extensions.remove::<crate::listener::ConnectionSlot>();
         strip_hop_by_hop(&mut headers);
+        for name in &REWRITE_HEADERS {
+            headers.remove(name);
+        }
+        strip_look_alikes(&mut headers);
         if let Some((protocol, _)) = &upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, protocol.clone());
@@ -639,6 +688,28 @@ mod tests {
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, vec!["authorization", "content-type"]);
+    }
+
+    #[test]
+    fn look_alikes_of_the_gateways_headers_are_dropped() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "x_forwarded_for",
+            "x-forwarded_host",
+            "X_Forwarded_Proto",
+            "idempotency_attempt",
+            "x_request_id",
+            "x-forwarded-for",
+        ] {
+            h.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_static("v"),
+            );
+        }
+        strip_look_alikes(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["x-forwarded-for", "x_request_id"]);
     }
 
     #[test]

@@ -399,7 +399,9 @@ impl Gateway {
             hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 // Once, before any rule sees the request: the layer, the routes and the
                 // proxy all see the one normalised path (SPEC S14).
-                let invalid = normalize_target(&mut req, path_normalization).err();
+                let invalid = check_host(&mut req)
+                    .and_then(|()| normalize_target(&mut req, path_normalization))
+                    .err();
                 if invalid.is_some() {
                     metrics.outcome(Outcome::Rejected);
                 }
@@ -493,6 +495,48 @@ impl Gateway {
             );
         }
         tracing::info!("stopped");
+    }
+}
+
+/// Holds the request to RFC 9112 §3.2 before any rule sees it: an HTTP/1.1 request
+/// without `Host`, one with several, or one whose `Host` names no host is the 400
+/// `invalid-host` problem to answer with. An absolute-form target's authority takes
+/// the place of `Host` (§3.2.2), so the host the upstream is told of in `Forwarded`
+/// and `X-Forwarded-Host` is the one the client's target named.
+fn check_host<B>(req: &mut Request<B>) -> Result<(), Problem> {
+    let invalid = |why: &str| {
+        Problem::new(
+            ProblemKind::InvalidHost,
+            format!("{why} (RFC 9112 section 3.2); nothing was reserved or forwarded"),
+        )
+    };
+    let mut hosts = req.headers().get_all(http::header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err(invalid("the request has more than one Host header"));
+    }
+    // A host with user information (`user@host`) is no `Host` (RFC 9110 §7.2), and
+    // tells the upstream of a host the request is not for.
+    if let Some(authority) = req.uri().authority() {
+        if authority.as_str().contains('@') {
+            return Err(invalid("the target's authority holds user information"));
+        }
+        let authority = http::HeaderValue::from_str(authority.as_str())
+            .map_err(|_| invalid("the target's authority is no Host value"))?;
+        req.headers_mut().insert(http::header::HOST, authority);
+        return Ok(());
+    }
+    match host {
+        Some(value) => match http::uri::Authority::try_from(value.as_bytes()) {
+            Ok(authority) if !authority.host().is_empty() && !authority.as_str().contains('@') => {
+                Ok(())
+            }
+            _ => Err(invalid("the Host header names no host")),
+        },
+        None if req.version() == http::Version::HTTP_11 => {
+            Err(invalid("an HTTP/1.1 request must send a Host header"))
+        }
+        None => Ok(()),
     }
 }
 

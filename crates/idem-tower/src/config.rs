@@ -186,6 +186,8 @@ impl fmt::Debug for References {
 pub(crate) struct Config {
     pub(crate) header_name: HeaderName,
     pub(crate) keyed_methods: Vec<Method>,
+    /// The method-override headers read to decide a request's method (SPEC S14).
+    pub(crate) method_override_headers: Vec<HeaderName>,
     pub(crate) require_key: PartsPredicate,
     pub(crate) scope_mode: ScopeMode,
     /// The headers that name the tenant, unless `tenant_from` names it.
@@ -216,6 +218,10 @@ impl Default for Config {
         Config {
             header_name: DEFAULT_HEADER_NAME,
             keyed_methods: vec![Method::POST, Method::PATCH],
+            method_override_headers: crate::spelling::DEFAULT_METHOD_OVERRIDE_HEADERS
+                .iter()
+                .map(|h| HeaderName::from_static(h))
+                .collect(),
             require_key: Arc::new(|_| false),
             scope_mode: ScopeMode::Public,
             tenant_headers: TenantHeaders::default(),
@@ -245,6 +251,7 @@ impl fmt::Debug for Config {
         f.debug_struct("Config")
             .field("header_name", &self.header_name)
             .field("keyed_methods", &self.keyed_methods)
+            .field("method_override_headers", &self.method_override_headers)
             .field("scope_mode", &self.scope_mode)
             .field("tenant_headers", &self.tenant_headers)
             .field("tenant_from", &self.tenant_from.is_some())

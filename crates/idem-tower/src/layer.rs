@@ -109,6 +109,23 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// The method-override headers read to decide a request's method (default
+    /// [`DEFAULT_METHOD_OVERRIDE_HEADERS`](crate::DEFAULT_METHOD_OVERRIDE_HEADERS):
+    /// `X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`), since many
+    /// frameworks run a request as the method such a header names. A request is keyed
+    /// when its method or the one its override names is keyed, and decided on (in
+    /// the route's settings, the scope and the fingerprint) as the keyed one of them:
+    /// a `GET` overridden to `POST` is keyed as `POST`, a `POST` overridden to `GET`
+    /// stays keyed as `POST`. Override values that do not name one method (two
+    /// different ones, a value that is no method) are answered 400
+    /// `invalid-method-override`. The inner service gets the request as sent,
+    /// override headers included. No names: the method line alone decides, for a
+    /// service that ignores such headers.
+    pub fn method_override_headers<I: IntoIterator<Item = HeaderName>>(mut self, names: I) -> Self {
+        self.config().method_override_headers = names.into_iter().collect();
+        self
+    }
+
     /// Whether every keyed request must carry a key (default `false`: requests without
     /// one pass through). A missing key on a required route is answered 400.
     pub fn require_key(mut self, required: bool) -> Self {

@@ -66,7 +66,14 @@
 //!   untouched and streaming, key or not. A method equal to a keyed one ignoring ASCII
 //!   case is keyed as that method (`post` and `PoSt` as `POST`, in the scope and the
 //!   fingerprint alike; the handler gets it as sent), since most frameworks run it so:
-//!   no spelling sidesteps the key. So does a keyed request without a key on a
+//!   no spelling sidesteps the key. Nor does a method-override header
+//!   (`X-HTTP-Method-Override` and the like, which many frameworks run a request by):
+//!   a request is keyed when its method or the overriding one is, and decided as the
+//!   keyed one (see [`IdempotencyLayer::method_override_headers`]); overrides that
+//!   disagree are 400 `invalid-method-override`. A keyed request carrying the key's or
+//!   a tenant header's name spelt with `_` for `-` (`Idempotency_Key`), which CGI and
+//!   WSGI servers read as that header, is 400 `ambiguous-header`. A keyed request
+//!   without a key passes through on a
 //!   route that does not require one; on a route that does (see
 //!   [`IdempotencyLayer::require_key`], [`IdempotencyLayer::require_key_if`],
 //!   [`RouteConfig::require_key`]) it is answered 400 `missing-key`.
@@ -159,6 +166,9 @@
 //! | 400    | `https://idem.dev/problems/missing-key`         | the route requires a key              |
 //! | 400    | `https://idem.dev/problems/body-unreadable`     | the request body could not be read    |
 //! | 401    | `https://idem.dev/problems/missing-tenant`      | [`IdempotencyLayer::require_tenant`] and no tenant header; `WWW-Authenticate: Bearer`; nothing reserved |
+//! | 400    | `https://idem.dev/problems/invalid-host`        | no `Host` on HTTP/1.1, several, or one that names no host (the idem gateway's listener, SPEC S14); nothing reserved or forwarded |
+//! | 400    | `https://idem.dev/problems/invalid-method-override` | method-override headers that do not name one method; nothing reserved or forwarded |
+//! | 400    | `https://idem.dev/problems/ambiguous-header`    | a keyed request carries the key's or a tenant header's name spelt with `_` for `-`; nothing reserved or forwarded |
 //! | 400    | `https://idem.dev/problems/invalid-path`        | the path cannot be normalised (the idem gateway's listener, SPEC S14); nothing reserved or forwarded |
 //! | 413    | `https://idem.dev/problems/body-too-large`      | body over the limit; nothing reserved |
 //! | 408    | `https://idem.dev/problems/body-timeout`        | body not in within the body timeout; nothing reserved |
@@ -202,6 +212,7 @@ mod layer;
 mod policy;
 mod problem;
 mod service;
+mod spelling;
 mod tenant;
 
 pub use body::IdempotencyBody;
@@ -217,6 +228,7 @@ pub use layer::IdempotencyLayer;
 pub use policy::{Disposition, Observer, Outcome, ResourceReference};
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
 pub use service::{IDEMPOTENT_REPLAYED, Idempotency};
+pub use spelling::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use tenant::TenantHeaders;
 
 /// The error type the layer's bounds convert inner errors into.

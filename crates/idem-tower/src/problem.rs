@@ -33,6 +33,21 @@ pub enum ProblemKind {
     /// a broken percent-escape, an escaped control character. Nothing was reserved or
     /// forwarded.
     InvalidPath,
+    /// 400: the request's `Host` is missing on HTTP/1.1, repeated, or no host (RFC 9112
+    /// §3.2 makes each a 400): the idem gateway's listener (SPEC S14). Nothing was
+    /// reserved or forwarded.
+    InvalidHost,
+    /// 400: the method-override headers (`X-HTTP-Method-Override` and the like; see
+    /// [`IdempotencyLayer::method_override_headers`](crate::IdempotencyLayer::method_override_headers))
+    /// do not name one method: two different ones, or a value that is no method. The
+    /// upstream could run the request as either, so nothing was reserved or forwarded
+    /// (SPEC S14).
+    InvalidMethodOverride,
+    /// 400: a keyed request carries a header named as the key's or a tenant header is,
+    /// but with `_` for `-` (`Idempotency_Key`), which CGI and WSGI servers, and nginx
+    /// with `underscores_in_headers`, read as that header: the upstream would see a key
+    /// or a tenant the layer never read. Nothing was reserved or forwarded (SPEC S14).
+    AmbiguousHeader,
     /// 413: the body is over the limit; nothing was reserved (SPEC S4).
     BodyTooLarge,
     /// 408: the body did not arrive within the layer's body timeout; nothing was
@@ -61,12 +76,15 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 13] = [
+    pub const ALL: [ProblemKind; 16] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
         ProblemKind::MissingTenant,
         ProblemKind::InvalidPath,
+        ProblemKind::InvalidHost,
+        ProblemKind::InvalidMethodOverride,
+        ProblemKind::AmbiguousHeader,
         ProblemKind::BodyTooLarge,
         ProblemKind::BodyTimeout,
         ProblemKind::RequestInProgress,
@@ -85,6 +103,11 @@ impl ProblemKind {
             ProblemKind::BodyUnreadable => "https://idem.dev/problems/body-unreadable",
             ProblemKind::MissingTenant => "https://idem.dev/problems/missing-tenant",
             ProblemKind::InvalidPath => "https://idem.dev/problems/invalid-path",
+            ProblemKind::InvalidHost => "https://idem.dev/problems/invalid-host",
+            ProblemKind::InvalidMethodOverride => {
+                "https://idem.dev/problems/invalid-method-override"
+            }
+            ProblemKind::AmbiguousHeader => "https://idem.dev/problems/ambiguous-header",
             ProblemKind::BodyTooLarge => "https://idem.dev/problems/body-too-large",
             ProblemKind::BodyTimeout => "https://idem.dev/problems/body-timeout",
             ProblemKind::RequestInProgress => "https://idem.dev/problems/request-in-progress",
@@ -102,7 +125,10 @@ impl ProblemKind {
             ProblemKind::InvalidKey
             | ProblemKind::MissingKey
             | ProblemKind::BodyUnreadable
-            | ProblemKind::InvalidPath => StatusCode::BAD_REQUEST,
+            | ProblemKind::InvalidPath
+            | ProblemKind::InvalidHost
+            | ProblemKind::InvalidMethodOverride
+            | ProblemKind::AmbiguousHeader => StatusCode::BAD_REQUEST,
             ProblemKind::MissingTenant => StatusCode::UNAUTHORIZED,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -125,6 +151,9 @@ impl ProblemKind {
             ProblemKind::BodyUnreadable => "Request body could not be read",
             ProblemKind::MissingTenant => "Credentials required for a keyed request",
             ProblemKind::InvalidPath => "Invalid request path",
+            ProblemKind::InvalidHost => "Invalid Host header",
+            ProblemKind::InvalidMethodOverride => "Conflicting method override",
+            ProblemKind::AmbiguousHeader => "Ambiguous header name",
             ProblemKind::BodyTooLarge => "Request body too large",
             ProblemKind::BodyTimeout => "Request body too slow",
             ProblemKind::RequestInProgress => "Request in progress",

@@ -31,6 +31,7 @@ use crate::in_flight::InFlightGuard;
 use crate::layer::{IdempotencyLayer, Shared};
 use crate::policy::{Disposition, Observer, Outcome, ResourceReference};
 use crate::problem::{Problem, ProblemKind};
+use crate::spelling::{SentMethod, decided_method, look_alike, restore_sent_method, same_method};
 use crate::{BoxError, IdempotencyBody};
 
 /// The header that marks a replayed answer.
@@ -131,7 +132,30 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
         let config = &shared.config;
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
+
+        // Decided on the method the upstream will act on (SPEC S14): a method-override
+        // header's, where it must be; forwarded as sent.
+        match decided_method(
+            &config.keyed_methods,
+            &config.method_override_headers,
+            &parts,
+        ) {
+            Ok(None) => {}
+            Ok(Some(method)) => {
+                let sent = std::mem::replace(&mut parts.method, method);
+                parts.extensions.insert(SentMethod(sent));
+            }
+            Err(detail) => {
+                let detail = format!("{detail}; nothing was reserved or forwarded");
+                return reject(
+                    &*config.observer,
+                    Problem::new(ProblemKind::InvalidMethodOverride, detail),
+                    &parts,
+                    body,
+                );
+            }
+        }
 
         let route = config
             .route_config
@@ -146,6 +170,24 @@ where
         });
         if !keyed {
             return pass_through(&mut inner, &*config.observer, parts, body);
+        }
+        let mut watched: Vec<&HeaderName> = Vec::with_capacity(4);
+        watched.push(&config.header_name);
+        if config.tenant_from.is_none() {
+            watched.extend(config.tenant_headers.names());
+        }
+        if let Some((sent, meant)) = look_alike(&parts.headers, &watched) {
+            let detail = format!(
+                "the header {sent} is {meant} spelt with '_' for '-', which some upstream \
+                 servers read as {meant}; send {meant} as it is spelt; nothing was reserved \
+                 or forwarded"
+            );
+            return reject(
+                &*config.observer,
+                Problem::new(ProblemKind::AmbiguousHeader, detail),
+                &parts,
+                body,
+            );
         }
 
         let fields = parts.headers.get_all(&config.header_name);
@@ -267,13 +309,6 @@ impl Plan {
     }
 }
 
-/// Whether two methods are one ignoring ASCII case (SPEC S14): `post` and `PoSt` are
-/// keyed as `POST`, which is how most frameworks run them, so that neither the keyed
-/// methods nor a required key can be sidestepped by spelling.
-fn same_method(a: &Method, b: &Method) -> bool {
-    a.as_str().eq_ignore_ascii_case(b.as_str())
-}
-
 /// `Endpoint::new(method, template)` in one allocation instead of two.
 fn endpoint(method: &Method, template: &str) -> Endpoint {
     let method = method.as_str();
@@ -329,7 +364,7 @@ fn matched_path(parts: &Parts) -> Option<&str> {
 fn pass_through<S, ReqBody, ResBody>(
     inner: &mut S,
     observer: &dyn Observer,
-    parts: Parts,
+    mut parts: Parts,
     body: ReqBody,
 ) -> ResponseFuture<ResBody, S::Error>
 where
@@ -337,6 +372,7 @@ where
     S::Future: Send + 'static,
 {
     observer.outcome(Outcome::PassedThrough);
+    restore_sent_method(&mut parts);
     let future = inner.call(Request::from_parts(parts, IdempotencyBody::stream(body)));
     ResponseFuture::new(async move { Ok(future.await?.map(IdempotencyBody::stream)) })
 }
@@ -604,6 +640,8 @@ where
         } = answers;
         let context =
             IdempotencyContext::new(scope, lease.clone(), fingerprint, release_statuses.clone());
+        let mut parts = parts;
+        restore_sent_method(&mut parts);
         let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
         req.extensions_mut().insert(context);
         let response_limit = config.response_limit;

@@ -12,5 +12,6 @@ mod edge;
 mod protocol;
 mod proxying;
 mod shared;
+mod smuggling;
 mod spelling;
 mod tenants;
