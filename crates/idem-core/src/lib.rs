@@ -51,6 +51,9 @@ mod clock;
 pub mod codec;
 mod decision;
 mod fingerprint;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod key;
 mod memory;
 mod multipart;

@@ -179,6 +179,9 @@ mod config;
 mod context;
 mod execution;
 mod future;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod in_flight;
 mod layer;
 mod policy;

@@ -238,7 +238,7 @@ fn endpoint(method: &Method, template: &str) -> Endpoint {
 /// and query, so that a key reused on `/orders/2/capture` is a mismatch, never order 1's
 /// replay. A compressed body is fingerprinted by its content, up to `limit` bytes of it
 /// (see [`coding`](crate::coding)).
-fn fingerprint(
+pub(crate) fn fingerprint(
     parts: &Parts,
     body: &[u8],
     limit: usize,
