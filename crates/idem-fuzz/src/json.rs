@@ -16,7 +16,8 @@ const MAX_GROWTH: usize = 5;
 ///
 /// When the body is JSON here but not to serde_json or the other way round (beyond the
 /// documented exceptions: numbers past a double's range, exponents of more than 12
-/// digits); when the canonical form is not its own canonical form, is more than
+/// digits); when the canonical form is not its own canonical form or changes with
+/// whitespace between its tokens, is more than
 /// 5 times the body, or fingerprints differently from the body; when a
 /// JSON media type's parameters or case change the fingerprint; when JSON and raw
 /// bytes fingerprint alike; or when leaving a pointer out makes the form longer or not
@@ -67,6 +68,13 @@ pub fn fingerprint_json(data: &[u8]) {
         "not a fixed point: {:?}",
         String::from_utf8_lossy(&canonical)
     );
+    let spaced = spaced(&canonical);
+    assert_eq!(
+        canonical_json(&spaced, &plain).as_ref(),
+        Some(&canonical),
+        "whitespace changed {:?}",
+        String::from_utf8_lossy(&spaced)
+    );
     let fingerprint = fp("application/json", body, &plain);
     assert_eq!(fingerprint, fp("application/json", &canonical, &plain));
     assert_eq!(
@@ -87,6 +95,36 @@ pub fn fingerprint_json(data: &[u8]) {
             String::from_utf8_lossy(pointer)
         );
     }
+}
+
+/// `canonical` (which has no whitespace) with insignificant whitespace around every
+/// token: what another client's serializer might send for the same value.
+fn spaced(canonical: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(canonical.len() * 2 + 2);
+    out.push(b'\n');
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in canonical {
+        if in_string {
+            out.push(b);
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = true;
+                out.push(b);
+            }
+            b'{' | b'[' | b',' | b':' | b'}' | b']' => out.extend_from_slice(&[b' ', b, b'\t']),
+            _ => out.push(b),
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    out
 }
 
 /// Asserts that `body` is JSON here (`accepted`) exactly when serde_json parses it,
