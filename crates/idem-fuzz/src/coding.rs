@@ -33,7 +33,7 @@ const CODINGS: [&str; 8] = [
 /// # Panics
 ///
 /// When a body decodes to more than the limit, or to content that decodes again under
-/// a limit it exceeds; when decoded content fingerprints differently from the same
+/// a limit it exceeds, or still decodes with a byte after it; when decoded content fingerprints differently from the same
 /// content sent without a coding, or a body that is not decoded differently from
 /// itself sent without one; or when content encoded as its header says does not
 /// decode to itself whenever it and every layer of it fit the limit.
@@ -62,6 +62,14 @@ fn sent(headers: &HeaderMap, body: &[u8], limit: usize) {
             if let Some(smaller) = content.len().checked_sub(1) {
                 assert_eq!(decoded(headers, body, smaller), None);
             }
+            // Every byte sent is part of the coded content: a byte after it makes the
+            // body another one, not the same content with something ignored.
+            let longer = [body, &body[body.len().saturating_sub(1)..]].concat();
+            assert_eq!(
+                decoded(headers, &longer, limit),
+                None,
+                "a byte after the stream is ignored"
+            );
             assert_eq!(
                 as_sent,
                 request_fingerprint(&HeaderMap::new(), content, limit),
