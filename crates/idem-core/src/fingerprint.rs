@@ -17,7 +17,7 @@ pub struct Fingerprint([u8; 32]);
 /// How bodies are fingerprinted.
 #[derive(Debug, Clone, Default)]
 pub struct FingerprintOptions {
-    ignored: Vec<Vec<String>>,
+    pub(crate) ignored: Vec<Vec<String>>,
 }
 
 impl FingerprintOptions {

@@ -53,6 +53,9 @@ mod clock;
 pub mod codec;
 mod decision;
 mod fingerprint;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod key;
 mod memory;
 mod multipart;

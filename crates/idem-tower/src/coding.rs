@@ -11,12 +11,14 @@
 //!
 //! Known codings are `gzip` (and `x-gzip`), `deflate` (zlib's format, as HTTP defines
 //! it, or the bare deflate stream that some clients send under that name) and
-//! `identity`. A body that names any other coding (`br`, `zstd`), that does not decode,
-//! or whose content would exceed the body limit, is fingerprinted as sent, as before.
+//! `identity`. A body that names any other coding (`br`, `zstd`), that does not decode
+//! (bytes after the coded stream included), or whose content would exceed the body
+//! limit, is fingerprinted as sent, as before.
 
 use std::io::Read;
 
-use flate2::read::{DeflateDecoder, MultiGzDecoder, ZlibDecoder};
+use flate2::bufread::{DeflateDecoder, ZlibDecoder};
+use flate2::read::MultiGzDecoder;
 use http::HeaderMap;
 use http::header::CONTENT_ENCODING;
 
@@ -68,10 +70,30 @@ impl Coding {
         match self {
             // A gzip body may hold several members, one after the other.
             Coding::Gzip => read_all(MultiGzDecoder::new(coded), limit),
-            Coding::Deflate => read_all(ZlibDecoder::new(coded), limit)
-                .or_else(|| read_all(DeflateDecoder::new(coded), limit)),
+            // A deflate stream says where it ends, and its decoder stops there: bytes
+            // after it would be ignored, making two bodies one. The whole body must be
+            // the stream, as a gzip body must be its members.
+            Coding::Deflate => read_whole(ZlibDecoder::new(coded), limit, ZlibDecoder::into_inner)
+                .or_else(|| {
+                    read_whole(
+                        DeflateDecoder::new(coded),
+                        limit,
+                        DeflateDecoder::into_inner,
+                    )
+                }),
         }
     }
+}
+
+/// What [`read_all`] gives of `decoder`, if the decoder then has read all its input:
+/// `rest` is the input it left.
+fn read_whole<'a, D: Read>(
+    mut decoder: D,
+    limit: usize,
+    rest: impl FnOnce(D) -> &'a [u8],
+) -> Option<Vec<u8>> {
+    let content = read_all(&mut decoder, limit)?;
+    rest(decoder).is_empty().then_some(content)
 }
 
 /// Everything `reader` gives, unless it fails or gives more than `limit` bytes.
@@ -153,6 +175,24 @@ mod tests {
         }
         // In the other order it does not decode.
         assert_eq!(decoded(&encoded(&["deflate, gzip"]), &body, 1024), None);
+    }
+
+    #[test]
+    fn bytes_after_the_coded_stream_leave_the_body_as_sent() {
+        let mut zlib = ZlibEncoder::new(Vec::new(), Compression::default());
+        zlib.write_all(JSON).unwrap();
+        let mut bare = DeflateEncoder::new(Vec::new(), Compression::default());
+        bare.write_all(JSON).unwrap();
+        let deflate = encoded(&["deflate"]);
+        for body in [zlib.finish().unwrap(), bare.finish().unwrap()] {
+            assert_eq!(decoded(&deflate, &body, 1024).as_deref(), Some(JSON));
+            for tail in [&b"\0"[..], b"junk after the stream"] {
+                let longer = [&body[..], tail].concat();
+                assert_eq!(decoded(&deflate, &longer, 1024), None, "{tail:?}");
+            }
+        }
+        let longer = [&gzip(JSON, 0, 6)[..], b"\0"].concat();
+        assert_eq!(decoded(&encoded(&["gzip"]), &longer, 1024), None);
     }
 
     #[test]

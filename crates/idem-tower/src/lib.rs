@@ -96,7 +96,8 @@
 //!   nothing reserved) and fingerprinted over the method, the request target (path and
 //!   query) and the body, JSON normalised. A body in the `gzip` or `deflate` content
 //!   coding is fingerprinted by its decoded content (up to the same limit; a body whose
-//!   coding is another, or that does not decode, by its bytes), so a retry that a client
+//!   coding is another, that does not decode, or that has bytes after its coded stream,
+//!   by its bytes), so a retry that a client
 //!   compressed afresh matches; the handler gets the body as sent. The fingerprint
 //!   takes the concrete path, not the template: a key reused on `/orders/2/capture`
 //!   after `/orders/1/capture` is a 422, never order 1's replay.
@@ -207,6 +208,9 @@ mod context;
 mod drain;
 mod execution;
 mod future;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod in_flight;
 mod layer;
 mod policy;

@@ -325,7 +325,7 @@ fn endpoint(method: &Method, template: &str) -> Endpoint {
 /// replay. The method is upper-cased, as in the endpoint, so that `post` after `POST`
 /// replays rather than being a 422 (SPEC S14). A compressed body is fingerprinted by its
 /// content, up to `limit` bytes of it (see [`coding`](crate::coding)).
-fn fingerprint(
+pub(crate) fn fingerprint(
     parts: &Parts,
     body: &[u8],
     limit: usize,

@@ -449,6 +449,37 @@ async fn compressed_retry_replays_and_the_upstream_gets_the_bytes_as_sent() {
     assert_eq!(seen[0].headers["content-encoding"], "gzip");
 }
 
+/// A deflate stream says where it ends, and a decoder stops there: a body with bytes
+/// after its stream is not the first body's content, so the key's reuse is a 422, not
+/// the first answer replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deflate_body_with_bytes_after_its_stream_is_another_request() {
+    let zlib = |json: &str| {
+        use std::io::Write;
+        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(json.as_bytes()).unwrap();
+        e.finish().unwrap()
+    };
+    let s = setup(&[]).await;
+    let key = new_key();
+    let url = s.gw.url("/v1/charges");
+    let headers = [
+        ("idempotency-key", key.as_str()),
+        ("content-type", "application/json"),
+        ("content-encoding", "deflate"),
+    ];
+    let sent = zlib(r#"{"amount":100,"currency":"eur"}"#);
+    let first = s.http.send("POST", &url, &headers, sent.clone()).await;
+    assert_eq!(first.status, 201);
+    let longer = [&sent[..], br#"{"amount":999}"#].concat();
+    let changed = s.http.send("POST", &url, &headers, longer).await;
+    assert_eq!(changed.status, 422, "{changed:?}");
+    assert!(!changed.replayed());
+    let again = s.http.send("POST", &url, &headers, sent).await;
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(s.up.started(&key), 1);
+}
+
 /// An upload retried as curl `-F` or Python's `requests` retry it: the same form under
 /// a new random boundary. It is the same request (replayed); a changed file is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,26 @@
+//! Entry points for idem's fuzz targets (`fuzz/` in the repository): how the layer
+//! undoes a body's content codings and fingerprints a request.
+//!
+//! Not part of the supported API: compiled only with the `fuzzing` feature, hidden from
+//! the docs, and free to change in any release.
+
+use http::HeaderMap;
+use http::request::Parts;
+use idem_core::{Fingerprint, FingerprintOptions};
+
+/// The content of `body` with the codings its `Content-Encoding` fields name undone, at
+/// most `limit` bytes of it; `None` when the layer fingerprints the body as sent.
+pub fn decoded(headers: &HeaderMap, body: &[u8], limit: usize) -> Option<Vec<u8>> {
+    crate::coding::decoded(headers, body, limit)
+}
+
+/// The fingerprint the layer takes of a request with head `parts` and (buffered) `body`,
+/// a compressed body's content read up to `limit` bytes.
+pub fn fingerprint(
+    parts: &Parts,
+    body: &[u8],
+    limit: usize,
+    options: &FingerprintOptions,
+) -> Fingerprint {
+    crate::service::fingerprint(parts, body, limit, options)
+}
