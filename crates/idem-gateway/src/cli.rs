@@ -1,4 +1,5 @@
-//! The command line: `idem serve` and `idem keys show|purge`.
+//! The command line: `idem serve`, `idem check-config`, `idem keys show|purge`,
+//! `idem demo-upstream`, `idem completions SHELL` and `idem man`.
 //!
 //! Every `serve` option is also read from an `IDEM_*` environment variable and from the
 //! TOML file given by `--config`. The command line wins over the environment, which wins
@@ -11,9 +12,20 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{TenantSecret, parse_byte_size};
 
+/// What `idem --version` shows after the name: the crate's version and, where the build
+/// knew it, the commit (`0.1.0 (1a2b3c4d5)`, `-dirty` after it when the tree had
+/// changes). The commit comes from `IDEM_BUILD_COMMIT` at build time, else from the
+/// packaged crate's record of the commit it was packaged from, else from git in a
+/// checkout; without any, the version stands alone.
+pub const VERSION: &str = env!("IDEM_VERSION");
+
+/// The commit the binary was built from, as in [`VERSION`]; `None` when the build did
+/// not know it.
+pub const COMMIT: Option<&str> = option_env!("IDEM_COMMIT");
+
 /// `idem`: idempotency keys for any HTTP API.
 #[derive(Debug, Parser)]
-#[command(name = "idem", version, about, propagate_version = true)]
+#[command(name = "idem", version = VERSION, about, propagate_version = true)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -46,6 +58,21 @@ pub enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:3000")]
         listen: std::net::SocketAddr,
+    },
+    /// Print a completion script for a shell on standard output, e.g.
+    /// `idem completions bash > /usr/share/bash-completion/completions/idem`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: crate::completions::Shell,
+    },
+    /// Print the manual page idem(1) on standard output (`idem man | man -l -`), or
+    /// write a page for every command into a directory.
+    Man {
+        /// Write idem.1, idem-serve.1, … into this directory (made if missing) and list
+        /// them, instead of printing idem(1).
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
     },
 }
 

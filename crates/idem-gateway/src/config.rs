@@ -2,7 +2,8 @@
 //! clap), then the `--config` TOML file, then the defaults.
 //!
 //! The TOML file takes the `serve` options under the same names (with `_` for `-`) and
-//! adds per-route rules:
+//! adds per-route rules (the repository's `contrib/idem.toml` shows every setting at its
+//! default):
 //!
 //! ```toml
 //! upstream = "http://127.0.0.1:3000"

@@ -18,7 +18,9 @@
 //!   inspection and purge;
 //! - [`serve`]: the gateway's start, the sweeper and graceful shutdown; [`listener`]:
 //!   accepting connections, their cap and the client timeout; [`keys`]: `idem keys`;
-//!   [`demo`]: `idem demo-upstream`, a naive API to try the gateway on.
+//!   [`demo`]: `idem demo-upstream`, a naive API to try the gateway on;
+//! - [`completions`] and [`man`]: `idem completions SHELL` and `idem man`, the shell
+//!   completions and manual pages an installation needs.
 //!
 //! # Examples
 //!
@@ -49,6 +51,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod completions;
 pub mod config;
 pub mod cors;
 pub mod demo;
@@ -57,6 +60,7 @@ pub mod forwarded;
 pub mod keys;
 pub mod listener;
 pub mod logging;
+pub mod man;
 pub mod metrics;
 pub mod path;
 pub mod proxy;

@@ -1,12 +1,13 @@
 //! The `idem` binary: see `idem --help` and the crate README.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
 use idem_gateway::cli::{Cli, Command, ServeArgs};
 use idem_gateway::config::GatewayConfig;
 use idem_gateway::serve::{Gateway, Mode, shutdown_signal};
-use idem_gateway::{demo, keys, logging, store};
+use idem_gateway::{completions, demo, keys, logging, man, store};
 
 /// Every request allocates (headers, bodies; on keyed ones the fingerprint, the record
 /// and the recorded answer too); mimalloc serves that faster than glibc's allocator.
@@ -63,6 +64,36 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Completions { shell } => print(&completions::script(shell)),
+        Command::Man { out_dir: None } => print(&man::idem_page()),
+        Command::Man { out_dir: Some(dir) } => match man::write_pages(&dir) {
+            Ok(pages) => {
+                for page in pages {
+                    println!("{}", page.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!(
+                    "idem: cannot write the manual pages into {}: {e}",
+                    dir.display()
+                );
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// Writes `bytes` to standard output; a reader that went away (`| head`) is an error
+/// said once, not a panic.
+fn print(bytes: &[u8]) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idem: cannot write to standard output: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

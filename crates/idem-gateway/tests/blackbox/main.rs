@@ -9,6 +9,7 @@ mod chaos;
 mod common;
 mod crash;
 mod edge;
+mod packaging;
 mod protocol;
 mod proxying;
 mod shared;
