@@ -1,4 +1,5 @@
-//! The command line: `idem serve` and `idem keys show|purge`.
+//! The command line: `idem serve`, `idem keys show|purge`, `idem demo` and `idem
+//! demo-upstream`.
 //!
 //! Every `serve` option is also read from an `IDEM_*` environment variable and from the
 //! TOML file given by `--config`. The command line wins over the environment, which wins
@@ -41,6 +42,9 @@ pub enum Command {
     /// Inspect or delete stored idempotency records.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Show what the gateway prevents: the same payments, under the same faults, sent to a
+    /// naive demo API straight and through `idem serve`, charges counted side by side.
+    Demo(crate::demo_run::DemoArgs),
     /// Run a naive demo payments API (no idempotency of its own) to try the gateway on.
     DemoUpstream {
         /// Address to listen on.

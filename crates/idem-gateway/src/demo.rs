@@ -189,7 +189,9 @@ mod tests {
                 .build_http::<http_body_util::Full<Bytes>>();
         let req = http::Request::post(format!("http://{addr}/v1/charges?delay_ms=300"))
             .header("content-type", "application/json")
-            .body(http_body_util::Full::new(Bytes::from_static(b"{\"amount\":5}")))
+            .body(http_body_util::Full::new(Bytes::from_static(
+                b"{\"amount\":5}",
+            )))
             .unwrap();
         // The client gives up long before the answer, and drops its connection.
         let gave_up = tokio::time::timeout(Duration::from_millis(30), client.request(req)).await;
