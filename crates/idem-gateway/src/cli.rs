@@ -1,5 +1,5 @@
 //! The command line: `idem serve`, `idem check-config`, `idem keys show|purge`,
-//! `idem demo-upstream`, `idem completions SHELL` and `idem man`.
+//! `idem demo`, `idem demo-upstream`, `idem completions SHELL` and `idem man`.
 //!
 //! Every `serve` option is also read from an `IDEM_*` environment variable and from the
 //! TOML file given by `--config`. The command line wins over the environment, which wins
@@ -53,6 +53,9 @@ pub enum Command {
     /// Inspect or delete stored idempotency records.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Show what the gateway prevents: the same payments, under the same faults, sent to a
+    /// naive demo API straight and through `idem serve`, charges counted side by side.
+    Demo(crate::demo_run::DemoArgs),
     /// Run a naive demo payments API (no idempotency of its own) to try the gateway on.
     DemoUpstream {
         /// Address to listen on.

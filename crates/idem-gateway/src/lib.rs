@@ -18,7 +18,8 @@
 //!   inspection and purge;
 //! - [`serve`]: the gateway's start, the sweeper and graceful shutdown; [`listener`]:
 //!   accepting connections, their cap and the client timeout; [`keys`]: `idem keys`;
-//!   [`demo`]: `idem demo-upstream`, a naive API to try the gateway on;
+//!   [`demo`]: `idem demo-upstream`, a naive API to try the gateway on; [`demo_run`]:
+//!   `idem demo`, that API straight and behind the gateway under faults, charges counted;
 //! - [`completions`] and [`man`]: `idem completions SHELL` and `idem man`, the shell
 //!   completions and manual pages an installation needs.
 //!
@@ -55,6 +56,7 @@ pub mod completions;
 pub mod config;
 pub mod cors;
 pub mod demo;
+pub mod demo_run;
 pub mod error;
 pub mod forwarded;
 pub mod keys;

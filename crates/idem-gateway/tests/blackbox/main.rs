@@ -8,6 +8,7 @@
 mod chaos;
 mod common;
 mod crash;
+mod demo;
 mod edge;
 mod packaging;
 mod protocol;
