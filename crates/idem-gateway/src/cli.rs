@@ -1,4 +1,4 @@
-//! The command line: `idem serve` and `idem keys show|purge`.
+//! The command line: `idem serve`, `idem keys show|purge` and `idem check`.
 //!
 //! Every `serve` option is also read from an `IDEM_*` environment variable and from the
 //! TOML file given by `--config`. The command line wins over the environment, which wins
@@ -41,6 +41,10 @@ pub enum Command {
     /// Inspect or delete stored idempotency records.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Check whether an API's Idempotency-Key support holds: replays, concurrent
+    /// duplicates, lost answers, payload mismatches, keys, tenants. It creates real
+    /// resources: point it at staging.
+    Check(Box<crate::check::CheckArgs>),
     /// Run a naive demo payments API (no idempotency of its own) to try the gateway on.
     DemoUpstream {
         /// Address to listen on.

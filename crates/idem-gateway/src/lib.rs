@@ -18,7 +18,8 @@
 //!   inspection and purge;
 //! - [`serve`]: the gateway's start, the sweeper and graceful shutdown; [`listener`]:
 //!   accepting connections, their cap and the client timeout; [`keys`]: `idem keys`;
-//!   [`demo`]: `idem demo-upstream`, a naive API to try the gateway on.
+//!   [`demo`]: `idem demo-upstream`, a naive API to try the gateway on;
+//! - [`check`]: `idem check URL`, probes of any API's `Idempotency-Key` support.
 //!
 //! # Examples
 //!
@@ -48,6 +49,7 @@
 //! ```
 
 pub mod admin;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod cors;
