@@ -222,9 +222,9 @@ impl<'a> Probe<'a> {
                     .checks
                     .iter()
                     .filter(|c| c.status == Status::Pass)
-                    .map(|c| c.name.as_str())
+                    .map(|c| c.detail.as_str())
                     .collect();
-                Some(passed.join("; "))
+                Some(short(&passed.join("; "), 160))
             }
             Status::NotApplicable => self.checks.first().map(|c| c.detail.clone()),
         }
@@ -370,7 +370,7 @@ async fn concurrent_duplicates(p: &mut Probe<'_>, n: u32) -> Result<(), Stop> {
         p.judge(
             "a later request gets that execution",
             ok,
-            format!("status {}, {}", after.status, short(&identity)),
+            format!("status {}, {}", after.status, short(&identity, 80)),
         );
     }
     Ok(())
@@ -460,7 +460,11 @@ async fn keys(p: &mut Probe<'_>, require_key: bool) -> Result<(), Stop> {
                 },
             )
             .await?;
-        p.judge(check, a.status == 400, format!("answered {}", a.status));
+        p.judge(
+            check,
+            a.status == 400,
+            format!("{label}: answered {}", a.status),
+        );
     }
     let key = new_key();
     let quoted = format!("\"{key}\"");
@@ -484,7 +488,7 @@ async fn keys(p: &mut Probe<'_>, require_key: bool) -> Result<(), Stop> {
         p.judge(
             "a missing key is 400 (--require-key)",
             a.status == 400,
-            format!("answered {}", a.status),
+            format!("no key: answered {}", a.status),
         );
     } else {
         p.check(
@@ -704,9 +708,10 @@ pub fn write_reordered(v: &Value, depth: usize, out: &mut String) {
     }
 }
 
-fn short(s: &str) -> String {
-    if s.chars().count() > 80 {
-        format!("{}…", s.chars().take(80).collect::<String>())
+/// `s`, cut at `max` characters.
+fn short(s: &str, max: usize) -> String {
+    if s.chars().count() > max {
+        format!("{}…", s.chars().take(max).collect::<String>())
     } else {
         s.to_owned()
     }

@@ -136,15 +136,25 @@ pub fn text(r: &Report) -> String {
                 one_line(&c.detail)
             );
         }
-        for e in &p.exchanges {
+        for e in p.exchanges.iter().take(TEXT_EXCHANGES) {
             let _ = writeln!(out);
             for line in exchange_lines(e) {
                 let _ = writeln!(out, "  {line}");
             }
         }
+        if p.exchanges.len() > TEXT_EXCHANGES {
+            let _ = writeln!(
+                out,
+                "\n  … {} more exchanges (--format markdown or json shows them all)",
+                p.exchanges.len() - TEXT_EXCHANGES
+            );
+        }
     }
     out
 }
+
+/// Exchanges the `text` report shows per failed probe; the other formats show all.
+const TEXT_EXCHANGES: usize = 6;
 
 /// An exchange as lines: `> ` for the request, `< ` for the answer, `! ` for an error.
 fn exchange_lines(e: &Exchange) -> Vec<String> {
@@ -200,9 +210,8 @@ pub fn markdown(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "## idem check: {} {}",
-        md_inline(&r.target.method),
-        md_inline(&r.target.url)
+        "## idem check: {}",
+        md_inline(&format!("{} {}", r.target.method, r.target.url))
     );
     let _ = writeln!(out);
     let _ = writeln!(out, "> **Warning:** {}", md_cell(&r.warning));
@@ -289,7 +298,11 @@ fn md_inline(s: &str) -> String {
     let s = one_line(s);
     let longest = longest_run(&s, '`');
     let ticks = "`".repeat(longest + 1);
-    format!("{ticks} {s} {ticks}")
+    if longest == 0 {
+        format!("{ticks}{s}{ticks}")
+    } else {
+        format!("{ticks} {s} {ticks}")
+    }
 }
 
 /// A code fence longer than any run of backticks in `block`, so the block cannot end it.
