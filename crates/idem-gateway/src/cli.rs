@@ -1,5 +1,5 @@
-//! The command line: `idem serve`, `idem check-config`, `idem keys show|purge`,
-//! `idem demo`, `idem demo-upstream`, `idem completions SHELL` and `idem man`.
+//! The command line: `idem serve`, `idem check-config`, `idem check`, `idem keys
+//! show|purge`, `idem demo`, `idem demo-upstream`, `idem completions SHELL` and `idem man`.
 //!
 //! Every `serve` option is also read from an `IDEM_*` environment variable and from the
 //! TOML file given by `--config`. The command line wins over the environment, which wins
@@ -56,6 +56,10 @@ pub enum Command {
     /// Show what the gateway prevents: the same payments, under the same faults, sent to a
     /// naive demo API straight and through `idem serve`, charges counted side by side.
     Demo(crate::demo_run::DemoArgs),
+    /// Check whether an API's Idempotency-Key support holds: replays, concurrent
+    /// duplicates, lost answers, payload mismatches, keys, tenants. It creates real
+    /// resources: point it at staging.
+    Check(Box<crate::check::CheckArgs>),
     /// Run a naive demo payments API (no idempotency of its own) to try the gateway on.
     DemoUpstream {
         /// Address to listen on.

@@ -22,6 +22,7 @@
 //!   `idem demo`, that API straight and behind the gateway under faults, charges counted;
 //! - [`completions`] and [`man`]: `idem completions SHELL` and `idem man`, the shell
 //!   completions and manual pages an installation needs.
+//! - [`check`]: `idem check URL`, probes of any API's `Idempotency-Key` support.
 //!
 //! # Examples
 //!
@@ -51,6 +52,7 @@
 //! ```
 
 pub mod admin;
+pub mod check;
 pub mod cli;
 pub mod completions;
 pub mod config;

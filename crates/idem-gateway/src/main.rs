@@ -58,6 +58,7 @@ async fn main() -> ExitCode {
         Command::CheckConfig(args) => check(&args).await,
         Command::Keys(cmd) => keys::run(cmd).await,
         Command::Demo(args) => idem_gateway::demo_run::run(args).await,
+        Command::Check(args) => idem_gateway::check::run(&args).await,
         Command::DemoUpstream { listen } => match demo::run(listen).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -6,6 +6,7 @@
 //! service is unreachable (fail under `IDEM_REQUIRE_SERVICES=1`).
 
 mod chaos;
+mod check;
 mod common;
 mod crash;
 mod demo;

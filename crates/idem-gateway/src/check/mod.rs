@@ -1,0 +1,445 @@
+//! `idem check URL`: does an API's `Idempotency-Key` support hold?
+//!
+//! The checker sends requests to that one URL, bounded in count (`--max-requests`) and
+//! time (`--timeout` per request, `--total-timeout` for the run), and reports eight
+//! probes, each pass, fail or not applicable, with the requests and answers behind the
+//! verdict (credential headers redacted):
+//!
+//! | probe | passes when |
+//! |---|---|
+//! | `replay` | the same request with the same key gets the same status and body (and, with `--id-pointer`, the same resource id) |
+//! | `concurrent_duplicates` | `--concurrency` parallel requests with one key make one execution: one distinct id (or body) among the 2xx answers, the others 409 or the replay |
+//! | `lost_answer` | after a request whose connection closed before its answer was read, the retry with the same key gets the execution that happened (a follow-up replay agrees) |
+//! | `payload_mismatch` | the same key with a changed body is 422 |
+//! | `keys` | a 256-character key, a key with a control character and two `Idempotency-Key` fields are 400; the quoted (Structured Field) and bare forms are one key; with `--require-key`, no key is 400 |
+//! | `equivalent_json` | the body with its keys reordered and other whitespace is the same request (needs a JSON body) |
+//! | `tenants` | with `--other-tenant-header`, the same key under another tenant gets its own answer, never the first tenant's (nor a 409 or 422 from its record) |
+//! | `replayed_headers` | a replay a second later carries no recorded `Set-Cookie` or `Date`; `Idempotent-Replayed` is reported when present |
+//!
+//! Every probe uses keys of its own (`idem-check-` and 32 random hex digits), so a run
+//! creates resources: point it at a staging API. Only `http://` URLs are supported.
+//!
+//! The exit status is [`EXIT_PASSED`] when every applicable probe passed,
+//! [`EXIT_FAILED`] when one failed, [`EXIT_USAGE`] for bad arguments and
+//! [`EXIT_UNREACHABLE`] when nothing listens at the URL.
+
+mod client;
+mod probes;
+pub mod report;
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use http::{HeaderName, HeaderValue, Method, Uri};
+
+pub use client::REDACTED;
+pub use probes::{Check, PROBES, ProbeReport, Status};
+pub use report::Report;
+
+use crate::cli::parse_duration;
+
+/// Every applicable probe passed.
+pub const EXIT_PASSED: u8 = 0;
+/// A probe failed (or could not finish within the budget).
+pub const EXIT_FAILED: u8 = 1;
+/// The arguments are wrong (clap's own usage errors exit 2 as well).
+pub const EXIT_USAGE: u8 = 2;
+/// Nothing answers at the URL: the TCP connection was refused or timed out.
+pub const EXIT_UNREACHABLE: u8 = 3;
+
+/// `idem check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The endpoint to check, e.g. http://127.0.0.1:8080/v1/charges (http:// only).
+    #[arg(value_name = "URL")]
+    pub url: String,
+
+    /// The method of every request.
+    #[arg(long, default_value = "POST")]
+    pub method: String,
+
+    /// The request body: JSON (or any text) inline, or @FILE to read it from a file
+    /// [default: {}].
+    #[arg(long, value_name = "JSON|@FILE")]
+    pub body: Option<String>,
+
+    /// A header sent on every request, 'Name: value'; repeatable. Values of
+    /// Authorization, Cookie and other credential headers never appear in the report.
+    #[arg(long = "header", short = 'H', value_name = "'Name: value'")]
+    pub headers: Vec<String>,
+
+    /// Another tenant's credential, 'Name: value' (e.g. 'Authorization: Bearer …'): the
+    /// tenants probe sends it instead of the --header of that name. Never shown.
+    #[arg(long, value_name = "'Name: value'")]
+    pub other_tenant_header: Option<String>,
+
+    /// JSON pointer to the resource id in an answer's body, e.g. /id: replays and
+    /// duplicates are judged by the id too, so a second execution is caught even when it
+    /// answers alike.
+    #[arg(long, value_name = "POINTER")]
+    pub id_pointer: Option<String>,
+
+    /// The route requires a key: check that a request without one is 400.
+    #[arg(long)]
+    pub require_key: bool,
+
+    /// Parallel requests of the concurrent-duplicates probe (2 or more).
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub concurrency: u32,
+
+    /// Most requests the run sends; a probe that would need more fails, saying so.
+    #[arg(long, default_value_t = 200, value_name = "N")]
+    pub max_requests: u32,
+
+    /// How long each request may take to be answered.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub timeout: Duration,
+
+    /// How long the whole run may take; probes still running then fail, saying so.
+    #[arg(long, default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
+    pub total_timeout: Duration,
+
+    /// Report format: text (a summary table), markdown (for a pull request), json
+    /// (stable shape `idem-check/1`) or junit (XML for CI).
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+
+    /// Write the report to FILE instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+/// How the report is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// A summary table, then the failed probes' evidence.
+    Text,
+    /// A Markdown report to paste into a pull request.
+    Markdown,
+    /// One JSON object (`"format": "idem-check/1"`).
+    Json,
+    /// JUnit XML: one test case per probe.
+    Junit,
+}
+
+/// What is wrong with the arguments.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(String);
+
+fn usage(msg: impl Into<String>) -> UsageError {
+    UsageError(msg.into())
+}
+
+/// Parses a `'Name: value'` header argument.
+fn parse_header(flag: &str, s: &str) -> Result<(HeaderName, HeaderValue), UsageError> {
+    let (name, value) = s
+        .split_once(':')
+        .ok_or_else(|| usage(format!("{flag} wants 'Name: value', got no ':'")))?;
+    let name = HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|_| usage(format!("{flag}: {:?} is no header name", name.trim())))?;
+    if name.as_str() == "idempotency-key" {
+        return Err(usage(format!(
+            "{flag}: the probes choose the Idempotency-Key themselves"
+        )));
+    }
+    if name == http::header::CONTENT_LENGTH
+        || name == http::header::HOST
+        || name == http::header::TRANSFER_ENCODING
+        || name == http::header::CONNECTION
+    {
+        return Err(usage(format!("{flag}: {name} is set by the checker")));
+    }
+    // The value's bytes are not echoed: it may be a credential.
+    let value = HeaderValue::from_str(value.trim()).map_err(|_| {
+        usage(format!(
+            "{flag}: the value of {name} is no valid header value"
+        ))
+    })?;
+    Ok((name, value))
+}
+
+/// Resolves the arguments into a target.
+fn target(args: &CheckArgs) -> Result<client::Target, UsageError> {
+    let lower = args.url.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return Err(usage(
+            "https:// is not supported yet: idem check speaks plain http:// only (check a \
+             staging API over http://, or the gateway in front of it)",
+        ));
+    }
+    if !lower.starts_with("http://") {
+        return Err(usage(format!(
+            "{:?} is no http:// URL (e.g. http://127.0.0.1:8080/v1/charges)",
+            args.url
+        )));
+    }
+    let uri: Uri = args
+        .url
+        .parse()
+        .map_err(|e| usage(format!("{:?} is no URL: {e}", args.url)))?;
+    let authority = uri
+        .authority()
+        .ok_or_else(|| usage(format!("{:?} names no host", args.url)))?;
+    if authority.as_str().contains('@') {
+        return Err(usage(
+            "credentials in the URL are not supported: send them with --header",
+        ));
+    }
+    let authority = format!(
+        "{}:{}",
+        authority.host(),
+        authority.port_u16().unwrap_or(80)
+    );
+    let method = Method::from_bytes(args.method.trim().to_ascii_uppercase().as_bytes())
+        .map_err(|_| usage(format!("--method {:?} is no HTTP method", args.method)))?;
+    let body = match args.body.as_deref() {
+        None => Bytes::from_static(b"{}"),
+        Some(b) => match b.strip_prefix('@') {
+            Some(path) => {
+                Bytes::from(std::fs::read(path).map_err(|e| usage(format!("--body @{path}: {e}")))?)
+            }
+            None => Bytes::from(b.to_owned()),
+        },
+    };
+    let json = serde_json::from_slice(&body).ok();
+    let headers = args
+        .headers
+        .iter()
+        .map(|h| parse_header("--header", h))
+        .collect::<Result<Vec<_>, _>>()?;
+    let other_tenant = args
+        .other_tenant_header
+        .as_deref()
+        .map(|h| parse_header("--other-tenant-header", h))
+        .transpose()?;
+    if let Some((name, value)) = &other_tenant
+        && headers.iter().any(|(n, v)| n == name && v == value)
+    {
+        return Err(usage(format!(
+            "--other-tenant-header gives the same {name} as --header: it must be another \
+             tenant's"
+        )));
+    }
+    if let Some(p) = &args.id_pointer
+        && !p.starts_with('/')
+    {
+        return Err(usage(format!(
+            "--id-pointer {p:?} is no JSON pointer: it starts with '/', e.g. /id or /data/id"
+        )));
+    }
+    if args.concurrency < 2 {
+        return Err(usage("--concurrency must be 2 or more"));
+    }
+    if args.max_requests < args.concurrency {
+        return Err(usage(format!(
+            "--max-requests {} is less than --concurrency {}",
+            args.max_requests, args.concurrency
+        )));
+    }
+    if args.timeout.is_zero() || args.total_timeout.is_zero() {
+        return Err(usage(
+            "--timeout and --total-timeout must be more than zero",
+        ));
+    }
+    Ok(client::Target {
+        uri,
+        authority,
+        method,
+        headers,
+        body,
+        json,
+        id_pointer: args.id_pointer.clone(),
+        other_tenant,
+    })
+}
+
+/// Runs the probes against an already resolved session and returns the report.
+async fn run_probes(session: &client::Session, args: &CheckArgs) -> Report {
+    let opts = probes::Options {
+        concurrency: args.concurrency,
+        require_key: args.require_key,
+    };
+    let progress = std::io::stderr().is_terminal();
+    let mut reports = Vec::new();
+    for (i, (id, name)) in PROBES.iter().enumerate() {
+        if progress {
+            eprint!(
+                "\r\x1b[2K[{}/{}] {name}… ({} requests so far)",
+                i + 1,
+                PROBES.len(),
+                session.sent()
+            );
+            let _ = std::io::stderr().flush();
+        }
+        reports.push(probes::run(id, name, session, opts).await);
+    }
+    if progress {
+        eprint!("\r\x1b[2K");
+        let _ = std::io::stderr().flush();
+    }
+    Report::new(
+        session.target.method.as_str(),
+        &args.url,
+        session.sent(),
+        reports,
+    )
+}
+
+/// `idem check`: prints the warning, runs the probes, writes the report; the exit status
+/// says whether every applicable probe passed.
+pub async fn run(args: &CheckArgs) -> ExitCode {
+    let target = match target(args) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("idem check: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    eprintln!("warning: {}", report::warning(&args.url));
+    // Reachable at all? A bare connection creates nothing.
+    let connect = tokio::net::TcpStream::connect(&target.authority);
+    match tokio::time::timeout(args.timeout, connect).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            eprintln!("idem check: cannot reach {}: {e}", target.authority);
+            return ExitCode::from(EXIT_UNREACHABLE);
+        }
+        Err(_) => {
+            eprintln!(
+                "idem check: cannot reach {}: no connection within {}",
+                target.authority,
+                humantime::format_duration(args.timeout)
+            );
+            return ExitCode::from(EXIT_UNREACHABLE);
+        }
+    }
+    let session = client::Session::new(target, args.max_requests, args.timeout, args.total_timeout);
+    let report = run_probes(&session, args).await;
+    let rendered = match args.format {
+        Format::Text => report::text(&report),
+        Format::Markdown => report::markdown(&report),
+        Format::Json => report::json(&report),
+        Format::Junit => report::junit(&report),
+    };
+    match &args.output {
+        Some(path) => {
+            if let Err(e) = std::fs::write(path, rendered) {
+                eprintln!("idem check: writing {}: {e}", path.display());
+                return ExitCode::from(EXIT_USAGE);
+            }
+            eprintln!(
+                "idem check: {} ({} passed, {} failed, {} not applicable); report in {}",
+                if report.passed { "passed" } else { "FAILED" },
+                report.summary.pass,
+                report.summary.fail,
+                report.summary.not_applicable,
+                path.display()
+            );
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(rendered.as_bytes());
+            let _ = out.flush();
+        }
+    }
+    ExitCode::from(if report.passed {
+        EXIT_PASSED
+    } else {
+        EXIT_FAILED
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: CheckArgs,
+    }
+
+    fn parse(argv: &[&str]) -> CheckArgs {
+        Cmd::try_parse_from(std::iter::once("check").chain(argv.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    fn refusal(argv: &[&str]) -> String {
+        target(&parse(argv)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn https_is_not_supported_yet() {
+        assert!(refusal(&["https://api.example/v1/charges"]).contains("not supported yet"));
+        assert!(refusal(&["ftp://x/"]).contains("no http:// URL"));
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_without_echoing_credentials() {
+        let e = refusal(&[
+            "http://127.0.0.1:1/",
+            "-H",
+            "Authorization: Bearer s3cr\u{1}t",
+        ]);
+        assert!(!e.contains("s3cr"), "{e}");
+        assert!(refusal(&["http://127.0.0.1:1/", "-H", "no colon"]).contains("'Name: value'"));
+        assert!(refusal(&["http://127.0.0.1:1/", "-H", "Idempotency-Key: x"]).contains("choose"));
+        assert!(refusal(&["http://127.0.0.1:1/", "--id-pointer", "id"]).contains("'/'"));
+        assert!(refusal(&["http://127.0.0.1:1/", "--concurrency", "1"]).contains("2 or more"));
+        assert!(refusal(&["http://127.0.0.1:1/", "--max-requests", "5"]).contains("less than"));
+        let same = refusal(&[
+            "http://127.0.0.1:1/",
+            "-H",
+            "Authorization: Bearer a",
+            "--other-tenant-header",
+            "authorization: Bearer a",
+        ]);
+        assert!(same.contains("another tenant"), "{same}");
+        assert!(refusal(&["http://u:p@127.0.0.1:1/"]).contains("credentials in the URL"));
+    }
+
+    #[test]
+    fn defaults_are_those_of_the_synopsis() {
+        let a = parse(&["http://127.0.0.1:1/x"]);
+        assert_eq!(a.method, "POST");
+        assert_eq!(a.concurrency, 20);
+        assert_eq!(a.max_requests, 200);
+        assert_eq!(a.timeout, Duration::from_secs(10));
+        assert_eq!(a.format, Format::Text);
+        let t = target(&a).unwrap();
+        assert_eq!(t.authority, "127.0.0.1:1");
+        assert_eq!(&t.body[..], b"{}");
+        assert!(t.json.is_some());
+    }
+
+    #[test]
+    fn credential_headers_are_secret() {
+        let a = parse(&[
+            "http://127.0.0.1:1/x",
+            "-H",
+            "X-Tenant: a",
+            "--other-tenant-header",
+            "X-Tenant: b",
+        ]);
+        let t = target(&a).unwrap();
+        for name in [
+            "authorization",
+            "cookie",
+            "x-auth-token",
+            "x-tenant",
+            "x-api-key",
+        ] {
+            assert!(t.is_secret(&HeaderName::from_static(name)), "{name}");
+        }
+        for name in ["idempotency-key", "content-type", "location"] {
+            assert!(!t.is_secret(&HeaderName::from_static(name)), "{name}");
+        }
+    }
+}

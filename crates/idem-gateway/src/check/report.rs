@@ -1,0 +1,576 @@
+//! The report of a run and its four renderings: `text`, `markdown`, `json`, `junit`.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::client::Exchange;
+use super::probes::{ProbeReport, Status};
+
+/// The shape version of the JSON report; it changes only when a field is removed or
+/// changes meaning (fields may be added).
+pub const JSON_FORMAT: &str = "idem-check/1";
+
+/// What a run found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// [`JSON_FORMAT`].
+    pub format: &'static str,
+    /// The warning printed first: the run created real resources.
+    pub warning: String,
+    /// The method and URL checked.
+    pub target: TargetShown,
+    /// Whether every applicable probe passed (the exit status is 0 then).
+    pub passed: bool,
+    /// Requests sent in all, the hung-up one included.
+    pub requests_sent: u32,
+    /// Probes per verdict.
+    pub summary: Counts,
+    /// The probes, in the order they ran.
+    pub probes: Vec<ProbeReport>,
+}
+
+/// The method and URL of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetShown {
+    /// The method.
+    pub method: String,
+    /// The URL.
+    pub url: String,
+}
+
+/// Probes per verdict.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Counts {
+    /// Probes that passed.
+    pub pass: usize,
+    /// Probes that failed.
+    pub fail: usize,
+    /// Probes that did not apply.
+    pub not_applicable: usize,
+}
+
+impl Report {
+    /// The report of `probes` run against `method url`.
+    pub fn new(method: &str, url: &str, requests_sent: u32, probes: Vec<ProbeReport>) -> Report {
+        let mut summary = Counts::default();
+        for p in &probes {
+            match p.status {
+                Status::Pass => summary.pass += 1,
+                Status::Fail => summary.fail += 1,
+                Status::NotApplicable => summary.not_applicable += 1,
+            }
+        }
+        Report {
+            format: JSON_FORMAT,
+            warning: warning(url),
+            target: TargetShown {
+                method: method.to_owned(),
+                url: url.to_owned(),
+            },
+            passed: summary.fail == 0,
+            requests_sent,
+            summary,
+            probes,
+        }
+    }
+
+    fn totals(&self) -> String {
+        format!(
+            "{} probes: {} passed, {} failed, {} not applicable; {} requests sent",
+            self.probes.len(),
+            self.summary.pass,
+            self.summary.fail,
+            self.summary.not_applicable,
+            self.requests_sent
+        )
+    }
+}
+
+/// The warning a run starts with.
+pub fn warning(url: &str) -> String {
+    format!(
+        "idem check sends real requests to {url}: every probe creates resources there \
+         (charges, orders, …). Point it at a staging API, never at production."
+    )
+}
+
+/// The `text` report: a summary table, then each failed probe's checks and evidence.
+pub fn text(r: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "idem check {} {}", r.target.method, r.target.url);
+    let _ = writeln!(out);
+    let width = r
+        .probes
+        .iter()
+        .map(|p| p.name.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    let _ = writeln!(out, "{:width$}  {:14}  SUMMARY", "PROBE", "RESULT");
+    for p in &r.probes {
+        let _ = writeln!(
+            out,
+            "{:width$}  {:14}  {}",
+            p.name,
+            p.status.label(),
+            one_line(&p.summary)
+        );
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{}: {}.",
+        if r.passed { "PASSED" } else { "FAILED" },
+        r.totals()
+    );
+    for p in r.probes.iter().filter(|p| p.status == Status::Fail) {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "--- {} (fail)", p.name);
+        for c in &p.checks {
+            let _ = writeln!(
+                out,
+                "  [{}] {}: {}",
+                c.status.label(),
+                c.name,
+                one_line(&c.detail)
+            );
+        }
+        for e in p.exchanges.iter().take(TEXT_EXCHANGES) {
+            let _ = writeln!(out);
+            for line in exchange_lines(e) {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+        if p.exchanges.len() > TEXT_EXCHANGES {
+            let _ = writeln!(
+                out,
+                "\n  … {} more exchanges (--format markdown or json shows them all)",
+                p.exchanges.len() - TEXT_EXCHANGES
+            );
+        }
+    }
+    out
+}
+
+/// Exchanges the `text` report shows per failed probe; the other formats show all.
+const TEXT_EXCHANGES: usize = 6;
+
+/// An exchange as lines: `> ` for the request, `< ` for the answer, `! ` for an error.
+fn exchange_lines(e: &Exchange) -> Vec<String> {
+    let mut lines = vec![format!("# {}", e.label)];
+    lines.push(format!("> {} {}", e.request.method, e.request.url));
+    for (n, v) in &e.request.headers {
+        lines.push(format!("> {n}: {}", visible(v)));
+    }
+    if !e.request.body.is_empty() {
+        lines.push(">".to_owned());
+        for l in e.request.body.lines() {
+            lines.push(format!("> {l}"));
+        }
+    }
+    if let Some(res) = &e.response {
+        lines.push(format!("< {}", res.status));
+        for (n, v) in &res.headers {
+            lines.push(format!("< {n}: {}", visible(v)));
+        }
+        if !res.body.is_empty() {
+            lines.push("<".to_owned());
+            for l in res.body.lines() {
+                lines.push(format!("< {l}"));
+            }
+        }
+    }
+    if let Some(err) = &e.error {
+        lines.push(format!("! {err}"));
+    }
+    lines
+}
+
+/// A header value with its control characters shown as escapes (a tab in a key, say).
+fn visible(v: &str) -> String {
+    v.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+fn one_line(s: &str) -> String {
+    visible(&s.replace(['\r', '\n'], " "))
+}
+
+/// The `markdown` report, to paste into a pull request: the warning, a summary table,
+/// and each probe's checks and evidence in a collapsed section.
+pub fn markdown(r: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "## idem check: {}",
+        md_inline(&format!("{} {}", r.target.method, r.target.url))
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(out, "> **Warning:** {}", md_cell(&r.warning));
+    let _ = writeln!(out);
+    let _ = writeln!(out, "| Probe | Result | Summary |");
+    let _ = writeln!(out, "|---|---|---|");
+    for p in &r.probes {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} |",
+            md_cell(p.name),
+            md_status(p.status),
+            md_cell(&p.summary)
+        );
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "**{}**: {}.",
+        if r.passed { "Passed" } else { "Failed" },
+        md_cell(&r.totals())
+    );
+    for p in &r.probes {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "<details><summary>{}: {}</summary>",
+            html(p.name),
+            p.status.label()
+        );
+        let _ = writeln!(out);
+        for c in &p.checks {
+            let _ = writeln!(
+                out,
+                "- {} {}: {}",
+                md_status(c.status),
+                md_cell(&c.name),
+                md_cell(&c.detail)
+            );
+        }
+        for e in &p.exchanges {
+            let _ = writeln!(out);
+            let block = exchange_lines(e).join("\n");
+            let fence = fence_for(&block);
+            let _ = writeln!(out, "{fence}http\n{block}\n{fence}");
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "</details>");
+    }
+    out
+}
+
+fn md_status(s: Status) -> &'static str {
+    match s {
+        Status::Pass => "✅ pass",
+        Status::Fail => "❌ fail",
+        Status::NotApplicable => "➖ not applicable",
+    }
+}
+
+/// Text safe in a Markdown table cell or list item: no line breaks, no `|`, no HTML, no
+/// emphasis, links or code spans of its own.
+pub fn md_cell(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in one_line(s).chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '|' => out.push_str("&#124;"),
+            '`' => out.push_str("&#96;"),
+            '\\' | '*' | '_' | '[' | ']' | '#' | '~' | '!' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Text as a Markdown code span, whatever backticks it holds.
+fn md_inline(s: &str) -> String {
+    let s = one_line(s);
+    let longest = longest_run(&s, '`');
+    let ticks = "`".repeat(longest + 1);
+    if longest == 0 {
+        format!("{ticks}{s}{ticks}")
+    } else {
+        format!("{ticks} {s} {ticks}")
+    }
+}
+
+/// A code fence longer than any run of backticks in `block`, so the block cannot end it.
+pub fn fence_for(block: &str) -> String {
+    "`".repeat(longest_run(block, '`').max(2) + 1)
+}
+
+fn longest_run(s: &str, ch: char) -> usize {
+    let (mut best, mut run) = (0, 0);
+    for c in s.chars() {
+        if c == ch {
+            run += 1;
+            best = best.max(run);
+        } else {
+            run = 0;
+        }
+    }
+    best
+}
+
+/// Text safe in HTML (and so in XML) character data and attribute values.
+fn html(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Text safe in XML 1.0: escaped, and the characters XML cannot hold at all (control
+/// characters other than tab and line ends, U+FFFE, U+FFFF) shown as `\u{…}` escapes.
+pub fn xml(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let allowed = matches!(c, '\t' | '\n' | '\r')
+            || (' '..='\u{D7FF}').contains(&c)
+            || ('\u{E000}'..='\u{FFFD}').contains(&c)
+            || c >= '\u{10000}';
+        if allowed {
+            out.push_str(&html(&c.to_string()));
+        } else {
+            out.push_str(&c.escape_unicode().to_string());
+        }
+    }
+    out
+}
+
+/// The `json` report: [`Report`] as one JSON object (see the crate README for the shape).
+pub fn json(r: &Report) -> String {
+    let mut s = serde_json::to_string_pretty(r).unwrap_or_else(|e| {
+        serde_json::json!({ "format": JSON_FORMAT, "error": e.to_string() }).to_string()
+    });
+    s.push('\n');
+    s
+}
+
+/// The `junit` report: one `<testcase>` per probe, a failed probe's `<failure>` holding
+/// its checks and evidence, a probe that did not apply `<skipped>`.
+pub fn junit(r: &Report) -> String {
+    let mut out = String::new();
+    let total_ms: u64 = r.probes.iter().map(|p| p.duration_ms).sum();
+    let suite = format!("idem check {} {}", r.target.method, r.target.url);
+    let _ = writeln!(out, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
+    let _ = writeln!(
+        out,
+        r#"<testsuites name="idem check" tests="{}" failures="{}" skipped="{}" time="{}">"#,
+        r.probes.len(),
+        r.summary.fail,
+        r.summary.not_applicable,
+        seconds(total_ms)
+    );
+    let _ = writeln!(
+        out,
+        r#"  <testsuite name="{}" tests="{}" failures="{}" errors="0" skipped="{}" time="{}">"#,
+        xml(&suite),
+        r.probes.len(),
+        r.summary.fail,
+        r.summary.not_applicable,
+        seconds(total_ms)
+    );
+    for p in &r.probes {
+        let _ = write!(
+            out,
+            r#"    <testcase classname="idem.check" name="{}" time="{}">"#,
+            xml(p.id),
+            seconds(p.duration_ms)
+        );
+        match p.status {
+            Status::Pass => {}
+            Status::NotApplicable => {
+                let _ = write!(
+                    out,
+                    r#"<skipped message="{}"/>"#,
+                    xml(&one_line(&p.summary))
+                );
+            }
+            Status::Fail => {
+                let mut body = String::new();
+                for c in &p.checks {
+                    let _ = writeln!(body, "[{}] {}: {}", c.status.label(), c.name, c.detail);
+                }
+                for e in &p.exchanges {
+                    body.push('\n');
+                    body.push_str(&exchange_lines(e).join("\n"));
+                    body.push('\n');
+                }
+                let _ = write!(
+                    out,
+                    "\n      <failure message=\"{}\" type=\"idempotency\">{}</failure>\n    ",
+                    xml(&one_line(&p.summary)),
+                    xml(&body)
+                );
+            }
+        }
+        let _ = writeln!(out, "</testcase>");
+    }
+    let _ = writeln!(out, "    <system-out>{}</system-out>", xml(&r.warning));
+    let _ = writeln!(out, "  </testsuite>");
+    let _ = writeln!(out, "</testsuites>");
+    out
+}
+
+fn seconds(ms: u64) -> String {
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::client::{ShownRequest, ShownResponse};
+    use crate::check::probes::Check;
+
+    /// A report whose evidence holds everything the renderers must escape.
+    fn hostile() -> Report {
+        let exchange = Exchange {
+            label: "first request".to_owned(),
+            request: ShownRequest {
+                method: "POST".to_owned(),
+                url: "http://127.0.0.1:1/v1/charges?a=1&b=<2>".to_owned(),
+                headers: vec![
+                    ("idempotency-key".to_owned(), "k\tx".to_owned()),
+                    ("authorization".to_owned(), "[redacted]".to_owned()),
+                ],
+                body: "{\"note\":\"```|</details>\"}".to_owned(),
+            },
+            response: Some(ShownResponse {
+                status: 201,
+                headers: vec![("content-type".to_owned(), "text/html".to_owned())],
+                body: "<b>\"done\" & 'dusted'</b>\u{1}\u{1b}]]>````".to_owned(),
+            }),
+            error: None,
+        };
+        let probe = ProbeReport {
+            id: "replay",
+            name: "Replay",
+            status: Status::Fail,
+            summary: "replay: same body: a | b <script>\nsecond line `x`".to_owned(),
+            checks: vec![Check {
+                name: "replay: same body".to_owned(),
+                status: Status::Fail,
+                detail: "**bold** | <i>".to_owned(),
+            }],
+            exchanges: vec![exchange],
+            duration_ms: 1234,
+        };
+        let skipped = ProbeReport {
+            id: "tenants",
+            name: "Tenants",
+            status: Status::NotApplicable,
+            summary: "pass --other-tenant-header \"x\"".to_owned(),
+            checks: vec![],
+            exchanges: vec![],
+            duration_ms: 0,
+        };
+        Report::new(
+            "POST",
+            "http://127.0.0.1:1/v1/charges",
+            2,
+            vec![probe, skipped],
+        )
+    }
+
+    #[test]
+    fn markdown_escapes_table_cells_and_fences_the_evidence() {
+        let md = markdown(&hostile());
+        let row = md.lines().find(|l| l.starts_with("| Replay |")).unwrap();
+        // Four cell separators and no more: the summary's `|` and line break are escaped.
+        assert_eq!(row.matches('|').count(), 4, "{row}");
+        assert!(
+            row.contains("&#124;") && row.contains("&lt;script&gt;"),
+            "{row}"
+        );
+        assert!(!row.contains('`'), "{row}");
+        assert!(md.contains("\\*\\*bold\\*\\* &#124; &lt;i&gt;"), "{md}");
+        // The body holds a run of four backticks: every fence is longer.
+        let fences: Vec<&str> = md.lines().filter(|l| l.starts_with("```")).collect();
+        assert!(!fences.is_empty());
+        assert!(fences.iter().all(|f| f.starts_with("`````")), "{fences:?}");
+        // The evidence's `</details>` stays inside a fence, so exactly one closes each probe.
+        let closing = md.lines().filter(|l| *l == "</details>").count();
+        assert_eq!(closing, 2, "{md}");
+        assert!(
+            md.contains("k\\tx"),
+            "the tab of a key is shown as an escape: {md}"
+        );
+    }
+
+    #[test]
+    fn junit_escapes_evidence_into_well_formed_xml() {
+        let xml_text = junit(&hostile());
+        assert!(
+            xml_text.contains(r#"tests="2" failures="1" skipped="1""#),
+            "{xml_text}"
+        );
+        assert_eq!(xml_text.matches("<testcase ").count(), 2);
+        assert!(
+            xml_text.contains("<skipped message=\"pass --other-tenant-header &quot;x&quot;\"/>")
+        );
+        assert!(xml_text.contains("&lt;b&gt;&quot;done&quot; &amp; &apos;dusted&apos;&lt;/b&gt;"));
+        assert!(xml_text.contains("a=1&amp;b=&lt;2&gt;"), "{xml_text}");
+        // Characters XML 1.0 cannot hold never reach the document.
+        assert!(!xml_text.contains('\u{1}') && !xml_text.contains('\u{1b}'));
+        assert!(xml_text.contains("\\u{1}"), "{xml_text}");
+        assert!(!xml_text.contains("]]>"), "{xml_text}");
+        // Nothing between tags holds a raw `<` or `&` that is not an entity.
+        for (i, _) in xml_text.match_indices('&') {
+            let rest = &xml_text[i..];
+            assert!(
+                ["&amp;", "&lt;", "&gt;", "&quot;", "&apos;"]
+                    .iter()
+                    .any(|e| rest.starts_with(e)),
+                "a bare & at {i}"
+            );
+        }
+        assert!(xml_text.contains("time=\"1.234\""));
+    }
+
+    #[test]
+    fn json_report_has_the_documented_shape() {
+        let v: serde_json::Value = serde_json::from_str(&json(&hostile())).unwrap();
+        assert_eq!(v["format"], "idem-check/1");
+        assert_eq!(v["passed"], false);
+        assert_eq!(v["requests_sent"], 2);
+        assert_eq!(v["summary"]["fail"], 1);
+        assert_eq!(v["summary"]["not_applicable"], 1);
+        assert_eq!(v["probes"][0]["id"], "replay");
+        assert_eq!(v["probes"][0]["status"], "fail");
+        assert_eq!(v["probes"][1]["status"], "not_applicable");
+        let ex = &v["probes"][0]["exchanges"][0];
+        assert_eq!(ex["request"]["headers"][1][1], "[redacted]");
+        assert_eq!(ex["response"]["status"], 201);
+        assert_eq!(v["target"]["url"], "http://127.0.0.1:1/v1/charges");
+    }
+
+    #[test]
+    fn text_report_lists_every_probe_and_the_failures_evidence() {
+        let t = text(&hostile());
+        assert!(t.contains("Replay") && t.contains("fail"));
+        assert!(t.contains("Tenants") && t.contains("not applicable"));
+        assert!(t.contains("FAILED: 2 probes: 0 passed, 1 failed, 1 not applicable"));
+        assert!(t.contains("> idempotency-key: k\\tx"), "{t}");
+        assert!(t.contains("< 201"));
+    }
+}
