@@ -15,19 +15,25 @@
 //! | [`fingerprint_multipart`] | multipart parts behind `Fingerprint::compute` | parts lie in the body, another boundary gives the same fingerprint, a malformed body is hashed raw |
 //! | [`content_coding`] | `Content-Encoding` undone in `idem-tower` | never more than the limit, stops one byte past it, content round-trips, fingerprint of the content |
 //! | [`record_codec`] | `idem_core::codec` | what decodes encodes back to the same bytes, headers round-trip, truncation and trailing bytes refused |
+//! | [`path_normalize`] | `idem_gateway::path` | a normal path is normal again, absolute, free of dot segments and `//` as the options say, URI-safe, bounded |
+//! | [`forwarded_parse`] | `idem_gateway::forwarded` | whatever the client sent, the gateway's `Forwarded` and `X-Forwarded-For` parse and end with its own hop |
 
 mod codec;
 mod coding;
+mod forwarded;
 mod input;
 mod json;
 mod key;
 mod multipart;
+mod path;
 
 pub use codec::record_codec;
 pub use coding::content_coding;
+pub use forwarded::forwarded_parse;
 pub use json::fingerprint_json;
 pub use key::key_parse;
 pub use multipart::fingerprint_multipart;
+pub use path::path_normalize;
 
 /// A fuzz target: its name and its property function.
 pub type Target = (&'static str, fn(&[u8]));
@@ -41,4 +47,6 @@ pub const TARGETS: &[Target] = &[
     ("fingerprint_multipart", fingerprint_multipart),
     ("content_coding", content_coding),
     ("record_codec", record_codec),
+    ("path_normalize", path_normalize),
+    ("forwarded_parse", forwarded_parse),
 ];
