@@ -21,7 +21,6 @@ use hyper::body::Incoming;
 use idem_core::{Store, StoreError, Sweeper, SweeperConfig, TenantKey};
 use idem_tower::{
     IdempotencyBody, IdempotencyLayer, InFlight, Observer, Outcome, Problem, ProblemKind,
-    RouteConfig,
 };
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
@@ -153,29 +152,10 @@ pub fn idempotency_layer(
     }
     if !routes.is_empty() {
         layer = layer.route_config(move |parts| {
-            route::find(&routes, &parts.method, parts.uri.path()).map(route_config)
+            route::find(&routes, &parts.method, parts.uri.path()).map(|r| r.config().clone())
         });
     }
     layer
-}
-
-fn route_config(route: &Route) -> RouteConfig {
-    let mut rc = RouteConfig::new()
-        .endpoint(route.template.as_str())
-        .store_headers(route.store_headers.iter().cloned());
-    if let Some(required) = route.require_key {
-        rc = rc.require_key(required);
-    }
-    if let Some(ttl) = route.ttl {
-        rc = rc.ttl(ttl);
-    }
-    if let Some(statuses) = &route.release_statuses {
-        rc = rc.release_statuses(statuses.clone());
-    }
-    if route.fingerprint_options().ignores_anything() {
-        rc = rc.fingerprint_options(route.fingerprint_options().clone());
-    }
-    rc
 }
 
 /// The one key the gateway names tenants by: the operator's secret, else the store's
@@ -589,8 +569,7 @@ pub async fn shutdown_signal() {
 mod tests {
     use super::*;
 
-    use crate::cli::ServeArgs;
-    use crate::config::FileConfig;
+    use crate::config::ServeArgs;
 
     async fn bound(store_url: &str) -> Gateway {
         let args = ServeArgs {
@@ -599,7 +578,7 @@ mod tests {
             store: Some(store_url.to_owned()),
             ..ServeArgs::default()
         };
-        let config = GatewayConfig::merge(&args, FileConfig::default()).expect("config");
+        let config = GatewayConfig::from_args(args).expect("config");
         Gateway::bind_with_store(
             &config,
             Mode::Idempotent,
@@ -675,7 +654,7 @@ mod tests {
             shutdown_timeout: Some(Duration::from_millis(100)),
             ..ServeArgs::default()
         };
-        let config = GatewayConfig::merge(&args, FileConfig::default()).expect("config");
+        let config = GatewayConfig::from_args(args).expect("config");
         let close_started = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let store = NeverCloses {
             inner: idem_core::MemoryStore::new(),
