@@ -20,9 +20,11 @@
 //! store_headers = ["x-order-id"]
 //! ```
 //!
-//! A new setting is a field of [`ServeArgs`] (its flag, variable, TOML key and help in
-//! one place; [`ServeArgs::over`] then names it to layer it) and, once checked, a field
-//! of [`GatewayConfig`] that [`GatewayConfig::from_args`] fills.
+//! A new setting is declared once, as a field of [`ServeArgs`]: its flag, variable,
+//! TOML key, type and help text together. The compiler then asks for the two lines
+//! that use it, since both take `ServeArgs` apart in full: how it layers
+//! ([`ServeArgs::over`]), and what it resolves to ([`GatewayConfig::from_args`], into
+//! a field of [`GatewayConfig`]).
 
 mod args;
 mod error;
@@ -148,21 +150,55 @@ impl GatewayConfig {
 
     /// Checks layered settings and fills in the defaults of those left out.
     pub fn from_args(args: ServeArgs) -> Result<GatewayConfig, ConfigError> {
-        let upstream = args.upstream.as_deref().ok_or_else(|| {
+        // Destructured in full, so that a new setting cannot be left unresolved.
+        let ServeArgs {
+            // Read before the layering, to find the file.
+            config: _,
+            upstream,
+            listen,
+            store,
+            store_pool,
+            store_namespace,
+            admin,
+            admin_token: token,
+            admin_token_file,
+            require_key,
+            ttl,
+            lease,
+            upstream_timeout,
+            body_limit,
+            response_limit,
+            tenant_header,
+            require_tenant,
+            tenant_secret_file,
+            tenant_secret,
+            scope,
+            keyed_methods,
+            release_statuses,
+            path_normalization,
+            client_timeout,
+            max_connections,
+            sweep_interval,
+            // A mode rather than a setting of the gateway: see `serve::Mode`.
+            passthrough: _,
+            shutdown_timeout,
+            route,
+        } = args;
+        let upstream = upstream.ok_or_else(|| {
             invalid(
                 "upstream",
                 "required: give --upstream URL, IDEM_UPSTREAM or `upstream` in --config",
             )
         })?;
-        let listen = args.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+        let listen = listen.as_deref().unwrap_or(DEFAULT_LISTEN);
         let listen: SocketAddr = listen
             .parse()
             .map_err(|e| invalid("listen", format!("{listen:?}: {e}")))?;
-        let tenant_headers = match &args.tenant_header {
+        let tenant_headers = match &tenant_header {
             Some(list) => parse_tenant_headers(list)?,
             None => parse_tenant_headers(&[DEFAULT_TENANT_HEADER.to_owned()])?,
         };
-        let keyed_methods = match &args.keyed_methods {
+        let keyed_methods = match &keyed_methods {
             Some(list) => parse_methods(list, "keyed_methods")?,
             None => parse_methods(&DEFAULT_KEYED_METHODS.map(String::from), "keyed_methods")?,
         };
@@ -174,61 +210,53 @@ impl GatewayConfig {
                 "names no method; --passthrough is how to turn keys off",
             ));
         }
-        let path_normalization = match &args.path_normalization {
+        let path_normalization = match &path_normalization {
             Some(list) => PathNormalization::from_items(list),
             None => Ok(PathNormalization::default()),
         }
         .map_err(|e| invalid("path_normalization", e))?;
-        let upstream_timeout = args.upstream_timeout.unwrap_or(DEFAULT_UPSTREAM_TIMEOUT);
+        let upstream_timeout = upstream_timeout.unwrap_or(DEFAULT_UPSTREAM_TIMEOUT);
         let config = GatewayConfig {
-            upstream: Upstream::parse(upstream)?,
+            upstream: Upstream::parse(&upstream)?,
             listen,
-            store: args.store.unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+            store: store.unwrap_or_else(|| DEFAULT_STORE.to_owned()),
             store_options: StoreOptions {
-                pool: args.store_pool,
-                namespace: args
-                    .store_namespace
+                pool: store_pool,
+                namespace: store_namespace
                     .as_deref()
                     .map(|name| Namespace::new(name).map_err(|e| invalid("store_namespace", e)))
                     .transpose()?,
             },
-            admin: args.admin.as_deref().map(parse_admin_addr).transpose()?,
-            admin_token: admin_token(args.admin_token, args.admin_token_file)?,
-            require_key: args.require_key,
-            ttl: args.ttl.unwrap_or(DEFAULT_TTL),
-            lease: args.lease.unwrap_or(DEFAULT_LEASE),
+            admin: admin.as_deref().map(parse_admin_addr).transpose()?,
+            admin_token: admin_token(token, admin_token_file)?,
+            require_key,
+            ttl: ttl.unwrap_or(DEFAULT_TTL),
+            lease: lease.unwrap_or(DEFAULT_LEASE),
             upstream_timeout,
-            body_limit: args.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
-            response_limit: args.response_limit.unwrap_or(DEFAULT_RESPONSE_LIMIT),
+            body_limit: body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
+            response_limit: response_limit.unwrap_or(DEFAULT_RESPONSE_LIMIT),
             tenant_headers,
-            require_tenant: args.require_tenant,
-            tenant_key: tenant_key(
-                args.tenant_secret.as_ref(),
-                args.tenant_secret_file.as_deref(),
-                None,
-            )?,
-            scope: match args.scope.unwrap_or(ScopeArg::Public) {
+            require_tenant,
+            tenant_key: tenant_key(tenant_secret.as_ref(), tenant_secret_file.as_deref(), None)?,
+            scope: match scope.unwrap_or(ScopeArg::Public) {
                 ScopeArg::Public => ScopeMode::Public,
                 ScopeArg::Internal => ScopeMode::Internal,
             },
             keyed_methods,
-            release_statuses: match &args.release_statuses {
+            release_statuses: match &release_statuses {
                 Some(list) => parse_release_statuses(list)?,
                 None => ReleaseStatuses::default(),
             },
             path_normalization,
-            client_timeout: Some(args.client_timeout.unwrap_or(DEFAULT_CLIENT_TIMEOUT))
+            client_timeout: Some(client_timeout.unwrap_or(DEFAULT_CLIENT_TIMEOUT))
                 .filter(|t| !t.is_zero()),
-            max_connections: match args.max_connections {
+            max_connections: match max_connections {
                 Some(0) => return Err(invalid("max_connections", "must be at least 1")),
                 n => n.map(|n| n as usize),
             },
-            sweep_interval: args.sweep_interval.unwrap_or(DEFAULT_SWEEP_INTERVAL),
-            shutdown_timeout: args
-                .shutdown_timeout
-                .unwrap_or(upstream_timeout + Duration::from_secs(5)),
-            routes: args
-                .route
+            sweep_interval: sweep_interval.unwrap_or(DEFAULT_SWEEP_INTERVAL),
+            shutdown_timeout: shutdown_timeout.unwrap_or(upstream_timeout + Duration::from_secs(5)),
+            routes: route
                 .into_iter()
                 .enumerate()
                 .map(|(i, rule)| compile_route(i, rule, path_normalization))
