@@ -168,3 +168,54 @@ fn warn_if_others_can_read(path: &Path) {
     #[cfg(not(unix))]
     let _ = path;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_secret_from_the_environment_or_a_file_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good");
+        std::fs::write(&good, "  0123456789abcdef0123456789abcdef\n").unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, "0123456789abcdef0123456789abcde\n").unwrap();
+        let env = TenantSecret::new("0123456789abcdef0123456789abcdef");
+        let from_file = tenant_key(None, Some(&good), None).unwrap().unwrap();
+        let from_env = tenant_key(Some(&env), None, None).unwrap().unwrap();
+        let name = |k: &TenantKey| k.credential("authorization", b"basic x");
+        assert_eq!(
+            name(&from_file),
+            name(&from_env),
+            "the file's whitespace is trimmed"
+        );
+        let from_config = tenant_key(None, None, Some(&good)).unwrap().unwrap();
+        assert_eq!(name(&from_config), name(&from_env));
+        assert!(tenant_key(None, None, None).unwrap().is_none());
+
+        let e = tenant_key(None, Some(&short), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("31 bytes") && e.contains("at least 32"), "{e}");
+        assert!(!e.contains("0123456789"), "the secret is shown: {e}");
+        let e = tenant_key(Some(&TenantSecret::new("hunter2")), None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("IDEM_TENANT_SECRET") && !e.contains("hunter2"),
+            "{e}"
+        );
+        let e = tenant_key(Some(&env), Some(&good), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("given twice"), "{e}");
+        let e = tenant_key(None, Some(&dir.path().join("none")), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tenant_secret_file") && e.contains("cannot read"),
+            "{e}"
+        );
+        assert!(!format!("{env:?}").contains("0123"), "{env:?}");
+    }
+}
