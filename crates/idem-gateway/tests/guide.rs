@@ -10,6 +10,9 @@ use std::process::Command;
 /// that origin's root, so `PROBLEM_PREFIX + slug` is the page `problems/<slug>.html`.
 const PROBLEM_PREFIX: &str = "https://idem.dev/problems/";
 
+/// Where the guide is published (its `site-url` is this origin's root).
+const SITE: &str = "https://idem.dev/";
+
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -370,6 +373,53 @@ fn the_built_guide_has_no_warnings_and_no_broken_links() {
     assert!(pages.len() > 30, "only {} pages built", pages.len());
     let broken = broken_links(out.path());
     assert!(broken.is_empty(), "broken links in the guide: {broken:#?}");
+
+    // The guide is served at the problem URIs' origin: each URI, and each link into the
+    // guide from a README, names a built page (`X` served as `X.html`) and its anchor.
+    let mut links: Vec<(String, String)> = emitted_problem_types()
+        .keys()
+        .map(|slug| (format!("{PROBLEM_PREFIX}{slug}"), "the sources".to_owned()))
+        .collect();
+    let mut readmes = vec![workspace().join("README.md")];
+    for entry in std::fs::read_dir(workspace().join("crates")).expect("the crates") {
+        let readme = entry.expect("a directory entry").path().join("README.md");
+        if readme.is_file() {
+            readmes.push(readme);
+        }
+    }
+    for readme in readmes {
+        let text = read(&readme);
+        for (at, _) in text.match_indices(SITE) {
+            let link: String = text[at..]
+                .chars()
+                .take_while(|c| !matches!(c, ')' | '`' | ' ' | '\n' | '>' | '"'))
+                .collect();
+            links.push((link, readme.display().to_string()));
+        }
+    }
+    assert!(links.len() > 20, "too few links into the guide: {links:?}");
+    let mut unresolved = Vec::new();
+    for (link, from) in &links {
+        let path = &link[SITE.len()..];
+        let (page, anchor) = path.split_once('#').unwrap_or((path, ""));
+        let page = if page.is_empty() || page.ends_with('/') {
+            format!("{page}index.html")
+        } else if page.ends_with(".html") {
+            page.to_owned()
+        } else {
+            format!("{page}.html")
+        };
+        let file = out.path().join(&page);
+        let found = file.is_file()
+            && (anchor.is_empty() || attributes(&read(&file), "id").contains(&anchor));
+        if !found {
+            unresolved.push(format!("{link} (from {from})"));
+        }
+    }
+    assert!(
+        unresolved.is_empty(),
+        "links that the guide does not resolve: {unresolved:#?}"
+    );
 }
 
 #[test]
