@@ -227,7 +227,8 @@ impl<St> IdempotencyLayer<St> {
 
     /// The largest answer recorded, in bytes (default [`DEFAULT_RESPONSE_LIMIT`], 8 MiB).
     /// Answers are held whole to be recorded; when the handler's answer is larger, it
-    /// has run, so its answer is replaced by a 500 `response-too-large` problem, which
+    /// has run, so its answer is replaced by a 500 `response-too-large` problem (a
+    /// [`Proxied`](crate::Proxied) answer by a 502 `upstream-answer-too-large`), which
     /// is recorded and replayed: the operation never runs twice, and memory stays
     /// bounded. An answer that is released rather than recorded (a release status, or
     /// [`Disposition::Release`](crate::Disposition::Release)) is not held: it streams to
