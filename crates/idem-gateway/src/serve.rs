@@ -243,7 +243,6 @@ impl Gateway {
         let proxy = Proxy::new(
             config.upstream.clone(),
             config.upstream_timeout,
-            config.response_limit,
             metrics.clone(),
         );
         let (service, in_flight) = match mode {
@@ -414,10 +413,6 @@ impl Gateway {
                 let svc = svc.clone();
                 let guard = metrics.in_flight_guard();
                 let origin = cors::preflighted_origin(req.method(), req.headers());
-                if let Some(origin) = &origin {
-                    req.extensions_mut()
-                        .insert(cors::PreflightedOrigin(origin.clone()));
-                }
                 async move {
                     // The access log is at debug level; skip its bookkeeping otherwise.
                     let logged = tracing::enabled!(tracing::Level::DEBUG).then(|| {
