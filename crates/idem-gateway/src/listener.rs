@@ -32,13 +32,13 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use idem_tower::BoxError;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::time::Instant;
 
 use crate::metrics::{GaugeGuard, Metrics};
-use crate::proxy::BoxError;
 use crate::serve::KEEPALIVE_IDLE;
 
 /// The most connections the admin listener holds open: plenty for probes, scrapes and

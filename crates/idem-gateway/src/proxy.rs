@@ -78,8 +78,8 @@ mod upgrade;
 pub use headers::{REWRITE_HEADERS, add_forwarded, strip_hop_by_hop, strip_look_alikes};
 use upgrade::{requested_upgrade, switch_protocols, upgrades_to_websocket};
 
-/// Boxed error of bodies flowing through the gateway.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Boxed error of bodies flowing through the gateway (the layer's own).
+pub type BoxError = idem_tower::BoxError;
 
 /// The body of requests sent upstream and answers sent back.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;

@@ -17,11 +17,11 @@ use tower::Service;
 use crate::drain::{drain_body, drain_in_background};
 use crate::execute::execute;
 use crate::execution::Execution;
-use crate::layer::Shared;
 use crate::plan::Plan;
 use crate::policy::Outcome;
 use crate::problem::{Problem, ProblemKind};
 use crate::replay::refuse;
+use crate::shared::Shared;
 use crate::{BoxError, IdempotencyBody};
 
 /// Stage 1 of a keyed request: names its tenant, buffers its body and fingerprints it,

@@ -22,12 +22,12 @@ use crate::context::IdempotencyContext;
 use crate::execution::panic_message;
 use crate::heartbeat::with_heartbeat;
 use crate::in_flight::InFlightGuard;
-use crate::layer::Shared;
 use crate::plan::AnswerRules;
 use crate::policy::{Disposition, Outcome, Proxied, ResourceReference, UpstreamFailure, timed};
 use crate::problem::{Problem, ProblemKind};
 use crate::replay::{refuse, rendered};
 use crate::settle::{KeyWrite, settle, stored_response};
+use crate::shared::Shared;
 use crate::spelling::restore_sent_method;
 use crate::{BoxError, IdempotencyBody};
 

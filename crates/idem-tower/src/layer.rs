@@ -13,23 +13,7 @@ use crate::config::{Config, References, ReleaseStatuses, RouteConfig, is_storabl
 use crate::in_flight::InFlight;
 use crate::policy::Observer;
 use crate::service::Idempotency;
-
-/// What every service made by one layer shares.
-pub(crate) struct Shared<St: ?Sized> {
-    pub(crate) config: Config,
-    pub(crate) in_flight: InFlight,
-    pub(crate) store: Arc<St>,
-}
-
-impl<St: ?Sized> Clone for Shared<St> {
-    fn clone(&self) -> Self {
-        Shared {
-            config: self.config.clone(),
-            in_flight: self.in_flight.clone(),
-            store: self.store.clone(),
-        }
-    }
-}
+use crate::shared::Shared;
 
 /// Applies [`Idempotency`] to a service: Idempotency-Key handling over any
 /// [`Store`].

@@ -230,6 +230,7 @@ mod problem;
 mod replay;
 mod service;
 mod settle;
+mod shared;
 mod spelling;
 mod tenant;
 

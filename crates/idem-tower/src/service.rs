@@ -1,8 +1,8 @@
 //! [`Idempotency`]: the middleware service. A request goes through SPEC S5's stages in
-//! a file each: [`plan`](crate::plan) decides from its head whether it is keyed,
-//! [`buffer`](crate::buffer) scopes it and reads its body, [`execute`](crate::execute)
-//! reserves the key and runs the handler, [`settle`](crate::settle) records or
-//! releases, and [`replay`](crate::replay) answers retries.
+//! a file each: `plan.rs` decides from its head whether it is keyed, `buffer.rs` scopes
+//! it and reads its body, `execute.rs` reserves the key and runs the handler (its lease
+//! renewed by `heartbeat.rs`), `settle.rs` records the answer or releases the key, and
+//! `replay.rs` answers the retries.
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,10 +18,11 @@ use tower::{Layer, Service};
 use crate::buffer::keyed;
 use crate::drain::drain_body;
 use crate::future::ResponseFuture;
-use crate::layer::{IdempotencyLayer, Shared};
+use crate::layer::IdempotencyLayer;
 use crate::plan::{Admission, admit};
 use crate::policy::{Observer, Outcome};
 use crate::problem::Problem;
+use crate::shared::Shared;
 use crate::spelling::restore_sent_method;
 use crate::{BoxError, IdempotencyBody};
 

@@ -10,8 +10,8 @@ use idem_core::{Lease, Store, StoreError, StoredResponse};
 
 use crate::config::Config;
 use crate::in_flight::InFlightGuard;
-use crate::layer::Shared;
 use crate::policy::timed;
+use crate::shared::Shared;
 
 /// How often, and with what pauses, recording or releasing a key is tried before the
 /// client gets its answer; [`settle_later`] goes on from there.
