@@ -2,7 +2,7 @@
 //! errors say): the client's, or the upstream's.
 //!
 //! The proxy classifies; `idem-tower` renders every problem body
-//! ([`Problem`](idem_tower::Problem)) and decides what each failure means for the key's
+//! ([`Problem`]) and decides what each failure means for the key's
 //! record ([`UpstreamFailure::disposition`]).
 
 use idem_tower::{Problem, ProblemKind, UpstreamFailure};
