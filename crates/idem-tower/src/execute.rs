@@ -186,8 +186,9 @@ where
 }
 
 /// What the answer with head `head` means for the key (SPEC S6): the inner service's
-/// own [`Disposition`], else a release when its status is one of `release_statuses`,
-/// else a record.
+/// own [`Disposition`] (a proxy's answer to an upstream failure carries the one
+/// [`UpstreamFailure::disposition`] gives it), else a release when its status is one
+/// of `release_statuses`, else a record.
 fn disposition(
     head: &mut http::response::Parts,
     release_statuses: &ReleaseStatuses,
