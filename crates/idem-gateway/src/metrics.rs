@@ -401,6 +401,10 @@ impl Observer for Metrics {
             }
         }
     }
+
+    fn upstream_failed(&self, failure: idem_tower::UpstreamFailure) {
+        self.count_upstream_error(crate::error::upstream_error_label(failure));
+    }
 }
 
 /// Lowers a gauge (requests in flight, upgraded connections) again when dropped.
