@@ -521,6 +521,63 @@ mod tests {
         ));
     }
 
+    /// Every metric the exposition carries: `name type label,label` per line, sorted,
+    /// with a histogram's `le` left out. A dashboard or alert is written against these,
+    /// so a change to one shows up here as a diff of `metrics.txt`.
+    fn inventory(text: &str) -> String {
+        let mut kinds = BTreeMap::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').expect("TYPE name kind");
+                kinds.insert(
+                    name.to_owned(),
+                    (kind.to_owned(), std::collections::BTreeSet::new()),
+                );
+            }
+        }
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let series = line.split(' ').next().unwrap_or_default();
+            let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .filter_map(|s| name.strip_suffix(s))
+                .find(|f| kinds.get(*f).is_some_and(|(k, _)| k == "histogram"))
+                .unwrap_or(name);
+            let (_, keys) = kinds
+                .get_mut(family)
+                .unwrap_or_else(|| panic!("{name} has no TYPE line"));
+            for pair in labels
+                .trim_end_matches('}')
+                .split(',')
+                .filter(|p| !p.is_empty())
+            {
+                let key = pair.split_once('=').expect("label=value").0;
+                if key != "le" {
+                    keys.insert(key.to_owned());
+                }
+            }
+        }
+        kinds
+            .into_iter()
+            .map(|(name, (kind, keys))| {
+                let keys: Vec<_> = keys.into_iter().collect();
+                format!("{name} {kind} {}\n", keys.join(",")).replace(" \n", "\n")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn exposes_the_metrics_in_metrics_txt() {
+        let m = Arc::new(Metrics::new());
+        m.outcome(Outcome::Executed);
+        m.store_call("reserve", Duration::from_millis(1), true);
+        m.store_error("reserve", &idem_core::StoreError::Fenced);
+        m.count_upstream_error("timeout");
+        m.write_deferred("complete");
+        let text = m.render();
+        assert_eq!(inventory(&text), include_str!("metrics.txt"), "{text}");
+    }
+
     #[tokio::test]
     async fn renders_the_stores_own_figures() {
         use idem_core::testing::{test_fingerprint, test_scope};
