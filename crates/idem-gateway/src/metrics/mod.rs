@@ -3,8 +3,8 @@
 //! store's own figures.
 //!
 //! The metric types and the text exposition (format 0.0.4, which every Prometheus
-//! scrapes) are prometheus-client's; [`series`] keeps each metric's series in label
-//! order, [`figures`] reads the store's own at each scrape. The names, types and labels
+//! scrapes) are prometheus-client's; `series` keeps each metric's series in label
+//! order, `figures` reads the store's own at each scrape. The names, types and labels
 //! are checked against `metrics.txt` beside this file.
 
 use std::fmt;
@@ -328,6 +328,7 @@ impl Observer for Metrics {
         }
     }
 }
+
 /// Lowers a gauge (requests in flight, connections, upgraded connections) again when
 /// dropped.
 #[derive(Debug)]

@@ -98,6 +98,7 @@ where
         M::TYPE
     }
 }
+
 /// `outcome`: [`idem_tower::Outcome::as_str`].
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub(super) struct ByOutcome {
