@@ -185,6 +185,22 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, for a metrics endpoint that lists each at zero before it first
+    /// happens (so dashboards see zeros rather than gaps). Kept beside [`as_str`](Outcome::as_str): a
+    /// variant added there belongs here too.
+    pub const ALL: [Outcome; 10] = [
+        Outcome::Executed,
+        Outcome::Replayed,
+        Outcome::Conflict,
+        Outcome::Mismatch,
+        Outcome::Released,
+        Outcome::KeptInProgress,
+        Outcome::Rejected,
+        Outcome::StoreUnavailable,
+        Outcome::ReplayUnavailable,
+        Outcome::PassedThrough,
+    ];
+
     /// A short, stable name (`executed`, `replayed`, …) for metric labels.
     pub fn as_str(self) -> &'static str {
         match self {
