@@ -274,6 +274,14 @@ pub struct ServeArgs {
     /// upstream timeout plus 5s].
     #[arg(long, env = "IDEM_SHUTDOWN_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
     pub shutdown_timeout: Option<Duration>,
+
+    /// Export OpenTelemetry traces over OTLP/HTTP to the collector at this base URL,
+    /// e.g. http://127.0.0.1:4318 (spans are posted to its /v1/traces): a span per
+    /// request, with the store and upstream calls as its children. Given here, in
+    /// IDEM_OTLP_ENDPOINT or as `otlp_endpoint`, it wins over OTEL_EXPORTER_OTLP_ENDPOINT,
+    /// which is honoured otherwise [default: off].
+    #[arg(long, env = "IDEM_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// `idem keys …`.

@@ -158,6 +158,8 @@ pub struct FileConfig {
     pub sweep_interval: Option<String>,
     /// `--shutdown-timeout`.
     pub shutdown_timeout: Option<String>,
+    /// `--otlp-endpoint`.
+    pub otlp_endpoint: Option<String>,
     /// Per-route rules, first match wins.
     #[serde(default)]
     pub route: Vec<RouteRule>,
@@ -456,6 +458,8 @@ pub struct GatewayConfig {
     pub sweep_interval: Duration,
     /// Longest graceful-shutdown wait.
     pub shutdown_timeout: Duration,
+    /// Where traces are posted (`…/v1/traces`); `None` when tracing is off.
+    pub otlp_endpoint: Option<String>,
     /// Per-route rules.
     pub routes: Vec<Route>,
 }
@@ -630,6 +634,15 @@ impl GatewayConfig {
                 "shutdown_timeout",
                 upstream_timeout + Duration::from_secs(5),
             )?,
+            otlp_endpoint: crate::telemetry::traces_url(
+                args.otlp_endpoint
+                    .as_deref()
+                    .or(file.otlp_endpoint.as_deref()),
+                std::env::var(crate::telemetry::OTEL_ENDPOINT_ENV)
+                    .ok()
+                    .as_deref(),
+            )
+            .map_err(|e| invalid("otlp_endpoint", e))?,
             routes,
         };
         for (setting, value) in [
