@@ -272,6 +272,7 @@ impl Proxy {
         *up.headers_mut() = headers;
 
         let deadline = Instant::now() + this.timeout;
+        let upstream_call = crate::telemetry::UpstreamCall::start(&mut up);
         let res = match tokio::time::timeout_at(deadline, this.client.request(up)).await {
             Err(_) => return fail(UpstreamError::Timeout),
             Ok(Err(e)) if e.is_connect() => {
@@ -292,6 +293,7 @@ impl Proxy {
             }
             Ok(Ok(res)) => res,
         };
+        upstream_call.answered(res.status());
         if res.status() == StatusCode::SWITCHING_PROTOCOLS {
             return match upgrade {
                 // To WebSocket, as asked (RFC 6455 §4.1 has the answer name it too).

@@ -38,6 +38,7 @@ use crate::path::{self, PathNormalization};
 use crate::proxy::{BoxError, ClientAddr, Proxy, ProxyBody};
 use crate::route::{self, Route};
 use crate::store::{self, OpenError, redact};
+use crate::telemetry::{self, Telemetry, TelemetryError};
 
 /// The least time the store is given to close at shutdown, even when waiting for
 /// in-flight requests used up the shutdown timeout: enough for a SQLite store to write
@@ -68,6 +69,9 @@ pub enum ServeError {
     /// The store holds a tenant secret that cannot be used, or cannot store one.
     #[error("cannot read the tenant secret from the store: {0}")]
     TenantSecret(#[source] StoreError),
+    /// The trace exporter could not start.
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -105,6 +109,7 @@ pub struct Gateway {
     sweep_interval: Option<Duration>,
     shutdown_timeout: Duration,
     path_normalization: PathNormalization,
+    telemetry: Option<Telemetry>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -240,6 +245,10 @@ impl Gateway {
         store: Arc<dyn Store>,
     ) -> Result<Gateway, ServeError> {
         let metrics = Arc::new(Metrics::new().with_store(store.clone()));
+        let telemetry = match &config.otlp_endpoint {
+            Some(url) => Some(Telemetry::start(url, &config.routes, &config.store)?),
+            None => None,
+        };
         let proxy = Proxy::new(
             config.upstream.clone(),
             config.upstream_timeout,
@@ -249,7 +258,14 @@ impl Gateway {
         let (service, in_flight) = match mode {
             Mode::Idempotent => {
                 let tenant_key = tenant_key(config, &*store).await?;
-                let layer = idempotency_layer(store.clone(), config, tenant_key, metrics.clone());
+                let layer_store = match &telemetry {
+                    Some(t) => t.store(store.clone()),
+                    None => store.clone(),
+                };
+                let mut layer = idempotency_layer(layer_store, config, tenant_key, metrics.clone());
+                if let Some(t) = &telemetry {
+                    layer = layer.observer(t.observer(metrics.clone()));
+                }
                 let in_flight = layer.in_flight();
                 let svc = ServiceExt::<Request<Incoming>>::map_response(
                     layer.layer(proxy),
@@ -325,6 +341,7 @@ impl Gateway {
             .then_some(config.sweep_interval),
             shutdown_timeout: config.shutdown_timeout,
             path_normalization: config.path_normalization,
+            telemetry,
         })
     }
 
@@ -358,6 +375,7 @@ impl Gateway {
             sweep_interval,
             shutdown_timeout,
             path_normalization,
+            telemetry,
         } = self;
         let sweeper = sweep_interval.map(|every| {
             Sweeper::spawn(
@@ -396,6 +414,7 @@ impl Gateway {
             let svc = service.clone();
             let metrics = metrics.clone();
             let slot = slot.clone();
+            let telemetry = telemetry.clone();
             hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 // Once, before any rule sees the request: the layer, the routes and the
                 // proxy all see the one normalised path (SPEC S14).
@@ -418,7 +437,10 @@ impl Gateway {
                     req.extensions_mut()
                         .insert(cors::PreflightedOrigin(origin.clone()));
                 }
-                async move {
+                let traced = telemetry
+                    .as_ref()
+                    .map(|t| t.server_context(&req, invalid.is_some()));
+                telemetry::instrument(traced, async move {
                     // The access log is at debug level; skip its bookkeeping otherwise.
                     let logged = tracing::enabled!(tracing::Level::DEBUG).then(|| {
                         (
@@ -454,7 +476,7 @@ impl Gateway {
                     }
                     drop(guard);
                     res
-                }
+                })
             })
         };
         let connections = listener.run(serve, shutdown).await;
@@ -493,6 +515,9 @@ impl Gateway {
             tracing::warn!(
                 "the store had not closed by the shutdown deadline; stopping without it"
             );
+        }
+        if let Some(telemetry) = telemetry {
+            telemetry.shutdown().await;
         }
         tracing::info!("stopped");
     }
