@@ -244,8 +244,7 @@ impl Telemetry {
         })
     }
 
-    /// Sends what is still batched and stops the exporter, within
-    /// [`FLUSH_AT_SHUTDOWN`].
+    /// Sends what is still batched and stops the exporter, within 5 s.
     pub async fn shutdown(self) {
         let provider = self.inner.provider.clone();
         let stopped =
