@@ -91,16 +91,33 @@ const FLUSH_AT_SHUTDOWN: Duration = Duration::from_secs(5);
 /// or else the standard [`OTEL_ENDPOINT_ENV`] (`standard`): either is the collector's
 /// base URL, `http://host:4318`, under whose path `/v1/traces` is appended, as the
 /// OpenTelemetry specification has it for that variable. Empty values count as unset;
-/// `None` means tracing is off. Only `http://` is spoken.
+/// `None` means tracing is off. Only `http://` is spoken: a setting that is not such a
+/// URL is an error, while a standard variable that is not (an `https://` one that a
+/// platform sets for every process, say) is logged and leaves tracing off, so that it
+/// cannot stop a gateway from starting.
 pub fn traces_url(setting: Option<&str>, standard: Option<&str>) -> Result<Option<String>, String> {
-    let base = match (
-        setting.filter(|s| !s.is_empty()),
-        standard.filter(|s| !s.is_empty()),
-    ) {
-        (Some(s), _) => s,
-        (None, Some(s)) => s,
-        (None, None) => return Ok(None),
+    if let Some(base) = setting.filter(|s| !s.is_empty()) {
+        return base_to_traces_url(base).map(Some);
+    }
+    let Some(base) = standard.filter(|s| !s.is_empty()) else {
+        return Ok(None);
     };
+    match base_to_traces_url(base) {
+        Ok(url) => Ok(Some(url)),
+        Err(e) => {
+            tracing::warn!(
+                variable = OTEL_ENDPOINT_ENV,
+                error = %e,
+                "traces are off: the variable names no endpoint the gateway can send to; \
+                 give --otlp-endpoint to send them"
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// `base/v1/traces`, for an `http://` base URL without a query.
+fn base_to_traces_url(base: &str) -> Result<String, String> {
     let uri: Uri = base
         .parse()
         .map_err(|e| format!("{base:?} is not a URL: {e}"))?;
@@ -121,7 +138,7 @@ pub fn traces_url(setting: Option<&str>, standard: Option<&str>) -> Result<Optio
         return Err(format!("{base:?}: the collector's base URL takes no query"));
     }
     let path = uri.path().trim_end_matches('/');
-    Ok(Some(format!("http://{authority}{path}{TRACES_PATH}")))
+    Ok(format!("http://{authority}{path}{TRACES_PATH}"))
 }
 
 /// Why tracing could not start.
@@ -685,6 +702,8 @@ mod tests {
             "not a url",
         ] {
             assert!(traces_url(Some(bad), None).is_err(), "{bad}");
+            // The standard variable, set for every process, never stops the start.
+            assert_eq!(traces_url(None, Some(bad)), Ok(None), "{bad}");
         }
     }
 

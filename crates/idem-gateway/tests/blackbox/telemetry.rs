@@ -336,6 +336,12 @@ async fn a_keyed_requests_trace_continues_the_clients_and_reaches_the_upstream()
         .collect();
     assert_eq!(replayed.len(), 1, "{}", render(&spans));
     let replayed = replayed[0];
+    let replay_trace: Vec<Span> = spans
+        .iter()
+        .filter(|s| s.trace_id == replayed.trace_id)
+        .cloned()
+        .collect();
+    eprintln!("and its replay's:{}", render(&replay_trace));
     assert_ne!(replayed.trace_id, server.trace_id);
     assert!(replayed.parent_span_id.is_empty());
     assert_eq!(replayed.links.len(), 1, "{}", render(&spans));
