@@ -119,11 +119,32 @@ impl StoredResponse {
             .and_then(|(_, value)| std::str::from_utf8(value).ok())
     }
 
-    /// The stored headers that are HTTP headers: all but the reference.
+    /// Records `traceparent`, the W3C trace context of the execution that produced this
+    /// answer (`00-<trace id>-<span id>-<flags>`), so that a replay's trace can link to
+    /// it. Kept among the headers under the pseudo-header name `:traceparent`, as a
+    /// reference is kept, so every store keeps it without a column of its own.
+    pub fn with_trace_parent(self, traceparent: &str) -> StoredResponse {
+        self.with_header(
+            TRACE_PARENT_HEADER,
+            Bytes::copy_from_slice(traceparent.as_bytes()),
+        )
+    }
+
+    /// The trace context recorded with [`with_trace_parent`](Self::with_trace_parent);
+    /// `None` for an answer recorded without one.
+    pub fn trace_parent(&self) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(name, _)| name == TRACE_PARENT_HEADER)
+            .and_then(|(_, value)| std::str::from_utf8(value).ok())
+    }
+
+    /// The stored headers that are HTTP headers: all but the pseudo-headers (the
+    /// reference, the trace context), whose names start with a colon.
     pub fn http_headers(&self) -> impl Iterator<Item = &(String, Bytes)> {
         self.headers
             .iter()
-            .filter(|(name, _)| name != REFERENCE_HEADER)
+            .filter(|(name, _)| !name.starts_with(':'))
     }
 }
 
@@ -131,6 +152,10 @@ impl StoredResponse {
 /// stored headers: a colon makes it an invalid HTTP field name, so it never collides
 /// with a real header, and a build that does not know it skips it at replay.
 pub const REFERENCE_HEADER: &str = ":reference";
+
+/// The name under which [`StoredResponse::with_trace_parent`] keeps the trace context
+/// among the stored headers: like [`REFERENCE_HEADER`], no HTTP field name.
+const TRACE_PARENT_HEADER: &str = ":traceparent";
 
 /// Where a record stands.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -264,6 +289,22 @@ impl ReserveRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pseudo_headers_are_kept_but_never_http_headers() {
+        let stored = StoredResponse::new(201, "ok")
+            .with_header("Location", "/v1/things/1")
+            .with_reference("/v1/things/1")
+            .with_trace_parent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        assert_eq!(stored.reference(), Some("/v1/things/1"));
+        assert_eq!(
+            stored.trace_parent(),
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        );
+        let http: Vec<&str> = stored.http_headers().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(http, ["location"]);
+        assert_eq!(StoredResponse::new(200, "").trace_parent(), None);
+    }
 
     #[test]
     fn generated_tokens_are_unique_and_never_zero() {

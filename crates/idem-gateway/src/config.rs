@@ -129,6 +129,8 @@ pub struct GatewayConfig {
     pub sweep_interval: Duration,
     /// Longest graceful-shutdown wait.
     pub shutdown_timeout: Duration,
+    /// Where traces are posted (`…/v1/traces`); `None` when tracing is off.
+    pub otlp_endpoint: Option<String>,
     /// Per-route rules.
     pub routes: Vec<Route>,
 }
@@ -182,6 +184,7 @@ impl GatewayConfig {
             // A mode rather than a setting of the gateway: see `serve::Mode`.
             passthrough: _,
             shutdown_timeout,
+            otlp_endpoint,
             route,
         } = args;
         let upstream = upstream.ok_or_else(|| {
@@ -256,6 +259,13 @@ impl GatewayConfig {
             },
             sweep_interval: sweep_interval.unwrap_or(DEFAULT_SWEEP_INTERVAL),
             shutdown_timeout: shutdown_timeout.unwrap_or(upstream_timeout + Duration::from_secs(5)),
+            otlp_endpoint: crate::telemetry::traces_url(
+                otlp_endpoint.as_deref(),
+                std::env::var(crate::telemetry::OTEL_ENDPOINT_ENV)
+                    .ok()
+                    .as_deref(),
+            )
+            .map_err(|e| invalid("otlp_endpoint", e))?,
             routes: route
                 .into_iter()
                 .enumerate()

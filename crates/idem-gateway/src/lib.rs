@@ -71,3 +71,4 @@ pub mod proxy;
 pub mod route;
 pub mod serve;
 pub mod store;
+pub mod telemetry;

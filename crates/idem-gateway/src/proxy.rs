@@ -215,6 +215,7 @@ impl Proxy {
         *up.headers_mut() = headers;
 
         let deadline = Instant::now() + this.timeout;
+        let upstream_call = crate::telemetry::UpstreamCall::start(&mut up);
         let res = match self
             .call_upstream(up, deadline, client_failed.as_deref())
             .await
@@ -222,6 +223,7 @@ impl Proxy {
             Ok(res) => res,
             Err(e) => return self.fail(e),
         };
+        upstream_call.answered(res.status());
         if res.status() == StatusCode::SWITCHING_PROTOCOLS {
             return match upgrade {
                 // To WebSocket, as asked (RFC 6455 §4.1 has the answer name it too).

@@ -38,6 +38,7 @@ use crate::path::PathNormalization;
 use crate::proxy::{Proxy, ProxyBody};
 use crate::route::{self, Route};
 use crate::store::{self, OpenError, redact};
+use crate::telemetry::{Telemetry, TelemetryError};
 
 /// The least time the store is given to close at shutdown, even when waiting for
 /// in-flight requests used up the shutdown timeout: enough for a SQLite store to write
@@ -65,6 +66,9 @@ pub enum ServeError {
     /// The store holds a tenant secret that cannot be used, or cannot store one.
     #[error("cannot read the tenant secret from the store: {0}")]
     TenantSecret(#[source] StoreError),
+    /// The trace exporter could not start.
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -98,6 +102,7 @@ pub struct Gateway {
     sweep_interval: Option<Duration>,
     shutdown_timeout: Duration,
     path_normalization: PathNormalization,
+    telemetry: Option<Telemetry>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -214,7 +219,12 @@ impl Gateway {
         store: Arc<dyn Store>,
     ) -> Result<Gateway, ServeError> {
         let metrics = Arc::new(Metrics::new().with_store(store.clone()));
-        let (service, in_flight) = service(config, mode, &store, &metrics).await?;
+        let telemetry = match &config.otlp_endpoint {
+            Some(url) => Some(Telemetry::start(url, &config.routes, &config.store)?),
+            None => None,
+        };
+        let (service, in_flight) =
+            service(config, mode, &store, &metrics, telemetry.as_ref()).await?;
         let (listener, admin) = listeners(config, &metrics)?;
         tracing::info!(
             store = %redact(&config.store),
@@ -241,6 +251,7 @@ impl Gateway {
             .then_some(config.sweep_interval),
             shutdown_timeout: config.shutdown_timeout,
             path_normalization: config.path_normalization,
+            telemetry,
         })
     }
 
@@ -277,6 +288,7 @@ impl Gateway {
             sweep_interval,
             shutdown_timeout,
             path_normalization,
+            telemetry,
         } = self;
         let sweeper = sweep_interval.map(|every| {
             Sweeper::spawn(
@@ -301,6 +313,7 @@ impl Gateway {
             service,
             metrics,
             paths: path_normalization,
+            telemetry: telemetry.clone(),
         };
         let serve = |peer, slot: &ConnectionSlot| {
             let front = front.clone();
@@ -319,6 +332,10 @@ impl Gateway {
             sweeper.stop();
         }
         close(&*store, deadline).await;
+        // After the store: the spans of the last executions' writes go out too.
+        if let Some(telemetry) = telemetry {
+            telemetry.shutdown().await;
+        }
         tracing::info!("stopped");
     }
 }
@@ -331,6 +348,7 @@ async fn service(
     mode: Mode,
     store: &Arc<dyn Store>,
     metrics: &Arc<Metrics>,
+    telemetry: Option<&Telemetry>,
 ) -> Result<(GatewayService, Option<InFlight>), ServeError> {
     let proxy = Proxy::new(
         config.upstream.clone(),
@@ -340,7 +358,16 @@ async fn service(
     Ok(match mode {
         Mode::Idempotent => {
             let tenant_key = tenant_key(config, &**store).await?;
-            let layer = idempotency_layer(store.clone(), config, tenant_key, metrics.clone());
+            // With traces on, the layer's store calls and outcomes go through the
+            // telemetry, which passes them on to the store and the metrics.
+            let layer_store = match telemetry {
+                Some(t) => t.store(store.clone()),
+                None => store.clone(),
+            };
+            let mut layer = idempotency_layer(layer_store, config, tenant_key, metrics.clone());
+            if let Some(t) = telemetry {
+                layer = layer.observer(t.observer(metrics.clone()));
+            }
             let in_flight = layer.in_flight();
             let svc = ServiceExt::<Request<Incoming>>::map_response(
                 layer.layer(proxy),

@@ -216,6 +216,14 @@ pub struct ServeArgs {
     #[serde(deserialize_with = "toml_form::duration")]
     pub shutdown_timeout: Option<Duration>,
 
+    /// Export OpenTelemetry traces over OTLP/HTTP to the collector at this base URL,
+    /// e.g. http://127.0.0.1:4318 (spans are posted to its /v1/traces): a span per
+    /// request, with the store and upstream calls as its children. Given here, in
+    /// IDEM_OTLP_ENDPOINT or as `otlp_endpoint`, it wins over OTEL_EXPORTER_OTLP_ENDPOINT,
+    /// which is honoured otherwise [default: off].
+    #[arg(long, env = "IDEM_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
     /// Per-route rules (`[[route]]` tables, the file only), first match wins.
     #[arg(skip)]
     pub route: Vec<RouteRule>,
@@ -256,6 +264,7 @@ impl ServeArgs {
             sweep_interval,
             passthrough,
             shutdown_timeout,
+            otlp_endpoint,
             route,
         } = self;
         ServeArgs {
@@ -287,6 +296,7 @@ impl ServeArgs {
             sweep_interval: sweep_interval.or(under.sweep_interval),
             passthrough: passthrough || under.passthrough,
             shutdown_timeout: shutdown_timeout.or(under.shutdown_timeout),
+            otlp_endpoint: otlp_endpoint.or(under.otlp_endpoint),
             route: if route.is_empty() { under.route } else { route },
         }
     }

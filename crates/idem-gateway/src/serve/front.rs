@@ -23,6 +23,7 @@ use crate::listener::ConnectionSlot;
 use crate::metrics::Metrics;
 use crate::path::{self, PathNormalization};
 use crate::proxy::ClientAddr;
+use crate::telemetry::{self, Telemetry};
 
 /// The front of the proxy, around the service behind it (the layer and the proxy).
 #[derive(Clone)]
@@ -30,6 +31,8 @@ pub(super) struct Front {
     pub(super) service: GatewayService,
     pub(super) metrics: Arc<Metrics>,
     pub(super) paths: PathNormalization,
+    /// Traces, when an OTLP endpoint is set: a server span around each request.
+    pub(super) telemetry: Option<Telemetry>,
 }
 
 impl Front {
@@ -55,7 +58,11 @@ impl Front {
         let svc = self.service.clone();
         let guard = self.metrics.in_flight_guard();
         let origin = cors::preflighted_origin(req.method(), req.headers());
-        async move {
+        let traced = self
+            .telemetry
+            .as_ref()
+            .map(|t| t.server_context(&req, invalid.is_some()));
+        telemetry::instrument(traced, async move {
             // The access log is at debug level; skip its bookkeeping otherwise.
             let logged = tracing::enabled!(tracing::Level::DEBUG).then(|| {
                 (
@@ -91,7 +98,7 @@ impl Front {
             }
             drop(guard);
             res
-        }
+        })
     }
 }
 

@@ -17,4 +17,5 @@ mod proxying;
 mod shared;
 mod smuggling;
 mod spelling;
+mod telemetry;
 mod tenants;
