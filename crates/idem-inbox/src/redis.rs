@@ -198,7 +198,7 @@ where
     /// `SET NX` whose reply was lost may have set it ([`idem_core::release_unconfirmed_with`]).
     /// With a `ConnectionManager`, which reconnects, this frees the message for its next
     /// delivery at once; a `MultiplexedConnection` that broke cannot, and the marker
-    /// lapses with its lease as before.
+    /// lapses with its lease.
     fn release_lost_mark(&self, key: &str, token: &str) {
         let (conn, key, token) = (self.conn.clone(), key.to_owned(), token.to_owned());
         idem_core::release_unconfirmed_with(move || {
