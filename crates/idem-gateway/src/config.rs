@@ -990,7 +990,10 @@ mod tests {
         let c = GatewayConfig::merge(&ServeArgs::default(), file("payments")).unwrap();
         let ns = c.store_options.namespace.unwrap();
         assert_eq!(
-            (ns.table(), ns.key_prefix()),
+            (
+                ns.suffixed("_records").unwrap().to_string(),
+                format!("{ns}:")
+            ),
             ("payments_records".into(), "payments:".into())
         );
         let a = ServeArgs {
