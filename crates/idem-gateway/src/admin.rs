@@ -20,6 +20,7 @@
 //! pile up nor take the proxy's file descriptors.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Query, Request, State};
 use axum::http::{StatusCode, header};
@@ -32,9 +33,17 @@ use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tower::ServiceExt;
 
 use crate::keys::{purge_expired, record_json, scope_for};
+use crate::listener::{ConnectionSlot, Listener};
 use crate::metrics::Metrics;
+
+/// How long the admin listener's connections are given to finish at shutdown.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
 /// What the admin routes share.
 #[derive(Clone)]
@@ -45,6 +54,40 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// The bearer token, if one is required.
     pub token: Option<Arc<str>>,
+}
+
+/// The admin listener, serving in a task of its own until stopped.
+pub(crate) struct AdminTask {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+/// Serves the admin router on `listener` until the task is stopped.
+pub(crate) fn spawn(listener: Listener, state: AdminState) -> AdminTask {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let router = router(state);
+    let task = tokio::spawn(async move {
+        let serve = |_, _: &ConnectionSlot| {
+            let router = router.clone();
+            hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                router.clone().oneshot(req)
+            })
+        };
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        let connections = listener.run(serve, stopped).await;
+        connections.finish(Instant::now() + SHUTDOWN_WAIT).await;
+    });
+    AdminTask { stop, task }
+}
+
+impl AdminTask {
+    /// Stops accepting, and gives the open connections a moment to finish.
+    pub(crate) async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(SHUTDOWN_WAIT + Duration::from_secs(1), self.task).await;
+    }
 }
 
 /// The admin router.

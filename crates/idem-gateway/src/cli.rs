@@ -1,16 +1,17 @@
 //! The command line: `idem serve`, `idem check-config`, `idem check`, `idem keys
 //! show|purge`, `idem demo`, `idem demo-upstream`, `idem completions SHELL` and `idem man`.
 //!
-//! Every `serve` option is also read from an `IDEM_*` environment variable and from the
-//! TOML file given by `--config`. The command line wins over the environment, which wins
-//! over the file, which wins over the defaults (see [`crate::config`]).
+//! Every `serve` option ([`ServeArgs`]) is also read from an `IDEM_*` environment
+//! variable and from the TOML file given by `--config`. The command line wins over the
+//! environment, which wins over the file, which wins over the defaults (see
+//! [`crate::config`]).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{TenantSecret, parse_byte_size};
+pub use crate::config::ServeArgs;
+use crate::config::{TENANT_SECRET_ENV, TenantSecret};
 
 /// What `idem --version` shows after the name: the crate's version and, where the build
 /// knew it, the commit (`0.1.0 (1a2b3c4d5)`, `-dirty` after it when the tree had
@@ -71,7 +72,7 @@ pub enum Command {
     Completions {
         /// The shell.
         #[arg(value_enum)]
-        shell: crate::completions::Shell,
+        shell: clap_complete::Shell,
     },
     /// Print the manual page idem(1) on standard output (`idem man | man -l -`), or
     /// write a page for every command into a directory.
@@ -90,190 +91,6 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
-}
-
-/// Whose key is it: the scope mode (SPEC S3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ScopeArg {
-    /// `(tenant, endpoint, key)`.
-    Public,
-    /// `(tenant, key)`.
-    Internal,
-}
-
-/// `idem serve`. Options left out here fall back to `--config`, then to the defaults.
-#[derive(Debug, Args, Default)]
-pub struct ServeArgs {
-    /// TOML file with these settings and per-route rules.
-    #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
-
-    /// Base URL of the API to protect, e.g. http://127.0.0.1:3000 (required).
-    #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
-    pub upstream: Option<String>,
-
-    /// Address to listen on [default: 127.0.0.1:8080].
-    #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
-    pub listen: Option<String>,
-
-    /// Record store: memory:// (memory://?max_entries=N), sqlite://FILE, postgres://…,
-    /// redis://… [default: sqlite://idem.db].
-    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
-    pub store: Option<String>,
-
-    /// Connections in the SQL stores' pool [default: the store's own, 8 for SQLite, 10
-    /// for PostgreSQL].
-    #[arg(long, env = "IDEM_STORE_POOL", value_name = "N")]
-    pub store_pool: Option<u32>,
-
-    /// Where this gateway's records live in a shared store: the SQL table NAME_records,
-    /// Redis keys under NAME: [default: idem]. Gateways in front of different APIs on one
-    /// store need different names; gateways in front of the same API, the same one.
-    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
-    pub store_namespace: Option<String>,
-
-    /// Admin listener address (health, readiness, metrics, keys); off unless given. A bare
-    /// port binds to 127.0.0.1.
-    #[arg(long, env = "IDEM_ADMIN", value_name = "ADDR")]
-    pub admin: Option<String>,
-
-    /// Bearer token that the admin listener requires (all but /healthz and /readyz).
-    #[arg(
-        long,
-        env = "IDEM_ADMIN_TOKEN",
-        value_name = "TOKEN",
-        hide_env_values = true
-    )]
-    pub admin_token: Option<String>,
-
-    /// A file holding the admin bearer token, so it stays out of the process's arguments
-    /// and environment; a trailing line end is dropped. Not with --admin-token.
-    #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "PATH")]
-    pub admin_token_file: Option<std::path::PathBuf>,
-
-    /// Answer 400 to a keyed method that carries no Idempotency-Key.
-    #[arg(long, env = "IDEM_REQUIRE_KEY")]
-    pub require_key: bool,
-
-    /// How long records live, counted from the first request: a completed record is
-    /// replayed until then; one in progress lives at least until its lease lapses
-    /// [default: 24h].
-    #[arg(long, env = "IDEM_TTL", value_name = "DURATION", value_parser = parse_duration)]
-    pub ttl: Option<Duration>,
-
-    /// How long an attempt holds its key without a heartbeat [default: 60s].
-    #[arg(long, env = "IDEM_LEASE", value_name = "DURATION", value_parser = parse_duration)]
-    pub lease: Option<Duration>,
-
-    /// How long to wait for the upstream's whole answer [default: 60s].
-    #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
-    pub upstream_timeout: Option<Duration>,
-
-    /// Largest keyed request body buffered for fingerprinting, e.g. 1MiB, 512KiB, 65536
-    /// [default: 1MiB].
-    #[arg(long, env = "IDEM_BODY_LIMIT", value_name = "BYTES", value_parser = parse_byte_size)]
-    pub body_limit: Option<usize>,
-
-    /// Largest keyed answer recorded, e.g. 8MiB; a larger answer from the upstream is
-    /// replaced by a recorded 502 `upstream-answer-too-large` problem [default: 8MiB].
-    #[arg(long, env = "IDEM_RESPONSE_LIMIT", value_name = "BYTES", value_parser = parse_byte_size)]
-    pub response_limit: Option<usize>,
-
-    /// Headers that name the tenant together, in order, e.g.
-    /// Authorization,Stripe-Account: the stored tenant is an HMAC-SHA256 of their names
-    /// and values under the tenant secret [default: Authorization]. They must stay the
-    /// same across a client's retries: behind rotating access tokens, name a header that
-    /// carries the authenticated principal.
-    #[arg(
-        long,
-        env = "IDEM_TENANT_HEADER",
-        value_name = "LIST",
-        value_delimiter = ','
-    )]
-    pub tenant_header: Option<Vec<String>>,
-
-    /// Answer 401 `missing-tenant` to a keyed request that carries none of the tenant
-    /// headers, instead of keying it as `anonymous`.
-    #[arg(long, env = "IDEM_REQUIRE_TENANT")]
-    pub require_tenant: bool,
-
-    /// File holding the tenant secret (at least 32 bytes; surrounding whitespace is
-    /// trimmed). IDEM_TENANT_SECRET may hold the secret itself instead [default: the
-    /// secret the store keeps, generated on its first use].
-    #[arg(long, env = "IDEM_TENANT_SECRET_FILE", value_name = "PATH")]
-    pub tenant_secret_file: Option<PathBuf>,
-
-    /// The secret itself, from `IDEM_TENANT_SECRET` only: never a flag, so that it
-    /// stays out of process listings.
-    #[arg(skip = TenantSecret::from_env())]
-    pub tenant_secret: Option<TenantSecret>,
-
-    /// Scope of a key: public = (tenant, endpoint, key), internal = (tenant, key)
-    /// [default: public].
-    #[arg(long, env = "IDEM_SCOPE", value_enum)]
-    pub scope: Option<ScopeArg>,
-
-    /// Methods that take an Idempotency-Key [default: POST,PATCH].
-    #[arg(
-        long,
-        env = "IDEM_KEYED_METHODS",
-        value_name = "LIST",
-        value_delimiter = ','
-    )]
-    pub keyed_methods: Option<Vec<String>>,
-
-    /// Upstream statuses that release the key (the answer passes through unrecorded and
-    /// a retry executes again) instead of being recorded; 4xx and 5xx only, or `none`
-    /// [default: 400,401,403,404,405,408,409,413,415,422,429,503].
-    #[arg(
-        long,
-        env = "IDEM_RELEASE_STATUSES",
-        value_name = "LIST",
-        value_delimiter = ','
-    )]
-    pub release_statuses: Option<Vec<String>>,
-
-    /// How request paths are normalised before route matching, scoping and forwarding
-    /// (the upstream receives the normalised path): rfc3986 (RFC 3986 §6.2.2: unreserved
-    /// escapes decoded, dot segments removed), merge-slashes, and the opt-in
-    /// trailing-slash and lowercase; or none. A path that cannot be normalised is a 400
-    /// `invalid-path` [default: rfc3986,merge-slashes].
-    #[arg(
-        long,
-        env = "IDEM_PATH_NORMALIZATION",
-        value_name = "LIST",
-        value_delimiter = ','
-    )]
-    pub path_normalization: Option<Vec<String>>,
-
-    /// How long a client may take to send a request's headers, counted from when its
-    /// connection is ready for the next request (so an idle keep-alive connection is
-    /// closed after it too), and then a keyed request's body (408 after it, nothing
-    /// reserved); a client whose reading stalls that long is disconnected too; 0s turns
-    /// all three off [default: 30s].
-    #[arg(long, env = "IDEM_CLIENT_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
-    pub client_timeout: Option<Duration>,
-
-    /// Most client connections the proxy holds open; at it, it accepts no more until one
-    /// closes [default: derived from the open-file limit, which is raised to its hard
-    /// value: (limit - store connections - 32 for the admin listener - 64) / 2].
-    #[arg(long, env = "IDEM_MAX_CONNECTIONS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_connections: Option<u32>,
-
-    /// Time between sweeps of expired records [default: 60s].
-    #[arg(long, env = "IDEM_SWEEP_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]
-    pub sweep_interval: Option<Duration>,
-
-    /// Forward everything without Idempotency-Key handling: a plain reverse proxy, for
-    /// measuring the layer's cost or as an emergency bypass.
-    #[arg(long, env = "IDEM_PASSTHROUGH")]
-    pub passthrough: bool,
-
-    /// Longest wait at shutdown for in-flight requests to finish and record [default: the
-    /// upstream timeout plus 5s].
-    #[arg(long, env = "IDEM_SHUTDOWN_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
-    pub shutdown_timeout: Option<Duration>,
 }
 
 /// `idem keys …`.
@@ -380,11 +197,6 @@ pub struct TenantArgs {
     pub tenant_secret: Option<TenantSecret>,
 }
 
-/// Parses a humantime duration (`500ms`, `2s`, `24h`, `1h 30m`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (examples: 500ms, 2s, 24h)"))
-}
-
 /// `IDEM_*` environment variables that are no setting but look like a misspelt one,
 /// each with the setting it resembles: `IDEM_STORE_URL` (for `IDEM_STORE`),
 /// `IDEM_TTL_SECS`, `IDEM_LEASES`. Such a variable is otherwise ignored, and the
@@ -406,7 +218,7 @@ pub fn misspelt_env_vars(names: impl IntoIterator<Item = String>) -> Vec<(String
         .collect();
     // Read by the log filter, not by clap; the secret is read apart from the flags.
     known.push("IDEM_LOG".to_owned());
-    known.push(crate::config::TENANT_SECRET_ENV.to_owned());
+    known.push(TENANT_SECRET_ENV.to_owned());
     names
         .into_iter()
         .filter(|name| name.starts_with("IDEM_") && !known.contains(name))
@@ -439,7 +251,10 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::config::ScopeArg;
     use clap::CommandFactory;
 
     #[test]

@@ -131,8 +131,7 @@ async fn check(args: &ServeArgs) -> ExitCode {
         eprintln!("idem: the store does not answer: {e}");
         return ExitCode::FAILURE;
     }
-    let u = &config.upstream;
-    println!("upstream  {}://{}{}", u.scheme, u.authority, u.base_path);
+    println!("upstream  {}", config.upstream);
     match config.client_timeout {
         Some(t) => println!(
             "listen    {} (client timeout {})",

@@ -171,7 +171,7 @@ impl Proxy {
     ) -> Proxy {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_keepalive(Some(crate::serve::KEEPALIVE_IDLE));
+        connector.set_keepalive(Some(crate::listener::KEEPALIVE_IDLE));
         // A connect that cannot finish is "unreachable" (nothing sent), not a timeout
         // with an unknown outcome.
         connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));

@@ -1,13 +1,14 @@
 //! Per-route rules from the TOML file: a method and a path template
-//! (`/v1/orders/{id}/capture`) with their own require-key, TTL, ignored JSON pointers and
-//! stored headers.
+//! (`/v1/orders/{id}/capture`) with their own require-key, TTL, ignored JSON pointers,
+//! stored headers and release statuses. Each rule is compiled once, at start, into the
+//! [`RouteConfig`] the layer applies to the requests it matches.
 
 use std::fmt;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
 use idem_core::{FingerprintOptions, PointerError};
-use idem_tower::ReleaseStatuses;
+use idem_tower::{ReleaseStatuses, RouteConfig};
 
 use crate::path::{self, PathNormalization};
 
@@ -163,6 +164,8 @@ pub struct Route {
     /// Overrides `--release-statuses` on this route.
     pub release_statuses: Option<ReleaseStatuses>,
     fingerprint: FingerprintOptions,
+    /// What the layer applies to a request that matches, made from the fields above.
+    compiled: RouteConfig,
 }
 
 impl Route {
@@ -174,10 +177,26 @@ impl Route {
         ttl: Option<Duration>,
         ignore: Vec<String>,
         store_headers: Vec<HeaderName>,
+        release_statuses: Option<ReleaseStatuses>,
     ) -> Result<Route, PointerError> {
         let mut fingerprint = FingerprintOptions::default();
         for p in &ignore {
             fingerprint = fingerprint.ignore_pointer(p)?;
+        }
+        let mut compiled = RouteConfig::new()
+            .endpoint(template.as_str())
+            .store_headers(store_headers.iter().cloned());
+        if let Some(required) = require_key {
+            compiled = compiled.require_key(required);
+        }
+        if let Some(ttl) = ttl {
+            compiled = compiled.ttl(ttl);
+        }
+        if let Some(statuses) = &release_statuses {
+            compiled = compiled.release_statuses(statuses.clone());
+        }
+        if fingerprint.ignores_anything() {
+            compiled = compiled.fingerprint_options(fingerprint.clone());
         }
         Ok(Route {
             method,
@@ -186,8 +205,9 @@ impl Route {
             ttl,
             ignore,
             store_headers,
-            release_statuses: None,
+            release_statuses,
             fingerprint,
+            compiled,
         })
     }
 
@@ -204,6 +224,11 @@ impl Route {
     /// The fingerprint options with this route's ignored pointers.
     pub fn fingerprint_options(&self) -> &FingerprintOptions {
         &self.fingerprint
+    }
+
+    /// The overrides the layer applies to the requests this rule matches.
+    pub fn config(&self) -> &RouteConfig {
+        &self.compiled
     }
 }
 
@@ -252,6 +277,7 @@ mod tests {
                 None,
                 vec![],
                 vec![],
+                None,
             )
             .unwrap()
         };
@@ -281,7 +307,16 @@ mod tests {
     #[test]
     fn rule_method_matches_in_any_case() {
         let t = PathTemplate::parse("/v1/charges").unwrap();
-        let rule = Route::new(Some(Method::POST), t, Some(true), None, vec![], vec![]).unwrap();
+        let rule = Route::new(
+            Some(Method::POST),
+            t,
+            Some(true),
+            None,
+            vec![],
+            vec![],
+            None,
+        )
+        .unwrap();
         for spelling in ["POST", "post", "PoSt"] {
             let method = Method::from_bytes(spelling.as_bytes()).unwrap();
             assert!(rule.matches(&method, "/v1/charges"), "{spelling}");
@@ -293,6 +328,6 @@ mod tests {
     #[test]
     fn bad_ignored_pointer_is_rejected() {
         let t = PathTemplate::parse("/x").unwrap();
-        assert!(Route::new(None, t, None, None, vec!["nope".into()], vec![]).is_err());
+        assert!(Route::new(None, t, None, None, vec!["nope".into()], vec![], None).is_err());
     }
 }

@@ -7,6 +7,8 @@
 //! `--shutdown-timeout`. Upgraded connections (WebSocket tunnels) are not waited for:
 //! they close when the process exits.
 
+mod front;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -15,27 +17,25 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
+use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use idem_core::{Store, StoreError, Sweeper, SweeperConfig, TenantKey};
-use idem_tower::{
-    IdempotencyBody, IdempotencyLayer, InFlight, Observer, Outcome, Problem, ProblemKind,
-    RouteConfig,
-};
+use idem_tower::{IdempotencyBody, IdempotencyLayer, InFlight};
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
-use tower::{Layer, ServiceExt};
+use tower::{BoxError, Layer, ServiceExt};
 
+use self::front::Front;
 use crate::admin::{self, AdminState};
 use crate::config::GatewayConfig;
-use crate::cors;
 use crate::listener::{
-    self, ADMIN_MAX_CONNECTIONS, ConnectionSlot, Listener, ListenerKind, default_max_connections,
+    self, ADMIN_MAX_CONNECTIONS, ConnectionSlot, Connections, Listener, ListenerKind,
+    default_max_connections,
 };
 use crate::metrics::Metrics;
-use crate::path::{self, PathNormalization};
-use crate::proxy::{BoxError, ClientAddr, Proxy, ProxyBody};
+use crate::path::PathNormalization;
+use crate::proxy::{Proxy, ProxyBody};
 use crate::route::{self, Route};
 use crate::store::{self, OpenError, redact};
 
@@ -49,9 +49,6 @@ const UNKNOWN_FD_LIMIT_MAX_CONNECTIONS: usize = 1024;
 
 /// The admin listener's client timeout when `--client-timeout` is off.
 const ADMIN_CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How long the admin listener's connections are given to finish at shutdown.
-const ADMIN_SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
 /// The body of answers the gateway sends to clients.
 pub type ClientBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -78,10 +75,6 @@ pub enum ServeError {
         source: std::io::Error,
     },
 }
-
-/// How long a connection may stay silent before TCP starts asking whether its peer is
-/// still there (client connections and upstream connections alike).
-pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 
 /// Whether requests go through the idempotency layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,29 +146,10 @@ pub fn idempotency_layer(
     }
     if !routes.is_empty() {
         layer = layer.route_config(move |parts| {
-            route::find(&routes, &parts.method, parts.uri.path()).map(route_config)
+            route::find(&routes, &parts.method, parts.uri.path()).map(|r| r.config().clone())
         });
     }
     layer
-}
-
-fn route_config(route: &Route) -> RouteConfig {
-    let mut rc = RouteConfig::new()
-        .endpoint(route.template.as_str())
-        .store_headers(route.store_headers.iter().cloned());
-    if let Some(required) = route.require_key {
-        rc = rc.require_key(required);
-    }
-    if let Some(ttl) = route.ttl {
-        rc = rc.ttl(ttl);
-    }
-    if let Some(statuses) = &route.release_statuses {
-        rc = rc.release_statuses(statuses.clone());
-    }
-    if route.fingerprint_options().ignores_anything() {
-        rc = rc.fingerprint_options(route.fingerprint_options().clone());
-    }
-    rc
 }
 
 /// The one key the gateway names tenants by: the operator's secret, else the store's
@@ -239,70 +213,12 @@ impl Gateway {
         store: Arc<dyn Store>,
     ) -> Result<Gateway, ServeError> {
         let metrics = Arc::new(Metrics::new().with_store(store.clone()));
-        let proxy = Proxy::new(
-            config.upstream.clone(),
-            config.upstream_timeout,
-            config.response_limit,
-            metrics.clone(),
-        );
-        let (service, in_flight) = match mode {
-            Mode::Idempotent => {
-                let tenant_key = tenant_key(config, &*store).await?;
-                let layer = idempotency_layer(store.clone(), config, tenant_key, metrics.clone());
-                let in_flight = layer.in_flight();
-                let svc = ServiceExt::<Request<Incoming>>::map_response(
-                    layer.layer(proxy),
-                    |res: Response<IdempotencyBody<ProxyBody>>| {
-                        res.map(|b| b.map_err(Into::into).boxed_unsync())
-                    },
-                );
-                (BoxCloneService::new(svc), Some(in_flight))
-            }
-            Mode::PassThrough => {
-                let svc = ServiceExt::<Request<Incoming>>::map_response(
-                    proxy,
-                    |res: Response<ProxyBody>| res,
-                );
-                (BoxCloneService::new(svc), None)
-            }
-        };
-        let listener = listener::bind(config.listen).map_err(|source| ServeError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-        let admin = match config.admin {
-            Some(addr) => {
-                if !addr.ip().is_loopback() && config.admin_token.is_none() {
-                    tracing::warn!(%addr, "the admin listener is not on loopback and has no --admin-token");
-                }
-                Some(listener::bind(addr).map_err(|source| ServeError::Bind { addr, source })?)
-            }
-            None => None,
-        };
-        let max_connections = proxy_connection_cap(config);
-        let listener = Listener::new(
-            listener,
-            ListenerKind::Proxy,
-            max_connections,
-            config.client_timeout,
-            metrics.clone(),
-        );
-        // An admin listener always has a client timeout: nothing it serves needs a
-        // connection that idles longer.
-        let admin_timeout = config.client_timeout.unwrap_or(ADMIN_CLIENT_TIMEOUT);
-        let admin = admin.map(|tcp| {
-            Listener::new(
-                tcp,
-                ListenerKind::Admin,
-                ADMIN_MAX_CONNECTIONS,
-                Some(admin_timeout),
-                metrics.clone(),
-            )
-        });
+        let (service, in_flight) = service(config, mode, &store, &metrics).await?;
+        let (listener, admin) = listeners(config, &metrics)?;
         tracing::info!(
             store = %redact(&config.store),
             namespace = %config.store_options.namespace.clone().unwrap_or_default(),
-            upstream = %format!("{}://{}{}", config.upstream.scheme, config.upstream.authority, config.upstream.base_path),
+            upstream = %config.upstream,
             mode = ?mode,
             max_connections = listener.max_connections(),
             "gateway configured"
@@ -342,7 +258,10 @@ impl Gateway {
         self.metrics.clone()
     }
 
-    /// Serves until `shutdown` resolves, then shuts down gracefully.
+    /// Serves until `shutdown` resolves, then shuts down gracefully: stops accepting,
+    /// lets the open connections and the executions in flight finish until the
+    /// shutdown deadline, stops the admin listener and the sweeper, and closes the
+    /// store last.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let Gateway {
             listener,
@@ -365,198 +284,148 @@ impl Gateway {
                 },
             )
         });
-        let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
-        let admin_task = admin.map(|listener| {
-            let router = admin::router(AdminState {
-                store: store.clone(),
-                metrics: metrics.clone(),
-                token: admin_token,
-            });
-            tokio::spawn(async move {
-                let serve = |_, _: &ConnectionSlot| {
-                    let router = router.clone();
-                    hyper::service::service_fn(move |req: Request<Incoming>| {
-                        router.clone().oneshot(req)
-                    })
-                };
-                let stopped = async {
-                    let _ = admin_stopped.await;
-                };
-                let connections = listener.run(serve, stopped).await;
-                connections
-                    .finish(Instant::now() + ADMIN_SHUTDOWN_WAIT)
-                    .await;
-            })
+        let admin = admin.map(|listener| {
+            admin::spawn(
+                listener,
+                AdminState {
+                    store: store.clone(),
+                    metrics: metrics.clone(),
+                    token: admin_token,
+                },
+            )
         });
-
+        let front = Front {
+            service,
+            metrics,
+            paths: path_normalization,
+        };
         let serve = |peer, slot: &ConnectionSlot| {
-            let svc = service.clone();
-            let metrics = metrics.clone();
+            let front = front.clone();
             let slot = slot.clone();
-            hyper::service::service_fn(move |mut req: Request<Incoming>| {
-                // Once, before any rule sees the request: the layer, the routes and the
-                // proxy all see the one normalised path (SPEC S14).
-                let invalid = check_host(&mut req)
-                    .and_then(|()| normalize_target(&mut req, path_normalization))
-                    .err();
-                if invalid.is_some() {
-                    metrics.outcome(Outcome::Rejected);
-                }
-                req.extensions_mut().insert(ClientAddr(peer));
-                // A connection that becomes a WebSocket tunnel keeps its place under the
-                // cap while the tunnel is open.
-                if req.headers().contains_key(http::header::UPGRADE) {
-                    req.extensions_mut().insert(slot.clone());
-                }
-                let svc = svc.clone();
-                let guard = metrics.in_flight_guard();
-                let origin = cors::preflighted_origin(req.method(), req.headers());
-                if let Some(origin) = &origin {
-                    req.extensions_mut()
-                        .insert(cors::PreflightedOrigin(origin.clone()));
-                }
-                async move {
-                    // The access log is at debug level; skip its bookkeeping otherwise.
-                    let logged = tracing::enabled!(tracing::Level::DEBUG).then(|| {
-                        (
-                            Instant::now(),
-                            req.method().clone(),
-                            req.uri().path().to_owned(),
-                        )
-                    });
-                    let mut res = match invalid {
-                        None => svc.oneshot(req).await,
-                        Some(problem) => {
-                            // Read away what the client still sends, so that it reads the
-                            // 400 rather than a reset.
-                            let (parts, body) = req.into_parts();
-                            idem_tower::drain_body(&parts.headers, body);
-                            Ok(problem
-                                .to_response()
-                                .map(|b| Full::new(b).map_err(|e| match e {}).boxed_unsync()))
-                        }
-                    };
-                    if let (Some(origin), Ok(r)) = (origin, &mut res) {
-                        cors::allow_origin_on_problem(r, origin);
-                    }
-                    if let (Some((started, method, path)), Ok(r)) = (logged, &res) {
-                        tracing::debug!(
-                            %method,
-                            %path,
-                            status = r.status().as_u16(),
-                            replayed = r.headers().contains_key("idempotent-replayed"),
-                            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-                            "request"
-                        );
-                    }
-                    drop(guard);
-                    res
-                }
-            })
+            hyper::service::service_fn(move |req| front.call(peer, &slot, req))
         };
         let connections = listener.run(serve, shutdown).await;
 
         tracing::info!("shutting down: no new connections; finishing in-flight requests");
         let deadline = Instant::now() + shutdown_timeout;
-        if !connections.finish(deadline).await {
-            tracing::warn!("some connections were still open at the shutdown deadline");
-        }
-        if let Some(in_flight) = in_flight
-            && tokio::time::timeout_at(deadline, in_flight.wait())
-                .await
-                .is_err()
-        {
-            tracing::warn!(
-                left = in_flight.count(),
-                "executions still running at the shutdown deadline; their keys stay in progress until their leases lapse"
-            );
-        }
-        let _ = admin_stop.send(());
-        if let Some(task) = admin_task {
-            let _ = tokio::time::timeout(ADMIN_SHUTDOWN_WAIT + Duration::from_secs(1), task).await;
+        finish(connections, in_flight, deadline).await;
+        if let Some(admin) = admin {
+            admin.stop().await;
         }
         if let Some(sweeper) = sweeper {
             sweeper.stop();
         }
-        // Last: a SQLite store writes what is queued and folds its WAL into the file.
-        // Bounded too, so that a store that cannot finish (a SQLite lock another process
-        // holds, a server that stopped answering) does not keep the process alive past
-        // its deadline. What it committed is safe; SQLite replays a WAL left behind.
-        let closing = deadline.max(Instant::now() + STORE_CLOSE_MIN);
-        if tokio::time::timeout_at(closing, store.close())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                "the store had not closed by the shutdown deadline; stopping without it"
-            );
-        }
+        close(&*store, deadline).await;
         tracing::info!("stopped");
     }
 }
 
-/// Holds the request to RFC 9112 §3.2 before any rule sees it: an HTTP/1.1 request
-/// without `Host`, one with several, or one whose `Host` names no host is the 400
-/// `invalid-host` problem to answer with. An absolute-form target's authority takes
-/// the place of `Host` (§3.2.2), so the host the upstream is told of in `Forwarded`
-/// and `X-Forwarded-Host` is the one the client's target named.
-fn check_host<B>(req: &mut Request<B>) -> Result<(), Problem> {
-    let invalid = |why: &str| {
-        Problem::new(
-            ProblemKind::InvalidHost,
-            format!("{why} (RFC 9112 section 3.2); nothing was reserved or forwarded"),
-        )
-    };
-    let mut hosts = req.headers().get_all(http::header::HOST).iter();
-    let host = hosts.next();
-    if hosts.next().is_some() {
-        return Err(invalid("the request has more than one Host header"));
-    }
-    // A host with user information (`user@host`) is no `Host` (RFC 9110 §7.2), and
-    // tells the upstream of a host the request is not for.
-    if let Some(authority) = req.uri().authority() {
-        if authority.as_str().contains('@') {
-            return Err(invalid("the target's authority holds user information"));
+/// The service behind the front of the proxy: the idempotency layer around the proxy,
+/// or the proxy alone in pass-through mode; with the layer, what tracks its executions
+/// in flight.
+async fn service(
+    config: &GatewayConfig,
+    mode: Mode,
+    store: &Arc<dyn Store>,
+    metrics: &Arc<Metrics>,
+) -> Result<(GatewayService, Option<InFlight>), ServeError> {
+    let proxy = Proxy::new(
+        config.upstream.clone(),
+        config.upstream_timeout,
+        config.response_limit,
+        metrics.clone(),
+    );
+    Ok(match mode {
+        Mode::Idempotent => {
+            let tenant_key = tenant_key(config, &**store).await?;
+            let layer = idempotency_layer(store.clone(), config, tenant_key, metrics.clone());
+            let in_flight = layer.in_flight();
+            let svc = ServiceExt::<Request<Incoming>>::map_response(
+                layer.layer(proxy),
+                |res: Response<IdempotencyBody<ProxyBody>>| {
+                    res.map(|b| b.map_err(Into::into).boxed_unsync())
+                },
+            );
+            (BoxCloneService::new(svc), Some(in_flight))
         }
-        let authority = http::HeaderValue::from_str(authority.as_str())
-            .map_err(|_| invalid("the target's authority is no Host value"))?;
-        req.headers_mut().insert(http::header::HOST, authority);
-        return Ok(());
-    }
-    match host {
-        Some(value) => match http::uri::Authority::try_from(value.as_bytes()) {
-            Ok(authority) if !authority.host().is_empty() && !authority.as_str().contains('@') => {
-                Ok(())
+        Mode::PassThrough => {
+            let svc =
+                ServiceExt::<Request<Incoming>>::map_response(proxy, |res: Response<ProxyBody>| {
+                    res
+                });
+            (BoxCloneService::new(svc), None)
+        }
+    })
+}
+
+/// The proxy's listener and the admin one, if any, bound with their caps and client
+/// timeouts.
+fn listeners(
+    config: &GatewayConfig,
+    metrics: &Arc<Metrics>,
+) -> Result<(Listener, Option<Listener>), ServeError> {
+    let bind = |addr| listener::bind(addr).map_err(|source| ServeError::Bind { addr, source });
+    let proxy = bind(config.listen)?;
+    let admin = match config.admin {
+        Some(addr) => {
+            if !addr.ip().is_loopback() && config.admin_token.is_none() {
+                tracing::warn!(%addr, "the admin listener is not on loopback and has no --admin-token");
             }
-            _ => Err(invalid("the Host header names no host")),
-        },
-        None if req.version() == http::Version::HTTP_11 => {
-            Err(invalid("an HTTP/1.1 request must send a Host header"))
+            Some(bind(addr)?)
         }
-        None => Ok(()),
+        None => None,
+    };
+    let proxy = Listener::new(
+        proxy,
+        ListenerKind::Proxy,
+        proxy_connection_cap(config),
+        config.client_timeout,
+        metrics.clone(),
+    );
+    // An admin listener always has a client timeout: nothing it serves needs a
+    // connection that idles longer.
+    let admin_timeout = config.client_timeout.unwrap_or(ADMIN_CLIENT_TIMEOUT);
+    let admin = admin.map(|tcp| {
+        Listener::new(
+            tcp,
+            ListenerKind::Admin,
+            ADMIN_MAX_CONNECTIONS,
+            Some(admin_timeout),
+            metrics.clone(),
+        )
+    });
+    Ok((proxy, admin))
+}
+
+/// Lets the open connections finish their requests, then the executions the layer
+/// spawned finish and record, until `deadline`.
+async fn finish(connections: Connections, in_flight: Option<InFlight>, deadline: Instant) {
+    if !connections.finish(deadline).await {
+        tracing::warn!("some connections were still open at the shutdown deadline");
+    }
+    if let Some(in_flight) = in_flight
+        && tokio::time::timeout_at(deadline, in_flight.wait())
+            .await
+            .is_err()
+    {
+        tracing::warn!(
+            left = in_flight.count(),
+            "executions still running at the shutdown deadline; their keys stay in progress until their leases lapse"
+        );
     }
 }
 
-/// Puts the request's normalised target (see [`path::normalize_uri`]) in place of its
-/// own, or says why its path cannot be normalised, as the 400 `invalid-path` problem
-/// to answer with. An `OPTIONS *` request names no path and passes as it came; any
-/// other target that is not a path (`*`, a `CONNECT` authority) is invalid.
-fn normalize_target<B>(req: &mut Request<B>, options: PathNormalization) -> Result<(), Problem> {
-    if options.is_none() || (req.method() == http::Method::OPTIONS && req.uri() == "*") {
-        return Ok(());
-    }
-    match path::normalize_uri(req.uri(), options) {
-        Ok(None) => Ok(()),
-        Ok(Some(normal)) => {
-            *req.uri_mut() = normal;
-            Ok(())
-        }
-        Err(e) => Err(Problem::new(
-            ProblemKind::InvalidPath,
-            format!(
-                "the request path cannot be normalised: {e}; nothing was reserved or forwarded"
-            ),
-        )),
+/// Closes the store: a SQLite store writes what is queued and folds its WAL into the
+/// file. Bounded too, so that a store that cannot finish (a SQLite lock another process
+/// holds, a server that stopped answering) does not keep the process alive past its
+/// deadline. What it committed is safe; SQLite replays a WAL left behind.
+async fn close(store: &dyn Store, deadline: Instant) {
+    let closing = deadline.max(Instant::now() + STORE_CLOSE_MIN);
+    if tokio::time::timeout_at(closing, store.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the store had not closed by the shutdown deadline; stopping without it");
     }
 }
 
@@ -586,8 +455,7 @@ pub async fn shutdown_signal() {
 mod tests {
     use super::*;
 
-    use crate::cli::ServeArgs;
-    use crate::config::FileConfig;
+    use crate::config::ServeArgs;
 
     async fn bound(store_url: &str) -> Gateway {
         let args = ServeArgs {
@@ -596,7 +464,7 @@ mod tests {
             store: Some(store_url.to_owned()),
             ..ServeArgs::default()
         };
-        let config = GatewayConfig::merge(&args, FileConfig::default()).expect("config");
+        let config = GatewayConfig::from_args(args).expect("config");
         let store = store::open_or_defer(store_url, store::StoreOptions::default())
             .await
             .expect("store");
@@ -636,7 +504,7 @@ mod tests {
             shutdown_timeout: Some(Duration::from_millis(100)),
             ..ServeArgs::default()
         };
-        let config = GatewayConfig::merge(&args, FileConfig::default()).expect("config");
+        let config = GatewayConfig::from_args(args).expect("config");
         let close_started = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let store = NeverCloses {
             inner: idem_core::MemoryStore::new(),

@@ -68,6 +68,7 @@ pub const ORDER_NUMBER_TAKEN: &str = "/problems/order-number-taken";
 /// The `orders` table: the business record, with the unique constraint that outlives
 /// every idempotency record. Order numbers are the client's, so they are unique per
 /// tenant (the layer's tenant: an HMAC of the `Authorization` header, SPEC S3).
+// ANCHOR: schema (the user guide shows the unique constraint from here)
 const ORDERS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS orders (
     id           INTEGER PRIMARY KEY,
     tenant       TEXT    NOT NULL,
@@ -78,6 +79,7 @@ const ORDERS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS orders (
     status       TEXT    NOT NULL,
     UNIQUE (tenant, order_number)
 )";
+// ANCHOR_END: schema
 
 /// What the API is configured with.
 #[derive(Clone)]
@@ -185,6 +187,7 @@ struct Orders {
 
 /// The API with idempotency on every route, over `store` (which [`open`] gave, so the
 /// `orders` table is there); returns the in-flight handle for shutdown.
+// ANCHOR: app (the user guide shows the layer's set-up from here)
 pub fn app(store: SqliteStore, settings: Settings) -> (Router, InFlight) {
     let mut layer = IdempotencyLayer::new(store.clone())
         .require_key_if(|parts| parts.method == Method::POST)
@@ -205,6 +208,7 @@ pub fn app(store: SqliteStore, settings: Settings) -> (Router, InFlight) {
         .layer(layer);
     (router, in_flight)
 }
+// ANCHOR_END: app
 
 async fn create_order(
     State(orders): State<Orders>,
@@ -231,6 +235,7 @@ async fn create_order(
     }
 }
 
+// ANCHOR: insert_order (the user guide shows the same-transaction completion from here)
 /// Inserts the order, or finds the one its number names, and completes the key with
 /// the answer in the same transaction. Nothing is written unless the whole commits.
 async fn insert_order(
@@ -290,6 +295,7 @@ async fn insert_order(
     tx.commit().await?;
     Ok(response)
 }
+// ANCHOR_END: insert_order
 
 async fn get_order(State(orders): State<Orders>, Path(id): Path<i64>) -> Response {
     let found: Result<Option<Order>, sqlx::Error> = sqlx::query_as(

@@ -149,6 +149,7 @@ impl Ledger {
         Ok(Ledger { pool })
     }
 
+    // ANCHOR: consumer (the user guide shows the inbox and its consumer from here)
     /// The inbox for `consumer` on this ledger.
     pub async fn inbox(&self, consumer: &str) -> Result<SqliteInbox, Error> {
         let inbox = SqliteInbox::new(self.pool.clone(), consumer)?;
@@ -175,6 +176,7 @@ impl Ledger {
         consumer.check_retention().await?;
         Ok(consumer)
     }
+    // ANCHOR_END: consumer
 
     /// Every account's balance, by account.
     pub async fn balances(&self) -> Result<Vec<(String, i64)>, Error> {
@@ -186,6 +188,7 @@ impl Ledger {
     }
 }
 
+// ANCHOR: apply_credit (the user guide shows the handler from here)
 /// Applies one credit inside the inbox's transaction.
 pub fn apply_credit<'t>(
     delivery: Delivery,
@@ -204,6 +207,7 @@ pub fn apply_credit<'t>(
         Ok(())
     })
 }
+// ANCHOR_END: apply_credit
 
 /// [`apply_credit`] as a handler for [`JetStreamInbox::run`].
 pub fn credit_handler()

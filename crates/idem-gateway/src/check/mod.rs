@@ -40,7 +40,7 @@ pub use client::REDACTED;
 pub use probes::{Check, PROBES, ProbeReport, Status};
 pub use report::Report;
 
-use crate::cli::parse_duration;
+use crate::config::parse_duration;
 
 /// Every applicable probe passed.
 pub const EXIT_PASSED: u8 = 0;

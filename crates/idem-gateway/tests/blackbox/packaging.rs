@@ -473,12 +473,12 @@ fn example_config_shows_every_setting_and_route_field() {
                 .is_some_and(|rest| rest.trim_start().starts_with('='))
         })
     };
-    let settings = fields_of::<idem_gateway::config::FileConfig>("");
+    let settings = fields_of::<idem_gateway::config::ServeArgs>("");
     assert!(settings.contains(&"upstream".to_owned()), "{settings:?}");
     for name in settings.iter().filter(|n| *n != "route") {
         assert!(shows(top, name), "contrib/idem.toml does not show `{name}`");
     }
-    let rules = fields_of::<idem_gateway::config::FileConfig>("[[route]]\npath = \"/x\"\n");
+    let rules = fields_of::<idem_gateway::config::ServeArgs>("[[route]]\npath = \"/x\"\n");
     assert!(rules.contains(&"store_headers".to_owned()), "{rules:?}");
     for name in &rules {
         assert!(

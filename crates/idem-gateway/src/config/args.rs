@@ -1,0 +1,379 @@
+//! The settings of `idem serve` as given: one declaration for the command line, the
+//! `IDEM_*` environment (both read by clap) and the `--config` TOML file (read by serde),
+//! so that a setting has one name, one type and one help text in all three.
+//!
+//! The file takes each setting under its flag's name with `_` for `-`, and some in a
+//! second form: a byte count as a number or a string with a unit (`"1MiB"`), a list as
+//! an array or one comma-separated string (`tenant_header`, `path_normalization`), the
+//! release statuses as numbers (`[409, 503]`, `[]` for none). Values are parsed here,
+//! by the parsers of [`super::values`]; what they mean together is checked when they
+//! are resolved ([`GatewayConfig`](super::GatewayConfig)).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+
+use super::secrets::TenantSecret;
+use super::values::{parse_byte_size, parse_duration};
+
+/// Whose key is it: the scope mode (SPEC S3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScopeArg {
+    /// `(tenant, endpoint, key)`.
+    Public,
+    /// `(tenant, key)`.
+    Internal,
+}
+
+/// `idem serve`. Options left out here fall back to `--config`, then to the defaults.
+#[derive(Debug, Clone, Args, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeArgs {
+    /// TOML file with these settings and per-route rules.
+    #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+
+    /// Base URL of the API to protect, e.g. http://127.0.0.1:3000 (required).
+    #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
+    pub upstream: Option<String>,
+
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+
+    /// Record store: memory:// (memory://?max_entries=N), sqlite://FILE, postgres://…,
+    /// redis://… [default: sqlite://idem.db].
+    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
+    pub store: Option<String>,
+
+    /// Connections in the SQL stores' pool [default: the store's own, 8 for SQLite, 10
+    /// for PostgreSQL].
+    #[arg(long, env = "IDEM_STORE_POOL", value_name = "N")]
+    pub store_pool: Option<u32>,
+
+    /// Where this gateway's records live in a shared store: the SQL table NAME_records,
+    /// Redis keys under NAME: [default: idem]. Gateways in front of different APIs on one
+    /// store need different names; gateways in front of the same API, the same one.
+    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
+    pub store_namespace: Option<String>,
+
+    /// Admin listener address (health, readiness, metrics, keys); off unless given. A bare
+    /// port binds to 127.0.0.1.
+    #[arg(long, env = "IDEM_ADMIN", value_name = "ADDR")]
+    pub admin: Option<String>,
+
+    /// Bearer token that the admin listener requires (all but /healthz and /readyz).
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+
+    /// A file holding the admin bearer token, so it stays out of the process's arguments
+    /// and environment; a trailing line end is dropped. Not with --admin-token.
+    #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// Answer 400 to a keyed method that carries no Idempotency-Key.
+    #[arg(long, env = "IDEM_REQUIRE_KEY")]
+    pub require_key: bool,
+
+    /// How long records live, counted from the first request: a completed record is
+    /// replayed until then; one in progress lives at least until its lease lapses
+    /// [default: 24h].
+    #[arg(long, env = "IDEM_TTL", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub ttl: Option<Duration>,
+
+    /// How long an attempt holds its key without a heartbeat [default: 60s].
+    #[arg(long, env = "IDEM_LEASE", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub lease: Option<Duration>,
+
+    /// How long to wait for the upstream's whole answer [default: 60s].
+    #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub upstream_timeout: Option<Duration>,
+
+    /// Largest keyed request body buffered for fingerprinting, e.g. 1MiB, 512KiB, 65536
+    /// [default: 1MiB].
+    #[arg(long, env = "IDEM_BODY_LIMIT", value_name = "BYTES", value_parser = parse_byte_size)]
+    #[serde(deserialize_with = "toml_form::bytes")]
+    pub body_limit: Option<usize>,
+
+    /// Largest keyed answer recorded, e.g. 8MiB; a larger answer from the upstream is
+    /// replaced by a recorded 502 `upstream-answer-too-large` problem [default: 8MiB].
+    #[arg(long, env = "IDEM_RESPONSE_LIMIT", value_name = "BYTES", value_parser = parse_byte_size)]
+    #[serde(deserialize_with = "toml_form::bytes")]
+    pub response_limit: Option<usize>,
+
+    /// Headers that name the tenant together, in order, e.g.
+    /// Authorization,Stripe-Account: the stored tenant is an HMAC-SHA256 of their names
+    /// and values under the tenant secret [default: Authorization]. They must stay the
+    /// same across a client's retries: behind rotating access tokens, name a header that
+    /// carries the authenticated principal.
+    #[arg(
+        long,
+        env = "IDEM_TENANT_HEADER",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    #[serde(deserialize_with = "toml_form::list")]
+    pub tenant_header: Option<Vec<String>>,
+
+    /// Answer 401 `missing-tenant` to a keyed request that carries none of the tenant
+    /// headers, instead of keying it as `anonymous`.
+    #[arg(long, env = "IDEM_REQUIRE_TENANT")]
+    pub require_tenant: bool,
+
+    /// File holding the tenant secret (at least 32 bytes; surrounding whitespace is
+    /// trimmed). IDEM_TENANT_SECRET may hold the secret itself instead [default: the
+    /// secret the store keeps, generated on its first use].
+    #[arg(long, env = "IDEM_TENANT_SECRET_FILE", value_name = "PATH")]
+    pub tenant_secret_file: Option<PathBuf>,
+
+    /// The secret itself, from `IDEM_TENANT_SECRET` only: never a flag, so that it
+    /// stays out of process listings.
+    #[arg(skip = TenantSecret::from_env())]
+    #[serde(skip)]
+    pub tenant_secret: Option<TenantSecret>,
+
+    /// Scope of a key: public = (tenant, endpoint, key), internal = (tenant, key)
+    /// [default: public].
+    #[arg(long, env = "IDEM_SCOPE", value_enum)]
+    pub scope: Option<ScopeArg>,
+
+    /// Methods that take an Idempotency-Key [default: POST,PATCH].
+    #[arg(
+        long,
+        env = "IDEM_KEYED_METHODS",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub keyed_methods: Option<Vec<String>>,
+
+    /// Upstream statuses that release the key (the answer passes through unrecorded and
+    /// a retry executes again) instead of being recorded; 4xx and 5xx only, or `none`
+    /// [default: 400,401,403,404,405,408,409,413,415,422,429,503].
+    #[arg(
+        long,
+        env = "IDEM_RELEASE_STATUSES",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    #[serde(deserialize_with = "toml_form::statuses")]
+    pub release_statuses: Option<Vec<String>>,
+
+    /// How request paths are normalised before route matching, scoping and forwarding
+    /// (the upstream receives the normalised path): rfc3986 (RFC 3986 §6.2.2: unreserved
+    /// escapes decoded, dot segments removed), merge-slashes, and the opt-in
+    /// trailing-slash and lowercase; or none. A path that cannot be normalised is a 400
+    /// `invalid-path` [default: rfc3986,merge-slashes].
+    #[arg(
+        long,
+        env = "IDEM_PATH_NORMALIZATION",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    #[serde(deserialize_with = "toml_form::list")]
+    pub path_normalization: Option<Vec<String>>,
+
+    /// How long a client may take to send a request's headers, counted from when its
+    /// connection is ready for the next request (so an idle keep-alive connection is
+    /// closed after it too), and then a keyed request's body (408 after it, nothing
+    /// reserved); a client whose reading stalls that long is disconnected too; 0s turns
+    /// all three off [default: 30s].
+    #[arg(long, env = "IDEM_CLIENT_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub client_timeout: Option<Duration>,
+
+    /// Most client connections the proxy holds open; at it, it accepts no more until one
+    /// closes [default: derived from the open-file limit, which is raised to its hard
+    /// value: (limit - store connections - 32 for the admin listener - 64) / 2].
+    #[arg(long, env = "IDEM_MAX_CONNECTIONS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: Option<u32>,
+
+    /// Time between sweeps of expired records [default: 60s].
+    #[arg(long, env = "IDEM_SWEEP_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub sweep_interval: Option<Duration>,
+
+    /// Forward everything without Idempotency-Key handling: a plain reverse proxy, for
+    /// measuring the layer's cost or as an emergency bypass.
+    #[arg(long, env = "IDEM_PASSTHROUGH")]
+    #[serde(skip)]
+    pub passthrough: bool,
+
+    /// Longest wait at shutdown for in-flight requests to finish and record [default: the
+    /// upstream timeout plus 5s].
+    #[arg(long, env = "IDEM_SHUTDOWN_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub shutdown_timeout: Option<Duration>,
+
+    /// Per-route rules (`[[route]]` tables, the file only), first match wins.
+    #[arg(skip)]
+    pub route: Vec<RouteRule>,
+}
+
+impl ServeArgs {
+    /// These settings layered over `under`'s: each one given here wins, else the one
+    /// given there; a switch (`require_key`, …) is on when either turns it on. Routes
+    /// come from the file alone, so here they replace `under`'s only when there are any.
+    pub fn over(self, under: ServeArgs) -> ServeArgs {
+        // Destructured in full, so that a new setting cannot be left out of the layering.
+        let ServeArgs {
+            config,
+            upstream,
+            listen,
+            store,
+            store_pool,
+            store_namespace,
+            admin,
+            admin_token,
+            admin_token_file,
+            require_key,
+            ttl,
+            lease,
+            upstream_timeout,
+            body_limit,
+            response_limit,
+            tenant_header,
+            require_tenant,
+            tenant_secret_file,
+            tenant_secret,
+            scope,
+            keyed_methods,
+            release_statuses,
+            path_normalization,
+            client_timeout,
+            max_connections,
+            sweep_interval,
+            passthrough,
+            shutdown_timeout,
+            route,
+        } = self;
+        ServeArgs {
+            config: config.or(under.config),
+            upstream: upstream.or(under.upstream),
+            listen: listen.or(under.listen),
+            store: store.or(under.store),
+            store_pool: store_pool.or(under.store_pool),
+            store_namespace: store_namespace.or(under.store_namespace),
+            admin: admin.or(under.admin),
+            admin_token: admin_token.or(under.admin_token),
+            admin_token_file: admin_token_file.or(under.admin_token_file),
+            require_key: require_key || under.require_key,
+            ttl: ttl.or(under.ttl),
+            lease: lease.or(under.lease),
+            upstream_timeout: upstream_timeout.or(under.upstream_timeout),
+            body_limit: body_limit.or(under.body_limit),
+            response_limit: response_limit.or(under.response_limit),
+            tenant_header: tenant_header.or(under.tenant_header),
+            require_tenant: require_tenant || under.require_tenant,
+            tenant_secret_file: tenant_secret_file.or(under.tenant_secret_file),
+            tenant_secret: tenant_secret.or(under.tenant_secret),
+            scope: scope.or(under.scope),
+            keyed_methods: keyed_methods.or(under.keyed_methods),
+            release_statuses: release_statuses.or(under.release_statuses),
+            path_normalization: path_normalization.or(under.path_normalization),
+            client_timeout: client_timeout.or(under.client_timeout),
+            max_connections: max_connections.or(under.max_connections),
+            sweep_interval: sweep_interval.or(under.sweep_interval),
+            passthrough: passthrough || under.passthrough,
+            shutdown_timeout: shutdown_timeout.or(under.shutdown_timeout),
+            route: if route.is_empty() { under.route } else { route },
+        }
+    }
+}
+
+/// A `[[route]]` table as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteRule {
+    /// The method; any method when left out.
+    pub method: Option<String>,
+    /// The path template, e.g. `/v1/orders/{id}/capture`.
+    pub path: String,
+    /// Whether the key is required on this route.
+    pub require_key: Option<bool>,
+    /// Record lifetime on this route.
+    #[serde(default, deserialize_with = "toml_form::duration")]
+    pub ttl: Option<Duration>,
+    /// JSON pointers left out of the fingerprint.
+    #[serde(default)]
+    pub ignore: Vec<String>,
+    /// Extra response headers stored and replayed.
+    #[serde(default)]
+    pub store_headers: Vec<String>,
+    /// The statuses that release the key on this route, replacing the global list.
+    pub release_statuses: Option<Vec<u16>>,
+}
+
+/// The forms the TOML file writes values in, read into the types the command line
+/// parses them to.
+mod toml_form {
+    use std::time::Duration;
+
+    use serde::Deserialize;
+    use serde::de::{Deserializer, Error};
+
+    use super::{parse_byte_size, parse_duration};
+
+    /// `"24h"`, parsed as the command line parses it.
+    pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|s| parse_duration(&s).map_err(D::Error::custom))
+            .transpose()
+    }
+
+    /// A number of bytes, or a string with a unit (`"1MiB"`).
+    pub(super) fn bytes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum ByteSize {
+            Bytes(u64),
+            Text(String),
+        }
+        match Option::<ByteSize>::deserialize(d)? {
+            None => Ok(None),
+            Some(ByteSize::Bytes(n)) => usize::try_from(n)
+                .map(Some)
+                .map_err(|_| D::Error::custom("too large")),
+            Some(ByteSize::Text(s)) => parse_byte_size(&s).map(Some).map_err(D::Error::custom),
+        }
+    }
+
+    /// An array of strings, or one comma-separated string, as the command line's list.
+    pub(super) fn list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum List {
+            Many(Vec<String>),
+            One(String),
+        }
+        Ok(Option::<List>::deserialize(d)?.map(|list| match list {
+            List::Many(items) => items,
+            List::One(text) => text.split(',').map(str::to_owned).collect(),
+        }))
+    }
+
+    /// Status codes as numbers, `[]` for none: the command line's list, where none is
+    /// spelt `none`.
+    pub(super) fn statuses<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Vec<String>>, D::Error> {
+        Ok(Option::<Vec<u16>>::deserialize(d)?.map(|codes| {
+            if codes.is_empty() {
+                vec!["none".to_owned()]
+            } else {
+                codes.iter().map(u16::to_string).collect()
+            }
+        }))
+    }
+}

@@ -1,0 +1,221 @@
+//! The two secrets `idem serve` takes, the tenant secret and the admin token: each
+//! given as itself or as a file that holds it, never both, and checked at start.
+
+use std::path::{Path, PathBuf};
+
+use idem_core::TenantKey;
+
+use super::error::{ConfigError, invalid};
+
+/// The environment variable that holds the tenant secret itself.
+pub const TENANT_SECRET_ENV: &str = "IDEM_TENANT_SECRET";
+
+/// A tenant secret as read from [`TENANT_SECRET_ENV`]: its bytes, which `Debug` never
+/// shows.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TenantSecret(Vec<u8>);
+
+impl TenantSecret {
+    /// A secret of these bytes.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> TenantSecret {
+        TenantSecret(bytes.into())
+    }
+
+    /// The secret in [`TENANT_SECRET_ENV`], if it is set.
+    pub fn from_env() -> Option<TenantSecret> {
+        std::env::var_os(TENANT_SECRET_ENV).map(|v| TenantSecret(v.into_encoded_bytes()))
+    }
+}
+
+impl std::fmt::Debug for TenantSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TenantSecret({} bytes)", self.0.len())
+    }
+}
+
+/// The tenant key from the operator's secret: `IDEM_TENANT_SECRET`, or the file the
+/// command line (else the config file) names; `None` when neither is given, and the
+/// store's own secret is used. Surrounding ASCII whitespace is trimmed (a file's
+/// trailing newline), then the secret must be at least 32 bytes. Given both ways, the
+/// secret is refused rather than one picked: two gateways that picked differently
+/// would name every client differently.
+pub fn tenant_key(
+    from_env: Option<&TenantSecret>,
+    cli_file: Option<&Path>,
+    config_file: Option<&Path>,
+) -> Result<Option<TenantKey>, ConfigError> {
+    let file = cli_file.or(config_file);
+    let (setting, secret) = match (from_env, file) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "tenant_secret_file",
+                format!(
+                    "the tenant secret is given twice, in {TENANT_SECRET_ENV} and as a file; \
+                     give it once"
+                ),
+            ));
+        }
+        (Some(secret), None) => (TENANT_SECRET_ENV.to_owned(), secret.0.clone()),
+        (None, Some(path)) => {
+            let bytes = std::fs::read(path).map_err(|e| {
+                invalid(
+                    "tenant_secret_file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            warn_if_readable_by_others(path);
+            (format!("tenant_secret_file {}", path.display()), bytes)
+        }
+        (None, None) => return Ok(None),
+    };
+    TenantKey::new(secret.trim_ascii())
+        .map(Some)
+        .map_err(|e| invalid(setting, e))
+}
+
+/// A secret file that others may read lets them name every tenant.
+fn warn_if_readable_by_others(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.permissions().mode() & 0o077 != 0
+        {
+            tracing::warn!(
+                file = %path.display(),
+                "the tenant secret file is readable by others than its owner; chmod 600 it"
+            );
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+}
+
+/// The admin bearer token, given as itself or as a file that holds it (one line; the
+/// line end is dropped). Both at once is an error rather than one silently winning: an
+/// operator who moved the token to a file and forgot the old setting would otherwise
+/// run with a token they believe retired. A token that is empty, or that a bearer
+/// header cannot carry as it is (surrounding whitespace, which the header's parsing
+/// trims; anything but printable ASCII), is refused at start instead of locking every
+/// caller out, or letting an empty header in.
+pub(crate) fn admin_token(
+    token: Option<String>,
+    file: Option<PathBuf>,
+) -> Result<Option<String>, ConfigError> {
+    let (token, setting) = match (token, file) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "admin_token_file",
+                "give the admin token or a file holding it, not both \
+                 (--admin-token/IDEM_ADMIN_TOKEN/admin_token and \
+                 --admin-token-file/IDEM_ADMIN_TOKEN_FILE/admin_token_file)",
+            ));
+        }
+        (None, None) => return Ok(None),
+        (Some(token), None) => (token, "admin_token"),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                invalid(
+                    "admin_token_file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            warn_if_others_can_read(&path);
+            let line = text.strip_suffix('\n').unwrap_or(&text);
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            (line.to_owned(), "admin_token_file")
+        }
+    };
+    if token.trim().is_empty() {
+        return Err(invalid(
+            setting,
+            "the admin token is empty; give a long random value, or no token",
+        ));
+    }
+    if token.trim() != token {
+        return Err(invalid(
+            setting,
+            "the admin token starts or ends with whitespace, which an Authorization \
+             header cannot carry",
+        ));
+    }
+    if !token.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        return Err(invalid(
+            setting,
+            "the admin token has a character that is not printable ASCII (or a second \
+             line), which an Authorization header cannot carry",
+        ));
+    }
+    Ok(Some(token))
+}
+
+/// A secret in a file that others may read is not much of a secret: say so, but start
+/// (the operator may know why, a group-readable file for a sidecar, say).
+fn warn_if_others_can_read(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.permissions().mode() & 0o004 != 0
+        {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format_args!("{:o}", meta.permissions().mode() & 0o777),
+                "the admin token file is readable by every user; chmod 600 it"
+            );
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_secret_from_the_environment_or_a_file_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good");
+        std::fs::write(&good, "  0123456789abcdef0123456789abcdef\n").unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, "0123456789abcdef0123456789abcde\n").unwrap();
+        let env = TenantSecret::new("0123456789abcdef0123456789abcdef");
+        let from_file = tenant_key(None, Some(&good), None).unwrap().unwrap();
+        let from_env = tenant_key(Some(&env), None, None).unwrap().unwrap();
+        let name = |k: &TenantKey| k.credential("authorization", b"basic x");
+        assert_eq!(
+            name(&from_file),
+            name(&from_env),
+            "the file's whitespace is trimmed"
+        );
+        let from_config = tenant_key(None, None, Some(&good)).unwrap().unwrap();
+        assert_eq!(name(&from_config), name(&from_env));
+        assert!(tenant_key(None, None, None).unwrap().is_none());
+
+        let e = tenant_key(None, Some(&short), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("31 bytes") && e.contains("at least 32"), "{e}");
+        assert!(!e.contains("0123456789"), "the secret is shown: {e}");
+        let e = tenant_key(Some(&TenantSecret::new("hunter2")), None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("IDEM_TENANT_SECRET") && !e.contains("hunter2"),
+            "{e}"
+        );
+        let e = tenant_key(Some(&env), Some(&good), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("given twice"), "{e}");
+        let e = tenant_key(None, Some(&dir.path().join("none")), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tenant_secret_file") && e.contains("cannot read"),
+            "{e}"
+        );
+        assert!(!format!("{env:?}").contains("0123"), "{env:?}");
+    }
+}

@@ -1,0 +1,565 @@
+//! How the settings resolve: precedence, defaults, and what is refused.
+
+use super::*;
+
+fn args(upstream: &str) -> ServeArgs {
+    ServeArgs {
+        upstream: Some(upstream.to_owned()),
+        ..ServeArgs::default()
+    }
+}
+
+#[test]
+fn defaults_follow_the_issue() {
+    let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), ServeArgs::default()).unwrap();
+    assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(c.store, "sqlite://idem.db");
+    assert_eq!(c.admin, None);
+    assert!(!c.require_key);
+    assert_eq!(c.ttl, Duration::from_secs(24 * 3600));
+    assert_eq!(c.lease, Duration::from_secs(60));
+    assert_eq!(c.upstream_timeout, Duration::from_secs(60));
+    assert_eq!(c.body_limit, 1024 * 1024);
+    assert_eq!(c.response_limit, 8 * 1024 * 1024);
+    assert_eq!(c.tenant_headers, vec![http::header::AUTHORIZATION]);
+    assert!(!c.require_tenant);
+    assert!(c.tenant_key.is_none(), "the store's own secret");
+    assert_eq!(c.scope, ScopeMode::Public);
+    assert_eq!(c.keyed_methods, vec![Method::POST, Method::PATCH]);
+    assert_eq!(c.client_timeout, Some(Duration::from_secs(30)));
+    assert_eq!(c.store_options.namespace, None, "the stores' own: idem");
+}
+
+#[test]
+fn settings_that_would_disable_protection_are_refused() {
+    let zero = Some(Duration::ZERO);
+    let cases: [(&str, ServeArgs); 6] = [
+        (
+            "lease",
+            ServeArgs {
+                lease: zero,
+                ..args("http://127.0.0.1:1")
+            },
+        ),
+        (
+            "ttl",
+            ServeArgs {
+                ttl: zero,
+                ..args("http://127.0.0.1:1")
+            },
+        ),
+        (
+            "upstream_timeout",
+            ServeArgs {
+                upstream_timeout: zero,
+                ..args("http://127.0.0.1:1")
+            },
+        ),
+        (
+            "sweep_interval",
+            ServeArgs {
+                sweep_interval: zero,
+                ..args("http://127.0.0.1:1")
+            },
+        ),
+        (
+            "keyed_methods",
+            ServeArgs {
+                keyed_methods: Some(vec![]),
+                ..args("http://127.0.0.1:1")
+            },
+        ),
+        (
+            "keyed_methods",
+            ServeArgs {
+                keyed_methods: Some(vec![" ".into(), "".into()]),
+                ..args("http://127.0.0.1:1")
+            },
+        ),
+    ];
+    for (setting, a) in cases {
+        let e = GatewayConfig::merge(&a, ServeArgs::default()).unwrap_err();
+        assert!(e.to_string().contains(setting), "{setting}: {e}");
+    }
+    for file in [
+        "upstream = \"http://127.0.0.1:1\"\nsweep_interval = \"0s\"",
+        "upstream = \"http://127.0.0.1:1\"\n[[route]]\npath = \"/x\"\nttl = \"0s\"",
+    ] {
+        let file: ServeArgs = toml::from_str(file).unwrap();
+        let e = GatewayConfig::merge(&ServeArgs::default(), file).unwrap_err();
+        assert!(e.to_string().contains("longer than zero"), "{e}");
+    }
+}
+
+#[test]
+fn store_namespace_from_the_command_line_or_the_file_and_checked() {
+    let file = |ns: &str| -> ServeArgs {
+        toml::from_str(&format!(
+            "upstream = \"http://127.0.0.1:1\"\nstore_namespace = \"{ns}\""
+        ))
+        .unwrap()
+    };
+    let c = GatewayConfig::merge(&ServeArgs::default(), file("payments")).unwrap();
+    let ns = c.store_options.namespace.unwrap();
+    assert_eq!(
+        (
+            ns.suffixed("_records").unwrap().to_string(),
+            format!("{ns}:")
+        ),
+        ("payments_records".into(), "payments:".into())
+    );
+    let a = ServeArgs {
+        store_namespace: Some("orders".into()),
+        ..ServeArgs::default()
+    };
+    let c = GatewayConfig::merge(&a, file("payments")).unwrap();
+    assert_eq!(c.store_options.namespace.unwrap().as_str(), "orders");
+    let e = GatewayConfig::merge(&ServeArgs::default(), file("pay-ments")).unwrap_err();
+    let shown = e.to_string();
+    assert!(
+        shown.contains("store_namespace") && shown.contains("\"pay-ments\" is not a namespace"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn client_timeout_from_the_file_the_command_line_or_off() {
+    let file = || -> ServeArgs {
+        toml::from_str("upstream = \"http://127.0.0.1:1\"\nclient_timeout = \"5s\"").unwrap()
+    };
+    let c = GatewayConfig::merge(&ServeArgs::default(), file()).unwrap();
+    assert_eq!(c.client_timeout, Some(Duration::from_secs(5)));
+    let mut a = ServeArgs {
+        client_timeout: Some(Duration::from_millis(1500)),
+        ..ServeArgs::default()
+    };
+    let c = GatewayConfig::merge(&a, file()).unwrap();
+    assert_eq!(c.client_timeout, Some(Duration::from_millis(1500)));
+    a.client_timeout = Some(Duration::ZERO);
+    let c = GatewayConfig::merge(&a, file()).unwrap();
+    assert_eq!(c.client_timeout, None, "0s turns it off");
+}
+
+#[test]
+fn max_connections_from_the_file_or_the_command_line_and_never_zero() {
+    let file = |n: u32| -> ServeArgs {
+        toml::from_str(&format!(
+            "upstream = \"http://127.0.0.1:1\"\nmax_connections = {n}"
+        ))
+        .unwrap()
+    };
+    let bare: ServeArgs = toml::from_str("upstream = \"http://127.0.0.1:1\"").unwrap();
+    let c = GatewayConfig::merge(&ServeArgs::default(), bare).unwrap();
+    assert_eq!(c.max_connections, None, "derived when the gateway binds");
+    let c = GatewayConfig::merge(&ServeArgs::default(), file(300)).unwrap();
+    assert_eq!(c.max_connections, Some(300));
+    let a = ServeArgs {
+        max_connections: Some(4),
+        ..ServeArgs::default()
+    };
+    assert_eq!(
+        GatewayConfig::merge(&a, file(300)).unwrap().max_connections,
+        Some(4)
+    );
+    let e = GatewayConfig::merge(&ServeArgs::default(), file(0)).unwrap_err();
+    assert!(e.to_string().contains("max_connections"), "{e}");
+}
+
+fn codes(c: &GatewayConfig) -> Vec<u16> {
+    c.release_statuses.iter().map(|s| s.as_u16()).collect()
+}
+
+#[test]
+fn routes_may_release_their_own_statuses() {
+    let file: ServeArgs = toml::from_str(
+        r#"
+        [[route]]
+        path = "/v1/payouts"
+        release_statuses = [503, 502]
+
+        [[route]]
+        path = "/v1/refunds"
+        "#,
+    )
+    .unwrap();
+    let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap();
+    let route: Vec<u16> = c.routes[0]
+        .release_statuses
+        .as_ref()
+        .expect("the route's own list")
+        .iter()
+        .map(|s| s.as_u16())
+        .collect();
+    assert_eq!(route, vec![502, 503]);
+    assert!(
+        c.routes[1].release_statuses.is_none(),
+        "the global list applies"
+    );
+
+    let file: ServeArgs =
+        toml::from_str("[[route]]\npath = \"/v1/x\"\nrelease_statuses = [204]").unwrap();
+    let err = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("/v1/x") && text.contains("release_statuses") && text.contains("204: only"),
+        "{text}"
+    );
+}
+
+#[test]
+fn release_statuses_default_to_the_layers() {
+    let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), ServeArgs::default()).unwrap();
+    assert_eq!(codes(&c), idem_tower::DEFAULT_RELEASE_STATUSES.to_vec());
+}
+
+#[test]
+fn release_statuses_from_the_command_line_and_the_file() {
+    let file = || -> ServeArgs { toml::from_str("release_statuses = [503, 409, 409]").unwrap() };
+    let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file()).unwrap();
+    assert_eq!(codes(&c), vec![409, 503], "sorted, without repeats");
+
+    let mut cli = args("http://127.0.0.1:3000");
+    cli.release_statuses = Some(vec![" 429".into(), "418".into(), "".into()]);
+    let c = GatewayConfig::merge(&cli, file()).unwrap();
+    assert_eq!(codes(&c), vec![418, 429], "the command line wins");
+
+    for none in ["none", "NONE"] {
+        cli.release_statuses = Some(vec![none.into()]);
+        let c = GatewayConfig::merge(&cli, ServeArgs::default()).unwrap();
+        assert!(c.release_statuses.is_empty());
+    }
+    let file: ServeArgs = toml::from_str("release_statuses = []").unwrap();
+    let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap();
+    assert!(c.release_statuses.is_empty());
+}
+
+#[test]
+fn release_statuses_refuse_answers_that_mean_executed() {
+    let mut cli = args("http://127.0.0.1:3000");
+    for (list, says) in [
+        (vec!["409", "200"], "200: only 4xx and 5xx"),
+        (vec!["302"], "302: only 4xx and 5xx"),
+        (vec!["600"], "600: only 4xx and 5xx"),
+        (vec!["conflict"], "\"conflict\" is not a status code"),
+        (vec!["none", "409"], "\"none\" is not a status code"),
+        (vec![""], "the list is empty"),
+        (vec![" ", ""], "the list is empty"),
+    ] {
+        cli.release_statuses = Some(list.iter().map(|s| s.to_string()).collect());
+        let err = GatewayConfig::merge(&cli, ServeArgs::default()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("release_statuses") && text.contains(says),
+            "{list:?}: {text}"
+        );
+    }
+    let file: ServeArgs = toml::from_str("release_statuses = [201]").unwrap();
+    let err = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap_err();
+    assert!(err.to_string().contains("201: only 4xx and 5xx"), "{err}");
+}
+
+#[test]
+fn tenant_headers_from_the_command_line_or_the_file_and_checked() {
+    let file = |toml: &str| -> ServeArgs { toml::from_str(toml).unwrap() };
+    let c = GatewayConfig::merge(
+        &args("http://127.0.0.1:1"),
+        file("tenant_header = [\"Authorization\", \"Stripe-Account\"]\nrequire_tenant = true"),
+    )
+    .unwrap();
+    assert_eq!(
+        c.tenant_headers,
+        vec![
+            http::header::AUTHORIZATION,
+            HeaderName::from_static("stripe-account")
+        ]
+    );
+    assert!(c.require_tenant);
+    let c = GatewayConfig::merge(
+        &args("http://127.0.0.1:1"),
+        file("tenant_header = \"X-Api-Key, Stripe-Account\""),
+    )
+    .unwrap();
+    assert_eq!(c.tenant_headers.len(), 2);
+    let mut a = args("http://127.0.0.1:1");
+    a.tenant_header = Some(vec!["x-api-key".into()]);
+    let c = GatewayConfig::merge(&a, file("tenant_header = \"Authorization\"")).unwrap();
+    assert_eq!(c.tenant_headers, vec![HeaderName::from_static("x-api-key")]);
+    for (list, says) in [
+        (vec!["", " "], "the list is empty"),
+        (vec!["Authorization", "authorization"], "listed twice"),
+        (vec!["bad header"], "\"bad header\""),
+    ] {
+        a.tenant_header = Some(list.iter().map(|s| s.to_string()).collect());
+        let e = GatewayConfig::merge(&a, ServeArgs::default()).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("tenant_header") && text.contains(says),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn path_normalization_from_the_command_line_the_file_or_the_default() {
+    let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), ServeArgs::default()).unwrap();
+    assert_eq!(c.path_normalization, PathNormalization::default());
+    assert_eq!(c.path_normalization.to_string(), "rfc3986,merge-slashes");
+    for toml in [
+        "path_normalization = [\"rfc3986\", \"lowercase\"]",
+        "path_normalization = \"rfc3986,lowercase\"",
+    ] {
+        let file: ServeArgs = toml::from_str(toml).unwrap();
+        let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap();
+        assert_eq!(
+            c.path_normalization.to_string(),
+            "rfc3986,lowercase",
+            "{toml}"
+        );
+    }
+    let file = || -> ServeArgs { toml::from_str("path_normalization = \"none\"").unwrap() };
+    let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file()).unwrap();
+    assert!(c.path_normalization.is_none());
+    let mut cli = args("http://127.0.0.1:3000");
+    cli.path_normalization = Some(vec!["merge-slashes".into(), "trailing-slash".into()]);
+    let c = GatewayConfig::merge(&cli, file()).unwrap();
+    assert_eq!(
+        c.path_normalization.to_string(),
+        "merge-slashes,trailing-slash",
+        "the command line wins"
+    );
+}
+
+#[test]
+fn route_paths_are_written_as_the_normal_paths_they_match() {
+    let file = |normalization: &str, path: &str| -> ServeArgs {
+        toml::from_str(&format!(
+            "path_normalization = \"{normalization}\"\n[[route]]\npath = \"{path}\""
+        ))
+        .unwrap()
+    };
+    let a = args("http://127.0.0.1:3000");
+    for (normalization, path, says) in [
+        (
+            "rfc3986,merge-slashes",
+            "/v1//charges",
+            "write it /v1/charges",
+        ),
+        ("rfc3986", "/v1/%63harges", "write it /v1/charges"),
+        (
+            "rfc3986",
+            "/v1/orders/{id}/./capture",
+            "write it /v1/orders/{id}/capture",
+        ),
+        ("rfc3986", "/v1/a%2fb", "write it /v1/a%2Fb"),
+        ("rfc3986", "/../v1", "climbs above the root"),
+        (
+            "rfc3986,lowercase",
+            "/V1/Orders/{Id}",
+            "write it /v1/orders/{Id}",
+        ),
+        (
+            "rfc3986,trailing-slash",
+            "/v1/charges/",
+            "write it /v1/charges",
+        ),
+    ] {
+        let err = GatewayConfig::merge(&a, file(normalization, path)).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("route[0] ({path})"))
+                && text.contains("never matches")
+                && text.contains(says),
+            "{normalization} {path}: {text}"
+        );
+    }
+    for (normalization, path) in [
+        ("rfc3986,merge-slashes", "/v1/orders/{id}/capture"),
+        ("rfc3986,merge-slashes", "/v1/charges/"),
+        ("rfc3986,merge-slashes", "/files/{*rest}"),
+        ("rfc3986,merge-slashes", "/v1/a%2Fb"),
+        ("none", "/V1//%63harges/./"),
+    ] {
+        let c = GatewayConfig::merge(&a, file(normalization, path));
+        assert!(c.is_ok(), "{normalization} {path}: {c:?}");
+    }
+}
+
+#[test]
+fn path_normalization_refuses_what_it_cannot_use() {
+    let mut cli = args("http://127.0.0.1:3000");
+    for (list, says) in [
+        (
+            vec!["rfc3986", "dedupe"],
+            "\"dedupe\" is not a normalisation",
+        ),
+        (vec!["none", "rfc3986"], "cannot be given with other items"),
+        (vec![""], "the list is empty"),
+    ] {
+        cli.path_normalization = Some(list.iter().map(|s| s.to_string()).collect());
+        let err = GatewayConfig::merge(&cli, ServeArgs::default()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("path_normalization") && text.contains(says),
+            "{list:?}: {text}"
+        );
+    }
+    let file: ServeArgs = toml::from_str("path_normalization = []").unwrap();
+    let err = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap_err();
+    assert!(err.to_string().contains("the list is empty"), "{err}");
+}
+
+#[test]
+fn missing_upstream_is_an_error_that_says_how() {
+    let err = GatewayConfig::merge(&ServeArgs::default(), ServeArgs::default()).unwrap_err();
+    assert!(err.to_string().contains("--upstream"), "{err}");
+}
+
+#[test]
+fn command_line_wins_over_file() {
+    let file: ServeArgs = toml::from_str(
+        r#"
+        upstream = "http://127.0.0.1:1"
+        ttl = "1h"
+        lease = "5s"
+        body_limit = "64KiB"
+        response_limit = 2097152
+        keyed_methods = ["POST"]
+        "#,
+    )
+    .unwrap();
+    let mut a = args("http://127.0.0.1:2/api/");
+    a.ttl = Some(Duration::from_secs(60));
+    let c = GatewayConfig::merge(&a, file).unwrap();
+    assert_eq!(c.upstream.authority.as_str(), "127.0.0.1:2");
+    assert_eq!(c.upstream.base_path, "/api");
+    assert_eq!(c.ttl, Duration::from_secs(60));
+    assert_eq!(c.lease, Duration::from_secs(5));
+    assert_eq!(c.body_limit, 64 * 1024);
+    assert_eq!(c.response_limit, 2 * 1024 * 1024);
+    assert_eq!(c.keyed_methods, vec![Method::POST]);
+}
+
+#[test]
+fn file_routes_are_checked() {
+    let file: ServeArgs = toml::from_str(
+        r#"
+        upstream = "http://127.0.0.1:1"
+        [[route]]
+        method = "post"
+        path = "/v1/orders/{id}/capture"
+        require_key = true
+        ttl = "1h"
+        ignore = ["/client_sent_at"]
+        store_headers = ["X-Order-Id"]
+        "#,
+    )
+    .unwrap();
+    let c = GatewayConfig::merge(&ServeArgs::default(), file).unwrap();
+    let r = &c.routes[0];
+    assert_eq!(r.method, Some(Method::POST));
+    assert_eq!(r.require_key, Some(true));
+    assert_eq!(r.ttl, Some(Duration::from_secs(3600)));
+    assert_eq!(r.store_headers, vec![HeaderName::from_static("x-order-id")]);
+    assert!(r.matches(&Method::POST, "/v1/orders/9/capture"));
+
+    let bad: ServeArgs = toml::from_str(
+        r#"
+        upstream = "http://127.0.0.1:1"
+        [[route]]
+        path = "/x"
+        ignore = ["no-slash"]
+        "#,
+    )
+    .unwrap();
+    assert!(GatewayConfig::merge(&ServeArgs::default(), bad).is_err());
+}
+
+#[test]
+fn unknown_file_keys_are_rejected() {
+    assert!(toml::from_str::<ServeArgs>("upstreem = \"x\"").is_err());
+}
+
+fn with_token_file(contents: &str) -> (tempfile::TempDir, ServeArgs) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("admin-token");
+    std::fs::write(&path, contents).unwrap();
+    let a = ServeArgs {
+        admin_token_file: Some(path),
+        ..args("http://127.0.0.1:1")
+    };
+    (dir, a)
+}
+
+#[test]
+fn admin_token_file_is_read_without_its_line_end() {
+    for contents in ["s3cret\n", "s3cret\r\n", "s3cret"] {
+        let (_dir, a) = with_token_file(contents);
+        let c = GatewayConfig::merge(&a, ServeArgs::default()).unwrap();
+        assert_eq!(c.admin_token.as_deref(), Some("s3cret"), "{contents:?}");
+    }
+    // The TOML key names the file too.
+    let (dir, _) = with_token_file("from-toml\n");
+    let path = dir.path().join("admin-token");
+    let file: ServeArgs = toml::from_str(&format!(
+        "admin_token_file = {:?}",
+        path.display().to_string()
+    ))
+    .unwrap();
+    let c = GatewayConfig::merge(&args("http://127.0.0.1:1"), file).unwrap();
+    assert_eq!(c.admin_token.as_deref(), Some("from-toml"));
+}
+
+#[test]
+fn admin_token_and_token_file_together_are_refused() {
+    let (_dir, a) = with_token_file("one\n");
+    let a = ServeArgs {
+        admin_token: Some("two".into()),
+        ..a
+    };
+    let e = GatewayConfig::merge(&a, ServeArgs::default()).unwrap_err();
+    assert!(e.to_string().contains("admin_token_file"), "{e}");
+    // Wherever each comes from.
+    let (_dir, a) = with_token_file("one\n");
+    let file: ServeArgs = toml::from_str("admin_token = \"two\"").unwrap();
+    let e = GatewayConfig::merge(&a, file).unwrap_err();
+    assert!(e.to_string().contains("admin_token_file"), "{e}");
+}
+
+#[test]
+fn empty_admin_token_is_refused() {
+    for token in ["", "   ", "\t"] {
+        let a = ServeArgs {
+            admin_token: Some(token.into()),
+            ..args("http://127.0.0.1:1")
+        };
+        let e = GatewayConfig::merge(&a, ServeArgs::default()).unwrap_err();
+        assert!(e.to_string().contains("empty"), "{token:?}: {e}");
+    }
+    for contents in ["", "\n", "  \n\n", "\r\n"] {
+        let (_dir, a) = with_token_file(contents);
+        let e = GatewayConfig::merge(&a, ServeArgs::default()).unwrap_err();
+        assert!(e.to_string().contains("empty"), "{contents:?}: {e}");
+    }
+    // A token a bearer header cannot carry as it is would lock every caller out.
+    for token in [" s3cret", "s3cret ", "s3c\u{7f}ret", "sécret"] {
+        let a = ServeArgs {
+            admin_token: Some(token.into()),
+            ..args("http://127.0.0.1:1")
+        };
+        assert!(
+            GatewayConfig::merge(&a, ServeArgs::default()).is_err(),
+            "{token:?}"
+        );
+    }
+}
+
+#[test]
+fn unreadable_admin_token_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = ServeArgs {
+        admin_token_file: Some(dir.path().join("missing")),
+        ..args("http://127.0.0.1:1")
+    };
+    let e = GatewayConfig::merge(&a, ServeArgs::default()).unwrap_err();
+    assert!(e.to_string().contains("missing"), "{e}");
+}

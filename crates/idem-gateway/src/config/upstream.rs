@@ -1,0 +1,101 @@
+//! Where the upstream is: `--upstream`, parsed once at start.
+
+use http::Uri;
+
+use super::error::{ConfigError, invalid};
+
+/// Where the upstream is.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// `http`.
+    pub scheme: http::uri::Scheme,
+    /// Host and port.
+    pub authority: http::uri::Authority,
+    /// A path prefix without trailing slash (empty for none).
+    pub base_path: String,
+}
+
+impl Upstream {
+    /// Parses an `http://host:port[/prefix]` URL.
+    pub fn parse(url: &str) -> Result<Upstream, ConfigError> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| invalid("upstream", format!("{url:?} is not a URL: {e}")))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| invalid("upstream", "the URL needs a scheme, e.g. http://"))?;
+        if scheme != http::uri::Scheme::HTTP {
+            return Err(invalid(
+                "upstream",
+                "only http:// upstreams are supported (terminate TLS in front of the upstream's network)",
+            ));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| invalid("upstream", "the URL needs a host"))?;
+        if uri.query().is_some() {
+            return Err(invalid("upstream", "the URL may not carry a query"));
+        }
+        Ok(Upstream {
+            scheme,
+            authority,
+            base_path: uri.path().trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// The upstream URI for an incoming request's URI: its path and query, after the
+    /// base path.
+    ///
+    /// Without a base path the incoming path and query, already parsed, are reused as
+    /// they are rather than written out and parsed again.
+    pub fn uri_for(&self, incoming: &Uri) -> Result<Uri, http::Error> {
+        let builder = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone());
+        match incoming.path_and_query() {
+            Some(pq) if self.base_path.is_empty() => builder.path_and_query(pq.clone()),
+            pq => builder.path_and_query(format!(
+                "{}{}",
+                self.base_path,
+                pq.map_or("/", |p| p.as_str())
+            )),
+        }
+        .build()
+    }
+}
+
+impl std::fmt::Display for Upstream {
+    /// The URL as the gateway uses it: `http://host:port/prefix`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_must_be_plain_http() {
+        assert!(Upstream::parse("https://example.test").is_err());
+        assert!(Upstream::parse("127.0.0.1:3000").is_err());
+        let incoming: Uri = "/v1/x?a=1".parse().unwrap();
+        let u = Upstream::parse("http://127.0.0.1:3000").unwrap();
+        assert_eq!(
+            u.uri_for(&incoming).unwrap().to_string(),
+            "http://127.0.0.1:3000/v1/x?a=1"
+        );
+        let u = Upstream::parse("http://127.0.0.1:3000/api/").unwrap();
+        assert_eq!(
+            u.uri_for(&incoming).unwrap().to_string(),
+            "http://127.0.0.1:3000/api/v1/x?a=1"
+        );
+        let absolute: Uri = "http://elsewhere.test/v1/y".parse().unwrap();
+        assert_eq!(
+            u.uri_for(&absolute).unwrap().to_string(),
+            "http://127.0.0.1:3000/api/v1/y"
+        );
+    }
+}

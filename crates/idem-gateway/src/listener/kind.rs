@@ -1,0 +1,31 @@
+//! Which listener: the proxy's or the admin one, as metrics and logs name them.
+
+/// Which of the gateway's listeners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenerKind {
+    /// The proxy's (`--listen`).
+    Proxy,
+    /// The admin listener's (`--admin`).
+    Admin,
+}
+
+impl ListenerKind {
+    /// Both, in the order metrics list them.
+    pub const ALL: [ListenerKind; 2] = [ListenerKind::Proxy, ListenerKind::Admin];
+
+    /// The label in metrics and logs: `proxy` or `admin`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ListenerKind::Proxy => "proxy",
+            ListenerKind::Admin => "admin",
+        }
+    }
+
+    /// The position in [`ListenerKind::ALL`].
+    pub(crate) fn index(self) -> usize {
+        match self {
+            ListenerKind::Proxy => 0,
+            ListenerKind::Admin => 1,
+        }
+    }
+}

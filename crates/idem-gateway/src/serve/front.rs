@@ -1,0 +1,165 @@
+//! The front of the proxy: what every client request goes through before the
+//! idempotency layer, in this order. Its `Host` is held to RFC 9112 §3.2 and its path
+//! normalised (SPEC S14), once, so that the layer, the routes and the proxy all see the
+//! one normal target; the client's address and, for an upgrade, the connection's place
+//! under the cap go into its extensions; a CORS preflighted origin is noted, for the
+//! gateway's own answers; and at debug level each request is logged with its outcome.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use idem_tower::{Observer, Outcome, Problem, ProblemKind};
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use super::{ClientBody, GatewayService};
+use crate::cors;
+use crate::listener::ConnectionSlot;
+use crate::metrics::Metrics;
+use crate::path::{self, PathNormalization};
+use crate::proxy::ClientAddr;
+
+/// The front of the proxy, around the service behind it (the layer and the proxy).
+#[derive(Clone)]
+pub(super) struct Front {
+    pub(super) service: GatewayService,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) paths: PathNormalization,
+}
+
+impl Front {
+    /// Answers one request that came on a connection from `peer`, which holds `slot`.
+    pub(super) fn call(
+        &self,
+        peer: SocketAddr,
+        slot: &ConnectionSlot,
+        mut req: Request<Incoming>,
+    ) -> impl Future<Output = Result<Response<ClientBody>, Infallible>> + Send + use<> {
+        let invalid = check_host(&mut req)
+            .and_then(|()| normalize_target(&mut req, self.paths))
+            .err();
+        if invalid.is_some() {
+            self.metrics.outcome(Outcome::Rejected);
+        }
+        req.extensions_mut().insert(ClientAddr(peer));
+        // A connection that becomes a WebSocket tunnel keeps its place under the cap
+        // while the tunnel is open.
+        if req.headers().contains_key(http::header::UPGRADE) {
+            req.extensions_mut().insert(slot.clone());
+        }
+        let svc = self.service.clone();
+        let guard = self.metrics.in_flight_guard();
+        let origin = cors::preflighted_origin(req.method(), req.headers());
+        if let Some(origin) = &origin {
+            req.extensions_mut()
+                .insert(cors::PreflightedOrigin(origin.clone()));
+        }
+        async move {
+            // The access log is at debug level; skip its bookkeeping otherwise.
+            let logged = tracing::enabled!(tracing::Level::DEBUG).then(|| {
+                (
+                    Instant::now(),
+                    req.method().clone(),
+                    req.uri().path().to_owned(),
+                )
+            });
+            let mut res = match invalid {
+                None => svc.oneshot(req).await,
+                Some(problem) => {
+                    // Read away what the client still sends, so that it reads the 400
+                    // rather than a reset.
+                    let (parts, body) = req.into_parts();
+                    idem_tower::drain_body(&parts.headers, body);
+                    Ok(problem
+                        .to_response()
+                        .map(|b| Full::new(b).map_err(|e| match e {}).boxed_unsync()))
+                }
+            };
+            if let (Some(origin), Ok(r)) = (origin, &mut res) {
+                cors::allow_origin_on_problem(r, origin);
+            }
+            if let (Some((started, method, path)), Ok(r)) = (logged, &res) {
+                tracing::debug!(
+                    %method,
+                    %path,
+                    status = r.status().as_u16(),
+                    replayed = r.headers().contains_key("idempotent-replayed"),
+                    elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                    "request"
+                );
+            }
+            drop(guard);
+            res
+        }
+    }
+}
+
+/// Holds the request to RFC 9112 §3.2 before any rule sees it: an HTTP/1.1 request
+/// without `Host`, one with several, or one whose `Host` names no host is the 400
+/// `invalid-host` problem to answer with. An absolute-form target's authority takes
+/// the place of `Host` (§3.2.2), so the host the upstream is told of in `Forwarded`
+/// and `X-Forwarded-Host` is the one the client's target named.
+fn check_host<B>(req: &mut Request<B>) -> Result<(), Problem> {
+    let invalid = |why: &str| {
+        Problem::new(
+            ProblemKind::InvalidHost,
+            format!("{why} (RFC 9112 section 3.2); nothing was reserved or forwarded"),
+        )
+    };
+    let mut hosts = req.headers().get_all(http::header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err(invalid("the request has more than one Host header"));
+    }
+    // A host with user information (`user@host`) is no `Host` (RFC 9110 §7.2), and
+    // tells the upstream of a host the request is not for.
+    if let Some(authority) = req.uri().authority() {
+        if authority.as_str().contains('@') {
+            return Err(invalid("the target's authority holds user information"));
+        }
+        let authority = http::HeaderValue::from_str(authority.as_str())
+            .map_err(|_| invalid("the target's authority is no Host value"))?;
+        req.headers_mut().insert(http::header::HOST, authority);
+        return Ok(());
+    }
+    match host {
+        Some(value) => match http::uri::Authority::try_from(value.as_bytes()) {
+            Ok(authority) if !authority.host().is_empty() && !authority.as_str().contains('@') => {
+                Ok(())
+            }
+            _ => Err(invalid("the Host header names no host")),
+        },
+        None if req.version() == http::Version::HTTP_11 => {
+            Err(invalid("an HTTP/1.1 request must send a Host header"))
+        }
+        None => Ok(()),
+    }
+}
+
+/// Puts the request's normalised target (see [`path::normalize_uri`]) in place of its
+/// own, or says why its path cannot be normalised, as the 400 `invalid-path` problem
+/// to answer with. An `OPTIONS *` request names no path and passes as it came; any
+/// other target that is not a path (`*`, a `CONNECT` authority) is invalid.
+fn normalize_target<B>(req: &mut Request<B>, options: PathNormalization) -> Result<(), Problem> {
+    if options.is_none() || (req.method() == http::Method::OPTIONS && req.uri() == "*") {
+        return Ok(());
+    }
+    match path::normalize_uri(req.uri(), options) {
+        Ok(None) => Ok(()),
+        Ok(Some(normal)) => {
+            *req.uri_mut() = normal;
+            Ok(())
+        }
+        Err(e) => Err(Problem::new(
+            ProblemKind::InvalidPath,
+            format!(
+                "the request path cannot be normalised: {e}; nothing was reserved or forwarded"
+            ),
+        )),
+    }
+}

@@ -1,0 +1,461 @@
+//! The user guide (`docs/`) against the code: every problem `type` the workspace emits has
+//! its reference page and every page is an emitted type; the gateway page lists exactly
+//! the flags `idem serve --help` shows; and the built guide has no broken link.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Component, Path, PathBuf};
+use std::process::Command;
+
+/// The origin and path every problem `type` URI starts with; the guide is published at
+/// that origin's root, so `PROBLEM_PREFIX + slug` is the page `problems/<slug>.html`.
+const PROBLEM_PREFIX: &str = "https://idem.dev/problems/";
+
+/// Where the guide is published (its `site-url` is this origin's root).
+const SITE: &str = "https://idem.dev/";
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// Every file under `dir` whose name ends with `suffix`, recursively.
+fn files(dir: &Path, suffix: &str, out: &mut Vec<PathBuf>) {
+    let entries =
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            files(&path, suffix, out);
+        } else if path.to_string_lossy().ends_with(suffix) {
+            out.push(path);
+        }
+    }
+}
+
+/// The slugs of every `https://idem.dev/problems/<slug>` in the workspace's sources
+/// (`crates/*/src`, `examples/*/src`), with a file that names each.
+fn emitted_problem_types() -> BTreeMap<String, PathBuf> {
+    let mut sources = Vec::new();
+    for group in ["crates", "examples"] {
+        for entry in std::fs::read_dir(workspace().join(group)).expect("the workspace's members") {
+            let src = entry.expect("a directory entry").path().join("src");
+            if src.is_dir() {
+                files(&src, ".rs", &mut sources);
+            }
+        }
+    }
+    let mut slugs = BTreeMap::new();
+    for file in sources {
+        let text = read(&file);
+        for (at, _) in text.match_indices(PROBLEM_PREFIX) {
+            let rest = &text[at + PROBLEM_PREFIX.len()..];
+            let slug: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+                .collect();
+            // `https://idem.dev/problems/<slug>` in prose names the pattern, not a type.
+            if !slug.is_empty() {
+                slugs.entry(slug).or_insert_with(|| file.clone());
+            }
+        }
+    }
+    slugs
+}
+
+#[test]
+fn every_problem_type_has_its_guide_page_and_every_page_is_an_emitted_type() {
+    let emitted = emitted_problem_types();
+    // The layer's and the gateway's own kinds, so that a scan that finds nothing fails.
+    for known in ["key-reused", "request-in-progress", "upstream-timeout"] {
+        assert!(
+            emitted.contains_key(known),
+            "the scan missed {known}: {emitted:?}"
+        );
+    }
+
+    let docs = workspace().join("docs");
+    let mut pages = BTreeSet::new();
+    for entry in std::fs::read_dir(docs.join("src/problems")).expect("docs/src/problems") {
+        let path = entry.expect("a directory entry").path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if let Some(slug) = name.strip_suffix(".md")
+            && slug != "index"
+        {
+            pages.insert(slug.to_owned());
+        }
+    }
+
+    let missing: Vec<String> = emitted
+        .iter()
+        .filter(|(slug, _)| !pages.contains(*slug))
+        .map(|(slug, file)| format!("{PROBLEM_PREFIX}{slug} (in {})", file.display()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "problem types without a page in docs/src/problems/<slug>.md: {missing:#?}"
+    );
+    let unused: Vec<&String> = pages.iter().filter(|p| !emitted.contains_key(*p)).collect();
+    assert!(
+        unused.is_empty(),
+        "pages in docs/src/problems/ for types nothing emits: {unused:?}"
+    );
+
+    let summary = read(&docs.join("src/SUMMARY.md"));
+    let index = read(&docs.join("src/problems/index.md"));
+    for slug in &pages {
+        let page = read(&docs.join(format!("src/problems/{slug}.md")));
+        assert!(
+            page.contains(&format!("`{PROBLEM_PREFIX}{slug}`")),
+            "problems/{slug}.md does not name its type URI"
+        );
+        let link = format!("(problems/{slug}.md)");
+        assert!(summary.contains(&link), "SUMMARY.md does not list {link}");
+        assert!(
+            index.contains(&format!("({slug}.md)")),
+            "problems/index.md does not list {slug}"
+        );
+    }
+
+    // The URI's path is the page's path with `.html` left out only if the guide is
+    // served from the origin's root.
+    let book = read(&docs.join("book.toml"));
+    assert!(
+        book.lines().any(|l| l.trim() == r#"site-url = "/""#),
+        "docs/book.toml must set site-url = \"/\": the problem URIs are paths from the root"
+    );
+}
+
+/// `(flag, env)` of every option `idem serve --help` shows, but `--help` and `--version`.
+fn serve_help_flags() -> BTreeMap<String, Option<String>> {
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("running idem serve --help");
+    assert!(output.status.success(), "idem serve --help failed");
+    let help = String::from_utf8(output.stdout).expect("UTF-8 help");
+    let mut flags = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in help.lines() {
+        let trimmed = line.trim_start();
+        // An option's first line: `  -h, --help` or `      --store <URL>`, indented.
+        let option = trimmed
+            .strip_prefix("--")
+            .or_else(|| trimmed.split_once(", --").map(|(_, rest)| rest))
+            .filter(|_| line.starts_with("  ") && trimmed.starts_with('-'));
+        if let Some(rest) = option {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            current = (name != "help" && name != "version").then(|| format!("--{name}"));
+            if let Some(flag) = &current {
+                flags.insert(flag.clone(), None);
+            }
+        } else if let (Some(flag), Some(env)) = (&current, trimmed.strip_prefix("[env: ")) {
+            let var: String = env
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            flags.insert(flag.clone(), Some(var));
+        }
+    }
+    flags
+}
+
+/// `(flag, env)` of every row of the table under `## Flags` in the gateway's settings page.
+fn guide_flags() -> BTreeMap<String, Option<String>> {
+    let page = read(&workspace().join("docs/src/gateway/settings.md"));
+    let table = page
+        .split("\n## Flags\n")
+        .nth(1)
+        .expect("a `## Flags` section in docs/src/gateway/settings.md");
+    let table = table.split("\n## ").next().unwrap();
+    let mut flags = BTreeMap::new();
+    for row in table.lines().filter(|l| l.starts_with("| `--")) {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let flag: String = cells[0]
+            .trim_start_matches("| `")
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
+        let env = cells
+            .get(1)
+            .map(|c| c.trim().trim_matches('`').to_owned())
+            .filter(|c| c.starts_with("IDEM_"));
+        assert!(
+            flags.insert(flag.clone(), env).is_none(),
+            "{flag} is listed twice in the guide"
+        );
+    }
+    flags
+}
+
+#[test]
+fn the_guide_lists_exactly_the_flags_of_idem_serve() {
+    let help = serve_help_flags();
+    let guide = guide_flags();
+    // So that a parser that finds nothing on either side fails.
+    for known in ["--upstream", "--store", "--passthrough", "--log-format"] {
+        assert!(
+            help.contains_key(known),
+            "--help parse missed {known}: {help:?}"
+        );
+        assert!(
+            guide.contains_key(known),
+            "guide parse missed {known}: {guide:?}"
+        );
+    }
+    let undocumented: Vec<&String> = help.keys().filter(|f| !guide.contains_key(*f)).collect();
+    assert!(
+        undocumented.is_empty(),
+        "flags of `idem serve --help` missing from docs/src/gateway/settings.md: {undocumented:?}"
+    );
+    let stale: Vec<&String> = guide.keys().filter(|f| !help.contains_key(*f)).collect();
+    assert!(
+        stale.is_empty(),
+        "flags in docs/src/gateway/settings.md that `idem serve --help` does not have: {stale:?}"
+    );
+    for (flag, env) in &help {
+        assert_eq!(
+            &guide[flag], env,
+            "{flag}: the guide's environment variable differs from --help's"
+        );
+    }
+}
+
+/// The mdbook binary: `IDEM_MDBOOK`, else `mdbook` on the `PATH`.
+fn mdbook() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("IDEM_MDBOOK") {
+        return Some(PathBuf::from(path));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("mdbook"))
+        .find(|candidate| candidate.is_file())
+}
+
+/// The values of every `name="…"` attribute in `html`.
+fn attributes<'a>(html: &'a str, name: &str) -> Vec<&'a str> {
+    let needle = format!(" {name}=\"");
+    html.match_indices(&needle)
+        .filter_map(|(at, _)| {
+            let rest = &html[at + needle.len()..];
+            rest.find('"').map(|end| &rest[..end])
+        })
+        .collect()
+}
+
+/// `path` with `.` and `..` resolved, without touching the file system.
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Every relative link, and every `#anchor`, in the HTML under `root` that names no file
+/// or no element there.
+fn broken_links(root: &Path) -> Vec<String> {
+    let mut pages = Vec::new();
+    files(root, ".html", &mut pages);
+    let ids: BTreeMap<PathBuf, BTreeSet<String>> = pages
+        .iter()
+        .map(|page| {
+            let html = read(page);
+            let ids = attributes(&html, "id")
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            (lexical(page), ids)
+        })
+        .collect();
+    let mut broken = Vec::new();
+    for page in &pages {
+        let html = read(page);
+        // A `<base href="/">` (the 404 page) makes links relative to the site's root.
+        let base = match html.split("<base href=\"").nth(1) {
+            Some(rest) => root.join(rest[..rest.find('"').unwrap()].trim_start_matches('/')),
+            None => page.parent().unwrap().to_path_buf(),
+        };
+        let links = attributes(&html, "href")
+            .into_iter()
+            .chain(attributes(&html, "src"));
+        for link in links {
+            let external = [
+                "http://",
+                "https://",
+                "mailto:",
+                "//",
+                "data:",
+                "javascript:",
+            ]
+            .iter()
+            .any(|scheme| link.starts_with(scheme));
+            if external || link.is_empty() {
+                continue;
+            }
+            let (target, anchor) = match link.split_once('#') {
+                Some((target, anchor)) => (target, Some(anchor)),
+                None => (link, None),
+            };
+            let target = target.split('?').next().unwrap();
+            let file = if target.is_empty() {
+                lexical(page)
+            } else if let Some(from_root) = target.strip_prefix('/') {
+                lexical(&root.join(from_root))
+            } else {
+                lexical(&base.join(target))
+            };
+            let file = if target.ends_with('/') || file.is_dir() {
+                file.join("index.html")
+            } else {
+                file
+            };
+            let shown = page.strip_prefix(root).unwrap().display();
+            if !file.is_file() {
+                broken.push(format!("{shown}: {link} (no such file)"));
+                continue;
+            }
+            if let Some(anchor) = anchor.filter(|a| !a.is_empty()) {
+                match ids.get(&file) {
+                    Some(ids) if ids.contains(anchor) => {}
+                    Some(_) => broken.push(format!("{shown}: {link} (no such anchor)")),
+                    None => broken.push(format!("{shown}: {link} (an anchor in a non-page)")),
+                }
+            }
+        }
+    }
+    broken
+}
+
+#[test]
+fn the_built_guide_has_no_warnings_and_no_broken_links() {
+    let Some(mdbook) = mdbook() else {
+        let message = "mdbook not found (set IDEM_MDBOOK or put it on PATH): the guide's \
+                       links are NOT checked";
+        assert!(
+            std::env::var_os("IDEM_REQUIRE_SERVICES").is_none_or(|v| v != "1"),
+            "{message}, and IDEM_REQUIRE_SERVICES=1 requires them"
+        );
+        eprintln!("SKIPPED: {message}");
+        return;
+    };
+    let out = tempfile::tempdir().expect("a temporary directory");
+    let output = Command::new(&mdbook)
+        .arg("build")
+        .arg(workspace().join("docs"))
+        .arg("--dest-dir")
+        .arg(out.path())
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", mdbook.display()));
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "mdbook build failed:\n{log}");
+    assert!(
+        !log.contains("WARN") && !log.contains("ERROR"),
+        "mdbook build warned:\n{log}"
+    );
+    let mut pages = Vec::new();
+    files(out.path(), ".html", &mut pages);
+    assert!(pages.len() > 30, "only {} pages built", pages.len());
+    let broken = broken_links(out.path());
+    assert!(broken.is_empty(), "broken links in the guide: {broken:#?}");
+
+    // The guide is served at the problem URIs' origin: each URI, and each link into the
+    // guide from a README, names a built page (`X` served as `X.html`) and its anchor.
+    let mut links: Vec<(String, String)> = emitted_problem_types()
+        .keys()
+        .map(|slug| (format!("{PROBLEM_PREFIX}{slug}"), "the sources".to_owned()))
+        .collect();
+    let mut readmes = vec![workspace().join("README.md")];
+    for entry in std::fs::read_dir(workspace().join("crates")).expect("the crates") {
+        let readme = entry.expect("a directory entry").path().join("README.md");
+        if readme.is_file() {
+            readmes.push(readme);
+        }
+    }
+    for readme in readmes {
+        let text = read(&readme);
+        for (at, _) in text.match_indices(SITE) {
+            let link: String = text[at..]
+                .chars()
+                .take_while(|c| !matches!(c, ')' | '`' | ' ' | '\n' | '>' | '"'))
+                .collect();
+            links.push((link, readme.display().to_string()));
+        }
+    }
+    assert!(links.len() > 20, "too few links into the guide: {links:?}");
+    let mut unresolved = Vec::new();
+    for (link, from) in &links {
+        let path = &link[SITE.len()..];
+        let (page, anchor) = path.split_once('#').unwrap_or((path, ""));
+        let page = if page.is_empty() || page.ends_with('/') {
+            format!("{page}index.html")
+        } else if page.ends_with(".html") {
+            page.to_owned()
+        } else {
+            format!("{page}.html")
+        };
+        let file = out.path().join(&page);
+        let found = file.is_file()
+            && (anchor.is_empty() || attributes(&read(&file), "id").contains(&anchor));
+        if !found {
+            unresolved.push(format!("{link} (from {from})"));
+        }
+    }
+    assert!(
+        unresolved.is_empty(),
+        "links that the guide does not resolve: {unresolved:#?}"
+    );
+}
+
+#[test]
+fn the_link_checker_reports_missing_pages_and_anchors_and_nothing_else() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let root = dir.path();
+    std::fs::create_dir(root.join("problems")).unwrap();
+    std::fs::write(
+        root.join("index.html"),
+        r##"<h1 id="top">t</h1><a href="#top"></a><a href="problems/a.html#what"></a>
+            <a href="problems/"></a><a href="https://example.com/x#y"></a>
+            <a href="#nowhere"></a><a href="problems/gone.html"></a>
+            <a href="problems/a.html#missing"></a><img src="img.png">"##,
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("problems/a.html"),
+        r#"<h2 id="what">w</h2><a href="../index.html#top"></a>"#,
+    )
+    .unwrap();
+    std::fs::write(root.join("problems/index.html"), "").unwrap();
+    std::fs::write(
+        root.join("404.html"),
+        r#"<base href="/"><a href="problems/a.html#what"></a><a href="nope.html"></a>"#,
+    )
+    .unwrap();
+    let mut broken = broken_links(root);
+    broken.sort();
+    assert_eq!(
+        broken,
+        [
+            "404.html: nope.html (no such file)",
+            "index.html: #nowhere (no such anchor)",
+            "index.html: img.png (no such file)",
+            "index.html: problems/a.html#missing (no such anchor)",
+            "index.html: problems/gone.html (no such file)",
+        ]
+    );
+}
