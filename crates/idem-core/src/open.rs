@@ -402,7 +402,8 @@ mod tests {
             .await
             .unwrap();
         assert!(!store.expires_natively());
-        assert!(!MemoryStore::EXPIRES_NATIVELY);
+        // The kind says so before any store is open, and the store agrees.
+        assert_eq!(store.expires_natively(), MemoryStore::EXPIRES_NATIVELY);
         assert_eq!(MemoryStore::descriptors(&StoreOptions::default()), 0);
     }
 

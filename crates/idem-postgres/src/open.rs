@@ -147,7 +147,8 @@ mod tests {
         };
         assert_eq!(store.table(), format!("{name}_records"));
         assert!(!store.expires_natively());
-        assert!(!PgStore::EXPIRES_NATIVELY);
+        // The kind says so before any store is open, and the store agrees.
+        assert_eq!(store.expires_natively(), PgStore::EXPIRES_NATIVELY);
         store.ping().await.unwrap();
         schema::drop_table(store.pool(), store.table())
             .await

@@ -108,7 +108,8 @@ mod tests {
         };
         assert_eq!(store.key_prefix(), format!("{name}:"));
         assert!(store.expires_natively());
-        assert!(RedisStore::EXPIRES_NATIVELY);
+        // The kind says so before any store is open, and the store agrees.
+        assert_eq!(store.expires_natively(), RedisStore::EXPIRES_NATIVELY);
         let default = open(url.clone()).await.unwrap();
         assert_eq!(default.key_prefix(), crate::DEFAULT_KEY_PREFIX);
         assert_eq!(RedisStore::descriptors(&options), 2);

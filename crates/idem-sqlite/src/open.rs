@@ -125,7 +125,8 @@ mod tests {
             .await
             .unwrap();
         assert!(!store.expires_natively());
-        assert!(!SqliteStore::EXPIRES_NATIVELY);
+        // The kind says so before any store is open, and the store agrees.
+        assert_eq!(store.expires_natively(), SqliteStore::EXPIRES_NATIVELY);
         store.close().await;
     }
 
