@@ -21,10 +21,11 @@
 //!
 //! It also allocates less: strings without escapes are borrowed from the body.
 //!
-//! Everything else is written as before, so fingerprints stored by earlier releases
-//! still match, except for the bodies above and integral values from 2^53 to 10^19
-//! written with a fraction or an exponent (the old form wrote the double's binary
-//! value). The tests check this against the old `Value`-based form. What serde_json
+//! Everything else is written as a `Value` with sorted keys writes it, because that is
+//! what the fingerprints that stores already hold were computed from: they still
+//! match, except for the bodies above and integral values from 2^53 to 10^19 written
+//! with a fraction or an exponent (a `Value` writes the double's binary value). The
+//! tests check this against that `Value`-based form. What serde_json
 //! rejects is rejected here too (the caller then hashes the raw bytes), except numbers
 //! beyond a double's range, which are canonical here.
 
@@ -315,7 +316,8 @@ fn remove_pointer(node: &mut Node<'_>, pointer: &[String]) {
             .iter_mut()
             .filter(|(k, _)| k == token)
             .for_each(|(_, v)| remove_pointer(v, rest)),
-        // As before: an index is whatever `usize` parses.
+        // An index is whatever `usize` parses, as for a `Value`, so stored fingerprints
+        // that ignore array items keep matching.
         Node::Array(items) => match token.parse::<usize>() {
             Ok(i) if i < items.len() && rest.is_empty() => {
                 items.remove(i);
@@ -362,13 +364,14 @@ fn write(node: &mut Node<'_>, out: &mut Vec<u8>) {
 }
 
 fn write_string(s: &str, out: &mut Vec<u8>) {
-    // serde_json's escaping has one spelling per string, and is what earlier releases
-    // wrote.
+    // serde_json's escaping has one spelling per string, and is what stored
+    // fingerprints were computed with.
     serde_json::to_writer(&mut *out, s).expect("a string always serialises");
 }
 
 /// Writes a number (text already checked against JSON's grammar) by its exact decimal
-/// value, in the spelling earlier releases gave the values a double holds exactly:
+/// value, in the spelling a `Value` gives the values a double holds exactly (so that their
+/// stored fingerprints still match):
 ///
 /// - an integer below 10^19 in magnitude as its digits (`100` for `1e2` and `100.0`);
 /// - an integer written without fraction or exponent, up to `u64::MAX`, likewise;

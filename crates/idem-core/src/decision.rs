@@ -40,8 +40,8 @@ pub enum Decision {
 /// comes soon after the first attempt began (a client that timed out early, a user who
 /// pressed "send" again) is asked back soon, when the attempt has likely finished and
 /// its answer can be replayed, rather than after the whole lease; the longer an attempt
-/// runs, the longer the wait; and an attempt that died is taken over once its lease
-/// lapses, as before.
+/// runs, the longer the wait; and the wait never outlasts the lease, since an attempt
+/// that died is taken over once its lease lapses.
 pub fn decide(existing: Option<Record>, fingerprint: &Fingerprint, now: Timestamp) -> Decision {
     let Some(record) = existing.filter(|r| !r.is_expired(now)) else {
         return Decision::Execute { attempt: 1 };

@@ -8,7 +8,7 @@ use crate::record::Lease;
 use crate::store::{Store, StoreError};
 
 /// The pauses before each try of [`release_unconfirmed`]: five tries over about 8.5 s,
-/// after which the lease (60 s by default) frees the key as before.
+/// after which only the lease (60 s by default) frees the key.
 pub const UNCONFIRMED_RELEASE_PAUSES: [Duration; 5] = [
     Duration::ZERO,
     Duration::from_millis(100),

@@ -29,11 +29,6 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response};
 use idem_tower::ProblemKind;
 
-/// A request extension the listener adds when [`preflighted_origin`] found one, so
-/// that the proxy, answering an upstream failure itself, need not look again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreflightedOrigin(pub HeaderValue);
-
 /// The request's `Origin`, when the request is one a browser sends only after a
 /// preflight the upstream allowed; `None` otherwise, and for requests without one.
 pub fn preflighted_origin(method: &Method, headers: &HeaderMap) -> Option<HeaderValue> {
@@ -85,8 +80,12 @@ pub fn allow_origin(headers: &mut HeaderMap, origin: HeaderValue) {
     headers.append(header::VARY, HeaderValue::from_static("origin"));
 }
 
-/// [`allow_origin`] on an answer of the idempotency layer's own (it carries its
-/// [`ProblemKind`]); answers that came from the upstream are left alone.
+/// [`allow_origin`] on an answer the gateway made itself: one that carries a
+/// [`ProblemKind`], the layer's own problems and the proxy's (an unreachable upstream,
+/// a timeout), which the layer passes on with their kind. Answers that came from the
+/// upstream are left alone, and so are the problems the layer records in place of an
+/// answer (a 500, or the 502 for an upstream answer too large to record), which carry
+/// no kind: the first answer looks as its replays do.
 pub fn allow_origin_on_problem<B>(response: &mut Response<B>, origin: HeaderValue) {
     if response.extensions().get::<ProblemKind>().is_some() {
         allow_origin(response.headers_mut(), origin);

@@ -9,8 +9,8 @@
 //!   per-route rules ([`route`]);
 //! - [`store`]: the store a `--store` URL names (memory, SQLite, PostgreSQL, Redis);
 //! - [`proxy`]: forwarding, hop-by-hop stripping, `Forwarded` headers,
-//!   `Idempotency-Attempt`, `Idempotency-Disposition`, and what upstream failures mean
-//!   for the key ([`error`]);
+//!   `Idempotency-Attempt`, `Idempotency-Disposition`, and what went wrong, by the side
+//!   it went wrong on ([`error`]); what each failure means for the key is the layer's;
 //! - [`path`]: path normalisation before any rule sees a request (SPEC S14);
 //! - [`cors`]: CORS headers on the gateway's own answers, for pages calling the API
 //!   from another origin;

@@ -40,17 +40,16 @@ use tower::BoxError;
 use crate::metrics::{GaugeGuard, Metrics};
 
 mod handler;
-mod kind;
 mod limits;
 mod shutdown;
 mod write_stall;
 
 use self::handler::Handler;
-pub use self::kind::ListenerKind;
 pub use self::limits::{
     ADMIN_MAX_CONNECTIONS, SPARE_DESCRIPTORS, default_max_connections, fd_limit, raise_fd_limit,
 };
 pub(crate) use self::shutdown::Connections;
+pub use crate::metrics::ListenerKind;
 
 /// How long a connection may stay silent before TCP starts asking whether its peer is
 /// still there (client connections and upstream connections alike).

@@ -332,7 +332,6 @@ async fn service(
     let proxy = Proxy::new(
         config.upstream.clone(),
         config.upstream_timeout,
-        config.response_limit,
         metrics.clone(),
     );
     Ok(match mode {

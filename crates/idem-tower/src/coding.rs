@@ -13,7 +13,7 @@
 //! it, or the bare deflate stream that some clients send under that name) and
 //! `identity`. A body that names any other coding (`br`, `zstd`), that does not decode
 //! (bytes after the coded stream included), or whose content would exceed the body
-//! limit, is fingerprinted as sent, as before.
+//! limit, is fingerprinted as sent.
 
 use std::io::Read;
 

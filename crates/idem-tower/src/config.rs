@@ -32,8 +32,7 @@ pub const DEFAULT_RELEASE_STATUSES: [u16; 12] =
 ///
 /// The layer decides with it, and hands the set of the request's route to the inner
 /// service in [`IdempotencyContext::releases`](crate::IdempotencyContext::releases), so
-/// a service that treats released answers differently (a proxy that streams them
-/// rather than reading them whole, say) decides as the layer will.
+/// a service that treats released answers differently decides as the layer will.
 ///
 /// ```
 /// use http::StatusCode;

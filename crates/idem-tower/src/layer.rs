@@ -13,23 +13,7 @@ use crate::config::{Config, References, ReleaseStatuses, RouteConfig, is_storabl
 use crate::in_flight::InFlight;
 use crate::policy::Observer;
 use crate::service::Idempotency;
-
-/// What every service made by one layer shares.
-pub(crate) struct Shared<St: ?Sized> {
-    pub(crate) config: Config,
-    pub(crate) in_flight: InFlight,
-    pub(crate) store: Arc<St>,
-}
-
-impl<St: ?Sized> Clone for Shared<St> {
-    fn clone(&self) -> Self {
-        Shared {
-            config: self.config.clone(),
-            in_flight: self.in_flight.clone(),
-            store: self.store.clone(),
-        }
-    }
-}
+use crate::shared::Shared;
 
 /// Applies [`Idempotency`] to a service: Idempotency-Key handling over any
 /// [`Store`].
@@ -227,7 +211,8 @@ impl<St> IdempotencyLayer<St> {
 
     /// The largest answer recorded, in bytes (default [`DEFAULT_RESPONSE_LIMIT`], 8 MiB).
     /// Answers are held whole to be recorded; when the handler's answer is larger, it
-    /// has run, so its answer is replaced by a 500 `response-too-large` problem, which
+    /// has run, so its answer is replaced by a 500 `response-too-large` problem (a
+    /// [`Proxied`](crate::Proxied) answer by a 502 `upstream-answer-too-large`), which
     /// is recorded and replayed: the operation never runs twice, and memory stays
     /// bounded. An answer that is released rather than recorded (a release status, or
     /// [`Disposition::Release`](crate::Disposition::Release)) is not held: it streams to

@@ -134,8 +134,12 @@
 //! ([`IdempotencyLayer::release_statuses`], per route
 //! [`RouteConfig::release_statuses`]) — which release the key so a corrected retry may
 //! execute. A [`Disposition`] response extension overrides that for one response. The
-//! handler can ask [`IdempotencyContext::releases`] whether a status will release, as
-//! a proxy that streams released answers rather than buffering them must. Stored
+//! handler can ask [`IdempotencyContext::releases`] whether a status will release.
+//! A proxy inside the layer (the idem gateway) marks its upstream's answers
+//! [`Proxied`], with a deadline: an answer to record is read whole by then, and what
+//! goes wrong reading it is the upstream's failure ([`UpstreamFailure`]: a 504 that
+//! keeps the record in progress when the answer stalls or breaks off, a recorded 502
+//! when it is over the response limit), not the handler's. Stored
 //! headers are an allow-list ([`DEFAULT_STORED_HEADERS`]: `content-type`,
 //! `content-encoding`, `location` and the CORS headers a browser needs to read the
 //! answer; plus [`IdempotencyLayer::store_headers`]); [`NEVER_STORED_HEADERS`] are
@@ -179,6 +183,10 @@
 //! | 500    | `https://idem.dev/problems/response-too-large`  | the handler ran; its answer is over the response limit (recorded) |
 //! | 503    | `https://idem.dev/problems/store-unavailable`   | store unreachable; `Retry-After`      |
 //! | 503    | `https://idem.dev/problems/replay-unavailable`  | the answer, recorded as a [`ResourceReference`], could not be rendered again; the operation ran; `Retry-After` |
+//! | 502    | `https://idem.dev/problems/upstream-unreachable` | a proxy inside the layer could not connect to its upstream ([`UpstreamFailure`]); nothing was sent, the key is released |
+//! | 504    | `https://idem.dev/problems/upstream-timeout`    | the upstream's answer did not come whole in time; the record stays in progress until its lease lapses |
+//! | 504    | `https://idem.dev/problems/upstream-connection-lost` | the upstream's connection broke after the request was sent; the record stays in progress until its lease lapses |
+//! | 502    | `https://idem.dev/problems/upstream-answer-too-large` | the upstream ran; its answer is over the response limit (recorded) |
 //!
 //! The 400s for the key, the 413 and the 408 are answered before the body is read
 //! whole. What is left of it is read away in the background ([`drain_body`]: up to
@@ -202,20 +210,27 @@
 //!   from its head and streams through unread, at any size.
 
 mod body;
+mod buffer;
 mod coding;
 mod config;
 mod context;
 mod drain;
+mod execute;
 mod execution;
 mod future;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod heartbeat;
 mod in_flight;
 mod layer;
+mod plan;
 mod policy;
 mod problem;
+mod replay;
 mod service;
+mod settle;
+mod shared;
 mod spelling;
 mod tenant;
 
@@ -229,9 +244,10 @@ pub use drain::{DRAIN_LIMIT, DRAIN_TIMEOUT, drain_body};
 pub use future::ResponseFuture;
 pub use in_flight::InFlight;
 pub use layer::IdempotencyLayer;
-pub use policy::{Disposition, Observer, Outcome, ResourceReference};
+pub use policy::{Disposition, Observer, Outcome, Proxied, ResourceReference, UpstreamFailure};
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
-pub use service::{IDEMPOTENT_REPLAYED, Idempotency};
+pub use replay::IDEMPOTENT_REPLAYED;
+pub use service::Idempotency;
 pub use spelling::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use tenant::TenantHeaders;
 

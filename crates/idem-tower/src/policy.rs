@@ -1,7 +1,8 @@
 //! How an execution's response is treated, and what the layer reports as it works.
 
 use std::fmt;
-use std::time::Duration;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use idem_core::StoreError;
 
@@ -79,6 +80,80 @@ impl ResourceReference {
     }
 }
 
+/// A response extension by which a proxy inside the layer (the idem gateway) marks an
+/// answer as its upstream's, and says by when that answer must have arrived whole.
+///
+/// The layer reads an answer it records whole, up to its response limit
+/// ([`IdempotencyLayer::response_limit`](crate::IdempotencyLayer::response_limit)); a
+/// proxied one also by `deadline`, and what goes wrong on the way is the upstream's
+/// failure, not the handler's ([`UpstreamFailure`]): no end by the deadline is a 504
+/// `upstream-timeout` and a body that breaks off a 504 `upstream-connection-lost`, both
+/// keeping the record in progress (the upstream may have acted), and an answer over the
+/// limit is a 502 `upstream-answer-too-large`, recorded in its place. An answer the
+/// layer releases, or records as a [`ResourceReference`], streams on unread and untimed.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use idem_tower::Proxied;
+///
+/// let mut response = http::Response::builder().status(201).body(()).unwrap();
+/// response
+///     .extensions_mut()
+///     .insert(Proxied::by(Instant::now() + Duration::from_secs(60)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Proxied {
+    deadline: Instant,
+}
+
+impl Proxied {
+    /// An upstream's answer that must have arrived whole by `deadline`.
+    pub fn by(deadline: Instant) -> Proxied {
+        Proxied { deadline }
+    }
+
+    /// When the answer must have arrived whole.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+}
+
+/// Why an upstream gave no usable answer, as a proxy inside the layer classifies it (the
+/// side a failure came from, as pingora's errors say): each is answered with its own
+/// [`ProblemKind`](crate::ProblemKind) (see [`Problem::upstream`](crate::Problem::upstream)),
+/// and means one thing for the key's record ([`UpstreamFailure::disposition`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum UpstreamFailure {
+    /// The connection could not be made: nothing was sent, so nothing happened upstream.
+    Unreachable,
+    /// No complete answer by the deadline after the request was sent: the upstream may
+    /// or may not have acted.
+    Timeout,
+    /// The connection broke (reset, closed, garbled) after the request was sent: the
+    /// outcome is unknown as well.
+    ConnectionLost,
+    /// The answer is over the response limit: the upstream acted, but its answer cannot
+    /// be recorded, so a problem is recorded in its place.
+    AnswerTooLarge,
+}
+
+impl UpstreamFailure {
+    /// What happens to the key's record (SPEC S6, S7): released when nothing was sent,
+    /// kept in progress until its lease lapses when the outcome is unknown, so a retry
+    /// neither runs twice concurrently nor replays a guess, and recorded when the
+    /// upstream acted but its answer is too large to keep.
+    pub fn disposition(self) -> Disposition {
+        match self {
+            UpstreamFailure::Unreachable => Disposition::Release,
+            UpstreamFailure::Timeout | UpstreamFailure::ConnectionLost => {
+                Disposition::KeepInProgress
+            }
+            UpstreamFailure::AnswerTooLarge => Disposition::Record,
+        }
+    }
+}
+
 /// What the layer did with one request, as reported to an [`Observer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -110,6 +185,22 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, for a metrics endpoint that lists each at zero before it first
+    /// happens (so dashboards see zeros rather than gaps). Kept beside [`as_str`](Outcome::as_str): a
+    /// variant added there belongs here too.
+    pub const ALL: [Outcome; 10] = [
+        Outcome::Executed,
+        Outcome::Replayed,
+        Outcome::Conflict,
+        Outcome::Mismatch,
+        Outcome::Released,
+        Outcome::KeptInProgress,
+        Outcome::Rejected,
+        Outcome::StoreUnavailable,
+        Outcome::ReplayUnavailable,
+        Outcome::PassedThrough,
+    ];
+
     /// A short, stable name (`executed`, `replayed`, …) for metric labels.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -171,6 +262,13 @@ pub trait Observer: Send + Sync + 'static {
     fn deferred_write_ended(&self, op: &'static str, settled: bool) {
         let _ = (op, settled);
     }
+
+    /// The layer found a [`Proxied`] answer unusable while it read the answer to record
+    /// it: too slow, broken off or too large. Failures a proxy finds before it has an
+    /// answer (an unreachable upstream, say) are its own to report.
+    fn upstream_failed(&self, failure: UpstreamFailure) {
+        let _ = failure;
+    }
 }
 
 /// The default observer: does nothing.
@@ -178,3 +276,18 @@ pub trait Observer: Send + Sync + 'static {
 pub(crate) struct NoopObserver;
 
 impl Observer for NoopObserver {}
+
+/// Runs one store call, reporting it to `observer` under `op`.
+pub(crate) async fn timed<T>(
+    observer: &dyn Observer,
+    op: &'static str,
+    call: impl Future<Output = idem_core::Result<T>>,
+) -> idem_core::Result<T> {
+    let started = std::time::Instant::now();
+    let result = call.await;
+    observer.store_call(op, started.elapsed(), result.is_ok());
+    if let Err(e) = &result {
+        observer.store_error(op, e);
+    }
+    result
+}

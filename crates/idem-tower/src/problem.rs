@@ -7,6 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
+use crate::policy::{Disposition, UpstreamFailure};
+
 /// The media type of problem bodies.
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
 
@@ -72,11 +74,23 @@ pub enum ProblemKind {
     /// and rendering it again failed. The operation did run:
     /// retry with the same key, never a new one.
     ReplayUnavailable,
+    /// 502: a proxy inside the layer (the idem gateway) could not connect to its
+    /// upstream; nothing was sent, so the key is released ([`UpstreamFailure::Unreachable`]).
+    UpstreamUnreachable,
+    /// 504: the upstream did not answer in time after the request was sent; the record
+    /// stays in progress until its lease lapses ([`UpstreamFailure::Timeout`]).
+    UpstreamTimeout,
+    /// 504: the connection to the upstream broke after the request was sent; the record
+    /// stays in progress until its lease lapses ([`UpstreamFailure::ConnectionLost`]).
+    UpstreamConnectionLost,
+    /// 502: the upstream acted, but its answer is over the response limit; this problem
+    /// is recorded and replayed in its place ([`UpstreamFailure::AnswerTooLarge`]).
+    UpstreamAnswerTooLarge,
 }
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 16] = [
+    pub const ALL: [ProblemKind; 20] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
@@ -93,6 +107,10 @@ impl ProblemKind {
         ProblemKind::ResponseTooLarge,
         ProblemKind::StoreUnavailable,
         ProblemKind::ReplayUnavailable,
+        ProblemKind::UpstreamUnreachable,
+        ProblemKind::UpstreamTimeout,
+        ProblemKind::UpstreamConnectionLost,
+        ProblemKind::UpstreamAnswerTooLarge,
     ];
 
     /// The stable `type` URI, `https://idem.dev/problems/<slug>`.
@@ -116,6 +134,14 @@ impl ProblemKind {
             ProblemKind::ResponseTooLarge => "https://idem.dev/problems/response-too-large",
             ProblemKind::StoreUnavailable => "https://idem.dev/problems/store-unavailable",
             ProblemKind::ReplayUnavailable => "https://idem.dev/problems/replay-unavailable",
+            ProblemKind::UpstreamUnreachable => "https://idem.dev/problems/upstream-unreachable",
+            ProblemKind::UpstreamTimeout => "https://idem.dev/problems/upstream-timeout",
+            ProblemKind::UpstreamConnectionLost => {
+                "https://idem.dev/problems/upstream-connection-lost"
+            }
+            ProblemKind::UpstreamAnswerTooLarge => {
+                "https://idem.dev/problems/upstream-answer-too-large"
+            }
         }
     }
 
@@ -140,6 +166,12 @@ impl ProblemKind {
             ProblemKind::StoreUnavailable | ProblemKind::ReplayUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            ProblemKind::UpstreamUnreachable | ProblemKind::UpstreamAnswerTooLarge => {
+                StatusCode::BAD_GATEWAY
+            }
+            ProblemKind::UpstreamTimeout | ProblemKind::UpstreamConnectionLost => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
         }
     }
 
@@ -162,6 +194,21 @@ impl ProblemKind {
             ProblemKind::ResponseTooLarge => "Response too large to record",
             ProblemKind::StoreUnavailable => "Idempotency store unavailable",
             ProblemKind::ReplayUnavailable => "Recorded answer unavailable",
+            ProblemKind::UpstreamUnreachable => "Upstream unreachable",
+            ProblemKind::UpstreamTimeout => "Upstream timed out",
+            ProblemKind::UpstreamConnectionLost => "Upstream connection lost",
+            ProblemKind::UpstreamAnswerTooLarge => "Upstream answer too large to record",
+        }
+    }
+
+    /// The upstream failure this kind answers, if it is one.
+    fn upstream_failure(self) -> Option<UpstreamFailure> {
+        match self {
+            ProblemKind::UpstreamUnreachable => Some(UpstreamFailure::Unreachable),
+            ProblemKind::UpstreamTimeout => Some(UpstreamFailure::Timeout),
+            ProblemKind::UpstreamConnectionLost => Some(UpstreamFailure::ConnectionLost),
+            ProblemKind::UpstreamAnswerTooLarge => Some(UpstreamFailure::AnswerTooLarge),
+            _ => None,
         }
     }
 }
@@ -190,6 +237,38 @@ impl Problem {
             detail: detail.into(),
             retry_after,
         }
+    }
+
+    /// The answer to an upstream's `failure`. Its detail is the same on every
+    /// occurrence: what the failure means for the key, and what a client should do.
+    pub fn upstream(failure: UpstreamFailure) -> Problem {
+        let (kind, detail) = match failure {
+            UpstreamFailure::Unreachable => (
+                ProblemKind::UpstreamUnreachable,
+                "The gateway could not connect to the upstream; the request was not sent, \
+                 so a retry with the same Idempotency-Key will execute.",
+            ),
+            UpstreamFailure::Timeout => (
+                ProblemKind::UpstreamTimeout,
+                "The upstream did not answer in time after the request was sent; its \
+                 outcome is unknown. Retry with the same Idempotency-Key: it answers 409 \
+                 until the attempt's lease lapses, then executes as the next attempt.",
+            ),
+            UpstreamFailure::ConnectionLost => (
+                ProblemKind::UpstreamConnectionLost,
+                "The connection to the upstream broke after the request was sent; its \
+                 outcome is unknown. Retry with the same Idempotency-Key: it answers 409 \
+                 until the attempt's lease lapses, then executes as the next attempt.",
+            ),
+            UpstreamFailure::AnswerTooLarge => (
+                ProblemKind::UpstreamAnswerTooLarge,
+                "The upstream executed the request, but its answer is over the gateway's \
+                 response limit and cannot be recorded. This answer is recorded in its \
+                 place and is final for this Idempotency-Key: a retry replays it and \
+                 does not execute again.",
+            ),
+        };
+        Problem::new(kind, detail)
     }
 
     /// Sets `Retry-After` (whole seconds, rounded up, at least 1).
@@ -222,12 +301,22 @@ impl Problem {
     /// The full response: status, `Content-Type`, `Retry-After` when set, body, and the
     /// [`ProblemKind`] as a response extension, by which layers outside can tell the
     /// layer's own answers from the handler's (the idem gateway adds CORS headers to
-    /// them). Problems the layer records in place of an answer (500s) lose it with
-    /// every other extension, so that the first answer and its replays look alike.
+    /// them). Problems the layer records in place of an answer (500s, and the 502 for
+    /// an upstream answer too large) lose it with every other extension, so that the
+    /// first answer and its replays look alike.
+    ///
+    /// An upstream failure's answer carries its [`Disposition`] too, so that a proxy
+    /// inside the layer answers with it and the layer settles the key as
+    /// [`UpstreamFailure::disposition`] says.
     pub fn to_response(&self) -> Response<Bytes> {
         let mut response = Response::new(self.body());
         *response.status_mut() = self.kind.status();
         response.extensions_mut().insert(self.kind);
+        if let Some(failure) = self.kind.upstream_failure() {
+            response
+                .extensions_mut()
+                .insert::<Disposition>(failure.disposition());
+        }
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,
@@ -296,6 +385,49 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(v["type"], "https://idem.dev/problems/missing-tenant");
         assert_eq!(v["status"], 401);
+    }
+
+    fn upstream(failure: UpstreamFailure) -> Response<Bytes> {
+        Problem::upstream(failure).to_response()
+    }
+
+    #[test]
+    fn unreachable_is_502_and_releases() {
+        let res = upstream(UpstreamFailure::Unreachable);
+        assert_eq!(res.status(), 502);
+        assert_eq!(
+            res.extensions().get::<Disposition>(),
+            Some(&Disposition::Release)
+        );
+        assert_eq!(
+            res.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        let v: serde_json::Value = serde_json::from_slice(res.body()).unwrap();
+        assert_eq!(v["status"], 502);
+        assert_eq!(v["type"], "https://idem.dev/problems/upstream-unreachable");
+    }
+
+    #[test]
+    fn too_large_answer_is_502_and_recorded() {
+        let res = upstream(UpstreamFailure::AnswerTooLarge);
+        assert_eq!(res.status(), 502);
+        assert_eq!(
+            res.extensions().get::<Disposition>(),
+            Some(&Disposition::Record)
+        );
+    }
+
+    #[test]
+    fn unknown_outcomes_are_504_and_keep_the_record() {
+        for e in [UpstreamFailure::Timeout, UpstreamFailure::ConnectionLost] {
+            let res = upstream(e);
+            assert_eq!(res.status(), 504);
+            assert_eq!(
+                res.extensions().get::<Disposition>(),
+                Some(&Disposition::KeepInProgress)
+            );
+        }
     }
 
     #[test]

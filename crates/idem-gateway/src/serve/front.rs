@@ -55,10 +55,6 @@ impl Front {
         let svc = self.service.clone();
         let guard = self.metrics.in_flight_guard();
         let origin = cors::preflighted_origin(req.method(), req.headers());
-        if let Some(origin) = &origin {
-            req.extensions_mut()
-                .insert(cors::PreflightedOrigin(origin.clone()));
-        }
         async move {
             // The access log is at debug level; skip its bookkeeping otherwise.
             let logged = tracing::enabled!(tracing::Level::DEBUG).then(|| {

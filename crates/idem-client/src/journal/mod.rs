@@ -32,52 +32,27 @@
 //! they are the guard; [`purge_guarded`](Journal::purge_guarded) removes them.
 
 use std::path::Path;
-use std::str::FromStr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{AUTHORIZATION, COOKIE, HeaderName, HeaderValue, PROXY_AUTHORIZATION};
-use http::{HeaderMap, Method, StatusCode};
-use idem_core::codec::{decode_headers, encode_headers};
-use idem_core::{Key, SharedClock, SystemClock, Timestamp, duration_millis};
+use idem_core::{SharedClock, SystemClock, duration_millis};
 use sqlx::Row;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
 use crate::{BusinessId, Client, Error, Operation, Outcome, Result};
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS idem_client_operations (
-    id              INTEGER PRIMARY KEY AUTOINCREMENT,
-    idempotency_key TEXT    NOT NULL UNIQUE,
-    method          TEXT    NOT NULL,
-    url             TEXT    NOT NULL,
-    headers         BLOB    NOT NULL,
-    body            BLOB    NOT NULL,
-    state           TEXT    NOT NULL CHECK (state IN ('pending', 'completed', 'failed')),
-    attempts        INTEGER NOT NULL DEFAULT 0,
-    status          INTEGER,
-    replayed        INTEGER,
-    last_error      TEXT,
-    created_at      INTEGER NOT NULL,
-    updated_at      INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS idem_client_operations_state
-    ON idem_client_operations (state, updated_at);
-";
+mod entry;
+mod operation;
+mod request;
+mod schema;
 
-/// What business ids add to a journal made before them: the keyed hash of the id, under
-/// a unique index (which, in SQLite, lets any number of entries have none), and the
-/// answer, so that a later operation with the same id gets it instead of a send.
-const BUSINESS_ID_COLUMNS: &str = "
-ALTER TABLE idem_client_operations ADD COLUMN business_id BLOB;
-ALTER TABLE idem_client_operations ADD COLUMN response_headers BLOB;
-ALTER TABLE idem_client_operations ADD COLUMN response_body BLOB;
-CREATE UNIQUE INDEX IF NOT EXISTS idem_client_operations_business_id
-    ON idem_client_operations (business_id);
-";
+pub use entry::{Entry, EntryState};
+use entry::{corrupt, entry, parse_key, parse_method, recorded_answer};
+pub use operation::{JournaledOperation, Persisted};
+use request::{decode_header_map, encode_header_map, journalable, same_request};
+use schema::{create_private, migrate};
 
 macro_rules! entry_select {
     () => {
@@ -85,66 +60,6 @@ macro_rules! entry_select {
              replayed, last_error, created_at, updated_at
          FROM idem_client_operations"
     };
-}
-
-/// Where a journaled operation stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryState {
-    /// Not yet answered: resume it.
-    Pending,
-    /// Answered (success or not, replayed or not); kept until purged.
-    Completed,
-    /// Refused in a way a resume would not change (key reused, invalid request).
-    Failed,
-}
-
-impl EntryState {
-    fn as_str(self) -> &'static str {
-        match self {
-            EntryState::Pending => "pending",
-            EntryState::Completed => "completed",
-            EntryState::Failed => "failed",
-        }
-    }
-
-    fn parse(s: &str) -> Result<EntryState> {
-        match s {
-            "pending" => Ok(EntryState::Pending),
-            "completed" => Ok(EntryState::Completed),
-            "failed" => Ok(EntryState::Failed),
-            other => Err(corrupt(format!("unknown journal state {other:?}"))),
-        }
-    }
-}
-
-/// One journaled operation as stored (without its body and headers).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    /// The journal's id for the operation.
-    pub id: i64,
-    /// The operation's key.
-    pub key: Key,
-    /// The business id it was persisted under
-    /// ([`persist_unique`](Journal::persist_unique)), if any.
-    pub business_id: Option<BusinessId>,
-    /// The method.
-    pub method: Method,
-    /// The URL.
-    pub url: String,
-    /// Pending, completed or failed.
-    pub state: EntryState,
-    /// Attempts made by every process that sent it, as far as they recorded.
-    pub attempts: u32,
-    /// The final status, once completed (or failed with an answer).
-    pub status: Option<u16>,
-    /// Whether the final answer was a replay, once completed.
-    pub replayed: Option<bool>,
-    /// The last error, for a failed entry or a pending one whose retries gave up.
-    pub last_error: Option<String>,
-    /// When it was persisted.
-    pub created_at: Timestamp,
-    /// When it last changed.
-    pub updated_at: Timestamp,
 }
 
 /// A SQLite journal of operations. Cheap to clone; clones share the pool.
@@ -173,40 +88,6 @@ pub struct Entry {
 pub struct Journal {
     pool: SqlitePool,
     clock: SharedClock,
-}
-
-/// Creates the journal's file with mode 0600 if it is missing (SPEC S14: files holding
-/// records are readable by their owner only); warns of one that exists and that every
-/// user can read or write. An error creating it is left for SQLite to report.
-fn create_private(path: &Path) {
-    // SQLite's own names (":memory:") are no files.
-    if path.as_os_str().is_empty() || path.to_string_lossy().starts_with(':') {
-        return;
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        let created = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path);
-        if created.is_ok() {
-            return;
-        }
-        if let Ok(meta) = std::fs::metadata(path)
-            && meta.permissions().mode() & 0o007 != 0
-        {
-            tracing::warn!(
-                path = %path.display(),
-                mode = format_args!("{:o}", meta.permissions().mode() & 0o777),
-                "every local user can read or write this journal of operations (bodies \
-                 and keys); chmod 600 it and its -wal and -shm"
-            );
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = path;
 }
 
 impl Journal {
@@ -553,255 +434,5 @@ impl Journal {
         .execute(&self.pool)
         .await?;
         Ok(())
-    }
-}
-
-/// Creates the table, or brings one made by an earlier release up to date, in one
-/// write transaction so that processes opening the file at once migrate it once.
-async fn migrate(pool: &SqlitePool) -> Result<()> {
-    sqlx::raw_sql(SCHEMA).execute(pool).await?;
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    // The table's columns, not `user_version`: a pool given to `with_pool` may be the
-    // application's database, whose version is its own.
-    let has_business_ids: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM pragma_table_info('idem_client_operations')
-         WHERE name = 'business_id'",
-    )
-    .fetch_one(&mut *tx)
-    .await?;
-    if has_business_ids == 0 {
-        sqlx::raw_sql(BUSINESS_ID_COLUMNS).execute(&mut *tx).await?;
-    }
-    tx.commit().await?;
-    Ok(())
-}
-
-/// The operation's headers as the journal stores them, once it is known that they may
-/// be stored and that the operation can be sent: one that cannot would only be
-/// recorded as failed, and under a business id it would take the id.
-fn journalable(op: &Operation) -> Result<Vec<u8>> {
-    op.checked_url()?;
-    refuse_credentials(op.header_map())?;
-    Ok(encode_header_map(op.header_map()))
-}
-
-fn encode_header_map(headers: &HeaderMap) -> Vec<u8> {
-    encode_headers(
-        &headers
-            .iter()
-            .map(|(n, v)| (n.as_str().to_owned(), Bytes::copy_from_slice(v.as_bytes())))
-            .collect::<Vec<_>>(),
-    )
-}
-
-fn decode_header_map(stored: &[u8]) -> Result<HeaderMap> {
-    let headers = decode_headers(stored).map_err(|e| corrupt(e.to_string()))?;
-    let mut map = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        let name = HeaderName::from_str(&name).map_err(|e| corrupt(e.to_string()))?;
-        let value = HeaderValue::from_maybe_shared(value).map_err(|e| corrupt(e.to_string()))?;
-        map.append(name, value);
-    }
-    Ok(map)
-}
-
-/// Whether the stored request in `row` is `op`'s (`headers` encoded).
-fn same_request(row: &SqliteRow, op: &Operation, headers: &[u8]) -> Result<bool> {
-    Ok(row.try_get::<String, _>("method")? == op.method().as_str()
-        && row.try_get::<String, _>("url")? == op.url()
-        && row.try_get::<Vec<u8>, _>("headers")?[..] == headers[..]
-        && row.try_get::<Vec<u8>, _>("body")?[..] == op.body_bytes()[..])
-}
-
-/// The answer recorded in `row`, if one was.
-fn recorded_answer(row: &SqliteRow, entry: &Entry) -> Result<Option<Outcome>> {
-    let Some(status) = entry.status else {
-        return Ok(None);
-    };
-    let status = StatusCode::from_u16(status).map_err(|e| corrupt(e.to_string()))?;
-    let headers = match row.try_get::<Option<Vec<u8>>, _>("response_headers")? {
-        Some(stored) => decode_header_map(&stored)?,
-        None => HeaderMap::new(),
-    };
-    let body = row
-        .try_get::<Option<Vec<u8>>, _>("response_body")?
-        .unwrap_or_default();
-    Ok(Some(Outcome {
-        key: entry.key.clone(),
-        attempts: entry.attempts,
-        status,
-        headers,
-        body: Bytes::from(body),
-    }))
-}
-
-fn entry(row: &SqliteRow) -> Result<Entry> {
-    Ok(Entry {
-        id: row.try_get("id")?,
-        key: parse_key(row)?,
-        business_id: row
-            .try_get::<Option<Vec<u8>>, _>("business_id")?
-            .map(|d| {
-                <[u8; 32]>::try_from(d)
-                    .map(BusinessId::from_digest)
-                    .map_err(|d| corrupt(format!("a business id of {} bytes", d.len())))
-            })
-            .transpose()?,
-        method: parse_method(row)?,
-        url: row.try_get("url")?,
-        state: EntryState::parse(&row.try_get::<String, _>("state")?)?,
-        attempts: u32::try_from(row.try_get::<i64, _>("attempts")?).unwrap_or(u32::MAX),
-        status: row
-            .try_get::<Option<i64>, _>("status")?
-            .and_then(|s| u16::try_from(s).ok()),
-        replayed: row.try_get("replayed")?,
-        last_error: row.try_get("last_error")?,
-        created_at: Timestamp::from_millis(row.try_get("created_at")?),
-        updated_at: Timestamp::from_millis(row.try_get("updated_at")?),
-    })
-}
-
-fn parse_key(row: &SqliteRow) -> Result<Key> {
-    Key::new(row.try_get::<String, _>("idempotency_key")?).map_err(|e| corrupt(e.to_string()))
-}
-
-fn parse_method(row: &SqliteRow) -> Result<Method> {
-    Method::from_str(&row.try_get::<String, _>("method")?).map_err(|e| corrupt(e.to_string()))
-}
-
-fn corrupt(reason: String) -> Error {
-    Error::Journal(sqlx::Error::Decode(reason.into()))
-}
-
-fn refuse_credentials(headers: &HeaderMap) -> Result<()> {
-    for (name, value) in headers {
-        if name == AUTHORIZATION
-            || name == PROXY_AUTHORIZATION
-            || name == COOKIE
-            || value.is_sensitive()
-        {
-            return Err(Error::CredentialInJournal {
-                header: name.as_str().to_owned(),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// What [`Journal::persist_unique`] found for a business id: the one way to send,
-/// [`New`](Persisted::New), is the variant that holds an operation to send.
-#[derive(Debug)]
-#[must_use = "a new operation must be sent, and the others say what became of the id"]
-pub enum Persisted {
-    /// The first operation under this business id, now journaled as pending: send it.
-    New(JournaledOperation),
-    /// An operation under this id is journaled and has no answer yet (being sent, or
-    /// left by retries that gave up or by a process that died). Not sent again;
-    /// [`Journal::pending`] resumes it with this key.
-    Pending {
-        /// The pending operation's key.
-        key: Key,
-        /// Its entry.
-        entry: Entry,
-    },
-    /// The operation under this id was answered.
-    Completed {
-        /// The answer as recorded: status, headers, body, the operation's key, and
-        /// the attempts every process recorded.
-        outcome: Outcome,
-        /// Its entry.
-        entry: Entry,
-    },
-    /// The operation under this id was refused in a way a resume would not change
-    /// ([`EntryState::Failed`]).
-    Failed {
-        /// The refusal (a 400 or 422), if an answer came; `entry.last_error` says why.
-        answer: Option<Outcome>,
-        /// Its entry.
-        entry: Entry,
-    },
-}
-
-impl Persisted {
-    /// The key of the operation journaled under the business id (`op`'s own when it is
-    /// new).
-    pub fn key(&self) -> &Key {
-        match self {
-            Persisted::New(op) => op.key(),
-            Persisted::Pending { key, .. } => key,
-            Persisted::Completed { entry, .. } | Persisted::Failed { entry, .. } => &entry.key,
-        }
-    }
-}
-
-/// An operation with its journal entry. [`send`](Self::send) sends it and records the
-/// result.
-#[derive(Debug, Clone)]
-pub struct JournaledOperation {
-    id: i64,
-    op: Operation,
-    journal: Journal,
-}
-
-impl JournaledOperation {
-    /// The journal's id for it.
-    pub fn id(&self) -> i64 {
-        self.id
-    }
-
-    /// The operation.
-    pub fn operation(&self) -> &Operation {
-        &self.op
-    }
-
-    /// The key.
-    pub fn key(&self) -> &Key {
-        self.op.key()
-    }
-
-    /// Sends the operation (see [`Operation::send`]) and records what came of it:
-    /// an answer marks the entry completed; a refusal that a resume would not change
-    /// (key reused, invalid request) marks it failed; retries that gave up leave it
-    /// pending, for a later resume. Under a business id the answer's headers and body
-    /// are recorded too, for [`Journal::persist_unique`] to give later operations.
-    ///
-    /// If recording fails the result is still returned and the entry stays pending; a
-    /// later resume then gets the server's replay. The failure is logged.
-    pub async fn send(&self) -> Result<Outcome> {
-        let result = self.op.send().await;
-        let recorded = match &result {
-            Ok(outcome) => {
-                self.journal
-                    .record(
-                        self.id,
-                        EntryState::Completed,
-                        outcome.attempts(),
-                        Some(outcome),
-                        None,
-                    )
-                    .await
-            }
-            Err(e) => {
-                let state = if e.is_retryable_later() {
-                    EntryState::Pending
-                } else {
-                    EntryState::Failed
-                };
-                let answer = match e {
-                    Error::KeyReused { answer, .. }
-                    | Error::InvalidKey { answer, .. }
-                    | Error::Rejected { answer, .. } => Some(&**answer),
-                    _ => None,
-                };
-                self.journal
-                    .record(self.id, state, e.attempts(), answer, Some(e.to_string()))
-                    .await
-            }
-        };
-        if let Err(e) = recorded {
-            tracing::warn!(id = self.id, key = %self.op.key(), error = %e,
-                "could not record an operation's result in the journal; it stays pending");
-        }
-        result
     }
 }

@@ -1,4 +1,6 @@
-//! Which listener: the proxy's or the admin one, as metrics and logs name them.
+//! Which listener: the proxy's or the admin one, as metrics and logs name them. It lives
+//! with the metrics, which label by it, so that the listener depends on the metrics and
+//! not the other way round.
 
 /// Which of the gateway's listeners.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,49 @@
+//! A store's own figures ([`Store::metrics`]), encoded with the gateway's.
+
+use std::fmt;
+use std::sync::Arc;
+
+use idem_core::{MetricKind, Store};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+/// A store's own figures ([`Store::metrics`]), read at each scrape.
+pub(super) struct StoreFigures(pub(super) Arc<dyn Store>);
+
+impl fmt::Debug for StoreFigures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("StoreFigures").finish_non_exhaustive()
+    }
+}
+
+impl Collector for StoreFigures {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        for m in self.0.metrics() {
+            match m.kind {
+                MetricKind::Counter => {
+                    // A store names its counters with `_total`, which the encoding adds.
+                    let name = m.name.strip_suffix("_total").unwrap_or(m.name);
+                    let counter = ConstCounter::new(m.value);
+                    counter.encode(encoder.encode_descriptor(
+                        name,
+                        m.help,
+                        None,
+                        counter.metric_type(),
+                    )?)?;
+                }
+                MetricKind::Gauge => {
+                    let gauge = ConstGauge::new(m.value);
+                    gauge.encode(encoder.encode_descriptor(
+                        m.name,
+                        m.help,
+                        None,
+                        gauge.metric_type(),
+                    )?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

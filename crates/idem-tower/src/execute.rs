@@ -1,0 +1,529 @@
+//! Stages 2 to 4 of a keyed request (SPEC S5, S6, S7): the reservation, the handler
+//! run while its lease is renewed, and what its answer means for the key.
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::request::Parts;
+use http::{HeaderName, Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idem_core::{Lease, Reservation, ReserveRequest, Store};
+use tower::Service;
+
+use crate::config::ReleaseStatuses;
+use crate::context::IdempotencyContext;
+use crate::execution::panic_message;
+use crate::heartbeat::with_heartbeat;
+use crate::in_flight::InFlightGuard;
+use crate::plan::AnswerRules;
+use crate::policy::{Disposition, Outcome, Proxied, ResourceReference, UpstreamFailure, timed};
+use crate::problem::{Problem, ProblemKind};
+use crate::replay::{refuse, rendered};
+use crate::settle::{KeyWrite, settle, stored_response};
+use crate::shared::Shared;
+use crate::spelling::restore_sent_method;
+use crate::{BoxError, IdempotencyBody};
+
+/// SPEC S5's stages 2 to 4 for one keyed request whose body is in hand; counted in
+/// flight until `guard` drops with it.
+///
+/// A function returning an `async` block rather than an `async fn`: the block keeps its
+/// captures in place, where an `async fn` would hold its arguments twice, and this
+/// future is boxed, and so copied, once per request.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn would hold its arguments twice in its state"
+)]
+pub(crate) fn execute<S, St, ReqBody, ResBody>(
+    shared: Arc<Shared<St>>,
+    inner: S,
+    parts: Parts,
+    bytes: Bytes,
+    request: ReserveRequest,
+    answers: AnswerRules,
+    guard: InFlightGuard,
+) -> impl Future<Output = Response<IdempotencyBody<ResBody>>> + Send + 'static
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    St: Store,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    async move {
+        let config = &shared.config;
+        let observer = &*config.observer;
+        let store = &*shared.store;
+        let reserved = timed(observer, "reserve", store.reserve(&request)).await;
+        let lease = match reserved {
+            Ok(Reservation::Acquired(lease)) => lease,
+            Ok(Reservation::Replay(stored)) if stored.reference().is_some() => {
+                // Boxed: a rare path, kept out of every keyed request's future.
+                return Box::pin(rendered(inner, parts, stored, config)).await;
+            }
+            other => return refuse(observer, other).map(IdempotencyBody::buffered),
+        };
+
+        // Stage 2: the handler runs while the lease is renewed.
+        let ReserveRequest {
+            scope,
+            fingerprint,
+            lease: lease_for,
+            ..
+        } = request;
+        let AnswerRules {
+            extra_headers,
+            release_statuses,
+        } = answers;
+        let context =
+            IdempotencyContext::new(scope, lease.clone(), fingerprint, release_statuses.clone());
+        let mut parts = parts;
+        restore_sent_method(&mut parts);
+        let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
+        req.extensions_mut().insert(context);
+        let reading = Reading {
+            release_statuses,
+            limit: config.response_limit,
+            references: config.references.honoured(),
+        };
+        let ran = {
+            let handler = pin!(run(inner, req, reading));
+            with_heartbeat(store, observer, &lease, lease_for, handler).await
+        };
+        // Stages 3–4.
+        conclude(&shared, lease, lease_for, &extra_headers, ran, guard).await
+    }
+}
+
+/// What the handler's answer is read by.
+struct Reading {
+    /// The statuses that release the key on this request's route.
+    release_statuses: ReleaseStatuses,
+    /// The response limit.
+    limit: usize,
+    /// Whether a [`ResourceReference`] is honoured.
+    references: bool,
+}
+
+/// How the handler answered: read whole, to be recorded (or kept in progress), or a head
+/// whose answer is released, or recorded as a reference, and streams on unread.
+enum Answered<B> {
+    Whole(http::response::Parts, Bytes, Disposition),
+    Released(http::response::Parts, B),
+    Referenced(http::response::Parts, B, ResourceReference),
+}
+
+/// Why the handler gave no answer that can be recorded as it is.
+enum Failed {
+    /// The handler failed after it started (its call, or its body, returned an error).
+    Handler(BoxError),
+    /// The handler's answer is over the response limit.
+    TooLarge,
+    /// A [`Proxied`] answer's upstream failed while its answer was read.
+    Upstream(UpstreamFailure),
+}
+
+/// What the handler's run ended with: its answer, or why there is none, or the panic it
+/// raised.
+type Ran<B> = Result<Result<Answered<B>, Failed>, Box<dyn Any + Send>>;
+
+/// Calls the handler and reads its answer as `reading` says. A panic in it (or in
+/// `call`) may follow effects: it is caught and recorded as a failure rather than
+/// unwinding through the layer.
+///
+/// The disposition is known from the head. An answer to release is not recorded, so it
+/// is passed on as it streams, whatever its size; the rest is read whole (up to the
+/// limit) to be recorded.
+fn run<S, ReqBody, ResBody>(
+    mut inner: S,
+    req: Request<IdempotencyBody<ReqBody>>,
+    reading: Reading,
+) -> impl Future<Output = Ran<ResBody>> + Send
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    ReqBody: Send,
+    ResBody: Body<Data = Bytes> + Send,
+    ResBody::Error: Into<BoxError>,
+{
+    AssertUnwindSafe(async move {
+        let response = inner
+            .call(req)
+            .await
+            .map_err(|e| Failed::Handler(e.into()))?;
+        let (mut head, body) = response.into_parts();
+        let disposition = disposition(&mut head, &reading.release_statuses);
+        if matches!(disposition, Disposition::Release) {
+            return Ok(Answered::Released(head, body));
+        }
+        if matches!(disposition, Disposition::Record)
+            && let Some(reference) = head.extensions.remove::<ResourceReference>()
+        {
+            if reading.references {
+                return Ok(Answered::Referenced(head, body, reference));
+            }
+            tracing::warn!(
+                reference = reference.as_str(),
+                "a ResourceReference is ignored unless the layer renders references; \
+                 recording the answer whole"
+            );
+        }
+        let proxied = head.extensions.remove::<Proxied>();
+        let bytes = read_whole(body, reading.limit, proxied).await?;
+        Ok(Answered::Whole(head, bytes, disposition))
+    })
+    .catch_unwind()
+}
+
+/// What the answer with head `head` means for the key (SPEC S6): the inner service's
+/// own [`Disposition`] (a proxy's answer to an upstream failure carries the one
+/// [`UpstreamFailure::disposition`] gives it), else a release when its status is one
+/// of `release_statuses`, else a record.
+fn disposition(
+    head: &mut http::response::Parts,
+    release_statuses: &ReleaseStatuses,
+) -> Disposition {
+    head.extensions.remove::<Disposition>().unwrap_or_else(|| {
+        if release_statuses.contains(head.status) {
+            Disposition::Release
+        } else {
+            Disposition::Record
+        }
+    })
+}
+
+/// Reads an answer to be recorded whole, up to `limit` bytes, and a proxied one by its
+/// deadline.
+async fn read_whole<B>(body: B, limit: usize, proxied: Option<Proxied>) -> Result<Bytes, Failed>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let collect = Limited::new(body, limit).collect();
+    let collected = match proxied {
+        Some(proxied) => {
+            let deadline = tokio::time::Instant::from_std(proxied.deadline());
+            match tokio::time::timeout_at(deadline, collect).await {
+                Ok(collected) => collected,
+                Err(_) => return Err(Failed::Upstream(UpstreamFailure::Timeout)),
+            }
+        }
+        None => collect.await,
+    };
+    match collected {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(match proxied {
+            Some(_) => Failed::Upstream(UpstreamFailure::AnswerTooLarge),
+            None => Failed::TooLarge,
+        }),
+        Err(e) => match proxied {
+            Some(_) => {
+                tracing::warn!(error = %e, "upstream body broke off");
+                Err(Failed::Upstream(UpstreamFailure::ConnectionLost))
+            }
+            None => Err(Failed::Handler(e)),
+        },
+    }
+}
+
+/// Stages 3–4: settles the key as the handler's run says, and makes the answer the
+/// client gets.
+async fn conclude<St: Store, B>(
+    shared: &Arc<Shared<St>>,
+    lease: Lease,
+    lease_for: Duration,
+    extra_headers: &[HeaderName],
+    ran: Ran<B>,
+    guard: InFlightGuard,
+) -> Response<IdempotencyBody<B>> {
+    let config = &shared.config;
+    let observer = &*config.observer;
+    let (mut head, body, disposition) = match ran {
+        Ok(Ok(Answered::Whole(head, body, disposition))) => (head, body, disposition),
+        Ok(Ok(Answered::Released(mut head, body))) => {
+            observer.outcome(Outcome::Released);
+            settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
+            pass_on(&mut head.extensions, Disposition::Release);
+            return Response::from_parts(head, IdempotencyBody::stream(body));
+        }
+        Ok(Ok(Answered::Referenced(mut head, body, reference))) => {
+            let stored = stored_response(config, extra_headers, &head, &Bytes::new())
+                .with_reference(reference.as_str());
+            observer.outcome(Outcome::Executed);
+            settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
+            pass_on(&mut head.extensions, Disposition::Record);
+            return Response::from_parts(head, IdempotencyBody::stream(body));
+        }
+        Ok(Err(Failed::TooLarge)) => {
+            tracing::error!(
+                limit = config.response_limit,
+                "the handler's answer is over the response limit; recording a 500 in its place"
+            );
+            too_large_response(config.response_limit)
+        }
+        Ok(Err(Failed::Upstream(failure))) => {
+            observer.upstream_failed(failure);
+            upstream_response(failure, config.response_limit)
+        }
+        Ok(Err(Failed::Handler(e))) => {
+            tracing::error!(error = %e, "handler failed after it started; recording a 500");
+            failed_response()
+        }
+        Err(panic) => {
+            tracing::error!(
+                panic = panic_message(&*panic),
+                "handler panicked; recording a 500"
+            );
+            failed_response()
+        }
+    };
+    match disposition {
+        Disposition::Record => {
+            let stored = stored_response(config, extra_headers, &head, &body);
+            observer.outcome(Outcome::Executed);
+            settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
+        }
+        // Released answers left the handler early, streaming; none of the recorded
+        // problems releases. Kept total all the same.
+        Disposition::Release => {
+            observer.outcome(Outcome::Released);
+            settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
+        }
+        Disposition::KeepInProgress => {
+            observer.outcome(Outcome::KeptInProgress);
+            drop(guard);
+        }
+    }
+    pass_on(&mut head.extensions, disposition);
+    Response::from_parts(head, IdempotencyBody::buffered(body))
+}
+
+/// Clears the extensions of an answer passed on to the client. A recorded answer keeps
+/// none, so that it and its replays look alike; one that is not recorded keeps its
+/// [`ProblemKind`], which marks it as no answer of the upstream's to layers outside
+/// (the idem gateway makes such answers readable across origins).
+fn pass_on(extensions: &mut http::Extensions, disposition: Disposition) {
+    let kind = extensions.remove::<ProblemKind>();
+    extensions.clear();
+    if let (Some(kind), Disposition::Release | Disposition::KeepInProgress) = (kind, disposition) {
+        extensions.insert(kind);
+    }
+}
+
+/// A problem answer that stands for an execution that ran, recorded and replayed.
+fn recorded_problem(
+    kind: ProblemKind,
+    detail: String,
+) -> (http::response::Parts, Bytes, Disposition) {
+    let (head, body) = Problem::new(kind, detail).to_response().into_parts();
+    (head, body, Disposition::Record)
+}
+
+fn failed_response() -> (http::response::Parts, Bytes, Disposition) {
+    recorded_problem(
+        ProblemKind::HandlerFailed,
+        "the request failed while it was being processed and may have had effects; \
+         this answer is final for this key"
+            .into(),
+    )
+}
+
+fn too_large_response(limit: usize) -> (http::response::Parts, Bytes, Disposition) {
+    recorded_problem(
+        ProblemKind::ResponseTooLarge,
+        format!(
+            "the request was executed, but its answer is over the {limit}-byte limit for \
+             recorded answers and cannot be kept; this answer is final for this key"
+        ),
+    )
+}
+
+/// The answer to an upstream's `failure` found while its answer was read.
+fn upstream_response(
+    failure: UpstreamFailure,
+    limit: usize,
+) -> (http::response::Parts, Bytes, Disposition) {
+    match failure {
+        UpstreamFailure::AnswerTooLarge => tracing::error!(
+            limit,
+            "the upstream's answer is over the response limit; recording a 502 in its place"
+        ),
+        _ => tracing::warn!(?failure, "the upstream's answer could not be read whole"),
+    }
+    let (head, body) = Problem::upstream(failure).to_response().into_parts();
+    (head, body, failure.disposition())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    use http::HeaderValue;
+    use http_body::Frame;
+    use http_body_util::combinators::BoxBody;
+    use http_body_util::{Full, StreamBody};
+    use idem_core::MemoryStore;
+    use tower::{Layer, ServiceExt};
+
+    use super::*;
+    use crate::{IdempotencyLayer, Observer};
+
+    type Answer = BoxBody<Bytes, BoxError>;
+
+    /// What a test of a proxied answer looks at: the handler's runs, and the failures
+    /// the layer reported.
+    #[derive(Default)]
+    struct Seen {
+        runs: std::sync::atomic::AtomicUsize,
+        failures: Mutex<Vec<UpstreamFailure>>,
+    }
+
+    impl Seen {
+        fn runs(&self) -> usize {
+            self.runs.load(std::sync::atomic::Ordering::SeqCst)
+        }
+
+        fn failures(&self) -> Vec<UpstreamFailure> {
+            self.failures.lock().unwrap().clone()
+        }
+    }
+
+    impl Observer for Seen {
+        fn upstream_failed(&self, failure: UpstreamFailure) {
+            self.failures.lock().unwrap().push(failure);
+        }
+    }
+
+    /// A layer whose inner service answers as a proxy does, a `201` marked
+    /// [`Proxied`] with a deadline 100 ms away and the body `body` makes; its runs and
+    /// the failures the layer reports go to `seen`.
+    fn proxied<F>(
+        limit: usize,
+        body: F,
+        seen: Arc<Seen>,
+    ) -> impl Service<
+        Request<Full<Bytes>>,
+        Response = Response<IdempotencyBody<Answer>>,
+        Error = Infallible,
+    > + Clone
+    where
+        F: Fn() -> Answer + Clone + Send + Sync + 'static,
+    {
+        let counted = seen.clone();
+        let handler = tower::service_fn(move |_: Request<IdempotencyBody<Full<Bytes>>>| {
+            counted
+                .runs
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body = body.clone();
+            async move {
+                let mut res = Response::new(body());
+                *res.status_mut() = http::StatusCode::CREATED;
+                res.extensions_mut()
+                    .insert(Proxied::by(Instant::now() + Duration::from_millis(100)));
+                Ok::<_, Infallible>(res)
+            }
+        });
+        let layer = IdempotencyLayer::new(MemoryStore::new())
+            .response_limit(limit)
+            .observer(seen);
+        layer.layer(handler)
+    }
+
+    fn keyed() -> Request<Full<Bytes>> {
+        let mut req = Request::post("/v1/charges")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        req.headers_mut()
+            .insert("idempotency-key", HeaderValue::from_static("k-1"));
+        req
+    }
+
+    async fn problem_type(res: Response<IdempotencyBody<Answer>>) -> String {
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        v["type"].as_str().unwrap().to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_proxied_answer_that_stalls_is_504_and_keeps_the_key_in_progress() {
+        let stalled = || {
+            let frames = futures_util::stream::pending::<Result<Frame<Bytes>, BoxError>>();
+            StreamBody::new(frames).boxed()
+        };
+        let seen = Arc::new(Seen::default());
+        let svc = proxied(1024, stalled, seen.clone());
+        let res = svc.clone().oneshot(keyed()).await.unwrap();
+        assert_eq!(res.status(), 504);
+        // Not recorded, so still marked as no answer of the upstream's.
+        assert_eq!(
+            res.extensions().get::<ProblemKind>(),
+            Some(&ProblemKind::UpstreamTimeout)
+        );
+        assert_eq!(
+            problem_type(res).await,
+            "https://idem.dev/problems/upstream-timeout"
+        );
+        let retry = svc.oneshot(keyed()).await.unwrap();
+        assert_eq!(retry.status(), 409, "kept in progress");
+        assert_eq!(seen.runs(), 1);
+        assert_eq!(seen.failures(), [UpstreamFailure::Timeout]);
+    }
+
+    #[tokio::test]
+    async fn a_proxied_answer_that_breaks_off_is_504_and_keeps_the_key_in_progress() {
+        let broken = || {
+            let frames = futures_util::stream::iter([
+                Ok(Frame::data(Bytes::from_static(b"{\"id\":"))),
+                Err::<Frame<Bytes>, BoxError>("connection reset".into()),
+            ]);
+            StreamBody::new(frames).boxed()
+        };
+        let seen = Arc::new(Seen::default());
+        let svc = proxied(1024, broken, seen.clone());
+        let res = svc.clone().oneshot(keyed()).await.unwrap();
+        assert_eq!(res.status(), 504);
+        assert_eq!(
+            problem_type(res).await,
+            "https://idem.dev/problems/upstream-connection-lost"
+        );
+        let retry = svc.oneshot(keyed()).await.unwrap();
+        assert_eq!(retry.status(), 409, "kept in progress");
+        assert_eq!(seen.runs(), 1);
+        assert_eq!(seen.failures(), [UpstreamFailure::ConnectionLost]);
+    }
+
+    #[tokio::test]
+    async fn a_proxied_answer_over_the_limit_is_a_recorded_502() {
+        let big = || {
+            Full::new(Bytes::from(vec![b'x'; 100]))
+                .map_err(|never| match never {})
+                .boxed()
+        };
+        let seen = Arc::new(Seen::default());
+        let svc = proxied(64, big, seen.clone());
+        let res = svc.clone().oneshot(keyed()).await.unwrap();
+        assert_eq!(res.status(), 502);
+        // Recorded: it looks as its replays do.
+        assert!(res.extensions().get::<ProblemKind>().is_none());
+        let first = problem_type(res).await;
+        assert_eq!(first, "https://idem.dev/problems/upstream-answer-too-large");
+        let retry = svc.oneshot(keyed()).await.unwrap();
+        assert_eq!(retry.status(), 502);
+        assert_eq!(retry.headers()["idempotent-replayed"], "true");
+        assert_eq!(problem_type(retry).await, first);
+        assert_eq!(seen.runs(), 1);
+        assert_eq!(seen.failures(), [UpstreamFailure::AnswerTooLarge]);
+    }
+}

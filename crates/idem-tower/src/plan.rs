@@ -1,0 +1,212 @@
+//! Stage 0 of a request: whether it is keyed, and what a keyed one will be reserved
+//! and recorded as (SPEC S2, S3, S5, S14), decided from its head alone.
+
+use std::time::Duration;
+
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Method};
+use idem_core::{Endpoint, FingerprintOptions, Key, Tenant};
+
+use crate::config::{Config, ReleaseStatuses, RouteConfig};
+use crate::problem::{Problem, ProblemKind};
+use crate::spelling::{SentMethod, decided_method, look_alike, same_method};
+
+/// What becomes of a request, decided from its head.
+pub(crate) enum Admission {
+    /// Not keyed (method, route, or no key where none is required): to the inner
+    /// service untouched.
+    PassThrough,
+    /// Answered with a problem before anything is reserved or forwarded.
+    Reject(Problem),
+    /// Keyed, to be reserved and recorded as the plan says.
+    Keyed(Plan),
+}
+
+/// Decides what becomes of the request with head `parts`. The method it is decided on
+/// (a method-override header's, where it must be) replaces `parts.method`, the one sent
+/// kept in a [`SentMethod`] extension to be restored before it is forwarded.
+pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
+    // Decided on the method the upstream will act on (SPEC S14): a method-override
+    // header's, where it must be; forwarded as sent.
+    match decided_method(
+        &config.keyed_methods,
+        &config.method_override_headers,
+        parts,
+    ) {
+        Ok(None) => {}
+        Ok(Some(method)) => {
+            let sent = std::mem::replace(&mut parts.method, method);
+            parts.extensions.insert(SentMethod(sent));
+        }
+        Err(detail) => {
+            let detail = format!("{detail}; nothing was reserved or forwarded");
+            return Admission::Reject(Problem::new(ProblemKind::InvalidMethodOverride, detail));
+        }
+    }
+
+    let route = config
+        .route_config
+        .as_ref()
+        .and_then(|f| f(parts))
+        .unwrap_or_default();
+    let keyed = route.keyed.unwrap_or_else(|| {
+        config
+            .keyed_methods
+            .iter()
+            .any(|m| same_method(m, &parts.method))
+    });
+    if !keyed {
+        return Admission::PassThrough;
+    }
+    let mut watched: Vec<&HeaderName> = Vec::with_capacity(4);
+    watched.push(&config.header_name);
+    if config.tenant_from.is_none() {
+        watched.extend(config.tenant_headers.names());
+    }
+    if let Some((sent, meant)) = look_alike(&parts.headers, &watched) {
+        let detail = format!(
+            "the header {sent} is {meant} spelt with '_' for '-', which some upstream \
+             servers read as {meant}; send {meant} as it is spelt; nothing was reserved \
+             or forwarded"
+        );
+        return Admission::Reject(Problem::new(ProblemKind::AmbiguousHeader, detail));
+    }
+
+    let fields = parts.headers.get_all(&config.header_name);
+    let key = match Key::from_fields(fields.iter().map(HeaderValue::as_bytes)) {
+        Ok(Some(key)) => key,
+        Ok(None) => {
+            let required = route
+                .require_key
+                .unwrap_or_else(|| (config.require_key)(parts));
+            if !required {
+                return Admission::PassThrough;
+            }
+            let detail = format!(
+                "{} {} requires an {} header; generate one key per operation and \
+                 send it with every retry",
+                parts.method,
+                parts.uri.path(),
+                config.header_name
+            );
+            return Admission::Reject(Problem::new(ProblemKind::MissingKey, detail));
+        }
+        Err(e) => {
+            return Admission::Reject(Problem::new(ProblemKind::InvalidKey, e.to_string()));
+        }
+    };
+
+    // A caller's extractor names the tenant now; the headers are hashed once the
+    // key they are hashed under is in hand (it may have to come from the store).
+    let tenant = config.tenant_from.as_ref().map(|f| f(parts));
+    if config.require_tenant {
+        let named = match &tenant {
+            Some(t) => t.as_str() != Tenant::ANONYMOUS,
+            None => config.tenant_headers.carried_by(&parts.headers),
+        };
+        if !named {
+            let wanted = match tenant {
+                Some(_) => "an authenticated tenant".to_owned(),
+                None => format!("one of the headers {}", config.tenant_headers.listed()),
+            };
+            let detail = format!(
+                "{} {} is keyed, and a keyed request must name its tenant: send {wanted}; \
+                 nothing was reserved",
+                parts.method,
+                parts.uri.path()
+            );
+            return Admission::Reject(Problem::new(ProblemKind::MissingTenant, detail));
+        }
+    }
+    Admission::Keyed(Plan::new(config, route, parts, key, tenant))
+}
+
+/// What a keyed request will be reserved and recorded as. The layer's settings stay in
+/// [`Config`]; a plan carries only what this request adds to them.
+pub(crate) struct Plan {
+    /// The tenant, when a caller's extractor named it; else the headers name it.
+    pub(crate) tenant: Option<Tenant>,
+    pub(crate) endpoint: Endpoint,
+    pub(crate) key: Key,
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    /// The route's fingerprint options, which replace the layer's.
+    pub(crate) fingerprint: Option<FingerprintOptions>,
+    /// How the answer is recorded or released.
+    pub(crate) answers: AnswerRules,
+}
+
+/// What a request's route says about its answer.
+pub(crate) struct AnswerRules {
+    /// Headers the route stores on top of the layer's allow-list.
+    pub(crate) extra_headers: Vec<HeaderName>,
+    /// The statuses that release the key: the route's, or the layer's.
+    pub(crate) release_statuses: ReleaseStatuses,
+}
+
+impl Plan {
+    fn new(
+        config: &Config,
+        route: RouteConfig,
+        parts: &Parts,
+        key: Key,
+        tenant: Option<Tenant>,
+    ) -> Plan {
+        let template = route
+            .endpoint
+            .as_deref()
+            .or_else(|| matched_path(parts))
+            .unwrap_or_else(|| parts.uri.path());
+        Plan {
+            tenant,
+            endpoint: endpoint(&parts.method, template),
+            key,
+            ttl: route.ttl.unwrap_or(config.ttl),
+            lease: route.lease.unwrap_or(config.lease),
+            fingerprint: route.fingerprint,
+            answers: AnswerRules {
+                extra_headers: route.stored_headers,
+                release_statuses: route
+                    .release_statuses
+                    .unwrap_or_else(|| config.release_statuses.clone()),
+            },
+        }
+    }
+}
+
+/// `Endpoint::new(method, template)` in one allocation instead of two.
+fn endpoint(method: &Method, template: &str) -> Endpoint {
+    let method = method.as_str();
+    let mut raw = String::with_capacity(method.len() + 1 + template.len());
+    raw.push_str(method);
+    raw.make_ascii_uppercase();
+    raw.push(' ');
+    raw.push_str(template);
+    Endpoint::from_raw(raw)
+}
+
+/// The route template axum matched, when the layer runs inside a `Router`.
+fn matched_path(parts: &Parts) -> Option<&str> {
+    #[cfg(feature = "axum")]
+    if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return Some(path.as_str());
+    }
+    let _ = parts;
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_is_built_as_idem_core_builds_it() {
+        let extension = Method::from_bytes(b"charge").unwrap();
+        for method in [Method::POST, Method::PATCH, extension] {
+            assert_eq!(
+                endpoint(&method, "/v1/orders/{id}"),
+                Endpoint::new(method.as_str(), "/v1/orders/{id}"),
+            );
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Stage 5 of a keyed request (SPEC S5, S6): the recorded answer replayed, rendered
+//! again from its reference, or the problem a reservation that did not acquire the key
+//! answers.
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use idem_core::{Reservation, StoredResponse};
+use tower::Service;
+
+use crate::config::{Config, References};
+use crate::policy::{Observer, Outcome};
+use crate::problem::{Problem, ProblemKind};
+use crate::{BoxError, IdempotencyBody};
+
+/// The header that marks a replayed answer.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The answer to a reservation that did not acquire the key: stage 5's replay, or a
+/// problem.
+pub(crate) fn refuse(
+    observer: &dyn Observer,
+    reserved: idem_core::Result<Reservation>,
+) -> Response<Bytes> {
+    match reserved {
+        Err(e) => {
+            tracing::warn!(error = %e, "idempotency store failed; answering 503 without calling the handler");
+            observer.outcome(Outcome::StoreUnavailable);
+            Problem::new(
+                ProblemKind::StoreUnavailable,
+                "the idempotency store cannot be reached, so the request was not executed; retry with the same key",
+            )
+            .to_response()
+        }
+        Ok(Reservation::Replay(stored)) => {
+            observer.outcome(Outcome::Replayed);
+            replay(stored)
+        }
+        Ok(Reservation::InProgress { retry_after }) => {
+            observer.outcome(Outcome::Conflict);
+            Problem::new(
+                ProblemKind::RequestInProgress,
+                "a request with this key is still being processed; retry after the indicated time",
+            )
+            .retry_after(retry_after)
+            .to_response()
+        }
+        Ok(Reservation::Mismatch) => {
+            observer.outcome(Outcome::Mismatch);
+            Problem::new(
+                ProblemKind::KeyReused,
+                "this key was already used for a request with a different method, path or body; \
+                 use a new key for a new operation",
+            )
+            .to_response()
+        }
+        Ok(Reservation::Acquired(_)) => unreachable!("an acquired key is executed, not refused"),
+    }
+}
+
+/// Stage 5 for an answer recorded as a [`ResourceReference`](crate::ResourceReference):
+/// rendered again (see [`render`]) where this layer renders references, else a 503
+/// `replay-unavailable`.
+pub(crate) async fn rendered<S, ReqBody, ResBody>(
+    inner: S,
+    parts: Parts,
+    stored: StoredResponse,
+    config: &Config,
+) -> Response<IdempotencyBody<ResBody>>
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+{
+    let observer = &*config.observer;
+    if !config.references.honoured() {
+        // Recorded where references are rendered (another instance, or this one before
+        // a change of settings): an empty body would be a lie.
+        observer.outcome(Outcome::ReplayUnavailable);
+        let reference = stored.reference().unwrap_or_default();
+        return replay_unavailable(reference, "this layer does not render references");
+    }
+    let response = render(inner, parts, stored, config).await;
+    observer.outcome(if response.status().is_success() {
+        Outcome::Replayed
+    } else {
+        Outcome::ReplayUnavailable
+    });
+    response
+}
+
+/// Stage 5: the recorded answer, marked as a replay.
+fn replay(stored: StoredResponse) -> Response<Bytes> {
+    let mut response = Response::new(stored.body.clone());
+    *response.status_mut() =
+        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    for (name, value) in stored.http_headers() {
+        match (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value.clone()),
+        ) {
+            (Ok(name), Ok(value)) => {
+                headers.append(name, value);
+            }
+            _ => tracing::warn!(header = %name, "skipping a stored header that is not valid HTTP"),
+        }
+    }
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+/// The 503 for an answer recorded as `reference` that cannot be rendered now, and why.
+fn replay_unavailable<B>(reference: &str, why: &str) -> Response<IdempotencyBody<B>> {
+    tracing::warn!(reference, "{why}");
+    Problem::new(
+        ProblemKind::ReplayUnavailable,
+        format!(
+            "this key's request was executed, and its answer is recorded as {reference}, \
+             which could not be rendered now ({why}); retry with the same key, never a new one"
+        ),
+    )
+    .to_response()
+    .map(IdempotencyBody::buffered)
+}
+
+/// The headers that describe a representation, taken from a rendered answer rather
+/// than from the recorded one.
+const REPRESENTATION_HEADERS: [HeaderName; 5] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LENGTH,
+    header::CONTENT_ENCODING,
+    header::ETAG,
+    header::LAST_MODIFIED,
+];
+
+/// Stage 5 for an answer recorded as a [`ResourceReference`]: the layer's `renderer`,
+/// or else the wrapped service, is asked for `GET <reference>` with the retry's headers,
+/// and a 2xx answer is replayed under the recorded status and headers; anything else is
+/// a 503 `replay-unavailable`.
+async fn render<S, ReqBody, ResBody>(
+    mut inner: S,
+    parts: Parts,
+    stored: StoredResponse,
+    config: &Config,
+) -> Response<IdempotencyBody<ResBody>>
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+{
+    let reference = stored.reference().unwrap_or_default().to_owned();
+    let unavailable = |why: String| replay_unavailable(&reference, &why);
+    let mut uri = http::Uri::builder();
+    if let (Some(scheme), Some(authority)) = (parts.uri.scheme(), parts.uri.authority()) {
+        uri = uri.scheme(scheme.clone()).authority(authority.clone());
+    }
+    let uri = match uri.path_and_query(reference.as_str()).build() {
+        Ok(uri) => uri,
+        Err(e) => return unavailable(format!("not a path: {e}")),
+    };
+    let mut headers = parts.headers;
+    for name in [
+        header::CONTENT_TYPE,
+        header::CONTENT_LENGTH,
+        header::CONTENT_ENCODING,
+        header::TRANSFER_ENCODING,
+        header::EXPECT,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove(&config.header_name);
+    let mut get = Request::new(());
+    *get.method_mut() = Method::GET;
+    *get.uri_mut() = uri;
+    *get.version_mut() = parts.version;
+    *get.headers_mut() = headers;
+    *get.extensions_mut() = parts.extensions;
+    let rendered = match &config.references {
+        References::With(render) => render(get)
+            .await
+            .map(|rendered| rendered.map(IdempotencyBody::buffered)),
+        References::ThroughService | References::Ignored => inner
+            .call(get.map(|()| IdempotencyBody::buffered(Bytes::new())))
+            .await
+            .map(|rendered| rendered.map(IdempotencyBody::stream))
+            .map_err(Into::into),
+    };
+    let rendered = match rendered {
+        Ok(rendered) => rendered,
+        Err(e) => return unavailable(format!("rendering failed: {e}")),
+    };
+    if !rendered.status().is_success() {
+        return unavailable(format!("GET answered {}", rendered.status()));
+    }
+    let (head, body) = rendered.into_parts();
+    let mut response = replay(stored).map(|_| body);
+    let headers = response.headers_mut();
+    for name in REPRESENTATION_HEADERS {
+        headers.remove(&name);
+        for value in head.headers.get_all(&name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    if let Ok(location) = HeaderValue::from_str(&reference) {
+        headers.insert(header::CONTENT_LOCATION, location);
+    }
+    response
+}
