@@ -3,8 +3,9 @@
 //! `idem-core` holds what every part of idem agrees on: how a header value becomes a
 //! [`Key`] (SPEC S2), whose key it is ([`Scope`], S3), what makes two requests the same
 //! ([`Fingerprint`], S4), the decision table ([`decide`], S5) and the [`Store`] trait
-//! that backends implement (S10), with an in-memory [`MemoryStore`]. The `testing`
-//! feature adds the contract suite every store runs.
+//! that backends implement (S10), with an in-memory [`MemoryStore`]. A store keeps its
+//! records under a [`Namespace`], and opens itself from its URL through [`OpenStore`].
+//! The `testing` feature adds the contract suite every store runs.
 //!
 //! # Examples
 //!
@@ -53,12 +54,15 @@ mod clock;
 pub mod codec;
 mod decision;
 mod fingerprint;
+mod forward;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod key;
 mod memory;
 mod multipart;
+mod namespace;
+pub mod open;
 mod record;
 mod scope;
 mod store;
@@ -73,8 +77,11 @@ mod unconfirmed;
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp, duration_millis};
 pub use decision::{Decision, Reservation, decide};
 pub use fingerprint::{DEFAULT_BODY_LIMIT, Fingerprint, FingerprintOptions, PointerError};
+pub use forward::Forward;
 pub use key::{Key, KeyError, MAX_KEY_LEN};
 pub use memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
+pub use namespace::{DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN, Namespace, NamespaceError};
+pub use open::{OpenError, OpenStore, StoreOptions, redact_url};
 pub use record::{
     DEFAULT_LEASE, DEFAULT_TTL, FencingToken, Lease, REFERENCE_HEADER, Record, RecordState,
     ReserveRequest, StoredResponse,

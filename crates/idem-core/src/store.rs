@@ -1,6 +1,5 @@
 //! The `Store` trait every backend implements (SPEC S10).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -160,51 +159,14 @@ pub trait Store: Send + Sync + 'static {
     fn metrics(&self) -> Vec<StoreMetric> {
         Vec::new()
     }
-}
 
-macro_rules! forward_store {
-    ($($ptr:tt)*) => {
-        #[async_trait]
-        impl<S: Store + ?Sized> Store for $($ptr)*<S> {
-            async fn reserve(&self, request: &ReserveRequest) -> Result<Reservation> {
-                (**self).reserve(request).await
-            }
-            async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<()> {
-                (**self).complete(lease, response).await
-            }
-            async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<()> {
-                (**self).renew(lease, lease_for).await
-            }
-            async fn release(&self, lease: &Lease) -> Result<()> {
-                (**self).release(lease).await
-            }
-            async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
-                (**self).get(scope).await
-            }
-            async fn remove(&self, scope: &Scope) -> Result<bool> {
-                (**self).remove(scope).await
-            }
-            async fn purge_expired(&self, limit: usize) -> Result<usize> {
-                (**self).purge_expired(limit).await
-            }
-            async fn ping(&self) -> Result<()> {
-                (**self).ping().await
-            }
-            async fn init_secret(&self, name: &str, candidate: &[u8]) -> Result<Vec<u8>> {
-                (**self).init_secret(name, candidate).await
-            }
-            async fn close(&self) {
-                (**self).close().await
-            }
-            fn metrics(&self) -> Vec<StoreMetric> {
-                (**self).metrics()
-            }
-        }
-    };
+    /// Whether the store deletes expired records by itself (Redis's native TTLs), so
+    /// that nobody needs to run [`purge_expired`](Self::purge_expired) on a schedule:
+    /// a sweeper over such a store would only cost it work. `false`, by default.
+    fn expires_natively(&self) -> bool {
+        false
+    }
 }
-
-forward_store!(Arc);
-forward_store!(Box);
 
 #[cfg(test)]
 mod tests {

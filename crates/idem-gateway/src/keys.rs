@@ -259,7 +259,10 @@ async fn open(
     let url = url.unwrap_or_else(|| DEFAULT_STORE.to_owned());
     refuse_memory(&url)?;
     let options = crate::store::StoreOptions {
-        namespace: namespace.as_deref().map(Namespace::new).transpose()?,
+        namespace: namespace
+            .as_deref()
+            .map(|name| Namespace::new(name).map_err(|e| e.to_string()))
+            .transpose()?,
         ..Default::default()
     };
     crate::store::open_with(&url, options)
@@ -270,8 +273,8 @@ async fn open(
 /// A memory store lives in the process that made it: opened here it would be a new,
 /// empty one, and every key would be "no record".
 fn refuse_memory(url: &str) -> Result<(), String> {
-    match crate::store::StoreUrl::parse(url) {
-        Ok(crate::store::StoreUrl::Memory(_)) => Err(
+    match crate::store::kind(url) {
+        Some("memory") => Err(
             "a memory:// store lives inside the `idem serve` that holds it, so this command \
              would read a new, empty one; ask that gateway's admin listener instead \
              (GET or DELETE /keys?key=…, POST /keys/purge-expired)"

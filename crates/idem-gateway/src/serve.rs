@@ -183,8 +183,7 @@ async fn tenant_key(
 /// limit ([`default_max_connections`]). A cap given above the derived one is kept, with
 /// a warning: the process may run out of descriptors before it reaches it.
 fn proxy_connection_cap(config: &GatewayConfig) -> usize {
-    let store = store::StoreUrl::parse(&config.store)
-        .map_or(0, |url| url.descriptors(config.store_options.pool));
+    let store = store::descriptors(&config.store, &config.store_options);
     let nofile = listener::fd_limit();
     let derived = nofile.map(|n| default_max_connections(n, store, config.admin.is_some()));
     match (config.max_connections, derived) {
@@ -234,6 +233,10 @@ impl Gateway {
             max_connections = listener.max_connections(),
             "gateway configured"
         );
+        // A store that deletes expired records by itself (Redis's native TTLs) needs
+        // no sweeper; Redis's purge walks the keyspace, which would cost a busy server
+        // far more than it saves.
+        let sweep_interval = (!store.expires_natively()).then_some(config.sweep_interval);
         Ok(Gateway {
             listener,
             admin,
@@ -242,13 +245,7 @@ impl Gateway {
             store,
             metrics,
             admin_token: config.admin_token.as_deref().map(Arc::from),
-            // Redis deletes expired records through native TTLs; its purge walks the
-            // keyspace, which would cost a busy Redis far more than it saves.
-            sweep_interval: (!matches!(
-                store::StoreUrl::parse(&config.store),
-                Ok(store::StoreUrl::Redis(_))
-            ))
-            .then_some(config.sweep_interval),
+            sweep_interval,
             shutdown_timeout: config.shutdown_timeout,
             path_normalization: config.path_normalization,
             telemetry,
@@ -494,13 +491,12 @@ mod tests {
             ..ServeArgs::default()
         };
         let config = GatewayConfig::from_args(args).expect("config");
-        Gateway::bind_with_store(
-            &config,
-            Mode::Idempotent,
-            Arc::new(idem_core::MemoryStore::new()),
-        )
-        .await
-        .expect("bind")
+        let store = store::open_or_defer(store_url, store::StoreOptions::default())
+            .await
+            .expect("store");
+        Gateway::bind_with_store(&config, Mode::Idempotent, store)
+            .await
+            .expect("bind")
     }
 
     /// A memory store whose close never finishes.
@@ -510,49 +506,14 @@ mod tests {
     }
 
     #[async_trait::async_trait]
-    impl Store for NeverCloses {
-        async fn reserve(
-            &self,
-            req: &idem_core::ReserveRequest,
-        ) -> idem_core::Result<idem_core::Reservation> {
-            self.inner.reserve(req).await
+    impl idem_core::Forward for NeverCloses {
+        type Target = idem_core::MemoryStore;
+
+        fn target(&self) -> idem_core::Result<&idem_core::MemoryStore> {
+            Ok(&self.inner)
         }
-        async fn complete(
-            &self,
-            lease: &idem_core::Lease,
-            response: &idem_core::StoredResponse,
-        ) -> idem_core::Result<()> {
-            self.inner.complete(lease, response).await
-        }
-        async fn renew(
-            &self,
-            lease: &idem_core::Lease,
-            lease_for: Duration,
-        ) -> idem_core::Result<()> {
-            self.inner.renew(lease, lease_for).await
-        }
-        async fn release(&self, lease: &idem_core::Lease) -> idem_core::Result<()> {
-            self.inner.release(lease).await
-        }
-        async fn get(
-            &self,
-            scope: &idem_core::Scope,
-        ) -> idem_core::Result<Option<idem_core::Record>> {
-            self.inner.get(scope).await
-        }
-        async fn remove(&self, scope: &idem_core::Scope) -> idem_core::Result<bool> {
-            self.inner.remove(scope).await
-        }
-        async fn purge_expired(&self, limit: usize) -> idem_core::Result<usize> {
-            self.inner.purge_expired(limit).await
-        }
-        async fn ping(&self) -> idem_core::Result<()> {
-            Ok(())
-        }
-        async fn init_secret(&self, name: &str, candidate: &[u8]) -> idem_core::Result<Vec<u8>> {
-            self.inner.init_secret(name, candidate).await
-        }
-        async fn close(&self) {
+
+        async fn forward_close(&self) {
             self.close_started
                 .store(true, std::sync::atomic::Ordering::SeqCst);
             std::future::pending::<()>().await;
@@ -589,8 +550,10 @@ mod tests {
     #[tokio::test]
     async fn no_sweeper_walks_a_redis_keyspace() {
         assert_eq!(bound("redis://127.0.0.1:6379").await.sweep_interval, None);
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = format!("sqlite://{}/idem.db", dir.path().display());
         assert_eq!(
-            bound("sqlite://idem.db").await.sweep_interval,
+            bound(&sqlite).await.sweep_interval,
             Some(Duration::from_secs(60))
         );
         assert!(bound("memory://").await.sweep_interval.is_some());

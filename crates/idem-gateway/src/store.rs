@@ -1,4 +1,6 @@
-//! Store selection from the `--store` URL.
+//! Store selection from the `--store` URL: a table from the URL's scheme to the store
+//! crate that opens it. Each store parses its own URL, refuses what it would not read,
+//! and says which of its failures may pass ([`OpenError`]).
 //!
 //! | URL | store |
 //! |---|---|
@@ -12,332 +14,97 @@
 //! would connect without TLS.
 //!
 //! A [`Namespace`] (`--store-namespace`) picks the table or key prefix within the store,
-//! so that gateways in front of different APIs can share one.
+//! so that gateways in front of different APIs can share one. Gateways in front of
+//! different APIs need different namespaces on one store: a scope is tenant, endpoint
+//! and key, and two APIs may well both serve `POST /v1/orders` to the same tenant.
+//! Gateways in front of the same API must share one, or a retry that reaches the other
+//! gateway would execute again.
 //!
 //! [`open_or_defer`] is how `idem serve` opens its store: a PostgreSQL or Redis server
 //! that cannot be reached at start does not stop the gateway, which serves unkeyed
 //! traffic and answers keyed requests 503 until a background task reaches the store.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{
-    Lease, MemoryStore, Record, Reservation, ReserveRequest, Scope, Store, StoreError, StoreMetric,
-    StoredResponse,
-};
+use idem_core::{Forward, MemoryStore, OpenStore, Store, StoreError};
+use idem_postgres::PgStore;
+use idem_redis::RedisStore;
+use idem_sqlite::SqliteStore;
 
-/// A parsed `--store` URL.
-#[derive(Clone, PartialEq, Eq)]
-pub enum StoreUrl {
-    /// `memory://`, holding at most this many records (`?max_entries=N`, else
-    /// [`idem_core::DEFAULT_MAX_ENTRIES`]).
-    Memory(usize),
-    /// `sqlite://PATH`, passed on as written: the path is relative to the working
-    /// directory unless it starts with `/` (`sqlite:///var/lib/idem.db`).
-    Sqlite(String),
-    /// `postgres://…`, passed on as written.
-    Postgres(String),
-    /// `redis://…`, passed on as written.
-    Redis(String),
+pub use idem_core::{Namespace, OpenError, StoreOptions, redact_url as redact};
+
+/// A store being opened, whatever its kind.
+type Opening = Pin<Box<dyn Future<Output = Result<Arc<dyn Store>, OpenError>> + Send>>;
+
+/// One row of the table: a kind of store, the schemes that name it, and what its
+/// crate says about it.
+struct Opener {
+    kind: &'static str,
+    schemes: &'static [&'static str],
+    expires_natively: bool,
+    descriptors: fn(&StoreOptions) -> u64,
+    open: fn(String, StoreOptions) -> Opening,
 }
 
-/// A `--store` URL that names no known store, or a store that cannot be opened.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum OpenError {
-    /// The URL's scheme is not one of the supported stores.
-    #[error("unsupported store URL {0:?}: use memory://, sqlite://FILE, postgres://… or redis://…")]
-    Unsupported(String),
-    /// The URL names a known store but is not usable as written (a Redis URL that does
-    /// not parse, `rediss://`, which this build cannot speak, or a query parameter the
-    /// store's driver would skip, such as a misspelt `sslmode`).
-    #[error("invalid {kind} store URL {url}: {reason}")]
-    Invalid {
-        /// Which store.
-        kind: &'static str,
-        /// The URL, password removed.
-        url: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The store could not be opened or reached.
-    #[error("cannot open the {kind} store at {url}: {source}")]
-    Open {
-        /// Which store.
-        kind: &'static str,
-        /// The URL, password removed.
-        url: String,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-}
-
-impl StoreUrl {
-    /// Parses a store URL.
-    pub fn parse(url: &str) -> Result<StoreUrl, OpenError> {
-        let url = url.trim();
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| OpenError::Unsupported(redact(url)))?;
-        match scheme.to_ascii_lowercase().as_str() {
-            "memory" | "mem" => {
-                parse_memory(rest)
-                    .map(StoreUrl::Memory)
-                    .map_err(|reason| OpenError::Invalid {
-                        kind: "memory",
-                        url: redact(url),
-                        reason,
-                    })
-            }
-            "sqlite" => {
-                if rest.split('?').next().unwrap_or_default().is_empty() {
-                    return Err(OpenError::Unsupported(redact(url)));
-                }
-                Ok(StoreUrl::Sqlite(url.to_owned()))
-            }
-            "postgres" | "postgresql" => {
-                known_parameters(rest, POSTGRES_PARAMETERS).map_err(|reason| {
-                    OpenError::Invalid {
-                        kind: "postgres",
-                        url: redact(url),
-                        reason,
-                    }
-                })?;
-                Ok(StoreUrl::Postgres(url.to_owned()))
-            }
-            "redis" | "rediss" => {
-                let invalid = |reason: String| OpenError::Invalid {
-                    kind: "redis",
-                    url: redact(url),
-                    reason,
-                };
-                known_parameters(rest, REDIS_PARAMETERS).map_err(invalid)?;
-                // Parsing only: nothing is sent until the store connects.
-                redis::Client::open(url).map_err(|e| invalid(e.to_string()))?;
-                Ok(StoreUrl::Redis(url.to_owned()))
-            }
-            _ => Err(OpenError::Unsupported(redact(url))),
-        }
-    }
-
-    /// A short name for logs: `memory`, `sqlite`, `postgres`, `redis`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            StoreUrl::Memory(_) => "memory",
-            StoreUrl::Sqlite(_) => "sqlite",
-            StoreUrl::Postgres(_) => "postgres",
-            StoreUrl::Redis(_) => "redis",
-        }
-    }
-
-    /// The most file descriptors the store may hold with `pool` connections in a SQL
-    /// store's pool (`None`: the store's default): none in memory, three per SQLite
-    /// connection (the database, its WAL and its shared-memory index), one per
-    /// PostgreSQL connection, and two for Redis (its multiplexed connection, and a new
-    /// one while it reconnects).
-    pub fn descriptors(&self, pool: Option<u32>) -> u64 {
-        match self {
-            StoreUrl::Memory(_) => 0,
-            StoreUrl::Sqlite(_) => {
-                3 * u64::from(pool.unwrap_or(idem_sqlite::DEFAULT_MAX_CONNECTIONS))
-            }
-            // PgStore's own default pool.
-            StoreUrl::Postgres(_) => u64::from(pool.unwrap_or(10)),
-            StoreUrl::Redis(_) => 2,
+impl Opener {
+    const fn of<S: OpenStore>() -> Opener {
+        Opener {
+            kind: S::KIND,
+            schemes: S::SCHEMES,
+            expires_natively: S::EXPIRES_NATIVELY,
+            descriptors: S::descriptors,
+            open: open_as::<S>,
         }
     }
 }
 
-impl fmt::Debug for StoreUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreUrl::Memory(max) => write!(f, "memory://?max_entries={max}"),
-            StoreUrl::Sqlite(u) | StoreUrl::Postgres(u) | StoreUrl::Redis(u) => {
-                f.write_str(&redact(u))
-            }
-        }
-    }
+fn open_as<S: OpenStore>(url: String, options: StoreOptions) -> Opening {
+    Box::pin(async move {
+        let store: Arc<dyn Store> = Arc::new(S::open(&url, &options).await?);
+        Ok(store)
+    })
 }
 
-/// The bound of a `memory://` URL: what follows `memory://`, which is nothing or
-/// `?max_entries=N`.
-fn parse_memory(rest: &str) -> Result<usize, String> {
-    let query = match rest.strip_prefix('?') {
-        Some(query) => query,
-        None if rest.is_empty() => return Ok(idem_core::DEFAULT_MAX_ENTRIES),
-        None => return Err("a memory store has no host or path; write memory://".into()),
-    };
-    let mut max = idem_core::DEFAULT_MAX_ENTRIES;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("max_entries", n)) => {
-                max = n.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| {
-                    format!("max_entries must be a whole number above 0, not {n:?}")
-                })?;
-            }
-            _ => {
-                return Err(format!(
-                    "unknown parameter {pair:?}; the memory store takes max_entries=N"
-                ));
-            }
-        }
-    }
-    Ok(max)
-}
-
-/// The query parameters a PostgreSQL URL may carry: those the driver reads. It skips
-/// any other with no more than a log line, so a misspelt `sslmode` would connect
-/// without the TLS it asked for.
-const POSTGRES_PARAMETERS: &[&str] = &[
-    "sslmode",
-    "ssl-mode",
-    "sslrootcert",
-    "ssl-root-cert",
-    "ssl-ca",
-    "sslcert",
-    "ssl-cert",
-    "sslkey",
-    "ssl-key",
-    "statement-cache-capacity",
-    "host",
-    "hostaddr",
-    "port",
-    "dbname",
-    "user",
-    "password",
-    "application_name",
-    "options",
-    "options[…]",
+/// Every store the gateway can open.
+static OPENERS: [Opener; 4] = [
+    Opener::of::<MemoryStore>(),
+    Opener::of::<SqliteStore>(),
+    Opener::of::<PgStore>(),
+    Opener::of::<RedisStore>(),
 ];
 
-/// The query parameters a Redis URL may carry: the driver reads `protocol` and
-/// silently skips anything else.
-const REDIS_PARAMETERS: &[&str] = &["protocol"];
+/// The URLs [`OPENERS`] understand, for the error that names none of them.
+const EXPECTED: &str = "memory://, sqlite://FILE, postgres://… or redis://…";
 
-/// Refuses a query parameter of `rest` (what follows `scheme://`) that is not in
-/// `known`, where `options[…]` stands for any `options[NAME]`.
-fn known_parameters(rest: &str, known: &[&str]) -> Result<(), String> {
-    let query = rest.split_once('?').map_or("", |(_, q)| q);
-    let query = query.split_once('#').map_or(query, |(q, _)| q);
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
-        let bracketed = name.starts_with("options[") && name.ends_with(']');
-        let known_name = known.contains(&name) || bracketed && known.contains(&"options[…]");
-        if !known_name {
-            return Err(format!(
-                "unknown parameter {name:?}; this store's URL takes {}",
-                known.join(", ")
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The URL with any password replaced by `***`, for logs and errors.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+/// The row for `url`'s scheme, in any case.
+fn opener(url: &str) -> Result<&'static Opener, OpenError> {
+    let unsupported = || OpenError::Unsupported {
+        url: redact(url),
+        expected: EXPECTED,
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            let masked = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                user.to_owned()
-            };
-            format!("{scheme}://{masked}@{host}{tail}")
-        }
-        None => url.to_owned(),
-    }
+    let (scheme, _) = url.split_once("://").ok_or_else(unsupported)?;
+    let scheme = scheme.to_ascii_lowercase();
+    OPENERS
+        .iter()
+        .find(|opener| opener.schemes.contains(&scheme.as_str()))
+        .ok_or_else(unsupported)
 }
 
-/// Settings that apply to some stores only.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StoreOptions {
-    /// Connections in the pool of the SQL stores; `None` keeps the store's default.
-    /// Redis multiplexes one connection and ignores it.
-    pub pool: Option<u32>,
-    /// Where in a shared store this gateway's records live; `None` is
-    /// [`DEFAULT_NAMESPACE`]. The memory store ignores it.
-    pub namespace: Option<Namespace>,
+/// Which store `url` names (`memory`, `sqlite`, `postgres`, `redis`), if any, without
+/// opening it.
+pub fn kind(url: &str) -> Option<&'static str> {
+    opener(url.trim()).ok().map(|opener| opener.kind)
 }
 
-/// The namespace of a gateway that is given none: its records are in the table
-/// `idem_records` (SQLite, PostgreSQL) or under Redis keys that start `idem:`, the
-/// stores' own defaults.
-pub const DEFAULT_NAMESPACE: &str = "idem";
-
-/// The longest namespace: with `_records` after it, a table name stays within
-/// PostgreSQL's 63 bytes.
-const NAMESPACE_MAX: usize = 55;
-
-/// Names a gateway's records within a store that several gateways share: the SQL
-/// stores keep them in the table `NAME_records`, Redis under keys that start `NAME:`.
-///
-/// Gateways in front of different APIs need different namespaces on one store: a scope
-/// is tenant, endpoint and key, and two APIs may well both serve `POST /v1/orders` to the
-/// same tenant. Gateways in front of the same API must share one, or a retry that
-/// reaches the other gateway would execute again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Namespace(String);
-
-impl Namespace {
-    /// A namespace of lower-case ASCII letters, digits and underscores, starting with a
-    /// letter or an underscore, at most 55 characters: it becomes part of a SQL table
-    /// name as it is, unquoted, which PostgreSQL would fold to lower case.
-    pub fn new(name: &str) -> Result<Namespace, String> {
-        let mut chars = name.chars();
-        let starts_well = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
-        let rest_well = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-        if !starts_well || !rest_well {
-            return Err(format!(
-                "{name:?} is not a namespace: use lower-case ASCII letters, digits and \
-                 underscores, starting with a letter or an underscore"
-            ));
-        }
-        if name.len() > NAMESPACE_MAX {
-            return Err(format!(
-                "a namespace has at most {NAMESPACE_MAX} characters; {name:?} has {}",
-                name.len()
-            ));
-        }
-        Ok(Namespace(name.to_owned()))
-    }
-
-    /// The name as given.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The SQL stores' table: `NAME_records`.
-    pub fn table(&self) -> String {
-        format!("{}_records", self.0)
-    }
-
-    /// The Redis key prefix: `NAME:`.
-    pub fn key_prefix(&self) -> String {
-        format!("{}:", self.0)
-    }
-}
-
-impl Default for Namespace {
-    fn default() -> Namespace {
-        Namespace(DEFAULT_NAMESPACE.to_owned())
-    }
-}
-
-impl fmt::Display for Namespace {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+/// The most file descriptors the store `url` names holds when opened with `options`
+/// (0 when it names none), as its crate counts them.
+pub fn descriptors(url: &str, options: &StoreOptions) -> u64 {
+    opener(url.trim()).map_or(0, |opener| (opener.descriptors)(options))
 }
 
 /// Opens (and for SQL stores migrates) the store a URL names, with default options.
@@ -347,44 +114,8 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
 
 /// Opens (and for SQL stores migrates) the store a URL names.
 pub async fn open_with(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>, OpenError> {
-    let parsed = StoreUrl::parse(url)?;
-    let kind = parsed.kind();
-    let wrap = |source: Box<dyn std::error::Error + Send + Sync>| OpenError::Open {
-        kind,
-        url: redact(url),
-        source,
-    };
-    let store: Arc<dyn Store> = match parsed {
-        StoreUrl::Memory(max) => Arc::new(MemoryStore::new().max_entries(max)),
-        StoreUrl::Sqlite(url) => {
-            let mut builder = idem_sqlite::SqliteStore::builder();
-            if let Some(n) = options.pool {
-                builder = builder.max_connections(n);
-            }
-            if let Some(ns) = &options.namespace {
-                builder = builder.table(ns.table());
-            }
-            Arc::new(builder.connect(&url).await.map_err(|e| wrap(e.into()))?)
-        }
-        StoreUrl::Postgres(url) => {
-            let mut builder = idem_postgres::PgStore::options();
-            if let Some(n) = options.pool {
-                builder = builder.max_connections(n);
-            }
-            if let Some(ns) = &options.namespace {
-                builder = builder.table(ns.table());
-            }
-            Arc::new(builder.connect(&url).await.map_err(|e| wrap(e.into()))?)
-        }
-        StoreUrl::Redis(url) => {
-            let mut builder = idem_redis::RedisStore::builder(&url);
-            if let Some(ns) = &options.namespace {
-                builder = builder.key_prefix(ns.key_prefix());
-            }
-            Arc::new(builder.connect().await.map_err(|e| wrap(e.into()))?)
-        }
-    };
-    Ok(store)
+    let url = url.trim();
+    (opener(url)?.open)(url.to_owned(), options).await
 }
 
 /// The first pause before the background task tries an unreachable store again; each
@@ -394,73 +125,57 @@ const REOPEN_PAUSE_MIN: Duration = Duration::from_millis(250);
 /// The longest pause between two tries to reach a store that was unreachable at start.
 const REOPEN_PAUSE_MAX: Duration = Duration::from_secs(5);
 
-/// Opens the store `url` names, like [`open_with`], except when a PostgreSQL or Redis
-/// server cannot be reached: then it returns a [`Deferred`] store at once and keeps
-/// trying in the background. Every other failure (an unsupported or invalid URL, a
-/// SQLite file that cannot be opened, an invalid table name) is returned, since trying
-/// again would not change it.
+/// Opens the store `url` names, like [`open_with`], except when its server cannot be
+/// reached or refuses it now ([`OpenError::may_pass`]): then it returns a [`Deferred`]
+/// store at once and keeps trying in the background. Every other failure (an
+/// unsupported or invalid URL, a SQLite file that cannot be opened, an invalid
+/// namespace) is returned, since trying again would not change it.
 pub async fn open_or_defer(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>, OpenError> {
     match open_with(url, options.clone()).await {
         Ok(store) => Ok(store),
-        Err(e) if unreachable(&e) => {
+        Err(e) if e.may_pass() => {
             tracing::error!(
                 error = %e,
                 "the store is unreachable; serving unkeyed traffic and answering keyed \
                  requests 503 until it is reached"
             );
-            Ok(Arc::new(Deferred::start(url.to_owned(), options)))
+            let opener = opener(url.trim())?;
+            Ok(Arc::new(Deferred::start(opener, url.trim(), options)))
         }
         Err(e) => Err(e),
     }
 }
 
-/// Whether `e` says a network store's server could not be reached (or refused the
-/// session), which may change on its own, rather than that the configuration is wrong.
-fn unreachable(e: &OpenError) -> bool {
-    let OpenError::Open { kind, source, .. } = e else {
-        return false;
-    };
-    let store_error = match *kind {
-        "postgres" => match source.downcast_ref::<idem_postgres::Error>() {
-            Some(idem_postgres::Error::Store(e)) => e,
-            _ => return false,
-        },
-        "redis" => match source.downcast_ref::<StoreError>() {
-            Some(e) => e,
-            None => return false,
-        },
-        _ => return false,
-    };
-    matches!(store_error, StoreError::Unavailable(_))
-}
-
-/// A PostgreSQL or Redis store that could not be reached when the gateway started.
+/// A store whose server could not be reached when the gateway started.
 ///
 /// Until a background task reaches it, every operation fails with
 /// [`StoreError::Unavailable`]: keyed requests get the fail-closed 503 (nothing is
 /// forwarded) and `/readyz` answers 503, as during any later outage. From then on every
 /// operation goes to the opened store (migrated first, for PostgreSQL). The task tries
 /// again after 250 ms, doubling the pause up to 5 s, and logs each failure. Dropping or
-/// closing the store stops it.
+/// closing the store stops it. Whether it expires records natively is its kind's
+/// answer from the start, so that the gateway decides on a sweeper once.
 pub struct Deferred {
     opened: Arc<OnceLock<Arc<dyn Store>>>,
     opener: tokio::task::AbortHandle,
+    expires_natively: bool,
     /// The URL, password removed, for errors.
     url: Arc<str>,
 }
 
 impl Deferred {
     /// Starts trying to open `url` in the background; call inside a tokio runtime.
-    fn start(url: String, options: StoreOptions) -> Deferred {
+    fn start(opener: &'static Opener, url: &str, options: StoreOptions) -> Deferred {
         let opened = Arc::new(OnceLock::new());
         let slot = opened.clone();
-        let redacted: Arc<str> = redact(&url).into();
+        let redacted: Arc<str> = redact(url).into();
         let shown = redacted.clone();
-        let opener = tokio::spawn(async move {
+        let url = url.to_owned();
+        let task = tokio::spawn(async move {
             let mut pause = REOPEN_PAUSE_MIN;
             loop {
                 tokio::time::sleep(pause).await;
-                match open_with(&url, options.clone()).await {
+                match (opener.open)(url.clone(), options.clone()).await {
                     Ok(store) => {
                         tracing::info!(store = %shown, "the store is reachable; serving keyed requests");
                         let _ = slot.set(store);
@@ -476,19 +191,9 @@ impl Deferred {
         .abort_handle();
         Deferred {
             opened,
-            opener,
+            opener: task,
+            expires_natively: opener.expires_natively,
             url: redacted,
-        }
-    }
-
-    /// The opened store, once the background task has reached it.
-    fn opened(&self) -> idem_core::Result<&dyn Store> {
-        match self.opened.get() {
-            Some(store) => Ok(&**store),
-            None => Err(StoreError::unavailable(format!(
-                "the store at {} has not been reached since the gateway started",
-                self.url
-            ))),
         }
     }
 }
@@ -508,57 +213,33 @@ impl fmt::Debug for Deferred {
     }
 }
 
+/// Every operation goes to the opened store; before it is reached, each fails with
+/// [`StoreError::Unavailable`] (the layer then answers keyed requests 503 without
+/// scoping them, and reads the tenant secret on the first keyed request after), and
+/// there are no figures.
 #[async_trait]
-impl Store for Deferred {
-    async fn reserve(&self, request: &ReserveRequest) -> idem_core::Result<Reservation> {
-        self.opened()?.reserve(request).await
+impl Forward for Deferred {
+    type Target = dyn Store;
+
+    fn target(&self) -> idem_core::Result<&(dyn Store + 'static)> {
+        match self.opened.get() {
+            Some(store) => Ok(&**store),
+            None => Err(StoreError::unavailable(format!(
+                "the store at {} has not been reached since the gateway started",
+                self.url
+            ))),
+        }
     }
 
-    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> idem_core::Result<()> {
-        self.opened()?.complete(lease, response).await
-    }
-
-    async fn renew(&self, lease: &Lease, lease_for: Duration) -> idem_core::Result<()> {
-        self.opened()?.renew(lease, lease_for).await
-    }
-
-    async fn release(&self, lease: &Lease) -> idem_core::Result<()> {
-        self.opened()?.release(lease).await
-    }
-
-    async fn get(&self, scope: &Scope) -> idem_core::Result<Option<Record>> {
-        self.opened()?.get(scope).await
-    }
-
-    async fn remove(&self, scope: &Scope) -> idem_core::Result<bool> {
-        self.opened()?.remove(scope).await
-    }
-
-    async fn purge_expired(&self, limit: usize) -> idem_core::Result<usize> {
-        self.opened()?.purge_expired(limit).await
-    }
-
-    async fn ping(&self) -> idem_core::Result<()> {
-        self.opened()?.ping().await
-    }
-
-    /// Unavailable until the store is reached, like every operation: the layer then
-    /// answers keyed requests 503 without scoping them, and reads the secret on the
-    /// first keyed request after the store is reached.
-    async fn init_secret(&self, name: &str, candidate: &[u8]) -> idem_core::Result<Vec<u8>> {
-        self.opened()?.init_secret(name, candidate).await
-    }
-
-    async fn close(&self) {
+    async fn forward_close(&self) {
         self.opener.abort();
         if let Some(store) = self.opened.get() {
             store.close().await;
         }
     }
 
-    /// The opened store's, once it is reached; none before.
-    fn metrics(&self) -> Vec<StoreMetric> {
-        self.opened.get().map(|s| s.metrics()).unwrap_or_default()
+    fn forward_expires_natively(&self) -> bool {
+        self.expires_natively
     }
 }
 
@@ -566,51 +247,38 @@ impl Store for Deferred {
 mod tests {
     use super::*;
     use idem_core::testing::{figure, test_fingerprint, test_scope};
+    use idem_core::{Reservation, ReserveRequest, Scope};
 
-    #[test]
-    fn store_urls_select_their_store() {
+    #[tokio::test]
+    async fn store_urls_select_their_store() {
+        let store = open("memory://").await.unwrap();
         assert_eq!(
-            StoreUrl::parse("memory://").unwrap(),
-            StoreUrl::Memory(idem_core::DEFAULT_MAX_ENTRIES)
+            figure(&*store, "idem_memory_max_records"),
+            idem_core::DEFAULT_MAX_ENTRIES as u64
         );
-        assert_eq!(
-            StoreUrl::parse("memory://?max_entries=5000000").unwrap(),
-            StoreUrl::Memory(5_000_000)
-        );
-        assert_eq!(
-            StoreUrl::parse("sqlite://idem.db").unwrap(),
-            StoreUrl::Sqlite("sqlite://idem.db".into())
-        );
-        assert_eq!(
-            StoreUrl::parse("sqlite:///var/lib/idem/idem.db").unwrap(),
-            StoreUrl::Sqlite("sqlite:///var/lib/idem/idem.db".into())
-        );
-        assert_eq!(
-            StoreUrl::parse("postgres://u:p@127.0.0.1/test")
-                .unwrap()
-                .kind(),
-            "postgres"
-        );
-        assert_eq!(
-            StoreUrl::parse("redis://127.0.0.1:6379").unwrap().kind(),
-            "redis"
-        );
-        assert!(StoreUrl::parse("mysql://x").is_err());
-        assert!(StoreUrl::parse("idem.db").is_err());
-        assert!(StoreUrl::parse("sqlite://").is_err());
+        let store = open("memory://?max_entries=5000000").await.unwrap();
+        assert_eq!(figure(&*store, "idem_memory_max_records"), 5_000_000);
+        assert_eq!(kind("memory://"), Some("memory"));
+        assert_eq!(kind("MEM://"), Some("memory"));
+        assert_eq!(kind("sqlite://idem.db"), Some("sqlite"));
+        assert_eq!(kind("sqlite:///var/lib/idem/idem.db"), Some("sqlite"));
+        assert_eq!(kind("postgres://u:p@127.0.0.1/test"), Some("postgres"));
+        assert_eq!(kind("postgresql://127.0.0.1/test"), Some("postgres"));
+        assert_eq!(kind("redis://127.0.0.1:6379"), Some("redis"));
+        for url in ["mysql://x", "idem.db"] {
+            let e = open(url).await.err().expect(url);
+            assert!(matches!(e, OpenError::Unsupported { .. }), "{url}: {e}");
+            assert!(
+                e.to_string().contains("use memory://, sqlite://FILE"),
+                "{url}: {e}"
+            );
+            assert_eq!(kind(url), None);
+        }
+        assert!(open("sqlite://").await.is_err());
     }
 
-    #[test]
-    fn unknown_url_parameters_are_refused() {
-        for url in [
-            "postgres://u@127.0.0.1/test?sslmode=require&application_name=idem",
-            "postgresql://127.0.0.1/test?options=-c%20synchronous_commit%3Doff",
-            "postgres://127.0.0.1/test?options[statement_timeout]=5s",
-            "redis://127.0.0.1:6379/0?protocol=resp3",
-            "redis://127.0.0.1:6379/",
-        ] {
-            assert!(StoreUrl::parse(url).is_ok(), "{url}");
-        }
+    #[tokio::test]
+    async fn unknown_url_parameters_are_refused() {
         for (url, kind, name) in [
             (
                 "postgres://u@127.0.0.1/test?ssl_mode=require",
@@ -629,10 +297,10 @@ mod tests {
             ),
             ("redis://127.0.0.1:6379/?timeout=5", "redis", "timeout"),
         ] {
-            let e = StoreUrl::parse(url).unwrap_err();
+            let e = open(url).await.err().expect(url);
             let message = e.to_string();
             assert!(
-                matches!(e, OpenError::Invalid { kind: k, .. } if k == kind),
+                matches!(e, OpenError::InvalidUrl { kind: k, .. } if k == kind),
                 "{url}: {message}"
             );
             assert!(
@@ -642,27 +310,49 @@ mod tests {
         }
     }
 
-    #[test]
-    fn passwords_never_reach_logs() {
+    #[tokio::test]
+    async fn passwords_never_reach_logs() {
         assert_eq!(
             redact("postgres://app:s3cret@db:5432/idem?sslmode=disable"),
             "postgres://app:***@db:5432/idem?sslmode=disable"
         );
         assert_eq!(redact("redis://:pw@127.0.0.1"), "redis://:***@127.0.0.1");
         assert_eq!(redact("redis://127.0.0.1"), "redis://127.0.0.1");
-        let dbg = format!("{:?}", StoreUrl::parse("postgres://a:b@h/d").unwrap());
-        assert!(!dbg.contains(":b@"), "{dbg}");
+        let e = open("postgres://a:b@h/d?prefix=x").await.err().unwrap();
+        let shown = format!("{e} {e:?}");
+        assert!(!shown.contains(":b@"), "{shown}");
     }
 
-    #[test]
-    fn redis_urls_that_cannot_work_are_refused_before_connecting() {
+    #[tokio::test]
+    async fn redis_urls_that_cannot_work_are_refused_before_connecting() {
         for url in ["redis://127.0.0.1:notaport", "rediss://127.0.0.1:6379"] {
-            let e = StoreUrl::parse(url).unwrap_err();
+            let e = open(url).await.err().expect(url);
             assert!(
-                matches!(e, OpenError::Invalid { kind: "redis", .. }),
+                matches!(e, OpenError::InvalidUrl { kind: "redis", .. }),
                 "{url}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn descriptors_are_the_store_crates_count() {
+        let pool = |n| StoreOptions {
+            pool: Some(n),
+            ..StoreOptions::default()
+        };
+        assert_eq!(descriptors("memory://", &pool(4)), 0);
+        assert_eq!(descriptors("sqlite://idem.db", &pool(4)), 12);
+        assert_eq!(
+            descriptors("sqlite://idem.db", &StoreOptions::default()),
+            3 * u64::from(idem_sqlite::DEFAULT_MAX_CONNECTIONS)
+        );
+        assert_eq!(descriptors("postgres://h/d", &pool(4)), 4);
+        assert_eq!(
+            descriptors("postgres://h/d", &StoreOptions::default()),
+            u64::from(idem_postgres::DEFAULT_MAX_CONNECTIONS)
+        );
+        assert_eq!(descriptors("redis://h", &pool(4)), 2);
+        assert_eq!(descriptors("mysql://h", &pool(4)), 0);
     }
 
     #[tokio::test]
@@ -686,6 +376,8 @@ mod tests {
             store.reserve(&request).await,
             Err(StoreError::Unavailable(_))
         ));
+        // Known from the start, so that no sweeper is started for it.
+        assert!(store.expires_natively());
         store.close().await;
     }
 
@@ -701,12 +393,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn namespaces_are_plain_identifiers_that_fit_a_table_name() {
-        for ok in ["idem", "payments_v2", "_staging", "a", &"n".repeat(55)] {
+    #[tokio::test]
+    async fn namespaces_are_plain_identifiers_that_fit_a_table_name() {
+        for ok in [
+            "idem",
+            "payments_v2",
+            "_staging",
+            "a",
+            "Payments",
+            &"n".repeat(55),
+        ] {
             let ns = Namespace::new(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
-            assert_eq!(ns.table(), format!("{ok}_records"));
-            assert_eq!(ns.key_prefix(), format!("{ok}:"));
+            assert_eq!(
+                ns.suffixed("_records").unwrap().as_str(),
+                format!("{ok}_records")
+            );
         }
         for bad in [
             "",
@@ -716,17 +417,28 @@ mod tests {
             "a:b",
             "idem;drop",
             "tablé",
-            "Payments",
         ] {
             let e = Namespace::new(bad).unwrap_err();
-            assert!(e.contains("is not a namespace"), "{bad:?}: {e}");
+            assert!(e.to_string().contains("is not a namespace"), "{bad:?}: {e}");
         }
-        let e = Namespace::new(&"n".repeat(56)).unwrap_err();
-        assert!(e.contains("at most 55 characters"), "{e}");
+        // One byte more and `NAME_records` no longer fits a table name.
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/idem.db", dir.path().display());
+        let long = StoreOptions {
+            namespace: Some(Namespace::new(&"n".repeat(56)).unwrap()),
+            ..StoreOptions::default()
+        };
+        let e = open_with(&url, long).await.err().unwrap();
+        assert!(
+            matches!(e, OpenError::Namespace { kind: "sqlite", .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("at most 63 fit"), "{e}");
         let default = Namespace::default();
-        assert_eq!(default.table(), idem_sqlite::DEFAULT_TABLE);
-        assert_eq!(default.table(), idem_postgres::DEFAULT_TABLE);
-        assert_eq!(default.key_prefix(), idem_redis::DEFAULT_KEY_PREFIX);
+        let table = default.suffixed("_records").unwrap();
+        assert_eq!(table.as_str(), idem_sqlite::DEFAULT_TABLE);
+        assert_eq!(table.as_str(), idem_postgres::DEFAULT_TABLE);
+        assert_eq!(format!("{default}:"), idem_redis::DEFAULT_KEY_PREFIX);
     }
 
     /// Two namespaces in one SQLite file are two tables: a key recorded in one is
@@ -789,23 +501,5 @@ mod tests {
         // Both in progress: nothing may be dropped to make room.
         let third = ReserveRequest::new(test_scope("/x", "c"), test_fingerprint("{}"));
         assert!(matches!(store.reserve(&third).await, Err(StoreError::Full)));
-    }
-
-    #[test]
-    fn a_memory_url_with_anything_else_is_refused_with_the_reason() {
-        for (url, says) in [
-            ("memory://?max_entries=0", "above 0"),
-            ("memory://?max_entries=lots", "above 0, not \"lots\""),
-            ("memory://?max_entries=", "above 0"),
-            ("memory://?size=3", "unknown parameter \"size=3\""),
-            ("memory://localhost", "no host or path"),
-        ] {
-            let e = StoreUrl::parse(url).unwrap_err();
-            assert!(
-                matches!(e, OpenError::Invalid { kind: "memory", .. }),
-                "{url}: {e:?}"
-            );
-            assert!(e.to_string().contains(says), "{url}: {e}");
-        }
     }
 }

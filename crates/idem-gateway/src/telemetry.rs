@@ -580,12 +580,13 @@ impl Store for TracedStore {
     }
 }
 
-/// The `db.system.name` of the store a URL names.
+/// The `db.system.name` (OpenTelemetry's name for the database) of the store a URL
+/// names, by the kind its store crate gives it; none for the memory store.
 fn store_system(store_url: &str) -> Option<&'static str> {
-    match store_url.split_once("://").map(|(scheme, _)| scheme) {
-        Some("sqlite") => Some("sqlite"),
-        Some("postgres" | "postgresql") => Some("postgresql"),
-        Some("redis" | "rediss") => Some("redis"),
+    match crate::store::kind(store_url)? {
+        "sqlite" => Some("sqlite"),
+        "postgres" => Some("postgresql"),
+        "redis" => Some("redis"),
         _ => None,
     }
 }

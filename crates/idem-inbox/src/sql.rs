@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{SharedClock, SystemClock};
+use idem_core::{Namespace, SharedClock, SystemClock};
 
 use crate::inbox::validate_id;
 use crate::retention::DEFAULT_RETENTION;
@@ -39,28 +39,20 @@ impl SqlSettings {
     }
 }
 
-/// Table names are spliced into SQL, so only plain identifiers are accepted: an ASCII
-/// letter or `_`, then letters, digits or `_`, at most 50 characters (leaving room for
-/// the index name's suffix within PostgreSQL's 63).
+/// Table names are spliced into SQL, so only a [`Namespace`] is accepted, and one
+/// that leaves room for the index name (`TABLE_processed_at`) within the same rule.
 pub(crate) fn validate_table(name: &str) -> Result<()> {
-    let mut chars = name.chars();
-    let ok = name.len() <= 50
-        && chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::Invalid {
+    Namespace::new(name)
+        .and_then(|table| table.suffixed(INDEX_SUFFIX))
+        .map(drop)
+        .map_err(|e| Error::Invalid {
             what: "table name",
-            reason: format!(
-                "{name:?} is not a plain SQL identifier of at most 50 characters \
-                 (letters, digits, `_`, not starting with a digit)"
-            ),
+            reason: e.to_string(),
         })
-    }
 }
+
+/// What the processed-message index's name adds to the table's.
+pub(crate) const INDEX_SUFFIX: &str = "_processed_at";
 
 /// Rows affected by a purge, as `usize`.
 pub(crate) fn affected(n: u64) -> usize {

@@ -7,13 +7,14 @@ use idem_core::StoreError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The table name is not a plain SQL identifier the store can use.
-    #[error("invalid table name {name:?}: {reason}")]
+    /// The table name is not one the store can use ([`schema::table_name`](crate::schema::table_name)).
+    #[error("invalid table name: {reason}")]
     InvalidTableName {
         /// The name as given.
         name: String,
         /// What is wrong with it.
-        reason: &'static str,
+        #[source]
+        reason: idem_core::NamespaceError,
     },
     /// The connection URL or options were rejected before any connection was tried.
     #[error("invalid PostgreSQL connection options: {0}")]

@@ -9,12 +9,12 @@
 //!
 //! What the ping guards against cannot happen on this path: a connection is handed on
 //! only by an operation that ran to the end (its future was not dropped mid-statement)
-//! and succeeded; anything else drops it, and sqlx checks it as before. sqlx drains any
+//! and succeeded; anything else drops it, and sqlx checks it as it checks any. sqlx drains any
 //! unread reply of the last statement before the next one runs.
 //!
 //! The pool stays in charge. The store's operations hold at most as many connections
 //! as the pool's size, counted in [`Slot`]s: an operation that gets a slot acquires
-//! from the pool as before, and one that does not waits here. A connection goes back to
+//! from the pool as usual, and one that does not waits here. A connection goes back to
 //! the pool after [`HANDOFFS`] operations in a row, or as soon as nobody here waits;
 //! its slot then passes to the oldest waiting operation, which acquires from the pool,
 //! behind whoever else waits there (an application sharing the pool, say). An

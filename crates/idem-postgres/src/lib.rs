@@ -54,11 +54,17 @@
 //! # Ok(()) }
 //! ```
 
+mod durability;
 mod error;
 mod handoff;
+mod open;
+mod options;
 pub mod schema;
+mod statements;
 mod store;
 
+pub use durability::DurabilityRisk;
 pub use error::{Error, Result};
-pub use schema::{DEFAULT_TABLE, validate_table_name};
-pub use store::{DurabilityRisk, PgStore, PgStoreOptions};
+pub use options::{DEFAULT_MAX_CONNECTIONS, PgStoreOptions};
+pub use schema::DEFAULT_TABLE;
+pub use store::PgStore;

@@ -7,7 +7,7 @@
 //!   unique constraint (SPEC S3): `reserve`'s `INSERT … ON CONFLICT` arbitrates on it,
 //!   and every fenced statement finds its row through it, so each is one O(log n)
 //!   descent. The key columns use the `"C"` collation: bytewise comparison is cheaper
-//!   than a locale's, and the order (irrelevant here) no longer depends on the
+//!   than a locale's, and the order (irrelevant here) does not depend on the
 //!   database's locale.
 //! - **`expires_at`** (a B-tree). The sweeper's bounded `DELETE` reads the oldest
 //!   expired rows from the start of this index and stops after its batch, so a purge
@@ -19,7 +19,7 @@
 //! column) can usually update its row in place on the same page (a HOT update),
 //! without touching either index.
 
-use idem_core::StoreError;
+use idem_core::{Namespace, StoreError};
 use sqlx::{AssertSqlSafe, Executor, PgPool};
 
 use crate::error::{Error, store_error};
@@ -27,9 +27,25 @@ use crate::error::{Error, store_error};
 /// The table records live in unless configured otherwise.
 pub const DEFAULT_TABLE: &str = "idem_records";
 
-/// The longest accepted table name: PostgreSQL keeps 63 bytes of an identifier, and the
-/// index names add a suffix of up to 8.
-pub const MAX_TABLE_NAME_LEN: usize = 55;
+/// The longest suffix the schema adds to the table's name (`TABLE_expires`, the
+/// index); with it, the name must still be a [`Namespace`](idem_core::Namespace), which
+/// keeps it within the 63 bytes PostgreSQL keeps of an identifier.
+pub const MAX_TABLE_SUFFIX: &str = "_expires";
+
+/// The table `name` names, folded to lower case as PostgreSQL folds an unquoted name
+/// (so that the migrations table records the name the server uses), if the
+/// [`Namespace`] rule admits it and, with [`MAX_TABLE_SUFFIX`], the names derived
+/// from it: at most 55 bytes. The name is spliced into SQL text, so nothing else is
+/// accepted.
+pub fn table_name(name: &str) -> Result<Namespace, Error> {
+    let refused = |reason| Error::InvalidTableName {
+        name: name.to_owned(),
+        reason,
+    };
+    let table = Namespace::new(&name.to_ascii_lowercase()).map_err(refused)?;
+    table.suffixed(MAX_TABLE_SUFFIX).map_err(refused)?;
+    Ok(table)
+}
 
 /// The table that records which migrations ran on which records table.
 pub const MIGRATIONS_TABLE: &str = "idem_schema_migrations";
@@ -37,36 +53,6 @@ pub const MIGRATIONS_TABLE: &str = "idem_schema_migrations";
 /// Serialises migrations across processes: two instances starting together must not
 /// both run `CREATE TABLE` (the loser would fail on the catalog's unique index).
 const MIGRATION_LOCK: i64 = 0x6964_656d_5f70_6731; // "idem_pg1"
-
-/// Checks that `name` is a plain, lower-case SQL identifier that needs no quoting:
-/// ASCII letters, digits and `_`, not starting with a digit, at most
-/// [`MAX_TABLE_NAME_LEN`] bytes. The name is spliced into SQL text, so nothing else
-/// is accepted.
-pub fn validate_table_name(name: &str) -> Result<(), Error> {
-    let reason = if name.is_empty() {
-        Some("it is empty")
-    } else if name.len() > MAX_TABLE_NAME_LEN {
-        Some("it is longer than 55 bytes")
-    } else if name.starts_with(|c: char| c.is_ascii_digit()) {
-        Some("it starts with a digit")
-    } else if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-    {
-        Some("only lower-case ASCII letters, digits and '_' are allowed")
-    } else if name.starts_with("pg_") {
-        Some("the pg_ prefix is reserved for system tables")
-    } else {
-        None
-    };
-    match reason {
-        Some(reason) => Err(Error::InvalidTableName {
-            name: name.to_owned(),
-            reason,
-        }),
-        None => Ok(()),
-    }
-}
 
 /// One migration step: its version, what it does, and its statements for `table`.
 struct Migration {
@@ -139,7 +125,8 @@ pub fn meta_table(table: &str) -> String {
 /// transaction under a cluster-wide advisory lock. Safe to call from many instances at
 /// once and on every start.
 pub async fn migrate(pool: &PgPool, table: &str) -> Result<(), Error> {
-    validate_table_name(table)?;
+    let table = table_name(table)?;
+    let table = table.as_str();
     let mut tx = pool.begin().await.map_err(store_error)?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATION_LOCK)
@@ -199,7 +186,8 @@ pub async fn migrate(pool: &PgPool, table: &str) -> Result<(), Error> {
 /// Drops `table` and forgets its migrations: for tests and for an operator retiring a
 /// table. Every record in it is lost.
 pub async fn drop_table(pool: &PgPool, table: &str) -> Result<(), Error> {
-    validate_table_name(table)?;
+    let table = table_name(table)?;
+    let table = table.as_str();
     let mut tx = pool.begin().await.map_err(store_error)?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATION_LOCK)
@@ -238,13 +226,14 @@ mod tests {
     #[test]
     fn table_names_must_be_plain_identifiers() {
         for ok in ["idem_records", "idem_records_case_0a1b2c3d7", "t", "_x9"] {
-            assert!(validate_table_name(ok).is_ok(), "{ok}");
+            assert_eq!(table_name(ok).unwrap().as_str(), ok);
         }
-        let long = "a".repeat(MAX_TABLE_NAME_LEN + 1);
+        // PostgreSQL would fold it, unquoted; the store folds it first.
+        assert_eq!(table_name("Idem").unwrap().as_str(), "idem");
+        let long = "a".repeat(56);
         for bad in [
             "",
             "9lives",
-            "Idem",
             "idem-records",
             "idem records",
             "x;DROP TABLE y",
@@ -254,14 +243,11 @@ mod tests {
             long.as_str(),
         ] {
             assert!(
-                matches!(
-                    validate_table_name(bad),
-                    Err(Error::InvalidTableName { .. })
-                ),
+                matches!(table_name(bad), Err(Error::InvalidTableName { .. })),
                 "{bad:?} must be rejected"
             );
         }
-        assert!(validate_table_name(&"a".repeat(MAX_TABLE_NAME_LEN)).is_ok());
+        assert!(table_name(&"a".repeat(55)).is_ok());
     }
 
     #[test]

@@ -31,11 +31,11 @@
 //!   `SET … KEEPTTL`. Renew and release are the same kind of script; purge `SCAN`s the
 //!   prefix and checks each key with one.
 //!
-//! Records used to be hashes, with a script for every operation; one string per record
-//! is cheaper on the server (the README has the figures): the fresh-key reserve is a
-//! single native command, a script reads the few fields it checks with `string.sub`
-//! instead of `HMGET`, and the whole record is written with one `SET` instead of a
-//! `HSET` of eleven fields, a `PEXPIRE` and an `HDEL`.
+//! One string per record is cheaper on the server than a hash with a script for every
+//! operation (the README has the figures): the fresh-key reserve is a single native
+//! command, a script reads the few fields it checks with `string.sub` instead of
+//! `HMGET`, and the whole record is written with one `SET` instead of a `HSET` of
+//! eleven fields, a `PEXPIRE` and an `HDEL`.
 //!
 //! # The record
 //!
@@ -125,14 +125,16 @@
 //! # }
 //! ```
 
+mod builder;
 mod error;
+mod eviction;
+mod open;
 mod record;
 mod store;
 
-pub use store::{
-    DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, EvictionRisk, RedisStore,
-    RedisStoreBuilder,
-};
+pub use builder::RedisStoreBuilder;
+pub use eviction::EvictionRisk;
+pub use store::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, RedisStore};
 
 /// The README's example, compiled as a doctest so it cannot rot.
 #[cfg(doctest)]

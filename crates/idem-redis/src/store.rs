@@ -10,16 +10,18 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{
     Decision, FencingToken, Lease, Record, Reservation, ReserveRequest, Result, Scope, SharedClock,
-    Store, StoreError, StoreMetric, StoredResponse, SystemClock, Timestamp, decide,
-    duration_millis, release_unconfirmed,
+    Store, StoreError, StoreMetric, StoredResponse, Timestamp, decide, duration_millis,
+    release_unconfirmed,
 };
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Cmd, FromRedisValue, RedisError, RedisResult, Script};
+use redis::aio::ConnectionManager;
+use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script};
 
 use crate::error::from_redis;
+use crate::eviction::EvictionRisk;
 use crate::record::{self, FENCED_LEN, InProgress};
 
-/// The prefix of every record key unless [`RedisStoreBuilder::key_prefix`] sets another.
+/// The prefix of every record key unless [`RedisStoreBuilder::key_prefix`](crate::RedisStoreBuilder::key_prefix) sets
+/// another.
 pub const DEFAULT_KEY_PREFIX: &str = "idem:";
 
 /// How long connecting, or waiting for one reply, may take before the operation fails
@@ -86,53 +88,21 @@ static PURGE: LazyLock<Script> =
 /// again once the server is back.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
-    clock: SharedClock,
-    prefix: Arc<str>,
-    ttl_grace_ms: i64,
+    pub(crate) conn: ConnectionManager,
+    pub(crate) clock: SharedClock,
+    pub(crate) prefix: Arc<str>,
+    pub(crate) ttl_grace_ms: i64,
     /// Where the next purge resumes its `SCAN`.
-    purge_cursor: Arc<Mutex<u64>>,
+    pub(crate) purge_cursor: Arc<Mutex<u64>>,
     /// What the store met, for [`Store::metrics`]; shared by clones.
-    counters: Arc<Counters>,
+    pub(crate) counters: Arc<Counters>,
     /// The server's memory settings, if they let it evict records; read on connecting.
-    eviction: Option<Arc<EvictionRisk>>,
-}
-
-/// A server whose memory settings let it drop keys when it runs out of memory: with a
-/// `maxmemory` bound, every `maxmemory-policy` but `noeviction` may evict records (all
-/// of them carry a TTL, so the `volatile-*` policies too). A dropped record in progress
-/// lets a duplicate execute while the first still runs; a dropped completed one lets a
-/// retry execute again. With `noeviction`, writes fail once memory is full and the store
-/// answers [`StoreError::Unavailable`] instead: it fails closed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct EvictionRisk {
-    /// The server's `maxmemory`, in bytes.
-    pub maxmemory: u64,
-    /// The server's `maxmemory-policy`.
-    pub policy: String,
-}
-
-impl EvictionRisk {
-    /// The risk the text of `INFO memory` shows, if any.
-    fn from_info(info: &str) -> Option<EvictionRisk> {
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-                .map(str::trim)
-        };
-        let maxmemory: u64 = field("maxmemory")?.parse().ok()?;
-        let policy = field("maxmemory_policy")?;
-        (maxmemory > 0 && policy != "noeviction").then(|| EvictionRisk {
-            maxmemory,
-            policy: policy.to_owned(),
-        })
-    }
+    pub(crate) eviction: Option<Arc<EvictionRisk>>,
 }
 
 /// Counts of events an operator wants to see, all since the store was opened.
 #[derive(Debug, Default)]
-struct Counters {
+pub(crate) struct Counters {
     /// Commands that got an error instead of an answer.
     failed_commands: AtomicU64,
     /// Scripts loaded again after the server answered `NOSCRIPT`.
@@ -155,90 +125,7 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-/// Options for a [`RedisStore`]; [`connect`](RedisStoreBuilder::connect) opens it.
-#[derive(Debug, Clone)]
-pub struct RedisStoreBuilder {
-    url: String,
-    clock: SharedClock,
-    prefix: String,
-    timeout: Duration,
-    ttl_grace: Duration,
-}
-
-impl RedisStoreBuilder {
-    /// Reads time from `clock` (default: [`SystemClock`]). Leases and logical expiry use
-    /// it; tests pass a `ManualClock`.
-    pub fn clock(mut self, clock: SharedClock) -> RedisStoreBuilder {
-        self.clock = clock;
-        self
-    }
-
-    /// Puts every record key under `prefix` (default [`DEFAULT_KEY_PREFIX`]). Stores
-    /// with different prefixes never see each other's records.
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> RedisStoreBuilder {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// Bounds connecting and each reply (default [`DEFAULT_TIMEOUT`]).
-    pub fn timeout(mut self, timeout: Duration) -> RedisStoreBuilder {
-        self.timeout = timeout;
-        self
-    }
-
-    /// How long past its expiry Redis keeps a record (default [`DEFAULT_TTL_GRACE`]);
-    /// cover the clock skew between the instances sharing the store.
-    pub fn ttl_grace(mut self, grace: Duration) -> RedisStoreBuilder {
-        self.ttl_grace = grace;
-        self
-    }
-
-    /// Connects, failing with [`StoreError::Unavailable`] when the URL is invalid or the
-    /// server cannot be reached.
-    pub async fn connect(self) -> Result<RedisStore> {
-        let client = Client::open(self.url.as_str()).map_err(from_redis)?;
-        // One quick retry, then fail: the caller answers 503 and its client retries,
-        // which beats holding requests while the server is away. The next operation
-        // starts a new reconnection.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(250));
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(from_redis)?;
-        let eviction = eviction_risk(&conn).await.map(Arc::new);
-        Ok(RedisStore {
-            conn,
-            clock: self.clock,
-            prefix: self.prefix.into(),
-            ttl_grace_ms: duration_millis(self.ttl_grace),
-            purge_cursor: Arc::default(),
-            counters: Arc::default(),
-            eviction,
-        })
-    }
-}
-
 impl RedisStore {
-    /// Options for a store at `url` (`redis://[user:password@]host:port[/db]`).
-    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            url: url.into(),
-            clock: Arc::new(SystemClock),
-            prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            timeout: DEFAULT_TIMEOUT,
-            ttl_grace: DEFAULT_TTL_GRACE,
-        }
-    }
-
-    /// A store at `url` with the default options.
-    pub async fn connect(url: &str) -> Result<RedisStore> {
-        RedisStore::builder(url).connect().await
-    }
-
     /// The prefix of this store's record keys.
     pub fn key_prefix(&self) -> &str {
         &self.prefix
@@ -666,68 +553,18 @@ impl Store for RedisStore {
             ),
         ]
     }
-}
 
-/// Reads the server's memory settings and warns when they let it evict records.
-/// Servers that do not allow `INFO` (some managed ones rename it) are not checked.
-async fn eviction_risk(conn: &ConnectionManager) -> Option<EvictionRisk> {
-    let info: String = match redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut conn.clone())
-        .await
-    {
-        Ok(info) => info,
-        Err(e) => {
-            tracing::debug!(error = %e, "could not read the Redis server's memory settings");
-            return None;
-        }
-    };
-    let risk = EvictionRisk::from_info(&info)?;
-    tracing::warn!(
-        maxmemory = risk.maxmemory,
-        policy = %risk.policy,
-        "the Redis server may evict idempotency records when its memory is full, and a \
-         retry of an evicted key executes again; set maxmemory-policy noeviction"
-    );
-    Some(risk)
+    /// Every record carries a native TTL ([`DEFAULT_TTL_GRACE`] past its expiry), and
+    /// a purge walks the whole keyspace.
+    fn expires_natively(&self) -> bool {
+        <RedisStore as idem_core::OpenStore>::EXPIRES_NATIVELY
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io;
-
-    #[test]
-    fn only_a_memory_bound_with_an_evicting_policy_is_a_risk() {
-        let info = |max: &str, policy: &str| {
-            format!(
-                "# Memory\r\nused_memory:1061072\r\nmaxmemory:{max}\r\n\
-                 maxmemory_human:1.00G\r\nmaxmemory_policy:{policy}\r\n\
-                 allocator_frag_ratio:1.19\r\n"
-            )
-        };
-        assert_eq!(
-            EvictionRisk::from_info(&info("1073741824", "allkeys-lru")),
-            Some(EvictionRisk {
-                maxmemory: 1_073_741_824,
-                policy: "allkeys-lru".into()
-            })
-        );
-        // Every record has a TTL, so the volatile policies may take them too.
-        assert!(EvictionRisk::from_info(&info("1073741824", "volatile-ttl")).is_some());
-        assert_eq!(
-            EvictionRisk::from_info(&info("1073741824", "noeviction")),
-            None
-        );
-        // No bound: nothing is evicted, whatever the policy.
-        assert_eq!(EvictionRisk::from_info(&info("0", "allkeys-lru")), None);
-        // Fields missing or unreadable (an INFO edited by a proxy): no claim either way.
-        assert_eq!(
-            EvictionRisk::from_info("# Memory\r\nused_memory:1\r\n"),
-            None
-        );
-        assert_eq!(EvictionRisk::from_info(&info("lots", "allkeys-lru")), None);
-    }
 
     #[test]
     fn scan_pattern_escapes_glob_characters_and_matches_one_record_key_shape() {

@@ -10,12 +10,9 @@ use idem_core::StoreError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The table name is not a plain SQL identifier.
-    #[error(
-        "invalid table name {0:?}: use 1 to 63 ASCII letters, digits and '_', not starting \
-         with a digit or with \"sqlite_\""
-    )]
-    InvalidTableName(String),
+    /// The table name is not one the [`Namespace`](idem_core::Namespace) rule admits.
+    #[error("invalid table name: {0}")]
+    InvalidTableName(#[source] idem_core::NamespaceError),
     /// The table was migrated by a newer idem-sqlite than this one.
     #[error(
         "table {table} has schema version {found}, newer than version {supported} that this \

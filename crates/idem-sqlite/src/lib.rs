@@ -139,15 +139,21 @@
 //! records: no purge or removal reaches it. It lives in the same file, so a copy of
 //! the file holds it too.
 
+mod builder;
+mod connection;
 mod error;
 mod file;
+mod open;
+mod row;
 mod schema;
 mod store;
+mod write;
 mod writer;
 
+pub use builder::SqliteStoreBuilder;
 pub use error::{Error, Result};
-pub use schema::{DEFAULT_TABLE, SCHEMA_VERSION, VERSIONS_TABLE, validate_table_name};
-pub use store::{DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, SqliteStore, SqliteStoreBuilder};
+pub use schema::{DEFAULT_TABLE, SCHEMA_VERSION, VERSIONS_TABLE};
+pub use store::{DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, SqliteStore};
 pub use writer::{DEFAULT_WRITE_BATCH, DEFAULT_WRITE_QUEUE, WriterStats};
 
 /// The sqlx types this crate's API takes, re-exported so callers use the same version.

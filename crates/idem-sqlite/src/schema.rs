@@ -1,7 +1,8 @@
 //! The embedded migration and the SQL text of every statement the store runs.
 //!
 //! Table names cannot be bound as parameters, so the statements are built once per
-//! store from a name that [`validate_table_name`] has admitted; every value is bound.
+//! store from a name that the [`Namespace`](idem_core::Namespace) rule has admitted;
+//! every value is bound.
 
 use std::sync::Arc;
 
@@ -19,22 +20,6 @@ pub const SCHEMA_VERSION: i64 = 1;
 /// database may hold several records tables (one per service, say), so SQLite's single
 /// `user_version` would not do.
 pub const VERSIONS_TABLE: &str = "idem_schema_versions";
-
-/// Admits 1 to 63 ASCII letters, digits and `_`, not starting with a digit, and not in
-/// SQLite's reserved `sqlite_` namespace.
-pub fn validate_table_name(name: &str) -> Result<()> {
-    let mut chars = name.chars();
-    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && name.len() <= 63
-        && !name.to_ascii_lowercase().starts_with("sqlite_")
-        && !name.eq_ignore_ascii_case(VERSIONS_TABLE);
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidTableName(name.to_owned()))
-    }
-}
 
 /// Version 1. `endpoint` is `Scope::endpoint_str()`: the empty string in internal mode,
 /// so the primary key is always the three columns. Times are milliseconds since the
@@ -240,36 +225,6 @@ impl Statements {
             )
             .into(),
             secret: format!("SELECT value FROM {meta} WHERE name = ?1").into(),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_names_are_plain_identifiers() {
-        for ok in ["idem_records", "_t", "Records2", &"a".repeat(63)] {
-            assert!(validate_table_name(ok).is_ok(), "{ok:?} should be admitted");
-        }
-        for bad in [
-            "",
-            "1records",
-            "idem-records",
-            "idem records",
-            "t; DROP TABLE x",
-            "\"quoted\"",
-            "sqlite_master",
-            "SQLITE_x",
-            "idem_schema_versions",
-            "tablé",
-            &"a".repeat(64),
-        ] {
-            assert!(
-                matches!(validate_table_name(bad), Err(Error::InvalidTableName(n)) if n == bad),
-                "{bad:?} should be refused"
-            );
         }
     }
 }

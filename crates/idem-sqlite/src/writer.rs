@@ -2,10 +2,10 @@
 //! connection owned by one thread, which commits the operations queued meanwhile in one
 //! transaction (group commit).
 //!
-//! SQLite admits one writer at a time. With every pooled connection writing on its own,
-//! the connections that lost the race for the lock slept in SQLite's busy handler (1, 2,
-//! 5, … up to 100 ms between tries) while the lock sat free, so throughput fell as
-//! concurrency rose. One writer never waits for itself, and a batch writes each page it
+//! SQLite admits one writer at a time. Were every pooled connection to write on its
+//! own, those that lost the race for the lock would sleep in SQLite's busy handler (1,
+//! 2, 5, … up to 100 ms between tries) while the lock sat free, and throughput would
+//! fall as concurrency rose. One writer never waits for itself, and a batch writes each page it
 //! touches to the WAL once per batch instead of once per operation.
 //!
 //! The writer drives its connection synchronously (rusqlite, linked to the same SQLite
@@ -13,7 +13,7 @@
 //! connection's worker thread, two thread wake-ups that cost more than SQLite's work on
 //! a small row. Here a batch costs one wake-up to start and one per caller answered.
 //!
-//! What each operation may rely on is what the single statements it replaces gave:
+//! What each operation may rely on is what a statement of its own would give:
 //! - it runs alone, in arrival order, reading the clock when it runs, on the writer's
 //!   connection inside the batch's `BEGIN IMMEDIATE`, so the reserve's fallback read
 //!   sees exactly what its upsert saw;
@@ -24,42 +24,23 @@
 //! - a statement that fails on its own (SQLite undoes just that statement) fails only
 //!   its operation; the rest of the batch commits.
 //!
-//! In WAL mode the writer does not checkpoint: SQLite would copy the WAL back into the
-//! database file (and, with `synchronous = NORMAL`, sync both) inside the commit that
-//! crosses 1000 WAL pages, stalling every write queued behind it. A second thread with
-//! its own connection runs a passive checkpoint instead, at most every
-//! [`CHECKPOINT_EVERY`] while writes flow, concurrently with the writer. Should it stop,
-//! the writer checkpoints for itself again.
-//!
-//! A checkpoint that runs beside a busy writer never reaches the end of the WAL (frames
-//! arrive while it copies), and SQLite starts the WAL over only once all of it is in
-//! the database file: under steady load the WAL grew by every page written, without
-//! bound, and each new WAL block cost the kernel a zeroed page. So after each of its
-//! rounds the checkpoint thread asks the writer to finish the job: before its next
-//! transaction the writer checkpoints what the round left (a few frames, with no write
-//! running alongside), and that transaction starts the WAL over. `journal_size_limit`
-//! then trims a WAL that a burst made larger than [`WAL_SIZE_LIMIT`].
+//! The writer does not checkpoint the WAL itself while a thread beside it does (see
+//! `connection.rs`); each write's statements are in `write.rs`.
 //!
 //! Other writers on the same file (another process's store, the application's own
 //! transactions such as [`complete_in`](crate::SqliteStore::complete_in)) contend with
 //! this one for SQLite's lock, and the writer waits out `busy_timeout` for it.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
 
-use idem_core::{
-    Clock, FencingToken, Lease, Reservation, ReserveRequest, Scope, SharedClock, StoreError,
-    duration_millis,
-};
-use rusqlite::{OpenFlags, OptionalExtension, params};
-use sqlx::SqliteConnection;
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+use idem_core::{SharedClock, StoreError};
+use sqlx::sqlite::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::connection::{Checkpoints, Target, checkpoint, passive_checkpoint};
 use crate::schema::Statements;
-use crate::store::{StoredRow, corrupt};
+use crate::write::{Done, Op, execute, run_cached, store_error};
 
 /// Operations per transaction, at most, unless configured otherwise.
 pub const DEFAULT_WRITE_BATCH: usize = 128;
@@ -68,37 +49,8 @@ pub const DEFAULT_WRITE_BATCH: usize = 128;
 /// configured otherwise.
 pub const DEFAULT_WRITE_QUEUE: usize = 1024;
 
-/// The least time between two checkpoints of the checkpoint thread.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
-
 /// WAL pages after which a writer that checkpoints for itself does so (SQLite's default).
 const AUTOCHECKPOINT_PAGES: i64 = 1000;
-
-/// The size, in bytes, that a WAL larger than it is cut back to when it starts over.
-const WAL_SIZE_LIMIT: i64 = 64 << 20;
-
-/// A write, as queued for the writer.
-#[derive(Debug)]
-pub(crate) enum Op {
-    Reserve(ReserveRequest),
-    /// The response as the row keeps it: status, `encode_headers`, body.
-    Complete(Lease, u16, Vec<u8>, bytes::Bytes),
-    Renew(Lease, Duration),
-    Release(Lease),
-    Remove(Scope),
-    Purge(usize),
-    /// Ends the writer once what was queued before it is written (see [`Writer::close`]).
-    Close,
-}
-
-/// What a write returns.
-#[derive(Debug)]
-pub(crate) enum Done {
-    Reserved(Reservation),
-    Unit,
-    Removed(bool),
-    Purged(usize),
-}
 
 type Reply = oneshot::Sender<idem_core::Result<Done>>;
 
@@ -156,124 +108,6 @@ struct StoreClosed;
 pub(crate) struct WriterConfig {
     pub(crate) max_batch: usize,
     pub(crate) queue: usize,
-}
-
-/// Where and how the writer opens its connection: the pool's database, with the
-/// settings a pooled connection has.
-#[derive(Debug, Clone)]
-pub(crate) struct Target {
-    path: PathBuf,
-    memory: bool,
-    busy_timeout: Duration,
-    synchronous: i64,
-    foreign_keys: bool,
-    journal_mode: String,
-}
-
-impl Target {
-    /// Reads the settings from `conn`, a connection of the pool opened with `options`.
-    pub(crate) async fn of(
-        conn: &mut SqliteConnection,
-        options: &SqliteConnectOptions,
-    ) -> Result<Target, sqlx::Error> {
-        let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
-            .fetch_one(&mut *conn)
-            .await?;
-        let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
-            .fetch_one(&mut *conn)
-            .await?;
-        let foreign_keys: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
-            .fetch_one(&mut *conn)
-            .await?;
-        let journal_mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-            .fetch_one(&mut *conn)
-            .await?;
-        // An in-memory database has no file; sqlx names it so that its connections
-        // share it through SQLite's shared cache, and so can the writer.
-        let file: String =
-            sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
-                .fetch_one(&mut *conn)
-                .await?;
-        Ok(Target {
-            path: options.get_filename().to_owned(),
-            memory: file.is_empty(),
-            busy_timeout: Duration::from_millis(u64::try_from(busy).unwrap_or(0)),
-            synchronous,
-            foreign_keys: foreign_keys != 0,
-            journal_mode,
-        })
-    }
-
-    fn open(&self) -> rusqlite::Result<rusqlite::Connection> {
-        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_URI
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        if self.memory {
-            flags |= OpenFlags::SQLITE_OPEN_MEMORY | OpenFlags::SQLITE_OPEN_SHARED_CACHE;
-        }
-        let conn = rusqlite::Connection::open_with_flags(&self.path, flags)?;
-        conn.busy_timeout(self.busy_timeout)?;
-        conn.pragma_update(None, "synchronous", self.synchronous)?;
-        conn.pragma_update(None, "foreign_keys", self.foreign_keys)?;
-        // WAL is a property of the file; the rollback-journal modes are per connection.
-        if !self.journal_mode.eq_ignore_ascii_case("wal") {
-            conn.pragma_update_and_check(None, "journal_mode", &self.journal_mode, |_| Ok(()))?;
-        }
-        if self.wal() {
-            conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
-        }
-        conn.set_prepared_statement_cache_capacity(32);
-        Ok(conn)
-    }
-
-    /// Whether the database has a WAL to checkpoint.
-    fn wal(&self) -> bool {
-        !self.memory && self.journal_mode.eq_ignore_ascii_case("wal")
-    }
-
-    /// Whether commits to a file skip syncing altogether (`synchronous = OFF`), so that
-    /// a machine crash or power loss may lose or corrupt the database.
-    pub(crate) fn never_syncs(&self) -> bool {
-        !self.memory && self.synchronous == 0
-    }
-}
-
-/// Checkpoints on `conn` each time the writer nudges, at most every
-/// [`CHECKPOINT_EVERY`], and then sets `finish` for the writer to copy the frames that
-/// arrived meanwhile; ends when the writer drops its end.
-fn checkpoint(
-    conn: rusqlite::Connection,
-    nudges: std::sync::mpsc::Receiver<()>,
-    finish: Arc<AtomicBool>,
-) {
-    while nudges.recv().is_ok() {
-        // Passive: copies what it can without waiting for readers or the writer; what
-        // it cannot yet copy waits for the writer's finishing checkpoint or the next
-        // nudge.
-        match passive_checkpoint(&conn) {
-            Ok(()) => finish.store(true, Ordering::Release),
-            Err(e) => {
-                tracing::debug!(error = %e, "checkpointing the idempotency store's WAL failed");
-            }
-        }
-        std::thread::sleep(CHECKPOINT_EVERY);
-    }
-}
-
-fn passive_checkpoint(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-}
-
-/// The writer's end of the checkpoint thread.
-#[derive(Debug)]
-struct Checkpoints {
-    /// Wakes the thread after a commit; full while it sleeps or copies.
-    nudge: std::sync::mpsc::SyncSender<()>,
-    /// Set by the thread after a round: the writer copies the rest before it next
-    /// writes.
-    finish: Arc<AtomicBool>,
-    /// Joined on close, so that the thread's connection is closed before the writer's.
-    thread: std::thread::JoinHandle<()>,
 }
 
 /// A store handle's end of the writer. When the last one drops, the queue closes and
@@ -608,228 +442,4 @@ impl Task {
             reply.send(Err(StoreError::unavailable(e))).ok();
         }
     }
-}
-
-/// Maps an error of the writer's connection: a value this store never writes is a
-/// corrupt record, anything else means the database cannot serve now.
-fn store_error(e: rusqlite::Error) -> StoreError {
-    match e {
-        rusqlite::Error::FromSqlConversionFailure(..)
-        | rusqlite::Error::InvalidColumnType(..)
-        | rusqlite::Error::IntegralValueOutOfRange(..) => StoreError::Corrupt(e.to_string()),
-        other => StoreError::unavailable(other),
-    }
-}
-
-/// Runs one operation. The outer error is a statement that failed (which may have
-/// ended the transaction); the inner result is the operation's answer.
-/// Runs a statement that returns no rows, such as `BEGIN IMMEDIATE` and `COMMIT`, from
-/// the connection's statement cache. They run once per batch; parsing them afresh each
-/// time was 4 % of the writer's instructions at four operations per batch.
-fn run_cached(conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
-    conn.prepare_cached(sql)?.execute([]).map(drop)
-}
-
-fn execute(
-    conn: &rusqlite::Connection,
-    sql: &Statements,
-    clock: &dyn Clock,
-    op: Op,
-) -> rusqlite::Result<idem_core::Result<Done>> {
-    Ok(match op {
-        Op::Reserve(req) => reserve(conn, sql, clock, &req)?.map(Done::Reserved),
-        Op::Complete(lease, status, headers, body) => {
-            complete(conn, sql, clock, &lease, status, &headers, &body)?.map(|()| Done::Unit)
-        }
-        Op::Renew(lease, lease_for) => {
-            let until = clock.now().plus(lease_for);
-            fenced(conn, &sql.renew, clock, &lease, Some(until.as_millis()))?.map(|()| Done::Unit)
-        }
-        Op::Release(lease) => fenced(conn, &sql.release, clock, &lease, None)?.map(|()| Done::Unit),
-        Op::Remove(scope) => {
-            let n = conn.prepare_cached(&sql.remove)?.execute(params![
-                scope.tenant().as_str(),
-                scope.endpoint_str(),
-                scope.key().as_str(),
-            ])?;
-            Ok(Done::Removed(n > 0))
-        }
-        Op::Close => unreachable!("a close is kept out of batches"),
-        Op::Purge(limit) => {
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let n = conn
-                .prepare_cached(&sql.purge)?
-                .execute(params![clock.now().as_millis(), limit])?;
-            Ok(Done::Purged(n))
-        }
-    })
-}
-
-/// The one-statement reserve; when it writes nothing, the row it met says the answer.
-fn reserve(
-    conn: &rusqlite::Connection,
-    sql: &Statements,
-    clock: &dyn Clock,
-    req: &ReserveRequest,
-) -> rusqlite::Result<idem_core::Result<Reservation>> {
-    let scope = &req.scope;
-    let (tenant, endpoint, key) = (
-        scope.tenant().as_str(),
-        scope.endpoint_str(),
-        scope.key().as_str(),
-    );
-    let mut fresh = true;
-    loop {
-        let now = clock.now();
-        let token = FencingToken::generate();
-        let lease_until = now.plus(req.lease);
-        let (now_ms, expires_ms, lease_ms) = (
-            now.as_millis(),
-            req.expires_at(now).as_millis(),
-            lease_until.as_millis(),
-        );
-        // The parameters of both `insert` and `reserve`.
-        let values = params![
-            tenant,
-            endpoint,
-            key,
-            &req.fingerprint.as_bytes()[..],
-            now_ms,
-            expires_ms,
-            token.as_i64(),
-            lease_ms,
-        ];
-        // First as a plain insert, which only a fresh key passes; the writer holds the
-        // write lock, so the row the insert met is still there for the upsert.
-        if std::mem::take(&mut fresh) && conn.prepare_cached(&sql.insert)?.execute(values)? == 1 {
-            return Ok(Ok(Reservation::Acquired(Lease {
-                scope: scope.clone(),
-                token,
-                attempt: 1,
-                ttl: req.ttl,
-            })));
-        }
-        let attempt: Option<i64> = conn
-            .prepare_cached(&sql.reserve)?
-            .query_row(values, |row| row.get(0))
-            .optional()?;
-        if let Some(attempt) = attempt {
-            return Ok(match u32::try_from(attempt) {
-                Ok(attempt) => Ok(Reservation::Acquired(Lease {
-                    scope: scope.clone(),
-                    token,
-                    attempt,
-                    ttl: req.ttl,
-                })),
-                Err(_) => Err(corrupt("attempt")),
-            });
-        }
-        // A live record this caller may not take: read it to learn which answer
-        // applies. If the clock moved so that it may now be taken (expired, lease
-        // lapsed), go round and try the atomic write again.
-        let row = conn
-            .prepare_cached(&sql.select)?
-            .query_row(params![tenant, endpoint, key], stored_row)
-            .optional()?;
-        let existing = match row.map(|row| row.into_record(scope)).transpose() {
-            Ok(existing) => existing,
-            Err(e) => return Ok(Err(e)),
-        };
-        if let Some(existing) = existing
-            && let Some(answer) =
-                Reservation::from_existing(existing, &req.fingerprint, clock.now())
-        {
-            return Ok(Ok(answer));
-        }
-    }
-}
-
-fn stored_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<StoredRow> {
-    Ok(StoredRow {
-        fingerprint: row.get(0)?,
-        created_at: row.get(1)?,
-        expires_at: row.get(2)?,
-        attempt: row.get(3)?,
-        token: row.get(4)?,
-        state: row.get(5)?,
-        lease_until: row.get(6)?,
-        status: row.get(7)?,
-        headers: row.get(8)?,
-        body: row.get(9)?,
-        completed_at: row.get(10)?,
-    })
-}
-
-/// Records the response, fenced; the same statements as
-/// [`complete_in`](crate::SqliteStore::complete_in) runs in the caller's transaction.
-fn complete(
-    conn: &rusqlite::Connection,
-    sql: &Statements,
-    clock: &dyn Clock,
-    lease: &Lease,
-    status: u16,
-    headers: &[u8],
-    body: &[u8],
-) -> rusqlite::Result<idem_core::Result<()>> {
-    let now = clock.now().as_millis();
-    let scope = &lease.scope;
-    let (tenant, endpoint, key) = (
-        scope.tenant().as_str(),
-        scope.endpoint_str(),
-        scope.key().as_str(),
-    );
-    let changed = conn.prepare_cached(&sql.complete)?.execute(params![
-        tenant,
-        endpoint,
-        key,
-        lease.token.as_i64(),
-        now,
-        i64::from(status),
-        headers,
-        body,
-        duration_millis(lease.ttl),
-    ])?;
-    if changed == 1 {
-        return Ok(Ok(()));
-    }
-    // No in-progress record under this token. Completed by this very attempt is
-    // success (the first response stays); anything else is fenced.
-    let completed = conn
-        .prepare_cached(&sql.completed_by)?
-        .query_row(
-            params![tenant, endpoint, key, lease.token.as_i64(), now],
-            |_| Ok(()),
-        )
-        .optional()?;
-    Ok(match completed {
-        Some(()) => Ok(()),
-        None => Err(StoreError::Fenced),
-    })
-}
-
-/// A fenced single-statement write; no row changed means fenced.
-fn fenced(
-    conn: &rusqlite::Connection,
-    sql: &str,
-    clock: &dyn Clock,
-    lease: &Lease,
-    extra: Option<i64>,
-) -> rusqlite::Result<idem_core::Result<()>> {
-    let scope = &lease.scope;
-    let mut stmt = conn.prepare_cached(sql)?;
-    let (tenant, endpoint, key) = (
-        scope.tenant().as_str(),
-        scope.endpoint_str(),
-        scope.key().as_str(),
-    );
-    let (token, now) = (lease.token.as_i64(), clock.now().as_millis());
-    let changed = match extra {
-        Some(v) => stmt.execute(params![tenant, endpoint, key, token, now, v])?,
-        None => stmt.execute(params![tenant, endpoint, key, token, now])?,
-    };
-    Ok(if changed == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::Fenced)
-    })
 }

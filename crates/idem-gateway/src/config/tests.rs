@@ -102,7 +102,10 @@ fn store_namespace_from_the_command_line_or_the_file_and_checked() {
     let c = GatewayConfig::merge(&ServeArgs::default(), file("payments")).unwrap();
     let ns = c.store_options.namespace.unwrap();
     assert_eq!(
-        (ns.table(), ns.key_prefix()),
+        (
+            ns.suffixed("_records").unwrap().to_string(),
+            format!("{ns}:")
+        ),
         ("payments_records".into(), "payments:".into())
     );
     let a = ServeArgs {

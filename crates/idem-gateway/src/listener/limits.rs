@@ -56,7 +56,7 @@ pub fn fd_limit() -> Option<u64> {
 /// ```
 ///
 /// where `store` is what the store's connections may hold
-/// ([`StoreUrl::descriptors`](crate::store::StoreUrl::descriptors)), `admin` is
+/// ([`store::descriptors`](crate::store::descriptors)), `admin` is
 /// [`ADMIN_MAX_CONNECTIONS`] when the admin listener is on, and the halving leaves each
 /// client connection room for the upstream connection it may hold while its request is
 /// forwarded. At the usual hard limit of 1 048 576 that is about half a million; at a

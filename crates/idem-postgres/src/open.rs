@@ -1,0 +1,171 @@
+//! `postgres://…`: the store opens itself from its URL ([`OpenStore`]).
+
+use std::sync::Arc;
+
+use idem_core::open::refuse_unknown_parameters;
+use idem_core::{OpenError, OpenStore, StoreOptions};
+
+use crate::durability::durability_risk;
+use crate::options::DEFAULT_MAX_CONNECTIONS;
+use crate::{Error, PgStore};
+
+/// The query parameters a PostgreSQL URL may carry: those the driver reads. It skips
+/// any other with no more than a log line, so a misspelt `sslmode` would connect
+/// without the TLS it asked for.
+const PARAMETERS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+    "options[…]",
+];
+
+/// `postgres://…` or `postgresql://…`, as the driver reads it, with only the query
+/// parameters it reads. A namespace `NAME` is the table `NAME_records`. The store
+/// connects, migrates its table and reads the server's durability settings before it
+/// is handed out.
+impl OpenStore for PgStore {
+    const KIND: &'static str = "postgres";
+    const SCHEMES: &'static [&'static str] = &["postgres", "postgresql"];
+
+    /// One per pooled connection.
+    fn descriptors(options: &StoreOptions) -> u64 {
+        u64::from(options.pool.unwrap_or(DEFAULT_MAX_CONNECTIONS))
+    }
+
+    async fn open(url: &str, options: &StoreOptions) -> Result<PgStore, OpenError> {
+        let kind = Self::KIND;
+        refuse_unknown_parameters(url, PARAMETERS)
+            .map_err(|reason| OpenError::invalid_url(kind, url, reason))?;
+        let mut builder = PgStore::options();
+        if let Some(n) = options.pool {
+            builder = builder.max_connections(n);
+        }
+        if let Some(table) = options.sql_table(kind)? {
+            builder = builder.table(table.as_str());
+        }
+        let mut store = builder.connect_lazy(url).map_err(|e| match e {
+            Error::InvalidTableName { reason, .. } => OpenError::Namespace {
+                kind,
+                source: reason,
+            },
+            other => OpenError::invalid_url(kind, url, other.to_string()),
+        })?;
+        // One connection first, so that a server that is not there is told apart
+        // from one that answers and refuses.
+        drop(store.pool().acquire().await.map_err(|e| match e {
+            sqlx::Error::Database(_) => OpenError::refused(kind, url, e),
+            sqlx::Error::Configuration(_) => OpenError::invalid_url(kind, url, e.to_string()),
+            other => OpenError::unreachable(kind, url, other),
+        })?);
+        store
+            .migrate()
+            .await
+            .map_err(|e| OpenError::refused(kind, url, e))?;
+        store.durability = durability_risk(store.pool()).await.map(Arc::new);
+        Ok(store)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_core::Store;
+    use idem_core::open::checks;
+    use idem_core::testing::{service_unavailable, service_url, unique_namespace};
+
+    use super::*;
+    use crate::schema;
+
+    async fn open(url: String) -> Result<PgStore, OpenError> {
+        PgStore::open(&url, &StoreOptions::default()).await
+    }
+
+    #[tokio::test]
+    async fn parameters_the_driver_would_skip_are_an_invalid_url() {
+        let cases = [
+            (
+                "postgres://u@127.0.0.1/test?ssl_mode=require",
+                "unknown parameter \"ssl_mode\"",
+            ),
+            (
+                "postgres://127.0.0.1/test?sslmode=require&prefix=x",
+                "unknown parameter \"prefix\"",
+            ),
+            ("postgres://host:notaport/db", "invalid postgres store URL"),
+        ];
+        checks::invalid_urls("postgres", &cases, open).await;
+    }
+
+    #[test]
+    fn the_parameters_the_driver_reads_are_kept() {
+        for url in [
+            "postgres://u@127.0.0.1/test?sslmode=require&application_name=idem",
+            "postgresql://127.0.0.1/test?options=-c%20synchronous_commit%3Doff",
+            "postgres://127.0.0.1/test?options[statement_timeout]=5s",
+        ] {
+            assert_eq!(refuse_unknown_parameters(url, PARAMETERS), Ok(()), "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_unreachable_and_may_pass() {
+        let url = |port| format!("postgres://postgres:secret@127.0.0.1:{port}/test");
+        checks::unreachable_at_a_closed_port("postgres", url, open).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_namespace_is_a_table_and_records_do_not_expire_natively() {
+        let url = service_url(
+            "IDEM_TEST_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        );
+        let name = unique_namespace("open");
+        let options = StoreOptions {
+            pool: Some(2),
+            ..checks::namespaced(&name)
+        };
+        let store = match PgStore::open(&url, &options).await {
+            Ok(store) => store,
+            Err(e @ OpenError::Unreachable { .. }) => {
+                return service_unavailable("PostgreSQL", &url, &e).unwrap_or(());
+            }
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(store.table(), format!("{name}_records"));
+        assert!(!store.expires_natively());
+        // The kind says so before any store is open, and the store agrees.
+        assert_eq!(store.expires_natively(), PgStore::EXPIRES_NATIVELY);
+        store.ping().await.unwrap();
+        schema::drop_table(store.pool(), store.table())
+            .await
+            .expect("drop table");
+        store.close().await;
+    }
+
+    #[test]
+    fn one_descriptor_per_pooled_connection() {
+        assert_eq!(
+            PgStore::descriptors(&StoreOptions::default()),
+            u64::from(DEFAULT_MAX_CONNECTIONS)
+        );
+        let three = StoreOptions {
+            pool: Some(3),
+            ..StoreOptions::default()
+        };
+        assert_eq!(PgStore::descriptors(&three), 3);
+    }
+}

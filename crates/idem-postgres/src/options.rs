@@ -1,0 +1,229 @@
+//! [`PgStoreOptions`]: the settings a [`PgStore`] is built with, and its pool's.
+
+use std::fmt;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{SharedClock, Store, SystemClock};
+use sqlx::pool::PoolConnectionMetadata;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
+
+use crate::durability::durability_risk;
+use crate::error::Error;
+use crate::schema::{self, DEFAULT_TABLE};
+use crate::statements::Statements;
+use crate::store::PgStore;
+
+/// Connections in the pool a [`PgStore`] builds unless configured otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
+
+/// Settings for a [`PgStore`]; start from [`PgStore::options`].
+#[derive(Clone)]
+pub struct PgStoreOptions {
+    table: String,
+    clock: SharedClock,
+    acquire_timeout: Duration,
+    operation_timeout: Duration,
+    max_connections: u32,
+    migrate: bool,
+}
+
+impl fmt::Debug for PgStoreOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStoreOptions")
+            .field("table", &self.table)
+            .field("clock", &self.clock)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("operation_timeout", &self.operation_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("migrate", &self.migrate)
+            .finish()
+    }
+}
+
+impl Default for PgStoreOptions {
+    fn default() -> Self {
+        PgStoreOptions {
+            table: DEFAULT_TABLE.to_owned(),
+            clock: Arc::new(SystemClock),
+            acquire_timeout: Duration::from_secs(2),
+            operation_timeout: Duration::from_secs(5),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            migrate: true,
+        }
+    }
+}
+
+impl PgStoreOptions {
+    /// The table records live in (default `idem_records`). Checked when the store is
+    /// built, by [`schema::table_name`].
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// The clock every statement's "now" comes from (default: the system clock). The
+    /// server's own `now()` is never used, so tests move time by hand and several
+    /// instances agree as far as their clocks do.
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// How long an operation waits for a pooled connection, including opening a new
+    /// one, before failing with [`StoreError::Unavailable`] (default 2 s). Only used
+    /// when this crate builds the pool ([`connect`](Self::connect)).
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// The bound on one store operation, round trips and retries included (default
+    /// 5 s). A server that accepts connections but stops answering yields
+    /// [`StoreError::Unavailable`] after this long instead of a hung request.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// The pool size when this crate builds the pool (default 10).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Whether to run the embedded migration when the store is built (default true).
+    /// Turn it off where the application's role may not create tables, and run
+    /// [`PgStore::migrate`] from a role that may.
+    pub fn migrate(mut self, run: bool) -> Self {
+        self.migrate = run;
+        self
+    }
+
+    /// Connects to `url` (`postgres://user@host:port/db`), builds a pool and runs the
+    /// migration (or, when that is turned off, checks that the server answers), then
+    /// reads the server's durability settings ([`PgStore::durability_risk`]). An
+    /// unreachable server is [`Error::Store`]`(`[`StoreError::Unavailable`]`)`.
+    pub async fn connect(self, url: &str) -> Result<PgStore, Error> {
+        let pool = self.pool_options().connect_lazy_with(parse_url(url)?);
+        let check = !self.migrate;
+        let mut store = self.from_pool(pool).await?;
+        if check {
+            store.ping().await?;
+            store.durability = durability_risk(&store.pool).await.map(Arc::new);
+        }
+        Ok(store)
+    }
+
+    /// Like [`connect`](Self::connect) but touches neither the server nor the schema:
+    /// the first operation connects. For processes that must start while the database
+    /// is down; operations fail with [`StoreError::Unavailable`] until it is up.
+    pub fn connect_lazy(self, url: &str) -> Result<PgStore, Error> {
+        let pool = self.pool_options().connect_lazy_with(parse_url(url)?);
+        self.build(pool)
+    }
+
+    /// Uses an existing pool (its own acquire timeout and size apply) and, unless
+    /// turned off, runs the migration and reads the server's durability settings
+    /// ([`PgStore::durability_risk`]); with the migration off, nothing is sent to the
+    /// server yet.
+    pub async fn from_pool(self, pool: PgPool) -> Result<PgStore, Error> {
+        let run = self.migrate;
+        let mut store = self.build(pool)?;
+        if run {
+            store.migrate().await?;
+            store.durability = durability_risk(&store.pool).await.map(Arc::new);
+        }
+        Ok(store)
+    }
+
+    fn pool_options(&self) -> PgPoolOptions {
+        PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
+            // sqlx's default pings every connection it hands out: one extra round trip
+            // per operation. Only connections that sat idle are checked; a busy one
+            // that broke fails its operation (Unavailable, fail-closed) and is dropped.
+            .test_before_acquire(false)
+            .before_acquire(ping_if_idle)
+    }
+
+    fn build(self, pool: PgPool) -> Result<PgStore, Error> {
+        let table = schema::table_name(&self.table)?;
+        Ok(PgStore {
+            sql: Arc::new(Statements::for_table(table.as_str())),
+            pool,
+            clock: self.clock,
+            operation_timeout: self.operation_timeout,
+            handoff: Arc::default(),
+            durability: None,
+        })
+    }
+}
+
+/// Connections idle at least this long are pinged before use.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+fn ping_if_idle(
+    conn: &mut PgConnection,
+    meta: PoolConnectionMetadata,
+) -> Pin<Box<dyn Future<Output = Result<bool, sqlx::Error>> + Send + '_>> {
+    Box::pin(async move {
+        if meta.idle_for >= IDLE_CHECK {
+            conn.ping().await?;
+        }
+        Ok(true)
+    })
+}
+
+fn parse_url(url: &str) -> Result<PgConnectOptions, Error> {
+    PgConnectOptions::from_str(url).map_err(Error::Config)
+}
+
+impl PgStore {
+    /// Default settings, to adjust before connecting.
+    pub fn options() -> PgStoreOptions {
+        PgStoreOptions::default()
+    }
+
+    /// Connects with default settings and runs the migration.
+    pub async fn connect(url: &str) -> Result<PgStore, Error> {
+        PgStore::options().connect(url).await
+    }
+
+    /// Uses `pool` with default settings and runs the migration.
+    pub async fn from_pool(pool: PgPool) -> Result<PgStore, Error> {
+        PgStore::options().from_pool(pool).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bad_table_name_or_url_is_rejected_before_connecting() {
+        let url = "postgres://postgres@127.0.0.1:5432/test";
+        match PgStore::options()
+            .table("orders; DROP TABLE x")
+            .connect_lazy(url)
+        {
+            Err(Error::InvalidTableName { name, .. }) => {
+                assert_eq!(name, "orders; DROP TABLE x");
+            }
+            other => panic!("expected InvalidTableName, got {other:?}"),
+        }
+        match PgStore::options().connect_lazy("postgres://host:notaport/db") {
+            Err(Error::Config(_)) => {}
+            other => panic!("expected Config, got {other:?}"),
+        }
+        let store = PgStore::options()
+            .table("idem_records_custom")
+            .connect_lazy(url)
+            .expect("a valid name and URL need no server");
+        assert_eq!(store.table(), "idem_records_custom");
+    }
+}

@@ -1,0 +1,307 @@
+//! [`Statements`]: every statement of a [`PgStore`](crate::PgStore), spelled once for
+//! its table, and the record each row it reads holds.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use idem_core::codec::decode_headers;
+use idem_core::{
+    FencingToken, Fingerprint, Record, RecordState, Scope, StoreError, StoredResponse, Timestamp,
+};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::error::store_error;
+
+pub(crate) fn attempt_from(row: &PgRow) -> Result<u32, StoreError> {
+    let attempt: i32 = row.try_get("attempt").map_err(store_error)?;
+    u32::try_from(attempt).map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))
+}
+
+/// A record from the columns every query below selects.
+pub(crate) fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record, StoreError> {
+    let ms = |col: &str| -> Result<Timestamp, StoreError> {
+        Ok(Timestamp::from_millis(
+            row.try_get::<i64, _>(col).map_err(store_error)?,
+        ))
+    };
+    let fingerprint: Vec<u8> = row.try_get("fingerprint").map_err(store_error)?;
+    let fingerprint = Fingerprint::from_slice(&fingerprint)
+        .ok_or_else(|| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
+    let state: String = row.try_get("state").map_err(store_error)?;
+    let state = match state.as_str() {
+        "in_progress" => RecordState::InProgress {
+            lease_until: ms("lease_until")?,
+        },
+        "completed" => {
+            let status: i32 = row.try_get("status").map_err(store_error)?;
+            let status = u16::try_from(status)
+                .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
+            let headers: Vec<u8> = row.try_get("headers").map_err(store_error)?;
+            let body: Vec<u8> = row.try_get("body").map_err(store_error)?;
+            RecordState::Completed {
+                response: StoredResponse {
+                    status,
+                    headers: decode_headers(&headers)?,
+                    body: Bytes::from(body),
+                },
+                completed_at: ms("completed_at")?,
+            }
+        }
+        other => return Err(StoreError::Corrupt(format!("unknown state {other:?}"))),
+    };
+    Ok(Record {
+        scope: scope.clone(),
+        fingerprint,
+        created_at: ms("created_at")?,
+        expires_at: ms("expires_at")?,
+        attempt: attempt_from(row)?,
+        token: FencingToken::from_i64(row.try_get("token").map_err(store_error)?),
+        state,
+    })
+}
+
+/// Every statement, spelled once for the configured table. The table name was validated
+/// as a plain identifier, so splicing it is safe; all values are bound parameters.
+pub(crate) struct Statements {
+    pub(crate) table: String,
+    pub(crate) reserve: Arc<str>,
+    pub(crate) complete: Arc<str>,
+    pub(crate) completed_by: Arc<str>,
+    pub(crate) renew: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) release_unconfirmed: Arc<str>,
+    pub(crate) get: Arc<str>,
+    pub(crate) remove: Arc<str>,
+    pub(crate) purge: Arc<str>,
+}
+
+/// The columns a record is read from, in the order both halves of `reserve` return them.
+const RECORD_COLUMNS: &str = "attempt, token, fingerprint, created_at, expires_at, state, \
+                              lease_until, status, headers, body, completed_at";
+
+/// The scope's primary key, as parameters $1..$3.
+const BY_SCOPE: &str = "tenant = $1 AND endpoint = $2 AND idem_key = $3";
+
+impl Statements {
+    pub(crate) fn for_table(t: &str) -> Statements {
+        // reserve: $1 tenant, $2 endpoint, $3 key, $4 fingerprint, $5 now, $6 expires_at
+        // of a fresh record, $7 the new token, $8 lease_until.
+        //
+        // The DO UPDATE's WHERE is decide()'s Execute rows and nothing else: the record
+        // expired (any payload: start afresh as attempt 1, new creation time and
+        // expiry), or it is in progress, its lease lapsed, and the payload is the same
+        // (take over as attempt n+1, keeping the creation time; expiry never before the
+        // new lease ends). When the insert took nothing, the second half reads the row.
+        let reserve = format!(
+            "WITH ins AS (
+                INSERT INTO {t} AS r (tenant, endpoint, idem_key, fingerprint, created_at,
+                                      expires_at, attempt, token, state, lease_until)
+                VALUES ($1, $2, $3, $4, $5::BIGINT, $6::BIGINT, 1, $7::BIGINT,
+                        'in_progress', $8::BIGINT)
+                ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
+                    fingerprint  = EXCLUDED.fingerprint,
+                    created_at   = CASE WHEN r.expires_at <= $5 THEN EXCLUDED.created_at
+                                        ELSE r.created_at END,
+                    expires_at   = CASE WHEN r.expires_at <= $5 THEN EXCLUDED.expires_at
+                                        ELSE GREATEST(r.expires_at, EXCLUDED.lease_until) END,
+                    attempt      = CASE WHEN r.expires_at <= $5 THEN 1
+                                        ELSE LEAST(r.attempt, 2147483646) + 1 END,
+                    token        = EXCLUDED.token,
+                    state        = 'in_progress',
+                    lease_until  = EXCLUDED.lease_until,
+                    status       = NULL,
+                    headers      = NULL,
+                    body         = NULL,
+                    completed_at = NULL
+                WHERE r.expires_at <= $5
+                   OR (r.state = 'in_progress' AND r.lease_until <= $5
+                       AND r.fingerprint = EXCLUDED.fingerprint)
+                RETURNING {RECORD_COLUMNS}
+            )
+            SELECT TRUE AS acquired, {RECORD_COLUMNS} FROM ins
+            UNION ALL
+            SELECT FALSE AS acquired, {RECORD_COLUMNS} FROM {t}
+             WHERE {BY_SCOPE} AND NOT EXISTS (SELECT 1 FROM ins)"
+        );
+        // complete: $4 token, $5 now, $6 status, $7 headers, $8 body, $9 the TTL in ms.
+        // A completed record expires at creation + TTL, as `Lease::completed_expires_at`
+        // says: the lease may have kept it alive longer while in progress. A CASE, so
+        // that a TTL of i64::MAX ms never overflows the sum.
+        let complete = format!(
+            "UPDATE {t} SET state = 'completed', lease_until = NULL, status = $6,
+                    headers = $7, body = $8, completed_at = $5,
+                    expires_at = CASE WHEN $9::BIGINT < expires_at - created_at
+                                      THEN created_at + $9::BIGINT ELSE expires_at END
+              WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'in_progress'"
+        );
+        let completed_by = format!(
+            "SELECT 1 FROM {t}
+              WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'completed'"
+        );
+        // renew: $5 now, $6 the new lease_until.
+        let renew = format!(
+            "UPDATE {t} SET lease_until = $6, expires_at = GREATEST(expires_at, $6)
+              WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'in_progress'"
+        );
+        let release = format!(
+            "DELETE FROM {t}
+              WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'in_progress'"
+        );
+        // A reservation whose reply was lost, if it is a first attempt: a takeover's
+        // record must lapse instead, so that the next attempt runs as a recovered one.
+        let release_unconfirmed = format!("{release} AND attempt = 1");
+        let get = format!("SELECT {RECORD_COLUMNS} FROM {t} WHERE {BY_SCOPE}");
+        let remove = format!("DELETE FROM {t} WHERE {BY_SCOPE}");
+        // At most $2 rows, found through the expires_at index; rows another
+        // transaction holds (a reserve taking one over) are skipped, not waited for.
+        let purge = format!(
+            "DELETE FROM {t}
+              WHERE ctid = ANY(ARRAY(
+                        SELECT ctid FROM {t} WHERE expires_at <= $1
+                         ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+                AND expires_at <= $1"
+        );
+        Statements {
+            table: t.to_owned(),
+            reserve: reserve.into(),
+            complete: complete.into(),
+            completed_by: completed_by.into(),
+            renew: renew.into(),
+            release: release.into(),
+            release_unconfirmed: release_unconfirmed.into(),
+            get: get.into(),
+            remove: remove.into(),
+            purge: purge.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_core::testing::{service_unavailable, service_url, unique_namespace};
+    use sqlx::AssertSqlSafe;
+
+    use crate::{Error, PgStore, schema};
+
+    use super::*;
+
+    /// The plans PostgreSQL picks for the hot statements on a table of realistic size:
+    /// the reserve's read and the fenced writes go through the primary key, the purge
+    /// through the `expires_at` index; none scans the table.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn statements_use_the_indexes() {
+        let url = service_url(
+            "IDEM_TEST_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        );
+        let table = format!("idem_records_{}", unique_namespace("plans"));
+        let store = match PgStore::options().table(&table).connect(&url).await {
+            Ok(s) => s,
+            Err(Error::Store(StoreError::Unavailable(e))) => {
+                return service_unavailable("PostgreSQL", &url, &e).unwrap_or(());
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let plans = explain_all(&store).await;
+        schema::drop_table(store.pool(), &table)
+            .await
+            .expect("drop table");
+        let plans = plans.expect("explain");
+        for (name, plan) in &plans {
+            eprintln!("{name}:\n{plan}\n");
+            assert!(
+                !plan.contains("Seq Scan"),
+                "{name} scans the table:\n{plan}"
+            );
+        }
+        let uses = |name: &str, index: &str| {
+            let plan = &plans.iter().find(|(n, _)| *n == name).expect(name).1;
+            assert!(
+                plan.contains(&format!("{table}_{index}")),
+                "{name} does not use {index}:\n{plan}"
+            );
+        };
+        uses("reserve", "pkey");
+        uses("complete", "pkey");
+        uses("renew", "pkey");
+        uses("release", "pkey");
+        uses("release_unconfirmed", "pkey");
+        uses("purge", "expires");
+    }
+
+    async fn explain_all(store: &PgStore) -> Result<Vec<(&'static str, String)>, sqlx::Error> {
+        let t = store.table();
+        // 100,000 rows, 1 % of them expired at `now`.
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {t} (tenant, endpoint, idem_key, fingerprint, created_at, expires_at,
+                              attempt, token, state, status, headers, body, completed_at)
+             SELECT 'tenant-' || (i % 97), 'POST /v1/charges', 'key-' || i,
+                    sha256(i::text::bytea), 0, CASE WHEN i % 100 = 0 THEN 5 ELSE 10000 END,
+                    1, i, 'completed', 200, '\\x0000'::bytea, 'ok'::bytea, 0
+               FROM generate_series(1, 100000) AS i"
+        )))
+        .execute(&store.pool)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!("ANALYZE {t}")))
+            .execute(&store.pool)
+            .await?;
+        let sql = &store.sql;
+        // For the statements whose parameters are the scope (when `scoped`) and then
+        // numbers.
+        let explain =
+            async |stmt: &Arc<str>, scoped: bool, binds: &[i64]| -> Result<String, sqlx::Error> {
+                let text = format!("EXPLAIN {stmt}");
+                let mut q = sqlx::query_scalar::<_, String>(AssertSqlSafe(text));
+                if scoped {
+                    q = q.bind("tenant-1").bind("POST /v1/charges").bind("key-1");
+                }
+                for b in binds {
+                    q = q.bind(*b);
+                }
+                Ok(q.fetch_all(&store.pool).await?.join("\n"))
+            };
+        let reserve = {
+            let text = format!("EXPLAIN {}", sql.reserve);
+            sqlx::query_scalar::<_, String>(AssertSqlSafe(text))
+                .bind("tenant-1")
+                .bind("POST /v1/charges")
+                .bind("key-1")
+                .bind(vec![0_u8; 32])
+                .bind(100_i64)
+                .bind(200_i64)
+                .bind(7_i64)
+                .bind(160_i64)
+                .fetch_all(&store.pool)
+                .await?
+                .join("\n")
+        };
+        let complete = {
+            let text = format!("EXPLAIN {}", sql.complete);
+            sqlx::query_scalar::<_, String>(AssertSqlSafe(text))
+                .bind("tenant-1")
+                .bind("POST /v1/charges")
+                .bind("key-1")
+                .bind(1_i64)
+                .bind(100_i64)
+                .bind(200_i32)
+                .bind(vec![0_u8, 0])
+                .bind(vec![1_u8])
+                .bind(86_400_000_i64)
+                .fetch_all(&store.pool)
+                .await?
+                .join("\n")
+        };
+        Ok(vec![
+            ("reserve", reserve),
+            ("complete", complete),
+            ("renew", explain(&sql.renew, true, &[1, 100, 160]).await?),
+            ("release", explain(&sql.release, true, &[1, 100]).await?),
+            (
+                "release_unconfirmed",
+                explain(&sql.release_unconfirmed, true, &[1, 100]).await?,
+            ),
+            ("purge", explain(&sql.purge, false, &[100, 1000]).await?),
+        ])
+    }
+}

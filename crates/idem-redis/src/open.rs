@@ -1,0 +1,117 @@
+//! `redis://…`: the store opens itself from its URL ([`OpenStore`]).
+
+use idem_core::open::refuse_unknown_parameters;
+use idem_core::{OpenError, OpenStore, StoreOptions};
+use redis::RedisError;
+
+use crate::RedisStore;
+
+/// The query parameters a Redis URL may carry: the driver reads `protocol` and
+/// silently skips anything else.
+const PARAMETERS: &[&str] = &["protocol"];
+
+/// `redis://[user:password@]host:port[/db]`, with only the parameter the driver reads.
+/// `rediss://` is refused as an invalid URL: this build has no TLS. A namespace `NAME`
+/// puts every key under `NAME:`.
+impl OpenStore for RedisStore {
+    const KIND: &'static str = "redis";
+    const SCHEMES: &'static [&'static str] = &["redis", "rediss"];
+    const EXPIRES_NATIVELY: bool = true;
+
+    /// The multiplexed connection, and a new one while it reconnects.
+    fn descriptors(_: &StoreOptions) -> u64 {
+        2
+    }
+
+    async fn open(url: &str, options: &StoreOptions) -> Result<RedisStore, OpenError> {
+        let kind = Self::KIND;
+        let invalid = |reason: String| OpenError::invalid_url(kind, url, reason);
+        refuse_unknown_parameters(url, PARAMETERS).map_err(invalid)?;
+        // Parsing only: nothing is sent until the store connects.
+        redis::Client::open(url).map_err(|e| invalid(e.to_string()))?;
+        let mut builder = RedisStore::builder(url);
+        if let Some(namespace) = &options.namespace {
+            builder = builder.key_prefix(format!("{namespace}:"));
+        }
+        builder
+            .connect_or_redis_error()
+            .await
+            .map_err(|e| classify(url, e))
+    }
+}
+
+/// Whether the server was not there (or went away), or answered and refused.
+fn classify(url: &str, e: RedisError) -> OpenError {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        OpenError::unreachable(RedisStore::KIND, url, e)
+    } else {
+        OpenError::refused(RedisStore::KIND, url, e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_core::Store;
+    use idem_core::open::checks;
+    use idem_core::testing::{service_unavailable, service_url, unique_namespace};
+
+    use super::*;
+
+    async fn open(url: String) -> Result<RedisStore, OpenError> {
+        RedisStore::open(&url, &StoreOptions::default()).await
+    }
+
+    #[tokio::test]
+    async fn urls_that_cannot_work_are_invalid_before_connecting() {
+        let cases = [
+            (
+                "redis://127.0.0.1:6379/?prefix=idem_prof",
+                "unknown parameter \"prefix\"",
+            ),
+            (
+                "redis://127.0.0.1:6379/?timeout=5",
+                "unknown parameter \"timeout\"",
+            ),
+            ("redis://127.0.0.1:notaport", "invalid redis store URL"),
+            ("rediss://127.0.0.1:6379", "invalid redis store URL"),
+        ];
+        checks::invalid_urls("redis", &cases, open).await;
+    }
+
+    #[test]
+    fn the_parameter_the_driver_reads_is_kept() {
+        for url in [
+            "redis://127.0.0.1:6379/0?protocol=resp3",
+            "redis://127.0.0.1:6379/",
+        ] {
+            assert_eq!(refuse_unknown_parameters(url, PARAMETERS), Ok(()), "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_unreachable_and_may_pass() {
+        let url = |port| format!("redis://:secret@127.0.0.1:{port}");
+        checks::unreachable_at_a_closed_port("redis", url, open).await;
+    }
+
+    #[tokio::test]
+    async fn a_namespace_is_a_key_prefix_and_records_expire_natively() {
+        let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+        let name = unique_namespace("open");
+        let options = checks::namespaced(&name);
+        let store = match RedisStore::open(&url, &options).await {
+            Ok(store) => store,
+            Err(e @ OpenError::Unreachable { .. }) => {
+                return service_unavailable("Redis", &url, &e).unwrap_or(());
+            }
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(store.key_prefix(), format!("{name}:"));
+        assert!(store.expires_natively());
+        // The kind says so before any store is open, and the store agrees.
+        assert_eq!(store.expires_natively(), RedisStore::EXPIRES_NATIVELY);
+        let default = open(url.clone()).await.unwrap();
+        assert_eq!(default.key_prefix(), crate::DEFAULT_KEY_PREFIX);
+        assert_eq!(RedisStore::descriptors(&options), 2);
+    }
+}

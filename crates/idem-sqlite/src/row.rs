@@ -1,0 +1,108 @@
+//! [`StoredRow`]: a record's row as either connection type reads it, and the record
+//! it holds. The pool (sqlx) reads rows for `get`, the writer (rusqlite) for `reserve`;
+//! both decode here.
+
+use bytes::Bytes;
+use idem_core::codec::decode_headers;
+use idem_core::{
+    FencingToken, Fingerprint, Record, RecordState, Scope, StoreError, StoredResponse, Timestamp,
+};
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+pub(crate) fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(format!("idem-sqlite record: {what}"))
+}
+
+/// A row's columns in [`RECORD_COLUMNS`](crate::schema::RECORD_COLUMNS) order, as read
+/// by either connection type, before they are checked.
+pub(crate) struct StoredRow {
+    pub(crate) fingerprint: Vec<u8>,
+    pub(crate) created_at: i64,
+    pub(crate) expires_at: i64,
+    pub(crate) attempt: i64,
+    pub(crate) token: i64,
+    pub(crate) state: String,
+    pub(crate) lease_until: Option<i64>,
+    pub(crate) status: Option<i64>,
+    pub(crate) headers: Option<Vec<u8>>,
+    pub(crate) body: Option<Vec<u8>>,
+    pub(crate) completed_at: Option<i64>,
+}
+
+impl StoredRow {
+    /// The row as the writer's connection reads it.
+    pub(crate) fn from_rusqlite(row: &rusqlite::Row<'_>) -> rusqlite::Result<StoredRow> {
+        Ok(StoredRow {
+            fingerprint: row.get(0)?,
+            created_at: row.get(1)?,
+            expires_at: row.get(2)?,
+            attempt: row.get(3)?,
+            token: row.get(4)?,
+            state: row.get(5)?,
+            lease_until: row.get(6)?,
+            status: row.get(7)?,
+            headers: row.get(8)?,
+            body: row.get(9)?,
+            completed_at: row.get(10)?,
+        })
+    }
+
+    /// The row as a pooled connection reads it.
+    pub(crate) fn from_sqlx(row: &SqliteRow) -> std::result::Result<StoredRow, sqlx::Error> {
+        Ok(StoredRow {
+            fingerprint: row.try_get(0)?,
+            created_at: row.try_get(1)?,
+            expires_at: row.try_get(2)?,
+            attempt: row.try_get(3)?,
+            token: row.try_get(4)?,
+            state: row.try_get(5)?,
+            lease_until: row.try_get(6)?,
+            status: row.try_get(7)?,
+            headers: row.try_get(8)?,
+            body: row.try_get(9)?,
+            completed_at: row.try_get(10)?,
+        })
+    }
+
+    /// The record, or `Corrupt` if the row holds what this store never writes.
+    pub(crate) fn into_record(self, scope: &Scope) -> idem_core::Result<Record> {
+        let fingerprint = Fingerprint::from_slice(&self.fingerprint)
+            .ok_or_else(|| corrupt("fingerprint length"))?;
+        let state = match self.state.as_str() {
+            "in_progress" => RecordState::InProgress {
+                lease_until: Timestamp::from_millis(
+                    self.lease_until
+                        .ok_or_else(|| corrupt("in progress without a lease"))?,
+                ),
+            },
+            "completed" => {
+                let status = self
+                    .status
+                    .and_then(|s| u16::try_from(s).ok())
+                    .ok_or_else(|| corrupt("status"))?;
+                RecordState::Completed {
+                    response: StoredResponse {
+                        status,
+                        headers: decode_headers(&self.headers.unwrap_or_default())?,
+                        body: Bytes::from(self.body.unwrap_or_default()),
+                    },
+                    completed_at: Timestamp::from_millis(
+                        self.completed_at
+                            .ok_or_else(|| corrupt("completed without a time"))?,
+                    ),
+                }
+            }
+            other => return Err(corrupt(&format!("state {other:?}"))),
+        };
+        Ok(Record {
+            scope: scope.clone(),
+            fingerprint,
+            created_at: Timestamp::from_millis(self.created_at),
+            expires_at: Timestamp::from_millis(self.expires_at),
+            attempt: u32::try_from(self.attempt).map_err(|_| corrupt("attempt"))?,
+            token: FencingToken::from_i64(self.token),
+            state,
+        })
+    }
+}
