@@ -565,7 +565,8 @@ impl Store for Deferred {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idem_core::testing::{figure, test_fingerprint, test_scope};
+    use idem_core::testing::{test_fingerprint, test_scope};
+    use idem_test_support::figure;
 
     #[test]
     fn store_urls_select_their_store() {

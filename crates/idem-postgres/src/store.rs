@@ -913,7 +913,8 @@ impl Statements {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idem_core::testing::{service_unavailable, service_url, unique_namespace};
+    use idem_core::testing::unique_namespace;
+    use idem_test_support::{service_unavailable, service_url};
 
     #[test]
     fn either_setting_off_is_a_risk() {

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idem_core::testing::{figure, test_fingerprint, unique_namespace};
+use idem_core::testing::{test_fingerprint, unique_namespace};
 use idem_core::{
     Endpoint, Key, RecordState, Reservation, ReserveRequest, Scope, ScopeMode, Store,
     StoredResponse, Tenant,
 };
 use idem_postgres::PgStore;
+use idem_test_support::figure;
 use sqlx::Connection;
 
 const HANDOFFS: &str = "idem_postgres_connection_handoffs_total";
@@ -47,7 +48,7 @@ async fn connections_pass_from_operation_to_operation_under_load() {
     };
     let callers: Vec<_> = (0..CALLERS)
         .map(|c| {
-            let store = store.store.clone();
+            let store = store.inner.clone();
             tokio::spawn(async move {
                 for k in 0..KEYS_EACH {
                     execute(&store, &format!("k-{c}-{k}")).await;
@@ -108,7 +109,7 @@ async fn an_application_sharing_the_pool_is_served_under_load() {
     let stop = Arc::new(AtomicBool::new(false));
     let callers: Vec<_> = (0..CALLERS)
         .map(|c| {
-            let (store, stop) = (store.store.clone(), stop.clone());
+            let (store, stop) = (store.inner.clone(), stop.clone());
             tokio::spawn(async move {
                 for k in 0..MAX_KEYS_EACH {
                     if stop.load(Ordering::Relaxed) {
@@ -175,7 +176,7 @@ async fn waiting_for_a_connection_is_bounded_by_the_acquire_timeout() {
     .await
     .unwrap();
     let blocked = tokio::spawn({
-        let store = store.store.clone();
+        let store = store.inner.clone();
         async move { execute(&store, "first").await }
     });
     while (figure(&*store, "idem_postgres_pool_idle_connections") != 0

@@ -2,7 +2,7 @@
 //! `StoreError::Unavailable`, never a reservation, and the store serves again once the
 //! server is back.
 //!
-//! The tests put a relay ([`idem_core::testing::Relay`]) between the store and the
+//! The tests put a relay ([`idem_test_support::Relay`]) between the store and the
 //! server and break it, so the server itself is never disturbed.
 
 mod common;
@@ -11,11 +11,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::testing::{
-    Relay, RelayMode, service_addr, test_fingerprint, test_scope, unique_namespace, url_via,
-};
+use idem_core::testing::{test_fingerprint, test_scope, unique_namespace};
 use idem_core::{ManualClock, Reservation, ReserveRequest, Store, StoreError, StoredResponse};
 use idem_postgres::{Error, PgStore};
+use idem_test_support::{Relay, RelayMode, service_addr, url_via};
 use tokio::task::JoinSet;
 
 /// A relay to the test server.
@@ -38,7 +37,10 @@ async fn store_via(relay: &Relay, clock: &ManualClock, ns: &str) -> Option<commo
         .connect(&url_via(&common::pg_url(), relay.addr()))
         .await
         .expect("connect through the relay");
-    Some(direct.with_store(via))
+    Some(common::TempStore {
+        inner: via,
+        ..direct
+    })
 }
 
 fn request(key: &str) -> ReserveRequest {

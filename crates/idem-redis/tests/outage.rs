@@ -2,7 +2,7 @@
 //! `StoreError::Unavailable`, never with a reservation the server did not record, and
 //! operations work again once it is back.
 //!
-//! The outage is made by a relay ([`idem_core::testing::Relay`]) that stands between the
+//! The outage is made by a relay ([`idem_test_support::Relay`]) that stands between the
 //! store and the machine's Redis: `Refuse` closes its port and every relayed connection,
 //! `Stall` accepts and passes nothing on. The Redis server itself is never touched.
 
@@ -10,14 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_core::testing::{
-    Relay, RelayMode, figure, service_addr, service_unavailable, service_url, test_fingerprint,
-    test_scope, unique_namespace, url_via,
-};
+use idem_core::testing::{test_fingerprint, test_scope, unique_namespace};
 use idem_core::{
     Lease, RecordState, Reservation, ReserveRequest, Store, StoreError, StoredResponse,
 };
 use idem_redis::RedisStore;
+use idem_test_support::services::redis_url;
+use idem_test_support::{Relay, RelayMode, figure, service_addr, service_unavailable, url_via};
 
 /// Guards each operation against hanging: far above the store's own timeouts.
 const HANG_GUARD: Duration = Duration::from_secs(15);
@@ -25,7 +24,7 @@ const HANG_GUARD: Duration = Duration::from_secs(15);
 /// A store through a fresh relay, and a direct one with the same prefix to inspect
 /// what Redis really holds. `None` when Redis is unreachable (the skip is reported).
 async fn setup(case: &str) -> Option<(Relay, RedisStore, RedisStore)> {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = redis_url();
     let prefix = format!("idem-test:{}:", unique_namespace(case));
     let direct = match RedisStore::builder(url.as_str())
         .key_prefix(&prefix)

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use idem_core::testing::{Relay, RelayMode, service_addr, url_via};
+use idem_test_support::{Relay, RelayMode, service_addr, url_via};
 
 use crate::common::{Gateway, Upstream, new_key, read_message};
 use crate::shared::{on_shared, postgres, redis};
