@@ -237,7 +237,9 @@ async fn publisher_sets_nats_msg_id_so_jetstream_drops_the_republish() {
     let Some((_client, js)) = common::nats().await else {
         return;
     };
-    let stream = TestStream::create(&js, "publisher", Duration::from_secs(2), 5).await;
+    // Nothing here is redelivered on purpose: an ack wait a loaded machine's slow ack
+    // cannot overrun, so that no delivery counts twice.
+    let stream = TestStream::create(&js, "publisher", Duration::from_secs(30), 5).await;
     let publisher = Publisher::new(js.clone());
     let first = publisher
         .publish(stream.subject.clone(), "order-17", "alice 10".into())
@@ -275,7 +277,9 @@ async fn message_without_id_header_falls_back_to_stream_sequence() {
     let Some((_client, js)) = common::nats().await else {
         return;
     };
-    let stream = TestStream::create(&js, "fallback", Duration::from_secs(2), 5).await;
+    // Nothing here is redelivered on purpose: an ack wait a loaded machine's slow ack
+    // cannot overrun, so that no delivery counts twice.
+    let stream = TestStream::create(&js, "fallback", Duration::from_secs(30), 5).await;
     for payload in ["alice 1", "bob 2"] {
         js.publish(stream.subject.clone(), payload.into())
             .await

@@ -1,6 +1,7 @@
 //! The idem-core store contract (SPEC S10) against the live Redis server.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use idem_core::{ManualClock, Store};
 use idem_redis::RedisStore;
@@ -12,6 +13,9 @@ async fn store(clock: ManualClock, ns: String) -> Option<RedisStore> {
     match RedisStore::builder(url.as_str())
         .clock(Arc::new(clock))
         .key_prefix(format!("idem-test:{ns}:"))
+        // Five times the default response timeout, so that a loaded machine does not
+        // turn a slow answer into an outage.
+        .timeout(Duration::from_secs(5))
         .connect()
         .await
     {

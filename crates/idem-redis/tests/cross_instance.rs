@@ -59,6 +59,7 @@ fn two_processes_race_each_key_wins_exactly_once() {
     let verifier = match rt.block_on(
         RedisStore::builder(url.as_str())
             .key_prefix(&prefix)
+            .timeout(Duration::from_secs(5))
             .connect(),
     ) {
         Ok(store) => store,

@@ -28,6 +28,9 @@ async fn fixture(case: &str) -> Option<Fixture> {
     let store = match RedisStore::builder(url.as_str())
         .clock(Arc::new(clock.clone()))
         .key_prefix(format!("idem-test:{}:", unique_namespace(case)))
+        // Five times the default response timeout, so that a loaded machine does not
+        // turn a slow answer into an outage.
+        .timeout(Duration::from_secs(5))
         .connect()
         .await
     {

@@ -23,6 +23,9 @@ async fn script_reloads_are_counted_and_a_fence_is_no_failure() {
     let store = match RedisStore::builder(url.as_str())
         .clock(Arc::new(clock.clone()))
         .key_prefix(format!("idem-test:{}:", unique_namespace("scripts")))
+        // Five times the default response timeout, so that a loaded machine does not
+        // turn a slow answer into an outage.
+        .timeout(Duration::from_secs(5))
         .connect()
         .await
     {

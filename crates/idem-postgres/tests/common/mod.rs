@@ -29,9 +29,16 @@ pub async fn connect(options: PgStoreOptions, ns: &str) -> Option<TempStore> {
     }
 }
 
-/// A store on a fresh table, reading time from `clock`.
+/// A store on a fresh table, reading time from `clock`. Its timeouts are the
+/// defaults' several times over: a case that waits on a lock, or queues 64 callers for
+/// a few connections, still gets through on a loaded machine; none of these tests is
+/// about the timeouts themselves.
 pub async fn store_with_clock(clock: &ManualClock, ns: &str) -> Option<TempStore> {
-    connect(PgStore::options().clock(Arc::new(clock.clone())), ns).await
+    let options = PgStore::options()
+        .clock(Arc::new(clock.clone()))
+        .acquire_timeout(Duration::from_secs(10))
+        .operation_timeout(Duration::from_secs(30));
+    connect(options, ns).await
 }
 
 /// Drops its table (and its migration rows) when dropped, even when the test panics.
