@@ -5,8 +5,9 @@
 //!
 //! The store contract suite stays in `idem-core` (feature `testing`), beside the
 //! `Store` trait it checks, so a store crate needs only that feature to run it. This
-//! crate is never published; every crate in the workspace takes it as a
-//! dev-dependency.
+//! crate is never published; the crates whose tests need it take it as a
+//! dev-dependency. `idem-core` itself does not: this crate depends on it, and
+//! `idem-core`'s own unit tests would meet a second copy of its types here.
 //!
 //! ```no_run
 //! # async fn demo() {
