@@ -9,7 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_client::{Client, Error, KeyDeriver, ManualSleeper, RetryPolicy, Sleep};
 use idem_core::{ManualClock, SystemClock};
-use support::{ChargeApp, ConnFault, FaultProxy};
+use idem_test_support::{Fault, Relay};
+use support::ChargeApp;
 use tokio::sync::{Semaphore, watch};
 
 fn client_with(sleeper: impl Sleep) -> Client {
@@ -24,11 +25,12 @@ fn client_with(sleeper: impl Sleep) -> Client {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answer_lost_after_execution_is_retried_and_replayed_handler_ran_once() {
     let app = ChargeApp::start(false, Arc::new(SystemClock), Duration::from_secs(60)).await;
-    let proxy = FaultProxy::start(app.addr, [ConnFault::DropAfterUpstreamAnswers]).await;
+    let proxy = Relay::start(app.addr).await;
+    proxy.fault_next([Fault::LoseReply]);
     let sleeper = ManualSleeper::new(ManualClock::starting_now());
     let client = client_with(sleeper.clone());
     let op = client
-        .post(proxy.url("/v1/charges"))
+        .post(proxy.http_url("/v1/charges"))
         .json(&serde_json::json!({"amount": 1000}));
 
     let outcome = op.send().await.unwrap();

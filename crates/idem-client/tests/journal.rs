@@ -13,7 +13,8 @@ use std::time::Duration;
 use http::HeaderValue;
 use idem_client::{Client, EntryState, Error, Journal, ManualSleeper, RetryPolicy};
 use idem_core::{ManualClock, SystemClock, Timestamp};
-use support::{ChargeApp, ConnFault, FaultProxy, FaultServer, Reply};
+use idem_test_support::{Fault, Relay};
+use support::{ChargeApp, FaultServer, Reply};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -261,11 +262,12 @@ impl Drop for KillOnDrop {
 async fn killed_client_resumes_with_the_same_key_and_gets_the_replay() {
     let app = ChargeApp::start(false, Arc::new(SystemClock), Duration::from_secs(60)).await;
     // The first connection's answer never reaches the client: it waits until killed.
-    let proxy = FaultProxy::start(app.addr, [ConnFault::HoldAfterUpstreamAnswers]).await;
+    let proxy = Relay::start(app.addr).await;
+    proxy.fault_next([Fault::HoldReply]);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal.db");
     let bin = env!("CARGO_BIN_EXE_idem-client-journal");
-    let url = proxy.url("/v1/charges");
+    let url = proxy.http_url("/v1/charges");
 
     let mut child = KillOnDrop(
         Command::new(bin)
@@ -291,7 +293,7 @@ async fn killed_client_resumes_with_the_same_key_and_gets_the_replay() {
         .to_owned();
 
     // The server executed and answered; the child is still waiting for the answer.
-    proxy.wait_withheld(1).await;
+    proxy.wait_replies_lost(1).await;
     assert_eq!(app.runs(), 1);
     child.0.kill().await.unwrap();
     let status = child.0.wait().await.unwrap();

@@ -11,7 +11,8 @@ use idem_client::{
     Client, Error, Failure, GiveUp, ManualSleeper, RetryBudget, RetryPolicy, http_date,
 };
 use idem_core::{Clock, ManualClock, Timestamp};
-use support::{ConnFault, FaultProxy, FaultServer, Reply};
+use idem_test_support::{Fault, Relay};
+use support::{FaultServer, Reply};
 
 /// A client on a manual clock standing at a whole second (HTTP-dates have no
 /// fractions), with a sleeper that records waits and moves that clock.
@@ -343,9 +344,10 @@ async fn replayed_answer_is_reported_as_replayed() {
 #[tokio::test]
 async fn connection_closed_before_the_answer_is_retried() {
     let server = FaultServer::start([]).await;
-    let proxy = FaultProxy::start(server.addr, [ConnFault::CloseAtOnce]).await;
+    let proxy = Relay::start(server.addr).await;
+    proxy.fault_next([Fault::Close]);
     let (client, sleeper, _) = client(policy());
-    let op = client.post(proxy.url("/v1/charges")).body("x");
+    let op = client.post(proxy.http_url("/v1/charges")).body("x");
 
     let outcome = op.send().await.unwrap();
 
@@ -391,7 +393,9 @@ async fn refused_connections_stop_at_max_attempts() {
 #[tokio::test]
 async fn attempt_timeout_is_retried() {
     let server = FaultServer::start([Reply::Hang]).await;
-    let (client, _, _) = client(policy().attempt_timeout(Duration::from_millis(300)));
+    // Long enough that the second attempt, answered at once, gets its answer on a loaded
+    // machine.
+    let (client, _, _) = client(policy().attempt_timeout(Duration::from_secs(3)));
 
     let outcome = client.post(server.url("/")).send().await.unwrap();
 

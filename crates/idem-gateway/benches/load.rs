@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use idem_core::testing::cpu_time;
+use idem_test_support::cpu_time;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -329,10 +329,8 @@ fn main() {
     // (0,100,200) runs each in turn and ends with the ratios side by side.
     let works = upstream_works(&std::env::var("IDEM_LOAD_UPSTREAM_US").unwrap_or_default());
     rt.block_on(async move {
-        let pg = std::env::var("IDEM_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-        let redis = std::env::var("IDEM_TEST_REDIS_URL")
-            .unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let pg = idem_test_support::services::postgres_url();
+        let redis = idem_test_support::services::redis_url();
         let mut configs: Vec<(String, Vec<String>)> = vec![
             (
                 "pass-through".into(),

@@ -187,7 +187,9 @@ mod tests {
         let client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .build_http::<http_body_util::Full<Bytes>>();
-        let req = http::Request::post(format!("http://{addr}/v1/charges?delay_ms=300"))
+        // The charge takes far longer than the client waits, however late a loaded
+        // machine runs the client's timer.
+        let req = http::Request::post(format!("http://{addr}/v1/charges?delay_ms=2000"))
             .header("content-type", "application/json")
             .body(http_body_util::Full::new(Bytes::from_static(
                 b"{\"amount\":5}",

@@ -246,8 +246,9 @@ impl Forward for Deferred {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idem_core::testing::{figure, test_fingerprint, test_scope};
+    use idem_core::testing::{test_fingerprint, test_scope};
     use idem_core::{Reservation, ReserveRequest, Scope};
+    use idem_test_support::figure;
 
     #[tokio::test]
     async fn store_urls_select_their_store() {

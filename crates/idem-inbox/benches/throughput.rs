@@ -291,8 +291,7 @@ async fn sqlite_bench(js: Option<&async_nats::jetstream::Context>, n: usize) {
 }
 
 async fn pg_bench(js: Option<&async_nats::jetstream::Context>, n: usize) {
-    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let url = idem_test_support::services::postgres_url();
     let pool = match sqlx::postgres::PgPoolOptions::new()
         .max_connections(PG_CONCURRENCY as u32 + 2)
         .connect(&url)
@@ -379,8 +378,7 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let nats_url = std::env::var("IDEM_TEST_NATS_URL")
-            .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+        let nats_url = idem_test_support::services::nats_url();
         let js = match async_nats::connect(&nats_url).await {
             Ok(client) => Some(async_nats::jetstream::new(client)),
             Err(e) => {

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_inbox::{Error, Inbox, Outcome, RedisInbox};
+use idem_test_support::{Relay, WAIT, eventually, service_addr, url_via};
 use redis::aio::MultiplexedConnection;
 
 async fn inbox(case: &str) -> Option<RedisInbox<MultiplexedConnection>> {
@@ -151,9 +152,10 @@ async fn redis_slow_effects_keep_their_marker_past_the_lease() {
     let Some(inbox) = inbox("slow").await else {
         return;
     };
-    // Renewed every 500 ms; without renewals the marker would lapse at 1.5 s and the
-    // next delivery would run the effects a second time.
-    let lease = Duration::from_millis(1500);
+    // Renewed every second; without renewals the marker would lapse at 3 s and the
+    // next delivery would run the effects a second time. A renewal may come two
+    // seconds late, as on a loaded machine, and still keep it.
+    let lease = Duration::from_secs(3);
     let inbox = inbox.with_in_flight_lease(lease);
     let (release_tx, first) = hold_effects(&inbox, "m-slow", "charged").await;
     // Redeliveries for three leases' worth of Redis's own time all find it in flight.
@@ -178,22 +180,22 @@ async fn redis_slow_effects_keep_their_marker_past_the_lease() {
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the effects ran once");
 }
 
-/// Whether `key` is gone from Redis within `within` (it expired, or was released).
-async fn gone_within(
+/// Waits until `key` is gone from Redis (it expired, or was released); panics, saying
+/// `what`, when it is still there after `within`.
+async fn wait_gone(
     conn: &redis::aio::MultiplexedConnection,
     key: &str,
     within: Duration,
-) -> bool {
-    common::eventually(within, || {
+    what: &str,
+) {
+    eventually(what, within, async || {
         let mut conn = conn.clone();
-        async move {
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(key)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            !exists
-        }
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        !exists
     })
     .await
 }
@@ -205,7 +207,9 @@ async fn redis_lapsed_in_flight_marker_lets_redelivery_run_effects_again() {
     let Some(inbox) = inbox("lapse").await else {
         return;
     };
-    let inbox = inbox.with_in_flight_lease(Duration::from_millis(200));
+    // Long enough that the process below still finds the marker on a loaded machine.
+    let lease = Duration::from_secs(2);
+    let inbox = inbox.with_in_flight_lease(lease);
     let mut conn = common::redis_conn().await.unwrap();
     // A crashed consumer's marker: in flight, never finished.
     let key = inbox.marker_key("m-1");
@@ -213,7 +217,7 @@ async fn redis_lapsed_in_flight_marker_lets_redelivery_run_effects_again() {
         .arg(&key)
         .arg("in-flight:dead")
         .arg("PX")
-        .arg(200)
+        .arg(lease.as_millis() as u64)
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -223,7 +227,7 @@ async fn redis_lapsed_in_flight_marker_lets_redelivery_run_effects_again() {
         .await;
     assert!(matches!(r, Err(Error::InFlight { .. })), "{r:?}");
     // Redis expires keys on its own clock; wait past the lease, bounded.
-    assert!(gone_within(&conn, &key, Duration::from_secs(5)).await);
+    wait_gone(&conn, &key, lease + WAIT, "the marker lapsed").await;
     assert_eq!(count(&inbox, "m-1", &runs).await, Outcome::Processed(()));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -267,13 +271,13 @@ async fn redis_concurrent_deliveries_run_effects_once() {
 /// delivery runs the effects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_lost_reply_to_the_in_flight_mark_frees_the_message() {
-    let url = idem_core::testing::service_url(common::REDIS_ENV, common::REDIS_DEFAULT);
+    let url = common::redis_url();
     let Some(_) = common::redis_conn().await else {
         return;
     };
-    let target = idem_core::testing::service_addr(&url, 6379).await;
-    let relay = idem_core::testing::Relay::start(target).await;
-    let through = idem_core::testing::url_via(&url, relay.addr());
+    let target = service_addr(&url, 6379).await;
+    let relay = Relay::start(target).await;
+    let through = url_via(&url, relay.addr());
     let conn = redis::aio::ConnectionManager::new(redis::Client::open(through).unwrap())
         .await
         .unwrap();
@@ -298,8 +302,13 @@ async fn redis_lost_reply_to_the_in_flight_mark_frees_the_message() {
     // The in-flight lease is 60 s; without the release the message would wait that long.
     let mut direct = common::redis_conn().await.unwrap();
     let key = inbox.marker_key("m-lost-reply");
-    let freed = gone_within(&direct, &key, Duration::from_secs(10)).await;
-    assert!(freed, "the lost mark still holds the message");
+    wait_gone(
+        &direct,
+        &key,
+        Duration::from_secs(30),
+        "the lost mark no longer holds the message",
+    )
+    .await;
     assert_eq!(run().await.unwrap(), Outcome::Processed(()));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let _: () = redis::cmd("DEL")

@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_core::testing::{service_url, test_fingerprint, test_scope};
+use idem_core::testing::{test_fingerprint, test_scope};
 use idem_core::{FencingToken, Reservation, ReserveRequest, Store, StoredResponse};
 use idem_postgres::{PgStore, schema};
+use idem_test_support::services::postgres_url;
 
 const ROUNDS: usize = 3;
 const CALLERS: [usize; 2] = [1, 64];
@@ -31,10 +32,7 @@ fn main() {
 }
 
 async fn run() {
-    let url = service_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
+    let url = postgres_url();
     let secs: u64 = std::env::var("IDEM_BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -179,7 +179,8 @@ impl Statements {
 
 #[cfg(test)]
 mod tests {
-    use idem_core::testing::{service_unavailable, service_url, unique_namespace};
+    use idem_core::testing::unique_namespace;
+    use idem_test_support::{service_unavailable, service_url};
     use sqlx::AssertSqlSafe;
 
     use crate::{Error, PgStore, schema};

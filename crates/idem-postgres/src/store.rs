@@ -511,7 +511,8 @@ fn fenced_unless_one(rows: u64) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idem_core::testing::{service_unavailable, service_url, unique_namespace};
+    use idem_core::testing::unique_namespace;
+    use idem_test_support::{service_unavailable, service_url};
 
     /// The release of a reservation whose reply was lost deletes a first attempt, and
     /// never a takeover's record: that one lapses, so the next attempt still runs as a

@@ -3,8 +3,9 @@
 
 mod common;
 
-use idem_core::testing::{figure, unique_namespace};
+use idem_core::testing::unique_namespace;
 use idem_postgres::PgStore;
+use idem_test_support::figure;
 
 const METRIC: &str = "idem_postgres_commits_may_be_lost";
 
@@ -45,7 +46,10 @@ async fn the_store_says_when_the_server_may_lose_acknowledged_records() {
         .connect(&url)
         .await
         .expect("connect with session options");
-    let temp = temp.with_store(relaxed);
+    let temp = common::TempStore {
+        inner: relaxed,
+        ..temp
+    };
     let risk = temp.durability_risk().expect("a risk is reported");
     assert!(risk.synchronous_commit_off, "{risk:?}");
     assert_eq!(risk.fsync_off, fsync == "off");

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idem_core::testing::{figure, test_fingerprint, unique_namespace};
+use idem_core::testing::{test_fingerprint, unique_namespace};
 use idem_core::{
     Endpoint, Key, RecordState, Reservation, ReserveRequest, Scope, ScopeMode, Store,
     StoredResponse, Tenant,
 };
 use idem_postgres::PgStore;
+use idem_test_support::figure;
 use sqlx::Connection;
 
 const HANDOFFS: &str = "idem_postgres_connection_handoffs_total";
@@ -47,7 +48,7 @@ async fn connections_pass_from_operation_to_operation_under_load() {
     };
     let callers: Vec<_> = (0..CALLERS)
         .map(|c| {
-            let store = store.store.clone();
+            let store = store.inner.clone();
             tokio::spawn(async move {
                 for k in 0..KEYS_EACH {
                     execute(&store, &format!("k-{c}-{k}")).await;
@@ -101,14 +102,14 @@ async fn an_application_sharing_the_pool_is_served_under_load() {
     let ns = unique_namespace("handoff_app");
     let options = PgStore::options()
         .max_connections(2)
-        .acquire_timeout(Duration::from_secs(5));
+        .acquire_timeout(Duration::from_secs(10));
     let Some(store) = common::connect(options, &ns).await else {
         return;
     };
     let stop = Arc::new(AtomicBool::new(false));
     let callers: Vec<_> = (0..CALLERS)
         .map(|c| {
-            let (store, stop) = (store.store.clone(), stop.clone());
+            let (store, stop) = (store.inner.clone(), stop.clone());
             tokio::spawn(async move {
                 for k in 0..MAX_KEYS_EACH {
                     if stop.load(Ordering::Relaxed) {
@@ -154,9 +155,12 @@ async fn an_application_sharing_the_pool_is_served_under_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_a_connection_is_bounded_by_the_acquire_timeout() {
     let ns = unique_namespace("handoff_wait");
+    // The acquire timeout is long enough for the first reserve to get the one
+    // connection on a loaded machine, and far enough below the operation timeout that
+    // which of the two ended the wait is plain.
     let options = PgStore::options()
         .max_connections(1)
-        .acquire_timeout(Duration::from_millis(300))
+        .acquire_timeout(Duration::from_secs(3))
         .operation_timeout(Duration::from_secs(30));
     let Some(store) = common::connect(options, &ns).await else {
         return;
@@ -175,7 +179,7 @@ async fn waiting_for_a_connection_is_bounded_by_the_acquire_timeout() {
     .await
     .unwrap();
     let blocked = tokio::spawn({
-        let store = store.store.clone();
+        let store = store.inner.clone();
         async move { execute(&store, "first").await }
     });
     while (figure(&*store, "idem_postgres_pool_idle_connections") != 0
@@ -199,7 +203,7 @@ async fn waiting_for_a_connection_is_bounded_by_the_acquire_timeout() {
     );
     assert!(
         elapsed < Duration::from_secs(10),
-        "gave up after {elapsed:?}, not within the 300 ms acquire timeout"
+        "gave up after {elapsed:?}, not within the 3 s acquire timeout"
     );
 
     sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();

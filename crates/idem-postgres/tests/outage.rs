@@ -2,7 +2,7 @@
 //! `StoreError::Unavailable`, never a reservation, and the store serves again once the
 //! server is back.
 //!
-//! The tests put a relay ([`idem_core::testing::Relay`]) between the store and the
+//! The tests put a relay ([`idem_test_support::Relay`]) between the store and the
 //! server and break it, so the server itself is never disturbed.
 
 mod common;
@@ -11,11 +11,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::testing::{
-    Relay, RelayMode, service_addr, test_fingerprint, test_scope, unique_namespace, url_via,
-};
+use idem_core::testing::{test_fingerprint, test_scope, unique_namespace};
 use idem_core::{ManualClock, Reservation, ReserveRequest, Store, StoreError, StoredResponse};
 use idem_postgres::{Error, PgStore};
+use idem_test_support::{Relay, RelayMode, service_addr, url_via};
 use tokio::task::JoinSet;
 
 /// A relay to the test server.
@@ -23,7 +22,8 @@ async fn relay() -> Relay {
     Relay::start(service_addr(&common::pg_url(), 5432).await).await
 }
 
-/// A store through `relay` on its own table, with short timeouts.
+/// A store through `relay` on its own table, with timeouts short enough that an outage
+/// fails fast and long enough that a loaded machine's round trips stay within them.
 async fn store_via(relay: &Relay, clock: &ManualClock, ns: &str) -> Option<common::TempStore> {
     // Create the table directly, so that the relayed store starts on a migrated table
     // and the table is dropped at the end whatever the relay's state.
@@ -31,14 +31,17 @@ async fn store_via(relay: &Relay, clock: &ManualClock, ns: &str) -> Option<commo
     let via = PgStore::options()
         .table(direct.table())
         .clock(Arc::new(clock.clone()))
-        .acquire_timeout(Duration::from_millis(500))
-        .operation_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(3))
+        .operation_timeout(Duration::from_secs(5))
         .max_connections(4)
         .migrate(false)
         .connect(&url_via(&common::pg_url(), relay.addr()))
         .await
         .expect("connect through the relay");
-    Some(direct.with_store(via))
+    Some(common::TempStore {
+        inner: via,
+        ..direct
+    })
 }
 
 fn request(key: &str) -> ReserveRequest {
@@ -237,7 +240,7 @@ async fn a_reserve_whose_reply_was_lost_does_not_hold_its_key() {
     assert_eq!(relay.replies_lost(), 1);
 
     // The default lease is 60 s; without the release the key would be held that long.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while direct.get(&req.scope).await.expect("get").is_some() {
         assert!(
             std::time::Instant::now() < deadline,

@@ -236,11 +236,11 @@ async fn retry_during_open_transaction_waits_and_never_acquires() {
     // A retry arriving before the commit must not see a half-done record: its insert
     // waits on the row the transaction locked.
     let retry = {
-        let store = store.store.clone();
+        let store = store.inner.clone();
         let req = req.clone();
         tokio::spawn(async move { store.reserve(&req).await })
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity \

@@ -209,7 +209,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into());
+    let url = idem_test_support::services::redis_url();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let prefix = format!("idem-bench:{}:", unique_namespace("reserve_complete"));

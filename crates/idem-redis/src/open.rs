@@ -53,7 +53,8 @@ fn classify(url: &str, e: RedisError) -> OpenError {
 mod tests {
     use idem_core::Store;
     use idem_core::open::checks;
-    use idem_core::testing::{service_unavailable, service_url, unique_namespace};
+    use idem_core::testing::unique_namespace;
+    use idem_test_support::{service_unavailable, service_url};
 
     use super::*;
 

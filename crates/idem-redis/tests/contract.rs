@@ -1,16 +1,21 @@
 //! The idem-core store contract (SPEC S10) against the live Redis server.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use idem_core::testing::{service_unavailable, service_url};
 use idem_core::{ManualClock, Store};
 use idem_redis::RedisStore;
+use idem_test_support::service_unavailable;
+use idem_test_support::services::redis_url;
 
 async fn store(clock: ManualClock, ns: String) -> Option<RedisStore> {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = redis_url();
     match RedisStore::builder(url.as_str())
         .clock(Arc::new(clock))
         .key_prefix(format!("idem-test:{ns}:"))
+        // Five times the default response timeout, so that a loaded machine does not
+        // turn a slow answer into an outage.
+        .timeout(Duration::from_secs(5))
         .connect()
         .await
     {
@@ -43,7 +48,7 @@ async fn secrets_are_shared_by_instances_and_survive_reconnecting() {
     let c = store(clock, ns).await.expect("third store");
     assert_eq!(c.init_secret(name, &[3; 32]).await.unwrap(), from_a);
 
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = redis_url();
     let mut conn = redis::Client::open(url.as_str())
         .unwrap()
         .get_multiplexed_async_connection()

@@ -13,22 +13,20 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use idem_core::testing::{service_unavailable, service_url, test_fingerprint, unique_namespace};
+use idem_core::testing::{test_fingerprint, unique_namespace};
 use idem_core::{
     Endpoint, Key, RecordState, Reservation, ReserveRequest, Scope, ScopeMode, Store,
     StoredResponse, Tenant,
 };
 use idem_redis::RedisStore;
+use idem_test_support::service_unavailable;
+use idem_test_support::services::redis_url;
 
 const KEYS: usize = 1_000;
 const PROCESSES: usize = 2;
 const DUPLICATES_PER_PROCESS: usize = 4;
 /// How long the parent waits for any one line from a child before it gives up.
 const CHILD_DEADLINE: Duration = Duration::from_secs(120);
-
-fn redis_url() -> String {
-    service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-}
 
 fn scope(tenant: &str, i: usize) -> Scope {
     Scope::new(
@@ -61,6 +59,7 @@ fn two_processes_race_each_key_wins_exactly_once() {
     let verifier = match rt.block_on(
         RedisStore::builder(url.as_str())
             .key_prefix(&prefix)
+            .timeout(Duration::from_secs(5))
             .connect(),
     ) {
         Ok(store) => store,

@@ -3,8 +3,9 @@
 //! them back afterwards, panic or not; it is the only test in this binary, so no other
 //! test of the crate runs while they are changed.
 
-use idem_core::testing::{figure, service_unavailable, service_url};
 use idem_redis::RedisStore;
+use idem_test_support::services::redis_url;
+use idem_test_support::{figure, service_unavailable};
 use redis::aio::ConnectionManager;
 
 /// Puts `maxmemory` and `maxmemory-policy` back as they were when dropped.
@@ -60,7 +61,7 @@ async fn config_set(raw: &mut ConnectionManager, name: &str, value: &str) {
 
 #[tokio::test]
 async fn the_store_says_when_the_server_may_evict_its_records() {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = redis_url();
     let client = redis::Client::open(url.as_str()).expect("a Redis URL");
     let mut raw = match ConnectionManager::new(client).await {
         Ok(raw) => raw,

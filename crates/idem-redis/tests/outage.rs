@@ -2,7 +2,7 @@
 //! `StoreError::Unavailable`, never with a reservation the server did not record, and
 //! operations work again once it is back.
 //!
-//! The outage is made by a relay ([`idem_core::testing::Relay`]) that stands between the
+//! The outage is made by a relay ([`idem_test_support::Relay`]) that stands between the
 //! store and the machine's Redis: `Refuse` closes its port and every relayed connection,
 //! `Stall` accepts and passes nothing on. The Redis server itself is never touched.
 
@@ -10,14 +10,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_core::testing::{
-    Relay, RelayMode, figure, service_addr, service_unavailable, service_url, test_fingerprint,
-    test_scope, unique_namespace, url_via,
-};
+use idem_core::testing::{test_fingerprint, test_scope, unique_namespace};
 use idem_core::{
     Lease, RecordState, Reservation, ReserveRequest, Store, StoreError, StoredResponse,
 };
 use idem_redis::RedisStore;
+use idem_test_support::services::redis_url;
+use idem_test_support::{
+    Relay, RelayMode, WAIT, eventually, figure, service_addr, service_unavailable, url_via,
+};
 
 /// Guards each operation against hanging: far above the store's own timeouts.
 const HANG_GUARD: Duration = Duration::from_secs(15);
@@ -25,10 +26,11 @@ const HANG_GUARD: Duration = Duration::from_secs(15);
 /// A store through a fresh relay, and a direct one with the same prefix to inspect
 /// what Redis really holds. `None` when Redis is unreachable (the skip is reported).
 async fn setup(case: &str) -> Option<(Relay, RedisStore, RedisStore)> {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = redis_url();
     let prefix = format!("idem-test:{}:", unique_namespace(case));
     let direct = match RedisStore::builder(url.as_str())
         .key_prefix(&prefix)
+        .timeout(Duration::from_secs(5))
         .connect()
         .await
     {
@@ -37,8 +39,11 @@ async fn setup(case: &str) -> Option<(Relay, RedisStore, RedisStore)> {
     };
     let upstream = service_addr(&url, 6379).await;
     let relay = Relay::start(upstream).await;
+    // Three times the default timeout: a stall still fails each operation well within
+    // the hang guard, and a loaded machine's answers still come in time.
     let proxied = RedisStore::builder(url_via(&url, relay.addr()))
         .key_prefix(&prefix)
+        .timeout(Duration::from_secs(3))
         .connect()
         .await
         .expect("connect through the relay");
@@ -69,13 +74,10 @@ async fn acquire(store: &RedisStore, req: &ReserveRequest) -> Lease {
 
 /// Waits (bounded) for the reconnecting store to answer again.
 async fn until_back(store: &RedisStore) {
-    for _ in 0..100 {
-        if store.ping().await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the store did not reconnect after the outage ended");
+    eventually("the store reconnected after the outage", WAIT, async || {
+        store.ping().await.is_ok()
+    })
+    .await;
 }
 
 /// Every operation, while the relay is in `mode`, fails Unavailable; returns the
@@ -277,7 +279,7 @@ async fn a_reserve_whose_reply_was_lost_does_not_hold_its_key() {
     assert_eq!(relay.replies_lost(), 1, "the SET's reply was the one lost");
 
     // The default lease is 60 s; without the release the key would be held that long.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while direct.get(&req.scope).await.expect("get").is_some() {
         assert!(
             Instant::now() < deadline,

@@ -6,14 +6,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::testing::{
-    service_unavailable, service_url, test_fingerprint, test_scope, unique_namespace,
-};
+use idem_core::testing::{test_fingerprint, test_scope, unique_namespace};
 use idem_core::{
     Clock, Endpoint, FencingToken, Key, Lease, ManualClock, RecordState, Reservation,
     ReserveRequest, Scope, ScopeMode, Store, StoreError, StoredResponse, Tenant,
 };
 use idem_redis::{DEFAULT_TTL_GRACE, RedisStore};
+use idem_test_support::service_unavailable;
+use idem_test_support::services::redis_url;
 use redis::aio::ConnectionManager;
 
 struct Fixture {
@@ -23,11 +23,14 @@ struct Fixture {
 }
 
 async fn fixture(case: &str) -> Option<Fixture> {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = redis_url();
     let clock = ManualClock::starting_now();
     let store = match RedisStore::builder(url.as_str())
         .clock(Arc::new(clock.clone()))
         .key_prefix(format!("idem-test:{}:", unique_namespace(case)))
+        // Five times the default response timeout, so that a loaded machine does not
+        // turn a slow answer into an outage.
+        .timeout(Duration::from_secs(5))
         .connect()
         .await
     {

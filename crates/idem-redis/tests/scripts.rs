@@ -8,21 +8,24 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::testing::{
-    figure, service_unavailable, service_url, test_fingerprint, test_scope, unique_namespace,
-};
+use idem_core::testing::{test_fingerprint, test_scope, unique_namespace};
 use idem_core::{ManualClock, Reservation, ReserveRequest, Store, StoreError, StoredResponse};
 use idem_redis::RedisStore;
+use idem_test_support::services::redis_url;
+use idem_test_support::{figure, service_unavailable};
 
 /// A script that Redis forgot (`SCRIPT FLUSH`) and the store loaded again is counted
 /// once; a completion refused by the fence is no failed command.
 #[tokio::test]
 async fn script_reloads_are_counted_and_a_fence_is_no_failure() {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = redis_url();
     let clock = ManualClock::starting_now();
     let store = match RedisStore::builder(url.as_str())
         .clock(Arc::new(clock.clone()))
         .key_prefix(format!("idem-test:{}:", unique_namespace("scripts")))
+        // Five times the default response timeout, so that a loaded machine does not
+        // turn a slow answer into an outage.
+        .timeout(Duration::from_secs(5))
         .connect()
         .await
     {

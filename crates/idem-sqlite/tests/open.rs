@@ -4,12 +4,13 @@
 use std::sync::Arc;
 
 use idem_core::codec::encode_headers;
-use idem_core::testing::{figure, test_fingerprint};
+use idem_core::testing::test_fingerprint;
 use idem_core::{
     Endpoint, Key, ManualClock, Reservation, ReserveRequest, Scope, ScopeMode, Store, StoreError,
     StoredResponse, Tenant,
 };
 use idem_sqlite::{Error, SqliteStore};
+use idem_test_support::figure;
 use sqlx::Row;
 
 fn db_url(dir: &tempfile::TempDir, name: &str) -> String {

@@ -469,8 +469,9 @@ async fn wal_starts_over_while_writes_never_pause() {
         })
         .collect();
 
-    // Bounded: without restarts the WAL grows by some 80 MB a second here.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    // Bounded: without restarts the WAL grows by some 80 MB a second here, and by far
+    // less on a loaded machine, which the bound leaves time for.
+    let deadline = Instant::now() + Duration::from_secs(60);
     let first = loop {
         if let Some(seq) = wal_sequence(&wal) {
             break seq;
@@ -487,7 +488,7 @@ async fn wal_starts_over_while_writes_never_pause() {
         }
         assert!(
             Instant::now() < deadline,
-            "the WAL started over {} times in 20 s of writes ({} records, WAL {largest} bytes)",
+            "the WAL started over {} times in 60 s of writes ({} records, WAL {largest} bytes)",
             seq.wrapping_sub(first),
             written.load(Ordering::Relaxed),
         );

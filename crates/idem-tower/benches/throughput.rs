@@ -29,9 +29,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idem_core::testing::cpu_time;
 use idem_core::{MemoryStore, Store};
 use idem_sqlite::SqliteStore;
+use idem_test_support::cpu_time;
 use idem_tower::IdempotencyLayer;
 use tower::ServiceExt;
 

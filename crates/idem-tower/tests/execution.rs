@@ -11,9 +11,10 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use idem_core::{
-    Endpoint, Key, Lease, MemoryStore, Record, RecordState, Reservation, ReserveRequest, Scope,
-    ScopeMode, Store, StoredResponse, Tenant,
+    Endpoint, Key, MemoryStore, RecordState, Reservation, ReserveRequest, Scope, ScopeMode, Store,
+    Tenant,
 };
+use idem_test_support::{HookedStore, StoreHooks};
 use idem_tower::{IdempotencyBody, IdempotencyLayer};
 use tokio::sync::{Notify, Semaphore};
 use tower::{Layer, Service, ServiceExt};
@@ -137,36 +138,12 @@ async fn panic_in_call_is_recorded_as_500() {
 }
 
 /// A store with a bug: `reserve` panics.
-struct PanicsOnReserve(MemoryStore);
+struct PanicsOnReserve;
 
 #[async_trait]
-impl Store for PanicsOnReserve {
-    async fn reserve(&self, _: &ReserveRequest) -> idem_core::Result<Reservation> {
+impl StoreHooks<MemoryStore> for PanicsOnReserve {
+    async fn reserve(&self, _: &MemoryStore, _: &ReserveRequest) -> idem_core::Result<Reservation> {
         panic!("the store has a bug");
-    }
-    async fn complete(&self, l: &Lease, r: &StoredResponse) -> idem_core::Result<()> {
-        self.0.complete(l, r).await
-    }
-    async fn renew(&self, l: &Lease, d: std::time::Duration) -> idem_core::Result<()> {
-        self.0.renew(l, d).await
-    }
-    async fn release(&self, l: &Lease) -> idem_core::Result<()> {
-        self.0.release(l).await
-    }
-    async fn get(&self, s: &Scope) -> idem_core::Result<Option<Record>> {
-        self.0.get(s).await
-    }
-    async fn remove(&self, s: &Scope) -> idem_core::Result<bool> {
-        self.0.remove(s).await
-    }
-    async fn purge_expired(&self, n: usize) -> idem_core::Result<usize> {
-        self.0.purge_expired(n).await
-    }
-    async fn ping(&self) -> idem_core::Result<()> {
-        self.0.ping().await
-    }
-    async fn init_secret(&self, name: &str, candidate: &[u8]) -> idem_core::Result<Vec<u8>> {
-        self.0.init_secret(name, candidate).await
     }
 }
 
@@ -180,7 +157,7 @@ async fn store_panic_is_500_and_ends_the_execution() {
             std::future::ready(Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()))))
         }
     });
-    let layer = IdempotencyLayer::new(PanicsOnReserve(MemoryStore::new()));
+    let layer = IdempotencyLayer::new(HookedStore::new(MemoryStore::new(), PanicsOnReserve));
     let in_flight = layer.in_flight();
     let response = layer.layer(handler).oneshot(charge("k-bug")).await.unwrap();
     assert_eq!(response.status(), 500);

@@ -15,9 +15,11 @@ use idem_core::{
     FingerprintOptions, Lease, ManualClock, MemoryStore, Record, RecordState, Reservation,
     ReserveRequest, Result, Scope, ScopeMode, Store, StoreError, StoredResponse,
 };
+use idem_test_support::{HookedStore, StoreHooks};
+use idem_test_support::{WAIT, eventually};
 use idem_tower::{Observer, Outcome, ReleaseStatuses, RouteConfig};
 use sha2::{Digest, Sha256};
-use support::{App, Counters, StoreKind, eventually, eventually_async, json_fingerprint, scope};
+use support::{App, Counters, StoreKind, json_fingerprint, scope};
 
 const ORDER: &str = r#"{"sku":"tea","qty":2,"amount":100}"#;
 
@@ -490,7 +492,7 @@ async fn in_progress_is_409_with_retry_after(kind: StoreKind) {
         let app = app.clone();
         async move { app.post("/slow").key("k-busy").json("{}").send().await }
     });
-    eventually("the slow handler started", || {
+    eventually("the slow handler started", WAIT, async || {
         count(&app.counters.slow_started) == 1
     })
     .await;
@@ -1101,13 +1103,13 @@ async fn client_disconnect_does_not_cancel_handler(kind: StoreKind) {
     tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes())
         .await
         .unwrap();
-    eventually("the slow handler started", || {
+    eventually("the slow handler started", WAIT, async || {
         count(&app.counters.slow_started) == 1
     })
     .await;
     drop(stream);
     // The server noticed: the request's future outside the layer was dropped.
-    eventually("the server dropped the request", || {
+    eventually("the server dropped the request", WAIT, async || {
         count(&app.counters.cancelled) == 1
     })
     .await;
@@ -1142,7 +1144,7 @@ async fn heartbeat_renews_lease_while_handler_runs(kind: StoreKind) {
         let app = app.clone();
         async move { app.post("/slow").key("k-beat").json("{}").send().await }
     });
-    eventually("the slow handler started", || {
+    eventually("the slow handler started", WAIT, async || {
         count(&app.counters.slow_started) == 1
     })
     .await;
@@ -1150,13 +1152,10 @@ async fn heartbeat_renews_lease_while_handler_runs(kind: StoreKind) {
     for _ in 0..4 {
         app.clock.advance(Duration::from_millis(250));
         let now = idem_core::Clock::now(&app.clock);
-        eventually_async("the lease was renewed", || {
-            let (store, scope) = (app.store.clone(), scope.clone());
-            async move {
-                match store.get(&scope).await.unwrap().map(|r| r.state) {
-                    Some(RecordState::InProgress { lease_until }) => lease_until >= now.plus(lease),
-                    other => panic!("{other:?}"),
-                }
+        eventually("the lease was renewed", WAIT, async || {
+            match app.store.get(&scope).await.unwrap().map(|r| r.state) {
+                Some(RecordState::InProgress { lease_until }) => lease_until >= now.plus(lease),
+                other => panic!("{other:?}"),
             }
         })
         .await;
@@ -1185,7 +1184,7 @@ async fn stale_attempt_cannot_overwrite_takeover(kind: StoreKind) {
         let app = app.clone();
         async move { app.post("/slow").key("k-stale").json("{}").send().await }
     });
-    eventually("the slow handler started", || {
+    eventually("the slow handler started", WAIT, async || {
         count(&app.counters.slow_started) == 1
     })
     .await;
@@ -1194,14 +1193,14 @@ async fn stale_attempt_cannot_overwrite_takeover(kind: StoreKind) {
         let app = app.clone();
         async move { app.post("/slow").key("k-stale").json("{}").send().await }
     });
-    eventually("the takeover started", || {
+    eventually("the takeover started", WAIT, async || {
         count(&app.counters.slow_started) == 2
     })
     .await;
     // The gate is first come, first served: the stalled attempt finishes first and its
     // completion is fenced; then the takeover completes.
     app.open_gate(1);
-    eventually("one handler finished", || {
+    eventually("one handler finished", WAIT, async || {
         count(&app.counters.slow_finished) == 1
     })
     .await;
@@ -1238,7 +1237,6 @@ async fn stale_attempt_cannot_overwrite_takeover(kind: StoreKind) {
 /// A memory store with failures on demand: the first n `complete`s or `release`s
 /// fail, as a store that went down while the handler ran, or whose connection blipped.
 struct Flaky {
-    inner: MemoryStore,
     /// How many more `complete`s fail.
     complete_failures: AtomicUsize,
     /// How many more `release`s fail.
@@ -1246,24 +1244,24 @@ struct Flaky {
 }
 
 impl Flaky {
-    fn complete_fails(inner: MemoryStore) -> Flaky {
+    fn complete_fails(inner: MemoryStore) -> HookedStore<MemoryStore, Flaky> {
         Flaky::first_completes_fail(inner, usize::MAX)
     }
 
-    fn first_completes_fail(inner: MemoryStore, n: usize) -> Flaky {
-        Flaky {
-            inner,
+    fn first_completes_fail(inner: MemoryStore, n: usize) -> HookedStore<MemoryStore, Flaky> {
+        let hooks = Flaky {
             complete_failures: AtomicUsize::new(n),
             release_failures: AtomicUsize::new(0),
-        }
+        };
+        HookedStore::new(inner, hooks)
     }
 
-    fn first_releases_fail(inner: MemoryStore, n: usize) -> Flaky {
-        Flaky {
-            inner,
+    fn first_releases_fail(inner: MemoryStore, n: usize) -> HookedStore<MemoryStore, Flaky> {
+        let hooks = Flaky {
             complete_failures: AtomicUsize::new(0),
             release_failures: AtomicUsize::new(n),
-        }
+        };
+        HookedStore::new(inner, hooks)
     }
 }
 
@@ -1275,39 +1273,18 @@ fn fails(remaining: &AtomicUsize) -> bool {
 }
 
 #[async_trait]
-impl Store for Flaky {
-    async fn reserve(&self, r: &ReserveRequest) -> Result<Reservation> {
-        self.inner.reserve(r).await
-    }
-    async fn complete(&self, l: &Lease, r: &StoredResponse) -> Result<()> {
+impl StoreHooks<MemoryStore> for Flaky {
+    async fn complete(&self, inner: &MemoryStore, l: &Lease, r: &StoredResponse) -> Result<()> {
         if fails(&self.complete_failures) {
             return down();
         }
-        self.inner.complete(l, r).await
+        inner.complete(l, r).await
     }
-    async fn renew(&self, l: &Lease, d: Duration) -> Result<()> {
-        self.inner.renew(l, d).await
-    }
-    async fn release(&self, l: &Lease) -> Result<()> {
+    async fn release(&self, inner: &MemoryStore, l: &Lease) -> Result<()> {
         if fails(&self.release_failures) {
             return down();
         }
-        self.inner.release(l).await
-    }
-    async fn get(&self, s: &Scope) -> Result<Option<Record>> {
-        self.inner.get(s).await
-    }
-    async fn remove(&self, s: &Scope) -> Result<bool> {
-        self.inner.remove(s).await
-    }
-    async fn purge_expired(&self, n: usize) -> Result<usize> {
-        self.inner.purge_expired(n).await
-    }
-    async fn ping(&self) -> Result<()> {
-        self.inner.ping().await
-    }
-    async fn init_secret(&self, name: &str, candidate: &[u8]) -> Result<Vec<u8>> {
-        self.inner.init_secret(name, candidate).await
+        inner.release(l).await
     }
 }
 

@@ -198,7 +198,7 @@ async fn without_override_headers_the_method_line_decides() {
 
 /// `Idempotency_Key` is `Idempotency-Key` to CGI and WSGI servers: a keyed request
 /// carrying it, with or without the real header, is refused before anything runs, as
-/// is a tenant header so spelt. Unkeyed requests pass through as before.
+/// is a tenant header so spelt. Unkeyed requests pass through untouched.
 #[tokio::test]
 async fn underscore_spellings_of_key_and_tenant_headers_are_400() {
     let (svc, runs) = echo(|l| {

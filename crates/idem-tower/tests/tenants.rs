@@ -12,9 +12,10 @@ use bytes::Bytes;
 use http::{HeaderName, Request, Response};
 use http_body_util::{BodyExt, Full};
 use idem_core::{
-    Endpoint, Key, Lease, MemoryStore, Record, Reservation, ReserveRequest, Scope, ScopeMode,
-    Store, StoreError, StoredResponse, TENANT_PREFIX, Tenant, TenantKey,
+    Endpoint, Key, MemoryStore, Scope, ScopeMode, Store, StoreError, TENANT_PREFIX, Tenant,
+    TenantKey,
 };
+use idem_test_support::{HookedStore, StoreHooks};
 use idem_tower::{IdempotencyBody, IdempotencyLayer};
 use tower::{Layer, Service, ServiceExt};
 
@@ -179,43 +180,26 @@ async fn require_tenant_refuses_keyed_requests_without_one() {
 
 /// A store that answers everything but the secret, which it cannot reach until told.
 struct NoSecretYet {
-    inner: MemoryStore,
     reachable: std::sync::atomic::AtomicBool,
     asked: AtomicUsize,
 }
 
 #[async_trait]
-impl Store for NoSecretYet {
-    async fn reserve(&self, r: &ReserveRequest) -> idem_core::Result<Reservation> {
-        self.inner.reserve(r).await
-    }
-    async fn complete(&self, l: &Lease, r: &StoredResponse) -> idem_core::Result<()> {
-        self.inner.complete(l, r).await
-    }
-    async fn renew(&self, l: &Lease, d: Duration) -> idem_core::Result<()> {
-        self.inner.renew(l, d).await
-    }
-    async fn release(&self, l: &Lease) -> idem_core::Result<()> {
-        self.inner.release(l).await
-    }
-    async fn get(&self, s: &Scope) -> idem_core::Result<Option<Record>> {
-        self.inner.get(s).await
-    }
-    async fn remove(&self, s: &Scope) -> idem_core::Result<bool> {
-        self.inner.remove(s).await
-    }
-    async fn purge_expired(&self, limit: usize) -> idem_core::Result<usize> {
-        self.inner.purge_expired(limit).await
-    }
-    async fn ping(&self) -> idem_core::Result<()> {
+impl StoreHooks<MemoryStore> for NoSecretYet {
+    async fn ping(&self, _: &MemoryStore) -> idem_core::Result<()> {
         Ok(())
     }
-    async fn init_secret(&self, name: &str, candidate: &[u8]) -> idem_core::Result<Vec<u8>> {
+    async fn init_secret(
+        &self,
+        inner: &MemoryStore,
+        name: &str,
+        candidate: &[u8],
+    ) -> idem_core::Result<Vec<u8>> {
         self.asked.fetch_add(1, Ordering::SeqCst);
         if !self.reachable.load(Ordering::SeqCst) {
             return Err(StoreError::unavailable("not yet"));
         }
-        self.inner.init_secret(name, candidate).await
+        inner.init_secret(name, candidate).await
     }
 }
 
@@ -224,11 +208,13 @@ impl Store for NoSecretYet {
 /// and serves.
 #[tokio::test]
 async fn no_secret_means_nothing_is_scoped_and_it_is_fetched_once() {
-    let store = Arc::new(NoSecretYet {
-        inner: MemoryStore::new(),
-        reachable: false.into(),
-        asked: AtomicUsize::new(0),
-    });
+    let store = Arc::new(HookedStore::new(
+        MemoryStore::new(),
+        NoSecretYet {
+            reachable: false.into(),
+            asked: AtomicUsize::new(0),
+        },
+    ));
     let runs = Arc::new(AtomicUsize::new(0));
     let mut svc = IdempotencyLayer::from_arc(store.clone()).layer(counting(&runs));
     let auth = [("authorization", "Bearer sk_1")];
@@ -238,13 +224,13 @@ async fn no_secret_means_nothing_is_scoped_and_it_is_fetched_once() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     assert!(store.inner.is_empty());
 
-    store.reachable.store(true, Ordering::SeqCst);
+    store.hooks.reachable.store(true, Ordering::SeqCst);
     for _ in 0..3 {
         assert_eq!(send(&mut svc, charge("k-5", &auth)).await.0, 201);
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the retries replay");
     assert_eq!(
-        store.asked.load(Ordering::SeqCst),
+        store.hooks.asked.load(Ordering::SeqCst),
         2,
         "fetched once it answered"
     );

@@ -3,12 +3,14 @@
 
 use std::time::Duration;
 
-use idem_core::testing::{service_unavailable, service_url, unique_namespace};
+use idem_core::testing::unique_namespace;
+use idem_test_support::service_unavailable;
+use idem_test_support::services::nats_url;
 use points_consumer::{Credit, Ledger, Names, credit_handler, ensure_stream, publish};
 
 #[tokio::test]
 async fn credits_published_twice_are_applied_once() {
-    let url = service_url("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222");
+    let url = nats_url();
     let client = match async_nats::connect(&url).await {
         Ok(c) => c,
         Err(e) => return service_unavailable("NATS", &url, &e).unwrap_or(()),

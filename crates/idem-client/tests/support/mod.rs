@@ -1,6 +1,7 @@
 //! Servers for the client's tests, all on 127.0.0.1 with port 0: a scripted HTTP
-//! server that answers each request with the next fault of its script, and a TCP proxy
-//! that breaks chosen connections.
+//! server that answers each request with the next fault of its script, and a payments
+//! API behind the real layer. The proxy that breaks chosen connections is
+//! `idem_test_support::Relay`.
 
 #![allow(dead_code)] // Each test binary uses its own part of this module.
 
@@ -13,8 +14,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// One scripted answer.
@@ -131,132 +131,6 @@ async fn answer(State(state): State<Arc<ServerState>>, request: Request) -> Resp
             b.body(Body::from(body)).unwrap()
         }
         Reply::Hang => std::future::pending().await,
-    }
-}
-
-/// What the proxy does with one client connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConnFault {
-    /// Forward both ways.
-    Pass,
-    /// Close the client's connection at once, before anything reaches the server.
-    CloseAtOnce,
-    /// Forward the request; when the server's answer starts to arrive, close both
-    /// connections without forwarding it: the server executed, the client got nothing.
-    DropAfterUpstreamAnswers,
-    /// Forward the request; swallow the server's answer and keep the client waiting.
-    HoldAfterUpstreamAnswers,
-}
-
-/// A TCP proxy in front of `upstream`; connection n gets the n-th fault, later ones
-/// [`ConnFault::Pass`].
-pub struct FaultProxy {
-    pub addr: SocketAddr,
-    faults: Arc<Mutex<VecDeque<ConnFault>>>,
-    answered: watch::Receiver<usize>,
-    connections: Arc<AtomicUsize>,
-    _task: AbortOnDrop,
-}
-
-impl FaultProxy {
-    pub async fn start(
-        upstream: SocketAddr,
-        faults: impl IntoIterator<Item = ConnFault>,
-    ) -> FaultProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let faults = Arc::new(Mutex::new(faults.into_iter().collect::<VecDeque<_>>()));
-        let (answered_tx, answered) = watch::channel(0usize);
-        let answered_tx = Arc::new(answered_tx);
-        let connections = Arc::new(AtomicUsize::new(0));
-        let task = {
-            let faults = faults.clone();
-            let connections = connections.clone();
-            tokio::spawn(async move {
-                // Connection tasks live in this set, so they end with the proxy.
-                let mut tasks = tokio::task::JoinSet::new();
-                loop {
-                    let Ok((client, _)) = listener.accept().await else {
-                        continue;
-                    };
-                    connections.fetch_add(1, Ordering::SeqCst);
-                    let fault = faults
-                        .lock()
-                        .unwrap()
-                        .pop_front()
-                        .unwrap_or(ConnFault::Pass);
-                    let answered_tx = answered_tx.clone();
-                    tasks.spawn(handle(client, upstream, fault, answered_tx));
-                }
-            })
-        };
-        FaultProxy {
-            addr,
-            faults,
-            answered,
-            connections,
-            _task: AbortOnDrop(task),
-        }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    /// Client connections accepted so far.
-    pub fn connections(&self) -> usize {
-        self.connections.load(Ordering::SeqCst)
-    }
-
-    /// Waits until the server has answered `n` requests that the proxy withheld.
-    pub async fn wait_withheld(&self, n: usize) {
-        let mut rx = self.answered.clone();
-        tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|c| *c >= n))
-            .await
-            .expect("the server never answered through the proxy")
-            .unwrap();
-    }
-}
-
-async fn handle(
-    mut client: TcpStream,
-    upstream: SocketAddr,
-    fault: ConnFault,
-    answered: Arc<watch::Sender<usize>>,
-) {
-    if fault == ConnFault::CloseAtOnce {
-        drop(client);
-        return;
-    }
-    let Ok(mut server) = TcpStream::connect(upstream).await else {
-        return;
-    };
-    if fault == ConnFault::Pass {
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-        return;
-    }
-    let (mut client_rx, client_tx) = client.into_split();
-    let (mut server_rx, mut server_tx) = server.into_split();
-    let forward = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut client_rx, &mut server_tx).await;
-        let _ = server_tx.shutdown().await;
-    });
-    let mut buf = [0u8; 4096];
-    // The first bytes of the answer mean the server has finished the handler and
-    // recorded its result.
-    let got = server_rx.read(&mut buf).await.unwrap_or(0);
-    forward.abort();
-    if got > 0 {
-        answered.send_modify(|c| *c += 1);
-    }
-    match fault {
-        ConnFault::DropAfterUpstreamAnswers => drop((client_tx, server_rx)),
-        ConnFault::HoldAfterUpstreamAnswers => {
-            // Keep the client's socket open, answer nothing, until the proxy stops.
-            let _held = client_tx;
-            std::future::pending::<()>().await;
-        }
-        ConnFault::Pass | ConnFault::CloseAtOnce => unreachable!(),
     }
 }
 

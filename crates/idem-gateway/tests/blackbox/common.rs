@@ -496,7 +496,7 @@ impl Http {
     /// it: how a test waits out an attempt's lease, since the binary runs on the real
     /// clock. Panics after 15 s.
     pub async fn post_once_the_lease_lapses(&self, url: &str, key: &str) -> Answer {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let a = self.post(url, key, "{}", &[]).await;

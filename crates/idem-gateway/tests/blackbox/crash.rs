@@ -38,7 +38,9 @@ async fn kill_9_in_flight_is_409_until_the_lease_lapses_then_attempt_2_takes_ove
     let dir = tempfile::tempdir().unwrap();
     let http = Http::new();
     let key = new_key();
-    let args = ["--store", "sqlite://idem.db", "--lease", "2s"];
+    // The lease outlives a restart of the gateway on a loaded machine, so the first
+    // request after it still finds the dead attempt's lease alive.
+    let args = ["--store", "sqlite://idem.db", "--lease", "6s"];
     let gw = Gateway::start(&up.url(), dir.path(), &args).await;
     let url = gw.url("/v1/charges");
     let doomed = {

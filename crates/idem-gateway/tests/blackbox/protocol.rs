@@ -150,13 +150,15 @@ async fn concurrent_duplicates_execute_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_record_executes_again() {
-    let s = setup(&["--ttl", "1s", "--lease", "1s"]).await;
+    // The replay must come within the TTL of the first request: 3 s, so that a loaded
+    // machine's two round trips still fit.
+    let s = setup(&["--ttl", "3s", "--lease", "3s"]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     assert_eq!(s.http.post(&url, &key, "{}", &[]).await.status, 201);
     assert!(s.http.post(&url, &key, "{}", &[]).await.replayed());
     // The binary runs on the real clock: wait out the TTL, with margin.
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    tokio::time::sleep(Duration::from_millis(3300)).await;
     let after = s.http.post(&url, &key, "{}", &[]).await;
     assert_eq!(after.status, 201);
     assert!(!after.replayed(), "an expired record counts as absent");

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::testing::{Relay, service_addr, service_unavailable, service_url, url_via};
+use idem_test_support::services::{postgres_url, redis_url};
+use idem_test_support::{Relay, service_addr, service_unavailable, url_via};
 
 use crate::common::{Gateway, Http, Upstream, binary, new_key};
 
@@ -35,16 +36,13 @@ pub fn on_shared<'a>(url: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
 /// answers; `None`, said loudly, when it does not (a panic under
 /// `IDEM_REQUIRE_SERVICES=1`).
 pub async fn postgres() -> Option<String> {
-    let url = service_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
+    let url = postgres_url();
     reachable("PostgreSQL", &url).await.then_some(url)
 }
 
 /// The Redis server's URL (`IDEM_TEST_REDIS_URL`, or the local one), as [`postgres`].
 pub async fn redis() -> Option<String> {
-    let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = redis_url();
     reachable("Redis", &url).await.then_some(url)
 }
 

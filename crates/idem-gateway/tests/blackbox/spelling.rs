@@ -316,7 +316,7 @@ async fn with_path_normalization_none_the_raw_path_reaches_the_upstream() {
     for path in ["/v1/charges", "/v1//charges", "/v1/./charges"] {
         let a = s.http.post(&s.gw.url(path), &key, "{}", &[]).await;
         assert_eq!(a.status, 201, "{path}");
-        assert!(!a.replayed(), "{path}: a new endpoint, as before");
+        assert!(!a.replayed(), "{path}: an endpoint of its own");
     }
     let paths: Vec<String> = s.up.seen().into_iter().map(|r| r.path).collect();
     assert_eq!(paths, ["/v1/charges", "/v1//charges", "/v1/./charges"]);

@@ -5,21 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use idem_core::testing::{service_unavailable, service_url};
-use idem_core::{
-    Lease, ManualClock, Record, Reservation, ReserveRequest, Scope, Store, StoreError,
-    StoredResponse,
-};
+use idem_core::{ManualClock, StoreError};
 use idem_postgres::{Error, PgStore, PgStoreOptions};
-
-/// The test server's URL.
-pub fn pg_url() -> String {
-    service_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    )
-}
+pub use idem_test_support::services::postgres_url as pg_url;
+use idem_test_support::{HookedStore, StoreHooks, service_unavailable};
 
 /// The table name for a namespace from `idem_core::testing::unique_namespace`.
 pub fn table_for(ns: &str) -> String {
@@ -32,10 +21,7 @@ pub async fn connect(options: PgStoreOptions, ns: &str) -> Option<TempStore> {
     let url = pg_url();
     let table = table_for(ns);
     match options.table(&table).connect(&url).await {
-        Ok(store) => Some(TempStore {
-            store,
-            _table: TempTable { url, table },
-        }),
+        Ok(store) => Some(HookedStore::new(store, TempTable { url, table })),
         Err(Error::Store(StoreError::Unavailable(e))) => {
             service_unavailable("PostgreSQL", &url, &e)
         }
@@ -43,9 +29,16 @@ pub async fn connect(options: PgStoreOptions, ns: &str) -> Option<TempStore> {
     }
 }
 
-/// A store on a fresh table, reading time from `clock`.
+/// A store on a fresh table, reading time from `clock`. Its timeouts are the
+/// defaults' several times over: a case that waits on a lock, or queues 64 callers for
+/// a few connections, still gets through on a loaded machine; none of these tests is
+/// about the timeouts themselves.
 pub async fn store_with_clock(clock: &ManualClock, ns: &str) -> Option<TempStore> {
-    connect(PgStore::options().clock(Arc::new(clock.clone())), ns).await
+    let options = PgStore::options()
+        .clock(Arc::new(clock.clone()))
+        .acquire_timeout(Duration::from_secs(10))
+        .operation_timeout(Duration::from_secs(30));
+    connect(options, ns).await
 }
 
 /// Drops its table (and its migration rows) when dropped, even when the test panics.
@@ -85,60 +78,9 @@ impl Drop for TempTable {
     }
 }
 
-/// A [`PgStore`] whose table is dropped with it.
-#[derive(Debug)]
-pub struct TempStore {
-    pub store: PgStore,
-    _table: TempTable,
-}
+/// A [`PgStore`] whose table is dropped with it. Another store on the same table (a
+/// proxied one, say) takes its place with `TempStore { inner: other, ..temp }`.
+pub type TempStore = HookedStore<PgStore, TempTable>;
 
-impl TempStore {
-    /// Another store (a proxied one, say) on this table, still dropped with it.
-    pub fn with_store(self, store: PgStore) -> TempStore {
-        TempStore {
-            store,
-            _table: self._table,
-        }
-    }
-}
-
-impl std::ops::Deref for TempStore {
-    type Target = PgStore;
-    fn deref(&self) -> &PgStore {
-        &self.store
-    }
-}
-
-#[async_trait]
-impl Store for TempStore {
-    async fn reserve(&self, request: &ReserveRequest) -> idem_core::Result<Reservation> {
-        self.store.reserve(request).await
-    }
-    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> idem_core::Result<()> {
-        self.store.complete(lease, response).await
-    }
-    async fn renew(&self, lease: &Lease, lease_for: Duration) -> idem_core::Result<()> {
-        self.store.renew(lease, lease_for).await
-    }
-    async fn release(&self, lease: &Lease) -> idem_core::Result<()> {
-        self.store.release(lease).await
-    }
-    async fn get(&self, scope: &Scope) -> idem_core::Result<Option<Record>> {
-        self.store.get(scope).await
-    }
-    async fn remove(&self, scope: &Scope) -> idem_core::Result<bool> {
-        self.store.remove(scope).await
-    }
-    async fn purge_expired(&self, limit: usize) -> idem_core::Result<usize> {
-        self.store.purge_expired(limit).await
-    }
-    async fn ping(&self) -> idem_core::Result<()> {
-        self.store.ping().await
-    }
-    async fn init_secret(&self, name: &str, candidate: &[u8]) -> idem_core::Result<Vec<u8>> {
-        self.store.init_secret(name, candidate).await
-    }
-    fn metrics(&self) -> Vec<idem_core::StoreMetric> {
-        self.store.metrics()
-    }
-}
+/// Every call passes on to the store: the table only has to outlive it.
+impl StoreHooks<PgStore> for TempTable {}

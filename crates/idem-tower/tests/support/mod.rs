@@ -3,7 +3,6 @@
 
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -403,34 +402,6 @@ pub fn json_fingerprint(path: &str, body: &str) -> Fingerprint {
 /// A reserve request as the layer makes it for a JSON POST to `path`.
 pub fn reserve_request(path: &str, key: &str, body: &str, lease: Duration) -> ReserveRequest {
     ReserveRequest::new(scope(path, key, None), json_fingerprint(path, body)).lease(lease)
-}
-
-/// Waits (bounded) until `condition` holds, checking every few milliseconds.
-pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Like [`eventually`], for an async condition.
-pub async fn eventually_async<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 async fn create_order(State(h): State<Arc<Handlers>>, request: Request) -> Response {

@@ -1,0 +1,104 @@
+//! The store contract suite (SPEC S10), and the scopes and fingerprints its cases use.
+//!
+//! A store crate runs the whole suite with one macro call in an integration test:
+//!
+//! ```ignore
+//! idem_core::store_contract_tests!(|clock: idem_core::ManualClock, _ns: String| async move {
+//!     Some(idem_core::MemoryStore::with_clock(std::sync::Arc::new(clock)))
+//! });
+//! ```
+//!
+//! The macro expands to one `#[tokio::test]` per contract case, named after the case,
+//! so the test output lists every case for every store. The factory receives the
+//! case's [`ManualClock`](crate::ManualClock) (the store must read time from it) and a namespace unique to
+//! the case (a table prefix, key prefix or file name), so that cases running in
+//! parallel against one shared server never see each other's records. A factory
+//! returns `None` to skip when its service is unreachable (the workspace's
+//! `idem-test-support` crate says so loudly, and fails under `IDEM_REQUIRE_SERVICES=1`).
+//!
+//! The cases live in [`cases`], one file per concern; each takes the store and the
+//! clock it reads.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::{Endpoint, Fingerprint, FingerprintOptions, Key, Scope, ScopeMode, Tenant};
+
+pub mod cases;
+
+/// Runs every contract case as its own `#[tokio::test]`. See the [module docs](self).
+#[macro_export]
+macro_rules! store_contract_tests {
+    ($factory:expr) => {
+        $crate::store_contract_tests!(@cases $factory;
+            concurrent_reservers_exactly_one_wins,
+            concurrent_takeover_exactly_one_wins,
+            replays_completed_response,
+            large_binary_body_round_trips,
+            referenced_answer_round_trips,
+            mismatched_payload_is_rejected,
+            live_lease_is_in_progress_with_retry_after,
+            expired_lease_is_taken_over_as_next_attempt,
+            stale_token_cannot_complete_renew_or_release,
+            renew_extends_the_lease,
+            complete_is_idempotent_for_the_same_lease,
+            release_lets_the_key_execute_again,
+            expired_record_counts_as_absent,
+            completed_record_expires_at_its_ttl_though_the_lease_is_longer,
+            purge_removes_only_expired_in_bounded_batches,
+            scopes_never_collide,
+            get_and_remove_show_and_delete_records,
+            secret_is_stored_once_and_never_purged
+        );
+    };
+    (@cases $factory:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let clock = $crate::ManualClock::starting_now();
+                let ns = $crate::testing::unique_namespace(stringify!($case));
+                let factory = $factory;
+                let Some(store) = factory(clock.clone(), ns).await else {
+                    return;
+                };
+                $crate::testing::cases::$case(store, clock).await;
+            }
+        )*
+    };
+}
+
+/// A namespace unique to this process and case: lower-case ASCII letters, digits and
+/// `_`, at most 40 characters, safe as a SQL identifier suffix or a key prefix.
+pub fn unique_namespace(case: &str) -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let rand = getrandom::u32().unwrap_or(0);
+    let short: String = case
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .take(20)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    format!("{short}_{rand:08x}{n}")
+}
+
+/// A scope for tests: a fresh random tenant, so cases never collide even in one
+/// namespace.
+pub fn test_scope(endpoint: &str, key: &str) -> Scope {
+    Scope::new(
+        ScopeMode::Public,
+        Tenant::new(format!("tenant-{:016x}", getrandom::u64().unwrap_or(0))),
+        Endpoint::new("POST", endpoint),
+        Key::new(key).expect("test keys are valid"),
+    )
+}
+
+/// A fingerprint of `body` for tests.
+pub fn test_fingerprint(body: &str) -> Fingerprint {
+    Fingerprint::compute(
+        "POST",
+        "POST /test",
+        Some("application/json"),
+        body.as_bytes(),
+        &FingerprintOptions::default(),
+    )
+}

@@ -1,0 +1,35 @@
+//! What idem's own tests share, in one place: a fault proxy ([`Relay`]) to put
+//! between a client and a server, the test services' URLs with the loud-skip rule
+//! ([`services`]), a bounded wait ([`eventually`]), a store whose calls a test can
+//! intercept ([`HookedStore`]) and a process's CPU time ([`cpu_time`]) for benches.
+//!
+//! The store contract suite stays in `idem-core` (feature `testing`), beside the
+//! `Store` trait it checks, so a store crate needs only that feature to run it. This
+//! crate is never published; the crates whose tests need it take it as a
+//! dev-dependency. `idem-core` itself does not: this crate depends on it, and
+//! `idem-core`'s own unit tests would meet a second copy of its types here.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use idem_test_support::{Relay, RelayMode, services};
+//!
+//! let url = services::redis_url();
+//! let relay = Relay::start(idem_test_support::service_addr(&url, 6379).await).await;
+//! let through = idem_test_support::url_via(&url, relay.addr());
+//! // ... point a store at `through`, then make the server vanish:
+//! relay.set_mode(RelayMode::Refuse);
+//! # let _ = through;
+//! # }
+//! ```
+
+mod cpu;
+mod eventually;
+mod relay;
+pub mod services;
+mod store;
+
+pub use cpu::cpu_time;
+pub use eventually::{WAIT, eventually};
+pub use relay::{Fault, Relay, RelayMode, service_addr, url_via};
+pub use services::{service_unavailable, service_url, services_required};
+pub use store::{HookedStore, StoreHooks, figure};
