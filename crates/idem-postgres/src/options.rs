@@ -74,7 +74,7 @@ impl PgStoreOptions {
     }
 
     /// How long an operation waits for a pooled connection, including opening a new
-    /// one, before failing with [`StoreError::Unavailable`] (default 2 s). Only used
+    /// one, before failing with [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) (default 2 s). Only used
     /// when this crate builds the pool ([`connect`](Self::connect)).
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
@@ -83,7 +83,7 @@ impl PgStoreOptions {
 
     /// The bound on one store operation, round trips and retries included (default
     /// 5 s). A server that accepts connections but stops answering yields
-    /// [`StoreError::Unavailable`] after this long instead of a hung request.
+    /// [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) after this long instead of a hung request.
     pub fn operation_timeout(mut self, timeout: Duration) -> Self {
         self.operation_timeout = timeout;
         self
@@ -106,7 +106,7 @@ impl PgStoreOptions {
     /// Connects to `url` (`postgres://user@host:port/db`), builds a pool and runs the
     /// migration (or, when that is turned off, checks that the server answers), then
     /// reads the server's durability settings ([`PgStore::durability_risk`]). An
-    /// unreachable server is [`Error::Store`]`(`[`StoreError::Unavailable`]`)`.
+    /// unreachable server is [`Error::Store`]`(`[`StoreError::Unavailable`](idem_core::StoreError::Unavailable)`)`.
     pub async fn connect(self, url: &str) -> Result<PgStore, Error> {
         let pool = self.pool_options().connect_lazy_with(parse_url(url)?);
         let check = !self.migrate;
@@ -120,7 +120,7 @@ impl PgStoreOptions {
 
     /// Like [`connect`](Self::connect) but touches neither the server nor the schema:
     /// the first operation connects. For processes that must start while the database
-    /// is down; operations fail with [`StoreError::Unavailable`] until it is up.
+    /// is down; operations fail with [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) until it is up.
     pub fn connect_lazy(self, url: &str) -> Result<PgStore, Error> {
         let pool = self.pool_options().connect_lazy_with(parse_url(url)?);
         self.build(pool)

@@ -28,7 +28,7 @@ use crate::error::{Error, store_error};
 pub const DEFAULT_TABLE: &str = "idem_records";
 
 /// The longest suffix the schema adds to the table's name (`TABLE_expires`, the
-/// index); with it, the name must still be a [`Namespace`](idem_core::Namespace), which
+/// index); with it, the name must still be a [`Namespace`], which
 /// keeps it within the 63 bytes PostgreSQL keeps of an identifier.
 pub const MAX_TABLE_SUFFIX: &str = "_expires";
 

@@ -49,7 +49,7 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects, failing with [`StoreError::Unavailable`] when the URL is invalid or the
+    /// Connects, failing with [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) when the URL is invalid or the
     /// server cannot be reached.
     pub async fn connect(self) -> Result<RedisStore> {
         self.connect_or_redis_error().await.map_err(from_redis)

@@ -8,7 +8,7 @@ use redis::aio::ConnectionManager;
 /// of them carry a TTL, so the `volatile-*` policies too). A dropped record in progress
 /// lets a duplicate execute while the first still runs; a dropped completed one lets a
 /// retry execute again. With `noeviction`, writes fail once memory is full and the store
-/// answers [`StoreError::Unavailable`] instead: it fails closed.
+/// answers [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) instead: it fails closed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct EvictionRisk {

@@ -22,10 +22,11 @@
 //! is its child, and the upstream receives a `traceparent` naming the upstream span as
 //! its parent (the client's is replaced; with tracing off it passes through untouched).
 //!
-//! A recorded answer keeps the trace context of the server span that produced it
-//! ([`StoredResponse::with_trace_parent`], among the stored headers, so every store
-//! keeps it as it is); a replay's server span links to it. Records written without it
-//! (before tracing was on) replay without a link.
+//! A recorded answer keeps the trace context of the server span that produced it (among
+//! the stored headers, so every store keeps it as it is:
+//! [`StoredResponse::with_trace_parent`](idem_core::StoredResponse::with_trace_parent));
+//! a replay's server span links to it. Records written without it (before tracing was
+//! on) replay without a link.
 //!
 //! Spans are batched and sent by the SDK's own thread (`OTEL_BSP_SCHEDULE_DELAY` and
 //! the other `OTEL_BSP_*` variables tune it; 5 s by default) through the gateway's
@@ -50,10 +51,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_core::{
-    Lease, Record, Reservation, ReserveRequest, Scope, Store, StoreError, StoreMetric,
-    StoredResponse,
-};
+use idem_core::Store;
 use idem_tower::{Observer, Outcome};
 use opentelemetry::context::FutureExt as _;
 use opentelemetry::propagation::TextMapPropagator;
@@ -69,6 +67,10 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracer, SdkTracerProvider};
 
 use crate::route::{self, Route};
+
+mod store;
+
+use self::store::{SpanObserver, TracedStore, store_system};
 
 /// The standard variable naming the collector's base URL, honoured when the gateway's
 /// own `otlp_endpoint` setting is not given.
@@ -399,200 +401,8 @@ fn annotate_current(attributes: impl FnOnce() -> Vec<KeyValue>) {
     });
 }
 
-/// The metrics observer, noting outcomes on the server span as well.
-struct SpanObserver {
-    inner: Arc<dyn Observer>,
-}
-
-impl Observer for SpanObserver {
-    fn outcome(&self, outcome: Outcome) {
-        self.inner.outcome(outcome);
-        annotate_current(|| vec![KeyValue::new("idem.outcome", outcome.as_str())]);
-    }
-
-    fn store_call(&self, op: &'static str, elapsed: Duration, ok: bool) {
-        self.inner.store_call(op, elapsed, ok);
-    }
-
-    fn store_error(&self, op: &'static str, error: &StoreError) {
-        self.inner.store_error(op, error);
-    }
-
-    fn write_deferred(&self, op: &'static str) {
-        self.inner.write_deferred(op);
-        Context::map_current(|cx| {
-            cx.span().add_event(
-                "idem.write_deferred",
-                vec![KeyValue::new("db.operation.name", op)],
-            )
-        });
-    }
-
-    fn deferred_write_ended(&self, op: &'static str, settled: bool) {
-        self.inner.deferred_write_ended(op, settled);
-    }
-
-    fn upstream_failed(&self, failure: idem_tower::UpstreamFailure) {
-        self.inner.upstream_failed(failure);
-    }
-}
-
-/// The layer's store, traced: see [`Telemetry::store`].
-struct TracedStore {
-    inner: Arc<dyn Store>,
-    telemetry: Telemetry,
-}
-
-impl TracedStore {
-    /// The span of one store call, when made while serving a traced request.
-    fn span(&self, op: &'static str) -> Option<Context> {
-        let parent = Context::current();
-        if !parent.has_active_span() {
-            return None;
-        }
-        let mut attributes = vec![KeyValue::new("db.operation.name", op)];
-        if let Some(system) = self.telemetry.inner.store_system {
-            attributes.push(KeyValue::new("db.system.name", system));
-        }
-        Some(
-            self.telemetry
-                .child(&parent, format!("store {op}"), SpanKind::Client, attributes),
-        )
-    }
-}
-
-/// Ends a store call's span with how it went.
-fn finish<T>(span: Option<Context>, result: &idem_core::Result<T>) {
-    let Some(cx) = span else { return };
-    let span = cx.span();
-    if let Err(e) = result {
-        // The label, not the message: a driver's message may name the server's URL.
-        span.set_attribute(KeyValue::new("error.type", e.label()));
-        span.set_status(Status::error(e.label()));
-    }
-    span.end();
-}
-
-#[async_trait]
-impl Store for TracedStore {
-    async fn reserve(&self, request: &ReserveRequest) -> idem_core::Result<Reservation> {
-        let span = self.span("reserve");
-        let reserved = self.inner.reserve(request).await;
-        if let (Some(cx), Ok(reservation)) = (&span, &reserved) {
-            let answer = match reservation {
-                Reservation::Acquired(_) => "acquired",
-                Reservation::Replay(_) => "replay",
-                Reservation::InProgress { .. } => "in_progress",
-                Reservation::Mismatch => "mismatch",
-            };
-            cx.span()
-                .set_attribute(KeyValue::new("idem.reservation", answer));
-        }
-        if span.is_some() {
-            // On the server span, the request's: whose key, which attempt, and which
-            // execution a replay stands for.
-            Context::map_current(|cx| {
-                let server = cx.span();
-                server.set_attribute(KeyValue::new(
-                    "idem.tenant",
-                    request.scope.tenant().as_str().to_owned(),
-                ));
-                match &reserved {
-                    Ok(Reservation::Acquired(lease)) => {
-                        server
-                            .set_attribute(KeyValue::new("idem.attempt", i64::from(lease.attempt)));
-                    }
-                    Ok(Reservation::Replay(stored)) => {
-                        if let Some(original) = stored.trace_parent().and_then(parse_traceparent) {
-                            server.add_link(
-                                original,
-                                vec![KeyValue::new("idem.link", "original_execution")],
-                            );
-                        }
-                    }
-                    _ => {}
-                }
-            });
-        }
-        finish(span, &reserved);
-        reserved
-    }
-
-    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> idem_core::Result<()> {
-        let span = self.span("complete");
-        // The execution's server span, for a replay to link to; only a sampled one,
-        // since an unsampled span is never exported.
-        let traceparent = Context::map_current(|cx| {
-            let sc = cx.span().span_context().clone();
-            (sc.is_valid() && sc.is_sampled()).then(|| format_traceparent(&sc))
-        });
-        let completed = match traceparent {
-            Some(tp) => {
-                let stored = response.clone().with_trace_parent(&tp);
-                self.inner.complete(lease, &stored).await
-            }
-            None => self.inner.complete(lease, response).await,
-        };
-        finish(span, &completed);
-        completed
-    }
-
-    async fn renew(&self, lease: &Lease, lease_for: Duration) -> idem_core::Result<()> {
-        let span = self.span("renew");
-        let renewed = self.inner.renew(lease, lease_for).await;
-        finish(span, &renewed);
-        renewed
-    }
-
-    async fn release(&self, lease: &Lease) -> idem_core::Result<()> {
-        let span = self.span("release");
-        let released = self.inner.release(lease).await;
-        finish(span, &released);
-        released
-    }
-
-    async fn get(&self, scope: &Scope) -> idem_core::Result<Option<Record>> {
-        self.inner.get(scope).await
-    }
-
-    async fn remove(&self, scope: &Scope) -> idem_core::Result<bool> {
-        self.inner.remove(scope).await
-    }
-
-    async fn purge_expired(&self, limit: usize) -> idem_core::Result<usize> {
-        self.inner.purge_expired(limit).await
-    }
-
-    async fn ping(&self) -> idem_core::Result<()> {
-        self.inner.ping().await
-    }
-
-    async fn init_secret(&self, name: &str, candidate: &[u8]) -> idem_core::Result<Vec<u8>> {
-        self.inner.init_secret(name, candidate).await
-    }
-
-    async fn close(&self) {
-        self.inner.close().await
-    }
-
-    fn metrics(&self) -> Vec<StoreMetric> {
-        self.inner.metrics()
-    }
-}
-
-/// The `db.system.name` (OpenTelemetry's name for the database) of the store a URL
-/// names, by the kind its store crate gives it; none for the memory store.
-fn store_system(store_url: &str) -> Option<&'static str> {
-    match crate::store::kind(store_url)? {
-        "sqlite" => Some("sqlite"),
-        "postgres" => Some("postgresql"),
-        "redis" => Some("redis"),
-        _ => None,
-    }
-}
-
 /// `sc` as a W3C `traceparent` value.
-fn format_traceparent(sc: &SpanContext) -> String {
+pub(super) fn format_traceparent(sc: &SpanContext) -> String {
     format!(
         "00-{}-{}-{:02x}",
         sc.trace_id(),
@@ -602,7 +412,7 @@ fn format_traceparent(sc: &SpanContext) -> String {
 }
 
 /// A `traceparent` value (version 00) as the remote span context it names.
-fn parse_traceparent(value: &str) -> Option<SpanContext> {
+pub(super) fn parse_traceparent(value: &str) -> Option<SpanContext> {
     let mut parts = value.split('-');
     let (Some("00"), Some(trace), Some(span), Some(flags), None) = (
         parts.next(),
@@ -677,84 +487,4 @@ impl HttpClient for ExportClient {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_gateways_setting_wins_over_the_standard_variable() {
-        assert_eq!(
-            traces_url(Some("http://a:4318"), Some("http://b:4318")).unwrap(),
-            Some("http://a:4318/v1/traces".to_owned())
-        );
-        assert_eq!(
-            traces_url(None, Some("http://b:4318/")).unwrap(),
-            Some("http://b:4318/v1/traces".to_owned())
-        );
-        assert_eq!(
-            traces_url(Some(""), Some("http://b:4318/otel")).unwrap(),
-            Some("http://b:4318/otel/v1/traces".to_owned())
-        );
-        assert_eq!(traces_url(None, None).unwrap(), None);
-        assert_eq!(traces_url(Some(""), Some("")).unwrap(), None);
-    }
-
-    #[test]
-    fn only_a_plain_http_base_url_is_an_endpoint() {
-        for bad in [
-            "https://collector:4318",
-            "collector:4318",
-            "http://collector:4318/?x=1",
-            "not a url",
-        ] {
-            assert!(traces_url(Some(bad), None).is_err(), "{bad}");
-            // The standard variable, set for every process, never stops the start.
-            assert_eq!(traces_url(None, Some(bad)), Ok(None), "{bad}");
-        }
-    }
-
-    #[test]
-    fn traceparent_round_trips() {
-        let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-        let sc = parse_traceparent(tp).expect("valid");
-        assert_eq!(
-            sc.trace_id().to_string(),
-            "0af7651916cd43dd8448eb211c80319c"
-        );
-        assert!(sc.is_sampled() && sc.is_remote());
-        assert_eq!(format_traceparent(&sc), tp);
-        for bad in [
-            "",
-            "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-00",
-            "00-0af7651916cd43dd8448eb211c80319cxx-b7ad6b71692033-01",
-        ] {
-            assert!(parse_traceparent(bad).is_none(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn store_spans_name_the_backend() {
-        assert_eq!(store_system("sqlite://idem.db"), Some("sqlite"));
-        assert_eq!(store_system("postgres://u@h/db"), Some("postgresql"));
-        assert_eq!(store_system("redis://h:6379"), Some("redis"));
-        assert_eq!(store_system("memory://"), None);
-    }
-
-    /// Outside a traced request the upstream gets the client's trace headers as sent,
-    /// and no span is made.
-    #[test]
-    fn an_untraced_request_keeps_its_trace_headers() {
-        let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-        let mut up = Request::builder()
-            .header("traceparent", tp)
-            .header("tracestate", "vendor=1")
-            .body(())
-            .unwrap();
-        let call = UpstreamCall::start(&mut up);
-        assert!(call.0.is_none());
-        assert_eq!(up.headers()["traceparent"], tp);
-        assert_eq!(up.headers()["tracestate"], "vendor=1");
-    }
-}
+mod tests;
