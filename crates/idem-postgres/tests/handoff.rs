@@ -182,15 +182,36 @@ async fn waiting_for_a_connection_is_bounded_by_the_acquire_timeout() {
         let store = store.inner.clone();
         async move { execute(&store, "first").await }
     });
-    while (figure(&*store, "idem_postgres_pool_idle_connections") != 0
-        || figure(&*store, "idem_postgres_pool_connections") != 1)
-        && !blocked.is_finished()
-    {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+    // Proven by the lock itself: until PostgreSQL shows a session waiting for the table,
+    // the one connection may still be on its way to the first reserve (being pinged or
+    // opened), and the second reserve could take it first.
+    let table = common::table_for(&ns);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted",
+        )
+        .bind(&table)
+        .fetch_one(&mut locker)
+        .await
+        .unwrap();
+        if waiting > 0 || blocked.is_finished() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first reserve never waited for the table lock"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(
         !blocked.is_finished(),
         "the first reserve should be blocked on the lock, holding the one connection"
+    );
+    assert_eq!(
+        figure(&*store, "idem_postgres_pool_idle_connections"),
+        0,
+        "the blocked reserve holds the pool's one connection"
     );
 
     let started = std::time::Instant::now();
