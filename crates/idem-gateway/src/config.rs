@@ -52,6 +52,7 @@ pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
 use self::error::invalid;
 use self::secrets::admin_token;
 use self::values::{check_release_statuses, parse_methods, parse_release_statuses};
+use crate::listener::Http2Limits;
 use crate::path::PathNormalization;
 use crate::route::{PathTemplate, Route};
 use crate::store::{Namespace, StoreOptions};
@@ -131,6 +132,8 @@ pub struct GatewayConfig {
     pub shutdown_timeout: Duration,
     /// Where traces are posted (`…/v1/traces`); `None` when tracing is off.
     pub otlp_endpoint: Option<String>,
+    /// The limits on HTTP/2 client connections.
+    pub http2: Http2Limits,
     /// Per-route rules.
     pub routes: Vec<Route>,
 }
@@ -185,6 +188,10 @@ impl GatewayConfig {
             passthrough: _,
             shutdown_timeout,
             otlp_endpoint,
+            http2_max_concurrent_streams,
+            http2_max_header_list_size,
+            http2_keepalive_interval,
+            http2_keepalive_timeout,
             route,
         } = args;
         let upstream = upstream.ok_or_else(|| {
@@ -266,6 +273,12 @@ impl GatewayConfig {
                     .as_deref(),
             )
             .map_err(|e| invalid("otlp_endpoint", e))?,
+            http2: http2_limits(
+                http2_max_concurrent_streams,
+                http2_max_header_list_size,
+                http2_keepalive_interval,
+                http2_keepalive_timeout,
+            )?,
             routes: route
                 .into_iter()
                 .enumerate()
@@ -287,6 +300,45 @@ impl GatewayConfig {
         }
         Ok(config)
     }
+}
+
+/// The HTTP/2 limits given, over the defaults.
+fn http2_limits(
+    max_concurrent_streams: Option<u32>,
+    max_header_list_size: Option<usize>,
+    keepalive_interval: Option<Duration>,
+    keepalive_timeout: Option<Duration>,
+) -> Result<Http2Limits, ConfigError> {
+    let defaults = Http2Limits::default();
+    let max_header_list_size = match max_header_list_size {
+        None => defaults.max_header_list_size,
+        Some(n) => match u32::try_from(n) {
+            Ok(n) if n > 0 => n,
+            _ => {
+                return Err(invalid(
+                    "http2_max_header_list_size",
+                    "must be more than zero and less than 4GiB",
+                ));
+            }
+        },
+    };
+    let keepalive_timeout = keepalive_timeout.unwrap_or(defaults.keepalive_timeout);
+    if keepalive_timeout.is_zero() {
+        return Err(invalid(
+            "http2_keepalive_timeout",
+            "must be longer than zero; --http2-keepalive-interval 0s turns the pings off",
+        ));
+    }
+    Ok(Http2Limits {
+        max_concurrent_streams: max_concurrent_streams.unwrap_or(defaults.max_concurrent_streams),
+        max_header_list_size,
+        keepalive_interval: match keepalive_interval {
+            Some(t) if t.is_zero() => None,
+            Some(t) => Some(t),
+            None => defaults.keepalive_interval,
+        },
+        keepalive_timeout,
+    })
 }
 
 /// The `--config` file's settings.

@@ -407,7 +407,8 @@ fn listeners(
         proxy_connection_cap(config),
         config.client_timeout,
         metrics.clone(),
-    );
+    )
+    .http2_limits(&config.http2);
     // An admin listener always has a client timeout: nothing it serves needs a
     // connection that idles longer.
     let admin_timeout = config.client_timeout.unwrap_or(ADMIN_CLIENT_TIMEOUT);
