@@ -35,7 +35,7 @@ mod upstream;
 mod values;
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::{HeaderName, Method};
@@ -52,7 +52,7 @@ pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
 use self::error::invalid;
 use self::secrets::admin_token;
 use self::values::{check_release_statuses, parse_methods, parse_release_statuses};
-use crate::listener::Http2Limits;
+use crate::listener::{Http2Limits, TlsFiles};
 use crate::path::PathNormalization;
 use crate::route::{PathTemplate, Route};
 use crate::store::{Namespace, StoreOptions};
@@ -134,6 +134,10 @@ pub struct GatewayConfig {
     pub otlp_endpoint: Option<String>,
     /// The limits on HTTP/2 client connections.
     pub http2: Http2Limits,
+    /// The proxy listener's certificate and key, when it terminates TLS.
+    pub tls: Option<TlsFiles>,
+    /// The admin listener's, when it terminates TLS.
+    pub admin_tls: Option<TlsFiles>,
     /// Per-route rules.
     pub routes: Vec<Route>,
 }
@@ -192,6 +196,10 @@ impl GatewayConfig {
             http2_max_header_list_size,
             http2_keepalive_interval,
             http2_keepalive_timeout,
+            tls_cert,
+            tls_key,
+            admin_tls_cert,
+            admin_tls_key,
             route,
         } = args;
         let upstream = upstream.ok_or_else(|| {
@@ -279,6 +287,8 @@ impl GatewayConfig {
                 http2_keepalive_interval,
                 http2_keepalive_timeout,
             )?,
+            tls: tls_files("tls", tls_cert, tls_key)?,
+            admin_tls: tls_files("admin_tls", admin_tls_cert, admin_tls_key)?,
             routes: route
                 .into_iter()
                 .enumerate()
@@ -299,6 +309,26 @@ impl GatewayConfig {
             }
         }
         Ok(config)
+    }
+}
+
+/// A listener's certificate and key: both or neither.
+fn tls_files(
+    setting: &str,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> Result<Option<TlsFiles>, ConfigError> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles { cert, key })),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(invalid(
+            format!("{setting}_key"),
+            format!("required with {setting}_cert"),
+        )),
+        (None, Some(_)) => Err(invalid(
+            format!("{setting}_cert"),
+            format!("required with {setting}_key"),
+        )),
     }
 }
 

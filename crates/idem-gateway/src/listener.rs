@@ -52,6 +52,7 @@ mod handler;
 mod http2;
 mod limits;
 mod shutdown;
+mod tls;
 mod write_stall;
 
 use self::handler::Handler;
@@ -65,6 +66,7 @@ pub use self::limits::{
     ADMIN_MAX_CONNECTIONS, SPARE_DESCRIPTORS, default_max_connections, fd_limit, raise_fd_limit,
 };
 pub(crate) use self::shutdown::Connections;
+pub use self::tls::{Tls, TlsError, TlsFiles};
 pub use crate::metrics::ListenerKind;
 
 /// How long a connection may stay silent before TCP starts asking whether its peer is
@@ -103,6 +105,7 @@ pub(crate) struct Listener {
     max: usize,
     header_read_timeout: Option<Duration>,
     builders: Arc<Builders>,
+    tls: Option<Tls>,
     metrics: Arc<Metrics>,
 }
 
@@ -126,6 +129,7 @@ impl Listener {
             max,
             header_read_timeout,
             builders: Arc::new(Builders::new(header_read_timeout, &Http2Limits::default())),
+            tls: None,
             metrics,
         }
     }
@@ -134,6 +138,17 @@ impl Listener {
     pub(crate) fn http2_limits(mut self, limits: &Http2Limits) -> Listener {
         self.builders = Arc::new(Builders::new(self.header_read_timeout, limits));
         self
+    }
+
+    /// Terminating TLS with `tls`, if given.
+    pub(crate) fn tls(mut self, tls: Option<Tls>) -> Listener {
+        self.tls = tls;
+        self
+    }
+
+    /// Its TLS, if it terminates TLS.
+    pub(crate) fn tls_config(&self) -> Option<&Tls> {
+        self.tls.as_ref()
     }
 
     /// The bound address.
@@ -185,6 +200,7 @@ impl Listener {
                 service: service_for(peer, &slot),
                 timeout: self.header_read_timeout,
                 builders: self.builders.clone(),
+                tls: self.tls.clone(),
                 slot,
                 shutdown: connections.shutdown(),
             }

@@ -247,6 +247,35 @@ pub struct ServeArgs {
     #[serde(deserialize_with = "toml_form::duration")]
     pub http2_keepalive_timeout: Option<Duration>,
 
+    /// PEM file with the proxy listener's TLS certificate chain (its own certificate
+    /// first): the listener then speaks HTTPS only, HTTP/2 or HTTP/1.1 by ALPN, TLS 1.2
+    /// and 1.3; read again on SIGHUP. With --tls-key [default: plain TCP].
+    #[arg(long, env = "IDEM_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM file with the private key of --tls-cert.
+    #[arg(long, env = "IDEM_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM file with the admin listener's TLS certificate chain; read again on SIGHUP.
+    /// With --admin-tls-key [default: plain TCP].
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TLS_CERT",
+        value_name = "FILE",
+        requires = "admin_tls_key"
+    )]
+    pub admin_tls_cert: Option<PathBuf>,
+
+    /// PEM file with the private key of --admin-tls-cert.
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TLS_KEY",
+        value_name = "FILE",
+        requires = "admin_tls_cert"
+    )]
+    pub admin_tls_key: Option<PathBuf>,
+
     /// Per-route rules (`[[route]]` tables, the file only), first match wins.
     #[arg(skip)]
     pub route: Vec<RouteRule>,
@@ -292,6 +321,10 @@ impl ServeArgs {
             http2_max_header_list_size,
             http2_keepalive_interval,
             http2_keepalive_timeout,
+            tls_cert,
+            tls_key,
+            admin_tls_cert,
+            admin_tls_key,
             route,
         } = self;
         ServeArgs {
@@ -330,6 +363,10 @@ impl ServeArgs {
                 .or(under.http2_max_header_list_size),
             http2_keepalive_interval: http2_keepalive_interval.or(under.http2_keepalive_interval),
             http2_keepalive_timeout: http2_keepalive_timeout.or(under.http2_keepalive_timeout),
+            tls_cert: tls_cert.or(under.tls_cert),
+            tls_key: tls_key.or(under.tls_key),
+            admin_tls_cert: admin_tls_cert.or(under.admin_tls_cert),
+            admin_tls_key: admin_tls_key.or(under.admin_tls_key),
             route: if route.is_empty() { under.route } else { route },
         }
     }

@@ -20,6 +20,7 @@ use tower::BoxError;
 use super::activity::Activity;
 use super::http2::Builders;
 use super::shutdown::Shutdown;
+use super::tls::Tls;
 use super::write_stall::WriteStall;
 use super::{ConnectionSlot, KEEPALIVE_IDLE};
 
@@ -31,6 +32,8 @@ pub(super) struct Handler<S> {
     /// open, and for writes without progress.
     pub(super) timeout: Option<Duration>,
     pub(super) builders: Arc<Builders>,
+    /// TLS to terminate first, if the listener has it.
+    pub(super) tls: Option<Tls>,
     pub(super) slot: ConnectionSlot,
     pub(super) shutdown: Shutdown,
 }
@@ -55,6 +58,7 @@ where
             service,
             timeout,
             builders,
+            tls,
             slot,
             mut shutdown,
         } = self;
@@ -63,7 +67,41 @@ where
             tracing::debug!(error = %e, "TCP keepalive could not be set on a connection");
         }
         let stream = WriteStall::new(stream, timeout);
-        serve(stream, &builders.auto, service, timeout, &mut shutdown).await;
+        match tls {
+            None => serve(stream, &builders.auto, service, timeout, &mut shutdown).await,
+            Some(tls) => {
+                // The handshake has the client timeout too, and shutdown ends it.
+                let handshake = tls.acceptor().accept(stream);
+                let handshake = async {
+                    match timeout {
+                        Some(t) => tokio::time::timeout(t, handshake)
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    "no TLS handshake within the client timeout",
+                                ))
+                            }),
+                        None => handshake.await,
+                    }
+                };
+                let stream = tokio::select! {
+                    accepted = handshake => accepted,
+                    () = shutdown.recv() => return,
+                };
+                match stream {
+                    Ok(stream) => {
+                        let builder = match stream.get_ref().1.alpn_protocol() {
+                            Some(b"h2") => &builders.http2,
+                            Some(b"http/1.1") => &builders.http1,
+                            _ => &builders.auto,
+                        };
+                        serve(stream, builder, service, timeout, &mut shutdown).await;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "TLS handshake failed"),
+                }
+            }
+        }
         // The place under the cap goes first, then the shutdown's hold: once `finish`
         // sees every connection closed, none holds a place any more.
         drop(slot);

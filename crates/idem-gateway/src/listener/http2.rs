@@ -63,10 +63,12 @@ impl Default for Http2Limits {
 }
 
 /// The connection builders of a listener: either protocol as the connection's first
-/// bytes say.
+/// bytes say, or one of them as ALPN chose.
 #[derive(Clone)]
 pub(super) struct Builders {
     pub(super) auto: auto::Builder<TokioExecutor>,
+    pub(super) http1: auto::Builder<TokioExecutor>,
+    pub(super) http2: auto::Builder<TokioExecutor>,
 }
 
 impl Builders {
@@ -86,6 +88,10 @@ impl Builders {
             .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
             .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESET_STREAMS)
             .max_send_buf_size(MAX_SEND_BUF_SIZE);
-        Builders { auto }
+        Builders {
+            http1: auto.clone().http1_only(),
+            http2: auto.clone().http2_only(),
+            auto,
+        }
     }
 }

@@ -342,6 +342,7 @@ impl Gateway {
         let mut admin = None;
         let read = async {
             while let Some(line) = lines.next_line().await.unwrap() {
+                let line = line.replace("https://", "http://");
                 if let Some(a) = line.strip_prefix("idem listening on http://") {
                     addr = Some(a.parse().unwrap());
                 } else if let Some(a) = line.strip_prefix("idem admin on http://") {
@@ -374,6 +375,16 @@ impl Gateway {
             self.admin.expect("started with --admin"),
             path
         )
+    }
+
+    /// Sends `signal` (`HUP`, …) to the process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("running");
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
     }
 
     /// SIGKILL, and reap.

@@ -20,3 +20,4 @@ mod smuggling;
 mod spelling;
 mod telemetry;
 mod tenants;
+mod tls;
