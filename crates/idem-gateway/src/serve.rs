@@ -306,7 +306,7 @@ impl Gateway {
         .into_iter()
         .filter_map(|(name, tls)| tls.map(|t| (name, t)))
         .collect();
-        let reloads = (!tls.is_empty()).then(|| tokio::spawn(reload_on_sighup(tls)));
+        let reloads = tokio::spawn(reload_on_sighup(tls));
         let sweeper = sweep_interval.map(|every| {
             Sweeper::spawn(
                 store.clone(),
@@ -348,9 +348,7 @@ impl Gateway {
         if let Some(sweeper) = sweeper {
             sweeper.stop();
         }
-        if let Some(reloads) = reloads {
-            reloads.abort();
-        }
+        reloads.abort();
         close(&*store, deadline).await;
         // After the store: the spans of the last executions' writes go out too.
         if let Some(telemetry) = telemetry {
@@ -493,7 +491,8 @@ async fn close(store: &dyn Store, deadline: Instant) {
 
 /// Reads each listener's certificate and key again on every SIGHUP: new connections
 /// get the new pair, open ones keep theirs, and a pair that cannot be used is logged
-/// and leaves the one in force.
+/// and leaves the one in force. Without TLS, SIGHUP only says there is nothing to
+/// reload (rather than ending the process, as it would by default).
 async fn reload_on_sighup(tls: Vec<(&'static str, Tls)>) {
     #[cfg(unix)]
     {
@@ -506,6 +505,9 @@ async fn reload_on_sighup(tls: Vec<(&'static str, Tls)>) {
             }
         };
         while hup.recv().await.is_some() {
+            if tls.is_empty() {
+                tracing::info!("SIGHUP: no TLS certificate to reload");
+            }
             for (listener, tls) in &tls {
                 let files = tls.files();
                 match tls.reload() {

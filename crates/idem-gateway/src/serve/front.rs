@@ -43,6 +43,7 @@ impl Front {
         slot: &ConnectionSlot,
         mut req: Request<Incoming>,
     ) -> impl Future<Output = Result<Response<ClientBody>, Infallible>> + Send + use<> {
+        join_cookies(&mut req);
         let invalid = check_host(&mut req)
             .and_then(|()| normalize_target(&mut req, self.paths))
             .err();
@@ -99,6 +100,27 @@ impl Front {
             drop(guard);
             res
         })
+    }
+}
+
+/// Joins the `Cookie` fields an HTTP/2 client may split a cookie list into (RFC 9113
+/// §8.2.3) into one, with `; `, as HTTP/1.1, to which the request is forwarded, must
+/// carry it.
+fn join_cookies<B>(req: &mut Request<B>) {
+    if req.version() != http::Version::HTTP_2 {
+        return;
+    }
+    let mut cookies = req.headers().get_all(http::header::COOKIE).iter();
+    let (Some(first), Some(_)) = (cookies.next(), cookies.next()) else {
+        return;
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for more in req.headers().get_all(http::header::COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(more.as_bytes());
+    }
+    if let Ok(value) = http::HeaderValue::from_bytes(&joined) {
+        req.headers_mut().insert(http::header::COOKIE, value);
     }
 }
 
@@ -164,5 +186,32 @@ fn normalize_target<B>(req: &mut Request<B>, options: PathNormalization) -> Resu
                 "the request path cannot be normalised: {e}; nothing was reserved or forwarded"
             ),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http2_cookie_fields_are_joined_for_http11() {
+        let mut req = Request::builder()
+            .version(http::Version::HTTP_2)
+            .header("cookie", "a=1")
+            .header("cookie", "b=2")
+            .header("cookie", "c=3")
+            .body(())
+            .unwrap();
+        join_cookies(&mut req);
+        let cookies: Vec<_> = req.headers().get_all("cookie").iter().collect();
+        assert_eq!(cookies, ["a=1; b=2; c=3"]);
+        // HTTP/1.1 sends one field already; two are left as they came.
+        let mut req = Request::builder()
+            .header("cookie", "a=1")
+            .header("cookie", "b=2")
+            .body(())
+            .unwrap();
+        join_cookies(&mut req);
+        assert_eq!(req.headers().get_all("cookie").iter().count(), 2);
     }
 }

@@ -383,3 +383,47 @@ async fn tls_older_than_1_2_is_refused() {
     assert_eq!(answer.get(5), Some(&2), "{answer:?}");
     assert!(matches!(answer.get(6), Some(40 | 70)), "{answer:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_takes_its_own_pair() {
+    let pki = Pki::new();
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let admin = pki.leaf();
+    std::fs::write(dir.path().join("admin.pem"), &admin.chain).unwrap();
+    std::fs::write(dir.path().join("admin.key"), &admin.key).unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &[
+            "--store",
+            "memory://",
+            "--admin",
+            "127.0.0.1:0",
+            "--admin-tls-cert",
+            "admin.pem",
+            "--admin-tls-key",
+            "admin.key",
+        ],
+    )
+    .await;
+    let admin_addr = gw.admin.unwrap();
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-sS", "-k", "--max-time", "20", "-w", " %{http_version}"])
+        .arg(format!("https://{admin_addr}/healthz"));
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.ends_with(" 2"), "HTTP/2 over TLS: {said}");
+    // The proxy's port stays plain.
+    let plain = crate::common::Http::new()
+        .send("GET", &gw.url("/v1/things"), &[], "")
+        .await;
+    assert_eq!(plain.status, 201);
+}
