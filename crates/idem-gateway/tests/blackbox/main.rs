@@ -19,3 +19,4 @@ mod smuggling;
 mod spelling;
 mod telemetry;
 mod tenants;
+mod upstreams;
