@@ -21,3 +21,4 @@ mod spelling;
 mod telemetry;
 mod tenants;
 mod tls;
+mod upstreams;
