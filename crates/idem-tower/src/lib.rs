@@ -221,6 +221,7 @@ mod future;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod grpc;
 mod heartbeat;
 mod in_flight;
 mod layer;
@@ -242,6 +243,10 @@ pub use config::{
 pub use context::IdempotencyContext;
 pub use drain::{DRAIN_LIMIT, DRAIN_TIMEOUT, drain_body};
 pub use future::ResponseFuture;
+pub use grpc::{
+    DEFAULT_GRPC_RELEASE_CODES, GRPC_CODE_NAMES, GRPC_RETRY_PUSHBACK, GRPC_STATUS_FIELDS,
+    GrpcReleaseCodes, code_name as grpc_code_name, is_grpc,
+};
 pub use in_flight::InFlight;
 pub use layer::IdempotencyLayer;
 pub use policy::{Disposition, Observer, Outcome, Proxied, ResourceReference, UpstreamFailure};
