@@ -35,7 +35,7 @@ mod upstream;
 mod values;
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::{HeaderName, Method};
@@ -54,6 +54,7 @@ use self::secrets::admin_token;
 use self::values::{
     check_release_statuses, parse_grpc_release_codes, parse_methods, parse_release_statuses,
 };
+use crate::listener::{Http2Limits, TlsFiles};
 use crate::path::PathNormalization;
 use crate::route::{PathTemplate, Route};
 use crate::store::{Namespace, StoreOptions};
@@ -135,6 +136,12 @@ pub struct GatewayConfig {
     pub shutdown_timeout: Duration,
     /// Where traces are posted (`…/v1/traces`); `None` when tracing is off.
     pub otlp_endpoint: Option<String>,
+    /// The limits on HTTP/2 client connections.
+    pub http2: Http2Limits,
+    /// The proxy listener's certificate and key, when it terminates TLS.
+    pub tls: Option<TlsFiles>,
+    /// The admin listener's, when it terminates TLS.
+    pub admin_tls: Option<TlsFiles>,
     /// Per-route rules.
     pub routes: Vec<Route>,
 }
@@ -190,6 +197,14 @@ impl GatewayConfig {
             passthrough: _,
             shutdown_timeout,
             otlp_endpoint,
+            http2_max_concurrent_streams,
+            http2_max_header_list_size,
+            http2_keepalive_interval,
+            http2_keepalive_timeout,
+            tls_cert,
+            tls_key,
+            admin_tls_cert,
+            admin_tls_key,
             route,
         } = args;
         let upstream = upstream.ok_or_else(|| {
@@ -275,6 +290,14 @@ impl GatewayConfig {
                     .as_deref(),
             )
             .map_err(|e| invalid("otlp_endpoint", e))?,
+            http2: http2_limits(
+                http2_max_concurrent_streams,
+                http2_max_header_list_size,
+                http2_keepalive_interval,
+                http2_keepalive_timeout,
+            )?,
+            tls: tls_files("tls", tls_cert, tls_key)?,
+            admin_tls: tls_files("admin_tls", admin_tls_cert, admin_tls_key)?,
             routes: route
                 .into_iter()
                 .enumerate()
@@ -296,6 +319,65 @@ impl GatewayConfig {
         }
         Ok(config)
     }
+}
+
+/// A listener's certificate and key: both or neither.
+fn tls_files(
+    setting: &str,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> Result<Option<TlsFiles>, ConfigError> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles { cert, key })),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(invalid(
+            format!("{setting}_key"),
+            format!("required with {setting}_cert"),
+        )),
+        (None, Some(_)) => Err(invalid(
+            format!("{setting}_cert"),
+            format!("required with {setting}_key"),
+        )),
+    }
+}
+
+/// The HTTP/2 limits given, over the defaults.
+fn http2_limits(
+    max_concurrent_streams: Option<u32>,
+    max_header_list_size: Option<usize>,
+    keepalive_interval: Option<Duration>,
+    keepalive_timeout: Option<Duration>,
+) -> Result<Http2Limits, ConfigError> {
+    let defaults = Http2Limits::default();
+    let max_header_list_size = match max_header_list_size {
+        None => defaults.max_header_list_size,
+        Some(n) => match u32::try_from(n) {
+            Ok(n) if n > 0 => n,
+            _ => {
+                return Err(invalid(
+                    "http2_max_header_list_size",
+                    "must be more than zero and less than 4GiB",
+                ));
+            }
+        },
+    };
+    let keepalive_timeout = keepalive_timeout.unwrap_or(defaults.keepalive_timeout);
+    if keepalive_timeout.is_zero() {
+        return Err(invalid(
+            "http2_keepalive_timeout",
+            "must be longer than zero; --http2-keepalive-interval 0s turns the pings off",
+        ));
+    }
+    Ok(Http2Limits {
+        max_concurrent_streams: max_concurrent_streams.unwrap_or(defaults.max_concurrent_streams),
+        max_header_list_size,
+        keepalive_interval: match keepalive_interval {
+            Some(t) if t.is_zero() => None,
+            Some(t) => Some(t),
+            None => defaults.keepalive_interval,
+        },
+        keepalive_timeout,
+    })
 }
 
 /// The `--config` file's settings.

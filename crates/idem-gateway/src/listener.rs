@@ -19,9 +19,17 @@
 //! serve` first raises from its soft value to the hard one ([`raise_fd_limit`]): see
 //! [`default_max_connections`].
 //!
-//! **The client timeout.** A connection must send each request's head within the
-//! timeout, counted from when it is ready for its next request, so an idle keep-alive
-//! connection is closed after it too. And a client that stops reading is closed once
+//! **Protocols.** HTTP/1.1 and HTTP/2 on one port: a connection that opens with the
+//! HTTP/2 preface is HTTP/2 (h2c with prior knowledge), any other HTTP/1.1; each HTTP/2
+//! stream is one request to the service, as each HTTP/1.1 request is. HTTP/2 has the
+//! limits of [`Http2Limits`].
+//!
+//! **The client timeout.** An HTTP/1.1 connection must send each request's head within
+//! the timeout, counted from when it is ready for its next request, so an idle
+//! keep-alive connection is closed after it too. Any connection with no request open
+//! for the timeout is closed (gracefully: an HTTP/2 one gets a `GOAWAY`), which is what
+//! bounds an HTTP/2 connection without streams, or one that never sends its preface.
+//! And a client that stops reading is closed once
 //! the gateway's writes to it have made no progress for the timeout, so it cannot hold
 //! its connection, its place under the cap and the answer's buffers for ever by asking
 //! for an answer and never reading it.
@@ -39,16 +47,26 @@ use tower::BoxError;
 
 use crate::metrics::{GaugeGuard, Metrics};
 
+mod activity;
 mod handler;
+mod http2;
 mod limits;
 mod shutdown;
+mod tls;
 mod write_stall;
 
 use self::handler::Handler;
+use self::http2::Builders;
+pub use self::http2::{
+    DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_CONCURRENT_STREAMS,
+    DEFAULT_MAX_HEADER_LIST_SIZE, Http2Limits, MAX_LOCAL_ERROR_RESET_STREAMS,
+    MAX_PENDING_ACCEPT_RESET_STREAMS, MAX_SEND_BUF_SIZE,
+};
 pub use self::limits::{
     ADMIN_MAX_CONNECTIONS, SPARE_DESCRIPTORS, default_max_connections, fd_limit, raise_fd_limit,
 };
 pub(crate) use self::shutdown::Connections;
+pub use self::tls::{Tls, TlsError, TlsFiles};
 pub use crate::metrics::ListenerKind;
 
 /// How long a connection may stay silent before TCP starts asking whether its peer is
@@ -86,12 +104,15 @@ pub(crate) struct Listener {
     slots: Arc<Semaphore>,
     max: usize,
     header_read_timeout: Option<Duration>,
+    builders: Arc<Builders>,
+    tls: Option<Tls>,
     metrics: Arc<Metrics>,
 }
 
 impl Listener {
     /// Serves `tcp` as the `kind` listener, with at most `max` connections open (at
-    /// least 1) and `header_read_timeout` for each request's head.
+    /// least 1), `header_read_timeout` for each request's head and the default HTTP/2
+    /// limits.
     pub(crate) fn new(
         tcp: TcpListener,
         kind: ListenerKind,
@@ -107,8 +128,27 @@ impl Listener {
             slots: Arc::new(Semaphore::new(max)),
             max,
             header_read_timeout,
+            builders: Arc::new(Builders::new(header_read_timeout, &Http2Limits::default())),
+            tls: None,
             metrics,
         }
+    }
+
+    /// With `limits` on its HTTP/2 connections.
+    pub(crate) fn http2_limits(mut self, limits: &Http2Limits) -> Listener {
+        self.builders = Arc::new(Builders::new(self.header_read_timeout, limits));
+        self
+    }
+
+    /// Terminating TLS with `tls`, if given.
+    pub(crate) fn tls(mut self, tls: Option<Tls>) -> Listener {
+        self.tls = tls;
+        self
+    }
+
+    /// Its TLS, if it terminates TLS.
+    pub(crate) fn tls_config(&self) -> Option<&Tls> {
+        self.tls.as_ref()
     }
 
     /// The bound address.
@@ -133,8 +173,8 @@ impl Listener {
         F: FnMut(SocketAddr, &ConnectionSlot) -> S,
         S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
         S::Future: Send + 'static,
-        S::Error: Into<BoxError>,
-        B: http_body::Body + Send + 'static,
+        S::Error: Into<BoxError> + Send + 'static,
+        B: http_body::Body + Unpin + Send + 'static,
         B::Data: Send,
         B::Error: Into<BoxError>,
     {
@@ -159,6 +199,8 @@ impl Listener {
                 stream,
                 service: service_for(peer, &slot),
                 timeout: self.header_read_timeout,
+                builders: self.builders.clone(),
+                tls: self.tls.clone(),
                 slot,
                 shutdown: connections.shutdown(),
             }

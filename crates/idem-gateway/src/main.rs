@@ -48,9 +48,17 @@ async fn main() -> ExitCode {
             };
             // One line on standard output per listener, for scripts and tests that start
             // the gateway on port 0.
-            println!("idem listening on http://{}", gateway.local_addr());
+            let scheme = |tls: bool| if tls { "https" } else { "http" };
+            println!(
+                "idem listening on {}://{}",
+                scheme(config.tls.is_some()),
+                gateway.local_addr()
+            );
             if let Some(admin) = gateway.admin_addr() {
-                println!("idem admin on http://{admin}");
+                println!(
+                    "idem admin on {}://{admin}",
+                    scheme(config.admin_tls.is_some())
+                );
             }
             gateway.run(shutdown_signal()).await;
             ExitCode::SUCCESS
@@ -131,6 +139,14 @@ async fn check(args: &ServeArgs) -> ExitCode {
         eprintln!("idem: the store does not answer: {e}");
         return ExitCode::FAILURE;
     }
+    for (listener, files) in [("proxy", &config.tls), ("admin", &config.admin_tls)] {
+        if let Some(files) = files
+            && let Err(e) = files.load()
+        {
+            eprintln!("idem: the {listener} listener's TLS: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     println!("upstream  {}", config.upstream);
     match config.client_timeout {
         Some(t) => println!(
@@ -139,6 +155,15 @@ async fn check(args: &ServeArgs) -> ExitCode {
             humantime::format_duration(t)
         ),
         None => println!("listen    {} (no client timeout)", config.listen),
+    }
+    for (listener, files) in [("proxy", &config.tls), ("admin", &config.admin_tls)] {
+        if let Some(files) = files {
+            println!(
+                "tls       {listener}: {} with {} (usable)",
+                files.cert.display(),
+                files.key.display()
+            );
+        }
     }
     let namespace = config.store_options.namespace.clone().unwrap_or_default();
     println!(

@@ -31,7 +31,7 @@ use self::front::Front;
 use crate::admin::{self, AdminState};
 use crate::config::GatewayConfig;
 use crate::listener::{
-    self, ADMIN_MAX_CONNECTIONS, ConnectionSlot, Connections, Listener, ListenerKind,
+    self, ADMIN_MAX_CONNECTIONS, ConnectionSlot, Connections, Listener, ListenerKind, Tls,
     default_max_connections,
 };
 use crate::metrics::Metrics;
@@ -70,6 +70,15 @@ pub enum ServeError {
     /// The trace exporter could not start.
     #[error(transparent)]
     Telemetry(#[from] TelemetryError),
+    /// A listener's certificate and key cannot be used.
+    #[error("the {listener} listener's TLS: {source}")]
+    Tls {
+        /// `proxy` or `admin`.
+        listener: &'static str,
+        /// Why.
+        #[source]
+        source: crate::listener::TlsError,
+    },
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -289,6 +298,17 @@ impl Gateway {
             path_normalization,
             telemetry,
         } = self;
+        let tls: Vec<(&'static str, Tls)> = [
+            ("proxy", listener.tls_config().cloned()),
+            (
+                "admin",
+                admin.as_ref().and_then(|a| a.tls_config().cloned()),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(name, tls)| tls.map(|t| (name, t)))
+        .collect();
+        let reloads = (!tls.is_empty()).then(|| tokio::spawn(reload_on_sighup(tls)));
         let sweeper = sweep_interval.map(|every| {
             Sweeper::spawn(
                 store.clone(),
@@ -329,6 +349,9 @@ impl Gateway {
         }
         if let Some(sweeper) = sweeper {
             sweeper.stop();
+        }
+        if let Some(reloads) = reloads {
+            reloads.abort();
         }
         close(&*store, deadline).await;
         // After the store: the spans of the last executions' writes go out too.
@@ -393,6 +416,15 @@ fn listeners(
     metrics: &Arc<Metrics>,
 ) -> Result<(Listener, Option<Listener>), ServeError> {
     let bind = |addr| listener::bind(addr).map_err(|source| ServeError::Bind { addr, source });
+    let tls = |files: &Option<listener::TlsFiles>, listener| {
+        files
+            .clone()
+            .map(Tls::load)
+            .transpose()
+            .map_err(|source| ServeError::Tls { listener, source })
+    };
+    let proxy_tls = tls(&config.tls, "proxy")?;
+    let admin_tls = tls(&config.admin_tls, "admin")?;
     let proxy = bind(config.listen)?;
     let admin = match config.admin {
         Some(addr) => {
@@ -409,7 +441,9 @@ fn listeners(
         proxy_connection_cap(config),
         config.client_timeout,
         metrics.clone(),
-    );
+    )
+    .http2_limits(&config.http2)
+    .tls(proxy_tls);
     // An admin listener always has a client timeout: nothing it serves needs a
     // connection that idles longer.
     let admin_timeout = config.client_timeout.unwrap_or(ADMIN_CLIENT_TIMEOUT);
@@ -421,6 +455,8 @@ fn listeners(
             Some(admin_timeout),
             metrics.clone(),
         )
+        .http2_limits(&config.http2)
+        .tls(admin_tls.clone())
     });
     Ok((proxy, admin))
 }
@@ -455,6 +491,42 @@ async fn close(store: &dyn Store, deadline: Instant) {
     {
         tracing::warn!("the store had not closed by the shutdown deadline; stopping without it");
     }
+}
+
+/// Reads each listener's certificate and key again on every SIGHUP: new connections
+/// get the new pair, open ones keep theirs, and a pair that cannot be used is logged
+/// and leaves the one in force.
+async fn reload_on_sighup(tls: Vec<(&'static str, Tls)>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hup = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; TLS certificates will not be reloaded");
+                return;
+            }
+        };
+        while hup.recv().await.is_some() {
+            for (listener, tls) in &tls {
+                let files = tls.files();
+                match tls.reload() {
+                    Ok(()) => tracing::info!(
+                        listener,
+                        cert = %files.cert.display(),
+                        "SIGHUP: TLS certificate reloaded; new connections use it"
+                    ),
+                    Err(e) => tracing::error!(
+                        listener,
+                        error = %e,
+                        "SIGHUP: the new TLS certificate cannot be used; keeping the one in force"
+                    ),
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    drop(tls);
 }
 
 /// Resolves on SIGINT or SIGTERM.

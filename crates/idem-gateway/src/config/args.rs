@@ -235,6 +235,58 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
 
+    /// Most streams (requests) one HTTP/2 client connection may have open at once
+    /// [default: 100].
+    #[arg(long, env = "IDEM_HTTP2_MAX_CONCURRENT_STREAMS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub http2_max_concurrent_streams: Option<u32>,
+
+    /// Largest header list an HTTP/2 request may carry (names and values, plus 32 bytes
+    /// a field), e.g. 32KiB; a larger one is refused [default: 32KiB].
+    #[arg(long, env = "IDEM_HTTP2_MAX_HEADER_LIST_SIZE", value_name = "BYTES", value_parser = parse_byte_size)]
+    #[serde(deserialize_with = "toml_form::bytes")]
+    pub http2_max_header_list_size: Option<usize>,
+
+    /// How often an HTTP/2 client connection is pinged, so that a peer that vanished is
+    /// found out; 0s for never [default: 30s].
+    #[arg(long, env = "IDEM_HTTP2_KEEPALIVE_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub http2_keepalive_interval: Option<Duration>,
+
+    /// How long an HTTP/2 ping may go unanswered before the connection is closed
+    /// [default: 20s].
+    #[arg(long, env = "IDEM_HTTP2_KEEPALIVE_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub http2_keepalive_timeout: Option<Duration>,
+
+    /// PEM file with the proxy listener's TLS certificate chain (its own certificate
+    /// first): the listener then speaks HTTPS only, HTTP/2 or HTTP/1.1 by ALPN, TLS 1.2
+    /// and 1.3; read again on SIGHUP. With --tls-key [default: plain TCP].
+    #[arg(long, env = "IDEM_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM file with the private key of --tls-cert.
+    #[arg(long, env = "IDEM_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM file with the admin listener's TLS certificate chain; read again on SIGHUP.
+    /// With --admin-tls-key [default: plain TCP].
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TLS_CERT",
+        value_name = "FILE",
+        requires = "admin_tls_key"
+    )]
+    pub admin_tls_cert: Option<PathBuf>,
+
+    /// PEM file with the private key of --admin-tls-cert.
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TLS_KEY",
+        value_name = "FILE",
+        requires = "admin_tls_cert"
+    )]
+    pub admin_tls_key: Option<PathBuf>,
+
     /// Per-route rules (`[[route]]` tables, the file only), first match wins.
     #[arg(skip)]
     pub route: Vec<RouteRule>,
@@ -277,6 +329,14 @@ impl ServeArgs {
             passthrough,
             shutdown_timeout,
             otlp_endpoint,
+            http2_max_concurrent_streams,
+            http2_max_header_list_size,
+            http2_keepalive_interval,
+            http2_keepalive_timeout,
+            tls_cert,
+            tls_key,
+            admin_tls_cert,
+            admin_tls_key,
             route,
         } = self;
         ServeArgs {
@@ -310,6 +370,16 @@ impl ServeArgs {
             passthrough: passthrough || under.passthrough,
             shutdown_timeout: shutdown_timeout.or(under.shutdown_timeout),
             otlp_endpoint: otlp_endpoint.or(under.otlp_endpoint),
+            http2_max_concurrent_streams: http2_max_concurrent_streams
+                .or(under.http2_max_concurrent_streams),
+            http2_max_header_list_size: http2_max_header_list_size
+                .or(under.http2_max_header_list_size),
+            http2_keepalive_interval: http2_keepalive_interval.or(under.http2_keepalive_interval),
+            http2_keepalive_timeout: http2_keepalive_timeout.or(under.http2_keepalive_timeout),
+            tls_cert: tls_cert.or(under.tls_cert),
+            tls_key: tls_key.or(under.tls_key),
+            admin_tls_cert: admin_tls_cert.or(under.admin_tls_cert),
+            admin_tls_key: admin_tls_key.or(under.admin_tls_key),
             route: if route.is_empty() { under.route } else { route },
         }
     }

@@ -1,17 +1,26 @@
 //! One connection, served by hyper in a task of its own until it ends or shutdown asks
-//! it to finish: TCP keepalive and no Nagle delay on the socket, the client timeout on
-//! each request's head and on writes that make no progress, upgrades for WebSocket
-//! tunnels, and the connection's place under the cap held until it ends.
+//! it to finish: TCP keepalive and no Nagle delay on the socket, HTTP/1.1 or HTTP/2 as
+//! the connection's first bytes say, the client timeout on each request's head, on a
+//! connection with no request open and on writes that make no progress, upgrades for
+//! WebSocket tunnels (HTTP/1.1), and the connection's place under the cap held until it
+//! ends.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tower::BoxError;
 
+use super::activity::Activity;
+use super::http2::Builders;
 use super::shutdown::Shutdown;
+use super::tls::Tls;
 use super::write_stall::WriteStall;
 use super::{ConnectionSlot, KEEPALIVE_IDLE};
 
@@ -19,8 +28,12 @@ use super::{ConnectionSlot, KEEPALIVE_IDLE};
 pub(super) struct Handler<S> {
     pub(super) stream: TcpStream,
     pub(super) service: S,
-    /// The client timeout: for each request's head, and for writes without progress.
+    /// The client timeout: for each request's head, for a connection with no request
+    /// open, and for writes without progress.
     pub(super) timeout: Option<Duration>,
+    pub(super) builders: Arc<Builders>,
+    /// TLS to terminate first, if the listener has it.
+    pub(super) tls: Option<Tls>,
     pub(super) slot: ConnectionSlot,
     pub(super) shutdown: Shutdown,
 }
@@ -29,8 +42,8 @@ impl<S, B> Handler<S>
 where
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: http_body::Body + Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    B: http_body::Body + Unpin + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
@@ -44,6 +57,8 @@ where
             stream,
             service,
             timeout,
+            builders,
+            tls,
             slot,
             mut shutdown,
         } = self;
@@ -51,33 +66,101 @@ where
         if let Err(e) = keep_alive(&stream) {
             tracing::debug!(error = %e, "TCP keepalive could not be set on a connection");
         }
-        // A client that sends no complete request head in time (a slow or stalled one,
-        // or an idle keep-alive connection) is disconnected, so it cannot hold a
-        // connection and its buffers without limit. With upgrades, so that the proxy can
-        // hand a switched connection (a WebSocket) over to its tunnel.
         let stream = WriteStall::new(stream, timeout);
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(timeout)
-            .serve_connection(TokioIo::new(stream), service)
-            .with_upgrades();
-        let mut conn = std::pin::pin!(conn);
-        let ended = tokio::select! {
-            biased;
-            ended = conn.as_mut() => ended,
-            () = shutdown.recv() => {
-                // Finish the request in progress, if any, then close.
-                conn.as_mut().graceful_shutdown();
-                conn.await
+        match tls {
+            None => serve(stream, &builders.auto, service, timeout, &mut shutdown).await,
+            Some(tls) => {
+                // The handshake has the client timeout too, and shutdown ends it.
+                let handshake = tls.acceptor().accept(stream);
+                let handshake = async {
+                    match timeout {
+                        Some(t) => tokio::time::timeout(t, handshake)
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    "no TLS handshake within the client timeout",
+                                ))
+                            }),
+                        None => handshake.await,
+                    }
+                };
+                let stream = tokio::select! {
+                    accepted = handshake => accepted,
+                    () = shutdown.recv() => return,
+                };
+                match stream {
+                    Ok(stream) => {
+                        let builder = match stream.get_ref().1.alpn_protocol() {
+                            Some(b"h2") => &builders.http2,
+                            Some(b"http/1.1") => &builders.http1,
+                            _ => &builders.auto,
+                        };
+                        serve(stream, builder, service, timeout, &mut shutdown).await;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "TLS handshake failed"),
+                }
             }
-        };
-        if let Err(e) = ended {
-            tracing::debug!(error = %e, "connection ended with an error");
         }
         // The place under the cap goes first, then the shutdown's hold: once `finish`
         // sees every connection closed, none holds a place any more.
         drop(slot);
         drop(shutdown);
+    }
+}
+
+/// Serves `io` with `builder` until the connection ends. A client that sends no
+/// complete HTTP/1.1 request head in time (a slow or stalled one, or an idle keep-alive
+/// connection), or keeps a connection with no request open for the timeout (an HTTP/2
+/// connection without streams, one that never sent its preface) is disconnected, so it
+/// cannot hold a connection and its buffers without limit. With upgrades, so that the
+/// proxy can hand a switched HTTP/1.1 connection (a WebSocket) over to its tunnel.
+async fn serve<I, S, B>(
+    io: I,
+    builder: &auto::Builder<TokioExecutor>,
+    service: S,
+    timeout: Option<Duration>,
+    shutdown: &mut Shutdown,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    B: http_body::Body + Unpin + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let activity = Activity::new();
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), activity.track(service));
+    let mut conn = std::pin::pin!(conn);
+    let idle = async {
+        match timeout {
+            Some(timeout) => activity.idle_for(timeout).await,
+            None => std::future::pending().await,
+        }
+    };
+    // A graceful close of HTTP/2 waits for the client to answer a ping; one that never
+    // does is given the timeout once more, then dropped.
+    let grace = timeout.unwrap_or(Duration::MAX);
+    let ended = tokio::select! {
+        biased;
+        ended = conn.as_mut() => ended,
+        () = shutdown.recv() => {
+            // Finish the requests in progress, if any, then close.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+        () = idle => {
+            tracing::debug!("closing a connection that had no request open for the client timeout");
+            conn.as_mut().graceful_shutdown();
+            match tokio::time::timeout(grace, conn).await {
+                Ok(ended) => ended,
+                Err(_) => Ok(()),
+            }
+        }
+    };
+    if let Err(e) = ended {
+        tracing::debug!(error = %e, "connection ended with an error");
     }
 }
 

@@ -342,6 +342,7 @@ impl Gateway {
         let mut admin = None;
         let read = async {
             while let Some(line) = lines.next_line().await.unwrap() {
+                let line = line.replace("https://", "http://");
                 if let Some(a) = line.strip_prefix("idem listening on http://") {
                     addr = Some(a.parse().unwrap());
                 } else if let Some(a) = line.strip_prefix("idem admin on http://") {
@@ -374,6 +375,16 @@ impl Gateway {
             self.admin.expect("started with --admin"),
             path
         )
+    }
+
+    /// Sends `signal` (`HUP`, …) to the process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("running");
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
     }
 
     /// SIGKILL, and reap.
@@ -434,10 +445,45 @@ impl Answer {
     }
 }
 
-/// A small HTTP/1.1 client.
+/// The protocol a client speaks to the gateway's plain-TCP port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    Http1,
+    /// HTTP/2 with prior knowledge.
+    H2c,
+}
+
+/// Runs a black-box test once over each protocol: `async fn NAME(proto: Proto) {…}`
+/// becomes a module `NAME` with the tests `http1` and `h2c`, each calling the body
+/// with its protocol.
+macro_rules! over_both_protocols {
+    ($(#[doc = $doc:expr])* async fn $name:ident($proto:ident: Proto) $body:block) => {
+        $(#[doc = $doc])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn http1() {
+                run($crate::common::Proto::Http1).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn h2c() {
+                run($crate::common::Proto::H2c).await
+            }
+
+            async fn run($proto: $crate::common::Proto) $body
+        }
+    };
+}
+pub(crate) use over_both_protocols;
+
+/// A small HTTP/1.1 or HTTP/2 (h2c, prior knowledge) client.
 #[derive(Clone)]
 pub struct Http {
     client: Client<HttpConnector, Full<Bytes>>,
+    pub proto: Proto,
 }
 
 impl Default for Http {
@@ -448,8 +494,18 @@ impl Default for Http {
 
 impl Http {
     pub fn new() -> Http {
+        Http::speaking(Proto::Http1)
+    }
+
+    /// A client that speaks `proto`.
+    pub fn speaking(proto: Proto) -> Http {
+        let mut builder = Client::builder(TokioExecutor::new());
+        if proto == Proto::H2c {
+            builder.http2_only(true);
+        }
         Http {
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: builder.build_http(),
+            proto,
         }
     }
 
@@ -472,6 +528,11 @@ impl Http {
         .await
         .expect("answer within 30s")
         .expect("request sent");
+        let expected = match self.proto {
+            Proto::Http1 => http::Version::HTTP_11,
+            Proto::H2c => http::Version::HTTP_2,
+        };
+        assert_eq!(res.version(), expected, "answered in the protocol asked in");
         let status = res.status().as_u16();
         let headers = res.headers().clone();
         let body = res.into_body().collect().await.unwrap().to_bytes();

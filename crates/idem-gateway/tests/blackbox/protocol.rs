@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::common::{Gateway, Http, OLD_DATE, Upstream, new_key};
+use crate::common::{Gateway, Http, OLD_DATE, Proto, Upstream, new_key, over_both_protocols};
 
 struct Setup {
     up: Upstream,
@@ -14,18 +14,24 @@ struct Setup {
 }
 
 async fn setup(extra: &[&str]) -> Setup {
-    setup_in(tempfile::tempdir().unwrap(), extra).await
+    setup_over(Proto::Http1, extra).await
 }
 
-/// A gateway on the memory store configured by `toml`, given as `--config`.
-async fn setup_with_file(toml: &str) -> Setup {
+/// A gateway with `extra` arguments, and a client that speaks `proto` to it.
+async fn setup_over(proto: Proto, extra: &[&str]) -> Setup {
+    setup_in(proto, tempfile::tempdir().unwrap(), extra).await
+}
+
+/// A gateway on the memory store configured by `toml`, given as `--config`, and a
+/// client that speaks `proto` to it.
+async fn setup_with_file_over(proto: Proto, toml: &str) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("idem.toml"), toml).unwrap();
-    setup_in(dir, &["--config", "idem.toml"]).await
+    setup_in(proto, dir, &["--config", "idem.toml"]).await
 }
 
 /// A gateway on the memory store, run in `dir`, with `extra` arguments.
-async fn setup_in(dir: tempfile::TempDir, extra: &[&str]) -> Setup {
+async fn setup_in(proto: Proto, dir: tempfile::TempDir, extra: &[&str]) -> Setup {
     let up = Upstream::start().await;
     let mut args = vec!["--store", "memory://"];
     args.extend_from_slice(extra);
@@ -33,14 +39,14 @@ async fn setup_in(dir: tempfile::TempDir, extra: &[&str]) -> Setup {
     Setup {
         up,
         gw,
-        http: Http::new(),
+        http: Http::speaking(proto),
         _dir: dir,
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_request_executes_and_retry_replays_it() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn first_request_executes_and_retry_replays_it(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     let first = s.http.post(&url, &key, r#"{"amount":100}"#, &[]).await;
@@ -57,10 +63,11 @@ async fn first_request_executes_and_retry_replays_it() {
     assert_eq!(s.up.started(&key), 1, "the upstream ran once");
     assert_eq!(first.json()["attempt"], "1");
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quoted_and_bare_key_name_the_same_record() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn quoted_and_bare_key_name_the_same_record(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     let bare = s.http.post(&url, &key, "{}", &[]).await;
@@ -70,10 +77,11 @@ async fn quoted_and_bare_key_name_the_same_record() {
     assert_eq!(quoted.body, bare.body);
     assert_eq!(s.up.total(), 1);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mismatched_payload_is_422() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn mismatched_payload_is_422(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     assert_eq!(
@@ -88,10 +96,11 @@ async fn mismatched_payload_is_422() {
     assert_eq!(other.problem_type(), "https://idem.dev/problems/key-reused");
     assert_eq!(s.up.started(&key), 1);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_progress_duplicate_is_409_with_retry_after() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn in_progress_duplicate_is_409_with_retry_after(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     let slow = {
@@ -120,10 +129,11 @@ async fn in_progress_duplicate_is_409_with_retry_after() {
     assert_eq!(slow.await.unwrap().status, 201);
     assert_eq!(s.up.started(&key), 1);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_duplicates_execute_once() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn concurrent_duplicates_execute_once(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     let tasks: Vec<_> = (0..16)
@@ -147,6 +157,7 @@ async fn concurrent_duplicates_execute_once() {
     assert_eq!(executed, 1);
     assert_eq!(s.up.started(&key), 1);
 }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_record_executes_again() {
@@ -165,9 +176,9 @@ async fn expired_record_executes_again() {
     assert_eq!(s.up.started(&key), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_keys_are_400_and_never_reach_upstream() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn malformed_keys_are_400_and_never_reach_upstream(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let url = s.gw.url("/v1/charges");
     let long = "k".repeat(256);
     for bad in [
@@ -190,10 +201,11 @@ async fn malformed_keys_are_400_and_never_reach_upstream() {
     assert_eq!(ok.status, 201);
     assert_eq!(s.up.total(), 1);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn non_ascii_key_is_400() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn non_ascii_key_is_400(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let url = s.gw.url("/v1/charges");
     let mut req = http::Request::post(&url)
         .header("content-type", "application/json")
@@ -209,10 +221,11 @@ async fn non_ascii_key_is_400() {
     assert_eq!(res.status(), 400);
     assert_eq!(s.up.total(), 0);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_key_headers_are_400() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn two_key_headers_are_400(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let a = s
         .http
         .send(
@@ -226,10 +239,11 @@ async fn two_key_headers_are_400() {
     assert_eq!(a.problem_type(), "https://idem.dev/problems/invalid-key");
     assert_eq!(s.up.total(), 0);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn missing_key_is_400_when_required() {
-    let s = setup(&["--require-key"]).await;
+over_both_protocols! {
+async fn missing_key_is_400_when_required(proto: Proto) {
+    let s = setup_over(proto, &["--require-key"]).await;
     let a = s
         .http
         .send("POST", &s.gw.url("/v1/charges"), &[], "{}")
@@ -241,10 +255,11 @@ async fn missing_key_is_400_when_required() {
     let g = s.http.send("GET", &s.gw.url("/v1/charges"), &[], "").await;
     assert_eq!(g.status, 201);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn missing_key_passes_through_when_optional() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn missing_key_passes_through_when_optional(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let url = s.gw.url("/v1/charges");
     let a = s.http.send("POST", &url, &[], "{}").await;
     let b = s.http.send("POST", &url, &[], "{}").await;
@@ -252,10 +267,11 @@ async fn missing_key_passes_through_when_optional() {
     assert!(!b.replayed());
     assert_eq!(s.up.total(), 2, "without a key every request executes");
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn get_passes_through_untouched_and_streams_large_bodies() {
-    let s = setup(&["--body-limit", "1KiB"]).await;
+over_both_protocols! {
+async fn get_passes_through_untouched_and_streams_large_bodies(proto: Proto) {
+    let s = setup_over(proto, &["--body-limit", "1KiB"]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     let a = s
@@ -289,10 +305,11 @@ async fn get_passes_through_untouched_and_streams_large_bodies() {
     assert_eq!(post.status, 201);
     assert_eq!(post.json()["body_len"], 200_000);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn body_over_limit_is_413_and_nothing_is_reserved() {
-    let s = setup(&["--body-limit", "1KiB"]).await;
+over_both_protocols! {
+async fn body_over_limit_is_413_and_nothing_is_reserved(proto: Proto) {
+    let s = setup_over(proto, &["--body-limit", "1KiB"]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(2048));
@@ -305,10 +322,11 @@ async fn body_over_limit_is_413_and_nothing_is_reserved() {
     assert_eq!(b.status, 201);
     assert!(!b.replayed());
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn answer_over_response_limit_is_recorded_as_502_and_never_run_again() {
-    let s = setup(&["--response-limit", "64KiB"]).await;
+over_both_protocols! {
+async fn answer_over_response_limit_is_recorded_as_502_and_never_run_again(proto: Proto) {
+    let s = setup_over(proto, &["--response-limit", "64KiB"]).await;
     let key = new_key();
     let url = s.gw.url("/v1/exports");
     let big = [("x-test-body-bytes", "200000")];
@@ -337,6 +355,7 @@ async fn answer_over_response_limit_is_recorded_as_502_and_never_run_again() {
     assert!(again.replayed());
     assert_eq!(again.body.len(), 60_000);
 }
+}
 
 /// Sends a fresh key twice with `headers` that make the upstream answer `status` with
 /// 200 000 bytes, over the 64 KiB response limit the caller's gateway runs with:
@@ -360,9 +379,9 @@ async fn released_answer_streams_whole(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn released_answer_over_response_limit_streams_through_whole() {
-    let s = setup(&["--response-limit", "64KiB"]).await;
+over_both_protocols! {
+async fn released_answer_over_response_limit_streams_through_whole(proto: Proto) {
+    let s = setup_over(proto, &["--response-limit", "64KiB"]).await;
     let url = s.gw.url("/v1/exports");
     // Released by the upstream's header, and by a release status: neither is recorded,
     // so neither is held to the limit on recorded answers.
@@ -371,10 +390,11 @@ async fn released_answer_over_response_limit_streams_through_whole() {
     let by_status = [("x-test-status", "503")];
     released_answer_streams_whole(&s.http, &s.up, &url, 503, &by_status).await;
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn equal_json_in_another_spelling_replays() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn equal_json_in_another_spelling_replays(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     let first = s
@@ -398,6 +418,7 @@ async fn equal_json_in_another_spelling_replays() {
     assert!(again.replayed(), "{again:?}");
     assert_eq!(again.body, first.body);
     assert_eq!(s.up.started(&key), 1);
+}
 }
 
 /// A client that compresses each attempt afresh sends other bytes on its retry:
@@ -482,11 +503,11 @@ async fn deflate_body_with_bytes_after_its_stream_is_another_request() {
     assert_eq!(s.up.started(&key), 1);
 }
 
+over_both_protocols! {
 /// An upload retried as curl `-F` or Python's `requests` retry it: the same form under
 /// a new random boundary. It is the same request (replayed); a changed file is not.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn multipart_retry_with_a_new_boundary_replays() {
-    let s = setup(&[]).await;
+async fn multipart_retry_with_a_new_boundary_replays(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let key = new_key();
     let url = s.gw.url("/v1/files");
     let mut answers = Vec::new();
@@ -513,13 +534,14 @@ async fn multipart_retry_with_a_new_boundary_replays() {
     assert_eq!(changed.status, 422);
     assert_eq!(s.up.started(&key), 1);
 }
+}
 
+over_both_protocols! {
 /// A browser reads a cross-origin answer only if it carries the CORS headers that
 /// allow its origin; a replay without them would look to the page like a network
 /// error, and its retries would never get the answer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replay_keeps_the_cors_headers() {
-    let s = setup(&[]).await;
+async fn replay_keeps_the_cors_headers(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     let origin = [("origin", "https://shop.example")];
@@ -536,6 +558,7 @@ async fn replay_keeps_the_cors_headers() {
         assert_eq!(again.header(name), first.header(name), "{name}");
     }
     assert_eq!(s.up.started(&key), 1);
+}
 }
 
 /// The gateway's own answers (409, 422, 400) reach the upstream never, so they carry no
@@ -668,15 +691,15 @@ async fn a_key_a_browser_adds_by_itself_does_not_make_answers_readable_across_or
     assert_eq!(s.up.total(), 1);
 }
 
+over_both_protocols! {
 /// An upstream that names its answer's resource in `Idempotency-Resource` has the
 /// answer recorded as that reference (SPEC S6): the first client gets the whole body,
 /// even over `--response-limit`, and a retry gets the resource rendered again by a
 /// `GET` upstream, under the first answer's status and stored headers. The upstream
 /// never executes the operation twice; a resource it cannot render is a 503 that says
 /// the operation ran.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_answer_recorded_as_a_reference_is_rendered_again_upstream() {
-    let s = setup(&["--response-limit", "1KiB"]).await;
+async fn an_answer_recorded_as_a_reference_is_rendered_again_upstream(proto: Proto) {
+    let s = setup_over(proto, &["--response-limit", "1KiB"]).await;
     let key = new_key();
     let url = s.gw.url("/v1/reports");
     let first = s
@@ -726,12 +749,13 @@ async fn an_answer_recorded_as_a_reference_is_rendered_again_upstream() {
     );
     assert_eq!(s.up.started(&key), 1);
 }
+}
 
+over_both_protocols! {
 /// A compressed answer is recorded as the bytes it is, so its replay must say how they
 /// are encoded, or the client cannot read them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replay_keeps_the_content_encoding() {
-    let s = setup(&[]).await;
+async fn replay_keeps_the_content_encoding(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     let gzip = [
@@ -747,12 +771,13 @@ async fn replay_keeps_the_content_encoding() {
     assert_eq!(again.header("content-encoding"), Some("gzip"));
     assert_eq!(s.up.started(&key), 1);
 }
+}
 
+over_both_protocols! {
 /// Amounts past a double's precision, and repeated keys, are still payloads of their
 /// own: a retry that changes one is refused, not answered with the first charge.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn json_that_differs_only_past_a_double_is_422() {
-    let s = setup(&[]).await;
+async fn json_that_differs_only_past_a_double_is_422(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let url = s.gw.url("/v1/charges");
     for (first, changed, same) in [
         (
@@ -781,6 +806,7 @@ async fn json_that_differs_only_past_a_double_is_422() {
         assert_eq!(s.up.started(&key), 1, "{first}");
     }
 }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_rule_ignores_pointers_and_stores_extra_headers() {
@@ -789,7 +815,8 @@ async fn route_rule_ignores_pointers_and_stores_extra_headers() {
         gw,
         http,
         _dir,
-    } = setup_with_file(
+    } = setup_with_file_over(
+        Proto::Http1,
         r#"
 [[route]]
 method = "POST"
@@ -847,9 +874,9 @@ store_headers = ["x-order-id"]
     assert_eq!(r2.header("x-order-id"), None);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tenants_never_share_records() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn tenants_never_share_records(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     let alice = s
@@ -883,10 +910,11 @@ async fn tenants_never_share_records() {
         .await;
     assert_eq!(carol.status, 201);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tenant_header_is_configurable() {
-    let s = setup(&["--tenant-header", "x-api-key"]).await;
+over_both_protocols! {
+async fn tenant_header_is_configurable(proto: Proto) {
+    let s = setup_over(proto, &["--tenant-header", "x-api-key"]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     let a = s.http.post(&url, &key, "{}", &[("x-api-key", "k1")]).await;
@@ -904,20 +932,22 @@ async fn tenant_header_is_configurable() {
     assert!(a2.replayed(), "Authorization no longer names the tenant");
     assert_eq!(a2.body, a.body);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn endpoints_are_isolated_in_public_scope() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn endpoints_are_isolated_in_public_scope(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let key = new_key();
     let a = s.http.post(&s.gw.url("/v1/a"), &key, "{}", &[]).await;
     let b = s.http.post(&s.gw.url("/v1/b"), &key, "{}", &[]).await;
     assert!(!a.replayed() && !b.replayed());
     assert_eq!(s.up.started(&key), 2);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn internal_scope_spans_endpoints() {
-    let s = setup(&["--scope", "internal"]).await;
+over_both_protocols! {
+async fn internal_scope_spans_endpoints(proto: Proto) {
+    let s = setup_over(proto, &["--scope", "internal"]).await;
     let key = new_key();
     let a = s.http.post(&s.gw.url("/v1/a"), &key, "{}", &[]).await;
     assert_eq!(a.status, 201);
@@ -925,6 +955,7 @@ async fn internal_scope_spans_endpoints() {
     let b = s.http.post(&s.gw.url("/v1/b"), &key, "{}", &[]).await;
     assert_eq!(b.status, 422);
     assert_eq!(s.up.started(&key), 1);
+}
 }
 
 /// Whether the gateway recorded an upstream answer of `status`: a fresh key gets it,
@@ -948,27 +979,29 @@ async fn recorded(http: &Http, up: &Upstream, url: &str, status: u16) -> bool {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failures_that_started_are_recorded_and_replayed() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn failures_that_started_are_recorded_and_replayed(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let url = s.gw.url("/v1/charges");
     for status in [500, 402] {
         assert!(recorded(&s.http, &s.up, &url, status).await, "{status}");
     }
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refusals_release_the_key() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn refusals_release_the_key(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let url = s.gw.url("/v1/charges");
     for status in [400, 401, 403, 404, 409, 422, 429, 503] {
         assert!(!recorded(&s.http, &s.up, &url, status).await, "{status}");
     }
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn release_statuses_flag_replaces_the_default_list() {
-    let s = setup(&["--release-statuses", "418,503", "--response-limit", "64KiB"]).await;
+over_both_protocols! {
+async fn release_statuses_flag_replaces_the_default_list(proto: Proto) {
+    let s = setup_over(proto, &["--release-statuses", "418,503", "--response-limit", "64KiB"]).await;
     let url = s.gw.url("/v1/charges");
     // Listed: released, and streamed whole past the limit on recorded answers (the
     // proxy reads the same list as the layer).
@@ -977,10 +1010,12 @@ async fn release_statuses_flag_replaces_the_default_list() {
     // A default release status left off the list: recorded and replayed.
     assert!(recorded(&s.http, &s.up, &url, 409).await);
 }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_rule_release_statuses_apply_to_their_route() {
-    let Setup { up, gw, http, _dir } = setup_with_file(
+    let Setup { up, gw, http, _dir } = setup_with_file_over(
+        Proto::Http1,
         r#"
 response_limit = "64KiB"
 
@@ -1001,18 +1036,19 @@ release_statuses = [502]
     assert!(!recorded(&http, &up, &url, 409).await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn release_statuses_none_records_every_answer() {
-    let s = setup(&["--release-statuses", "none"]).await;
+over_both_protocols! {
+async fn release_statuses_none_records_every_answer(proto: Proto) {
+    let s = setup_over(proto, &["--release-statuses", "none"]).await;
     let url = s.gw.url("/v1/charges");
     for status in [409, 503] {
         assert!(recorded(&s.http, &s.up, &url, status).await, "{status}");
     }
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upstream_disposition_header_overrides_and_is_stripped() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn upstream_disposition_header_overrides_and_is_stripped(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let url = s.gw.url("/v1/charges");
     // A 500 that did nothing: release.
     let key = new_key();
@@ -1045,10 +1081,11 @@ async fn upstream_disposition_header_overrides_and_is_stripped() {
     assert_eq!((b.status, b.replayed()), (503, true));
     assert_eq!(s.up.started(&key), 1);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_allow_listed_headers_are_replayed() {
-    let s = setup(&[]).await;
+over_both_protocols! {
+async fn only_allow_listed_headers_are_replayed(proto: Proto) {
+    let s = setup_over(proto, &[]).await;
     let key = new_key();
     let url = s.gw.url("/v1/charges");
     let first = s.http.post(&url, &key, "{}", &[]).await;
@@ -1071,4 +1108,5 @@ async fn only_allow_listed_headers_are_replayed() {
         Some(OLD_DATE),
         "the date is not replayed"
     );
+}
 }
