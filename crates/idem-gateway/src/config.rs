@@ -45,7 +45,7 @@ use idem_tower::{DEFAULT_RESPONSE_LIMIT, GrpcReleaseCodes, ReleaseStatuses};
 pub use self::args::{RouteRule, ScopeArg, ServeArgs};
 pub use self::error::ConfigError;
 pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, tenant_key};
-pub use self::upstream::Upstream;
+pub use self::upstream::{Upstream, UpstreamProtocol};
 pub(crate) use self::values::parse_tenant_headers;
 pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
 
@@ -101,6 +101,11 @@ pub struct GatewayConfig {
     pub lease: Duration,
     /// Upstream timeout.
     pub upstream_timeout: Duration,
+    /// The HTTP spoken to the upstream.
+    pub upstream_protocol: UpstreamProtocol,
+    /// For an `https://` upstream, the TLS client settings (the roots its certificate
+    /// must chain to: `--upstream-ca`'s, else the system's); `None` for `http://`.
+    pub upstream_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     /// Keyed body limit in bytes.
     pub body_limit: usize,
     /// Largest keyed answer recorded, in bytes.
@@ -179,6 +184,8 @@ impl GatewayConfig {
             ttl,
             lease,
             upstream_timeout,
+            upstream_protocol,
+            upstream_ca,
             body_limit,
             response_limit,
             tenant_header,
@@ -239,8 +246,23 @@ impl GatewayConfig {
         }
         .map_err(|e| invalid("path_normalization", e))?;
         let upstream_timeout = upstream_timeout.unwrap_or(DEFAULT_UPSTREAM_TIMEOUT);
+        let upstream = Upstream::parse(&upstream)?;
+        let upstream_tls = match (upstream.is_tls(), upstream_ca) {
+            (true, ca) => Some(std::sync::Arc::new(
+                crate::proxy::tls_client_config(ca.as_deref())
+                    .map_err(|e| invalid("upstream_ca", e))?,
+            )),
+            // A CA for an upstream that no TLS reaches is a mistake worth saying.
+            (false, Some(_)) => {
+                return Err(invalid(
+                    "upstream_ca",
+                    "given for an http:// upstream, which is reached without TLS",
+                ));
+            }
+            (false, None) => None,
+        };
         let config = GatewayConfig {
-            upstream: Upstream::parse(&upstream)?,
+            upstream,
             listen,
             store: store.unwrap_or_else(|| DEFAULT_STORE.to_owned()),
             store_options: StoreOptions {
@@ -256,6 +278,8 @@ impl GatewayConfig {
             ttl: ttl.unwrap_or(DEFAULT_TTL),
             lease: lease.unwrap_or(DEFAULT_LEASE),
             upstream_timeout,
+            upstream_protocol: upstream_protocol.unwrap_or_default(),
+            upstream_tls,
             body_limit: body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
             response_limit: response_limit.unwrap_or(DEFAULT_RESPONSE_LIMIT),
             tenant_headers,

@@ -61,20 +61,20 @@ use http::{Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use idem_tower::{Disposition, IdempotencyContext, Proxied, ResourceReference, UpstreamFailure};
 use tokio::time::Instant;
 use tower::Service;
 
-use crate::config::Upstream;
-use crate::error::{ForwardError, upstream_error_label};
+use crate::config::{Upstream, UpstreamProtocol};
+use crate::error::ForwardError;
 use crate::metrics::Metrics;
 
+mod client;
 mod headers;
 mod upgrade;
 
+use client::UpstreamClient;
+pub use client::{tls_client_config, tls_failure};
 pub use headers::{REWRITE_HEADERS, add_forwarded, strip_hop_by_hop, strip_look_alikes};
 use upgrade::{requested_upgrade, switch_protocols, upgrades_to_websocket};
 
@@ -107,7 +107,7 @@ pub struct Proxy {
 
 #[derive(Debug)]
 struct Inner {
-    client: Client<HttpConnector, ProxyBody>,
+    client: UpstreamClient,
     upstream: Upstream,
     timeout: Duration,
     metrics: Arc<Metrics>,
@@ -115,19 +115,24 @@ struct Inner {
 }
 
 impl Proxy {
-    /// A proxy to `upstream` whose answers must have come whole within `timeout`: the
-    /// head, and for an answer the idempotency layer records, the body too.
+    /// A proxy to the `http://` `upstream` over HTTP/1.1 whose answers must have come
+    /// whole within `timeout`: the head, and for an answer the idempotency layer
+    /// records, the body too.
     pub fn new(upstream: Upstream, timeout: Duration, metrics: Arc<Metrics>) -> Proxy {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(crate::listener::KEEPALIVE_IDLE));
-        // A connect that cannot finish is "unreachable" (nothing sent), not a timeout
-        // with an unknown outcome.
-        connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(256)
-            .build(connector);
+        Proxy::speaking(upstream, UpstreamProtocol::Http1, None, timeout, metrics)
+    }
+
+    /// A proxy to `upstream` in `protocol`, over TLS with the client settings `tls`
+    /// (needed for an `https://` upstream: see [`tls_client_config`]), whose answers
+    /// must have come whole within `timeout`.
+    pub fn speaking(
+        upstream: Upstream,
+        protocol: UpstreamProtocol,
+        tls: Option<&rustls::ClientConfig>,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Proxy {
+        let client = UpstreamClient::new(protocol, tls, timeout.min(Duration::from_secs(5)));
         let host = HeaderValue::from_str(upstream.authority.as_str()).ok();
         Proxy {
             inner: Arc::new(Inner {
@@ -274,10 +279,16 @@ impl Proxy {
         let sent = tokio::time::timeout_at(deadline, self.inner.client.request(up)).await;
         match sent {
             Err(_) => Err(ForwardError::Upstream(UpstreamFailure::Timeout)),
-            Ok(Err(e)) if e.is_connect() => {
-                tracing::warn!(error = %e, "upstream unreachable");
-                Err(ForwardError::Upstream(UpstreamFailure::Unreachable))
-            }
+            Ok(Err(e)) if e.is_connect() => match tls_failure(&e) {
+                Some(reason) => {
+                    tracing::warn!(error = %reason, "TLS with the upstream failed");
+                    Err(ForwardError::UpstreamTls(reason))
+                }
+                None => {
+                    tracing::warn!(error = %e, "upstream unreachable");
+                    Err(ForwardError::Upstream(UpstreamFailure::Unreachable))
+                }
+            },
             Ok(Err(e)) if client_failed.is_some_and(|f| f.load(Ordering::Relaxed)) => {
                 tracing::debug!(error = %e, "the client's request body broke off");
                 Err(ForwardError::ClientBody)
@@ -292,10 +303,8 @@ impl Proxy {
 
     /// The answer to a failed forward, counted when the upstream failed.
     fn fail(&self, e: ForwardError) -> Response<ProxyBody> {
-        if let ForwardError::Upstream(failure) = e {
-            self.inner
-                .metrics
-                .count_upstream_error(upstream_error_label(failure));
+        if let Some(label) = e.label() {
+            self.inner.metrics.count_upstream_error(label);
         }
         e.problem()
             .to_response()

@@ -372,8 +372,10 @@ async fn service(
     metrics: &Arc<Metrics>,
     telemetry: Option<&Telemetry>,
 ) -> Result<(GatewayService, Option<InFlight>), ServeError> {
-    let proxy = Proxy::new(
+    let proxy = Proxy::speaking(
         config.upstream.clone(),
+        config.upstream_protocol,
+        config.upstream_tls.as_deref(),
         config.upstream_timeout,
         metrics.clone(),
     );

@@ -16,6 +16,7 @@ use clap::{Args, ValueEnum};
 use serde::Deserialize;
 
 use super::secrets::TenantSecret;
+use super::upstream::UpstreamProtocol;
 use super::values::{parse_byte_size, parse_duration};
 
 /// Whose key is it: the scope mode (SPEC S3).
@@ -100,6 +101,17 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
     #[serde(deserialize_with = "toml_form::duration")]
     pub upstream_timeout: Option<Duration>,
+
+    /// HTTP spoken to the upstream: http1; http2 (ALPN h2 over TLS, h2c with prior
+    /// knowledge on http://); auto (what ALPN picks over TLS, HTTP/1.1 on http://)
+    /// [default: http1].
+    #[arg(long, env = "IDEM_UPSTREAM_PROTOCOL", value_enum)]
+    pub upstream_protocol: Option<UpstreamProtocol>,
+
+    /// PEM file of the CA certificates that an https:// upstream's certificate must chain
+    /// to, in place of the system's roots [default: the system's roots].
+    #[arg(long, env = "IDEM_UPSTREAM_CA", value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
 
     /// Largest keyed request body buffered for fingerprinting, e.g. 1MiB, 512KiB, 65536
     /// [default: 1MiB].
@@ -312,6 +324,8 @@ impl ServeArgs {
             ttl,
             lease,
             upstream_timeout,
+            upstream_protocol,
+            upstream_ca,
             body_limit,
             response_limit,
             tenant_header,
@@ -353,6 +367,8 @@ impl ServeArgs {
             ttl: ttl.or(under.ttl),
             lease: lease.or(under.lease),
             upstream_timeout: upstream_timeout.or(under.upstream_timeout),
+            upstream_protocol: upstream_protocol.or(under.upstream_protocol),
+            upstream_ca: upstream_ca.or(under.upstream_ca),
             body_limit: body_limit.or(under.body_limit),
             response_limit: response_limit.or(under.response_limit),
             tenant_header: tenant_header.or(under.tenant_header),

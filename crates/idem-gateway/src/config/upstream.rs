@@ -1,13 +1,16 @@
-//! Where the upstream is: `--upstream`, parsed once at start.
+//! Where the upstream is and how to speak to it: `--upstream`, parsed once at start,
+//! and `--upstream-protocol`.
 
+use clap::ValueEnum;
 use http::Uri;
+use serde::Deserialize;
 
 use super::error::{ConfigError, invalid};
 
 /// Where the upstream is.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    /// `http`.
+    /// `http` or `https`.
     pub scheme: http::uri::Scheme,
     /// Host and port.
     pub authority: http::uri::Authority,
@@ -16,7 +19,7 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Parses an `http://host:port[/prefix]` URL.
+    /// Parses an `http://host:port[/prefix]` or `https://host:port[/prefix]` URL.
     pub fn parse(url: &str) -> Result<Upstream, ConfigError> {
         let uri: Uri = url
             .parse()
@@ -25,10 +28,10 @@ impl Upstream {
             .scheme()
             .cloned()
             .ok_or_else(|| invalid("upstream", "the URL needs a scheme, e.g. http://"))?;
-        if scheme != http::uri::Scheme::HTTP {
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
             return Err(invalid(
                 "upstream",
-                "only http:// upstreams are supported (terminate TLS in front of the upstream's network)",
+                format!("the URL's scheme must be http:// or https://, not {scheme}://"),
             ));
         }
         let authority = uri
@@ -66,6 +69,27 @@ impl Upstream {
     }
 }
 
+impl Upstream {
+    /// Whether the upstream is reached over TLS (`https://`).
+    pub fn is_tls(&self) -> bool {
+        self.scheme == http::uri::Scheme::HTTPS
+    }
+}
+
+/// Which HTTP the gateway speaks to the upstream (`--upstream-protocol`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1, on plain TCP and over TLS alike (ALPN offers `http/1.1` only).
+    #[default]
+    Http1,
+    /// HTTP/2 only: over TLS through ALPN `h2`, on plain TCP with prior knowledge (h2c).
+    Http2,
+    /// Over TLS what the upstream picks by ALPN (`h2`, else `http/1.1`); HTTP/1.1 on
+    /// plain TCP, where nothing negotiates.
+    Auto,
+}
+
 impl std::fmt::Display for Upstream {
     /// The URL as the gateway uses it: `http://host:port/prefix`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,8 +102,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn upstream_must_be_plain_http() {
-        assert!(Upstream::parse("https://example.test").is_err());
+    fn upstream_must_be_http_or_https() {
+        assert!(Upstream::parse("https://example.test").unwrap().is_tls());
+        assert!(!Upstream::parse("http://example.test").unwrap().is_tls());
+        assert!(Upstream::parse("ftp://example.test").is_err());
         assert!(Upstream::parse("127.0.0.1:3000").is_err());
         let incoming: Uri = "/v1/x?a=1".parse().unwrap();
         let u = Upstream::parse("http://127.0.0.1:3000").unwrap();

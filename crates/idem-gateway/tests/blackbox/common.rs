@@ -90,6 +90,21 @@ impl Upstream {
         Upstream { addr, state, task }
     }
 
+    /// The same upstream served by `serve` on a listener bound to 127.0.0.1: another
+    /// transport than axum's HTTP/1.1 (HTTP/2 only, TLS; see `upstreams`).
+    pub async fn start_on<F, Fut>(serve: F) -> Upstream
+    where
+        F: FnOnce(tokio::net::TcpListener, Router) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let state = Arc::new(UpstreamState::default());
+        let app = Router::new().fallback(handle).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(serve(listener, app));
+        Upstream { addr, state, task }
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }

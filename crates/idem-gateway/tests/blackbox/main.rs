@@ -22,3 +22,4 @@ mod spelling;
 mod telemetry;
 mod tenants;
 mod tls;
+mod upstreams;

@@ -1,0 +1,167 @@
+//! The client the proxy reaches the upstream with: one pool of connections, in the HTTP
+//! `--upstream-protocol` names, over TLS for an `https://` upstream.
+//!
+//! - `http://` keeps the plain [`HttpConnector`] and nothing else in its way: HTTP/1.1,
+//!   or with `http2` HTTP/2 with prior knowledge (h2c, RFC 9113 §3.3), since nothing on
+//!   plain TCP negotiates it (`auto` is HTTP/1.1 there).
+//! - `https://` puts rustls (the ring provider) on top of that connector: the server
+//!   name sent (SNI) and checked in the certificate is the URL's host, the certificate
+//!   must chain to `--upstream-ca`'s certificates or else to the system's roots (read
+//!   by rustls-native-certs, which follows `SSL_CERT_FILE` and `SSL_CERT_DIR`), and
+//!   ALPN offers `http/1.1` (`http1`), `h2` (`http2`) or both, `h2` first (`auto`).
+//!   A handshake that fails is never retried in plaintext: the request is answered
+//!   with a 502 naming the TLS failure ([`tls_failure`]).
+//!
+//! HTTP/2 connections are pooled like HTTP/1.1 ones: one per upstream, its streams
+//! shared by the requests in flight.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Request;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use rustls::{ClientConfig, RootCertStore};
+
+use super::ProxyBody;
+use crate::config::UpstreamProtocol;
+
+/// A pooled client to the upstream: plain TCP, or TLS on top of it.
+#[derive(Debug, Clone)]
+pub(super) enum UpstreamClient {
+    /// `http://`: the connector of old, untouched.
+    Plain(Client<HttpConnector, ProxyBody>),
+    /// `https://`.
+    Tls(Client<HttpsConnector<HttpConnector>, ProxyBody>),
+}
+
+impl UpstreamClient {
+    /// A client speaking `protocol`, over TLS with `tls` when given (an `https://`
+    /// upstream), whose connects give up after `connect_timeout`.
+    pub(super) fn new(
+        protocol: UpstreamProtocol,
+        tls: Option<&ClientConfig>,
+        connect_timeout: Duration,
+    ) -> UpstreamClient {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(crate::listener::KEEPALIVE_IDLE));
+        // A connect that cannot finish is "unreachable" (nothing sent), not a timeout
+        // with an unknown outcome.
+        connector.set_connect_timeout(Some(connect_timeout));
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(256);
+        // `auto` over TLS lets ALPN choose per connection; `http2` speaks nothing else,
+        // which on plain TCP is prior knowledge.
+        if protocol == UpstreamProtocol::Http2 {
+            builder.http2_only(true);
+        }
+        let Some(tls) = tls else {
+            return UpstreamClient::Plain(builder.build(connector));
+        };
+        // The URL is https://, which the plain connector would refuse.
+        connector.enforce_http(false);
+        let mut tls = tls.clone();
+        // Said outright for HTTP/1.1, so that a server that picks by ALPN picks it;
+        // the connector sets the lists with `h2`.
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only();
+        let connector = match protocol {
+            UpstreamProtocol::Http1 => https.enable_http1().wrap_connector(connector),
+            UpstreamProtocol::Http2 => https.enable_http2().wrap_connector(connector),
+            UpstreamProtocol::Auto => https
+                .enable_http1()
+                .enable_http2()
+                .wrap_connector(connector),
+        };
+        UpstreamClient::Tls(builder.build(connector))
+    }
+
+    /// Sends `req` on a pooled connection, or a new one.
+    pub(super) fn request(&self, req: Request<ProxyBody>) -> ResponseFuture {
+        match self {
+            UpstreamClient::Plain(client) => client.request(req),
+            UpstreamClient::Tls(client) => client.request(req),
+        }
+    }
+}
+
+/// The TLS client settings for an `https://` upstream: TLS 1.2 and 1.3 with the ring
+/// provider, trusting the CA certificates in the PEM file `ca` when given, else the
+/// system's roots. ALPN is the connector's to set.
+pub fn tls_client_config(ca: Option<&Path>) -> Result<ClientConfig, String> {
+    let mut roots = RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("cannot read CA certificates from {}: {e}", path.display()))?;
+            if certs.is_empty() {
+                return Err(format!("{} holds no PEM certificate", path.display()));
+            }
+            for cert in certs {
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("{}: not a CA certificate: {e}", path.display()))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            for e in &found.errors {
+                tracing::warn!(error = %e, "a system root certificate could not be read");
+            }
+            let (_, unusable) = roots.add_parsable_certificates(found.certs);
+            if unusable > 0 {
+                tracing::debug!(unusable, "system root certificates skipped");
+            }
+            if roots.is_empty() {
+                return Err(
+                    "no system root certificates were found for the https:// upstream; \
+                     install the system's CA certificates or give --upstream-ca FILE"
+                        .to_owned(),
+                );
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(config)
+}
+
+/// The TLS failure behind a failed connect, if that is what it was: rustls's reason
+/// (`invalid peer certificate: UnknownIssuer`, a name mismatch, an expired
+/// certificate, an alert from the server), for the problem's detail.
+pub fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        // An I/O error's `source` skips the error it wraps, which is where tokio-rustls
+        // puts rustls's.
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+        {
+            if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+                return Some(tls.to_string());
+            }
+            next = inner.source();
+            continue;
+        }
+        next = e.source();
+    }
+    None
+}
