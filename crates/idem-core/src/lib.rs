@@ -84,7 +84,7 @@ pub use namespace::{DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN, Namespace, NamespaceEr
 pub use open::{OpenError, OpenStore, StoreOptions, redact_url};
 pub use record::{
     DEFAULT_LEASE, DEFAULT_TTL, FencingToken, Lease, REFERENCE_HEADER, Record, RecordState,
-    ReserveRequest, StoredResponse,
+    ReserveRequest, StoredResponse, TRAILER_PREFIX,
 };
 pub use scope::{Endpoint, Scope, ScopeMode, Tenant};
 pub use store::{MetricKind, Result, Store, StoreError, StoreMetric};

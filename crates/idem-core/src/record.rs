@@ -139,6 +139,27 @@ impl StoredResponse {
             .and_then(|(_, value)| std::str::from_utf8(value).ok())
     }
 
+    /// Records a trailer field of the answer (a gRPC call's `grpc-status`, say), to be
+    /// sent as a trailer again at replay. Kept among the headers under the pseudo-header
+    /// name `:trailer:<name>`, as a reference is kept, so every store keeps it without a
+    /// column of its own, and a build that does not know it skips it.
+    pub fn with_trailer(mut self, name: &str, value: impl Into<Bytes>) -> StoredResponse {
+        let mut key = String::with_capacity(TRAILER_PREFIX.len() + name.len());
+        key.push_str(TRAILER_PREFIX);
+        key.push_str(name);
+        key.make_ascii_lowercase();
+        self.headers.push((key, value.into()));
+        self
+    }
+
+    /// The trailers recorded with [`with_trailer`](Self::with_trailer): names (without
+    /// the prefix) and values, in their original order.
+    pub fn trailers(&self) -> impl Iterator<Item = (&str, &Bytes)> {
+        self.headers
+            .iter()
+            .filter_map(|(name, value)| Some((name.strip_prefix(TRAILER_PREFIX)?, value)))
+    }
+
     /// The stored headers that are HTTP headers: all but the pseudo-headers (the
     /// reference, the trace context), whose names start with a colon.
     pub fn http_headers(&self) -> impl Iterator<Item = &(String, Bytes)> {
@@ -156,6 +177,10 @@ pub const REFERENCE_HEADER: &str = ":reference";
 /// The name under which [`StoredResponse::with_trace_parent`] keeps the trace context
 /// among the stored headers: like [`REFERENCE_HEADER`], no HTTP field name.
 const TRACE_PARENT_HEADER: &str = ":traceparent";
+
+/// The prefix under which [`StoredResponse::with_trailer`] keeps a trailer among the
+/// stored headers: like [`REFERENCE_HEADER`], no HTTP field name.
+pub const TRAILER_PREFIX: &str = ":trailer:";
 
 /// Where a record stands.
 #[derive(Clone, PartialEq, Eq, Debug)]

@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Method};
 use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, ScopeMode, TenantKey};
-use idem_tower::{DEFAULT_RESPONSE_LIMIT, ReleaseStatuses};
+use idem_tower::{DEFAULT_RESPONSE_LIMIT, GrpcReleaseCodes, ReleaseStatuses};
 
 pub use self::args::{RouteRule, ScopeArg, ServeArgs};
 pub use self::error::ConfigError;
@@ -51,7 +51,9 @@ pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
 
 use self::error::invalid;
 use self::secrets::admin_token;
-use self::values::{check_release_statuses, parse_methods, parse_release_statuses};
+use self::values::{
+    check_release_statuses, parse_grpc_release_codes, parse_methods, parse_release_statuses,
+};
 use crate::listener::{Http2Limits, TlsFiles};
 use crate::path::PathNormalization;
 use crate::route::{PathTemplate, Route};
@@ -121,6 +123,8 @@ pub struct GatewayConfig {
     pub keyed_methods: Vec<Method>,
     /// Upstream statuses that release the key rather than being recorded.
     pub release_statuses: ReleaseStatuses,
+    /// gRPC statuses that release a gRPC call's key rather than being recorded (SPEC S18).
+    pub grpc_release_codes: GrpcReleaseCodes,
     /// How request paths are normalised before any rule sees them (SPEC S14).
     pub path_normalization: PathNormalization,
     /// How long a client connection may take to send a request's headers (idle time
@@ -191,6 +195,7 @@ impl GatewayConfig {
             scope,
             keyed_methods,
             release_statuses,
+            grpc_release_codes,
             path_normalization,
             client_timeout,
             max_connections,
@@ -288,6 +293,10 @@ impl GatewayConfig {
             release_statuses: match &release_statuses {
                 Some(list) => parse_release_statuses(list)?,
                 None => ReleaseStatuses::default(),
+            },
+            grpc_release_codes: match &grpc_release_codes {
+                Some(list) => parse_grpc_release_codes(list, "grpc_release_codes")?,
+                None => GrpcReleaseCodes::default(),
             },
             path_normalization,
             client_timeout: Some(client_timeout.unwrap_or(DEFAULT_CLIENT_TIMEOUT))
@@ -439,7 +448,11 @@ fn compile_route(
         .release_statuses
         .map(|codes| check_release_statuses(codes, &format!("{name} release_statuses")))
         .transpose()?;
-    Route::new(
+    let grpc_release_codes = rule
+        .grpc_release_codes
+        .map(|codes| parse_grpc_release_codes(&codes, &format!("{name} grpc_release_codes")))
+        .transpose()?;
+    let route = Route::new(
         method,
         template,
         rule.require_key,
@@ -448,5 +461,9 @@ fn compile_route(
         store_headers,
         release_statuses,
     )
-    .map_err(|e| invalid(&name, e))
+    .map_err(|e| invalid(&name, e))?;
+    Ok(match grpc_release_codes {
+        Some(codes) => route.with_grpc_release_codes(codes),
+        None => route,
+    })
 }

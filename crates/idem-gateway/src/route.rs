@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Method};
 use idem_core::{FingerprintOptions, PointerError};
-use idem_tower::{ReleaseStatuses, RouteConfig};
+use idem_tower::{GrpcReleaseCodes, ReleaseStatuses, RouteConfig};
 
 use crate::path::{self, PathNormalization};
 
@@ -163,6 +163,8 @@ pub struct Route {
     pub store_headers: Vec<HeaderName>,
     /// Overrides `--release-statuses` on this route.
     pub release_statuses: Option<ReleaseStatuses>,
+    /// Overrides `--grpc-release-codes` on this route.
+    pub grpc_release_codes: Option<GrpcReleaseCodes>,
     fingerprint: FingerprintOptions,
     /// What the layer applies to a request that matches, made from the fields above.
     compiled: RouteConfig,
@@ -206,9 +208,17 @@ impl Route {
             ignore,
             store_headers,
             release_statuses,
+            grpc_release_codes: None,
             fingerprint,
             compiled,
         })
+    }
+
+    /// This route with `codes` as the gRPC statuses that release a gRPC call's key.
+    pub fn with_grpc_release_codes(mut self, codes: GrpcReleaseCodes) -> Route {
+        self.compiled = self.compiled.grpc_release_codes(codes.clone());
+        self.grpc_release_codes = Some(codes);
+        self
     }
 
     /// Whether the rule applies to a request: its method ignoring ASCII case (SPEC S14:

@@ -8,6 +8,7 @@
 //! they close when the process exits.
 
 mod front;
+mod grpc;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -145,6 +146,7 @@ pub fn idempotency_layer(
         .ttl(config.ttl)
         .lease(config.lease)
         .release_statuses(config.release_statuses.iter())
+        .grpc_release_codes(config.grpc_release_codes.clone())
         // The inner service is the proxy: a replay's `GET <reference>` goes upstream.
         .render_references(true)
         .tenant_headers(config.tenant_headers.iter().cloned())

@@ -4,6 +4,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project_lite::pin_project;
@@ -25,7 +26,7 @@ pin_project! {
     #[project = InnerProj]
     #[derive(Debug)]
     enum Inner<B> {
-        Buffered { #[pin] body: Full<Bytes> },
+        Buffered { #[pin] body: Full<Bytes>, trailers: Option<HeaderMap> },
         Stream { #[pin] body: B },
     }
 }
@@ -36,6 +37,21 @@ impl<B> IdempotencyBody<B> {
         IdempotencyBody {
             inner: Inner::Buffered {
                 body: Full::new(bytes.into()),
+                trailers: None,
+            },
+        }
+    }
+
+    /// A body of `bytes` followed by `trailers` (a gRPC answer's `grpc-status`, say);
+    /// none when `trailers` is `None`.
+    pub fn buffered_with_trailers(
+        bytes: impl Into<Bytes>,
+        trailers: Option<HeaderMap>,
+    ) -> IdempotencyBody<B> {
+        IdempotencyBody {
+            inner: Inner::Buffered {
+                body: Full::new(bytes.into()),
+                trailers,
             },
         }
     }
@@ -65,23 +81,27 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().inner.project() {
-            InnerProj::Buffered { body } => body
-                .poll_frame(cx)
-                .map(|frame| frame.map(|f| f.map_err(|never| match never {}))),
+            InnerProj::Buffered { body, trailers } => match body.poll_frame(cx) {
+                Poll::Ready(Some(frame)) => {
+                    Poll::Ready(Some(frame.map_err(|never| match never {})))
+                }
+                Poll::Ready(None) => Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t)))),
+                Poll::Pending => Poll::Pending,
+            },
             InnerProj::Stream { body } => body.poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
-            Inner::Buffered { body } => body.is_end_stream(),
+            Inner::Buffered { body, trailers } => body.is_end_stream() && trailers.is_none(),
             Inner::Stream { body } => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
-            Inner::Buffered { body } => body.size_hint(),
+            Inner::Buffered { body, .. } => body.size_hint(),
             Inner::Stream { body } => body.size_hint(),
         }
     }

@@ -55,6 +55,7 @@ where
 {
     async move {
         let config = &shared.config;
+        let grpc = plan.answers.grpc.is_some();
         let tenant = match plan.tenant {
             Some(tenant) => tenant,
             None => {
@@ -66,10 +67,7 @@ where
                     Ok(key) => config.tenant_headers.tenant(key, &parts.headers),
                     // Nothing is scoped without the secret: fail closed, as for any
                     // store outage.
-                    Err(e) => {
-                        let response = refuse(&*config.observer, Err(e));
-                        return Ok(response.map(IdempotencyBody::buffered));
-                    }
+                    Err(e) => return Ok(refuse(&*config.observer, Err(e), grpc)),
                 }
             }
         };
@@ -78,11 +76,19 @@ where
             Ok(bytes) => bytes,
             Err(problem) => {
                 config.observer.outcome(Outcome::Rejected);
-                return Ok(problem.to_response().map(IdempotencyBody::buffered));
+                return Ok(problem.answer(grpc).map(IdempotencyBody::buffered));
             }
         };
+        if grpc && !crate::grpc::is_one_message(&bytes) {
+            config.observer.outcome(Outcome::Rejected);
+            return Ok(crate::grpc::not_unary().map(IdempotencyBody::buffered));
+        }
         let options = plan.fingerprint.as_ref().unwrap_or(&config.fingerprint);
-        let fingerprint = fingerprint(&parts, &bytes, config.body_limit, options);
+        let fingerprint = if grpc {
+            crate::grpc::fingerprint(&parts, &bytes, options)
+        } else {
+            fingerprint(&parts, &bytes, config.body_limit, options)
+        };
         let request = ReserveRequest::new(scope, fingerprint)
             .ttl(plan.ttl)
             .lease(plan.lease);

@@ -11,6 +11,7 @@ use idem_core::{
     Tenant, TenantKey,
 };
 
+use crate::grpc::GrpcReleaseCodes;
 use crate::policy::{NoopObserver, Observer};
 use crate::tenant::TenantHeaders;
 
@@ -208,6 +209,8 @@ pub(crate) struct Config {
     pub(crate) lease: Duration,
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) release_statuses: ReleaseStatuses,
+    /// The gRPC statuses that release a gRPC call's key (SPEC S18).
+    pub(crate) grpc_release_codes: GrpcReleaseCodes,
     pub(crate) route_config: Option<RouteConfigFn>,
     pub(crate) observer: Arc<dyn Observer>,
 }
@@ -239,6 +242,7 @@ impl Default for Config {
                 .map(|h| HeaderName::from_static(h))
                 .collect(),
             release_statuses: ReleaseStatuses::default(),
+            grpc_release_codes: GrpcReleaseCodes::default(),
             route_config: None,
             observer: Arc::new(NoopObserver),
         }
@@ -264,6 +268,7 @@ impl fmt::Debug for Config {
             .field("lease", &self.lease)
             .field("stored_headers", &self.stored_headers)
             .field("release_statuses", &self.release_statuses)
+            .field("grpc_release_codes", &self.grpc_release_codes)
             .field("route_config", &self.route_config.is_some())
             .finish_non_exhaustive()
     }
@@ -296,6 +301,7 @@ pub struct RouteConfig {
     pub(crate) fingerprint: Option<FingerprintOptions>,
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) release_statuses: Option<ReleaseStatuses>,
+    pub(crate) grpc_release_codes: Option<GrpcReleaseCodes>,
 }
 
 impl RouteConfig {
@@ -365,6 +371,13 @@ impl RouteConfig {
     /// layer's set. Built once, the set is shared by every request the route sees.
     pub fn release_statuses(mut self, statuses: ReleaseStatuses) -> RouteConfig {
         self.release_statuses = Some(statuses);
+        self
+    }
+
+    /// The gRPC statuses that release the key of a gRPC call on this route (SPEC S18).
+    /// They replace the layer's set.
+    pub fn grpc_release_codes(mut self, codes: GrpcReleaseCodes) -> RouteConfig {
+        self.grpc_release_codes = Some(codes);
         self
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http::request::Parts;
-use http::{HeaderName, Request, Response};
+use http::{HeaderMap, HeaderName, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{Lease, Reservation, ReserveRequest, Store};
@@ -20,6 +20,7 @@ use tower::Service;
 use crate::config::ReleaseStatuses;
 use crate::context::IdempotencyContext;
 use crate::execution::panic_message;
+use crate::grpc::GrpcReleaseCodes;
 use crate::heartbeat::with_heartbeat;
 use crate::in_flight::InFlightGuard;
 use crate::plan::AnswerRules;
@@ -70,7 +71,7 @@ where
                 // Boxed: a rare path, kept out of every keyed request's future.
                 return Box::pin(rendered(inner, parts, stored, config)).await;
             }
-            other => return refuse(observer, other).map(IdempotencyBody::buffered),
+            other => return refuse(observer, other, answers.grpc.is_some()),
         };
 
         // Stage 2: the handler runs while the lease is renewed.
@@ -83,6 +84,7 @@ where
         let AnswerRules {
             extra_headers,
             release_statuses,
+            grpc,
         } = answers;
         let context =
             IdempotencyContext::new(scope, lease.clone(), fingerprint, release_statuses.clone());
@@ -90,8 +92,10 @@ where
         restore_sent_method(&mut parts);
         let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
         req.extensions_mut().insert(context);
+        let grpc_call = grpc.is_some();
         let reading = Reading {
             release_statuses,
+            grpc,
             limit: config.response_limit,
             references: config.references.honoured(),
         };
@@ -100,7 +104,11 @@ where
             with_heartbeat(store, observer, &lease, lease_for, handler).await
         };
         // Stages 3–4.
-        conclude(&shared, lease, lease_for, &extra_headers, ran, guard).await
+        let answer = Answer {
+            extra_headers: &extra_headers,
+            grpc: grpc_call,
+        };
+        conclude(&shared, lease, lease_for, answer, ran, guard).await
     }
 }
 
@@ -108,6 +116,8 @@ where
 struct Reading {
     /// The statuses that release the key on this request's route.
     release_statuses: ReleaseStatuses,
+    /// For a gRPC call, the gRPC statuses that release the key.
+    grpc: Option<GrpcReleaseCodes>,
     /// The response limit.
     limit: usize,
     /// Whether a [`ResourceReference`] is honoured.
@@ -117,7 +127,7 @@ struct Reading {
 /// How the handler answered: read whole, to be recorded (or kept in progress), or a head
 /// whose answer is released, or recorded as a reference, and streams on unread.
 enum Answered<B> {
-    Whole(http::response::Parts, Bytes, Disposition),
+    Whole(http::response::Parts, Bytes, Option<HeaderMap>, Disposition),
     Released(http::response::Parts, B),
     Referenced(http::response::Parts, B, ResourceReference),
 }
@@ -162,7 +172,9 @@ where
             .await
             .map_err(|e| Failed::Handler(e.into()))?;
         let (mut head, body) = response.into_parts();
-        let disposition = disposition(&mut head, &reading.release_statuses);
+        let decided = disposition(&mut head, &reading.release_statuses, reading.grpc.as_ref());
+        // A gRPC answer's status may come in its trailers, read with its body.
+        let disposition = decided.unwrap_or(Disposition::Record);
         if matches!(disposition, Disposition::Release) {
             return Ok(Answered::Released(head, body));
         }
@@ -179,32 +191,57 @@ where
             );
         }
         let proxied = head.extensions.remove::<Proxied>();
-        let bytes = read_whole(body, reading.limit, proxied).await?;
-        Ok(Answered::Whole(head, bytes, disposition))
+        let (bytes, trailers) = read_whole(body, reading.limit, proxied).await?;
+        let disposition = match (decided, &reading.grpc) {
+            (None, Some(codes)) => {
+                let code = trailers.as_ref().and_then(crate::grpc::status_in);
+                if code.is_some_and(|c| codes.contains(c)) {
+                    Disposition::Release
+                } else {
+                    Disposition::Record
+                }
+            }
+            _ => disposition,
+        };
+        Ok(Answered::Whole(head, bytes, trailers, disposition))
     })
     .catch_unwind()
 }
 
-/// What the answer with head `head` means for the key (SPEC S6): the inner service's
-/// own [`Disposition`] (a proxy's answer to an upstream failure carries the one
-/// [`UpstreamFailure::disposition`] gives it), else a release when its status is one
+/// What the answer with head `head` means for the key (SPEC S6, S18): the inner
+/// service's own [`Disposition`] (a proxy's answer to an upstream failure carries the
+/// one [`UpstreamFailure::disposition`] gives it), else for a gRPC call's HTTP 200 a
+/// release when its gRPC status is one of `grpc` (`None`, to be decided by the
+/// trailers, when the head carries none), else a release when its HTTP status is one
 /// of `release_statuses`, else a record.
 fn disposition(
     head: &mut http::response::Parts,
     release_statuses: &ReleaseStatuses,
-) -> Disposition {
-    head.extensions.remove::<Disposition>().unwrap_or_else(|| {
-        if release_statuses.contains(head.status) {
-            Disposition::Release
-        } else {
-            Disposition::Record
+    grpc: Option<&GrpcReleaseCodes>,
+) -> Option<Disposition> {
+    if let Some(disposition) = head.extensions.remove::<Disposition>() {
+        return Some(disposition);
+    }
+    let released = match grpc {
+        Some(codes) if head.status == http::StatusCode::OK => {
+            codes.contains(crate::grpc::status_in(&head.headers)?)
         }
+        _ => release_statuses.contains(head.status),
+    };
+    Some(if released {
+        Disposition::Release
+    } else {
+        Disposition::Record
     })
 }
 
-/// Reads an answer to be recorded whole, up to `limit` bytes, and a proxied one by its
-/// deadline.
-async fn read_whole<B>(body: B, limit: usize, proxied: Option<Proxied>) -> Result<Bytes, Failed>
+/// Reads an answer to be recorded whole (its body and trailers), up to `limit` bytes,
+/// and a proxied one by its deadline.
+async fn read_whole<B>(
+    body: B,
+    limit: usize,
+    proxied: Option<Proxied>,
+) -> Result<(Bytes, Option<HeaderMap>), Failed>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -221,7 +258,10 @@ where
         None => collect.await,
     };
     match collected {
-        Ok(collected) => Ok(collected.to_bytes()),
+        Ok(collected) => {
+            let trailers = collected.trailers().cloned();
+            Ok((collected.to_bytes(), trailers))
+        }
         Err(e) if e.is::<LengthLimitError>() => Err(match proxied {
             Some(_) => Failed::Upstream(UpstreamFailure::AnswerTooLarge),
             None => Failed::TooLarge,
@@ -242,14 +282,21 @@ async fn conclude<St: Store, B>(
     shared: &Arc<Shared<St>>,
     lease: Lease,
     lease_for: Duration,
-    extra_headers: &[HeaderName],
+    answer: Answer<'_>,
     ran: Ran<B>,
     guard: InFlightGuard,
 ) -> Response<IdempotencyBody<B>> {
     let config = &shared.config;
     let observer = &*config.observer;
-    let (mut head, body, disposition) = match ran {
-        Ok(Ok(Answered::Whole(head, body, disposition))) => (head, body, disposition),
+    let Answer {
+        extra_headers,
+        grpc,
+    } = answer;
+    let recorded = |(head, body, disposition)| (head, body, None, disposition);
+    let (mut head, body, trailers, disposition) = match ran {
+        Ok(Ok(Answered::Whole(head, body, trailers, disposition))) => {
+            (head, body, trailers, disposition)
+        }
         Ok(Ok(Answered::Released(mut head, body))) => {
             observer.outcome(Outcome::Released);
             settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
@@ -257,7 +304,7 @@ async fn conclude<St: Store, B>(
             return Response::from_parts(head, IdempotencyBody::stream(body));
         }
         Ok(Ok(Answered::Referenced(mut head, body, reference))) => {
-            let stored = stored_response(config, extra_headers, &head, &Bytes::new())
+            let stored = stored_response(config, extra_headers, &head, &Bytes::new(), None)
                 .with_reference(reference.as_str());
             observer.outcome(Outcome::Executed);
             settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
@@ -269,27 +316,27 @@ async fn conclude<St: Store, B>(
                 limit = config.response_limit,
                 "the handler's answer is over the response limit; recording a 500 in its place"
             );
-            too_large_response(config.response_limit)
+            recorded(too_large_response(config.response_limit, grpc))
         }
         Ok(Err(Failed::Upstream(failure))) => {
             observer.upstream_failed(failure);
-            upstream_response(failure, config.response_limit)
+            recorded(upstream_response(failure, config.response_limit, grpc))
         }
         Ok(Err(Failed::Handler(e))) => {
             tracing::error!(error = %e, "handler failed after it started; recording a 500");
-            failed_response()
+            recorded(failed_response(grpc))
         }
         Err(panic) => {
             tracing::error!(
                 panic = panic_message(&*panic),
                 "handler panicked; recording a 500"
             );
-            failed_response()
+            recorded(failed_response(grpc))
         }
     };
     match disposition {
         Disposition::Record => {
-            let stored = stored_response(config, extra_headers, &head, &body);
+            let stored = stored_response(config, extra_headers, &head, &body, trailers.as_ref());
             observer.outcome(Outcome::Executed);
             settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
         }
@@ -305,7 +352,17 @@ async fn conclude<St: Store, B>(
         }
     }
     pass_on(&mut head.extensions, disposition);
-    Response::from_parts(head, IdempotencyBody::buffered(body))
+    Response::from_parts(
+        head,
+        IdempotencyBody::buffered_with_trailers(body, trailers),
+    )
+}
+
+/// What an answer is recorded with: the route's extra headers, and whether the call is
+/// gRPC (whose problems are gRPC errors, SPEC S18).
+struct Answer<'a> {
+    extra_headers: &'a [HeaderName],
+    grpc: bool,
 }
 
 /// Clears the extensions of an answer passed on to the client. A recorded answer keeps
@@ -324,27 +381,30 @@ fn pass_on(extensions: &mut http::Extensions, disposition: Disposition) {
 fn recorded_problem(
     kind: ProblemKind,
     detail: String,
+    grpc: bool,
 ) -> (http::response::Parts, Bytes, Disposition) {
-    let (head, body) = Problem::new(kind, detail).to_response().into_parts();
+    let (head, body) = Problem::new(kind, detail).answer(grpc).into_parts();
     (head, body, Disposition::Record)
 }
 
-fn failed_response() -> (http::response::Parts, Bytes, Disposition) {
+fn failed_response(grpc: bool) -> (http::response::Parts, Bytes, Disposition) {
     recorded_problem(
         ProblemKind::HandlerFailed,
         "the request failed while it was being processed and may have had effects; \
          this answer is final for this key"
             .into(),
+        grpc,
     )
 }
 
-fn too_large_response(limit: usize) -> (http::response::Parts, Bytes, Disposition) {
+fn too_large_response(limit: usize, grpc: bool) -> (http::response::Parts, Bytes, Disposition) {
     recorded_problem(
         ProblemKind::ResponseTooLarge,
         format!(
             "the request was executed, but its answer is over the {limit}-byte limit for \
              recorded answers and cannot be kept; this answer is final for this key"
         ),
+        grpc,
     )
 }
 
@@ -352,6 +412,7 @@ fn too_large_response(limit: usize) -> (http::response::Parts, Bytes, Dispositio
 fn upstream_response(
     failure: UpstreamFailure,
     limit: usize,
+    grpc: bool,
 ) -> (http::response::Parts, Bytes, Disposition) {
     match failure {
         UpstreamFailure::AnswerTooLarge => tracing::error!(
@@ -360,7 +421,7 @@ fn upstream_response(
         ),
         _ => tracing::warn!(?failure, "the upstream's answer could not be read whole"),
     }
-    let (head, body) = Problem::upstream(failure).to_response().into_parts();
+    let (head, body) = Problem::upstream(failure).answer(grpc).into_parts();
     (head, body, failure.disposition())
 }
 

@@ -323,6 +323,14 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// The gRPC statuses that release the key of a gRPC call instead of recording its
+    /// answer (SPEC S18; default [`DEFAULT_GRPC_RELEASE_CODES`](crate::DEFAULT_GRPC_RELEASE_CODES)).
+    /// Replaces the set.
+    pub fn grpc_release_codes(mut self, codes: crate::GrpcReleaseCodes) -> Self {
+        self.config().grpc_release_codes = codes;
+        self
+    }
+
     /// Per-route overrides: called once per request; `None` keeps the layer's settings.
     pub fn route_config<F>(mut self, f: F) -> Self
     where

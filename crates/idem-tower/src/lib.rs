@@ -160,6 +160,23 @@
 //! [`IdempotencyLayer::in_flight`]`().wait()` so every started execution is recorded
 //! (an answer still being recorded in the background counts as in flight).
 //!
+//! # gRPC (SPEC S18)
+//!
+//! A unary gRPC call (content type `application/grpc` or `application/grpc+<codec>`,
+//! see [`is_grpc`]) is keyed as any request is, by its `idempotency-key` metadata (the
+//! same header, the same validation). Its fingerprint covers its method path and its
+//! message bytes as sent, never normalised (protobuf is not canonical; a client
+//! resends the same bytes). Its answer is recorded with its status fields
+//! ([`GRPC_STATUS_FIELDS`]): a replay sends them as trailers again, or in the headers
+//! of a trailers-only answer, as first sent. The key is released by the statuses of
+//! [`GrpcReleaseCodes`] ([`DEFAULT_GRPC_RELEASE_CODES`]; see
+//! [`IdempotencyLayer::grpc_release_codes`], [`RouteConfig::grpc_release_codes`]) and
+//! the answer recorded otherwise. The layer's own answers to a gRPC call are gRPC
+//! errors ([`Problem::to_grpc_response`], [`ProblemKind::grpc_code`]). The layer cannot
+//! tell a streaming method from a unary one by its head: a keyed call whose request
+//! stream is not one message is answered `INVALID_ARGUMENT`, and streaming calls are
+//! meant to be sent without a key, when they pass through untouched.
+//!
 //! # Problem types
 //!
 //! Every error answer is an RFC 9457 `application/problem+json` body with `type`,
@@ -221,6 +238,7 @@ mod future;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod grpc;
 mod heartbeat;
 mod in_flight;
 mod layer;
@@ -242,6 +260,10 @@ pub use config::{
 pub use context::IdempotencyContext;
 pub use drain::{DRAIN_LIMIT, DRAIN_TIMEOUT, drain_body};
 pub use future::ResponseFuture;
+pub use grpc::{
+    DEFAULT_GRPC_RELEASE_CODES, GRPC_CODE_NAMES, GRPC_RETRY_PUSHBACK, GRPC_STATUS_FIELDS,
+    GrpcReleaseCodes, code_name as grpc_code_name, is_grpc,
+};
 pub use in_flight::InFlight;
 pub use layer::IdempotencyLayer;
 pub use policy::{Disposition, Observer, Outcome, Proxied, ResourceReference, UpstreamFailure};

@@ -8,6 +8,7 @@ use http::{HeaderName, HeaderValue, Method};
 use idem_core::{Endpoint, FingerprintOptions, Key, Tenant};
 
 use crate::config::{Config, ReleaseStatuses, RouteConfig};
+use crate::grpc::{GrpcReleaseCodes, is_grpc};
 use crate::problem::{Problem, ProblemKind};
 use crate::spelling::{SentMethod, decided_method, look_alike, same_method};
 
@@ -142,6 +143,9 @@ pub(crate) struct AnswerRules {
     pub(crate) extra_headers: Vec<HeaderName>,
     /// The statuses that release the key: the route's, or the layer's.
     pub(crate) release_statuses: ReleaseStatuses,
+    /// For a gRPC call (SPEC S18), the gRPC statuses that release the key: the route's,
+    /// or the layer's. `None` for any other request.
+    pub(crate) grpc: Option<GrpcReleaseCodes>,
 }
 
 impl Plan {
@@ -157,6 +161,11 @@ impl Plan {
             .as_deref()
             .or_else(|| matched_path(parts))
             .unwrap_or_else(|| parts.uri.path());
+        let grpc = is_grpc(&parts.headers).then(|| {
+            route
+                .grpc_release_codes
+                .unwrap_or_else(|| config.grpc_release_codes.clone())
+        });
         Plan {
             tenant,
             endpoint: endpoint(&parts.method, template),
@@ -169,6 +178,7 @@ impl Plan {
                 release_statuses: route
                     .release_statuses
                     .unwrap_or_else(|| config.release_statuses.clone()),
+                grpc,
             },
         }
     }

@@ -217,9 +217,9 @@ impl ProblemKind {
 /// long to wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
-    kind: ProblemKind,
-    detail: String,
-    retry_after: Option<Duration>,
+    pub(crate) kind: ProblemKind,
+    pub(crate) detail: String,
+    pub(crate) retry_after: Option<Duration>,
 }
 
 impl Problem {

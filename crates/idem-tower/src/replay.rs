@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use idem_core::{Reservation, StoredResponse};
 use tower::Service;
 
@@ -17,12 +17,13 @@ use crate::{BoxError, IdempotencyBody};
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// The answer to a reservation that did not acquire the key: stage 5's replay, or a
-/// problem.
-pub(crate) fn refuse(
+/// problem (a gRPC error to a gRPC call, SPEC S18).
+pub(crate) fn refuse<B>(
     observer: &dyn Observer,
     reserved: idem_core::Result<Reservation>,
-) -> Response<Bytes> {
-    match reserved {
+    grpc: bool,
+) -> Response<IdempotencyBody<B>> {
+    let problem = match reserved {
         Err(e) => {
             tracing::warn!(error = %e, "idempotency store failed; answering 503 without calling the handler");
             observer.outcome(Outcome::StoreUnavailable);
@@ -30,11 +31,12 @@ pub(crate) fn refuse(
                 ProblemKind::StoreUnavailable,
                 "the idempotency store cannot be reached, so the request was not executed; retry with the same key",
             )
-            .to_response()
         }
         Ok(Reservation::Replay(stored)) => {
             observer.outcome(Outcome::Replayed);
-            replay(stored)
+            let trailers = trailers(&stored);
+            return replay(stored)
+                .map(|body| IdempotencyBody::buffered_with_trailers(body, trailers));
         }
         Ok(Reservation::InProgress { retry_after }) => {
             observer.outcome(Outcome::Conflict);
@@ -43,7 +45,6 @@ pub(crate) fn refuse(
                 "a request with this key is still being processed; retry after the indicated time",
             )
             .retry_after(retry_after)
-            .to_response()
         }
         Ok(Reservation::Mismatch) => {
             observer.outcome(Outcome::Mismatch);
@@ -52,10 +53,30 @@ pub(crate) fn refuse(
                 "this key was already used for a request with a different method, path or body; \
                  use a new key for a new operation",
             )
-            .to_response()
         }
         Ok(Reservation::Acquired(_)) => unreachable!("an acquired key is executed, not refused"),
+    };
+    problem.answer(grpc).map(IdempotencyBody::buffered)
+}
+
+/// The trailers recorded with an answer (a gRPC call's status), to send as trailers
+/// again; `None` when there are none.
+fn trailers(stored: &StoredResponse) -> Option<HeaderMap> {
+    let mut trailers = HeaderMap::new();
+    for (name, value) in stored.trailers() {
+        match (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value.clone()),
+        ) {
+            (Ok(name), Ok(value)) => {
+                trailers.append(name, value);
+            }
+            _ => {
+                tracing::warn!(trailer = %name, "skipping a stored trailer that is not valid HTTP")
+            }
+        }
     }
+    (!trailers.is_empty()).then_some(trailers)
 }
 
 /// Stage 5 for an answer recorded as a [`ResourceReference`](crate::ResourceReference):

@@ -154,6 +154,7 @@ where
 {
     drain_body(&parts.headers, body);
     observer.outcome(Outcome::Rejected);
-    let response = problem.to_response().map(IdempotencyBody::buffered);
+    let grpc = crate::grpc::is_grpc(&parts.headers);
+    let response = problem.answer(grpc).map(IdempotencyBody::buffered);
     ResponseFuture::new(std::future::ready(Ok(response)))
 }

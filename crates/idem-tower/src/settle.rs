@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::HeaderName;
+use http::{HeaderMap, HeaderName};
 use idem_core::{Lease, Store, StoreError, StoredResponse};
 
 use crate::config::Config;
+use crate::grpc::{GRPC_STATUS_FIELDS, is_grpc};
 use crate::in_flight::InFlightGuard;
 use crate::policy::timed;
 use crate::shared::Shared;
@@ -153,22 +154,29 @@ async fn settle_later<St: Store>(
     }
 }
 
-/// What is recorded of a response (SPEC S6): its status, the allow-listed headers and
-/// the body.
+/// What is recorded of a response (SPEC S6, S18): its status, the allow-listed headers,
+/// the body, and its allow-listed trailers. A gRPC answer's status fields
+/// ([`GRPC_STATUS_FIELDS`], in its headers when it is trailers-only, else in its
+/// trailers) and `grpc-encoding` are always kept.
 pub(crate) fn stored_response(
     config: &Config,
     extra_headers: &[HeaderName],
     head: &http::response::Parts,
     body: &Bytes,
+    trailers: Option<&HeaderMap>,
 ) -> StoredResponse {
-    StoredResponse {
+    let grpc = is_grpc(&head.headers);
+    let kept = |name: &HeaderName| {
+        config.stored_headers.contains(name)
+            || extra_headers.contains(name)
+            || (grpc && (GRPC_STATUS_FIELDS.contains(&name.as_str()) || name == "grpc-encoding"))
+    };
+    let mut stored = StoredResponse {
         status: head.status.as_u16(),
         headers: head
             .headers
             .iter()
-            .filter(|(name, _)| {
-                config.stored_headers.contains(name) || extra_headers.contains(name)
-            })
+            .filter(|(name, _)| kept(name))
             .map(|(name, value)| {
                 (
                     name.as_str().to_owned(),
@@ -181,5 +189,11 @@ pub(crate) fn stored_response(
         // record's lifetime, making the connection allocate a new buffer for every
         // response.
         body: Bytes::copy_from_slice(body),
+    };
+    for (name, value) in trailers.into_iter().flatten() {
+        if kept(name) || GRPC_STATUS_FIELDS.contains(&name.as_str()) {
+            stored = stored.with_trailer(name.as_str(), Bytes::copy_from_slice(value.as_bytes()));
+        }
     }
+    stored
 }

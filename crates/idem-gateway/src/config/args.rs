@@ -182,6 +182,17 @@ pub struct ServeArgs {
     #[serde(deserialize_with = "toml_form::statuses")]
     pub release_statuses: Option<Vec<String>>,
 
+    /// gRPC statuses (names or numbers) that release a gRPC call's key instead of being
+    /// recorded, or `none`
+    /// [default: INVALID_ARGUMENT,PERMISSION_DENIED,RESOURCE_EXHAUSTED,ABORTED,UNAVAILABLE,UNAUTHENTICATED].
+    #[arg(
+        long,
+        env = "IDEM_GRPC_RELEASE_CODES",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub grpc_release_codes: Option<Vec<String>>,
+
     /// How request paths are normalised before route matching, scoping and forwarding
     /// (the upstream receives the normalised path): rfc3986 (RFC 3986 §6.2.2: unreserved
     /// escapes decoded, dot segments removed), merge-slashes, and the opt-in
@@ -324,6 +335,7 @@ impl ServeArgs {
             scope,
             keyed_methods,
             release_statuses,
+            grpc_release_codes,
             path_normalization,
             client_timeout,
             max_connections,
@@ -366,6 +378,7 @@ impl ServeArgs {
             scope: scope.or(under.scope),
             keyed_methods: keyed_methods.or(under.keyed_methods),
             release_statuses: release_statuses.or(under.release_statuses),
+            grpc_release_codes: grpc_release_codes.or(under.grpc_release_codes),
             path_normalization: path_normalization.or(under.path_normalization),
             client_timeout: client_timeout.or(under.client_timeout),
             max_connections: max_connections.or(under.max_connections),
@@ -409,6 +422,9 @@ pub struct RouteRule {
     pub store_headers: Vec<String>,
     /// The statuses that release the key on this route, replacing the global list.
     pub release_statuses: Option<Vec<u16>>,
+    /// The gRPC statuses that release a gRPC call's key on this route, replacing the
+    /// global list.
+    pub grpc_release_codes: Option<Vec<String>>,
 }
 
 /// The forms the TOML file writes values in, read into the types the command line

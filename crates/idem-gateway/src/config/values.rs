@@ -55,6 +55,27 @@ pub(crate) fn parse_methods(list: &[String], setting: &str) -> Result<Vec<Method
         .collect()
 }
 
+/// `grpc_release_codes` as given (setting `what`): gRPC status names or numbers, or
+/// `none` alone for none.
+pub(crate) fn parse_grpc_release_codes(
+    list: &[String],
+    what: &str,
+) -> Result<idem_tower::GrpcReleaseCodes, ConfigError> {
+    let list: Vec<&str> = list
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .collect();
+    match list[..] {
+        [] => return Err(invalid(what, "names no status; write `none` for none")),
+        [only] if only.eq_ignore_ascii_case("none") => {
+            return Ok(idem_tower::GrpcReleaseCodes::new([]));
+        }
+        _ => {}
+    }
+    idem_tower::GrpcReleaseCodes::parse(list).map_err(|e| invalid(what, e))
+}
+
 /// `release_statuses` as given: status codes, or `none` alone for none.
 pub(crate) fn parse_release_statuses(list: &[String]) -> Result<ReleaseStatuses, ConfigError> {
     let items: Vec<&str> = list

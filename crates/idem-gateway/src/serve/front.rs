@@ -59,6 +59,7 @@ impl Front {
         let svc = self.service.clone();
         let guard = self.metrics.in_flight_guard();
         let origin = cors::preflighted_origin(req.method(), req.headers());
+        let grpc = idem_tower::is_grpc(req.headers());
         let traced = self
             .telemetry
             .as_ref()
@@ -72,7 +73,7 @@ impl Front {
                     req.uri().path().to_owned(),
                 )
             });
-            let mut res = match invalid {
+            let res = match invalid {
                 None => svc.oneshot(req).await,
                 Some(problem) => {
                     // Read away what the client still sends, so that it reads the 400
@@ -83,6 +84,10 @@ impl Front {
                         .to_response()
                         .map(|b| Full::new(b).map_err(|e| match e {}).boxed_unsync()))
                 }
+            };
+            let mut res = match res {
+                Ok(r) => Ok(super::grpc::own_answer(grpc, r).await),
+                Err(e) => Err(e),
             };
             if let (Some(origin), Ok(r)) = (origin, &mut res) {
                 cors::allow_origin_on_problem(r, origin);

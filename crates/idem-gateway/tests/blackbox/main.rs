@@ -11,6 +11,7 @@ mod common;
 mod crash;
 mod demo;
 mod edge;
+mod grpc;
 mod http2;
 mod packaging;
 mod protocol;
