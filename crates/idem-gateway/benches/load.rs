@@ -25,8 +25,20 @@
 //! cargo bench -p idem-gateway --bench load
 //! ```
 //!
+//! Yardsticks in the same run (see `load/others.rs`), each in every round: with
+//! PostgreSQL, its floor (`pgbench` when installed: a fresh key per transaction, an
+//! insert-if-absent and then an update, each its own synced commit, at as many clients
+//! as connections), and keyed PostgreSQL throughput as a ratio to it;
+//! `IDEM_LOAD_PEER=PATH` (the `idempotent-rs` peer proxy's binary) adds the peer on
+//! memory and on Redis, and idem's keyed throughput as a ratio to the peer's;
+//! `IDEM_LOAD_NGINX=PATH` (nginx's binary) adds nginx as a pass-through proxy with one
+//! worker and two (upstream keep-alive pool, no access log), and idem's pass-through as
+//! a ratio to it.
+//!
 //! The driver, the upstream and the gateway share the machine's cores, so absolute
 //! figures understate a dedicated gateway; the ratios are the point.
+
+mod others;
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -38,8 +50,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use idem_test_support::cpu_time;
+use others::{Floor, Launch, Proxy};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 /// Keep-alive connections, unless `IDEM_LOAD_CONNECTIONS` says otherwise.
 const CONNECTIONS: usize = 64;
@@ -91,17 +104,10 @@ async fn upstream(work: Duration) -> SocketAddr {
     addr
 }
 
-struct Gateway {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Gateway {
-    fn cpu_time(&self) -> Duration {
-        self.child
-            .id()
-            .map_or(Duration::ZERO, |pid| cpu_time(&pid.to_string()))
-    }
+/// A configuration started for the run: a proxy the driver loads, or the floor.
+enum Running {
+    Proxy(Proxy),
+    Floor(Floor),
 }
 
 /// Busy and total ticks of the whole machine, from /proc/stat (Linux); zeros elsewhere.
@@ -131,7 +137,7 @@ fn target(name: &str) -> Option<f64> {
     }
 }
 
-async fn gateway(upstream: SocketAddr, extra: &[&str], dir: &std::path::Path) -> Gateway {
+async fn gateway(upstream: SocketAddr, extra: &[&str], dir: &std::path::Path) -> Proxy {
     let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .arg("serve")
         .args(["--upstream", &format!("http://{upstream}")])
@@ -158,7 +164,11 @@ async fn gateway(upstream: SocketAddr, extra: &[&str], dir: &std::path::Path) ->
     })
     .await
     .expect("the gateway starts within 30s");
-    Gateway { child, addr }
+    Proxy {
+        child,
+        addr,
+        with_children: false,
+    }
 }
 
 /// One connection's loop: POSTs with fresh keys until `stop`; latencies of the requests
@@ -209,7 +219,7 @@ async fn connection(
     (latencies, errors)
 }
 
-async fn run(name: &str, gw: &Gateway, connections: usize, secs: u64) -> Figures {
+async fn run(name: &str, gw: &Proxy, connections: usize, secs: u64) -> Figures {
     let addr = gw.addr;
     let warm = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
@@ -375,6 +385,26 @@ fn main() {
             }
         }
 
+        // The yardsticks, beside the configurations they measure.
+        let has = |n: &str| configs.iter().any(|(name, _)| name == n);
+        let (pg_on, redis_on, memory_on) = (has("postgres"), has("redis"), has("memory"));
+        let mut configs: Vec<(String, Launch)> = configs
+            .into_iter()
+            .map(|(name, args)| (name, Launch::Idem(args)))
+            .collect();
+        for (name, launch) in others::optional(
+            pg_on.then_some(pg.as_str()),
+            redis_on.then_some(redis.as_str()),
+        ) {
+            let wanted = match name.as_str() {
+                "peer-memory" => memory_on,
+                _ => true,
+            };
+            if wanted {
+                configs.push((name, launch));
+            }
+        }
+
         let mut by_work = Vec::new();
         for &work in &works {
             let ratios = load_run(&configs, work, connections, secs, rounds).await;
@@ -394,7 +424,7 @@ type Ratios = Vec<(String, f64, f64, f64)>;
 /// `work` per request: prints the rounds, the medians and the CPU budget at the targets,
 /// and returns the ratios.
 async fn load_run(
-    configs: &[(String, Vec<String>)],
+    configs: &[(String, Launch)],
     work: Duration,
     connections: usize,
     secs: u64,
@@ -412,9 +442,21 @@ async fn load_run(
     // other load on the machine hits every configuration alike, and each round's
     // ratio compares figures taken seconds apart.
     let mut gateways = Vec::new();
-    for (name, args) in configs {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        gateways.push((name.as_str(), gateway(up, &args, dir.path()).await));
+    for (name, launch) in configs {
+        let running = match launch {
+            Launch::Idem(args) => {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                Running::Proxy(gateway(up, &args, dir.path()).await)
+            }
+            Launch::Peer(bin, redis) => {
+                Running::Proxy(others::peer(bin, redis.as_deref(), up).await)
+            }
+            Launch::Nginx(bin, workers) => {
+                Running::Proxy(others::nginx(bin, *workers, up, dir.path()).await)
+            }
+            Launch::Floor(url) => Running::Floor(Floor::new(url, dir.path()).await),
+        };
+        gateways.push((name.as_str(), running));
     }
     let mut rounds_out: Vec<Vec<Figures>> = Vec::new();
     for round in 1..=rounds {
@@ -427,7 +469,10 @@ async fn load_run(
             let i = (k + round - 1) % gateways.len();
             let (name, gw) = &gateways[i];
             settle().await;
-            let f = run(name, gw, connections, secs).await;
+            let f = match gw {
+                Running::Proxy(gw) => run(name, gw, connections, secs).await,
+                Running::Floor(floor) => floor_run(name, floor, connections, secs).await,
+            };
             println!(
                 "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, driver+upstream {:>4.0} us, rest {:>4.0} us  machine {:>3.0}% busy  errors {}",
                 f.name,
@@ -510,7 +555,89 @@ async fn load_run(
             "  {name:<13} {target:.2} allows {allowed:.0} us; less the driver and upstream's {driver:.0} us, the gateway and its store server may spend {budget:.0} us, and spent {spent:.0} us (machine {busy:.0}% busy)",
         );
     }
+    compare(configs, &rounds_out);
     out
+}
+
+/// idem against its yardsticks, each pair's throughput ratio taken within a round:
+/// keyed PostgreSQL against the floor, keyed memory and Redis against the peer's,
+/// pass-through against nginx. For each, what the target allows idem to spend per
+/// request in CPU time (the whole machine's: with every core busy, throughput goes as
+/// its inverse) against what it spent.
+fn compare(configs: &[(String, Launch)], rounds: &[Vec<Figures>]) {
+    const PAIRS: &[(&str, &str, f64)] = &[
+        ("postgres", "pg-floor", 2.0),
+        ("memory", "peer-memory", 1.5),
+        ("redis", "peer-redis", 1.5),
+        ("pass-through", "nginx-1w", 1.0),
+        ("pass-through", "nginx-2w", 1.0),
+    ];
+    let at = |n: &str| configs.iter().position(|(name, _)| name == n);
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut heading = false;
+    for &(ours, theirs, target) in PAIRS {
+        let (Some(a), Some(b)) = (at(ours), at(theirs)) else {
+            continue;
+        };
+        if !heading {
+            println!("against the yardsticks (ratio within each round; median, lowest-highest):");
+            heading = true;
+        }
+        let ratios: Vec<f64> = rounds
+            .iter()
+            .map(|r| r[a].rps() / r[b].rps().max(1.0))
+            .collect();
+        let lowest = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let highest = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let col = |i: usize, f: &dyn Fn(&Figures) -> f64| {
+            median(rounds.iter().map(|r| f(&r[i])).collect())
+        };
+        let p99 = |i: usize| col(i, &|f| f.p99.as_secs_f64() * 1e3);
+        let total = |i: usize| col(i, &|f| f.driver_us + f.cpu_us + f.others_us);
+        println!(
+            "  {ours} / {theirs}: {:.2} ({lowest:.2}-{highest:.2}), target >= {target:.2}; p99 {:.2} ms against {:.2} ms",
+            median(ratios),
+            p99(a),
+            p99(b),
+        );
+        println!(
+            "    CPU per request: {ours} gateway {:.0} us, rest {:.0} us, all {:.0} us; {theirs} proxy {:.0} us, rest {:.0} us, all {:.0} us; the target allows {ours} {:.0} us in all",
+            col(a, &|f| f.cpu_us),
+            col(a, &|f| f.others_us),
+            total(a),
+            col(b, &|f| f.cpu_us),
+            col(b, &|f| f.others_us),
+            total(b),
+            total(b) / target,
+        );
+    }
+}
+
+/// One pgbench run of the floor, as figures like a proxy's: its transactions (two
+/// commits each) for requests; the machine's CPU time, pgbench's and the server's, all
+/// counted as the rest.
+async fn floor_run(name: &str, floor: &Floor, connections: usize, secs: u64) -> Figures {
+    let machine_before = machine_ticks();
+    let f = floor.run(connections, secs).await;
+    let machine_after = machine_ticks();
+    let busy = machine_after.0.saturating_sub(machine_before.0) as f64;
+    let total = machine_after.1.saturating_sub(machine_before.1).max(1) as f64;
+    let n = f.transactions.max(1) as f64;
+    Figures {
+        name: name.to_owned(),
+        driver_us: 0.0,
+        machine_busy: 100.0 * busy / total,
+        others_us: busy / 100.0 * 1e6 / n,
+        cpu_us: 0.0,
+        requests: f.transactions,
+        errors: 0,
+        secs: f.secs,
+        p50: f.p50,
+        p99: f.p99,
+    }
 }
 
 /// The upstream's CPU time per request for each run, from `IDEM_LOAD_UPSTREAM_US`'s

@@ -5,6 +5,11 @@
 //!   over an expired record or a lapsed lease atomically, or else hands back the
 //!   existing row, which [`idem_core::Reservation::from_existing`] interprets. The
 //!   primary key on the scope decides who is first (SPEC S5 stage 1).
+//! - **Shared commits.** Reserves, completions and releases that queue while others
+//!   are being written go to the server together, one statement (one round trip, one
+//!   synced commit) per kind of operation for the whole batch, with exactly the
+//!   single-row semantics; a lone operation is written at once
+//!   ([`PgStoreOptions::batching`], [`PgStore::batch_stats`]).
 //! - **Fenced writes.** `complete`, `renew` and `release` are single statements that
 //!   match the attempt's fencing token (SPEC S7).
 //! - **Same-transaction completion.** [`PgStore::complete_in`] completes the record on
@@ -54,6 +59,7 @@
 //! # Ok(()) }
 //! ```
 
+mod batch;
 mod durability;
 mod error;
 mod handoff;
@@ -63,6 +69,7 @@ pub mod schema;
 mod statements;
 mod store;
 
+pub use batch::{BatchStats, DEFAULT_MAX_BATCH};
 pub use durability::DurabilityRisk;
 pub use error::{Error, Result};
 pub use options::{DEFAULT_MAX_CONNECTIONS, PgStoreOptions};

@@ -11,6 +11,7 @@ use sqlx::pool::PoolConnectionMetadata;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
+use crate::batch::{BatchConfig, Batcher, DEFAULT_MAX_BATCH};
 use crate::durability::durability_risk;
 use crate::error::Error;
 use crate::schema::{self, DEFAULT_TABLE};
@@ -29,6 +30,9 @@ pub struct PgStoreOptions {
     operation_timeout: Duration,
     max_connections: u32,
     migrate: bool,
+    batching: bool,
+    max_batch: usize,
+    batches_in_flight: Option<usize>,
 }
 
 impl fmt::Debug for PgStoreOptions {
@@ -40,6 +44,9 @@ impl fmt::Debug for PgStoreOptions {
             .field("operation_timeout", &self.operation_timeout)
             .field("max_connections", &self.max_connections)
             .field("migrate", &self.migrate)
+            .field("batching", &self.batching)
+            .field("max_batch", &self.max_batch)
+            .field("batches_in_flight", &self.batches_in_flight)
             .finish()
     }
 }
@@ -53,6 +60,9 @@ impl Default for PgStoreOptions {
             operation_timeout: Duration::from_secs(5),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             migrate: true,
+            batching: true,
+            max_batch: DEFAULT_MAX_BATCH,
+            batches_in_flight: None,
         }
     }
 }
@@ -100,6 +110,31 @@ impl PgStoreOptions {
     /// [`PgStore::migrate`] from a role that may.
     pub fn migrate(mut self, run: bool) -> Self {
         self.migrate = run;
+        self
+    }
+
+    /// Whether reserves, completions and releases that queue while others are being
+    /// written go to the server together, one statement and one commit per kind of
+    /// operation for the whole batch (default true). A lone operation is written at
+    /// once either way; off, every operation is a statement and a commit of its own.
+    /// See [`PgStore::batch_stats`].
+    pub fn batching(mut self, on: bool) -> Self {
+        self.batching = on;
+        self
+    }
+
+    /// The most operations one batch carries (default [`DEFAULT_MAX_BATCH`]); more
+    /// wait for the next.
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.max_batch = n.max(1);
+        self
+    }
+
+    /// The most batches written at once, each on a pooled connection of its own
+    /// (default: half the pool, at least one). Fewer make larger batches and fewer
+    /// commits; more overlap the round trips of several.
+    pub fn batches_in_flight(mut self, n: usize) -> Self {
+        self.batches_in_flight = Some(n.max(1));
         self
     }
 
@@ -153,7 +188,20 @@ impl PgStoreOptions {
 
     fn build(self, pool: PgPool) -> Result<PgStore, Error> {
         let table = schema::table_name(&self.table)?;
+        let in_flight = self.batches_in_flight.unwrap_or_else(|| {
+            usize::try_from(pool.options().get_max_connections() / 2).unwrap_or(1)
+        });
+        let batch = self.batching.then(|| {
+            Arc::new(Batcher::new(
+                BatchConfig {
+                    max_batch: self.max_batch,
+                    in_flight,
+                },
+                table.as_str(),
+            ))
+        });
         Ok(PgStore {
+            batch,
             sql: Arc::new(Statements::for_table(table.as_str())),
             pool,
             clock: self.clock,

@@ -77,7 +77,7 @@ pub(crate) struct Statements {
 }
 
 /// The columns a record is read from, in the order both halves of `reserve` return them.
-const RECORD_COLUMNS: &str = "attempt, token, fingerprint, created_at, expires_at, state, \
+pub(crate) const RECORD_COLUMNS: &str = "attempt, token, fingerprint, created_at, expires_at, state, \
                               lease_until, status, headers, body, completed_at";
 
 /// The scope's primary key, as parameters $1..$3.

@@ -8,21 +8,22 @@ use async_trait::async_trait;
 use idem_core::codec::encode_headers;
 use idem_core::{
     FencingToken, Lease, Record, Reservation, ReserveRequest, Scope, SharedClock, Store,
-    StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig, duration_millis,
+    StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig, Timestamp, duration_millis,
     release_unconfirmed_with,
 };
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
+use crate::batch::{BatchStats, Batcher, CompleteOp, Failure, Op, ReleaseOp, ReserveOp};
 use crate::durability::DurabilityRisk;
 use crate::error::{Error, store_error};
 use crate::handoff::Handoff;
 use crate::schema;
-use crate::statements::{Statements, attempt_from, record_from_row};
+use crate::statements::{Statements, record_from_row};
 
 /// How long `reserve` keeps retrying when its statement saw neither its own insert nor
 /// the existing row (a row committed by a concurrent transaction after the statement's
 /// snapshot). Each retry takes a new snapshot, so two or three suffice in practice.
-const RESERVE_ROUNDS: usize = 16;
+pub(crate) const RESERVE_ROUNDS: usize = 16;
 
 /// A [`Store`] on PostgreSQL, shared by every instance that points at the same table.
 ///
@@ -40,6 +41,9 @@ pub struct PgStore {
     pub(crate) handoff: Arc<Handoff>,
     /// What the server's settings risk, as read when the store connected.
     pub(crate) durability: Option<Arc<DurabilityRisk>>,
+    /// Where reserves, completions and releases queue to be written together; `None`
+    /// when batching is off.
+    pub(crate) batch: Option<Arc<Batcher>>,
 }
 
 impl fmt::Debug for PgStore {
@@ -70,6 +74,14 @@ impl PgStore {
     /// logs a warning when it finds them.
     pub fn durability_risk(&self) -> Option<&DurabilityRisk> {
         self.durability.as_deref()
+    }
+
+    /// Counters of the batching since the store was built (all zero when it is off):
+    /// how many batches and statements carried how many operations.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.batch
+            .as_ref()
+            .map_or_else(BatchStats::default, |b| b.stats())
     }
 
     /// Runs the embedded migration for this store's table (idempotent).
@@ -118,7 +130,11 @@ impl PgStore {
 
     /// Deletes `lease`'s in-progress record with `sql` (`release`, or
     /// `release_unconfirmed`, which also requires attempt 1); fenced.
-    async fn delete_in_progress(&self, sql: &Arc<str>, lease: &Lease) -> Result<(), StoreError> {
+    pub(crate) async fn delete_in_progress(
+        &self,
+        sql: &Arc<str>,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
         let now = self.clock.now();
         let scope = &lease.scope;
         let done = self
@@ -150,6 +166,36 @@ impl PgStore {
         }
     }
 
+    /// A reserve through the batch queue, under a token drawn here so that a
+    /// reservation written but not confirmed is released by it.
+    async fn reserve_batched(
+        &self,
+        batch: &Arc<Batcher>,
+        req: &ReserveRequest,
+    ) -> Result<Reservation, StoreError> {
+        let token = FencingToken::generate();
+        let mut unconfirmed = Unconfirmed::new(self, req, token);
+        let op = |reply| {
+            Op::Reserve(ReserveOp {
+                req: req.clone(),
+                token,
+                reply,
+            })
+        };
+        match self.submit(batch, op).await {
+            Ok(r) => {
+                unconfirmed.disarm();
+                Ok(r)
+            }
+            Err(f) => {
+                if !f.may_have_run {
+                    unconfirmed.disarm();
+                }
+                Err(f.error)
+            }
+        }
+    }
+
     async fn reserve_once(&self, req: &ReserveRequest) -> Result<Option<Reservation>, StoreError> {
         // Taken before the statement is armed in `reserve_on`: waiting for a connection
         // sends nothing, so running out of time there leaves nothing to release.
@@ -166,24 +212,40 @@ impl PgStore {
         conn: &mut PgConnection,
         req: &ReserveRequest,
     ) -> Result<Option<Reservation>, StoreError> {
-        let now = self.clock.now();
         let token = FencingToken::generate();
-        let lease_until = now.plus(req.lease);
-        let scope = &req.scope;
         // Armed until the outcome is known: if the statement fails in a way that leaves
         // open whether it committed, or this future is dropped mid-flight (the
         // operation timeout), the reservation it may have written is released. Release
         // matches on the token alone; the attempt (unknown: the statement may have taken
         // over) only shows in logs.
-        let mut unconfirmed = Unconfirmed {
-            store: self,
-            lease: Some(Lease {
-                scope: scope.clone(),
-                token,
-                attempt: 1,
-                ttl: req.ttl,
-            }),
-        };
+        let mut unconfirmed = Unconfirmed::new(self, req, token);
+        let reserved = self.reserve_row(conn, req, token, self.clock.now()).await;
+        match reserved {
+            Ok(r) => {
+                unconfirmed.disarm();
+                Ok(r)
+            }
+            Err(f) => {
+                if !f.may_have_run {
+                    unconfirmed.disarm();
+                }
+                Err(f.error)
+            }
+        }
+    }
+
+    /// The single-row reserve of `req` under `token` at `now`: `None` when the
+    /// statement saw neither its own insert nor the existing row, to be tried again.
+    /// An error says whether the reservation may have been written all the same.
+    pub(crate) async fn reserve_row(
+        &self,
+        conn: &mut PgConnection,
+        req: &ReserveRequest,
+        token: FencingToken,
+        now: Timestamp,
+    ) -> Result<Option<Reservation>, Failure> {
+        let lease_until = now.plus(req.lease);
+        let scope = &req.scope;
         let row = sqlx::query(AssertSqlSafe(self.sql.reserve.clone()))
             .bind(scope.tenant().as_str())
             .bind(scope.endpoint_str())
@@ -195,42 +257,26 @@ impl PgStore {
             .bind(lease_until.as_millis())
             .fetch_optional(&mut *conn)
             .await
-            .map_err(|e| {
-                if !may_have_run(&e) {
-                    unconfirmed.disarm();
-                }
-                store_error(e)
+            .map_err(|e| Failure {
+                may_have_run: may_have_run(&e),
+                error: store_error(e),
             })?;
         let Some(row) = row else {
             // The row exists (the insert conflicted) but was committed after this
             // statement's snapshot, so the read half could not see it: look again.
-            unconfirmed.disarm();
             return Ok(None);
         };
-        // From here on a row came back: an error decoding it leaves the release armed,
-        // since the row may be this reservation's.
-        let acquired: bool = row.try_get("acquired").map_err(store_error)?;
-        if acquired {
-            let stored = FencingToken::from_i64(row.try_get("token").map_err(store_error)?);
-            if stored != token {
-                return Err(StoreError::Corrupt(
-                    "reserve returned another attempt's token".into(),
-                ));
-            }
-            let attempt = attempt_from(&row)?;
-            unconfirmed.disarm();
-            return Ok(Some(Reservation::Acquired(Lease {
-                scope: scope.clone(),
-                token,
-                attempt,
-                ttl: req.ttl,
-            })));
-        }
-        unconfirmed.disarm();
-        let existing = record_from_row(scope, &row)?;
-        // `None`: the row read was an older version that may now be taken (its lease or
-        // life ran out, or another writer changed it after the snapshot). Try again.
-        Ok(Reservation::from_existing(existing, &req.fingerprint, now))
+        // From here on a row came back: an error decoding it may hide that the row is
+        // this reservation's.
+        let written = |error| Failure {
+            error,
+            may_have_run: true,
+        };
+        let acquired: bool = row
+            .try_get("acquired")
+            .map_err(|e| written(store_error(e)))?;
+        let existing = record_from_row(scope, &row).map_err(written)?;
+        reservation_from(req, token, acquired, existing, now).map_err(written)
     }
 
     async fn complete_on(
@@ -239,7 +285,29 @@ impl PgStore {
         lease: &Lease,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let now = self.clock.now();
+        let headers = encode_headers(&response.headers);
+        let status = i32::from(response.status);
+        self.complete_row(
+            conn,
+            lease,
+            status,
+            &headers,
+            &response.body,
+            self.clock.now(),
+        )
+        .await
+    }
+
+    /// The single-row completion of `lease` at `now`, its response encoded for the row.
+    pub(crate) async fn complete_row(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        status: i32,
+        headers: &[u8],
+        body: &[u8],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
         let scope = &lease.scope;
         let done = sqlx::query(AssertSqlSafe(self.sql.complete.clone()))
             .bind(scope.tenant().as_str())
@@ -247,9 +315,9 @@ impl PgStore {
             .bind(scope.key().as_str())
             .bind(lease.token.as_i64())
             .bind(now.as_millis())
-            .bind(i32::from(response.status))
-            .bind(encode_headers(&response.headers))
-            .bind(&response.body[..])
+            .bind(status)
+            .bind(headers)
+            .bind(body)
             .bind(duration_millis(lease.ttl))
             .execute(&mut *conn)
             .await
@@ -257,10 +325,20 @@ impl PgStore {
         if done.rows_affected() == 1 {
             return Ok(());
         }
-        // Not in progress under this token. Completing twice with one lease is fine
-        // (the first response stays); anything else is fenced. This read runs as its
-        // own statement so that it sees a completion committed while the update
-        // waited for the row.
+        self.completed_by(conn, lease, now).await
+    }
+
+    /// After a completion that found `lease`'s record not in progress under its token:
+    /// completing twice with one lease is fine (the first response stays); anything
+    /// else is fenced. This read runs as its own statement so that it sees a
+    /// completion committed while the update waited for the row.
+    pub(crate) async fn completed_by(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let scope = &lease.scope;
         let already: Option<i32> = sqlx::query_scalar(AssertSqlSafe(self.sql.completed_by.clone()))
             .bind(scope.tenant().as_str())
             .bind(scope.endpoint_str())
@@ -275,6 +353,54 @@ impl PgStore {
             None => Err(StoreError::Fenced),
         }
     }
+
+    /// The single-row release of `lease`'s in-progress record at `now`; fenced.
+    pub(crate) async fn release_row(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let scope = &lease.scope;
+        let done = sqlx::query(AssertSqlSafe(self.sql.release.clone()))
+            .bind(scope.tenant().as_str())
+            .bind(scope.endpoint_str())
+            .bind(scope.key().as_str())
+            .bind(lease.token.as_i64())
+            .bind(now.as_millis())
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        fenced_unless_one(done.rows_affected())
+    }
+}
+
+/// What a reserve statement's row means for `req`, written under `token`: `acquired`
+/// says the insert half wrote `row`; otherwise `row` is the existing record, and `None`
+/// means it may now be taken (look again).
+pub(crate) fn reservation_from(
+    req: &ReserveRequest,
+    token: FencingToken,
+    acquired: bool,
+    row: Record,
+    now: Timestamp,
+) -> Result<Option<Reservation>, StoreError> {
+    if acquired {
+        if row.token != token {
+            return Err(StoreError::Corrupt(
+                "reserve returned another attempt's token".into(),
+            ));
+        }
+        return Ok(Some(Reservation::Acquired(Lease {
+            scope: req.scope.clone(),
+            token,
+            attempt: row.attempt,
+            ttl: req.ttl,
+        })));
+    }
+    // `None`: the row read was an older version that may now be taken (its lease or
+    // life ran out, or another writer changed it after the snapshot). Try again.
+    Ok(Reservation::from_existing(row, &req.fingerprint, now))
 }
 
 /// A reservation whose outcome is not known yet; dropped while armed, it is released in
@@ -283,15 +409,32 @@ impl PgStore {
 /// until a lease no one holds lapses. (The statement may have taken a record over
 /// without the store learning it; such a record lapses, so that the next attempt still
 /// runs as a recovered one.)
-struct Unconfirmed<'a> {
+pub(crate) struct Unconfirmed<'a> {
     store: &'a PgStore,
     lease: Option<Lease>,
 }
 
 impl Unconfirmed<'_> {
+    /// Armed for `req`'s reservation under `token`, as a first attempt.
+    pub(crate) fn new<'a>(
+        store: &'a PgStore,
+        req: &ReserveRequest,
+        token: FencingToken,
+    ) -> Unconfirmed<'a> {
+        Unconfirmed {
+            store,
+            lease: Some(Lease {
+                scope: req.scope.clone(),
+                token,
+                attempt: 1,
+                ttl: req.ttl,
+            }),
+        }
+    }
+
     /// The outcome is known: the reservation was acquired and handed out, or it was
     /// certainly not written.
-    fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.lease = None;
     }
 }
@@ -315,7 +458,7 @@ impl Drop for Unconfirmed<'_> {
 /// Whether a statement that failed with `e` may still have committed: the connection
 /// broke or the conversation went wrong after it was sent. A database error means it
 /// failed and rolled back; a pool error means it was never sent.
-fn may_have_run(e: &sqlx::Error) -> bool {
+pub(crate) fn may_have_run(e: &sqlx::Error) -> bool {
     matches!(
         e,
         sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
@@ -329,6 +472,9 @@ impl Store for PgStore {
     /// holds exactly `decide`'s `Execute` rows; a row it did not take is interpreted by
     /// [`Reservation::from_existing`].
     async fn reserve(&self, req: &ReserveRequest) -> Result<Reservation, StoreError> {
+        if let Some(batch) = &self.batch {
+            return self.bounded(self.reserve_batched(batch, req)).await;
+        }
         self.bounded(async {
             for _ in 0..RESERVE_ROUNDS {
                 if let Some(r) = self.reserve_once(req).await? {
@@ -343,6 +489,20 @@ impl Store for PgStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        if let Some(batch) = &self.batch {
+            let op = |reply| {
+                Op::Complete(CompleteOp {
+                    lease: lease.clone(),
+                    status: i32::from(response.status),
+                    headers: encode_headers(&response.headers),
+                    body: response.body.clone(),
+                    reply,
+                })
+            };
+            return self
+                .bounded(async { self.submit(batch, op).await.map_err(|f| f.error) })
+                .await;
+        }
         self.bounded(async {
             let mut conn = self.handoff.acquire(&self.pool).await?;
             let completed = self.complete_on(&mut conn.conn, lease, response).await;
@@ -376,6 +536,17 @@ impl Store for PgStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        if let Some(batch) = &self.batch {
+            let op = |reply| {
+                Op::Release(ReleaseOp {
+                    lease: lease.clone(),
+                    reply,
+                })
+            };
+            return self
+                .bounded(async { self.submit(batch, op).await.map_err(|f| f.error) })
+                .await;
+        }
         self.delete_in_progress(&self.sql.release, lease).await
     }
 
@@ -466,9 +637,10 @@ impl Store for PgStore {
         .await
     }
 
-    /// The pool's connections: how many are open, idle, and allowed.
+    /// The pool's connections: how many are open, idle, and allowed; and the
+    /// batching's counters.
     fn metrics(&self) -> Vec<StoreMetric> {
-        vec![
+        let mut metrics = vec![
             StoreMetric::gauge(
                 "idem_postgres_pool_connections",
                 "Connections open in the PostgreSQL pool.",
@@ -496,7 +668,11 @@ impl Store for PgStore {
                  or fsync off) let a crash lose acknowledged records; else 0.",
                 u64::from(self.durability.is_some()),
             ),
-        ]
+        ];
+        if let Some(batch) = &self.batch {
+            metrics.extend(batch.metrics());
+        }
+        metrics
     }
 }
 

@@ -1,5 +1,8 @@
 //! Under load, a connection whose operation finished goes straight to the next waiting
 //! operation rather than back through the pool; the pool still serves its own waiters.
+//! With batching on, reserves and completions queue for a batch instead of for a
+//! connection, so the hand-offs are seen with it off; the pool's own waiters are served
+//! either way.
 
 mod common;
 
@@ -43,7 +46,8 @@ async fn connections_pass_from_operation_to_operation_under_load() {
     const CALLERS: usize = 24;
     const KEYS_EACH: usize = 20;
     let ns = unique_namespace("handoff");
-    let Some(store) = common::connect(PgStore::options().max_connections(2), &ns).await else {
+    let options = PgStore::options().max_connections(2).batching(false);
+    let Some(store) = common::connect(options, &ns).await else {
         return;
     };
     let callers: Vec<_> = (0..CALLERS)
@@ -96,12 +100,25 @@ async fn connections_pass_from_operation_to_operation_under_load() {
 /// check: a starved acquire fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_application_sharing_the_pool_is_served_under_load() {
+    application_served_under_load(false, HANDOFFS).await;
+}
+
+/// The same with batching on: the batches' connections go back to the pool too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_sharing_the_pool_is_served_under_batched_load() {
+    application_served_under_load(true, "idem_postgres_batches_total").await;
+}
+
+/// Callers keep the store busy (its progress shows in the counter `busy`) while the
+/// application takes turns with the pool.
+async fn application_served_under_load(batching: bool, busy: &str) {
     const CALLERS: usize = 16;
     // Bounds the run should the application's turns never come.
     const MAX_KEYS_EACH: usize = 2_000;
     let ns = unique_namespace("handoff_app");
     let options = PgStore::options()
         .max_connections(2)
+        .batching(batching)
         .acquire_timeout(Duration::from_secs(10));
     let Some(store) = common::connect(options, &ns).await else {
         return;
@@ -121,11 +138,11 @@ async fn an_application_sharing_the_pool_is_served_under_load() {
         })
         .collect();
 
-    // Wait until the callers are handing connections on, then take turns with them.
-    while figure(&*store, HANDOFFS) == 0 && !callers.iter().all(|c| c.is_finished()) {
+    // Wait until the callers keep the store busy, then take turns with them.
+    while figure(&*store, busy) == 0 && !callers.iter().all(|c| c.is_finished()) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let handed_before = figure(&*store, HANDOFFS);
+    let handed_before = figure(&*store, busy);
     for turn in 0..5 {
         let mut conn = store
             .pool()
@@ -138,7 +155,7 @@ async fn an_application_sharing_the_pool_is_served_under_load() {
             .unwrap();
         assert_eq!(one, 1);
     }
-    let handed_during = figure(&*store, HANDOFFS) - handed_before;
+    let handed_during = figure(&*store, busy) - handed_before;
     stop.store(true, Ordering::Relaxed);
     for caller in callers {
         caller.await.expect("caller");
