@@ -126,14 +126,19 @@
 //! ```
 
 mod builder;
+mod conn;
 mod error;
 mod eviction;
 mod open;
+mod purge;
 mod record;
+mod replication;
 mod store;
+mod target;
 
 pub use builder::RedisStoreBuilder;
 pub use eviction::EvictionRisk;
+pub use target::{DEFAULT_WAIT_TIMEOUT, Replication};
 pub use store::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, RedisStore};
 
 /// The README's example, compiled as a doctest so it cannot rot.

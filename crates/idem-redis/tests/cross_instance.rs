@@ -53,8 +53,20 @@ impl Drop for Worker {
 
 #[test]
 fn two_processes_race_each_key_wins_exactly_once() {
+    race(redis_url(), "Redis");
+}
+
+/// The same race on a Redis Cluster: the records spread over its masters.
+#[test]
+fn two_processes_race_on_a_cluster_each_key_wins_exactly_once() {
+    match idem_test_support::redis_cluster_url() {
+        Ok(url) => race(url, "Redis Cluster"),
+        Err(e) => service_unavailable::<()>("Redis Cluster", "127.0.0.1", &e).unwrap_or(()),
+    }
+}
+
+fn race(url: String, service: &str) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let url = redis_url();
     let prefix = format!("idem-test:{}:", unique_namespace("cross_instance"));
     let verifier = match rt.block_on(
         RedisStore::builder(url.as_str())
@@ -63,7 +75,7 @@ fn two_processes_race_each_key_wins_exactly_once() {
             .connect(),
     ) {
         Ok(store) => store,
-        Err(e) => return service_unavailable::<()>("Redis", &url, &e).unwrap_or(()),
+        Err(e) => return service_unavailable::<()>(service, &url, &e).unwrap_or(()),
     };
     let tenant = format!("race-tenant-{}", unique_namespace("t"));
 
@@ -199,7 +211,7 @@ fn two_processes_race_each_key_wins_exactly_once() {
 
 /// One racing process: started by the test above, which sets `IDEM_RACE_*`.
 #[test]
-#[ignore = "a child process of two_processes_race_each_key_wins_exactly_once"]
+#[ignore = "a child process of the race tests above"]
 fn race_worker() {
     let (Ok(worker), Ok(prefix), Ok(tenant)) = (
         std::env::var("IDEM_RACE_WORKER"),
