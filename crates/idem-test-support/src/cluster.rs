@@ -33,6 +33,8 @@ const FORM_DEADLINE: Duration = Duration::from_secs(30);
 /// A Redis Cluster of local `redis-server` processes, stopped when dropped.
 #[derive(Debug)]
 pub struct RedisCluster {
+    /// Whether the nodes form a cluster, or are one server and its replicas.
+    cluster: bool,
     ports: Vec<u16>,
     nodes: Vec<Child>,
     watchdog: Option<Child>,
@@ -57,26 +59,14 @@ impl RedisCluster {
         ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let mut cluster = RedisCluster {
+            cluster: true,
             ports: ports.clone(),
             nodes: Vec::with_capacity(count),
             watchdog: None,
             dir,
         };
         for &port in &ports {
-            let node_dir = cluster.dir.join(port.to_string());
-            std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
-                .args(["--cluster-node-timeout", &node_timeout.as_millis().to_string()])
-                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-                .args(["--dir", &node_dir.to_string_lossy()])
-                .args(["--logfile", "redis.log"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .map_err(|e| format!("redis-server: {e}"))?;
+            let child = cluster.spawn_node(port, &cluster_args(node_timeout), None)?;
             cluster.nodes.push(child);
         }
         cluster.watchdog = Some(cluster.spawn_watchdog()?);
@@ -84,8 +74,78 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// The cluster's URL: the first node as seed, the others in `seeds`.
+    /// One server (not a cluster) with `replicas` replicas, each a `redis-server` on
+    /// its own port; [`url`](Self::url) names the server.
+    pub fn start_replicated(replicas: usize) -> Result<RedisCluster, String> {
+        let ports = free_ports(1 + replicas)?;
+        let dir = std::env::temp_dir().join(format!(
+            "idem-redis-replicated-{}-{}",
+            std::process::id(),
+            ports[0]
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut set = RedisCluster {
+            cluster: false,
+            ports: ports.clone(),
+            nodes: Vec::with_capacity(ports.len()),
+            watchdog: None,
+            dir,
+        };
+        for (i, &port) in ports.iter().enumerate() {
+            let child = set.spawn_node(port, &[], (i > 0).then_some(ports[0]))?;
+            set.nodes.push(child);
+        }
+        set.watchdog = Some(set.spawn_watchdog()?);
+        let start = Instant::now();
+        loop {
+            let linked = cli(ports[0], &["INFO", "replication"]).is_ok_and(|info| {
+                info.lines()
+                    .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                    .count()
+                    >= replicas
+            });
+            if linked {
+                return Ok(set);
+            }
+            if start.elapsed() > FORM_DEADLINE {
+                return Err("the replicas did not link to the server".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Starts `redis-server` on `port` in its own directory, with `extra` arguments,
+    /// as a replica of `replica_of` if given.
+    fn spawn_node(
+        &self,
+        port: u16,
+        extra: &[String],
+        replica_of: Option<u16>,
+    ) -> Result<Child, String> {
+        let node_dir = self.dir.join(port.to_string());
+        std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(extra)
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--dir", &node_dir.to_string_lossy()])
+            .args(["--logfile", "redis.log"]);
+        if let Some(master) = replica_of {
+            cmd.args(["--replicaof", "127.0.0.1", &master.to_string()]);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("redis-server: {e}"))
+    }
+
+    /// The URL of the cluster (the first node as seed, the others in `seeds`), or of
+    /// the server of [`start_replicated`](Self::start_replicated).
     pub fn url(&self) -> String {
+        if !self.cluster {
+            return format!("redis://127.0.0.1:{}", self.ports[0]);
+        }
         let seeds: Vec<String> = self.ports[1..]
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
@@ -117,6 +177,30 @@ impl RedisCluster {
             let _ = self.nodes[i].kill();
             let _ = self.nodes[i].wait();
         }
+    }
+
+    /// Starts the node on `port` again after [`kill`](Self::kill), with its
+    /// directory (a cluster node keeps its identity there, and rejoins as a replica
+    /// if it was failed over); watched like the others.
+    pub fn restart(&mut self, port: u16, node_timeout: Duration) -> Result<(), String> {
+        let i = self
+            .ports
+            .iter()
+            .position(|&p| p == port)
+            .ok_or_else(|| format!("no node on {port}"))?;
+        let args = if self.cluster {
+            cluster_args(node_timeout)
+        } else {
+            Vec::new()
+        };
+        let replica_of = (!self.cluster && i > 0).then_some(self.ports[0]);
+        self.nodes[i] = self.spawn_node(port, &args, replica_of)?;
+        let watchdog = self.spawn_watchdog()?;
+        if let Some(mut old) = self.watchdog.replace(watchdog) {
+            let _ = old.kill();
+            let _ = old.wait();
+        }
+        Ok(())
     }
 
     /// Waits until every node still running says the cluster is ok.
@@ -190,8 +274,12 @@ impl RedisCluster {
 
     /// A shell that, once this process is gone, stops the nodes and deletes their
     /// directory: statics never drop, and a killed test never runs `Drop`.
-    fn spawn_watchdog(&self) -> Result<Child, String> {
-        let pids: Vec<String> = self.nodes.iter().map(|c| c.id().to_string()).collect();
+    fn spawn_watchdog(&mut self) -> Result<Child, String> {
+        let pids: Vec<String> = self
+            .nodes
+            .iter_mut()
+            .filter_map(|c| matches!(c.try_wait(), Ok(None)).then(|| c.id().to_string()))
+            .collect();
         let script = format!(
             "while kill -0 {parent} 2>/dev/null; do sleep 1; done; kill -9 {pids} 2>/dev/null; \
              rm -rf '{dir}'",
@@ -221,6 +309,21 @@ impl Drop for RedisCluster {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The arguments that make a `redis-server` a cluster node.
+fn cluster_args(node_timeout: Duration) -> Vec<String> {
+    [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain([node_timeout.as_millis().to_string()])
+    .collect()
 }
 
 /// `redis-cli -p PORT ARGS…`'s output, raw.
