@@ -253,8 +253,15 @@ impl RedisCluster {
             ));
         }
         self.wait_ok(FORM_DEADLINE.saturating_sub(start.elapsed()))?;
+        self.wait_replicated(replicas, FORM_DEADLINE.saturating_sub(start.elapsed()))
+    }
+
+    /// Waits until every master has `replicas` replicas online.
+    pub fn wait_replicated(&self, replicas: usize, deadline: Duration) -> Result<(), String> {
+        let start = Instant::now();
         loop {
-            let linked = self.master_ports().iter().all(|&p| {
+            let masters = self.master_ports();
+            let linked = masters.iter().all(|&p| {
                 cli(p, &["INFO", "replication"]).is_ok_and(|info| {
                     info.lines()
                         .filter(|l| l.starts_with("slave") && l.contains("state=online"))
@@ -265,8 +272,10 @@ impl RedisCluster {
             if linked {
                 return Ok(());
             }
-            if start.elapsed() > FORM_DEADLINE {
-                return Err("the replicas did not link to their masters".into());
+            if start.elapsed() > deadline {
+                return Err(format!(
+                    "the masters {masters:?} do not all have {replicas} replicas online"
+                ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -70,6 +70,7 @@ async fn fail_a_master_over(wait: bool) -> Option<Outcome> {
             tokio::task::spawn_blocking(move || {
                 let mut cluster = cluster.lock().unwrap();
                 let victim = cluster.master_ports()[0];
+                let start = std::time::Instant::now();
                 cluster.kill(victim);
                 // Until the replica is promoted, the dead master is still counted
                 // among the three (its peers have not failed it yet).
@@ -79,7 +80,14 @@ async fn fail_a_master_over(wait: bool) -> Option<Outcome> {
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 cluster.wait_ok(Duration::from_secs(30)).unwrap();
+                let promoted = start.elapsed();
                 cluster.restart(victim, NODE_TIMEOUT).unwrap();
+                cluster.wait_replicated(1, Duration::from_secs(30)).unwrap();
+                eprintln!(
+                    "killed the master on {victim}: replica promoted after {promoted:?}, \
+                     {victim} a replica again after {:?}",
+                    start.elapsed()
+                );
                 victim
             })
             .await
@@ -96,6 +104,7 @@ async fn fail_a_master_over(wait: bool) -> Option<Outcome> {
                 let _permit = sem.acquire().await.unwrap();
                 let body = format!(r#"{{"order":{i}}}"#);
                 let deadline = tokio::time::Instant::now() + KEY_DEADLINE;
+                let mut last = Vec::new();
                 loop {
                     let a = http
                         .post(
@@ -105,6 +114,7 @@ async fn fail_a_master_over(wait: bool) -> Option<Outcome> {
                             &[("x-test-delay-ms", "10")],
                         )
                         .await;
+                    last.push(a.status);
                     match a.status {
                         201 => break,
                         409 => {}
@@ -115,7 +125,9 @@ async fn fail_a_master_over(wait: bool) -> Option<Outcome> {
                     }
                     assert!(
                         tokio::time::Instant::now() < deadline,
-                        "key {i} got no answer within {KEY_DEADLINE:?}"
+                        "key {i} got no answer within {KEY_DEADLINE:?} ({} tries, the last ones {:?}): {a:?}",
+                        last.len(),
+                        &last[last.len().saturating_sub(10)..]
                     );
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
