@@ -80,8 +80,7 @@ static OPENERS: [Opener; 4] = [
 ];
 
 /// The URLs [`OPENERS`] understand, for the error that names none of them.
-const EXPECTED: &str =
-    "memory://, sqlite://FILE, postgres://…, redis://… or redis+cluster://…";
+const EXPECTED: &str = "memory://, sqlite://FILE, postgres://…, redis://… or redis+cluster://…";
 
 /// The row for `url`'s scheme, in any case.
 fn opener(url: &str) -> Result<&'static Opener, OpenError> {

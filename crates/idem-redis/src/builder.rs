@@ -11,8 +11,8 @@ use redis::{Client, ErrorKind, RedisError, RedisResult};
 use crate::conn::Conn;
 use crate::error::from_redis;
 use crate::eviction::eviction_risk;
-use crate::target::{Replication, Target};
 use crate::store::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, RedisStore};
+use crate::target::{Replication, Target};
 
 /// Options for a [`RedisStore`]; [`connect`](RedisStoreBuilder::connect) opens it.
 #[derive(Debug, Clone)]
@@ -74,8 +74,9 @@ impl RedisStoreBuilder {
     /// [`connect`](Self::connect), with Redis's own error for a caller that tells the
     /// failures apart.
     pub(crate) async fn connect_or_redis_error(self) -> RedisResult<RedisStore> {
-        let target = Target::parse(&self.url)
-            .map_err(|why| RedisError::from((ErrorKind::InvalidClientConfig, "invalid URL", why)))?;
+        let target = Target::parse(&self.url).map_err(|why| {
+            RedisError::from((ErrorKind::InvalidClientConfig, "invalid URL", why))
+        })?;
         let replication = self.replication.unwrap_or(target.replication);
         // A reply to a write with WAIT comes after the replicas' acknowledgements.
         let response_timeout = self.timeout + replication.map_or(Duration::ZERO, |r| r.timeout);

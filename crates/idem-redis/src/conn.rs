@@ -72,7 +72,10 @@ impl Conn {
         if !self.is_cluster() {
             return Ok(Vec::new());
         }
-        let text: String = redis::from_redis_value(self.one_node(&redis::cmd("CLUSTER").arg("NODES").clone()).await?)?;
+        let text: String = redis::from_redis_value(
+            self.one_node(&redis::cmd("CLUSTER").arg("NODES").clone())
+                .await?,
+        )?;
         Ok(masters_of(&text))
     }
 
@@ -129,7 +132,10 @@ c4b0 :0@0 master,noaddr - 0 1 3 disconnected
 ";
         assert_eq!(
             masters_of(text),
-            [("127.0.0.1".to_owned(), 30001), ("127.0.0.1".to_owned(), 30002)]
+            [
+                ("127.0.0.1".to_owned(), 30001),
+                ("127.0.0.1".to_owned(), 30002)
+            ]
         );
     }
 }

@@ -155,8 +155,8 @@ mod target;
 
 pub use builder::RedisStoreBuilder;
 pub use eviction::EvictionRisk;
-pub use target::{DEFAULT_WAIT_TIMEOUT, Replication};
 pub use store::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, RedisStore};
+pub use target::{DEFAULT_WAIT_TIMEOUT, Replication};
 
 /// The README's example, compiled as a doctest so it cannot rot.
 #[cfg(doctest)]

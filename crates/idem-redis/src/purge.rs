@@ -48,7 +48,11 @@ impl RedisStore {
             }
         }
         // A pass ends at the last master: the next call starts again at the first.
-        save(if node >= masters.len() { (0, 0) } else { (node, cursor) });
+        save(if node >= masters.len() {
+            (0, 0)
+        } else {
+            (node, cursor)
+        });
         Ok(purged)
     }
 }

@@ -8,13 +8,15 @@
 //! the record's slot (a pipeline goes whole to the slot of its keyed command; `WAIT`
 //! alone would go to every master).
 
-use idem_core::{
-    FencingToken, Lease, ReserveRequest, Result, StoreError, duration_millis,
-};
+use idem_core::{FencingToken, Lease, ReserveRequest, Result, StoreError, duration_millis};
 use redis::{Cmd, FromRedisValue, RedisResult, Script, Value};
 
 use crate::store::{RedisStore, bump};
 use crate::target::Replication;
+
+/// Times a write with `WAIT` is sent again after its node answered that the slot
+/// moved.
+const MAX_REDIRECTS: usize = 3;
 
 impl RedisStore {
     /// How many replicas must hold each reservation and completion, if set.
@@ -25,11 +27,16 @@ impl RedisStore {
     /// Runs `cmd` (an `EVALSHA` of `script`, or a plain command when `script` is
     /// `None`), followed in the same pipeline by `WAIT` when replication is set: the
     /// reply and the number of replicas that acknowledged (`None` without
-    /// replication).
+    /// replication). `key` is the record's key that `cmd` writes.
+    ///
+    /// The cluster client follows a `MOVED` for a command, not for one inside a
+    /// pipeline: then a plain command on `key` lets it learn where the slot went (it
+    /// refreshes its slot map), and the pipeline is sent again, to that node.
     pub(crate) async fn with_wait<T: FromRedisValue>(
         &self,
         cmd: &Cmd,
         script: Option<&Script>,
+        key: &str,
     ) -> RedisResult<(T, Option<i64>)> {
         let Some(r) = self.replication else {
             let reply = match script {
@@ -45,7 +52,7 @@ impl RedisStore {
             .arg(duration_millis(r.timeout).max(1))
             .ignore_errors();
         let mut conn = self.conn.clone();
-        let mut loaded = false;
+        let (mut loaded, mut redirects) = (false, 0);
         loop {
             let values: Vec<Value> = pipe.query_async(&mut conn).await?;
             let mut values = values.into_iter();
@@ -60,6 +67,13 @@ impl RedisStore {
                     bump(&self.counters.script_loads);
                     script.load_async(&mut conn).await?;
                     loaded = true;
+                }
+                (Err(e), _)
+                    if matches!(e.code(), Some("MOVED" | "ASK")) && redirects < MAX_REDIRECTS =>
+                {
+                    redirects += 1;
+                    let _: RedisResult<i64> =
+                        redis::cmd("EXISTS").arg(key).query_async(&mut conn).await;
                 }
                 (Err(e), _) => return Err(e),
                 (Ok(reply), _) => {

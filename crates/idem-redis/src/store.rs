@@ -179,7 +179,11 @@ impl RedisStore {
     }
 
     /// [`eval`](Self::eval) with Redis's own error, for callers that look at it.
-    pub(crate) async fn eval_raw<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> RedisResult<T> {
+    pub(crate) async fn eval_raw<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        cmd: &Cmd,
+    ) -> RedisResult<T> {
         let mut conn = self.conn.clone();
         match cmd.query_async(&mut conn).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
@@ -245,7 +249,7 @@ impl RedisStore {
             Some(ms) => cmd.arg(ms),
             None => cmd.arg(""),
         };
-        let (won, acked) = self.with_wait::<i64>(&cmd, Some(&TAKE_OVER)).await?;
+        let (won, acked) = self.with_wait::<i64>(&cmd, Some(&TAKE_OVER), key).await?;
         Ok((won == 1, acked))
     }
 }
@@ -348,7 +352,7 @@ impl Store for RedisStore {
                 .arg("GET")
                 .arg("PX")
                 .arg(fresh_ttl);
-            let reply = self.with_wait::<Option<Vec<u8>>>(&set, None).await;
+            let reply = self.with_wait::<Option<Vec<u8>>>(&set, None, &key).await;
             let (existing, acked) = self.confirmed(reply, req, token, 1)?;
             let Some(existing) = existing else {
                 self.replicated(acked, req, token, 1).await?;
@@ -430,7 +434,7 @@ impl Store for RedisStore {
         // Fenced, then held by enough replicas: too few fail the completion, which the
         // middleware retries (the script completes a completed record again as a no-op).
         let (done, acked) = self
-            .with_wait::<i64>(&cmd, Some(&COMPLETE))
+            .with_wait::<i64>(&cmd, Some(&COMPLETE), &key)
             .await
             .map_err(|e| self.failed(e))?;
         match done {

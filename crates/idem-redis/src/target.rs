@@ -68,9 +68,9 @@ impl Target {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
             match name {
                 "wait" => {
-                    let n: u32 = value.parse().map_err(|_| {
-                        format!("wait={value:?}: expected a number of replicas")
-                    })?;
+                    let n: u32 = value
+                        .parse()
+                        .map_err(|_| format!("wait={value:?}: expected a number of replicas"))?;
                     wait = Some(n);
                 }
                 "wait_timeout" => wait_timeout = Some(parse_millis(value)?),

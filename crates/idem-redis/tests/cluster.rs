@@ -60,7 +60,12 @@ fn scope(i: usize) -> Scope {
 async fn records_spread_over_every_master_and_each_completes_where_it_lands() {
     let Some(url) = cluster() else { return };
     let ns = unique_namespace("spread");
-    let s = connect(&url, ManualClock::starting_now(), &format!("idem-test:{ns}:")).await;
+    let s = connect(
+        &url,
+        ManualClock::starting_now(),
+        &format!("idem-test:{ns}:"),
+    )
+    .await;
     for i in 0..64 {
         let req = ReserveRequest::new(scope(i), test_fingerprint("spread"));
         let Reservation::Acquired(lease) = s.reserve(&req).await.unwrap() else {
@@ -113,7 +118,12 @@ async fn wait_for_one_replica_succeeds_on_the_cluster() {
     let Some(url) = cluster() else { return };
     let ns = unique_namespace("wait1");
     let url = with(&url, "wait=1&wait_timeout=2s");
-    let s = connect(&url, ManualClock::starting_now(), &format!("idem-test:{ns}:")).await;
+    let s = connect(
+        &url,
+        ManualClock::starting_now(),
+        &format!("idem-test:{ns}:"),
+    )
+    .await;
     assert_eq!(s.replication().map(|r| r.replicas), Some(1));
     for i in 0..16 {
         let req = ReserveRequest::new(scope(i), test_fingerprint("wait1"));
@@ -153,7 +163,9 @@ async fn too_few_replicas_refuse_the_reservation_and_release_it() {
         panic!("the key was free again");
     };
     assert!(matches!(
-        waiting.complete(&lease, &StoredResponse::new(200, "ok")).await,
+        waiting
+            .complete(&lease, &StoredResponse::new(200, "ok"))
+            .await,
         Err(StoreError::Unavailable(_))
     ));
 }

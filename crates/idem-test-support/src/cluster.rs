@@ -215,7 +215,9 @@ impl RedisCluster {
                 return Ok(());
             }
             if start.elapsed() > deadline {
-                return Err(format!("the cluster on {live:?} is not ok after {deadline:?}"));
+                return Err(format!(
+                    "the cluster on {live:?} is not ok after {deadline:?}"
+                ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
