@@ -8,6 +8,7 @@
 //! | `sqlite://FILE`, `sqlite:///abs/path` | `idem_sqlite::SqliteStore` (the embedded default; `?synchronous=full` syncs every commit, `?page_size=1024` makes a new file with 1 KiB pages) |
 //! | `postgres://…`, `postgresql://…` | `idem_postgres::PgStore` (shared by several gateways) |
 //! | `redis://…` | `idem_redis::RedisStore` (shared by several gateways) |
+//! | `redis+cluster://…` | `idem_redis::RedisStore` on a Redis Cluster |
 //!
 //! A query parameter that the store would not read is refused, not skipped: the
 //! drivers for PostgreSQL and Redis pass over unknown ones, so a misspelt `sslmode`
@@ -79,7 +80,7 @@ static OPENERS: [Opener; 4] = [
 ];
 
 /// The URLs [`OPENERS`] understand, for the error that names none of them.
-const EXPECTED: &str = "memory://, sqlite://FILE, postgres://… or redis://…";
+const EXPECTED: &str = "memory://, sqlite://FILE, postgres://…, redis://… or redis+cluster://…";
 
 /// The row for `url`'s scheme, in any case.
 fn opener(url: &str) -> Result<&'static Opener, OpenError> {

@@ -5,11 +5,14 @@ use std::time::Duration;
 
 use idem_core::{Result, SharedClock, SystemClock, duration_millis};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, RedisResult};
+use redis::cluster::ClusterClient;
+use redis::{Client, ErrorKind, RedisError, RedisResult};
 
+use crate::conn::Conn;
 use crate::error::from_redis;
 use crate::eviction::eviction_risk;
 use crate::store::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, RedisStore};
+use crate::target::{Replication, Target};
 
 /// Options for a [`RedisStore`]; [`connect`](RedisStoreBuilder::connect) opens it.
 #[derive(Debug, Clone)]
@@ -19,6 +22,8 @@ pub struct RedisStoreBuilder {
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
     pub(crate) ttl_grace: Duration,
+    /// Set by [`wait`](RedisStoreBuilder::wait); else the URL's `wait`, if any.
+    pub(crate) replication: Option<Option<Replication>>,
 }
 
 impl RedisStoreBuilder {
@@ -49,6 +54,17 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// After each reservation and completion, waits until `replicas` replicas hold it,
+    /// for at most `timeout` (`WAIT replicas timeout`, in the same round trip as the
+    /// write, to the node that took it); fewer in time fail the operation with
+    /// [`StoreError::Unavailable`](idem_core::StoreError::Unavailable), releasing a
+    /// reservation first. `replicas` 0 turns it off. Overrides the URL's `wait` and
+    /// `wait_timeout` (see [`Replication`]).
+    pub fn wait(mut self, replicas: u32, timeout: Duration) -> RedisStoreBuilder {
+        self.replication = Some((replicas > 0).then_some(Replication { replicas, timeout }));
+        self
+    }
+
     /// Connects, failing with [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) when the URL is invalid or the
     /// server cannot be reached.
     pub async fn connect(self) -> Result<RedisStore> {
@@ -58,24 +74,45 @@ impl RedisStoreBuilder {
     /// [`connect`](Self::connect), with Redis's own error for a caller that tells the
     /// failures apart.
     pub(crate) async fn connect_or_redis_error(self) -> RedisResult<RedisStore> {
-        let client = Client::open(self.url.as_str())?;
-        // One quick retry, then fail: the caller answers 503 and its client retries,
-        // which beats holding requests while the server is away. The next operation
-        // starts a new reconnection.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(250));
-        let conn = ConnectionManager::new_with_config(client, config).await?;
+        let target = Target::parse(&self.url).map_err(|why| {
+            RedisError::from((ErrorKind::InvalidClientConfig, "invalid URL", why))
+        })?;
+        let replication = self.replication.unwrap_or(target.replication);
+        // A reply to a write with WAIT comes after the replicas' acknowledgements.
+        let response_timeout = self.timeout + replication.map_or(Duration::ZERO, |r| r.timeout);
+        let conn = if target.cluster {
+            // A few quick retries: a redirection (MOVED, ASK) or a node being replaced
+            // costs one each; past them the caller answers 503 and its client retries.
+            let client = ClusterClient::builder(target.nodes)
+                .connection_timeout(self.timeout)
+                .response_timeout(response_timeout)
+                .retries(3)
+                .min_retry_wait(50)
+                .max_retry_wait(250)
+                .build()?;
+            Conn::Cluster(client.get_async_connection().await?)
+        } else {
+            let client = Client::open(target.nodes[0].as_str())?;
+            // One quick retry, then fail: the caller answers 503 and its client retries,
+            // which beats holding requests while the server is away. The next operation
+            // starts a new reconnection.
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(self.timeout))
+                .set_response_timeout(Some(response_timeout))
+                .set_number_of_retries(1)
+                .set_min_delay(Duration::from_millis(50))
+                .set_max_delay(Duration::from_millis(250));
+            Conn::Single(ConnectionManager::new_with_config(client, config).await?)
+        };
         let eviction = eviction_risk(&conn).await.map(Arc::new);
         Ok(RedisStore {
             conn,
             clock: self.clock,
             prefix: self.prefix.into(),
             ttl_grace_ms: duration_millis(self.ttl_grace),
+            replication,
             purge_cursor: Arc::default(),
+            node_cursor: Arc::default(),
             counters: Arc::default(),
             eviction,
         })
@@ -83,7 +120,10 @@ impl RedisStoreBuilder {
 }
 
 impl RedisStore {
-    /// Options for a store at `url` (`redis://[user:password@]host:port[/db]`).
+    /// Options for a store at `url`: `redis://[user:password@]host:port[/db]` for one
+    /// server, `redis+cluster://[user:password@]host:port[?seeds=host:port,…]` for a
+    /// Redis Cluster (the crate docs say more); both take `wait=N` and
+    /// `wait_timeout=DURATION` ([`wait`](RedisStoreBuilder::wait)).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),
@@ -91,6 +131,7 @@ impl RedisStore {
             prefix: DEFAULT_KEY_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             ttl_grace: DEFAULT_TTL_GRACE,
+            replication: None,
         }
     }
 

@@ -1,7 +1,7 @@
 //! [`EvictionRisk`]: the server memory settings under which Redis may drop records,
 //! read when the store connects.
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 /// A server whose memory settings let it drop keys when it runs out of memory: with a
 /// `maxmemory` bound, every `maxmemory-policy` but `noeviction` may evict records (all
@@ -37,12 +37,13 @@ impl EvictionRisk {
 
 /// Reads the server's memory settings and warns when they let it evict records.
 /// Servers that do not allow `INFO` (some managed ones rename it) are not checked.
-pub(crate) async fn eviction_risk(conn: &ConnectionManager) -> Option<EvictionRisk> {
-    let info: String = match redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut conn.clone())
+/// On a cluster it reads one master's, taking the nodes to be configured alike.
+pub(crate) async fn eviction_risk(conn: &Conn) -> Option<EvictionRisk> {
+    let info = conn
+        .one_node(redis::cmd("INFO").arg("memory"))
         .await
-    {
+        .and_then(|v| Ok(redis::from_redis_value::<String>(v)?));
+    let info: String = match info {
         Ok(info) => info,
         Err(e) => {
             tracing::debug!(error = %e, "could not read the Redis server's memory settings");

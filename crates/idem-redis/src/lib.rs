@@ -37,6 +37,23 @@
 //! `HMGET`, and the whole record is written with one `SET` instead of a `HSET` of
 //! eleven fields, a `PEXPIRE` and an `HDEL`.
 //!
+//! # Clusters and replicas
+//!
+//! `redis+cluster://host:port[?seeds=host:port,…]` opens the store on a Redis Cluster
+//! through redis-rs's async cluster client, which discovers the slots from the seed
+//! nodes, follows `MOVED` and `ASK` and reconnects to each node. Every command and
+//! script names the one record key it touches (the scripts read it as `KEYS[1]`), and
+//! the key's hash tag is the scope's digest, so each runs on the master of its record's
+//! slot; the purge walks every master in turn.
+//!
+//! Redis replicates asynchronously: a master that fails right after a reservation can
+//! lose it, and the retry then executes again on the promoted replica. `?wait=N` (and
+//! `wait_timeout`, or [`RedisStoreBuilder::wait`]) sends `WAIT N timeout` behind each
+//! reservation and completion, in the same pipeline, so on the same connection and to
+//! the same node; fewer replicas in time release the reservation and fail the operation
+//! with [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) (see
+//! [`Replication`]).
+//!
 //! # The record
 //!
 //! One binary string, big-endian integers, times in milliseconds since the epoch. The
@@ -126,15 +143,20 @@
 //! ```
 
 mod builder;
+mod conn;
 mod error;
 mod eviction;
 mod open;
+mod purge;
 mod record;
+mod replication;
 mod store;
+mod target;
 
 pub use builder::RedisStoreBuilder;
 pub use eviction::EvictionRisk;
 pub use store::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, RedisStore};
+pub use target::{DEFAULT_WAIT_TIMEOUT, Replication};
 
 /// The README's example, compiled as a doctest so it cannot rot.
 #[cfg(doctest)]

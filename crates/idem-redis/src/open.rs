@@ -1,24 +1,25 @@
-//! `redis://…`: the store opens itself from its URL ([`OpenStore`]).
+//! `redis://…` and `redis+cluster://…`: the store opens itself from its URL
+//! ([`OpenStore`]).
 
-use idem_core::open::refuse_unknown_parameters;
 use idem_core::{OpenError, OpenStore, StoreOptions};
 use redis::RedisError;
 
 use crate::RedisStore;
+use crate::target::Target;
 
-/// The query parameters a Redis URL may carry: the driver reads `protocol` and
-/// silently skips anything else.
-const PARAMETERS: &[&str] = &["protocol"];
-
-/// `redis://[user:password@]host:port[/db]`, with only the parameter the driver reads.
-/// `rediss://` is refused as an invalid URL: this build has no TLS. A namespace `NAME`
-/// puts every key under `NAME:`.
+/// `redis://[user:password@]host:port[/db]` for one server, or
+/// `redis+cluster://[user:password@]host:port[?seeds=host:port,…]` for a Redis Cluster;
+/// either with `protocol` (which the driver reads), `wait` and `wait_timeout` (see
+/// [`Replication`](crate::Replication)), and nothing else: the driver would silently
+/// skip an unknown parameter. `rediss://` is refused as an invalid URL: this build has
+/// no TLS. A namespace `NAME` puts every key under `NAME:`.
 impl OpenStore for RedisStore {
     const KIND: &'static str = "redis";
-    const SCHEMES: &'static [&'static str] = &["redis", "rediss"];
+    const SCHEMES: &'static [&'static str] = &["redis", "rediss", "redis+cluster"];
     const EXPIRES_NATIVELY: bool = true;
 
-    /// The multiplexed connection, and a new one while it reconnects.
+    /// The multiplexed connection, and a new one while it reconnects (on a cluster,
+    /// that many per node).
     fn descriptors(_: &StoreOptions) -> u64 {
         2
     }
@@ -26,9 +27,11 @@ impl OpenStore for RedisStore {
     async fn open(url: &str, options: &StoreOptions) -> Result<RedisStore, OpenError> {
         let kind = Self::KIND;
         let invalid = |reason: String| OpenError::invalid_url(kind, url, reason);
-        refuse_unknown_parameters(url, PARAMETERS).map_err(invalid)?;
+        let target = Target::parse(url).map_err(invalid)?;
         // Parsing only: nothing is sent until the store connects.
-        redis::Client::open(url).map_err(|e| invalid(e.to_string()))?;
+        for node in &target.nodes {
+            redis::Client::open(node.as_str()).map_err(|e| invalid(e.to_string()))?;
+        }
         let mut builder = RedisStore::builder(url);
         if let Some(namespace) = &options.namespace {
             builder = builder.key_prefix(format!("{namespace}:"));
@@ -75,17 +78,24 @@ mod tests {
             ),
             ("redis://127.0.0.1:notaport", "invalid redis store URL"),
             ("rediss://127.0.0.1:6379", "invalid redis store URL"),
+            (
+                "redis+cluster://127.0.0.1:7000/?seeds=127.0.0.1",
+                "expected HOST:PORT",
+            ),
+            ("redis://127.0.0.1:6379/?wait=x", "number of replicas"),
         ];
         checks::invalid_urls("redis", &cases, open).await;
     }
 
     #[test]
-    fn the_parameter_the_driver_reads_is_kept() {
+    fn the_parameters_a_redis_url_takes_are_kept() {
         for url in [
             "redis://127.0.0.1:6379/0?protocol=resp3",
             "redis://127.0.0.1:6379/",
+            "redis://127.0.0.1:6379/?wait=1&wait_timeout=250ms",
+            "redis+cluster://127.0.0.1:7000/?seeds=127.0.0.1:7001&wait=1",
         ] {
-            assert_eq!(refuse_unknown_parameters(url, PARAMETERS), Ok(()), "{url}");
+            assert!(Target::parse(url).is_ok(), "{url}");
         }
     }
 

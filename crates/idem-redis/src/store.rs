@@ -13,12 +13,13 @@ use idem_core::{
     Store, StoreError, StoreMetric, StoredResponse, Timestamp, decide, duration_millis,
     release_unconfirmed,
 };
-use redis::aio::ConnectionManager;
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script};
 
+use crate::conn::Conn;
 use crate::error::from_redis;
 use crate::eviction::EvictionRisk;
 use crate::record::{self, FENCED_LEN, InProgress};
+use crate::target::Replication;
 
 /// The prefix of every record key unless [`RedisStoreBuilder::key_prefix`](crate::RedisStoreBuilder::key_prefix) sets
 /// another.
@@ -33,7 +34,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_TTL_GRACE: Duration = Duration::from_secs(5);
 
 /// Keys examined per `SCAN` call while purging.
-const SCAN_COUNT: usize = 1_000;
+pub(crate) const SCAN_COUNT: usize = 1_000;
 
 /// The longest native TTL set: records meant to live longer (a `Duration::MAX` TTL)
 /// are still deleted by Redis after a century, and `PX` never overflows.
@@ -45,15 +46,15 @@ const MAX_NATIVE_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 /// more than two rounds take a storm of writes to one key.
 const RESERVE_ROUNDS: usize = 3;
 
-static TAKE_OVER: LazyLock<Script> =
+pub(crate) static TAKE_OVER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/take_over.lua")));
-static COMPLETE: LazyLock<Script> =
+pub(crate) static COMPLETE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/complete.lua")));
 static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/renew.lua")));
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
-static PURGE: LazyLock<Script> =
+pub(crate) static PURGE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/purge.lua")));
 
 /// A [`Store`] on Redis, shared by any number of instances.
@@ -82,18 +83,24 @@ static PURGE: LazyLock<Script> =
 /// an attempt that no one runs. A takeover's record (attempt n+1) is left to lapse, so
 /// that the next attempt still runs as a recovered one.
 ///
-/// The connection is one multiplexed, reconnecting [`ConnectionManager`]: clones of the
-/// store share it. A store that cannot be reached fails every operation with
+/// The connection is one multiplexed, reconnecting connection (a
+/// [`ConnectionManager`](redis::aio::ConnectionManager) to one server, or redis-rs's
+/// cluster client on a Redis Cluster): clones of the store share it. A store that cannot be reached fails every operation with
 /// [`StoreError::Unavailable`] within about [`DEFAULT_TIMEOUT`] per attempt, and works
 /// again once the server is back.
 #[derive(Clone)]
 pub struct RedisStore {
-    pub(crate) conn: ConnectionManager,
+    pub(crate) conn: Conn,
     pub(crate) clock: SharedClock,
     pub(crate) prefix: Arc<str>,
     pub(crate) ttl_grace_ms: i64,
+    /// How many replicas must hold a reservation or a completion, if any.
+    pub(crate) replication: Option<Replication>,
     /// Where the next purge resumes its `SCAN`.
     pub(crate) purge_cursor: Arc<Mutex<u64>>,
+    /// On a cluster, the master (by its place among the sorted masters) and the cursor
+    /// where the next purge resumes.
+    pub(crate) node_cursor: Arc<Mutex<(usize, u64)>>,
     /// What the store met, for [`Store::metrics`]; shared by clones.
     pub(crate) counters: Arc<Counters>,
     /// The server's memory settings, if they let it evict records; read on connecting.
@@ -106,12 +113,12 @@ pub(crate) struct Counters {
     /// Commands that got an error instead of an answer.
     failed_commands: AtomicU64,
     /// Scripts loaded again after the server answered `NOSCRIPT`.
-    script_loads: AtomicU64,
+    pub(crate) script_loads: AtomicU64,
     /// First reservations whose reply never came, released in the background.
     unconfirmed_reservations: AtomicU64,
 }
 
-fn bump(counter: &AtomicU64) {
+pub(crate) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -161,18 +168,22 @@ impl RedisStore {
     /// Runs `cmd`, an `EVALSHA` of `script` built by [`evalsha`]; when the server does
     /// not know the script (it restarted, or its cache was flushed) loads it and runs
     /// `cmd` again.
-    async fn eval<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> Result<T> {
+    pub(crate) async fn eval<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> Result<T> {
         self.eval_raw(script, cmd).await.map_err(|e| self.failed(e))
     }
 
     /// A command's error as the store's, counted.
-    fn failed(&self, e: RedisError) -> StoreError {
+    pub(crate) fn failed(&self, e: RedisError) -> StoreError {
         bump(&self.counters.failed_commands);
         from_redis(e)
     }
 
     /// [`eval`](Self::eval) with Redis's own error, for callers that look at it.
-    async fn eval_raw<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> RedisResult<T> {
+    pub(crate) async fn eval_raw<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        cmd: &Cmd,
+    ) -> RedisResult<T> {
         let mut conn = self.conn.clone();
         match cmd.query_async(&mut conn).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
@@ -224,21 +235,22 @@ impl RedisStore {
     }
 
     /// Replaces the record at `key` with `new` if its head is still `head`; whether it
-    /// did.
+    /// did, and how many replicas acknowledged when replication is set.
     async fn take_over(
         &self,
         key: &str,
         head: &[u8],
         new: &[u8],
         native_ttl: Option<i64>,
-    ) -> RedisResult<bool> {
+    ) -> RedisResult<(bool, Option<i64>)> {
         let mut cmd = evalsha(&TAKE_OVER, key);
         cmd.arg(head).arg(new);
         match native_ttl {
             Some(ms) => cmd.arg(ms),
             None => cmd.arg(""),
         };
-        Ok(self.eval_raw::<i64>(&TAKE_OVER, &cmd).await? == 1)
+        let (won, acked) = self.with_wait::<i64>(&cmd, Some(&TAKE_OVER), key).await?;
+        Ok((won == 1, acked))
     }
 }
 
@@ -254,7 +266,7 @@ fn releases_after(e: &RedisError, attempt: u32) -> bool {
 /// `EVALSHA` of `script` on the one key `key`, for the caller to add the arguments: the
 /// command built once, straight from the values (`Script::invoke_async` would copy each
 /// argument twice).
-fn evalsha(script: &Script, key: impl redis::ToRedisArgs) -> Cmd {
+pub(crate) fn evalsha(script: &Script, key: impl redis::ToRedisArgs) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(1).arg(key);
     cmd
@@ -298,7 +310,7 @@ fn native_ttl(grace_ms: i64, until: Timestamp, now: Timestamp) -> i64 {
 
 /// The `SCAN` pattern matching exactly the record keys under `prefix`: the prefix with
 /// its glob characters escaped, then a hash tag of 64 characters (a hex digest).
-fn scan_pattern(prefix: &str) -> String {
+pub(crate) fn scan_pattern(prefix: &str) -> String {
     let mut pattern = String::with_capacity(prefix.len() + 70);
     for c in prefix.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
@@ -333,21 +345,27 @@ impl Store for RedisStore {
             let fresh_ttl = native_ttl(self.ttl_grace_ms, expires_at, now);
             // Writes the record if the key is free, else returns what holds it.
             let fresh_value = fresh.encode();
-            let reply = redis::cmd("SET")
-                .arg(&key)
+            let mut set = redis::cmd("SET");
+            set.arg(&key)
                 .arg(&fresh_value)
                 .arg("NX")
                 .arg("GET")
                 .arg("PX")
-                .arg(fresh_ttl)
-                .query_async(&mut self.conn.clone())
-                .await;
-            let existing: Option<Vec<u8>> = self.confirmed(reply, req, token, 1)?;
+                .arg(fresh_ttl);
+            let reply = self.with_wait::<Option<Vec<u8>>>(&set, None, &key).await;
+            let (existing, acked) = self.confirmed(reply, req, token, 1)?;
             let Some(existing) = existing else {
+                self.replicated(acked, req, token, 1).await?;
                 return Ok(acquired(req, token, 1));
             };
             let existing = Bytes::from(existing);
             let record = decode(&key, existing.clone())?;
+            if record.token == token {
+                // This very command, sent again by the cluster client after the
+                // connection to the node dropped: the first one wrote the record.
+                self.replicated(acked, req, token, 1).await?;
+                return Ok(acquired(req, token, 1));
+            }
             // The digest makes another scope's record unreachable; checking costs
             // nothing and keeps one tenant's answer from ever reaching another.
             if record.scope != req.scope {
@@ -367,7 +385,7 @@ impl Store for RedisStore {
             };
             // The head the decision was made on (a decoded record is longer).
             let head = &existing[..FENCED_LEN];
-            let won = if expired {
+            let (won, acked) = if expired {
                 // Replaced whole: nothing of the old record (its answer) survives.
                 let reply = self
                     .take_over(&key, head, &fresh_value, Some(fresh_ttl))
@@ -389,6 +407,7 @@ impl Store for RedisStore {
                 self.confirmed(reply, req, token, attempt)?
             };
             if won {
+                self.replicated(acked, req, token, attempt).await?;
                 return Ok(acquired(req, token, attempt));
             }
         }
@@ -409,7 +428,20 @@ impl Store for RedisStore {
             .arg(&response.body[..])
             .arg(duration_millis(lease.ttl))
             .arg(self.ttl_grace_ms);
-        self.fenced(&COMPLETE, &cmd, &key).await
+        if self.replication.is_none() {
+            return self.fenced(&COMPLETE, &cmd, &key).await;
+        }
+        // Fenced, then held by enough replicas: too few fail the completion, which the
+        // middleware retries (the script completes a completed record again as a no-op).
+        let (done, acked) = self
+            .with_wait::<i64>(&cmd, Some(&COMPLETE), &key)
+            .await
+            .map_err(|e| self.failed(e))?;
+        match done {
+            1 => self.too_few(acked, "completion").map_or(Ok(()), Err),
+            -1 => Err(not_a_record(&key)),
+            _ => Err(StoreError::Fenced),
+        }
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<()> {
@@ -459,13 +491,15 @@ impl Store for RedisStore {
     /// prefix with `SCAN`, resuming where the previous call stopped, and deletes each
     /// record that has expired by the store's clock with a script that checks again on
     /// the server. A call ends after `limit` deletions or at the end of one pass over
-    /// the keyspace, whichever comes first. On a cluster it sees only the node the
-    /// connection reaches.
+    /// the keyspace, whichever comes first. On a cluster it walks each master in turn.
     async fn purge_expired(&self, limit: usize) -> Result<usize> {
         if limit == 0 {
             return Ok(0);
         }
         let now = self.clock.now();
+        if self.conn.is_cluster() {
+            return self.purge_cluster(limit, now).await;
+        }
         let pattern = scan_pattern(&self.prefix);
         let mut conn = self.conn.clone();
         let mut cursor = *self.purge_cursor.lock().unwrap_or_else(|e| e.into_inner());

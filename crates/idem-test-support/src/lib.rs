@@ -1,7 +1,8 @@
 //! What idem's own tests share, in one place: a fault proxy ([`Relay`]) to put
 //! between a client and a server, the test services' URLs with the loud-skip rule
 //! ([`services`]), a bounded wait ([`eventually`]), a store whose calls a test can
-//! intercept ([`HookedStore`]) and a process's CPU time ([`cpu_time`]) for benches.
+//! intercept ([`HookedStore`]), a process's CPU time ([`cpu_time`]) for benches, and a
+//! real Redis Cluster on 127.0.0.1 ([`RedisCluster`], [`redis_cluster_url`]).
 //!
 //! The store contract suite stays in `idem-core` (feature `testing`), beside the
 //! `Store` trait it checks, so a store crate needs only that feature to run it. This
@@ -22,12 +23,14 @@
 //! # }
 //! ```
 
+pub mod cluster;
 mod cpu;
 mod eventually;
 mod relay;
 pub mod services;
 mod store;
 
+pub use cluster::{REDIS_CLUSTER_ENV, RedisCluster, redis_cluster_url};
 pub use cpu::cpu_time;
 pub use eventually::{WAIT, eventually};
 pub use relay::{Fault, Relay, RelayMode, service_addr, url_via};

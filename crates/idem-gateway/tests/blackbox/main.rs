@@ -3,16 +3,20 @@
 //!
 //! Run with `cargo test -p idem-gateway --test blackbox`. The PostgreSQL and Redis cases
 //! read `IDEM_TEST_POSTGRES_URL` and `IDEM_TEST_REDIS_URL` and skip loudly when the
-//! service is unreachable (fail under `IDEM_REQUIRE_SERVICES=1`).
+//! service is unreachable (fail under `IDEM_REQUIRE_SERVICES=1`); the Redis Cluster
+//! cases start one (or use `IDEM_TEST_REDIS_CLUSTER_URL`), and `failover` starts its
+//! own to break.
 
 mod chaos;
 mod check;
+mod cluster;
 mod common;
 mod crash;
 mod demo;
 mod edge;
 mod grpc;
 mod http2;
+mod failover;
 mod packaging;
 mod protocol;
 mod proxying;

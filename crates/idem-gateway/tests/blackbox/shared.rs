@@ -61,7 +61,7 @@ pub async fn reachable(kind: &str, url: &str) -> bool {
     }
 }
 
-async fn duplicates_split_between_two_gateways_execute_once(store_url: &str) {
+pub async fn duplicates_split_between_two_gateways_execute_once(store_url: &str) {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     // Started one after the other: each migrates the schema on start.

@@ -1,0 +1,171 @@
+//! The store on a real Redis Cluster (three masters, a replica each, started by
+//! idem-test-support or named by `IDEM_TEST_REDIS_CLUSTER_URL`): the whole store
+//! contract, shared secrets, records spread over every master, and `wait`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::testing::{test_fingerprint, unique_namespace};
+use idem_core::{
+    Endpoint, Key, ManualClock, Reservation, ReserveRequest, Scope, ScopeMode, Store, StoreError,
+    StoredResponse, Tenant,
+};
+use idem_redis::RedisStore;
+use idem_test_support::{redis_cluster_url, service_unavailable};
+
+/// The shared cluster's URL, or `None` said loudly (a panic under
+/// `IDEM_REQUIRE_SERVICES=1`).
+fn cluster() -> Option<String> {
+    match redis_cluster_url() {
+        Ok(url) => Some(url),
+        Err(e) => service_unavailable("Redis Cluster", "127.0.0.1", &e),
+    }
+}
+
+/// `url` with one more query parameter.
+fn with(url: &str, param: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{param}")
+}
+
+async fn connect(url: &str, clock: ManualClock, prefix: &str) -> RedisStore {
+    RedisStore::builder(url)
+        .clock(Arc::new(clock))
+        .key_prefix(prefix)
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("the cluster at {url}: {e}"))
+}
+
+async fn store(clock: ManualClock, ns: String) -> Option<RedisStore> {
+    let url = cluster()?;
+    Some(connect(&url, clock, &format!("idem-test:{ns}:")).await)
+}
+
+idem_core::store_contract_tests!(store);
+
+fn scope(i: usize) -> Scope {
+    Scope::new(
+        ScopeMode::Public,
+        Tenant::new("cluster-tenant"),
+        Endpoint::new("POST", "/v1/cluster"),
+        Key::new(format!("cluster-{i}")).expect("valid key"),
+    )
+}
+
+/// Records land on every master (their hash tags spread over the slots), and each
+/// one's reserve, complete and replay works wherever it lands.
+#[tokio::test]
+async fn records_spread_over_every_master_and_each_completes_where_it_lands() {
+    let Some(url) = cluster() else { return };
+    let ns = unique_namespace("spread");
+    let s = connect(
+        &url,
+        ManualClock::starting_now(),
+        &format!("idem-test:{ns}:"),
+    )
+    .await;
+    for i in 0..64 {
+        let req = ReserveRequest::new(scope(i), test_fingerprint("spread"));
+        let Reservation::Acquired(lease) = s.reserve(&req).await.unwrap() else {
+            panic!("key {i} was fresh");
+        };
+        s.complete(&lease, &StoredResponse::new(201, format!("answer {i}")))
+            .await
+            .unwrap();
+        match s.reserve(&req).await.unwrap() {
+            Reservation::Replay(r) => assert_eq!(&r.body[..], format!("answer {i}").as_bytes()),
+            other => panic!("key {i}: {other:?}"),
+        }
+    }
+    // On each master, some of them: 64 random slots miss one of three masters with
+    // odds of about 3 (2/3)^64, never in practice.
+    let masters = masters_holding(&url, &format!("idem-test:{ns}:*")).await;
+    assert_eq!(masters, 3, "records on {masters} masters");
+}
+
+/// How many masters hold a key matching `pattern`.
+async fn masters_holding(url: &str, pattern: &str) -> usize {
+    let ports: Vec<u16> = url
+        .split(['/', '?', '=', ','])
+        .filter_map(|part| part.rsplit_once(':')?.1.parse().ok())
+        .collect();
+    let mut holding = 0;
+    for port in ports {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap();
+        let master = matches!(&role[0], redis::Value::BulkString(b) if b == b"master");
+        let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(0)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        holding += usize::from(master && !keys.is_empty());
+    }
+    holding
+}
+
+/// `wait=1` on a cluster whose masters have a replica each: reservations and
+/// completions go through, held by the replica before the store answers.
+#[tokio::test]
+async fn wait_for_one_replica_succeeds_on_the_cluster() {
+    let Some(url) = cluster() else { return };
+    let ns = unique_namespace("wait1");
+    let url = with(&url, "wait=1&wait_timeout=2s");
+    let s = connect(
+        &url,
+        ManualClock::starting_now(),
+        &format!("idem-test:{ns}:"),
+    )
+    .await;
+    assert_eq!(s.replication().map(|r| r.replicas), Some(1));
+    for i in 0..16 {
+        let req = ReserveRequest::new(scope(i), test_fingerprint("wait1"));
+        let Reservation::Acquired(lease) = s.reserve(&req).await.unwrap() else {
+            panic!("key {i} was fresh");
+        };
+        s.complete(&lease, &StoredResponse::new(200, "ok"))
+            .await
+            .unwrap();
+    }
+}
+
+/// `wait=2` where each master has one replica: the reservation is refused as
+/// unavailable, and released, so the key is free again.
+#[tokio::test]
+async fn too_few_replicas_refuse_the_reservation_and_release_it() {
+    let Some(url) = cluster() else { return };
+    let ns = unique_namespace("wait2");
+    let prefix = format!("idem-test:{ns}:");
+    let waiting = connect(
+        &with(&url, "wait=2&wait_timeout=100ms"),
+        ManualClock::starting_now(),
+        &prefix,
+    )
+    .await;
+    let req = ReserveRequest::new(scope(0), test_fingerprint("wait2"));
+    match waiting.reserve(&req).await {
+        Err(StoreError::Unavailable(e)) => {
+            assert!(e.to_string().contains("1 of the 2 replicas"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(waiting.get(&req.scope).await.unwrap(), None, "released");
+    // A completion too few replicas hold fails too (the middleware retries it).
+    let plain = connect(&url, ManualClock::starting_now(), &prefix).await;
+    let Reservation::Acquired(lease) = plain.reserve(&req).await.unwrap() else {
+        panic!("the key was free again");
+    };
+    assert!(matches!(
+        waiting
+            .complete(&lease, &StoredResponse::new(200, "ok"))
+            .await,
+        Err(StoreError::Unavailable(_))
+    ));
+}
