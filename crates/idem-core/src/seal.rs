@@ -215,8 +215,7 @@ impl RecordKeys {
         }
         let key = &self.keys[0];
         let headers = encode_headers(&response.headers);
-        let mut out =
-            Vec::with_capacity(SEAL_OVERHEAD + headers.len() + response.body.len());
+        let mut out = Vec::with_capacity(SEAL_OVERHEAD + headers.len() + response.body.len());
         out.push(VERSION);
         out.extend_from_slice(&random_nonce());
         out.extend_from_slice(&(headers.len() as u32).to_be_bytes());
@@ -243,7 +242,11 @@ impl RecordKeys {
     /// (an answer recorded before sealing was turned on). Fails with
     /// [`StoreError::Sealed`] when it names a key this ring lacks, or when its bytes,
     /// status or scope are not the ones it was sealed with.
-    pub fn open(&self, scope: &Scope, stored: StoredResponse) -> Result<StoredResponse, StoreError> {
+    pub fn open(
+        &self,
+        scope: &Scope,
+        stored: StoredResponse,
+    ) -> Result<StoredResponse, StoreError> {
         let Some(id) = sealed_by(&stored) else {
             return Ok(stored);
         };
@@ -277,7 +280,8 @@ impl RecordKeys {
                      sealed with"
                 ))
             })?;
-        let corrupt = |why: &str| StoreError::Sealed(format!("the opened answer is corrupt: {why}"));
+        let corrupt =
+            |why: &str| StoreError::Sealed(format!("the opened answer is corrupt: {why}"));
         let (len, rest) = plain.split_at(4);
         let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
         if rest.len() < len {

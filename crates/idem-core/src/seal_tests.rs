@@ -27,7 +27,10 @@ fn bad_key_files_say_which_line_and_never_the_key() {
         ("".to_owned(), "holds no key"),
         ("# only a comment\n".to_owned(), "holds no key"),
         (format!("k1 {K1}"), "line 1: no ':'"),
-        (format!("k1:{K1}\nk1:{K2}"), "line 2: the key id \"k1\" is used twice"),
+        (
+            format!("k1:{K1}\nk1:{K2}"),
+            "line 2: the key id \"k1\" is used twice",
+        ),
         (format!("\nbad id:{K1}"), "line 2: the key id \"bad id\""),
         (format!(":{K1}"), "the key id \"\""),
         ("k1:abcd".to_owned(), "line 1: the key is 4 characters"),

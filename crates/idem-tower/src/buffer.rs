@@ -67,7 +67,7 @@ where
                     // Nothing is scoped without the secret: fail closed, as for any
                     // store outage.
                     Err(e) => {
-                        let response = refuse(&*config.observer, Err(e));
+                        let response = refuse(&*config.observer, Err(e), plan.answers.retry_hints);
                         return Ok(response.map(IdempotencyBody::buffered));
                     }
                 }

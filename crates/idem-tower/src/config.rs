@@ -210,6 +210,9 @@ pub(crate) struct Config {
     pub(crate) release_statuses: ReleaseStatuses,
     pub(crate) route_config: Option<RouteConfigFn>,
     pub(crate) observer: Arc<dyn Observer>,
+    /// Whether the layer's own answers carry retry hints (see
+    /// [`IdempotencyLayer::retry_hints`](crate::IdempotencyLayer::retry_hints)).
+    pub(crate) retry_hints: bool,
 }
 
 impl Default for Config {
@@ -241,6 +244,7 @@ impl Default for Config {
             release_statuses: ReleaseStatuses::default(),
             route_config: None,
             observer: Arc::new(NoopObserver),
+            retry_hints: false,
         }
     }
 }
@@ -265,6 +269,7 @@ impl fmt::Debug for Config {
             .field("stored_headers", &self.stored_headers)
             .field("release_statuses", &self.release_statuses)
             .field("route_config", &self.route_config.is_some())
+            .field("retry_hints", &self.retry_hints)
             .finish_non_exhaustive()
     }
 }
@@ -296,6 +301,7 @@ pub struct RouteConfig {
     pub(crate) fingerprint: Option<FingerprintOptions>,
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) release_statuses: Option<ReleaseStatuses>,
+    pub(crate) retry_hints: Option<bool>,
 }
 
 impl RouteConfig {
@@ -365,6 +371,14 @@ impl RouteConfig {
     /// layer's set. Built once, the set is shared by every request the route sees.
     pub fn release_statuses(mut self, statuses: ReleaseStatuses) -> RouteConfig {
         self.release_statuses = Some(statuses);
+        self
+    }
+
+    /// Whether this route's replays and conflicts say whether to retry, in the headers
+    /// the Stripe SDKs and the SDKs Stainless generates obey; see
+    /// [`IdempotencyLayer::retry_hints`](crate::IdempotencyLayer::retry_hints).
+    pub fn retry_hints(mut self, hints: bool) -> RouteConfig {
+        self.retry_hints = Some(hints);
         self
     }
 }

@@ -70,7 +70,9 @@ where
                 // Boxed: a rare path, kept out of every keyed request's future.
                 return Box::pin(rendered(inner, parts, stored, config)).await;
             }
-            other => return refuse(observer, other).map(IdempotencyBody::buffered),
+            other => {
+                return refuse(observer, other, answers.retry_hints).map(IdempotencyBody::buffered);
+            }
         };
 
         // Stage 2: the handler runs while the lease is renewed.
@@ -83,6 +85,7 @@ where
         let AnswerRules {
             extra_headers,
             release_statuses,
+            ..
         } = answers;
         let context =
             IdempotencyContext::new(scope, lease.clone(), fingerprint, release_statuses.clone());

@@ -246,7 +246,7 @@ pub use in_flight::InFlight;
 pub use layer::IdempotencyLayer;
 pub use policy::{Disposition, Observer, Outcome, Proxied, ResourceReference, UpstreamFailure};
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
-pub use replay::IDEMPOTENT_REPLAYED;
+pub use replay::{IDEMPOTENT_REPLAYED, STRIPE_SHOULD_RETRY, X_SHOULD_RETRY};
 pub use service::Idempotency;
 pub use spelling::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use tenant::TenantHeaders;

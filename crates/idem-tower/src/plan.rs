@@ -142,6 +142,8 @@ pub(crate) struct AnswerRules {
     pub(crate) extra_headers: Vec<HeaderName>,
     /// The statuses that release the key: the route's, or the layer's.
     pub(crate) release_statuses: ReleaseStatuses,
+    /// Whether the layer's own answers carry `Stripe-Should-Retry`/`X-Should-Retry`.
+    pub(crate) retry_hints: bool,
 }
 
 impl Plan {
@@ -169,6 +171,7 @@ impl Plan {
                 release_statuses: route
                     .release_statuses
                     .unwrap_or_else(|| config.release_statuses.clone()),
+                retry_hints: route.retry_hints.unwrap_or(config.retry_hints),
             },
         }
     }

@@ -14,8 +14,8 @@ use bytes::Bytes;
 use super::{test_fingerprint, test_scope};
 use crate::seal::SEALED_HEADER;
 use crate::{
-    Lease, RecordKeys, RecordState, Reservation, ReserveRequest, Scope, Sealed, Store,
-    StoreError, StoredResponse,
+    Lease, RecordKeys, RecordState, Reservation, ReserveRequest, Scope, Sealed, Store, StoreError,
+    StoredResponse,
 };
 
 /// A body that must never appear in a store's bytes once sealed.
@@ -100,7 +100,11 @@ pub async fn answers_are_sealed_and_replayed<S: Store>(inner: Arc<S>) {
     assert!(!contains(&raw.body, KNOWN_BODY) && !contains(&raw.body, b"4242"));
     assert!(!contains(&raw.body, KNOWN_HEADER));
     assert_eq!(replayed(store.reserve(&request).await), known_answer());
-    let shown = store.get(&request.scope).await.expect("get").expect("record");
+    let shown = store
+        .get(&request.scope)
+        .await
+        .expect("get")
+        .expect("record");
     match shown.state {
         RecordState::Completed { response, .. } => assert_eq!(response, known_answer()),
         other => panic!("{other:?}"),
