@@ -39,12 +39,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, ScopeMode, TenantKey};
+use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, RecordKeys, ScopeMode, TenantKey};
 use idem_tower::{DEFAULT_RESPONSE_LIMIT, ReleaseStatuses};
 
 pub use self::args::{RouteRule, ScopeArg, ServeArgs};
 pub use self::error::ConfigError;
-pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, tenant_key};
+pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, record_keys, tenant_key};
 pub use self::upstream::Upstream;
 pub(crate) use self::values::parse_tenant_headers;
 pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
@@ -109,6 +109,8 @@ pub struct GatewayConfig {
     /// The key tenants are hashed under, from the operator's secret; `None` for the
     /// store's own.
     pub tenant_key: Option<TenantKey>,
+    /// The keys recorded answers are sealed with (SPEC S17); `None` stores them plain.
+    pub record_keys: Option<RecordKeys>,
     /// The scope mode.
     pub scope: ScopeMode,
     /// The keyed methods.
@@ -174,6 +176,7 @@ impl GatewayConfig {
             require_tenant,
             tenant_secret_file,
             tenant_secret,
+            record_key_file,
             scope,
             keyed_methods,
             release_statuses,
@@ -241,6 +244,7 @@ impl GatewayConfig {
             tenant_headers,
             require_tenant,
             tenant_key: tenant_key(tenant_secret.as_ref(), tenant_secret_file.as_deref(), None)?,
+            record_keys: record_keys(record_key_file.as_deref())?,
             scope: match scope.unwrap_or(ScopeArg::Public) {
                 ScopeArg::Public => ScopeMode::Public,
                 ScopeArg::Internal => ScopeMode::Internal,
@@ -342,5 +346,6 @@ fn compile_route(
         store_headers,
         release_statuses,
     )
+    .map(|route| route.retry_hints(rule.retry_hints))
     .map_err(|e| invalid(&name, e))
 }

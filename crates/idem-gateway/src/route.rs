@@ -163,6 +163,9 @@ pub struct Route {
     pub store_headers: Vec<HeaderName>,
     /// Overrides `--release-statuses` on this route.
     pub release_statuses: Option<ReleaseStatuses>,
+    /// Whether replays and conflicts carry retry hints on this route
+    /// ([`RouteConfig::retry_hints`]); `None` leaves them off.
+    pub retry_hints: Option<bool>,
     fingerprint: FingerprintOptions,
     /// What the layer applies to a request that matches, made from the fields above.
     compiled: RouteConfig,
@@ -206,9 +209,19 @@ impl Route {
             ignore,
             store_headers,
             release_statuses,
+            retry_hints: None,
             fingerprint,
             compiled,
         })
+    }
+
+    /// This rule, with retry hints on or off as `hints` says (`None`: the layer's).
+    pub fn retry_hints(mut self, hints: Option<bool>) -> Route {
+        self.retry_hints = hints;
+        if let Some(hints) = hints {
+            self.compiled = self.compiled.retry_hints(hints);
+        }
+        self
     }
 
     /// Whether the rule applies to a request: its method ignoring ASCII case (SPEC S14:

@@ -14,6 +14,7 @@ mod edge;
 mod packaging;
 mod protocol;
 mod proxying;
+mod sealing;
 mod shared;
 mod smuggling;
 mod spelling;
