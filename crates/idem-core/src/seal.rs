@@ -62,7 +62,7 @@ pub enum RecordKeyError {
     /// A line is not `id:<64 hex digits>`.
     #[error("line {line}: {why} (each key is a line `id:<64 hex digits>`)")]
     Line {
-        /// The line's number, from 1.
+        /// The line's number, from 1 (for [`RecordKeys::new`], the key's position).
         line: usize,
         /// What is wrong with it; never the key's bytes.
         why: String,
@@ -70,7 +70,7 @@ pub enum RecordKeyError {
     /// Two keys have the same id.
     #[error("line {line}: the key id {id:?} is used twice; every key needs its own id")]
     DuplicateId {
-        /// The line's number, from 1.
+        /// The line's number, from 1 (for [`RecordKeys::new`], the key's position).
         line: usize,
         /// The id.
         id: String,
