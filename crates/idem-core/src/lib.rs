@@ -65,6 +65,10 @@ mod namespace;
 pub mod open;
 mod record;
 mod scope;
+#[cfg(feature = "seal")]
+pub mod seal;
+#[cfg(feature = "seal")]
+mod sealed;
 mod store;
 #[cfg(feature = "sweeper")]
 mod sweeper;
@@ -87,6 +91,10 @@ pub use record::{
     ReserveRequest, StoredResponse, TRAILER_PREFIX,
 };
 pub use scope::{Endpoint, Scope, ScopeMode, Tenant};
+#[cfg(feature = "seal")]
+pub use seal::{RecordKeyError, RecordKeys};
+#[cfg(feature = "seal")]
+pub use sealed::Sealed;
 pub use store::{MetricKind, Result, Store, StoreError, StoreMetric};
 #[cfg(feature = "sweeper")]
 pub use sweeper::{Sweeper, SweeperConfig, sweep_once};

@@ -6,8 +6,8 @@ use async_trait::async_trait;
 
 use crate::{Lease, Record, Reservation, ReserveRequest, Scope, StoredResponse};
 
-/// What can go wrong in a store. Middleware maps every variant but `Fenced` to a
-/// fail-closed 503 with `Retry-After` (SPEC S10).
+/// What can go wrong in a store. Middleware maps every variant but `Fenced` and
+/// `Sealed` to a fail-closed 503 with `Retry-After` (SPEC S10).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -24,6 +24,11 @@ pub enum StoreError {
     /// A stored record could not be decoded.
     #[error("a stored record is corrupt: {0}")]
     Corrupt(String),
+    /// A sealed answer could not be opened (SPEC S17): it names a key the ring lacks,
+    /// or its bytes, status or scope are not the ones it was sealed with. The operation
+    /// ran; middleware answers 500 `replay-unavailable` and never executes it again.
+    #[error("a sealed record cannot be opened: {0}")]
+    Sealed(String),
 }
 
 impl StoreError {
@@ -32,14 +37,15 @@ impl StoreError {
         StoreError::Unavailable(e.into())
     }
 
-    /// A short, stable name of the variant (`fenced`, `unavailable`, `full`, `corrupt`),
-    /// for metric labels and logs.
+    /// A short, stable name of the variant (`fenced`, `unavailable`, `full`, `corrupt`,
+    /// `sealed`), for metric labels and logs.
     pub fn label(&self) -> &'static str {
         match self {
             StoreError::Fenced => "fenced",
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Full => "full",
             StoreError::Corrupt(_) => "corrupt",
+            StoreError::Sealed(_) => "sealed",
         }
     }
 }
@@ -179,8 +185,12 @@ mod tests {
             StoreError::unavailable("refused"),
             StoreError::Full,
             StoreError::Corrupt("bad".into()),
+            StoreError::Sealed("unknown key".into()),
         ]
         .map(|e| e.label());
-        assert_eq!(labels, ["fenced", "unavailable", "full", "corrupt"]);
+        assert_eq!(
+            labels,
+            ["fenced", "unavailable", "full", "corrupt", "sealed"]
+        );
     }
 }

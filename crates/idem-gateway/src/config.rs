@@ -39,12 +39,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, ScopeMode, TenantKey};
+use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, RecordKeys, ScopeMode, TenantKey};
 use idem_tower::{DEFAULT_RESPONSE_LIMIT, GrpcReleaseCodes, ReleaseStatuses};
 
 pub use self::args::{RouteRule, ScopeArg, ServeArgs};
 pub use self::error::ConfigError;
-pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, tenant_key};
+pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, record_keys, tenant_key};
 pub use self::upstream::{Upstream, UpstreamProtocol};
 pub(crate) use self::values::parse_tenant_headers;
 pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
@@ -117,6 +117,8 @@ pub struct GatewayConfig {
     /// The key tenants are hashed under, from the operator's secret; `None` for the
     /// store's own.
     pub tenant_key: Option<TenantKey>,
+    /// The keys recorded answers are sealed with (SPEC S17); `None` stores them plain.
+    pub record_keys: Option<RecordKeys>,
     /// The scope mode.
     pub scope: ScopeMode,
     /// The keyed methods.
@@ -192,6 +194,7 @@ impl GatewayConfig {
             require_tenant,
             tenant_secret_file,
             tenant_secret,
+            record_key_file,
             scope,
             keyed_methods,
             release_statuses,
@@ -285,6 +288,7 @@ impl GatewayConfig {
             tenant_headers,
             require_tenant,
             tenant_key: tenant_key(tenant_secret.as_ref(), tenant_secret_file.as_deref(), None)?,
+            record_keys: record_keys(record_key_file.as_deref())?,
             scope: match scope.unwrap_or(ScopeArg::Public) {
                 ScopeArg::Public => ScopeMode::Public,
                 ScopeArg::Internal => ScopeMode::Internal,
@@ -461,6 +465,7 @@ fn compile_route(
         store_headers,
         release_statuses,
     )
+    .map(|route| route.retry_hints(rule.retry_hints))
     .map_err(|e| invalid(&name, e))?;
     Ok(match grpc_release_codes {
         Some(codes) => route.with_grpc_release_codes(codes),

@@ -165,6 +165,9 @@ pub struct Route {
     pub release_statuses: Option<ReleaseStatuses>,
     /// Overrides `--grpc-release-codes` on this route.
     pub grpc_release_codes: Option<GrpcReleaseCodes>,
+    /// Whether replays and conflicts carry retry hints on this route
+    /// ([`RouteConfig::retry_hints`]); `None` leaves them off.
+    pub retry_hints: Option<bool>,
     fingerprint: FingerprintOptions,
     /// What the layer applies to a request that matches, made from the fields above.
     compiled: RouteConfig,
@@ -209,6 +212,7 @@ impl Route {
             store_headers,
             release_statuses,
             grpc_release_codes: None,
+            retry_hints: None,
             fingerprint,
             compiled,
         })
@@ -218,6 +222,15 @@ impl Route {
     pub fn with_grpc_release_codes(mut self, codes: GrpcReleaseCodes) -> Route {
         self.compiled = self.compiled.grpc_release_codes(codes.clone());
         self.grpc_release_codes = Some(codes);
+        self
+    }
+
+    /// This rule, with retry hints on or off as `hints` says (`None`: the layer's).
+    pub fn retry_hints(mut self, hints: Option<bool>) -> Route {
+        self.retry_hints = hints;
+        if let Some(hints) = hints {
+            self.compiled = self.compiled.retry_hints(hints);
+        }
         self
     }
 

@@ -228,6 +228,19 @@ impl Gateway {
         mode: Mode,
         store: Arc<dyn Store>,
     ) -> Result<Gateway, ServeError> {
+        // Sealed first, so that the layer, the admin listener and the metrics all read
+        // and write through it (SPEC S17).
+        let store: Arc<dyn Store> = match &config.record_keys {
+            Some(keys) => {
+                tracing::info!(
+                    current = keys.current_id(),
+                    keys = keys.ids().count(),
+                    "recorded answers are sealed"
+                );
+                Arc::new(idem_core::Sealed::new(store, keys.clone()))
+            }
+            None => store,
+        };
         let metrics = Arc::new(Metrics::new().with_store(store.clone()));
         let telemetry = match &config.otlp_endpoint {
             Some(url) => Some(Telemetry::start(url, &config.routes, &config.store)?),

@@ -67,7 +67,10 @@ where
                     Ok(key) => config.tenant_headers.tenant(key, &parts.headers),
                     // Nothing is scoped without the secret: fail closed, as for any
                     // store outage.
-                    Err(e) => return Ok(refuse(&*config.observer, Err(e), grpc)),
+                    Err(e) => {
+                        let hints = plan.answers.retry_hints;
+                        return Ok(refuse(&*config.observer, Err(e), grpc, hints));
+                    }
                 }
             }
         };

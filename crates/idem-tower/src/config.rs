@@ -213,6 +213,9 @@ pub(crate) struct Config {
     pub(crate) grpc_release_codes: GrpcReleaseCodes,
     pub(crate) route_config: Option<RouteConfigFn>,
     pub(crate) observer: Arc<dyn Observer>,
+    /// Whether the layer's own answers carry retry hints (see
+    /// [`IdempotencyLayer::retry_hints`](crate::IdempotencyLayer::retry_hints)).
+    pub(crate) retry_hints: bool,
 }
 
 impl Default for Config {
@@ -245,6 +248,7 @@ impl Default for Config {
             grpc_release_codes: GrpcReleaseCodes::default(),
             route_config: None,
             observer: Arc::new(NoopObserver),
+            retry_hints: false,
         }
     }
 }
@@ -270,6 +274,7 @@ impl fmt::Debug for Config {
             .field("release_statuses", &self.release_statuses)
             .field("grpc_release_codes", &self.grpc_release_codes)
             .field("route_config", &self.route_config.is_some())
+            .field("retry_hints", &self.retry_hints)
             .finish_non_exhaustive()
     }
 }
@@ -302,6 +307,7 @@ pub struct RouteConfig {
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) release_statuses: Option<ReleaseStatuses>,
     pub(crate) grpc_release_codes: Option<GrpcReleaseCodes>,
+    pub(crate) retry_hints: Option<bool>,
 }
 
 impl RouteConfig {
@@ -378,6 +384,14 @@ impl RouteConfig {
     /// They replace the layer's set.
     pub fn grpc_release_codes(mut self, codes: GrpcReleaseCodes) -> RouteConfig {
         self.grpc_release_codes = Some(codes);
+        self
+    }
+
+    /// Whether this route's replays and conflicts say whether to retry, in the headers
+    /// the Stripe SDKs and the SDKs Stainless generates obey; see
+    /// [`IdempotencyLayer::retry_hints`](crate::IdempotencyLayer::retry_hints).
+    pub fn retry_hints(mut self, hints: bool) -> RouteConfig {
+        self.retry_hints = Some(hints);
         self
     }
 }

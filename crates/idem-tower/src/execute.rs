@@ -71,7 +71,9 @@ where
                 // Boxed: a rare path, kept out of every keyed request's future.
                 return Box::pin(rendered(inner, parts, stored, config)).await;
             }
-            other => return refuse(observer, other, answers.grpc.is_some()),
+            other => {
+                return refuse(observer, other, answers.grpc.is_some(), answers.retry_hints);
+            }
         };
 
         // Stage 2: the handler runs while the lease is renewed.
@@ -85,6 +87,7 @@ where
             extra_headers,
             release_statuses,
             grpc,
+            ..
         } = answers;
         let context =
             IdempotencyContext::new(scope, lease.clone(), fingerprint, release_statuses.clone());

@@ -331,6 +331,17 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// Whether the layer's answers tell unmodified SDKs whether to retry (default off):
+    /// a replayed 5xx carries `Stripe-Should-Retry: false` and `X-Should-Retry: false`
+    /// (retrying cannot change a recorded answer), and a 409 `request-in-progress` and a
+    /// 503 `store-unavailable` carry `true`. The Stripe SDKs and the SDKs Stainless
+    /// generates obey these headers over their own rules. A route may say otherwise
+    /// ([`RouteConfig::retry_hints`]).
+    pub fn retry_hints(mut self, hints: bool) -> Self {
+        self.config().retry_hints = hints;
+        self
+    }
+
     /// Per-route overrides: called once per request; `None` keeps the layer's settings.
     pub fn route_config<F>(mut self, f: F) -> Self
     where

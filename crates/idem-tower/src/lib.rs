@@ -200,6 +200,7 @@
 //! | 500    | `https://idem.dev/problems/response-too-large`  | the handler ran; its answer is over the response limit (recorded) |
 //! | 503    | `https://idem.dev/problems/store-unavailable`   | store unreachable; `Retry-After`      |
 //! | 503    | `https://idem.dev/problems/replay-unavailable`  | the answer, recorded as a [`ResourceReference`], could not be rendered again; the operation ran; `Retry-After` |
+//! | 500    | `https://idem.dev/problems/replay-unavailable`  | the recorded answer is sealed and cannot be opened (`idem_core::Sealed`: a key id the ring lacks, changed bytes); the operation ran and is not executed again; no `Retry-After` |
 //! | 502    | `https://idem.dev/problems/upstream-unreachable` | a proxy inside the layer could not connect to its upstream ([`UpstreamFailure`]); nothing was sent, the key is released |
 //! | 504    | `https://idem.dev/problems/upstream-timeout`    | the upstream's answer did not come whole in time; the record stays in progress until its lease lapses |
 //! | 504    | `https://idem.dev/problems/upstream-connection-lost` | the upstream's connection broke after the request was sent; the record stays in progress until its lease lapses |
@@ -268,7 +269,7 @@ pub use in_flight::InFlight;
 pub use layer::IdempotencyLayer;
 pub use policy::{Disposition, Observer, Outcome, Proxied, ResourceReference, UpstreamFailure};
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
-pub use replay::IDEMPOTENT_REPLAYED;
+pub use replay::{IDEMPOTENT_REPLAYED, STRIPE_SHOULD_RETRY, X_SHOULD_RETRY};
 pub use service::Idempotency;
 pub use spelling::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use tenant::TenantHeaders;

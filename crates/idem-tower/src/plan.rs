@@ -146,6 +146,8 @@ pub(crate) struct AnswerRules {
     /// For a gRPC call (SPEC S18), the gRPC statuses that release the key: the route's,
     /// or the layer's. `None` for any other request.
     pub(crate) grpc: Option<GrpcReleaseCodes>,
+    /// Whether the layer's own answers carry `Stripe-Should-Retry`/`X-Should-Retry`.
+    pub(crate) retry_hints: bool,
 }
 
 impl Plan {
@@ -179,6 +181,7 @@ impl Plan {
                     .release_statuses
                     .unwrap_or_else(|| config.release_statuses.clone()),
                 grpc,
+                retry_hints: route.retry_hints.unwrap_or(config.retry_hints),
             },
         }
     }

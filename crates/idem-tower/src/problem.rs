@@ -220,6 +220,9 @@ pub struct Problem {
     pub(crate) kind: ProblemKind,
     pub(crate) detail: String,
     pub(crate) retry_after: Option<Duration>,
+    /// A status other than the kind's, for a kind that has two (a sealed answer that
+    /// cannot be opened is a 500 `replay-unavailable`, SPEC S17).
+    pub(crate) status: Option<StatusCode>,
 }
 
 impl Problem {
@@ -236,6 +239,7 @@ impl Problem {
             kind,
             detail: detail.into(),
             retry_after,
+            status: None,
         }
     }
 
@@ -271,6 +275,23 @@ impl Problem {
         Problem::new(kind, detail)
     }
 
+    /// The 500 `replay-unavailable` for a recorded answer that cannot be opened (SPEC
+    /// S17): the operation ran, and a retry cannot change that the record is unreadable
+    /// until an operator restores its key, so there is no `Retry-After`.
+    pub fn unopenable(detail: impl Into<String>) -> Problem {
+        Problem {
+            kind: ProblemKind::ReplayUnavailable,
+            detail: detail.into(),
+            retry_after: None,
+            status: Some(StatusCode::INTERNAL_SERVER_ERROR),
+        }
+    }
+
+    /// The HTTP status: the kind's, unless this problem has its own.
+    pub fn status(&self) -> StatusCode {
+        self.status.unwrap_or_else(|| self.kind.status())
+    }
+
     /// Sets `Retry-After` (whole seconds, rounded up, at least 1).
     pub fn retry_after(mut self, wait: Duration) -> Problem {
         self.retry_after = Some(wait);
@@ -292,7 +313,7 @@ impl Problem {
         let body = serde_json::json!({
             "type": self.kind.type_uri(),
             "title": self.kind.title(),
-            "status": self.kind.status().as_u16(),
+            "status": self.status().as_u16(),
             "detail": self.detail,
         });
         Bytes::from(body.to_string())
@@ -310,7 +331,7 @@ impl Problem {
     /// [`UpstreamFailure::disposition`] says.
     pub fn to_response(&self) -> Response<Bytes> {
         let mut response = Response::new(self.body());
-        *response.status_mut() = self.kind.status();
+        *response.status_mut() = self.status();
         response.extensions_mut().insert(self.kind);
         if let Some(failure) = self.kind.upstream_failure() {
             response

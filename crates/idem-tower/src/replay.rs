@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
-use idem_core::{Reservation, StoredResponse};
+use idem_core::{Reservation, StoreError, StoredResponse};
 use tower::Service;
 
 use crate::config::{Config, References};
@@ -16,14 +16,64 @@ use crate::{BoxError, IdempotencyBody};
 /// The header that marks a replayed answer.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// The retry hint the Stripe SDKs obey, on routes with retry hints.
+pub const STRIPE_SHOULD_RETRY: HeaderName = HeaderName::from_static("stripe-should-retry");
+
+/// The retry hint the SDKs Stainless generates obey, on routes with retry hints.
+pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+
+/// Says in both retry-hint headers whether a retry can get another answer.
+fn hint<B>(response: &mut Response<B>, retry: bool) {
+    let value = HeaderValue::from_static(if retry { "true" } else { "false" });
+    let headers = response.headers_mut();
+    headers.insert(STRIPE_SHOULD_RETRY, value.clone());
+    headers.insert(X_SHOULD_RETRY, value);
+}
+
 /// The answer to a reservation that did not acquire the key: stage 5's replay, or a
-/// problem (a gRPC error to a gRPC call, SPEC S18).
+/// problem (a gRPC error to a gRPC call, SPEC S18). With `hints` (the route's retry
+/// hints), a replayed 5xx says a retry is useless, and a 409 in progress and a 503 for
+/// the store say it is worth it.
 pub(crate) fn refuse<B>(
+    observer: &dyn Observer,
+    reserved: idem_core::Result<Reservation>,
+    grpc: bool,
+    hints: bool,
+) -> Response<IdempotencyBody<B>> {
+    let mut response = answer(observer, reserved, grpc);
+    if hints {
+        let status = response.status();
+        let replayed = response.headers().contains_key(IDEMPOTENT_REPLAYED);
+        if replayed && status.is_server_error() {
+            hint(&mut response, false);
+        } else if !replayed
+            && matches!(
+                response.extensions().get::<ProblemKind>(),
+                Some(ProblemKind::RequestInProgress | ProblemKind::StoreUnavailable)
+            )
+        {
+            hint(&mut response, true);
+        }
+    }
+    response
+}
+
+fn answer<B>(
     observer: &dyn Observer,
     reserved: idem_core::Result<Reservation>,
     grpc: bool,
 ) -> Response<IdempotencyBody<B>> {
     let problem = match reserved {
+        Err(StoreError::Sealed(why)) => {
+            // Logged with the scope's digest where the store wrapper found it.
+            tracing::error!(error = %why, "a recorded answer cannot be opened; answering 500 without calling the handler");
+            observer.outcome(Outcome::ReplayUnavailable);
+            Problem::unopenable(
+                "this key's request was executed, and its recorded answer cannot be opened \
+                 (sealed with a key this gateway lacks, or changed in the store); it is \
+                 not executed again: ask the operator, and never retry with a new key",
+            )
+        }
         Err(e) => {
             tracing::warn!(error = %e, "idempotency store failed; answering 503 without calling the handler");
             observer.outcome(Outcome::StoreUnavailable);

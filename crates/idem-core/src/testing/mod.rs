@@ -24,6 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::{Endpoint, Fingerprint, FingerprintOptions, Key, Scope, ScopeMode, Tenant};
 
 pub mod cases;
+#[cfg(feature = "seal")]
+pub mod sealing;
 
 /// Runs every contract case as its own `#[tokio::test]`. See the [module docs](self).
 #[macro_export]

@@ -150,6 +150,12 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_TENANT_SECRET_FILE", value_name = "PATH")]
     pub tenant_secret_file: Option<PathBuf>,
 
+    /// File of the keys recorded answers are sealed with (SPEC S17): one `id:<64 hex
+    /// digits>` per line, the first sealing new answers, every one opening its own; not
+    /// readable by others than its owner [default: answers are stored in plain text].
+    #[arg(long, env = "IDEM_RECORD_KEY_FILE", value_name = "PATH")]
+    pub record_key_file: Option<PathBuf>,
+
     /// The secret itself, from `IDEM_TENANT_SECRET` only: never a flag, so that it
     /// stays out of process listings.
     #[arg(skip = TenantSecret::from_env())]
@@ -332,6 +338,7 @@ impl ServeArgs {
             require_tenant,
             tenant_secret_file,
             tenant_secret,
+            record_key_file,
             scope,
             keyed_methods,
             release_statuses,
@@ -375,6 +382,7 @@ impl ServeArgs {
             require_tenant: require_tenant || under.require_tenant,
             tenant_secret_file: tenant_secret_file.or(under.tenant_secret_file),
             tenant_secret: tenant_secret.or(under.tenant_secret),
+            record_key_file: record_key_file.or(under.record_key_file),
             scope: scope.or(under.scope),
             keyed_methods: keyed_methods.or(under.keyed_methods),
             release_statuses: release_statuses.or(under.release_statuses),
@@ -425,6 +433,9 @@ pub struct RouteRule {
     /// The gRPC statuses that release a gRPC call's key on this route, replacing the
     /// global list.
     pub grpc_release_codes: Option<Vec<String>>,
+    /// Whether replays and conflicts on this route carry `Stripe-Should-Retry` and
+    /// `X-Should-Retry`.
+    pub retry_hints: Option<bool>,
 }
 
 /// The forms the TOML file writes values in, read into the types the command line

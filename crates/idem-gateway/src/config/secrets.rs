@@ -1,9 +1,10 @@
-//! The two secrets `idem serve` takes, the tenant secret and the admin token: each
-//! given as itself or as a file that holds it, never both, and checked at start.
+//! The secrets `idem serve` takes, the tenant secret and the admin token (each given as
+//! itself or as a file that holds it, never both) and the record keys (a file), all
+//! checked at start.
 
 use std::path::{Path, PathBuf};
 
-use idem_core::TenantKey;
+use idem_core::{RecordKeys, TenantKey};
 
 use super::error::{ConfigError, invalid};
 
@@ -169,6 +170,49 @@ fn warn_if_others_can_read(path: &Path) {
     let _ = path;
 }
 
+/// The keys recorded answers are sealed with, from `--record-key-file` (SPEC S17):
+/// `None` without one. The file must not be readable or writable by others than its
+/// owner and group (a key others can read seals nothing), and a group that can read it
+/// is warned about; a file that holds no key, or a line that is not `id:<64 hex
+/// digits>`, is refused with its line number and never its key.
+pub fn record_keys(file: Option<&Path>) -> Result<Option<RecordKeys>, ConfigError> {
+    const SETTING: &str = "record_key_file";
+    let Some(path) = file else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| invalid(SETTING, format!("cannot read {}: {e}", path.display())))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)
+            .map_err(|e| invalid(SETTING, format!("cannot read {}: {e}", path.display())))?
+            .permissions()
+            .mode();
+        if mode & 0o007 != 0 {
+            return Err(invalid(
+                SETTING,
+                format!(
+                    "{} is open to every user (mode {:o}); the keys that seal the records \
+                     must not be: chmod 600 it",
+                    path.display(),
+                    mode & 0o777
+                ),
+            ));
+        }
+        if mode & 0o070 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format_args!("{:o}", mode & 0o777),
+                "the record key file is readable by its group; chmod 600 it unless a sidecar needs it"
+            );
+        }
+    }
+    RecordKeys::parse(&text)
+        .map(Some)
+        .map_err(|e| invalid(SETTING, format!("{}: {e}", path.display())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,5 +261,48 @@ mod tests {
             "{e}"
         );
         assert!(!format!("{env:?}").contains("0123"), "{env:?}");
+    }
+
+    #[test]
+    fn record_keys_from_a_file_of_the_owners_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str, mode: u32| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            path
+        };
+        let key = "ab".repeat(32);
+        let good = write(
+            "good",
+            &format!("k2:{key}\nk1:{}\n", "cd".repeat(32)),
+            0o600,
+        );
+        let keys = record_keys(Some(&good)).unwrap().unwrap();
+        assert_eq!(keys.current_id(), "k2");
+        assert!(record_keys(None).unwrap().is_none());
+        let grouped = write("grouped", &format!("k1:{key}\n"), 0o640);
+        assert!(
+            record_keys(Some(&grouped)).unwrap().is_some(),
+            "warned, not refused"
+        );
+
+        let open = write("open", &format!("k1:{key}\n"), 0o644);
+        let e = record_keys(Some(&open)).unwrap_err().to_string();
+        assert!(
+            e.contains("record_key_file") && e.contains("644") && e.contains("chmod 600"),
+            "{e}"
+        );
+        let bad = write("bad", "k1:abab\n", 0o600);
+        let e = record_keys(Some(&bad)).unwrap_err().to_string();
+        assert!(e.contains("line 1") && !e.contains("abab"), "{e}");
+        let empty = write("empty", "# none yet\n", 0o600);
+        let e = record_keys(Some(&empty)).unwrap_err().to_string();
+        assert!(e.contains("no key"), "{e}");
+        let e = record_keys(Some(&dir.path().join("missing")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot read"), "{e}");
     }
 }

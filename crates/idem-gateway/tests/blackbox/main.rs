@@ -20,6 +20,7 @@ mod failover;
 mod packaging;
 mod protocol;
 mod proxying;
+mod sealing;
 mod shared;
 mod smuggling;
 mod spelling;

@@ -1,0 +1,339 @@
+//! Sealed records (SPEC S17): recorded answers encrypted at rest under keys named by
+//! id, so that a copy of the store (a SQLite file, a PostgreSQL dump, a Redis RDB)
+//! holds no body and no header in plain text.
+//!
+//! [`RecordKeys`] is the key ring; [`Sealed`](crate::Sealed) is the store wrapper that
+//! seals every answer it records and opens every answer it reads.
+//!
+//! # What a sealed answer looks like in the store
+//!
+//! A sealed [`StoredResponse`] is still a [`StoredResponse`], so every store keeps it
+//! without a change to its schema:
+//!
+//! - `status`: the recorded status, in plain text (the decision table and operators
+//!   read it; it is bound to the ciphertext, so it cannot be changed unnoticed);
+//! - `headers`: one pseudo-header, [`SEALED_HEADER`], whose value is the id of the key
+//!   that sealed it;
+//! - `body`: a version byte, a random 24-byte nonce, then the XChaCha20-Poly1305
+//!   ciphertext of the real headers and body, with its 16-byte tag.
+//!
+//! The associated data binds the ciphertext to the record's scope (tenant, endpoint,
+//! key), its status and the key id: an answer copied into another record, or given
+//! another status, fails to open.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use chacha20poly1305::aead::{AeadInOut, KeyInit};
+use chacha20poly1305::{Tag, XChaCha20Poly1305, XNonce};
+
+use crate::codec::{decode_headers, encode_headers};
+use crate::{Scope, StoreError, StoredResponse};
+
+/// The pseudo-header under which a sealed answer names the key that sealed it. Like
+/// [`REFERENCE_HEADER`](crate::REFERENCE_HEADER) it is no HTTP field name, so it
+/// never collides with a real header.
+pub const SEALED_HEADER: &str = ":sealed";
+
+/// The first byte of a sealed body: the format's version.
+const VERSION: u8 = 1;
+
+/// The nonce's length: XChaCha20's 192 bits, safe to draw at random for every record.
+const NONCE_LEN: usize = 24;
+
+/// The Poly1305 tag's length.
+const TAG_LEN: usize = 16;
+
+/// The bytes sealing adds to an answer: version, nonce, tag, and the length of the
+/// inner header block.
+pub const SEAL_OVERHEAD: usize = 1 + NONCE_LEN + TAG_LEN + 4;
+
+/// The longest key id.
+pub const MAX_KEY_ID_LEN: usize = 32;
+
+/// Why a key ring could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordKeyError {
+    /// The key file holds no key.
+    #[error("the record key file holds no key; add a line `id:<64 hex digits>`")]
+    Empty,
+    /// A line is not `id:<64 hex digits>`.
+    #[error("line {line}: {why} (each key is a line `id:<64 hex digits>`)")]
+    Line {
+        /// The line's number, from 1 (for [`RecordKeys::new`], the key's position).
+        line: usize,
+        /// What is wrong with it; never the key's bytes.
+        why: String,
+    },
+    /// Two keys have the same id.
+    #[error("line {line}: the key id {id:?} is used twice; every key needs its own id")]
+    DuplicateId {
+        /// The line's number, from 1 (for [`RecordKeys::new`], the key's position).
+        line: usize,
+        /// The id.
+        id: String,
+    },
+}
+
+/// One key of the ring: its id and its cipher.
+struct RecordKey {
+    id: String,
+    cipher: XChaCha20Poly1305,
+}
+
+/// The keys records are sealed and opened with: the first seals every new answer, and
+/// each opens the answers sealed under its id, so keys rotate without downtime (add the
+/// new key first, wait one record TTL, drop the old one).
+///
+/// Cheap to clone. `Debug` shows the ids, never the keys.
+#[derive(Clone)]
+pub struct RecordKeys {
+    keys: Arc<[RecordKey]>,
+}
+
+impl fmt::Debug for RecordKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordKeys")
+            .field("ids", &self.ids().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// Whether `id` may name a key: 1 to [`MAX_KEY_ID_LEN`] letters, digits, `.`, `_` or
+/// `-`, since it is stored in every record.
+fn valid_id(id: &str) -> bool {
+    (1..=MAX_KEY_ID_LEN).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+impl RecordKeys {
+    /// A ring from `(id, key)` pairs, the first sealing new answers.
+    pub fn new<I, S>(keys: I) -> Result<RecordKeys, RecordKeyError>
+    where
+        I: IntoIterator<Item = (S, [u8; 32])>,
+        S: Into<String>,
+    {
+        let mut ring: Vec<RecordKey> = Vec::new();
+        for (i, (id, key)) in keys.into_iter().enumerate() {
+            let id = id.into();
+            let line = i + 1;
+            if !valid_id(&id) {
+                return Err(RecordKeyError::Line {
+                    line,
+                    why: format!(
+                        "the key id {id:?} is not 1 to {MAX_KEY_ID_LEN} letters, digits, '.', '_' or '-'"
+                    ),
+                });
+            }
+            if ring.iter().any(|k| k.id == id) {
+                return Err(RecordKeyError::DuplicateId { line, id });
+            }
+            let cipher = XChaCha20Poly1305::new(&key.into());
+            ring.push(RecordKey { id, cipher });
+        }
+        if ring.is_empty() {
+            return Err(RecordKeyError::Empty);
+        }
+        Ok(RecordKeys { keys: ring.into() })
+    }
+
+    /// A ring from a key file's text: one key per line, `id:<64 hex digits>` (32
+    /// bytes), the first line sealing new answers. Blank lines and lines starting with
+    /// `#` are skipped; spaces around the id and the key are trimmed. Errors name the
+    /// line, never the key.
+    ///
+    /// ```
+    /// let keys = idem_core::RecordKeys::parse(
+    ///     "# rotated 2026-03-01\n\
+    ///      k2:1111111111111111111111111111111111111111111111111111111111111111\n\
+    ///      k1:2222222222222222222222222222222222222222222222222222222222222222\n",
+    /// )
+    /// .unwrap();
+    /// assert_eq!(keys.current_id(), "k2");
+    /// ```
+    pub fn parse(text: &str) -> Result<RecordKeys, RecordKeyError> {
+        let mut pairs = Vec::new();
+        let mut ids: Vec<String> = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let number = i + 1;
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let bad = |why: &str| RecordKeyError::Line {
+                line: number,
+                why: why.to_owned(),
+            };
+            let (id, hex_key) = line
+                .split_once(':')
+                .ok_or_else(|| bad("no ':' between the key id and the key"))?;
+            let (id, hex_key) = (id.trim(), hex_key.trim());
+            if !valid_id(id) {
+                return Err(bad(&format!(
+                    "the key id {id:?} is not 1 to {MAX_KEY_ID_LEN} letters, digits, '.', '_' or '-'"
+                )));
+            }
+            if ids.iter().any(|seen| seen == id) {
+                return Err(RecordKeyError::DuplicateId {
+                    line: number,
+                    id: id.to_owned(),
+                });
+            }
+            let mut key = [0u8; 32];
+            if hex_key.len() != 64 || hex::decode_to_slice(hex_key, &mut key).is_err() {
+                return Err(bad(&format!(
+                    "the key is {} characters, not 64 hex digits (32 bytes; `openssl rand -hex 32` makes one)",
+                    hex_key.len()
+                )));
+            }
+            ids.push(id.to_owned());
+            pairs.push((id.to_owned(), key));
+        }
+        // Ids and duplicates are checked above, by line: `new` can only find none.
+        RecordKeys::new(pairs)
+    }
+
+    /// The id of the key new answers are sealed with.
+    pub fn current_id(&self) -> &str {
+        &self.keys[0].id
+    }
+
+    /// Every key's id, the current one first.
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|k| k.id.as_str())
+    }
+
+    /// `response` sealed for `scope` under the current key (see the [module
+    /// docs](self)). An answer that is sealed already is returned as it is.
+    pub fn seal(&self, scope: &Scope, response: &StoredResponse) -> StoredResponse {
+        if is_sealed(response) {
+            return response.clone();
+        }
+        let key = &self.keys[0];
+        let headers = encode_headers(&response.headers);
+        let mut out = Vec::with_capacity(SEAL_OVERHEAD + headers.len() + response.body.len());
+        out.push(VERSION);
+        out.extend_from_slice(&random_nonce());
+        out.extend_from_slice(&(headers.len() as u32).to_be_bytes());
+        out.extend_from_slice(&headers);
+        out.extend_from_slice(&response.body);
+        let nonce = XNonce::try_from(&out[1..1 + NONCE_LEN]).expect("24 bytes");
+        let aad = associated_data(scope, response.status, &key.id);
+        let tag = key
+            .cipher
+            .encrypt_inout_detached(&nonce, &aad, (&mut out[1 + NONCE_LEN..]).into())
+            .expect("an answer under 256 GiB seals");
+        out.extend_from_slice(&tag);
+        StoredResponse {
+            status: response.status,
+            headers: vec![(
+                SEALED_HEADER.to_owned(),
+                Bytes::copy_from_slice(key.id.as_bytes()),
+            )],
+            body: Bytes::from(out),
+        }
+    }
+
+    /// The answer `stored` holds for `scope`: opened if it is sealed, as it is if not
+    /// (an answer recorded before sealing was turned on). Fails with
+    /// [`StoreError::Sealed`] when it names a key this ring lacks, or when its bytes,
+    /// status or scope are not the ones it was sealed with.
+    pub fn open(
+        &self,
+        scope: &Scope,
+        stored: StoredResponse,
+    ) -> Result<StoredResponse, StoreError> {
+        let Some(id) = sealed_by(&stored) else {
+            return Ok(stored);
+        };
+        let id = std::str::from_utf8(id)
+            .map_err(|_| StoreError::Sealed("the sealing key id is not UTF-8".into()))?;
+        let key = self.keys.iter().find(|k| k.id == id).ok_or_else(|| {
+            StoreError::Sealed(format!(
+                "the answer is sealed with the key {id:?}, which the record key file lacks \
+                 (it has {:?})",
+                self.ids().collect::<Vec<_>>()
+            ))
+        })?;
+        let body = &stored.body[..];
+        if body.len() < SEAL_OVERHEAD || body[0] != VERSION {
+            return Err(StoreError::Sealed(format!(
+                "the sealed answer is {} bytes or of an unknown version",
+                body.len()
+            )));
+        }
+        let nonce = XNonce::try_from(&body[1..1 + NONCE_LEN]).expect("24 bytes");
+        let (sealed, tag) = body[1 + NONCE_LEN..].split_at(body.len() - 1 - NONCE_LEN - TAG_LEN);
+        let tag = Tag::try_from(tag).expect("16 bytes");
+        let mut plain = sealed.to_vec();
+        let aad = associated_data(scope, stored.status, &key.id);
+        key.cipher
+            .decrypt_inout_detached(&nonce, &aad, plain.as_mut_slice().into(), &tag)
+            .map_err(|_| {
+                StoreError::Sealed(format!(
+                    "the answer sealed with the key {id:?} does not open: its bytes, status \
+                     or scope were changed, or the key under that id is not the one it was \
+                     sealed with"
+                ))
+            })?;
+        let corrupt =
+            |why: &str| StoreError::Sealed(format!("the opened answer is corrupt: {why}"));
+        let (len, rest) = plain.split_at(4);
+        let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
+        if rest.len() < len {
+            return Err(corrupt("its header block is truncated"));
+        }
+        let headers = decode_headers(&rest[..len]).map_err(|e| corrupt(&e.to_string()))?;
+        let body = Bytes::from(plain).slice(4 + len..);
+        Ok(StoredResponse {
+            status: stored.status,
+            headers,
+            body,
+        })
+    }
+}
+
+/// Whether `response` is sealed (carries [`SEALED_HEADER`]).
+pub fn is_sealed(response: &StoredResponse) -> bool {
+    sealed_by(response).is_some()
+}
+
+fn sealed_by(response: &StoredResponse) -> Option<&[u8]> {
+    match response.headers.as_slice() {
+        [(name, id)] if name == SEALED_HEADER => Some(id),
+        _ => None,
+    }
+}
+
+/// What the tag covers besides the ciphertext: a label, the scope's parts
+/// (length-prefixed), the status and the key id.
+fn associated_data(scope: &Scope, status: u16, key_id: &str) -> Vec<u8> {
+    let parts = [
+        scope.tenant().as_str(),
+        scope.endpoint_str(),
+        scope.key().as_str(),
+        key_id,
+    ];
+    let mut aad = Vec::with_capacity(16 + parts.iter().map(|p| 4 + p.len()).sum::<usize>());
+    aad.extend_from_slice(b"idem-seal-v1");
+    for part in parts {
+        aad.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        aad.extend_from_slice(part.as_bytes());
+    }
+    aad.extend_from_slice(&status.to_be_bytes());
+    aad
+}
+
+fn random_nonce() -> [u8; NONCE_LEN] {
+    let mut nonce = [0u8; NONCE_LEN];
+    getrandom::fill(&mut nonce).expect("the operating system's random generator failed");
+    nonce
+}
+
+#[cfg(test)]
+#[path = "seal_tests.rs"]
+mod tests;
