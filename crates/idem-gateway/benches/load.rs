@@ -38,6 +38,7 @@
 //! The driver, the upstream and the gateway share the machine's cores, so absolute
 //! figures understate a dedicated gateway; the ratios are the point.
 
+#[path = "load/others.rs"]
 mod others;
 
 use std::net::SocketAddr;
