@@ -72,9 +72,7 @@ fn two_processes_race_on_a_cluster_each_key_wins_exactly_once() {
 static ONE_RACE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn race(url: String, service: &str, timeout: Duration) {
-    let _one = ONE_RACE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    let _one = ONE_RACE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let prefix = format!("idem-test:{}:", unique_namespace("cross_instance"));
     let verifier = match rt.block_on(
