@@ -75,9 +75,9 @@ pub enum ServeError {
     Tls {
         /// `proxy` or `admin`.
         listener: &'static str,
-        /// Why.
+        /// Why (boxed: rustls's errors are large).
         #[source]
-        source: crate::listener::TlsError,
+        source: Box<crate::listener::TlsError>,
     },
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
@@ -434,7 +434,10 @@ fn listeners(
             .clone()
             .map(Tls::load)
             .transpose()
-            .map_err(|source| ServeError::Tls { listener, source })
+            .map_err(|source| ServeError::Tls {
+                listener,
+                source: Box::new(source),
+            })
     };
     let proxy_tls = tls(&config.tls, "proxy")?;
     let admin_tls = tls(&config.admin_tls, "admin")?;
