@@ -80,7 +80,8 @@ impl Upstream {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum UpstreamProtocol {
-    /// HTTP/1.1, on plain TCP and over TLS alike (ALPN offers `http/1.1` only).
+    /// HTTP/1.1, on plain TCP and over TLS alike (offering no ALPN, so that servers
+    /// speak HTTP/1.1).
     #[default]
     Http1,
     /// HTTP/2 only: over TLS through ALPN `h2`, on plain TCP with prior knowledge (h2c).

@@ -8,7 +8,8 @@
 //!   name sent (SNI) and checked in the certificate is the URL's host, the certificate
 //!   must chain to `--upstream-ca`'s certificates or else to the system's roots (read
 //!   by rustls-native-certs, which follows `SSL_CERT_FILE` and `SSL_CERT_DIR`), and
-//!   ALPN offers `http/1.1` (`http1`), `h2` (`http2`) or both, `h2` first (`auto`).
+//!   ALPN offers nothing (`http1`: servers then speak HTTP/1.1), `h2` (`http2`) or
+//!   both, `h2` first (`auto`).
 //!   A handshake that fails is never retried in plaintext: the request is answered
 //!   with a 502 naming the TLS failure ([`tls_failure`]).
 //!
@@ -68,10 +69,10 @@ impl UpstreamClient {
         };
         // The URL is https://, which the plain connector would refuse.
         connector.enforce_http(false);
+        // The connector sets ALPN: `h2`, or `h2` and `http/1.1`; for HTTP/1.1 alone it
+        // offers none, and servers then speak HTTP/1.1.
         let mut tls = tls.clone();
-        // Said outright for HTTP/1.1, so that a server that picks by ALPN picks it;
-        // the connector sets the lists with `h2`.
-        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        tls.alpn_protocols.clear();
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_only();
@@ -151,14 +152,11 @@ pub fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
             return Some(tls.to_string());
         }
         // An I/O error's `source` skips the error it wraps, which is where tokio-rustls
-        // puts rustls's.
+        // puts rustls's (and hyper-rustls wraps that I/O error in another).
         if let Some(io) = e.downcast_ref::<std::io::Error>()
             && let Some(inner) = io.get_ref()
         {
-            if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
-                return Some(tls.to_string());
-            }
-            next = inner.source();
+            next = Some(inner as &(dyn std::error::Error + 'static));
             continue;
         }
         next = e.source();

@@ -266,16 +266,18 @@ async fn an_h2c_upstream_is_reached_with_http2_prior_knowledge() {
     records_and_replays(&gw, &up).await;
     // Unkeyed requests share the connection's streams too.
     let http = Http::new();
-    let gets = (0..8).map(|_| http.send("GET", &gw.url("/v1/charges"), &[], ""));
+    let url = gw.url("/v1/charges");
+    let gets = (0..8).map(|_| http.send("GET", &url, &[], ""));
     for a in futures_util::future::join_all(gets).await {
         assert_eq!(a.status, 201, "{a:?}");
     }
 }
 
 /// An HTTP/2-only upstream spoken to in HTTP/1.1 (the default) answers nothing the
-/// gateway can read: a 502, and nothing executed.
+/// gateway can read: the request was sent, so it is a broken connection's 504, and
+/// nothing executed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_h2c_upstream_spoken_to_in_http1_is_a_502() {
+async fn an_h2c_upstream_spoken_to_in_http1_is_a_504_connection_lost() {
     let up = Transport::H2c.start().await;
     let dir = tempfile::tempdir().unwrap();
     let gw = Gateway::start(&up.url(), dir.path(), &["--store", "memory://"]).await;
@@ -283,10 +285,10 @@ async fn an_h2c_upstream_spoken_to_in_http1_is_a_502() {
     let a = Http::new()
         .post(&gw.url("/v1/charges"), &key, "{}", &[])
         .await;
-    assert_eq!(a.status, 502, "{a:?}");
-    assert!(
-        a.problem_type()
-            .starts_with("https://idem.dev/problems/upstream-")
+    assert_eq!(a.status, 504, "{a:?}");
+    assert_eq!(
+        a.problem_type(),
+        "https://idem.dev/problems/upstream-connection-lost"
     );
     assert_eq!(up.started(&key), 0, "nothing executed");
 }
