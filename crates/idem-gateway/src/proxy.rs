@@ -180,7 +180,18 @@ impl Proxy {
             _ => None,
         };
         let slot = parts.extensions.remove::<crate::listener::ConnectionSlot>();
+        // `TE: trailers` says the client takes trailers, which the gateway passes on;
+        // gRPC servers refuse a call without it (SPEC S18).
+        let te_trailers = headers
+            .get_all(header::TE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
         strip_hop_by_hop(&mut headers);
+        if te_trailers {
+            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
         for name in &REWRITE_HEADERS {
             headers.remove(name);
         }

@@ -104,9 +104,12 @@ struct Got {
 }
 
 impl Got {
+    /// Whether the answer is marked a replay: in the initial metadata, which for a
+    /// trailers-only answer `grpcio` hands over as trailing metadata.
     fn replayed(&self) -> bool {
         self.initial
             .iter()
+            .chain(&self.trailing)
             .any(|(k, v)| k == "idempotent-replayed" && v == "true")
     }
 
