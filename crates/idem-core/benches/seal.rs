@@ -30,7 +30,13 @@ fn answer(size: usize) -> StoredResponse {
 }
 
 async fn round<S: Store>(store: &S, n: u64, response: &StoredResponse) {
-    let fp = Fingerprint::compute("POST", "/v1/charges", None, b"{}", &FingerprintOptions::default());
+    let fp = Fingerprint::compute(
+        "POST",
+        "/v1/charges",
+        None,
+        b"{}",
+        &FingerprintOptions::default(),
+    );
     let request = ReserveRequest::new(scope(&format!("k{n}")), fp);
     let Reservation::Acquired(lease) = store.reserve(&request).await.unwrap() else {
         panic!("acquire")
@@ -55,11 +61,16 @@ fn bench(c: &mut Criterion) {
             b.iter(|| keys.seal(black_box(&scope("k")), black_box(&plain)))
         });
         g.bench_function(format!("open_{}KiB", size / 1024), |b| {
-            b.iter(|| keys.open(black_box(&scope("k")), black_box(sealed.clone())).unwrap())
+            b.iter(|| {
+                keys.open(black_box(&scope("k")), black_box(sealed.clone()))
+                    .unwrap()
+            })
         });
     }
     g.throughput(Throughput::Elements(1));
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let response = answer(1024);
     let memory = MemoryStore::new().max_entries(10_000_000);
     let mut n = 0u64;

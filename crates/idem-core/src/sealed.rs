@@ -16,7 +16,7 @@ use crate::{
 /// [`complete`](Store::complete) seals under the current key;
 /// [`reserve`](Store::reserve)'s replay and [`get`](Store::get)'s completed record are
 /// opened with the key their answer names. An answer that cannot be opened (a key id
-/// the ring lacks, changed bytes, status or scope) is [`StoreError::Sealed`] and an
+/// the ring lacks, changed bytes, status or scope) is [`StoreError::Sealed`](crate::StoreError::Sealed) and an
 /// error in the log, never a record that is absent: the operation ran, and must not run
 /// again. An answer recorded before sealing was turned on is read as it is.
 ///
