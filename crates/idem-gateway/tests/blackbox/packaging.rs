@@ -420,11 +420,20 @@ fn example_config_resolves_with_every_setting_uncommented() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("tenant-secret");
     std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
+    // A record key file must be its owner's alone.
+    let record_keys = dir.path().join("record.keys");
+    std::fs::write(&record_keys, format!("k1:{}\n", "ab".repeat(32))).unwrap();
+    std::fs::set_permissions(
+        &record_keys,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     // `admin_token` and `admin_token_file` are two ways to give one token, and never
     // both: the file form is left out here (its resolution has tests of its own). And
     // `upstream_ca` is refused with the example's http:// upstream (tested apart).
     let all = uncommented(&read_contrib("idem.toml"), false)
         .replace("/etc/idem/tenant-secret", secret.to_str().unwrap())
+        .replace("/etc/idem/record.keys", record_keys.to_str().unwrap())
         .lines()
         .filter(|l| !l.starts_with("admin_token_file") && !l.starts_with("upstream_ca"))
         .collect::<Vec<_>>()
