@@ -16,6 +16,10 @@
 //! `IDEM_LOAD_ONLY=memory,sqlite` runs only those stores (and pass-through), and
 //! `IDEM_LOAD_EXTRA=name=URL,...` adds stores under names of one's own, to compare
 //! settings in one run (`sqlite-off=sqlite://off.db?synchronous=off`, say).
+//! `IDEM_LOAD_PROTOCOL=h1,h2,tls` runs the whole load once per protocol the driver speaks
+//! to the gateway (HTTP/1.1, the default; HTTP/2 with prior knowledge; HTTP/2 over TLS
+//! with a certificate made for the run), idem's configurations only beyond HTTP/1.1, and
+//! ends with every run's ratios side by side.
 //! `IDEM_LOAD_UPSTREAM_US=200` makes the upstream spend that much CPU per request, as an
 //! API with work of its own does (default none: the harshest case, where the gateway's
 //! own cost is all there is); a list (`0,100,200`) runs the whole load once per value
@@ -40,6 +44,8 @@
 
 #[path = "load/others.rs"]
 mod others;
+#[path = "load/wire.rs"]
+mod wire;
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -49,11 +55,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use idem_test_support::cpu_time;
 use others::{Floor, Launch, Proxy};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
+use wire::{Proto, Wire};
 
 /// Keep-alive connections, unless `IDEM_LOAD_CONNECTIONS` says otherwise.
 const CONNECTIONS: usize = 64;
@@ -107,7 +113,7 @@ async fn upstream(work: Duration) -> SocketAddr {
 
 /// A configuration started for the run: a proxy the driver loads, or the floor.
 enum Running {
-    Proxy(Proxy),
+    Proxy(Proxy, Wire),
     Floor(Floor),
 }
 
@@ -157,7 +163,10 @@ async fn gateway(upstream: SocketAddr, extra: &[&str], dir: &std::path::Path) ->
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let addr = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(a) = line.strip_prefix("idem listening on http://") {
+            let listening = line
+                .strip_prefix("idem listening on http://")
+                .or_else(|| line.strip_prefix("idem listening on https://"));
+            if let Some(a) = listening {
                 return a.parse().unwrap();
             }
         }
@@ -175,24 +184,29 @@ async fn gateway(upstream: SocketAddr, extra: &[&str], dir: &std::path::Path) ->
 /// One connection's loop: POSTs with fresh keys until `stop`; latencies of the requests
 /// that started after `warm` was set.
 async fn connection(
+    wire: Wire,
     addr: SocketAddr,
     prefix: String,
     warm: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
 ) -> (Vec<Duration>, usize) {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.set_nodelay(true).unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut sender = wire.connect(addr).await;
+    // HTTP/2 names the authority in the URI (`:authority`), HTTP/1.1 in `Host`.
+    let uri = match wire.proto {
+        Proto::H1 => "/v1/charges",
+        Proto::H2 => "http://gateway/v1/charges",
+        Proto::Tls => "https://gateway/v1/charges",
+    };
     let mut latencies = Vec::with_capacity(16_384);
     let mut errors = 0;
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
         i += 1;
-        let req = http::Request::post("/v1/charges")
-            .header("host", "gateway")
+        let mut req = http::Request::post(uri);
+        if wire.proto == Proto::H1 {
+            req = req.header("host", "gateway");
+        }
+        let req = req
             .header("content-type", "application/json")
             .header("authorization", "Bearer sk_load")
             .header("idempotency-key", format!("{prefix}-{i}"))
@@ -203,7 +217,7 @@ async fn connection(
         if sender.ready().await.is_err() {
             break;
         }
-        let ok = match sender.send_request(req).await {
+        let ok = match sender.send(req).await {
             Ok(res) => {
                 let status = res.status();
                 res.into_body().collect().await.is_ok() && status == 201
@@ -220,7 +234,7 @@ async fn connection(
     (latencies, errors)
 }
 
-async fn run(name: &str, gw: &Proxy, connections: usize, secs: u64) -> Figures {
+async fn run(name: &str, gw: &Proxy, wire: &Wire, connections: usize, secs: u64) -> Figures {
     let addr = gw.addr;
     let warm = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
@@ -228,6 +242,7 @@ async fn run(name: &str, gw: &Proxy, connections: usize, secs: u64) -> Figures {
     let tasks: Vec<_> = (0..connections)
         .map(|c| {
             tokio::spawn(connection(
+                wire.clone(),
                 addr,
                 format!("{}-{c}", &run_id[..12]),
                 warm.clone(),
@@ -406,13 +421,23 @@ fn main() {
             }
         }
 
-        let mut by_work = Vec::new();
-        for &work in &works {
-            let ratios = load_run(&configs, work, connections, secs, rounds).await;
-            by_work.push((work, ratios));
+        // IDEM_LOAD_PROTOCOL=h1,h2,tls: the whole load once per protocol; the
+        // yardsticks speak HTTP/1.1 only, so they run with it alone.
+        let protos = Proto::list(&std::env::var("IDEM_LOAD_PROTOCOL").unwrap_or_default());
+        let mut by_run = Vec::new();
+        for &proto in &protos {
+            let these: Vec<(String, Launch)> = configs
+                .iter()
+                .filter(|(_, launch)| proto == Proto::H1 || matches!(launch, Launch::Idem(_)))
+                .cloned()
+                .collect();
+            for &work in &works {
+                let ratios = load_run(&these, proto, work, connections, secs, rounds).await;
+                by_run.push((proto, work, ratios));
+            }
         }
-        if by_work.len() > 1 {
-            print_by_work(&by_work);
+        if by_run.len() > 1 {
+            print_by_run(&by_run);
         }
     });
 }
@@ -426,6 +451,7 @@ type Ratios = Vec<(String, f64, f64, f64)>;
 /// and returns the ratios.
 async fn load_run(
     configs: &[(String, Launch)],
+    proto: Proto,
     work: Duration,
     connections: usize,
     secs: u64,
@@ -434,9 +460,11 @@ async fn load_run(
     let up = upstream(work).await;
     // A directory of its own per run: each run's SQLite files start empty.
     let dir = tempfile::tempdir().unwrap();
+    let (wire, wire_args) = Wire::new(proto, dir.path());
     println!(
-        "idem load run: {connections} connections, POST with a fresh key per request, \
+        "idem load run: {connections} {} connections, POST with a fresh key per request, \
          {rounds} rounds of {secs}s per configuration, upstream work {} us per request",
+        proto.name(),
         work.as_micros()
     );
     // Every gateway runs for the whole load run; the rounds interleave them so that
@@ -446,15 +474,16 @@ async fn load_run(
     for (name, launch) in configs {
         let running = match launch {
             Launch::Idem(args) => {
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                Running::Proxy(gateway(up, &args, dir.path()).await)
+                let args: Vec<&str> = args.iter().chain(&wire_args).map(String::as_str).collect();
+                Running::Proxy(gateway(up, &args, dir.path()).await, wire.clone())
             }
             Launch::Peer(bin, redis) => {
-                Running::Proxy(others::peer(bin, redis.as_deref(), up).await)
+                Running::Proxy(others::peer(bin, redis.as_deref(), up).await, Wire::h1())
             }
-            Launch::Nginx(bin, workers) => {
-                Running::Proxy(others::nginx(bin, *workers, up, dir.path()).await)
-            }
+            Launch::Nginx(bin, workers) => Running::Proxy(
+                others::nginx(bin, *workers, up, dir.path()).await,
+                Wire::h1(),
+            ),
             Launch::Floor(url) => Running::Floor(Floor::new(url, dir.path()).await),
         };
         gateways.push((name.as_str(), running));
@@ -471,7 +500,7 @@ async fn load_run(
             let (name, gw) = &gateways[i];
             settle().await;
             let f = match gw {
-                Running::Proxy(gw) => run(name, gw, connections, secs).await,
+                Running::Proxy(gw, wire) => run(name, gw, wire, connections, secs).await,
                 Running::Floor(floor) => floor_run(name, floor, connections, secs).await,
             };
             println!(
@@ -661,18 +690,29 @@ fn upstream_works(var: &str) -> Vec<Duration> {
     }
 }
 
-/// The ratios of every run side by side: a row per upstream work, a column per store.
-fn print_by_work(by_work: &[(Duration, Ratios)]) {
-    println!("ratios to pass-through by upstream work (median, lowest-highest):");
-    let names: Vec<&str> = by_work[0].1.iter().skip(1).map(|r| r.0.as_str()).collect();
-    let mut heading = format!("  {:<12}", "upstream us");
+/// The ratios of every run side by side: a row per protocol and upstream work, a column
+/// per configuration of idem's (the yardsticks ran over HTTP/1.1 only and are left out).
+fn print_by_run(by_run: &[(Proto, Duration, Ratios)]) {
+    println!("ratios to pass-through by protocol and upstream work (median, lowest-highest):");
+    let last = by_run.last().map(|r| &r.2);
+    let names: Vec<&str> = last
+        .into_iter()
+        .flatten()
+        .skip(1)
+        .map(|r| r.0.as_str())
+        .collect();
+    let mut heading = format!("  {:<16} {:<12}", "protocol", "upstream us");
     for name in &names {
         heading.push_str(&format!("  {name:<17}"));
     }
     println!("{}", heading.trim_end());
-    for (work, ratios) in by_work {
-        let mut row = format!("  {:<12}", work.as_micros());
-        for (_, ratio, lowest, highest) in ratios.iter().skip(1) {
+    for (proto, work, ratios) in by_run {
+        let mut row = format!("  {:<16} {:<12}", proto.name(), work.as_micros());
+        let ratios = ratios
+            .iter()
+            .skip(1)
+            .filter(|r| names.contains(&r.0.as_str()));
+        for (_, ratio, lowest, highest) in ratios {
             row.push_str(&format!(
                 "  {:<17}",
                 format!("{ratio:.2} ({lowest:.2}-{highest:.2})")
