@@ -80,6 +80,32 @@ pub(crate) struct Statements {
 pub(crate) const RECORD_COLUMNS: &str = "attempt, token, fingerprint, created_at, expires_at, state, \
                               lease_until, status, headers, body, completed_at";
 
+/// The `ON CONFLICT` clause of a reserve, the single-row one and the batched one
+/// alike: its `WHERE` is decide()'s Execute rows and nothing else (see
+/// [`Statements::for_table`]), with `now` the parameter holding the current time.
+pub(crate) fn reserve_takes(now: &str) -> String {
+    format!(
+        "ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
+                    fingerprint  = EXCLUDED.fingerprint,
+                    created_at   = CASE WHEN r.expires_at <= {now} THEN EXCLUDED.created_at
+                                        ELSE r.created_at END,
+                    expires_at   = CASE WHEN r.expires_at <= {now} THEN EXCLUDED.expires_at
+                                        ELSE GREATEST(r.expires_at, EXCLUDED.lease_until) END,
+                    attempt      = CASE WHEN r.expires_at <= {now} THEN 1
+                                        ELSE LEAST(r.attempt, 2147483646) + 1 END,
+                    token        = EXCLUDED.token,
+                    state        = 'in_progress',
+                    lease_until  = EXCLUDED.lease_until,
+                    status       = NULL,
+                    headers      = NULL,
+                    body         = NULL,
+                    completed_at = NULL
+                WHERE r.expires_at <= {now}
+                   OR (r.state = 'in_progress' AND r.lease_until <= {now}
+                       AND r.fingerprint = EXCLUDED.fingerprint)"
+    )
+}
+
 /// The scope's primary key, as parameters $1..$3.
 const BY_SCOPE: &str = "tenant = $1 AND endpoint = $2 AND idem_key = $3";
 
@@ -93,30 +119,14 @@ impl Statements {
         // expiry), or it is in progress, its lease lapsed, and the payload is the same
         // (take over as attempt n+1, keeping the creation time; expiry never before the
         // new lease ends). When the insert took nothing, the second half reads the row.
+        let take = reserve_takes("$5");
         let reserve = format!(
             "WITH ins AS (
                 INSERT INTO {t} AS r (tenant, endpoint, idem_key, fingerprint, created_at,
                                       expires_at, attempt, token, state, lease_until)
                 VALUES ($1, $2, $3, $4, $5::BIGINT, $6::BIGINT, 1, $7::BIGINT,
                         'in_progress', $8::BIGINT)
-                ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
-                    fingerprint  = EXCLUDED.fingerprint,
-                    created_at   = CASE WHEN r.expires_at <= $5 THEN EXCLUDED.created_at
-                                        ELSE r.created_at END,
-                    expires_at   = CASE WHEN r.expires_at <= $5 THEN EXCLUDED.expires_at
-                                        ELSE GREATEST(r.expires_at, EXCLUDED.lease_until) END,
-                    attempt      = CASE WHEN r.expires_at <= $5 THEN 1
-                                        ELSE LEAST(r.attempt, 2147483646) + 1 END,
-                    token        = EXCLUDED.token,
-                    state        = 'in_progress',
-                    lease_until  = EXCLUDED.lease_until,
-                    status       = NULL,
-                    headers      = NULL,
-                    body         = NULL,
-                    completed_at = NULL
-                WHERE r.expires_at <= $5
-                   OR (r.state = 'in_progress' AND r.lease_until <= $5
-                       AND r.fingerprint = EXCLUDED.fingerprint)
+                {take}
                 RETURNING {RECORD_COLUMNS}
             )
             SELECT TRUE AS acquired, {RECORD_COLUMNS} FROM ins

@@ -3,8 +3,10 @@
 //! (`n`, counted from 1).
 //!
 //! Each mirrors the single-row statement of [`Statements`](crate::statements::Statements)
-//! that it batches, row for row: the same `ON CONFLICT … WHERE` (decide()'s `Execute`
-//! rows), the same fencing. A change to one belongs in the other.
+//! that it batches, row for row. The reserve's `ON CONFLICT … WHERE` (decide()'s
+//! `Execute` rows) is one text for both ([`reserve_takes`](crate::statements::reserve_takes));
+//! the fencing of completes and releases is repeated, and a change to one belongs in the
+//! other.
 
 use std::sync::Arc;
 
@@ -37,6 +39,7 @@ impl BatchStatements {
         let ins = qualified("ins");
         let r = qualified("r");
         let row = qualified("t");
+        let take = crate::statements::reserve_takes("$8");
         let reserve = format!(
             "WITH input AS (
                 SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BYTEA[],
@@ -51,24 +54,7 @@ impl BatchStatements {
                        token, 'in_progress', lease_until
                   FROM input
                  ORDER BY tenant COLLATE \"C\", endpoint COLLATE \"C\", idem_key COLLATE \"C\"
-                ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
-                    fingerprint  = EXCLUDED.fingerprint,
-                    created_at   = CASE WHEN r.expires_at <= $8 THEN EXCLUDED.created_at
-                                        ELSE r.created_at END,
-                    expires_at   = CASE WHEN r.expires_at <= $8 THEN EXCLUDED.expires_at
-                                        ELSE GREATEST(r.expires_at, EXCLUDED.lease_until) END,
-                    attempt      = CASE WHEN r.expires_at <= $8 THEN 1
-                                        ELSE LEAST(r.attempt, 2147483646) + 1 END,
-                    token        = EXCLUDED.token,
-                    state        = 'in_progress',
-                    lease_until  = EXCLUDED.lease_until,
-                    status       = NULL,
-                    headers      = NULL,
-                    body         = NULL,
-                    completed_at = NULL
-                WHERE r.expires_at <= $8
-                   OR (r.state = 'in_progress' AND r.lease_until <= $8
-                       AND r.fingerprint = EXCLUDED.fingerprint)
+                {take}
                 RETURNING r.tenant, r.endpoint, r.idem_key, {r}
             )
             SELECT TRUE AS acquired, input.n, {ins}
