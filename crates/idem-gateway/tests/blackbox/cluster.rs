@@ -2,7 +2,7 @@
 //! two gateways execute once, and `wait` refuses, with 503 and nothing forwarded, a
 //! reservation too few replicas hold.
 
-use crate::common::{Gateway, Http, Upstream, new_key};
+use crate::common::{Gateway, Http, Proto, Upstream, new_key};
 use crate::shared::{duplicates_split_between_two_gateways_execute_once, on_shared, reachable};
 
 /// The Redis Cluster the tests of this process share (started on first use, or
@@ -29,7 +29,7 @@ async fn two_gateways_sharing_a_redis_cluster_execute_each_key_once() {
     let Some(url) = redis_cluster().await else {
         return;
     };
-    duplicates_split_between_two_gateways_execute_once(&url).await;
+    duplicates_split_between_two_gateways_execute_once(&url, Proto::Http1).await;
 }
 
 /// Each master of the shared cluster has one replica: `wait=1` answers, `wait=2`

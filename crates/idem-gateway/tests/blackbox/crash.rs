@@ -4,15 +4,15 @@
 
 use std::time::Duration;
 
-use crate::common::{Gateway, Http, Upstream, new_key, send_and_hang_up};
+use crate::common::{Gateway, Http, Upstream, new_key, over_both_protocols, send_and_hang_up};
 
 const SQLITE: [&str; 2] = ["--store", "sqlite://idem.db"];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_after_completion_then_restart_replays() {
+over_both_protocols! {
+async fn kill_9_after_completion_then_restart_replays(proto: Proto) {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let http = Http::new();
+    let http = Http::speaking(proto);
     let key = new_key();
     let gw = Gateway::start(&up.url(), dir.path(), &SQLITE).await;
     let first = http
@@ -31,12 +31,13 @@ async fn kill_9_after_completion_then_restart_replays() {
     assert_eq!(retry.header("location"), first.header("location"));
     assert_eq!(up.started(&key), 1);
 }
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_in_flight_is_409_until_the_lease_lapses_then_attempt_2_takes_over() {
+over_both_protocols! {
+async fn kill_9_in_flight_is_409_until_the_lease_lapses_then_attempt_2_takes_over(proto: Proto) {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let http = Http::new();
+    let http = Http::speaking(proto);
     let key = new_key();
     // The lease outlives a restart of the gateway on a loaded machine, so the first
     // request after it still finds the dead attempt's lease alive.
@@ -95,6 +96,7 @@ async fn kill_9_in_flight_is_409_until_the_lease_lapses_then_attempt_2_takes_ove
     let replay = http.post(&url, &key, "{}", &[]).await;
     assert!(replay.replayed());
     assert_eq!(replay.body, taken_over.body);
+}
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

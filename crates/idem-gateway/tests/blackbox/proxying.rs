@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::common::{Gateway, Http, Upstream, binary, new_key, read_message};
+use crate::common::{Gateway, Http, Upstream, binary, new_key, over_both_protocols, read_message};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwards_with_attempt_and_forwarded_headers_and_strips_hop_by_hop() {
@@ -154,8 +154,8 @@ async fn unreachable_upstream_is_502_and_releases_the_key() {
     assert_eq!(c.header("access-control-allow-credentials"), Some("true"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upstream_timeout_is_504_and_keeps_the_key_in_progress() {
+over_both_protocols! {
+async fn upstream_timeout_is_504_and_keeps_the_key_in_progress(proto: Proto) {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let gw = Gateway::start(
@@ -171,7 +171,7 @@ async fn upstream_timeout_is_504_and_keeps_the_key_in_progress() {
         ],
     )
     .await;
-    let http = Http::new();
+    let http = Http::speaking(proto);
     let key = new_key();
     let url = gw.url("/v1/charges");
     let a = http
@@ -198,6 +198,7 @@ async fn upstream_timeout_is_504_and_keeps_the_key_in_progress() {
     assert_eq!(rec.status, 200);
     assert_eq!(rec.json()["record"]["state"], "in_progress");
     assert_eq!(up.started(&key), 1);
+}
 }
 
 /// How [`breaking_upstream`] breaks a connection once it has read the request.
@@ -308,19 +309,19 @@ async fn breaking_upstream(
     (url, attempts, task)
 }
 
+over_both_protocols! {
 /// SPEC S7 at the proxy: a connection that breaks after the request was sent leaves the
 /// outcome unknown. The client hears 504, the key stays in progress (409) while the
 /// attempt's lease lives, and then a retry executes as attempt 2, whose answer is the
 /// one replayed. Whether the upstream hung up before answering or in the middle of its
 /// body makes no difference.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upstream_connection_lost_is_504_then_the_lease_decides() {
+async fn upstream_connection_lost_is_504_then_the_lease_decides(proto: Proto) {
     for how in [Break::Silently, Break::MidBody] {
         let (up, attempts, task) = breaking_upstream(how).await;
         let dir = tempfile::tempdir().unwrap();
         // The lease outlives the next request's round trip on a loaded machine.
         let gw = Gateway::start(&up, dir.path(), &["--store", "memory://", "--lease", "3s"]).await;
-        let http = Http::new();
+        let http = Http::speaking(proto);
         let key = new_key();
         let url = gw.url("/v1/charges");
 
@@ -346,6 +347,7 @@ async fn upstream_connection_lost_is_504_then_the_lease_decides() {
         assert_eq!(*attempts.lock().unwrap(), ["1", "2"], "{how:?}");
         task.abort();
     }
+}
 }
 
 /// A client that does not finish a request head within `--client-timeout` is
@@ -807,12 +809,12 @@ async fn namespaces_keep_apart_the_keys_of_apis_that_share_a_store() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_lets_in_flight_requests_finish_and_record() {
+over_both_protocols! {
+async fn sigterm_lets_in_flight_requests_finish_and_record(proto: Proto) {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let gw = Gateway::start(&up.url(), dir.path(), &["--store", "sqlite://idem.db"]).await;
-    let http = Http::new();
+    let http = Http::speaking(proto);
     let key = new_key();
     let url = gw.url("/v1/charges");
     let pending = {
@@ -844,6 +846,7 @@ async fn sigterm_lets_in_flight_requests_finish_and_record() {
     assert!(b.replayed(), "{b:?}");
     assert_eq!(b.body, a.body);
     assert_eq!(up.started(&key), 1);
+}
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::common::{Gateway, Http, Upstream, binary, new_key};
+use crate::common::{Gateway, Http, Upstream, binary, new_key, over_both_protocols};
 
 const K1: &str = "k1:1111111111111111111111111111111111111111111111111111111111111111";
 const K2: &str = "k2:2222222222222222222222222222222222222222222222222222222222222222";
@@ -43,11 +43,11 @@ const ARGS: [&str; 4] = [
     "record.keys",
 ];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sealed_answers_replay_rotate_and_refuse_without_their_key() {
+over_both_protocols! {
+async fn sealed_answers_replay_rotate_and_refuse_without_their_key(proto: Proto) {
     let dir = tempfile::tempdir().unwrap();
     let up = Upstream::start().await;
-    let http = Http::new();
+    let http = Http::speaking(proto);
     write_keys(dir.path(), &[K1], 0o600);
     let gw = Gateway::start(&up.url(), dir.path(), &ARGS).await;
     let old = new_key();
@@ -118,6 +118,7 @@ async fn sealed_answers_replay_rotate_and_refuse_without_their_key() {
     assert!(!logs.contains("1111111111"), "a key is in the log");
     gw.terminate().await;
 }
+}
 
 /// `idem serve` with `extra`, expected to refuse to start; its stderr.
 async fn refused_start(dir: &Path, extra: &[&str]) -> String {
@@ -162,8 +163,8 @@ async fn a_key_file_others_can_read_or_a_bad_line_stops_the_start() {
     assert!(e.contains("line 1") && !e.contains("nothex"), "{e}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_route_with_retry_hints_tells_sdks_whether_to_retry() {
+over_both_protocols! {
+async fn a_route_with_retry_hints_tells_sdks_whether_to_retry(proto: Proto) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("idem.toml"),
@@ -171,7 +172,7 @@ async fn a_route_with_retry_hints_tells_sdks_whether_to_retry() {
     )
     .unwrap();
     let up = Upstream::start().await;
-    let http = Http::new();
+    let http = Http::speaking(proto);
     let gw = Gateway::start(
         &up.url(),
         dir.path(),
@@ -227,4 +228,5 @@ async fn a_route_with_retry_hints_tells_sdks_whether_to_retry() {
     assert!(replay.replayed());
     assert_eq!(hints(&replay), (None, None));
     gw.terminate().await;
+}
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use idem_test_support::services::{postgres_url, redis_url};
 use idem_test_support::{Relay, service_addr, service_unavailable, url_via};
 
-use crate::common::{Gateway, Http, Upstream, binary, new_key};
+use crate::common::{Gateway, Http, Proto, Upstream, binary, new_key, over_both_protocols};
 
 const KEYS: usize = 500;
 
@@ -61,7 +61,10 @@ pub async fn reachable(kind: &str, url: &str) -> bool {
     }
 }
 
-pub async fn duplicates_split_between_two_gateways_execute_once(store_url: &str) {
+/// Two gateways on the store at `store_url`, every key sent to both at once by a client
+/// speaking `proto`: each key executes once, and every duplicate is answered from the
+/// record.
+pub async fn duplicates_split_between_two_gateways_execute_once(store_url: &str, proto: Proto) {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     // Started one after the other: each migrates the schema on start.
@@ -69,7 +72,7 @@ pub async fn duplicates_split_between_two_gateways_execute_once(store_url: &str)
     let b = Gateway::start(&up.url(), dir.path(), &on_shared(store_url, &[])).await;
     let urls = Arc::new([a.url("/v1/charges"), b.url("/v1/charges")]);
     let keys: Arc<Vec<String>> = Arc::new((0..KEYS).map(|_| new_key()).collect());
-    let http = Http::new();
+    let http = Http::speaking(proto);
     // Every key is sent twice at once, once to each gateway, 32 keys at a time.
     let sem = Arc::new(tokio::sync::Semaphore::new(32));
     let mut tasks = Vec::with_capacity(KEYS * 2);
@@ -122,20 +125,22 @@ pub async fn duplicates_split_between_two_gateways_execute_once(store_url: &str)
     assert_eq!(up.total(), KEYS);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_gateways_sharing_postgres_execute_each_key_once() {
+over_both_protocols! {
+async fn two_gateways_sharing_postgres_execute_each_key_once(proto: Proto) {
     let Some(url) = postgres().await else {
         return;
     };
-    duplicates_split_between_two_gateways_execute_once(&url).await;
+    duplicates_split_between_two_gateways_execute_once(&url, proto).await;
+}
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_gateways_sharing_redis_execute_each_key_once() {
+over_both_protocols! {
+async fn two_gateways_sharing_redis_execute_each_key_once(proto: Proto) {
     let Some(url) = redis().await else {
         return;
     };
-    duplicates_split_between_two_gateways_execute_once(&url).await;
+    duplicates_split_between_two_gateways_execute_once(&url, proto).await;
+}
 }
 
 async fn records_survive_kill_9(store_url: &str) {

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::{Gateway, Http, Upstream, new_key};
+use crate::common::{Gateway, Http, Upstream, new_key, over_both_protocols};
 
 /// `Basic alice:hunter2`, the credential a word list recovers from its plain hash.
 const ALICE: &str = "Basic alice:hunter2";
@@ -107,15 +107,15 @@ async fn stored_tenant_is_not_the_sha256_of_the_credential() {
     assert!(!logs.contains("hunter2"), "the credential reached the log");
 }
 
+over_both_protocols! {
 /// The secret the store generated on the first start names the tenant on every later
 /// one, and for a second gateway on the same file: a retry after a restart, or through
 /// the other gateway, replays.
-#[tokio::test]
-async fn gateways_on_one_store_and_restarts_agree_on_the_tenant() {
+async fn gateways_on_one_store_and_restarts_agree_on_the_tenant(proto: Proto) {
     let dir = tempfile::tempdir().unwrap();
     let store = sqlite_url(dir.path());
     let up = Upstream::start().await;
-    let http = Http::new();
+    let http = Http::speaking(proto);
     let key = new_key();
     let auth = [("authorization", ALICE)];
 
@@ -135,6 +135,7 @@ async fn gateways_on_one_store_and_restarts_agree_on_the_tenant() {
         assert_eq!(b.body, a.body);
     }
     assert_eq!(up.finished(&key), 1);
+}
 }
 
 /// With the operator's secret (`--tenant-secret-file`, `IDEM_TENANT_SECRET`), the
@@ -275,15 +276,15 @@ async fn unusable_tenant_secrets_stop_the_start() {
     }
 }
 
+over_both_protocols! {
 /// RFC 9110 §11.1: the auth-scheme is case-insensitive and followed by one or more
 /// spaces, so `bearer X`, `Bearer X` and `BEARER  X` are one client; the credential
 /// itself is exact, so `Bearer x` is another.
-#[tokio::test]
-async fn auth_scheme_case_and_spacing_name_one_tenant() {
+async fn auth_scheme_case_and_spacing_name_one_tenant(proto: Proto) {
     let dir = tempfile::tempdir().unwrap();
     let up = Upstream::start().await;
     let gw = Gateway::start(&up.url(), dir.path(), &["--store", "memory://"]).await;
-    let http = Http::new();
+    let http = Http::speaking(proto);
     let key = new_key();
     let url = gw.url("/v1/charges");
     let first = http
@@ -304,12 +305,13 @@ async fn auth_scheme_case_and_spacing_name_one_tenant() {
     assert!(!other.replayed(), "the credential's case matters");
     assert_eq!(up.finished(&key), 2);
 }
+}
 
+over_both_protocols! {
 /// `--tenant-header Authorization,Stripe-Account`: a platform key acting for two
 /// accounts is two tenants, each replaying its own; a request without the second
 /// header is a third.
-#[tokio::test]
-async fn several_tenant_headers_keep_accounts_apart() {
+async fn several_tenant_headers_keep_accounts_apart(proto: Proto) {
     let dir = tempfile::tempdir().unwrap();
     let up = Upstream::start().await;
     let gw = Gateway::start(
@@ -323,7 +325,7 @@ async fn several_tenant_headers_keep_accounts_apart() {
         ],
     )
     .await;
-    let http = Http::new();
+    let http = Http::speaking(proto);
     let key = new_key();
     let url = gw.url("/v1/charges");
     let platform = ("authorization", "Bearer sk_platform");
@@ -348,12 +350,13 @@ async fn several_tenant_headers_keep_accounts_apart() {
     assert!(!none.replayed(), "no account is a tenant of its own");
     assert_eq!(up.finished(&key), 3);
 }
+}
 
+over_both_protocols! {
 /// `--require-tenant`: a keyed request that carries none of the tenant headers is
 /// answered 401 `missing-tenant` with a challenge, and nothing is reserved or
 /// forwarded; one that carries any of them, and an unkeyed one, go through.
-#[tokio::test]
-async fn require_tenant_refuses_a_keyed_request_without_one() {
+async fn require_tenant_refuses_a_keyed_request_without_one(proto: Proto) {
     let dir = tempfile::tempdir().unwrap();
     let up = Upstream::start().await;
     let gw = Gateway::start(
@@ -368,7 +371,7 @@ async fn require_tenant_refuses_a_keyed_request_without_one() {
         ],
     )
     .await;
-    let http = Http::new();
+    let http = Http::speaking(proto);
     let key = new_key();
     let url = gw.url("/v1/charges");
     let refused = http.post(&url, &key, "{}", &[]).await;
@@ -394,6 +397,7 @@ async fn require_tenant_refuses_a_keyed_request_without_one() {
     let unkeyed = http.send("GET", &url, &[], "").await;
     assert_eq!(unkeyed.status, 201);
     assert_eq!(up.total(), 2);
+}
 }
 
 /// `idem keys show --tenant-credential-env` names the tenant as the gateway does,
