@@ -47,7 +47,7 @@ pub struct ServeArgs {
     pub listen: Option<String>,
 
     /// Record store: memory:// (memory://?max_entries=N), sqlite://FILE, postgres://…,
-    /// redis://… [default: sqlite://idem.db].
+    /// redis://… or redis+cluster://… [default: sqlite://idem.db].
     #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
     pub store: Option<String>,
 
