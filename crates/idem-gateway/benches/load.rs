@@ -89,12 +89,18 @@ impl Figures {
     }
 }
 
-/// The upstream: answers every request `201` with a small JSON body, after `work` of
-/// CPU time spent spinning (none by default), which stands for an API's own work per
-/// request.
+/// The upstream: reads the request body, then answers `201` with a small JSON body,
+/// after `work` of CPU time spent spinning (none by default), which stands for an
+/// API's own work per request.
+///
+/// It reads the body as an API does: a server that answers before the body has arrived
+/// and then closes the connection (what hyper does when a handler leaves the body
+/// unread) has the kernel reset it with the body unread, and that reset can destroy
+/// the answer on its way back, which the gateway then rightly reports as a connection
+/// lost after the request was sent.
 async fn upstream(work: Duration) -> SocketAddr {
     use axum::http::StatusCode;
-    let app = axum::Router::new().fallback(move || async move {
+    let app = axum::Router::new().fallback(move |_body: axum::body::Bytes| async move {
         let started = Instant::now();
         while started.elapsed() < work {
             std::hint::spin_loop();
