@@ -36,6 +36,26 @@ impl Proxy {
     }
 }
 
+impl Drop for Proxy {
+    /// Stops the proxy's workers too: nginx's workers outlive a master killed with
+    /// SIGKILL, holding the port, and a live master starts a new worker for each one
+    /// killed; so the master goes first, then the workers it had.
+    fn drop(&mut self) {
+        let Some(pid) = self.child.id() else {
+            return;
+        };
+        if self.with_children {
+            let workers = children(pid);
+            let _ = self.child.start_kill();
+            for worker in workers {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", &worker.to_string()])
+                    .status();
+            }
+        }
+    }
+}
+
 /// The processes whose parent is `pid` (Linux; none elsewhere).
 fn children(pid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
