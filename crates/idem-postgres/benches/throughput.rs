@@ -1,6 +1,6 @@
 //! Reserve + complete per second through `PgStore` at 1 and 64 concurrent callers,
-//! next to the server's own figure for the same two writes driven by `pgbench` in the
-//! same run, and the ratio.
+//! batched (the default) and with batching off, next to the server's own figure for the
+//! same two writes driven by `pgbench` in the same run, and the ratios.
 //!
 //! `cargo bench -p idem-postgres --bench throughput`. Reads `IDEM_TEST_POSTGRES_URL`
 //! (default `postgres://postgres@127.0.0.1:5432/test`); `IDEM_BENCH_SECONDS` sets the
@@ -77,25 +77,30 @@ async fn run() {
         round.as_secs()
     );
     println!(
-        "{:>8} {:>14} {:>14} {:>8}",
-        "callers", "PgStore", "pgbench", "ratio"
+        "{:>8} {:>14} {:>14} {:>14} {:>8} {:>8}",
+        "callers", "PgStore", "unbatched", "pgbench", "ratio", "unbatched"
     );
     for callers in CALLERS {
-        let store = PgStore::options()
-            .table(&store_table)
-            .max_connections(callers as u32)
-            .acquire_timeout(Duration::from_secs(30))
-            .migrate(false)
-            .connect(&url)
-            .await
-            .expect("bench store");
-        let _ = store_round(&store, callers, Duration::from_secs(1)).await;
-        let mut ours = Vec::new();
-        for _ in 0..ROUNDS {
-            ours.push(store_round(&store, callers, round).await);
+        let mut figures = [0.0; 2];
+        for (figure, batching) in figures.iter_mut().zip([true, false]) {
+            let store = PgStore::options()
+                .table(&store_table)
+                .max_connections(callers as u32)
+                .acquire_timeout(Duration::from_secs(30))
+                .batching(batching)
+                .migrate(false)
+                .connect(&url)
+                .await
+                .expect("bench store");
+            let _ = store_round(&store, callers, Duration::from_secs(1)).await;
+            let mut runs = Vec::new();
+            for _ in 0..ROUNDS {
+                runs.push(store_round(&store, callers, round).await);
+            }
+            store.pool().close().await;
+            *figure = median(runs);
         }
-        store.pool().close().await;
-        let ours = median(ours);
+        let [ours, unbatched] = figures;
 
         let theirs = if have_pgbench {
             let _ = pgbench(&url, &script, callers, 1);
@@ -107,8 +112,15 @@ async fn run() {
             None
         };
         match theirs {
-            Some(t) => println!("{callers:>8} {ours:>14.0} {t:>14.0} {:>7.2}x", ours / t),
-            None => println!("{callers:>8} {ours:>14.0} {:>14} {:>8}", "n/a", "n/a"),
+            Some(t) => println!(
+                "{callers:>8} {ours:>14.0} {unbatched:>14.0} {t:>14.0} {:>7.2}x {:>7.2}x",
+                ours / t,
+                unbatched / t
+            ),
+            None => println!(
+                "{callers:>8} {ours:>14.0} {unbatched:>14.0} {:>14} {:>8} {:>8}",
+                "n/a", "n/a", "n/a"
+            ),
         }
     }
     if !have_pgbench {
