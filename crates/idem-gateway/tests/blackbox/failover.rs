@@ -39,13 +39,14 @@ struct Outcome {
 }
 
 async fn fail_a_master_over(wait: bool) -> Option<Outcome> {
-    let cluster = match tokio::task::spawn_blocking(|| RedisCluster::start(3, REPLICAS, NODE_TIMEOUT))
-        .await
-        .unwrap()
-    {
-        Ok(cluster) => cluster,
-        Err(e) => return service_unavailable("Redis Cluster", "127.0.0.1", &e),
-    };
+    let cluster =
+        match tokio::task::spawn_blocking(|| RedisCluster::start(3, REPLICAS, NODE_TIMEOUT))
+            .await
+            .unwrap()
+        {
+            Ok(cluster) => cluster,
+            Err(e) => return service_unavailable("Redis Cluster", "127.0.0.1", &e),
+        };
     let url = if wait {
         with(&cluster.url(), "wait=1&wait_timeout=1s")
     } else {
