@@ -63,6 +63,7 @@ mod batch;
 mod durability;
 mod error;
 mod handoff;
+mod listen;
 mod open;
 mod options;
 pub mod schema;
