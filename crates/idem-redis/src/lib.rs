@@ -151,6 +151,7 @@ mod purge;
 mod record;
 mod replication;
 mod store;
+mod subscribe;
 mod target;
 
 pub use builder::RedisStoreBuilder;

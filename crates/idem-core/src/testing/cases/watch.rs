@@ -1,5 +1,9 @@
 //! What a duplicate waiting for an attempt hears (SPEC S15): a watch made before a
 //! completion, a release or a removal fires after it, and only for its own scope.
+//!
+//! A store that cannot tell (its [`Store::watch`] is [`Watch::poll`], as on a Redis
+//! Cluster) has its waiters poll; for it these cases check only what the reserve after
+//! the change answers.
 
 use std::future::Future;
 use std::pin::pin;
@@ -8,15 +12,14 @@ use std::task::{Context, Poll, Waker};
 use super::*;
 use crate::Watch;
 
-/// Long enough for a notification to cross a loaded shared server; a store that never
-/// notifies fails here rather than hanging.
+/// Long enough for a notification to cross a loaded shared server; a store whose watch
+/// never fires fails here rather than hanging.
 const HEARD_WITHIN: Duration = Duration::from_secs(10);
 
 async fn heard(watch: Watch, what: &str) {
-    assert!(
-        watch.notifies(),
-        "the store's watch polls: it cannot tell when a record is {what}"
-    );
+    if !watch.notifies() {
+        return;
+    }
     tokio::time::timeout(HEARD_WITHIN, watch)
         .await
         .unwrap_or_else(|_| panic!("no watch fired within {HEARD_WITHIN:?} of a record {what}"));
@@ -81,7 +84,10 @@ pub async fn watch_fires_for_its_own_scope_only<S: Store>(store: S, _clock: Manu
     store.complete(&la, &response()).await.expect("complete a");
     heard(watch_a, "completed").await;
     // Notifications of one store arrive in the order it sent them.
-    assert!(!fired_yet(&mut watch_b), "b's watch fired for a's completion");
+    assert!(
+        !watch_b.notifies() || !fired_yet(&mut watch_b),
+        "b's watch fired for a's completion"
+    );
     store.complete(&lb, &response()).await.expect("complete b");
     heard(watch_b, "completed").await;
 }
