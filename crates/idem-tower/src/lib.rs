@@ -252,6 +252,7 @@ mod settle;
 mod shared;
 mod spelling;
 mod tenant;
+mod wait;
 
 pub use body::IdempotencyBody;
 pub use config::{
@@ -273,6 +274,7 @@ pub use replay::{IDEMPOTENT_REPLAYED, STRIPE_SHOULD_RETRY, X_SHOULD_RETRY};
 pub use service::Idempotency;
 pub use spelling::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use tenant::TenantHeaders;
+pub use wait::{DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS, PREFERENCE_APPLIED};
 
 /// The error type the layer's bounds convert inner errors into.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
