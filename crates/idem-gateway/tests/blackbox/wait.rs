@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{Answer, Gateway, Http, Upstream, new_key};
+use crate::common::{Answer, Gateway, Http, Upstream, new_key, send_and_hang_up};
 use crate::shared::{on_shared, postgres, redis};
 
 const BODY: &str = r#"{"amount":100}"#;
@@ -303,4 +303,43 @@ async fn wake_up_latency_across_instances() {
             lat[lat.len() - 1]
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_client_hangs_up_frees_its_slot() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let g = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &["--store", "memory://", "--max-waiters", "1"],
+    )
+    .await;
+    let key = new_key();
+    let http = Http::new();
+    let first = tokio::spawn({
+        let (http, url, key) = (http.clone(), g.url("/v1/charges"), key.clone());
+        async move {
+            http.post(&url, &key, BODY, &[("x-test-delay-ms", "2000")])
+                .await
+        }
+    });
+    while up.started(&key) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The only slot, taken by a client that goes away while it waits.
+    let raw = format!(
+        "POST /v1/charges HTTP/1.1\r\nhost: {}\r\nidempotency-key: {key}\r\n\
+         content-type: application/json\r\nprefer: wait=10\r\ncontent-length: {}\r\n\r\n{BODY}",
+        g.addr,
+        BODY.len()
+    );
+    send_and_hang_up(g.addr, &raw, Duration::from_millis(300)).await;
+    let dup = http
+        .post(&g.url("/v1/charges"), &key, BODY, &[("prefer", "wait=10")])
+        .await;
+    let first = first.await.unwrap();
+    assert!(dup.replayed(), "the slot was freed: {dup:?}");
+    assert_eq!(dup.body, first.body);
+    assert_eq!(up.started(&key), 1);
 }
