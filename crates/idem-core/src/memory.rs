@@ -10,9 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::{
-    ChangeHub, Decision, Lease, Record, RecordState, Reservation, ReserveRequest, Result, Scope, SharedClock,
-    Store, StoreError, StoreMetric, StoredResponse, SystemClock, Timestamp, Watch, decide,
-    record::FencingToken,
+    ChangeHub, Decision, Lease, Record, RecordState, Reservation, ReserveRequest, Result, Scope,
+    SharedClock, Store, StoreError, StoreMetric, StoredResponse, SystemClock, Timestamp, Watch,
+    decide, record::FencingToken,
 };
 
 /// The default bound on [`MemoryStore`] entries.

@@ -97,7 +97,10 @@ impl RedisStoreBuilder {
         } else {
             let client = Client::open(target.nodes[0].as_str())?;
             subscriber = tokio::runtime::Handle::try_current().is_ok().then(|| {
-                Arc::new(Subscriber::spawn(client.clone(), subscribe::channel(&self.prefix)))
+                Arc::new(Subscriber::spawn(
+                    client.clone(),
+                    subscribe::channel(&self.prefix),
+                ))
             });
             // One quick retry, then fail: the caller answers 503 and its client retries,
             // which beats holding requests while the server is away. The next operation

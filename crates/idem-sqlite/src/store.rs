@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::codec::encode_headers;
 use idem_core::{
-    ChangeHub, Lease, Record, Reservation, ReserveRequest, Scope, SharedClock, Store, StoreError, StoreMetric,
-    StoredResponse, Watch, duration_millis,
+    ChangeHub, Lease, Record, Reservation, ReserveRequest, Scope, SharedClock, Store, StoreError,
+    StoreMetric, StoredResponse, Watch, duration_millis,
 };
 use sqlx::sqlite::SqlitePool;
 use sqlx::{AssertSqlSafe, SqliteConnection};

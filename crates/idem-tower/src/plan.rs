@@ -189,7 +189,11 @@ impl Plan {
                 retry_hints: route.retry_hints.unwrap_or(config.retry_hints),
                 wait: Wait::new(
                     // gRPC has no `Prefer`; a route's default wait applies to it.
-                    if grpc_call { None } else { preferred_wait(&parts.headers) },
+                    if grpc_call {
+                        None
+                    } else {
+                        preferred_wait(&parts.headers)
+                    },
                     route.conflict_wait.unwrap_or(config.conflict_wait),
                     config.max_wait,
                     lease,

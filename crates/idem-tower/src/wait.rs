@@ -249,7 +249,11 @@ mod tests {
         assert_eq!(wait(Some(100), 0, 30, 60), Some(30));
         assert_eq!(wait(Some(100), 0, 300, 60), Some(60));
         assert_eq!(wait(None, 5, 30, 60), Some(5));
-        assert_eq!(wait(Some(0), 5, 30, 60), None, "wait=0 overrides the default");
+        assert_eq!(
+            wait(Some(0), 5, 30, 60),
+            None,
+            "wait=0 overrides the default"
+        );
         assert_eq!(wait(None, 0, 30, 60), None);
         assert_eq!(
             Wait::new(Some(3), s(0), s(30), s(60)).unwrap().applied(),

@@ -86,7 +86,11 @@ async fn release_wakes_the_waiter_which_executes(a: &Gateway, b: &Gateway, up: &
     assert_eq!(first.status, 503, "{first:?}");
     assert_eq!(dup.status, 201, "the waiter executed: {dup:?}");
     assert!(!dup.replayed(), "{dup:?}");
-    assert_eq!(dup.header("preference-applied"), None, "an execution, not a replay");
+    assert_eq!(
+        dup.header("preference-applied"),
+        None,
+        "an execution, not a replay"
+    );
     assert_eq!(up.started(&key), 2, "the waiter ran as the next attempt");
 }
 
@@ -181,7 +185,10 @@ async fn duplicates_beyond_max_waiters_and_max_wait_get_409_at_once() {
         )
         .await;
         assert_eq!(dup.status, 409, "{args:?}: {dup:?}");
-        assert_eq!(dup.problem_type(), "https://idem.dev/problems/request-in-progress");
+        assert_eq!(
+            dup.problem_type(),
+            "https://idem.dev/problems/request-in-progress"
+        );
         assert_eq!(first.status, 201);
         assert_eq!(up.started(&key), 1);
     }
