@@ -44,6 +44,10 @@ use crate::{BoxError, IdempotencyBody};
     clippy::manual_async_fn,
     reason = "an async fn would hold its arguments twice in its state"
 )]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "each is moved into the future once; a struct of them would only be unpacked again"
+)]
 pub(crate) fn execute<S, St, ReqBody, ResBody>(
     shared: Arc<Shared<St>>,
     inner: S,
