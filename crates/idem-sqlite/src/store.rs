@@ -38,6 +38,10 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
 /// meanwhile in one transaction; each caller is answered once that transaction has
 /// committed. Reads (`get`, `ping`) use the pool. The writer ends, closing its
 /// connection, when the last clone is dropped.
+///
+/// Its [`Store::watch`]es fire on its own (and its clones') completions, releases and
+/// removals, in process (SPEC S15); another process writing the same file is not heard,
+/// and a duplicate waiting on that process's attempt finds the answer by polling.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pub(crate) pool: SqlitePool,
