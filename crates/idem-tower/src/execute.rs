@@ -82,6 +82,7 @@ where
             // Boxed: a rare path, kept out of every keyed request's future.
             reserved = Box::pin(wait_for(
                 store,
+                observer,
                 &request,
                 wait.within,
                 watch,

@@ -17,6 +17,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use idem_core::{Reservation, ReserveRequest, Store};
 use tokio::time::Instant;
 
+use crate::policy::{Observer, timed};
+
 /// The header that says which preference was honoured (RFC 7240 §3).
 pub const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
 
@@ -175,6 +177,7 @@ impl Drop for WaiterSlot {
 /// anything reserved.
 pub(crate) async fn wait_for<St: Store + ?Sized>(
     store: &St,
+    observer: &dyn Observer,
     request: &ReserveRequest,
     within: Duration,
     mut watch: idem_core::Watch,
@@ -203,7 +206,7 @@ pub(crate) async fn wait_for<St: Store + ?Sized>(
         }
         parked.store(false, Ordering::Release);
         watch = store.watch(&request.scope);
-        last = store.reserve(request).await;
+        last = timed(observer, "reserve", store.reserve(request)).await;
         if !matches!(last, Ok(Reservation::InProgress { .. })) {
             return last;
         }
