@@ -31,7 +31,7 @@ use crate::replay::{refuse, rendered};
 use crate::settle::{KeyWrite, settle, stored_response};
 use crate::shared::Shared;
 use crate::spelling::restore_sent_method;
-use crate::wait::{PREFERENCE_APPLIED, wait_for};
+use crate::wait::{Observed, PREFERENCE_APPLIED, wait_for};
 use crate::{BoxError, IdempotencyBody};
 
 /// SPEC S5's stages 2 to 4 for one keyed request whose body is in hand; counted in
@@ -79,6 +79,7 @@ where
             (answers.wait, watch, &reserved)
             && let Some(slot) = config.waiters.enter()
         {
+            let observed = Observed::start(observer);
             // Boxed: a rare path, kept out of every keyed request's future.
             reserved = Box::pin(wait_for(
                 store,
@@ -90,6 +91,7 @@ where
                 &parked,
             ))
             .await;
+            observed.ended(&reserved);
             drop(slot);
             applied = wait.applied();
         }

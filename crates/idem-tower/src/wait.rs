@@ -169,6 +169,39 @@ impl Drop for WaiterSlot {
     }
 }
 
+/// Tells the observer that a wait started, and when dropped how it ended:
+/// `abandoned` unless [`ended`](Self::ended) said otherwise.
+pub(crate) struct Observed<'a> {
+    observer: &'a dyn Observer,
+    ended: &'static str,
+}
+
+impl<'a> Observed<'a> {
+    pub(crate) fn start(observer: &'a dyn Observer) -> Observed<'a> {
+        observer.wait_started();
+        Observed {
+            observer,
+            ended: "abandoned",
+        }
+    }
+
+    /// Records how the wait ended, from the reservation it ended with.
+    pub(crate) fn ended(mut self, reserved: &idem_core::Result<Reservation>) {
+        self.ended = match reserved {
+            Ok(Reservation::Replay(_)) => "replay",
+            Ok(Reservation::Acquired(_)) => "execute",
+            Ok(Reservation::InProgress { .. }) => "timeout",
+            _ => "other",
+        };
+    }
+}
+
+impl Drop for Observed<'_> {
+    fn drop(&mut self) {
+        self.observer.wait_ended(self.ended);
+    }
+}
+
 /// Waits up to `within` for the attempt holding `request`'s key to end, reserving again
 /// after each wake or poll, and returns the first reservation that is not in progress
 /// (or the last one, in progress, when the time is up). `watch` was made before the

@@ -98,9 +98,29 @@ async fn release_wakes_the_waiter_which_executes(a: &Gateway, b: &Gateway, up: &
 async fn waiting_duplicate_gets_the_first_answer_on_one_gateway() {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let g = Gateway::start(&up.url(), dir.path(), &["--store", "memory://"]).await;
+    let g = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &["--store", "memory://", "--admin", "127.0.0.1:0"],
+    )
+    .await;
     duplicate_waits_for_the_first_answer(&g, &g, &up).await;
     release_wakes_the_waiter_which_executes(&g, &g, &up).await;
+    let m = Http::new()
+        .send("GET", &g.admin_url("/metrics"), &[], "")
+        .await;
+    let text = String::from_utf8(m.body.to_vec()).unwrap();
+    for line in [
+        "idem_waiting_requests 0",
+        "idem_waits_total{ended=\"replay\"} 1",
+        "idem_waits_total{ended=\"execute\"} 1",
+        "idem_waits_total{ended=\"timeout\"} 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -319,7 +339,14 @@ async fn a_waiter_whose_client_hangs_up_frees_its_slot() {
     let g = Gateway::start(
         &up.url(),
         dir.path(),
-        &["--store", "memory://", "--max-waiters", "1"],
+        &[
+            "--store",
+            "memory://",
+            "--max-waiters",
+            "1",
+            "--admin",
+            "127.0.0.1:0",
+        ],
     )
     .await;
     let key = new_key();
@@ -349,4 +376,16 @@ async fn a_waiter_whose_client_hangs_up_frees_its_slot() {
     assert!(dup.replayed(), "the slot was freed: {dup:?}");
     assert_eq!(dup.body, first.body);
     assert_eq!(up.started(&key), 1);
+    let m = http.send("GET", &g.admin_url("/metrics"), &[], "").await;
+    let text = String::from_utf8(m.body.to_vec()).unwrap();
+    for line in [
+        "idem_waiting_requests 0",
+        "idem_waits_total{ended=\"abandoned\"} 1",
+        "idem_waits_total{ended=\"replay\"} 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
 }
