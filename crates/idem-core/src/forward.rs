@@ -8,6 +8,7 @@ use async_trait::async_trait;
 
 use crate::{
     Lease, Record, Reservation, ReserveRequest, Result, Scope, Store, StoreMetric, StoredResponse,
+    Watch,
 };
 
 /// A value that passes every [`Store`] operation on to another store, and so is a
@@ -115,6 +116,13 @@ impl<F: Forward> Store for F {
 
     fn expires_natively(&self) -> bool {
         self.forward_expires_natively()
+    }
+
+    /// The target's watch; [`Watch::poll`] without one.
+    fn watch(&self, scope: &Scope) -> Watch {
+        self.target()
+            .map(|store| store.watch(scope))
+            .unwrap_or_else(|_| Watch::poll())
     }
 }
 

@@ -77,6 +77,7 @@ mod tenant;
 pub mod testing;
 #[cfg(feature = "tokio")]
 mod unconfirmed;
+mod watch;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp, duration_millis};
 pub use decision::{Decision, Reservation, decide};
@@ -107,3 +108,4 @@ pub use unconfirmed::{
     MAX_UNCONFIRMED_RELEASES, UNCONFIRMED_RELEASE_PAUSES, release_unconfirmed,
     release_unconfirmed_with,
 };
+pub use watch::{ChangeHub, Watch};

@@ -10,9 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::{
-    Decision, Lease, Record, RecordState, Reservation, ReserveRequest, Result, Scope, SharedClock,
-    Store, StoreError, StoreMetric, StoredResponse, SystemClock, Timestamp, decide,
-    record::FencingToken,
+    ChangeHub, Decision, Lease, Record, RecordState, Reservation, ReserveRequest, Result, Scope,
+    SharedClock, Store, StoreError, StoreMetric, StoredResponse, SystemClock, Timestamp, Watch,
+    decide, record::FencingToken,
 };
 
 /// The default bound on [`MemoryStore`] entries.
@@ -49,6 +49,8 @@ const MIN_SHARD_ENTRIES: usize = 1024;
 pub struct MemoryStore {
     shards: Arc<Shards>,
     clock: SharedClock,
+    /// The watches of duplicates waiting for an attempt (SPEC S15).
+    changes: ChangeHub,
 }
 
 #[derive(Debug)]
@@ -216,6 +218,7 @@ impl MemoryStore {
         MemoryStore {
             shards: Arc::new(Shards::new(DEFAULT_MAX_ENTRIES)),
             clock,
+            changes: ChangeHub::new(),
         }
     }
 
@@ -233,6 +236,7 @@ impl MemoryStore {
         MemoryStore {
             shards: Arc::new(shards),
             clock: self.clock,
+            changes: self.changes,
         }
     }
 
@@ -258,6 +262,10 @@ impl MemoryStore {
 
 #[async_trait]
 impl Store for MemoryStore {
+    fn watch(&self, scope: &Scope) -> Watch {
+        self.changes.watch(scope)
+    }
+
     async fn reserve(&self, req: &ReserveRequest) -> Result<Reservation> {
         let now = self.clock.now();
         let (mut inner, bound) = self.lock(&req.scope);
@@ -309,17 +317,20 @@ impl Store for MemoryStore {
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<()> {
         let now = self.clock.now();
-        let (mut inner, _) = self.lock(&lease.scope);
-        let record = inner.fenced(lease, now)?;
-        if record.is_completed() {
-            return Ok(());
+        {
+            let (mut inner, _) = self.lock(&lease.scope);
+            let record = inner.fenced(lease, now)?;
+            if record.is_completed() {
+                return Ok(());
+            }
+            record.state = RecordState::Completed {
+                response: response.clone(),
+                completed_at: now,
+            };
+            let expires_at = lease.completed_expires_at(record.created_at, record.expires_at);
+            inner.set_expiry(&lease.scope, expires_at);
         }
-        record.state = RecordState::Completed {
-            response: response.clone(),
-            completed_at: now,
-        };
-        let expires_at = lease.completed_expires_at(record.created_at, record.expires_at);
-        inner.set_expiry(&lease.scope, expires_at);
+        self.changes.notify(&lease.scope);
         Ok(())
     }
 
@@ -338,12 +349,15 @@ impl Store for MemoryStore {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let now = self.clock.now();
-        let (mut inner, _) = self.lock(&lease.scope);
-        let record = inner.fenced(lease, now)?;
-        if record.is_completed() {
-            return Err(StoreError::Fenced);
+        {
+            let (mut inner, _) = self.lock(&lease.scope);
+            let record = inner.fenced(lease, now)?;
+            if record.is_completed() {
+                return Err(StoreError::Fenced);
+            }
+            inner.remove(&lease.scope);
         }
-        inner.remove(&lease.scope);
+        self.changes.notify(&lease.scope);
         Ok(())
     }
 
@@ -352,7 +366,11 @@ impl Store for MemoryStore {
     }
 
     async fn remove(&self, scope: &Scope) -> Result<bool> {
-        Ok(self.lock(scope).0.remove(scope).is_some())
+        let removed = self.lock(scope).0.remove(scope).is_some();
+        if removed {
+            self.changes.notify(scope);
+        }
+        Ok(removed)
     }
 
     /// Purges what one map would: the `limit` records that expired first, ties in scope

@@ -167,6 +167,10 @@ impl<S: Store> Store for Sealed<S> {
     fn expires_natively(&self) -> bool {
         self.inner.expires_natively()
     }
+
+    fn watch(&self, scope: &Scope) -> crate::Watch {
+        self.inner.watch(scope)
+    }
 }
 
 impl<S> std::fmt::Debug for Sealed<S> {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Lease, Record, Reservation, ReserveRequest, Scope, StoredResponse};
+use crate::{Lease, Record, Reservation, ReserveRequest, Scope, StoredResponse, Watch};
 
 /// What can go wrong in a store. Middleware maps every variant but `Fenced` and
 /// `Sealed` to a fail-closed 503 with `Retry-After` (SPEC S10).
@@ -171,6 +171,20 @@ pub trait Store: Send + Sync + 'static {
     /// a sweeper over such a store would only cost it work. `false`, by default.
     fn expires_natively(&self) -> bool {
         false
+    }
+
+    /// A [`Watch`] that fires once this store sees the scope's record completed,
+    /// released or removed, by this process or (for a shared store) by another
+    /// instance: what a duplicate waiting for an in-progress attempt awaits (SPEC S15)
+    /// before it reserves again. Make it before that reserve, so that a change in
+    /// between is not missed.
+    ///
+    /// A wake is only a hint; the reserve after it decides. The default,
+    /// [`Watch::poll`], never fires, and the waiter polls at a backoff: right for a
+    /// store that cannot tell, or cannot now (its notification channel is down).
+    fn watch(&self, scope: &Scope) -> Watch {
+        let _ = scope;
+        Watch::poll()
     }
 }
 

@@ -99,6 +99,10 @@ pub struct GatewayConfig {
     pub ttl: Duration,
     /// Attempt lease.
     pub lease: Duration,
+    /// The longest a duplicate waits for an in-progress attempt (SPEC S15).
+    pub max_wait: Duration,
+    /// The most duplicates that wait at once.
+    pub max_waiters: usize,
     /// Upstream timeout.
     pub upstream_timeout: Duration,
     /// The HTTP spoken to the upstream.
@@ -185,6 +189,8 @@ impl GatewayConfig {
             require_key,
             ttl,
             lease,
+            max_wait,
+            max_waiters,
             upstream_timeout,
             upstream_protocol,
             upstream_ca,
@@ -280,6 +286,8 @@ impl GatewayConfig {
             require_key,
             ttl: ttl.unwrap_or(DEFAULT_TTL),
             lease: lease.unwrap_or(DEFAULT_LEASE),
+            max_wait: max_wait.unwrap_or(idem_tower::DEFAULT_MAX_WAIT),
+            max_waiters: max_waiters.unwrap_or(idem_tower::DEFAULT_MAX_WAITERS),
             upstream_timeout,
             upstream_protocol: upstream_protocol.unwrap_or_default(),
             upstream_tls,
@@ -465,7 +473,11 @@ fn compile_route(
         store_headers,
         release_statuses,
     )
-    .map(|route| route.retry_hints(rule.retry_hints))
+    .map(|route| {
+        route
+            .retry_hints(rule.retry_hints)
+            .conflict_wait(rule.conflict_wait)
+    })
     .map_err(|e| invalid(&name, e))?;
     Ok(match grpc_release_codes {
         Some(codes) => route.with_grpc_release_codes(codes),

@@ -168,6 +168,9 @@ pub struct Route {
     /// Whether replays and conflicts carry retry hints on this route
     /// ([`RouteConfig::retry_hints`]); `None` leaves them off.
     pub retry_hints: Option<bool>,
+    /// How long a duplicate of an in-progress request waits on this route without
+    /// `Prefer: wait` ([`RouteConfig::conflict_wait`]); `None`: no wait.
+    pub conflict_wait: Option<Duration>,
     fingerprint: FingerprintOptions,
     /// What the layer applies to a request that matches, made from the fields above.
     compiled: RouteConfig,
@@ -213,6 +216,7 @@ impl Route {
             release_statuses,
             grpc_release_codes: None,
             retry_hints: None,
+            conflict_wait: None,
             fingerprint,
             compiled,
         })
@@ -230,6 +234,16 @@ impl Route {
         self.retry_hints = hints;
         if let Some(hints) = hints {
             self.compiled = self.compiled.retry_hints(hints);
+        }
+        self
+    }
+
+    /// This rule, with duplicates of an in-progress request waiting up to `wait` for
+    /// its answer when they send no `Prefer: wait` (`None`: the layer's, no wait).
+    pub fn conflict_wait(mut self, wait: Option<Duration>) -> Route {
+        self.conflict_wait = wait;
+        if let Some(wait) = wait {
+            self.compiled = self.compiled.conflict_wait(wait);
         }
         self
     }

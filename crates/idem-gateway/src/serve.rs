@@ -145,6 +145,8 @@ pub fn idempotency_layer(
         .response_limit(config.response_limit)
         .ttl(config.ttl)
         .lease(config.lease)
+        .max_wait(config.max_wait)
+        .max_waiters(config.max_waiters)
         .release_statuses(config.release_statuses.iter())
         .grpc_release_codes(config.grpc_release_codes.clone())
         // The inner service is the proxy: a replay's `GET <reference>` goes upstream.

@@ -20,6 +20,11 @@
 //!   it in the background (SPEC S8).
 //! - **Embedded migration.** The table and its indexes are created on connect; see
 //!   [`schema`] for the index design.
+//! - **Waiting duplicates hear of completions.** Triggers on the table (migration 3)
+//!   `NOTIFY` [`schema::NOTIFY_CHANNEL`] when an in-progress record is completed or
+//!   released, whatever path wrote it; each store keeps one `LISTEN` connection of its
+//!   own, outside its pool, that fires its [`Store::watch`](idem_core::Store::watch)es
+//!   (SPEC S15; [`PgStore::listening`]). While it is down, watches poll.
 //! - **Fail closed.** Connection errors, pool timeouts and a server that stops answering
 //!   are [`idem_core::StoreError::Unavailable`], never a reservation.
 //!
@@ -63,6 +68,7 @@ mod batch;
 mod durability;
 mod error;
 mod handoff;
+mod listen;
 mod open;
 mod options;
 pub mod schema;

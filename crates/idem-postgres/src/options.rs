@@ -14,6 +14,7 @@ use sqlx::{Connection, PgConnection, PgPool};
 use crate::batch::{BatchConfig, Batcher, DEFAULT_MAX_BATCH};
 use crate::durability::durability_risk;
 use crate::error::Error;
+use crate::listen::Listener;
 use crate::schema::{self, DEFAULT_TABLE};
 use crate::statements::Statements;
 use crate::store::PgStore;
@@ -149,6 +150,7 @@ impl PgStoreOptions {
         if check {
             store.ping().await?;
             store.durability = durability_risk(&store.pool).await.map(Arc::new);
+            store.listening(LISTEN_WITHIN).await;
         }
         Ok(store)
     }
@@ -171,6 +173,7 @@ impl PgStoreOptions {
         if run {
             store.migrate().await?;
             store.durability = durability_risk(&store.pool).await.map(Arc::new);
+            store.listening(LISTEN_WITHIN).await;
         }
         Ok(store)
     }
@@ -200,7 +203,11 @@ impl PgStoreOptions {
                 table.as_str(),
             ))
         });
+        let listener = tokio::runtime::Handle::try_current()
+            .is_ok()
+            .then(|| Arc::new(Listener::spawn(&pool, table.as_str())));
         Ok(PgStore {
+            listener,
             batch,
             sql: Arc::new(Statements::for_table(table.as_str())),
             pool,
@@ -211,6 +218,10 @@ impl PgStoreOptions {
         })
     }
 }
+
+/// How long connecting waits for the store's `LISTEN` connection; a store that is not
+/// listening by then works, and its waiting duplicates poll until it is.
+const LISTEN_WITHIN: Duration = Duration::from_secs(5);
 
 /// Connections idle at least this long are pinged before use.
 const IDLE_CHECK: Duration = Duration::from_secs(1);

@@ -109,10 +109,57 @@ const MIGRATIONS: &[Migration] = &[
             )]
         },
     },
+    Migration {
+        version: 3,
+        description: "notify waiting duplicates when a record is completed or released",
+        statements: |t| {
+            let function = notify_function(t);
+            // The payload is the table and `Scope::digest` of the row: the SHA-256 of
+            // each part's UTF-8 length (8 bytes, big-endian) and bytes, in hex. A
+            // trigger, not the statements, so that every path notifies: the single-row
+            // and batched statements, `complete_in`'s transaction (at its commit, and
+            // not at all if it rolls back), an operator's removal.
+            vec![
+                format!(
+                    "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+                    BEGIN
+                        PERFORM pg_notify('{NOTIFY_CHANNEL}', '{t} ' || encode(sha256(
+                            int8send(octet_length(convert_to(OLD.tenant, 'UTF8'))::int8)
+                            || convert_to(OLD.tenant, 'UTF8')
+                            || int8send(octet_length(convert_to(OLD.endpoint, 'UTF8'))::int8)
+                            || convert_to(OLD.endpoint, 'UTF8')
+                            || int8send(octet_length(convert_to(OLD.idem_key, 'UTF8'))::int8)
+                            || convert_to(OLD.idem_key, 'UTF8')), 'hex'));
+                        RETURN NULL;
+                    END $$"
+                ),
+                format!(
+                    "CREATE TRIGGER {t}_done AFTER UPDATE OF state ON {t} FOR EACH ROW
+                     WHEN (OLD.state = 'in_progress' AND NEW.state = 'completed')
+                     EXECUTE FUNCTION {function}()"
+                ),
+                format!(
+                    "CREATE TRIGGER {t}_gone AFTER DELETE ON {t} FOR EACH ROW
+                     WHEN (OLD.state = 'in_progress')
+                     EXECUTE FUNCTION {function}()"
+                ),
+            ]
+        },
+    },
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
+
+/// The channel every store's table notifies on (migration 3): a payload is the table's
+/// name, a space, and the [`Scope::digest`](idem_core::Scope::digest) of a record that
+/// was completed, released or removed while in progress.
+pub const NOTIFY_CHANNEL: &str = "idem_changes";
+
+/// The trigger function of `table` (migration 3).
+fn notify_function(table: &str) -> String {
+    format!("{table}_notify")
+}
 
 /// The table of `table`'s secrets ([`idem_core::Store::init_secret`]): `TABLE_meta`,
 /// one row per name, apart from the records, so that no purge or removal of records
@@ -200,6 +247,12 @@ pub async fn drop_table(pool: &PgPool, table: &str) -> Result<(), Error> {
     tx.execute(AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {}",
         meta_table(table)
+    )))
+    .await
+    .map_err(store_error)?;
+    tx.execute(AssertSqlSafe(format!(
+        "DROP FUNCTION IF EXISTS {}()",
+        notify_function(table)
     )))
     .await
     .map_err(store_error)?;

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use idem_core::codec::encode_headers;
 use idem_core::{
     FencingToken, Lease, Record, Reservation, ReserveRequest, Scope, SharedClock, Store,
-    StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig, Timestamp, duration_millis,
-    release_unconfirmed_with,
+    StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig, Timestamp, Watch,
+    duration_millis, release_unconfirmed_with,
 };
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
@@ -17,6 +17,7 @@ use crate::batch::{BatchStats, Batcher, CompleteOp, Failure, Op, ReleaseOp, Rese
 use crate::durability::DurabilityRisk;
 use crate::error::{Error, store_error};
 use crate::handoff::Handoff;
+use crate::listen::Listener;
 use crate::schema;
 use crate::statements::{Statements, record_from_row};
 
@@ -44,6 +45,9 @@ pub struct PgStore {
     /// Where reserves, completions and releases queue to be written together; `None`
     /// when batching is off.
     pub(crate) batch: Option<Arc<Batcher>>,
+    /// The `LISTEN` connection that tells waiting duplicates of completions and
+    /// releases (SPEC S15); `None` when the store was built outside a tokio runtime.
+    pub(crate) listener: Option<Arc<Listener>>,
 }
 
 impl fmt::Debug for PgStore {
@@ -82,6 +86,16 @@ impl PgStore {
         self.batch
             .as_ref()
             .map_or_else(BatchStats::default, |b| b.stats())
+    }
+
+    /// Waits up to `within` for the store's `LISTEN` connection to listen, so that a
+    /// duplicate waiting from now on hears of completions rather than polling; whether
+    /// it does.
+    pub async fn listening(&self, within: Duration) -> bool {
+        match &self.listener {
+            Some(listener) => listener.ready(within).await,
+            None => false,
+        }
     }
 
     /// Runs the embedded migration for this store's table (idempotent).
@@ -597,6 +611,23 @@ impl Store for PgStore {
             })
             .await?;
         Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+
+    /// From the store's `LISTEN` connection: it fires when any instance on this table
+    /// completes, releases or removes the record. While that connection is down,
+    /// [`Watch::poll`].
+    fn watch(&self, scope: &Scope) -> Watch {
+        match &self.listener {
+            Some(listener) => listener.hub.watch(scope),
+            None => Watch::poll(),
+        }
+    }
+
+    /// Stops the `LISTEN` connection; the pool stays the caller's to close.
+    async fn close(&self) {
+        if let Some(listener) = &self.listener {
+            listener.stop();
+        }
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -10,6 +10,8 @@
 -- ARGV[3] completed_at, 8 bytes
 -- ARGV[4] status and headers (record::encode_answer_head)   ARGV[5] body
 -- ARGV[6] the record's TTL, ms (decimal)   ARGV[7] the native TTL's grace, ms (decimal)
+-- ARGV[8], ARGV[9] (optional) a channel and message to PUBLISH once the record is
+-- completed, for duplicates waiting on other instances (SPEC S15)
 --
 -- A completed record expires at creation (bytes 28-35) + TTL, as
 -- Lease::completed_expires_at says: the lease may have kept it alive longer while in
@@ -42,5 +44,8 @@ if ttl < expires_at - created_at then
     'PX', math.max(1, until_ms - now + tonumber(ARGV[7])))
 else
   redis.call('SET', KEYS[1], string.sub(v, 1, 18) .. tail, 'KEEPTTL')
+end
+if ARGV[8] then
+  redis.call('PUBLISH', ARGV[8], ARGV[9])
 end
 return 1

@@ -3,6 +3,8 @@
 --
 -- KEYS[1] the record's key
 -- ARGV[1] token, 8 bytes     ARGV[2] now, ms (decimal)
+-- ARGV[3], ARGV[4] (optional) a channel and message to PUBLISH once the record is
+-- released, for duplicates waiting on other instances (SPEC S15)
 --
 -- Returns 1 when released, 0 when fenced (another token, expired, or completed), -1 when
 -- the key holds something that is not a record.
@@ -19,4 +21,7 @@ if string.sub(v, 3, 10) ~= ARGV[1] or struct.unpack('>i8', v, 11) <= tonumber(AR
   return 0
 end
 redis.call('DEL', KEYS[1])
+if ARGV[3] then
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+end
 return 1

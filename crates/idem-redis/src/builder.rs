@@ -6,6 +6,8 @@ use std::time::Duration;
 use idem_core::{Result, SharedClock, SystemClock, duration_millis};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
+
+use crate::subscribe::{self, Subscriber};
 use redis::{Client, ErrorKind, RedisError, RedisResult};
 
 use crate::conn::Conn;
@@ -80,6 +82,7 @@ impl RedisStoreBuilder {
         let replication = self.replication.unwrap_or(target.replication);
         // A reply to a write with WAIT comes after the replicas' acknowledgements.
         let response_timeout = self.timeout + replication.map_or(Duration::ZERO, |r| r.timeout);
+        let mut subscriber = None;
         let conn = if target.cluster {
             // A few quick retries: a redirection (MOVED, ASK) or a node being replaced
             // costs one each; past them the caller answers 503 and its client retries.
@@ -93,6 +96,12 @@ impl RedisStoreBuilder {
             Conn::Cluster(client.get_async_connection().await?)
         } else {
             let client = Client::open(target.nodes[0].as_str())?;
+            subscriber = tokio::runtime::Handle::try_current().is_ok().then(|| {
+                Arc::new(Subscriber::spawn(
+                    client.clone(),
+                    subscribe::channel(&self.prefix),
+                ))
+            });
             // One quick retry, then fail: the caller answers 503 and its client retries,
             // which beats holding requests while the server is away. The next operation
             // starts a new reconnection.
@@ -105,7 +114,11 @@ impl RedisStoreBuilder {
             Conn::Single(ConnectionManager::new_with_config(client, config).await?)
         };
         let eviction = eviction_risk(&conn).await.map(Arc::new);
+        if let Some(subscriber) = &subscriber {
+            subscriber.ready(self.timeout).await;
+        }
         Ok(RedisStore {
+            subscriber,
             conn,
             clock: self.clock,
             prefix: self.prefix.into(),

@@ -54,6 +54,16 @@
 //! with [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) (see
 //! [`Replication`]).
 //!
+//! # Waiting duplicates
+//!
+//! On one server, the complete and release scripts `PUBLISH` the scope's digest on
+//! `PREFIX` + `changes` once they have written, and each store keeps one subscriber
+//! connection that fires its [`Store::watch`](idem_core::Store::watch)es (SPEC S15), so
+//! a duplicate waiting on one instance wakes when another completes
+//! ([`RedisStore::listening`]). On a Redis Cluster the store neither publishes nor
+//! subscribes (that would take sharded pub/sub on each record's slot): its watches are
+//! [`Watch::poll`](idem_core::Watch::poll), and waiters poll.
+//!
 //! # The record
 //!
 //! One binary string, big-endian integers, times in milliseconds since the epoch. The
@@ -151,6 +161,7 @@ mod purge;
 mod record;
 mod replication;
 mod store;
+mod subscribe;
 mod target;
 
 pub use builder::RedisStoreBuilder;

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{
     Decision, FencingToken, Lease, Record, Reservation, ReserveRequest, Result, Scope, SharedClock,
-    Store, StoreError, StoreMetric, StoredResponse, Timestamp, decide, duration_millis,
+    Store, StoreError, StoreMetric, StoredResponse, Timestamp, Watch, decide, duration_millis,
     release_unconfirmed,
 };
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script};
@@ -19,6 +19,7 @@ use crate::conn::Conn;
 use crate::error::from_redis;
 use crate::eviction::EvictionRisk;
 use crate::record::{self, FENCED_LEN, InProgress};
+use crate::subscribe::Subscriber;
 use crate::target::Replication;
 
 /// The prefix of every record key unless [`RedisStoreBuilder::key_prefix`](crate::RedisStoreBuilder::key_prefix) sets
@@ -105,6 +106,9 @@ pub struct RedisStore {
     pub(crate) counters: Arc<Counters>,
     /// The server's memory settings, if they let it evict records; read on connecting.
     pub(crate) eviction: Option<Arc<EvictionRisk>>,
+    /// The subscriber that tells waiting duplicates of completions and releases (SPEC
+    /// S15); `None` on a Redis Cluster, or when connected outside a tokio runtime.
+    pub(crate) subscriber: Option<Arc<Subscriber>>,
 }
 
 /// Counts of events an operator wants to see, all since the store was opened.
@@ -163,6 +167,25 @@ impl RedisStore {
     /// and the name. It has no TTL.
     pub fn secret_key(&self, name: &str) -> String {
         format!("{}meta:{name}", self.prefix)
+    }
+
+    /// Has a complete or release script publish the scope's digest on the store's
+    /// channel once it has written, for waiters on every instance (SPEC S15); nothing
+    /// on a Redis Cluster, whose waiters poll.
+    fn announce(&self, cmd: &mut Cmd, scope: &Scope) {
+        if let Some(subscriber) = &self.subscriber {
+            cmd.arg(&subscriber.channel).arg(scope.digest());
+        }
+    }
+
+    /// Waits up to `within` for the store's subscriber, so that a duplicate waiting
+    /// from now on hears of completions rather than polling; whether it is up (never
+    /// on a Redis Cluster).
+    pub async fn listening(&self, within: Duration) -> bool {
+        match &self.subscriber {
+            Some(subscriber) => subscriber.ready(within).await,
+            None => false,
+        }
     }
 
     /// Runs `cmd`, an `EVALSHA` of `script` built by [`evalsha`]; when the server does
@@ -428,6 +451,7 @@ impl Store for RedisStore {
             .arg(&response.body[..])
             .arg(duration_millis(lease.ttl))
             .arg(self.ttl_grace_ms);
+        self.announce(&mut cmd, &lease.scope);
         if self.replication.is_none() {
             return self.fenced(&COMPLETE, &cmd, &key).await;
         }
@@ -463,6 +487,7 @@ impl Store for RedisStore {
         let mut cmd = evalsha(&RELEASE, &key);
         cmd.arg(&lease.token.as_u64().to_be_bytes())
             .arg(now.as_millis());
+        self.announce(&mut cmd, &lease.scope);
         self.fenced(&RELEASE, &cmd, &key).await
     }
 
@@ -482,7 +507,35 @@ impl Store for RedisStore {
             .query_async(&mut self.conn.clone())
             .await
             .map_err(|e| self.failed(e))?;
+        if removed > 0
+            && let Some(subscriber) = &self.subscriber
+        {
+            // An operator's removal, rare: its own command. Not hearing it costs a
+            // waiter only its next poll.
+            let _: RedisResult<i64> = redis::cmd("PUBLISH")
+                .arg(&subscriber.channel)
+                .arg(scope.digest())
+                .query_async(&mut self.conn.clone())
+                .await;
+        }
         Ok(removed > 0)
+    }
+
+    /// From the subscriber: it fires when any instance on this server and prefix
+    /// completes, releases or removes the record. On a Redis Cluster, or while the
+    /// subscriber is disconnected, [`Watch::poll`].
+    fn watch(&self, scope: &Scope) -> Watch {
+        match &self.subscriber {
+            Some(subscriber) => subscriber.hub.watch(scope),
+            None => Watch::poll(),
+        }
+    }
+
+    /// Stops the subscriber; the shared connection closes with the last clone.
+    async fn close(&self) {
+        if let Some(subscriber) = &self.subscriber {
+            subscriber.stop();
+        }
     }
 
     /// Native TTLs are what bound storage in production: Redis deletes each record

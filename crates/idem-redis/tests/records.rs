@@ -524,8 +524,12 @@ fn every_script_touches_only_its_one_declared_key() {
             rest = &rest[at + 5..];
         }
         assert!(uses > 0);
-        // Every redis.call's key argument is KEYS[1].
+        // Every redis.call's key argument is KEYS[1]. A PUBLISH names a channel, not a
+        // key, and is sent on one server only: the store passes no channel on a cluster.
         for call in code.split("redis.call(").skip(1) {
+            if call.starts_with("'PUBLISH'") {
+                continue;
+            }
             let args: Vec<&str> = call.splitn(3, ',').collect();
             if args.len() > 1 {
                 assert!(

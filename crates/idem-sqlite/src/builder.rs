@@ -157,6 +157,7 @@ impl SqliteStoreBuilder {
         };
         let store = self.from_pool(pool).await?;
         Ok(SqliteStore {
+            changes: idem_core::ChangeHub::new(),
             owns_pool: true,
             ..store
         })
@@ -194,6 +195,7 @@ impl SqliteStoreBuilder {
         .await
         .map_err(Error::Writer)?;
         Ok(SqliteStore {
+            changes: idem_core::ChangeHub::new(),
             sql,
             table: table.as_str().into(),
             pool,

@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::codec::encode_headers;
 use idem_core::{
-    Lease, Record, Reservation, ReserveRequest, Scope, SharedClock, Store, StoreError, StoreMetric,
-    StoredResponse, duration_millis,
+    ChangeHub, Lease, Record, Reservation, ReserveRequest, Scope, SharedClock, Store, StoreError,
+    StoreMetric, StoredResponse, Watch, duration_millis,
 };
 use sqlx::sqlite::SqlitePool;
 use sqlx::{AssertSqlSafe, SqliteConnection};
@@ -38,6 +38,10 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
 /// meanwhile in one transaction; each caller is answered once that transaction has
 /// committed. Reads (`get`, `ping`) use the pool. The writer ends, closing its
 /// connection, when the last clone is dropped.
+///
+/// Its [`Store::watch`]es fire on its own (and its clones') completions, releases and
+/// removals, in process (SPEC S15); another process writing the same file is not heard,
+/// and a duplicate waiting on that process's attempt finds the answer by polling.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pub(crate) pool: SqlitePool,
@@ -50,6 +54,9 @@ pub struct SqliteStore {
     pub(crate) owns_pool: bool,
     /// Whether its commits to a file are never synced (`synchronous = OFF`).
     pub(crate) never_syncs: bool,
+    /// The watches of duplicates waiting for an attempt (SPEC S15), fired in process:
+    /// another process on the same file is not heard, and its waiters poll.
+    pub(crate) changes: ChangeHub,
 }
 
 impl SqliteStore {
@@ -153,6 +160,10 @@ impl SqliteStore {
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn watch(&self, scope: &Scope) -> Watch {
+        self.changes.watch(scope)
+    }
+
     async fn reserve(&self, req: &ReserveRequest) -> idem_core::Result<Reservation> {
         match self.writer.submit(Op::Reserve(req.clone())).await? {
             Done::Reserved(r) => Ok(r),
@@ -169,7 +180,9 @@ impl Store for SqliteStore {
             encode_headers(&response.headers),
             response.body.clone(),
         );
-        self.writer.submit(op).await.map(drop)
+        self.writer.submit(op).await?;
+        self.changes.notify(&lease.scope);
+        Ok(())
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> idem_core::Result<()> {
@@ -178,10 +191,9 @@ impl Store for SqliteStore {
     }
 
     async fn release(&self, lease: &Lease) -> idem_core::Result<()> {
-        self.writer
-            .submit(Op::Release(lease.clone()))
-            .await
-            .map(drop)
+        self.writer.submit(Op::Release(lease.clone())).await?;
+        self.changes.notify(&lease.scope);
+        Ok(())
     }
 
     async fn get(&self, scope: &Scope) -> idem_core::Result<Option<Record>> {
@@ -190,7 +202,12 @@ impl Store for SqliteStore {
 
     async fn remove(&self, scope: &Scope) -> idem_core::Result<bool> {
         match self.writer.submit(Op::Remove(scope.clone())).await? {
-            Done::Removed(existed) => Ok(existed),
+            Done::Removed(existed) => {
+                if existed {
+                    self.changes.notify(scope);
+                }
+                Ok(existed)
+            }
             other => unreachable!("remove answered {other:?}"),
         }
     }

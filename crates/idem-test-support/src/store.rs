@@ -115,6 +115,10 @@ impl<S: Store, H: StoreHooks<S>> Store for HookedStore<S, H> {
     fn expires_natively(&self) -> bool {
         self.inner.expires_natively()
     }
+    // Nor the notifications a waiter hears: they are the inner store's.
+    fn watch(&self, scope: &Scope) -> idem_core::Watch {
+        self.inner.watch(scope)
+    }
 }
 
 /// The value now of the figure `name` among `store`'s [`Store::metrics`]; panics,

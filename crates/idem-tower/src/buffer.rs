@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -99,15 +100,20 @@ where
         // Counted from before the reservation until the answer is recorded, wherever the
         // execution ends up running.
         let guard = shared.in_flight.enter();
-        let execution = Execution::new(execute(
-            shared,
-            inner,
-            parts,
-            bytes,
-            request,
-            plan.answers,
-            guard,
-        ));
+        let parked = Arc::new(AtomicBool::new(false));
+        let execution = Execution::new(
+            execute(
+                shared,
+                inner,
+                parts,
+                bytes,
+                request,
+                plan.answers,
+                guard,
+                parked.clone(),
+            ),
+            parked,
+        );
         Ok(execution.await)
     }
 }

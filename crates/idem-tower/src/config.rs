@@ -216,6 +216,13 @@ pub(crate) struct Config {
     /// Whether the layer's own answers carry retry hints (see
     /// [`IdempotencyLayer::retry_hints`](crate::IdempotencyLayer::retry_hints)).
     pub(crate) retry_hints: bool,
+    /// How long a duplicate of an in-progress attempt waits without `Prefer: wait`
+    /// (SPEC S15); zero answers 409 at once.
+    pub(crate) conflict_wait: Duration,
+    /// The longest wait granted, whatever was asked.
+    pub(crate) max_wait: Duration,
+    /// The cap on duplicates waiting at once, shared by every clone.
+    pub(crate) waiters: crate::wait::Waiters,
 }
 
 impl Default for Config {
@@ -249,6 +256,9 @@ impl Default for Config {
             route_config: None,
             observer: Arc::new(NoopObserver),
             retry_hints: false,
+            conflict_wait: Duration::ZERO,
+            max_wait: crate::wait::DEFAULT_MAX_WAIT,
+            waiters: crate::wait::Waiters::new(crate::wait::DEFAULT_MAX_WAITERS),
         }
     }
 }
@@ -275,6 +285,9 @@ impl fmt::Debug for Config {
             .field("grpc_release_codes", &self.grpc_release_codes)
             .field("route_config", &self.route_config.is_some())
             .field("retry_hints", &self.retry_hints)
+            .field("conflict_wait", &self.conflict_wait)
+            .field("max_wait", &self.max_wait)
+            .field("waiters", &self.waiters)
             .finish_non_exhaustive()
     }
 }
@@ -308,6 +321,7 @@ pub struct RouteConfig {
     pub(crate) release_statuses: Option<ReleaseStatuses>,
     pub(crate) grpc_release_codes: Option<GrpcReleaseCodes>,
     pub(crate) retry_hints: Option<bool>,
+    pub(crate) conflict_wait: Option<Duration>,
 }
 
 impl RouteConfig {
@@ -392,6 +406,15 @@ impl RouteConfig {
     /// [`IdempotencyLayer::retry_hints`](crate::IdempotencyLayer::retry_hints).
     pub fn retry_hints(mut self, hints: bool) -> RouteConfig {
         self.retry_hints = Some(hints);
+        self
+    }
+
+    /// How long a duplicate of an in-progress attempt on this route waits for its
+    /// answer when it sends no `Prefer: wait` (for clients that cannot send it:
+    /// browsers, shell scripts); see
+    /// [`IdempotencyLayer::conflict_wait`](crate::IdempotencyLayer::conflict_wait).
+    pub fn conflict_wait(mut self, wait: Duration) -> RouteConfig {
+        self.conflict_wait = Some(wait);
         self
     }
 }

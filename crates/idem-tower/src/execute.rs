@@ -6,6 +6,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -30,6 +31,7 @@ use crate::replay::{refuse, rendered};
 use crate::settle::{KeyWrite, settle, stored_response};
 use crate::shared::Shared;
 use crate::spelling::restore_sent_method;
+use crate::wait::{Observed, PREFERENCE_APPLIED, wait_for};
 use crate::{BoxError, IdempotencyBody};
 
 /// SPEC S5's stages 2 to 4 for one keyed request whose body is in hand; counted in
@@ -42,6 +44,10 @@ use crate::{BoxError, IdempotencyBody};
     clippy::manual_async_fn,
     reason = "an async fn would hold its arguments twice in its state"
 )]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "each is moved into the future once; a struct of them would only be unpacked again"
+)]
 pub(crate) fn execute<S, St, ReqBody, ResBody>(
     shared: Arc<Shared<St>>,
     inner: S,
@@ -50,6 +56,7 @@ pub(crate) fn execute<S, St, ReqBody, ResBody>(
     request: ReserveRequest,
     answers: AnswerRules,
     guard: InFlightGuard,
+    parked: Arc<AtomicBool>,
 ) -> impl Future<Output = Response<IdempotencyBody<ResBody>>> + Send + 'static
 where
     S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
@@ -64,7 +71,30 @@ where
         let config = &shared.config;
         let observer = &*config.observer;
         let store = &*shared.store;
-        let reserved = timed(observer, "reserve", store.reserve(&request)).await;
+        // Made before the reserve, so that a completion right after it is heard.
+        let watch = answers.wait.map(|_| store.watch(&request.scope));
+        let mut reserved = timed(observer, "reserve", store.reserve(&request)).await;
+        let mut applied = None;
+        if let (Some(wait), Some(watch), Ok(Reservation::InProgress { .. })) =
+            (answers.wait, watch, &reserved)
+            && let Some(slot) = config.waiters.enter()
+        {
+            let observed = Observed::start(observer);
+            // Boxed: a rare path, kept out of every keyed request's future.
+            reserved = Box::pin(wait_for(
+                store,
+                observer,
+                &request,
+                wait.within,
+                watch,
+                reserved,
+                &parked,
+            ))
+            .await;
+            observed.ended(&reserved);
+            drop(slot);
+            applied = wait.applied();
+        }
         let lease = match reserved {
             Ok(Reservation::Acquired(lease)) => lease,
             Ok(Reservation::Replay(stored)) if stored.reference().is_some() => {
@@ -72,7 +102,13 @@ where
                 return Box::pin(rendered(inner, parts, stored, config)).await;
             }
             other => {
-                return refuse(observer, other, answers.grpc.is_some(), answers.retry_hints);
+                let replay = matches!(other, Ok(Reservation::Replay(_)));
+                let mut response =
+                    refuse(observer, other, answers.grpc.is_some(), answers.retry_hints);
+                if let (true, Some(applied)) = (replay, applied) {
+                    response.headers_mut().insert(PREFERENCE_APPLIED, applied);
+                }
+                return response;
             }
         };
 

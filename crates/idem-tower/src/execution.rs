@@ -5,6 +5,8 @@ use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use http::Response;
@@ -23,17 +25,22 @@ pub(crate) struct Execution<B: 'static> {
     /// The runtime that was polling the execution when it started, for a detached
     /// remainder: a drop may happen on a thread outside any runtime.
     runtime: Option<Handle>,
+    /// Set while the execution is a duplicate waiting between two reserves (SPEC S15),
+    /// holding nothing: dropped then, it is dropped, not finished.
+    parked: Arc<AtomicBool>,
 }
 
 impl<B: 'static> Execution<B> {
     /// Wraps `future`; call from inside the runtime that is to finish it if need be.
-    pub(crate) fn new<F>(future: F) -> Execution<B>
+    /// `parked` is set by the future while it may be dropped without finishing.
+    pub(crate) fn new<F>(future: F, parked: Arc<AtomicBool>) -> Execution<B>
     where
         F: Future<Output = Response<IdempotencyBody<B>>> + Send + 'static,
     {
         Execution {
             future: Some(Box::pin(future)),
             runtime: Handle::try_current().ok(),
+            parked,
         }
     }
 }
@@ -76,6 +83,11 @@ impl<B: 'static> Drop for Execution<B> {
         let Some(rest) = self.future.take() else {
             return;
         };
+        if self.parked.load(Ordering::Acquire) {
+            // A waiting duplicate whose client went away: nothing reserved, nothing
+            // to record; its waiter slot and watch go with it.
+            return;
+        }
         match &self.runtime {
             Some(runtime) => {
                 // Whatever it answers, nobody is waiting for it; the store is.

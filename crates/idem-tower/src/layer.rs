@@ -342,6 +342,35 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// How long a duplicate that finds its key's first attempt in progress waits for
+    /// that attempt's answer when it sends no `Prefer: wait=N` (default zero: 409 at
+    /// once). A route may say otherwise ([`RouteConfig::conflict_wait`]). See
+    /// [`max_wait`](Self::max_wait) for the bounds of any wait (SPEC S15).
+    pub fn conflict_wait(mut self, wait: Duration) -> Self {
+        self.config().conflict_wait = wait;
+        self
+    }
+
+    /// The longest a duplicate waits for an in-progress attempt (default 30 s),
+    /// whatever its `Prefer: wait=N` asks; a wait is also never longer than the route's
+    /// lease. A waiter that hears (through the store's [`Store::watch`](idem_core::Store::watch),
+    /// or by polling) that the attempt completed gets its replay, with
+    /// `Preference-Applied: wait=N` when it asked; one whose attempt released the key
+    /// executes as the next attempt; one still waiting at the end gets 409 with
+    /// `Retry-After`. Zero turns waiting off.
+    pub fn max_wait(mut self, max: Duration) -> Self {
+        self.config().max_wait = max;
+        self
+    }
+
+    /// The most duplicates that wait at once, across every service this layer makes
+    /// (default 1024); beyond it, a duplicate gets 409 at once. A waiter whose client
+    /// hangs up frees its slot.
+    pub fn max_waiters(mut self, max: usize) -> Self {
+        self.config().waiters = crate::wait::Waiters::new(max);
+        self
+    }
+
     /// Per-route overrides: called once per request; `None` keeps the layer's settings.
     pub fn route_config<F>(mut self, f: F) -> Self
     where

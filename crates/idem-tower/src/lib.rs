@@ -112,6 +112,21 @@
 //! | completed                     | replay: status, stored headers, body, `Idempotent-Replayed: true` |
 //! | store error                   | 503 `store-unavailable` + `Retry-After`; handler not called |
 //!
+//! # Waiting duplicates
+//!
+//! A duplicate that finds its key in progress may wait for the answer instead of the
+//! 409 (SPEC S15): `Prefer: wait=N` (RFC 7240), or a route's default
+//! ([`RouteConfig::conflict_wait`], [`IdempotencyLayer::conflict_wait`]; none by
+//! default), bounded by [`IdempotencyLayer::max_wait`] (default
+//! [`DEFAULT_MAX_WAIT`]), the route's lease, and [`IdempotencyLayer::max_waiters`]
+//! (default [`DEFAULT_MAX_WAITERS`]; beyond it, 409 at once). The waiter awaits the
+//! store's [`Store::watch`](idem_core::Store::watch), or polls at a backoff when the
+//! store cannot tell, and reserves again after each wake: a completion gives it the
+//! replay, with `Preference-Applied: wait=N` ([`PREFERENCE_APPLIED`]) when it asked; a release makes it the
+//! next attempt; still in progress at the end, it gets the 409. While it waits it holds
+//! no store connection, and a client that hangs up frees its slot. A gRPC call sends
+//! no `Prefer`; a route's default wait applies to it.
+//!
 //! # Execution
 //!
 //! The reservation, the handler and the recording run inside the response future, with
@@ -194,7 +209,7 @@
 //! | 400    | `https://idem.dev/problems/invalid-path`        | the path cannot be normalised (the idem gateway's listener, SPEC S14); nothing reserved or forwarded |
 //! | 413    | `https://idem.dev/problems/body-too-large`      | body over the limit; nothing reserved |
 //! | 408    | `https://idem.dev/problems/body-timeout`        | body not in within the body timeout; nothing reserved |
-//! | 409    | `https://idem.dev/problems/request-in-progress` | another attempt runs; `Retry-After`   |
+//! | 409    | `https://idem.dev/problems/request-in-progress` | another attempt runs (after any wait granted); `Retry-After` |
 //! | 422    | `https://idem.dev/problems/key-reused`          | key reused with a different payload   |
 //! | 500    | `https://idem.dev/problems/handler-failed`      | the handler panicked or failed (recorded) |
 //! | 500    | `https://idem.dev/problems/response-too-large`  | the handler ran; its answer is over the response limit (recorded) |
@@ -252,6 +267,7 @@ mod settle;
 mod shared;
 mod spelling;
 mod tenant;
+mod wait;
 
 pub use body::IdempotencyBody;
 pub use config::{
@@ -273,6 +289,7 @@ pub use replay::{IDEMPOTENT_REPLAYED, STRIPE_SHOULD_RETRY, X_SHOULD_RETRY};
 pub use service::Idempotency;
 pub use spelling::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use tenant::TenantHeaders;
+pub use wait::{DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS, PREFERENCE_APPLIED};
 
 /// The error type the layer's bounds convert inner errors into.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -11,6 +11,7 @@ use crate::config::{Config, ReleaseStatuses, RouteConfig};
 use crate::grpc::{GrpcReleaseCodes, is_grpc};
 use crate::problem::{Problem, ProblemKind};
 use crate::spelling::{SentMethod, decided_method, look_alike, same_method};
+use crate::wait::{Wait, preferred_wait};
 
 /// What becomes of a request, decided from its head.
 pub(crate) enum Admission {
@@ -148,6 +149,8 @@ pub(crate) struct AnswerRules {
     pub(crate) grpc: Option<GrpcReleaseCodes>,
     /// Whether the layer's own answers carry `Stripe-Should-Retry`/`X-Should-Retry`.
     pub(crate) retry_hints: bool,
+    /// How long a duplicate may wait for an in-progress attempt (SPEC S15).
+    pub(crate) wait: Option<Wait>,
 }
 
 impl Plan {
@@ -163,7 +166,9 @@ impl Plan {
             .as_deref()
             .or_else(|| matched_path(parts))
             .unwrap_or_else(|| parts.uri.path());
-        let grpc = is_grpc(&parts.headers).then(|| {
+        let grpc_call = is_grpc(&parts.headers);
+        let lease = route.lease.unwrap_or(config.lease);
+        let grpc = grpc_call.then(|| {
             route
                 .grpc_release_codes
                 .unwrap_or_else(|| config.grpc_release_codes.clone())
@@ -173,7 +178,7 @@ impl Plan {
             endpoint: endpoint(&parts.method, template),
             key,
             ttl: route.ttl.unwrap_or(config.ttl),
-            lease: route.lease.unwrap_or(config.lease),
+            lease,
             fingerprint: route.fingerprint,
             answers: AnswerRules {
                 extra_headers: route.stored_headers,
@@ -182,6 +187,17 @@ impl Plan {
                     .unwrap_or_else(|| config.release_statuses.clone()),
                 grpc,
                 retry_hints: route.retry_hints.unwrap_or(config.retry_hints),
+                wait: Wait::new(
+                    // gRPC has no `Prefer`; a route's default wait applies to it.
+                    if grpc_call {
+                        None
+                    } else {
+                        preferred_wait(&parts.headers)
+                    },
+                    route.conflict_wait.unwrap_or(config.conflict_wait),
+                    config.max_wait,
+                    lease,
+                ),
             },
         }
     }

@@ -269,6 +269,17 @@ pub trait Observer: Send + Sync + 'static {
     fn upstream_failed(&self, failure: UpstreamFailure) {
         let _ = failure;
     }
+
+    /// A duplicate of an in-progress attempt started to wait for its answer (SPEC S15).
+    fn wait_started(&self) {}
+
+    /// A wait ended, as `ended` says: `replay` (the attempt completed), `execute` (its
+    /// key was released, or its lease lapsed, and the waiter executes), `timeout`
+    /// (still in progress at the end: 409), `abandoned` (the client hung up) or
+    /// `other` (a mismatch, a store error).
+    fn wait_ended(&self, ended: &'static str) {
+        let _ = ended;
+    }
 }
 
 /// The default observer: does nothing.

@@ -73,6 +73,7 @@ for_each_store!(
     replays_completed_response,
     mismatched_payload_is_422,
     in_progress_is_409_with_retry_after,
+    prefer_wait_duplicate_gets_the_replay_once_the_attempt_completes,
     expired_lease_is_taken_over_as_recovered_attempt,
     expired_record_executes_again,
     // S3: scope
@@ -510,6 +511,47 @@ async fn in_progress_is_409_with_retry_after(kind: StoreKind) {
     let retry = app.post("/slow").key("k-busy").json("{}").send().await;
     assert!(retry.is_replay());
     assert_eq!(retry.body, "slow 1 done");
+    assert_eq!(count(&app.counters.slow_started), 1);
+}
+
+/// SPEC S15: with `Prefer: wait=N` the duplicate is held until the first attempt
+/// completes and gets its answer, marked as the preference applied; the handler ran once.
+async fn prefer_wait_duplicate_gets_the_replay_once_the_attempt_completes(kind: StoreKind) {
+    let observer = Arc::new(CountingObserver::default());
+    let app = Arc::new(App::start_with(kind, |l| l.observer(observer.clone())).await);
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { app.post("/slow").key("k-wait").json("{}").send().await }
+    });
+    eventually("the slow handler started", WAIT, async || {
+        count(&app.counters.slow_started) == 1
+    })
+    .await;
+    let duplicate = tokio::spawn({
+        let app = app.clone();
+        async move {
+            app.post("/slow")
+                .key("k-wait")
+                .header("prefer", "respond-async, wait=30")
+                .json("{}")
+                .send()
+                .await
+        }
+    });
+    // The duplicate's first reserve answered in progress; its watch was made before it.
+    eventually("the duplicate reserved", WAIT, async || {
+        let calls = observer.store_calls.lock().unwrap();
+        calls.iter().filter(|(op, _)| *op == "reserve").count() == 2
+    })
+    .await;
+    app.open_gate(1);
+    let first = first.await.unwrap();
+    let duplicate = duplicate.await.unwrap();
+    assert_eq!(first.status, 201);
+    assert!(duplicate.is_replay(), "{:?}", duplicate.status);
+    assert_eq!(duplicate.status, 201);
+    assert_eq!(duplicate.body, first.body);
+    assert_eq!(duplicate.header("preference-applied"), Some("wait=30"));
     assert_eq!(count(&app.counters.slow_started), 1);
 }
 

@@ -49,7 +49,11 @@ macro_rules! store_contract_tests {
             purge_removes_only_expired_in_bounded_batches,
             scopes_never_collide,
             get_and_remove_show_and_delete_records,
-            secret_is_stored_once_and_never_purged
+            secret_is_stored_once_and_never_purged,
+            watch_fires_when_the_record_completes,
+            watch_fires_when_the_record_is_released,
+            watch_fires_when_the_record_is_removed,
+            watch_fires_for_its_own_scope_only
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {

@@ -97,6 +97,18 @@ pub struct ServeArgs {
     #[serde(deserialize_with = "toml_form::duration")]
     pub lease: Option<Duration>,
 
+    /// The longest a duplicate of an in-progress request waits for its answer
+    /// (`Prefer: wait=N`, or a route's `conflict_wait`) before it gets 409; never
+    /// longer than the lease; 0s turns waiting off [default: 30s].
+    #[arg(long, env = "IDEM_MAX_WAIT", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub max_wait: Option<Duration>,
+
+    /// The most duplicates that wait at once; beyond it a duplicate gets 409 at once
+    /// [default: 1024].
+    #[arg(long, env = "IDEM_MAX_WAITERS", value_name = "N")]
+    pub max_waiters: Option<usize>,
+
     /// How long to wait for the upstream's whole answer [default: 60s].
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
     #[serde(deserialize_with = "toml_form::duration")]
@@ -329,6 +341,8 @@ impl ServeArgs {
             require_key,
             ttl,
             lease,
+            max_wait,
+            max_waiters,
             upstream_timeout,
             upstream_protocol,
             upstream_ca,
@@ -373,6 +387,8 @@ impl ServeArgs {
             require_key: require_key || under.require_key,
             ttl: ttl.or(under.ttl),
             lease: lease.or(under.lease),
+            max_wait: max_wait.or(under.max_wait),
+            max_waiters: max_waiters.or(under.max_waiters),
             upstream_timeout: upstream_timeout.or(under.upstream_timeout),
             upstream_protocol: upstream_protocol.or(under.upstream_protocol),
             upstream_ca: upstream_ca.or(under.upstream_ca),
@@ -436,6 +452,10 @@ pub struct RouteRule {
     /// Whether replays and conflicts on this route carry `Stripe-Should-Retry` and
     /// `X-Should-Retry`.
     pub retry_hints: Option<bool>,
+    /// How long a duplicate of an in-progress request on this route waits for its
+    /// answer when it sends no `Prefer: wait=N`.
+    #[serde(default, deserialize_with = "toml_form::duration")]
+    pub conflict_wait: Option<Duration>,
 }
 
 /// The forms the TOML file writes values in, read into the types the command line

@@ -22,7 +22,9 @@ use prometheus_client::registry::Registry;
 
 pub use self::listener_kind::ListenerKind;
 use figures::StoreFigures;
-use series::{ByKind, ByListener, ByOp, ByOutcome, Series, StoreCall, StoreFailure, by_listener};
+use series::{
+    ByKind, ByListener, ByOp, ByOutcome, ByWaitEnd, Series, StoreCall, StoreFailure, by_listener,
+};
 
 mod figures;
 mod listener_kind;
@@ -38,6 +40,9 @@ const BUCKETS: [f64; 12] = [
 
 /// The key writes that may go on in the background (see [`Observer::write_deferred`]).
 const KEY_WRITES: [&str; 2] = ["complete", "release"];
+
+/// How a duplicate's wait can end ([`Observer::wait_ended`]).
+const WAIT_ENDS: [&str; 5] = ["replay", "execute", "timeout", "abandoned", "other"];
 
 /// A gauge of whole numbers that are never negative (a connection cap).
 type Level = Gauge<u64, AtomicU64>;
@@ -64,6 +69,10 @@ pub struct Metrics {
     connections_max: Series<ByListener, Level>,
     connection_waits: Series<ByListener, Counter>,
     accept_errors: Series<ByListener, Counter>,
+    /// Duplicates waiting for an in-progress attempt now, and the waits that ended, by
+    /// how (SPEC S15).
+    waiting: Gauge,
+    waits: Series<ByWaitEnd, Counter>,
 }
 
 impl fmt::Debug for Metrics {
@@ -97,7 +106,12 @@ impl Metrics {
             connections_max: Series::new(),
             connection_waits: Series::new(),
             accept_errors: Series::new(),
+            waiting: Gauge::default(),
+            waits: Series::new(),
         };
+        for ended in WAIT_ENDS {
+            m.waits.touch(ByWaitEnd { ended });
+        }
         for outcome in Outcome::ALL {
             m.outcomes.touch(ByOutcome {
                 outcome: outcome.as_str(),
@@ -130,6 +144,16 @@ impl Metrics {
             "idem_in_flight_requests",
             "Requests the gateway is handling now",
             self.in_flight.clone(),
+        );
+        r.register(
+            "idem_waiting_requests",
+            "Duplicates of in-progress requests waiting for their answer now",
+            self.waiting.clone(),
+        );
+        r.register(
+            "idem_waits",
+            "Waits of duplicates for an in-progress request that ended, by how",
+            self.waits.clone(),
         );
         r.register(
             "idem_upgraded_connections",
@@ -331,6 +355,17 @@ impl Observer for Metrics {
 
     fn upstream_failed(&self, failure: idem_tower::UpstreamFailure) {
         self.count_upstream_error(crate::error::upstream_error_label(failure));
+    }
+
+    fn wait_started(&self) {
+        self.waiting.inc();
+    }
+
+    fn wait_ended(&self, ended: &'static str) {
+        self.waiting.dec();
+        self.waits.at(ByWaitEnd { ended }, |c| {
+            c.inc();
+        });
     }
 }
 

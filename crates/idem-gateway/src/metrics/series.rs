@@ -131,6 +131,12 @@ pub(super) struct ByOp {
     pub(super) op: &'static str,
 }
 
+/// `ended`: how a duplicate's wait for an in-progress attempt ended.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub(super) struct ByWaitEnd {
+    pub(super) ended: &'static str,
+}
+
 /// `listener`: `proxy` or `admin`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub(super) struct ByListener {

@@ -198,6 +198,14 @@ impl Store for TracedStore {
     fn metrics(&self) -> Vec<StoreMetric> {
         self.inner.metrics()
     }
+
+    fn expires_natively(&self) -> bool {
+        self.inner.expires_natively()
+    }
+
+    fn watch(&self, scope: &Scope) -> idem_core::Watch {
+        self.inner.watch(scope)
+    }
 }
 
 /// The `db.system.name` (OpenTelemetry's name for the database) of the store a URL

@@ -28,3 +28,4 @@ mod telemetry;
 mod tenants;
 mod tls;
 mod upstreams;
+mod wait;

@@ -13,6 +13,7 @@ mod lease;
 mod race;
 mod records;
 mod replay;
+mod watch;
 
 pub use expiry::{
     completed_record_expires_at_its_ttl_though_the_lease_is_longer,
@@ -31,6 +32,10 @@ pub use records::{
 pub use replay::{
     complete_is_idempotent_for_the_same_lease, large_binary_body_round_trips,
     mismatched_payload_is_rejected, referenced_answer_round_trips, replays_completed_response,
+};
+pub use watch::{
+    watch_fires_for_its_own_scope_only, watch_fires_when_the_record_completes,
+    watch_fires_when_the_record_is_released, watch_fires_when_the_record_is_removed,
 };
 
 const LEASE: Duration = Duration::from_secs(60);

@@ -1,0 +1,391 @@
+//! Waiting duplicates (SPEC S15): a duplicate of an in-progress request that sends
+//! `Prefer: wait=N` (or hits a route with `conflict_wait`) gets the first attempt's
+//! exact answer instead of 409, on one gateway and across two gateways sharing a
+//! PostgreSQL or Redis store; a release wakes it and it executes as the next attempt.
+
+use std::time::{Duration, Instant};
+
+use crate::common::{Answer, Gateway, Http, Upstream, new_key, send_and_hang_up};
+use crate::shared::{on_shared, postgres, redis};
+
+const BODY: &str = r#"{"amount":100}"#;
+
+/// Sends the first attempt of `key` to `first` (the upstream takes `delay_ms`, and
+/// answers `status`), waits until the upstream has it, then the duplicate to `second`
+/// with `extra` headers; returns both answers.
+async fn first_and_duplicate(
+    up: &Upstream,
+    first: String,
+    second: String,
+    key: &str,
+    delay_ms: &str,
+    status: &str,
+    extra: &[(&str, &str)],
+) -> (Answer, Answer) {
+    let http = Http::new();
+    let first = tokio::spawn({
+        let (http, key, delay, status) = (
+            http.clone(),
+            key.to_owned(),
+            delay_ms.to_owned(),
+            status.to_owned(),
+        );
+        async move {
+            http.post(
+                &first,
+                &key,
+                BODY,
+                &[("x-test-delay-ms", &delay), ("x-test-status", &status)],
+            )
+            .await
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while up.started(key) == 0 {
+        assert!(Instant::now() < deadline, "the first attempt never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let duplicate = http.post(&second, key, BODY, extra).await;
+    (first.await.unwrap(), duplicate)
+}
+
+async fn duplicate_waits_for_the_first_answer(a: &Gateway, b: &Gateway, up: &Upstream) {
+    let key = new_key();
+    let (first, dup) = first_and_duplicate(
+        up,
+        a.url("/v1/charges"),
+        b.url("/v1/charges"),
+        &key,
+        "700",
+        "201",
+        &[("prefer", "respond-async, wait=10")],
+    )
+    .await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(dup.status, 201, "{dup:?}");
+    assert!(dup.replayed(), "{dup:?}");
+    assert_eq!(dup.body, first.body, "the first attempt's exact answer");
+    assert_eq!(dup.header("location"), first.header("location"));
+    assert_eq!(dup.header("preference-applied"), Some("wait=10"));
+    assert_eq!(up.started(&key), 1, "the upstream ran once");
+}
+
+async fn release_wakes_the_waiter_which_executes(a: &Gateway, b: &Gateway, up: &Upstream) {
+    let key = new_key();
+    // 503 releases the key: the first attempt's answer is not recorded.
+    let (first, dup) = first_and_duplicate(
+        up,
+        a.url("/v1/charges"),
+        b.url("/v1/charges"),
+        &key,
+        "700",
+        "503",
+        &[("prefer", "wait=10")],
+    )
+    .await;
+    assert_eq!(first.status, 503, "{first:?}");
+    assert_eq!(dup.status, 201, "the waiter executed: {dup:?}");
+    assert!(!dup.replayed(), "{dup:?}");
+    assert_eq!(
+        dup.header("preference-applied"),
+        None,
+        "an execution, not a replay"
+    );
+    assert_eq!(up.started(&key), 2, "the waiter ran as the next attempt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_duplicate_gets_the_first_answer_on_one_gateway() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let g = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &["--store", "memory://", "--admin", "127.0.0.1:0"],
+    )
+    .await;
+    duplicate_waits_for_the_first_answer(&g, &g, &up).await;
+    release_wakes_the_waiter_which_executes(&g, &g, &up).await;
+    let m = Http::new()
+        .send("GET", &g.admin_url("/metrics"), &[], "")
+        .await;
+    let text = String::from_utf8(m.body.to_vec()).unwrap();
+    for line in [
+        "idem_waiting_requests 0",
+        "idem_waits_total{ended=\"replay\"} 1",
+        "idem_waits_total{ended=\"execute\"} 1",
+        "idem_waits_total{ended=\"timeout\"} 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_duplicate_gets_the_first_answer_on_sqlite() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("wait.db").display());
+    let g = Gateway::start(&up.url(), dir.path(), &["--store", &store]).await;
+    duplicate_waits_for_the_first_answer(&g, &g, &up).await;
+    release_wakes_the_waiter_which_executes(&g, &g, &up).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_duplicate_on_another_gateway_sharing_postgres_gets_the_first_answer() {
+    let Some(url) = postgres().await else {
+        return;
+    };
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = Gateway::start(&up.url(), dir.path(), &on_shared(&url, &[])).await;
+    let b = Gateway::start(&up.url(), dir.path(), &on_shared(&url, &[])).await;
+    duplicate_waits_for_the_first_answer(&a, &b, &up).await;
+    release_wakes_the_waiter_which_executes(&a, &b, &up).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_duplicate_on_another_gateway_sharing_redis_gets_the_first_answer() {
+    let Some(url) = redis().await else {
+        return;
+    };
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = Gateway::start(&up.url(), dir.path(), &on_shared(&url, &[])).await;
+    let b = Gateway::start(&up.url(), dir.path(), &on_shared(&url, &[])).await;
+    duplicate_waits_for_the_first_answer(&a, &b, &up).await;
+    release_wakes_the_waiter_which_executes(&a, &b, &up).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_still_waiting_at_the_end_gets_409_with_retry_after() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let g = Gateway::start(&up.url(), dir.path(), &["--store", "memory://"]).await;
+    let key = new_key();
+    let started = Instant::now();
+    let (first, dup) = first_and_duplicate(
+        &up,
+        g.url("/v1/charges"),
+        g.url("/v1/charges"),
+        &key,
+        "2500",
+        "201",
+        &[("prefer", "wait=1")],
+    )
+    .await;
+    assert_eq!(dup.status, 409, "{dup:?}");
+    assert!(dup.header("retry-after").is_some(), "{dup:?}");
+    assert_eq!(dup.header("preference-applied"), None);
+    assert_eq!(first.status, 201);
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(up.started(&key), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_beyond_max_waiters_and_max_wait_get_409_at_once() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        ["--store", "memory://", "--max-waiters", "0"],
+        ["--store", "memory://", "--max-wait", "0s"],
+    ] {
+        let g = Gateway::start(&up.url(), dir.path(), &args).await;
+        let key = new_key();
+        let (first, dup) = first_and_duplicate(
+            &up,
+            g.url("/v1/charges"),
+            g.url("/v1/charges"),
+            &key,
+            "1500",
+            "201",
+            &[("prefer", "wait=10")],
+        )
+        .await;
+        assert_eq!(dup.status, 409, "{args:?}: {dup:?}");
+        assert_eq!(
+            dup.problem_type(),
+            "https://idem.dev/problems/request-in-progress"
+        );
+        assert_eq!(first.status, 201);
+        assert_eq!(up.started(&key), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_conflict_wait_applies_without_prefer() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("idem.toml");
+    std::fs::write(
+        &config,
+        "[[route]]\npath = \"/v1/charges\"\nconflict_wait = \"10s\"\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let g = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &["--store", "memory://", "--config", &config],
+    )
+    .await;
+    let key = new_key();
+    let (first, dup) = first_and_duplicate(
+        &up,
+        g.url("/v1/charges"),
+        g.url("/v1/charges"),
+        &key,
+        "700",
+        "201",
+        &[],
+    )
+    .await;
+    assert!(dup.replayed(), "{dup:?}");
+    assert_eq!(dup.body, first.body);
+    assert_eq!(
+        dup.header("preference-applied"),
+        None,
+        "nothing was asked for"
+    );
+    // `wait=0` says the client would rather not wait.
+    let key = new_key();
+    let (_, dup) = first_and_duplicate(
+        &up,
+        g.url("/v1/charges"),
+        g.url("/v1/charges"),
+        &key,
+        "1000",
+        "201",
+        &[("prefer", "wait=0")],
+    )
+    .await;
+    assert_eq!(dup.status, 409, "{dup:?}");
+}
+
+/// What waiting costs across two instances: `HELD` duplicates of each first attempt
+/// wait on the other gateway, and each one's wake-up latency is the time from the first
+/// attempt's answer to its own. Prints p50/p99 per store.
+///
+/// `cargo test -p idem-gateway --test blackbox -- --ignored wake_up_latency --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "prints figures; run by hand"]
+async fn wake_up_latency_across_instances() {
+    const ROUNDS: usize = 20;
+    const HELD: usize = 50;
+    let mut stores = Vec::new();
+    if let Some(url) = postgres().await {
+        stores.push(("PostgreSQL", url));
+    }
+    if let Some(url) = redis().await {
+        stores.push(("Redis", url));
+    }
+    for (name, url) in stores {
+        let up = Upstream::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let a = Gateway::start(&up.url(), dir.path(), &on_shared(&url, &[])).await;
+        let b = Gateway::start(&up.url(), dir.path(), &on_shared(&url, &[])).await;
+        let http = Http::new();
+        let mut lat = Vec::with_capacity(ROUNDS * HELD);
+        for _ in 0..ROUNDS {
+            let key = new_key();
+            let first = tokio::spawn({
+                let (http, url, key) = (http.clone(), a.url("/v1/charges"), key.clone());
+                async move {
+                    let a = http
+                        .post(&url, &key, BODY, &[("x-test-delay-ms", "300")])
+                        .await;
+                    (a, Instant::now())
+                }
+            });
+            while up.started(&key) == 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let waiters: Vec<_> = (0..HELD)
+                .map(|_| {
+                    let (http, url, key) = (http.clone(), b.url("/v1/charges"), key.clone());
+                    tokio::spawn(async move {
+                        let a = http.post(&url, &key, BODY, &[("prefer", "wait=10")]).await;
+                        (a, Instant::now())
+                    })
+                })
+                .collect();
+            let (first, done) = first.await.unwrap();
+            assert_eq!(first.status, 201);
+            for w in waiters {
+                let (answer, at) = w.await.unwrap();
+                assert!(answer.replayed(), "{answer:?}");
+                lat.push(at.saturating_duration_since(done));
+            }
+            assert_eq!(up.started(&key), 1);
+        }
+        lat.sort();
+        let pct = |p: usize| lat[(lat.len() * p / 100).min(lat.len() - 1)];
+        eprintln!(
+            "{name}: {ROUNDS} rounds x {HELD} waiting duplicates on the other gateway: \
+             wake-up after the first answer p50 {:?}, p99 {:?}, max {:?}",
+            pct(50),
+            pct(99),
+            lat[lat.len() - 1]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_client_hangs_up_frees_its_slot() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let g = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &[
+            "--store",
+            "memory://",
+            "--max-waiters",
+            "1",
+            "--admin",
+            "127.0.0.1:0",
+        ],
+    )
+    .await;
+    let key = new_key();
+    let http = Http::new();
+    let first = tokio::spawn({
+        let (http, url, key) = (http.clone(), g.url("/v1/charges"), key.clone());
+        async move {
+            http.post(&url, &key, BODY, &[("x-test-delay-ms", "2000")])
+                .await
+        }
+    });
+    while up.started(&key) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The only slot, taken by a client that goes away while it waits.
+    let raw = format!(
+        "POST /v1/charges HTTP/1.1\r\nhost: {}\r\nidempotency-key: {key}\r\n\
+         content-type: application/json\r\nprefer: wait=10\r\ncontent-length: {}\r\n\r\n{BODY}",
+        g.addr,
+        BODY.len()
+    );
+    send_and_hang_up(g.addr, &raw, Duration::from_millis(300)).await;
+    let dup = http
+        .post(&g.url("/v1/charges"), &key, BODY, &[("prefer", "wait=10")])
+        .await;
+    let first = first.await.unwrap();
+    assert!(dup.replayed(), "the slot was freed: {dup:?}");
+    assert_eq!(dup.body, first.body);
+    assert_eq!(up.started(&key), 1);
+    let m = http.send("GET", &g.admin_url("/metrics"), &[], "").await;
+    let text = String::from_utf8(m.body.to_vec()).unwrap();
+    for line in [
+        "idem_waiting_requests 0",
+        "idem_waits_total{ended=\"abandoned\"} 1",
+        "idem_waits_total{ended=\"replay\"} 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+}
