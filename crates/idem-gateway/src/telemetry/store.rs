@@ -183,10 +183,6 @@ impl Store for TracedStore {
         self.inner.ping().await
     }
 
-    fn expires_natively(&self) -> bool {
-        self.inner.expires_natively()
-    }
-
     async fn init_secret(&self, name: &str, candidate: &[u8]) -> idem_core::Result<Vec<u8>> {
         self.inner.init_secret(name, candidate).await
     }
