@@ -113,6 +113,7 @@ fn bench(c: &mut Criterion) {
                 .with_header("content-type", "application/json"),
             completed_at: Timestamp::from_millis(1),
         },
+        tombstone_until: None,
     };
     let now = Timestamp::from_millis(1_000);
     g.bench_function("decide_replay", |b| {

@@ -23,17 +23,31 @@ pub enum Decision {
     },
     /// The key was used for a request with a different fingerprint: answer 422.
     Mismatch,
+    /// The key's record expired and its tombstone remains (SPEC S16): answer 410 and do
+    /// not execute again.
+    Gone {
+        /// When the operation's answer was recorded.
+        completed_at: Timestamp,
+        /// The status it was recorded with.
+        status: u16,
+    },
 }
 
 /// Decides SPEC S5's table:
 ///
 /// | record                      | request            | decision                  |
 /// |-----------------------------|--------------------|---------------------------|
+/// | tombstone, alive (S16)      | fingerprint differs| `Mismatch`                |
+/// | tombstone, alive (S16)      | same               | `Gone`                    |
 /// | none, or expired            | any                | `Execute { attempt: 1 }`  |
 /// | any state                   | fingerprint differs| `Mismatch`                |
 /// | in progress, lease alive    | same               | `InProgress`              |
 /// | in progress, lease expired  | same               | `Execute { attempt: n+1 }`|
 /// | completed                   | same               | `Replay`                  |
+///
+/// A tombstone is alive while [`Record::tombstone`] says so: a
+/// [`RecordState::Tombstone`] before its expiry, or a completed record past its expiry
+/// but before its `tombstone_until` that no store has compacted yet.
 ///
 /// The wait `InProgress` suggests is how long the record has existed, in whole
 /// seconds rounded up, at least 1 and at most until the lease lapses. A duplicate that
@@ -43,9 +57,22 @@ pub enum Decision {
 /// runs, the longer the wait; and the wait never outlasts the lease, since an attempt
 /// that died is taken over once its lease lapses.
 pub fn decide(existing: Option<Record>, fingerprint: &Fingerprint, now: Timestamp) -> Decision {
-    let Some(record) = existing.filter(|r| !r.is_expired(now)) else {
+    let Some(record) = existing else {
         return Decision::Execute { attempt: 1 };
     };
+    if let Some((completed_at, status)) = record.tombstone(now) {
+        return if record.fingerprint != *fingerprint {
+            Decision::Mismatch
+        } else {
+            Decision::Gone {
+                completed_at,
+                status,
+            }
+        };
+    }
+    if record.is_expired(now) {
+        return Decision::Execute { attempt: 1 };
+    }
     if record.fingerprint != *fingerprint {
         return Decision::Mismatch;
     }
@@ -57,6 +84,8 @@ pub fn decide(existing: Option<Record>, fingerprint: &Fingerprint, now: Timestam
             attempt: record.attempt.saturating_add(1),
         },
         RecordState::Completed { response, .. } => Decision::Replay(response),
+        // A tombstone that is not alive has expired, and was answered above.
+        RecordState::Tombstone { .. } => Decision::Execute { attempt: 1 },
     }
 }
 
@@ -81,6 +110,14 @@ pub enum Reservation {
     },
     /// The key was used with a different payload.
     Mismatch,
+    /// The key's record expired and its tombstone remains (SPEC S16): the operation
+    /// completed once and is not executed again; the answer is no longer kept.
+    Gone {
+        /// When the operation's answer was recorded.
+        completed_at: Timestamp,
+        /// The status it was recorded with.
+        status: u16,
+    },
 }
 
 impl Reservation {
@@ -98,6 +135,13 @@ impl Reservation {
             Decision::Replay(r) => Some(Reservation::Replay(r)),
             Decision::InProgress { retry_after } => Some(Reservation::InProgress { retry_after }),
             Decision::Mismatch => Some(Reservation::Mismatch),
+            Decision::Gone {
+                completed_at,
+                status,
+            } => Some(Reservation::Gone {
+                completed_at,
+                status,
+            }),
         }
     }
 
@@ -133,6 +177,7 @@ mod tests {
             attempt,
             token: FencingToken::from_u64(7),
             state,
+            tombstone_until: None,
         }
     }
 
@@ -244,5 +289,78 @@ mod tests {
             1,
         );
         assert_eq!(decide(Some(r), &fp(b"a"), T), Decision::Replay(resp));
+    }
+
+    fn completed_with_tombstone() -> Record {
+        let mut r = record(
+            RecordState::Completed {
+                response: StoredResponse::new(201, "made").with_header("location", "/o/1"),
+                completed_at: T,
+            },
+            1,
+        );
+        r.tombstone_until = Some(Timestamp::from_millis(200_000));
+        r
+    }
+
+    #[test]
+    fn an_expired_record_with_a_live_tombstone_is_gone_and_checks_the_payload() {
+        let gone = Decision::Gone {
+            completed_at: T,
+            status: 201,
+        };
+        let after_expiry = Timestamp::from_millis(150_000);
+        // Not yet compacted, and compacted: the same decisions.
+        for r in [
+            completed_with_tombstone(),
+            completed_with_tombstone().into_tombstone(after_expiry),
+        ] {
+            assert_eq!(decide(Some(r.clone()), &fp(b"a"), after_expiry), gone);
+            assert_eq!(decide(Some(r), &fp(b"b"), after_expiry), Decision::Mismatch);
+        }
+        // Before expiry the record replays as usual.
+        assert!(matches!(
+            decide(Some(completed_with_tombstone()), &fp(b"a"), T),
+            Decision::Replay(_)
+        ));
+    }
+
+    #[test]
+    fn a_lapsed_tombstone_counts_as_absent() {
+        let end = Timestamp::from_millis(200_000);
+        let compacted = completed_with_tombstone().into_tombstone(Timestamp::from_millis(150_000));
+        for r in [completed_with_tombstone(), compacted] {
+            assert_eq!(
+                decide(Some(r.clone()), &fp(b"a"), end),
+                Decision::Execute { attempt: 1 }
+            );
+            assert_eq!(
+                decide(Some(r), &fp(b"b"), end),
+                Decision::Execute { attempt: 1 }
+            );
+        }
+    }
+
+    #[test]
+    fn compaction_keeps_only_the_completion() {
+        let now = Timestamp::from_millis(150_000);
+        let t = completed_with_tombstone().into_tombstone(now);
+        assert_eq!(
+            t.state,
+            RecordState::Tombstone {
+                completed_at: T,
+                status: 201
+            }
+        );
+        assert_eq!(t.expires_at, Timestamp::from_millis(200_000));
+        assert!(!t.is_purgeable(now));
+        assert!(t.is_purgeable(Timestamp::from_millis(200_000)));
+        // A live record, an in-progress one and one without a tombstone stay as they are.
+        let live = completed_with_tombstone();
+        assert_eq!(live.clone().into_tombstone(T), live);
+        let mut plain = completed_with_tombstone();
+        plain.tombstone_until = None;
+        assert_eq!(plain.clone().into_tombstone(now), plain);
+        assert!(plain.is_purgeable(now));
     }
 }

@@ -160,13 +160,23 @@ impl Inner {
             .take(limit)
     }
 
-    /// Deletes the first `limit` records to expire by `until`; returns how many.
-    fn purge(&mut self, until: Timestamp, limit: usize) -> usize {
+    /// Purges the first `limit` records to expire by `until`, at `now`: deletes each,
+    /// or compacts it into its tombstone ([`Inner::purge_one`]). Returns how many.
+    fn purge(&mut self, until: Timestamp, now: Timestamp, limit: usize) -> usize {
         let expired: Vec<Scope> = self.expired(until, limit).map(|(_, s)| s.clone()).collect();
         for s in &expired {
-            self.remove(s);
+            self.purge_one(s, now);
         }
         expired.len()
+    }
+
+    /// Deletes an expired record, or compacts it into its tombstone (SPEC S16), which
+    /// lives on under its own expiry.
+    fn purge_one(&mut self, scope: &Scope, now: Timestamp) {
+        match self.remove(scope) {
+            Some(r) if !r.is_purgeable(now) => self.insert(r.into_tombstone(now)),
+            _ => {}
+        }
     }
 
     /// Makes room for one more record, or says it cannot. `true` when that took
@@ -175,13 +185,19 @@ impl Inner {
         if self.records.len() < max {
             return Ok(false);
         }
-        if self.purge(now, 1) == 1 {
+        // An expired record makes room, unless it is compacted into a tombstone.
+        self.purge(now, now, 1);
+        if self.records.len() < max {
             return Ok(false);
         }
         let victim = self
             .by_expiry
             .iter()
-            .find(|(_, s)| self.records.get(s).is_some_and(Record::is_completed))
+            .find(|(_, s)| {
+                self.records
+                    .get(s)
+                    .is_some_and(|r| !matches!(r.state, RecordState::InProgress { .. }))
+            })
             .map(|(_, s)| s.clone());
         match victim {
             Some(s) => {
@@ -195,7 +211,14 @@ impl Inner {
     /// The record for `lease`, if `lease` still holds it.
     fn fenced(&mut self, lease: &Lease, now: Timestamp) -> Result<&mut Record> {
         match self.records.get_mut(&lease.scope) {
-            Some(r) if r.token == lease.token && !r.is_expired(now) => Ok(r),
+            // A tombstone is what is left once the record the lease wrote expired.
+            Some(r)
+                if r.token == lease.token
+                    && !r.is_expired(now)
+                    && !matches!(r.state, RecordState::Tombstone { .. }) =>
+            {
+                Ok(r)
+            }
             _ => Err(StoreError::Fenced),
         }
     }
@@ -301,17 +324,20 @@ impl Store for MemoryStore {
                     attempt,
                     token,
                     state: RecordState::InProgress { lease_until },
+                    tombstone_until: None,
                 });
-                Ok(Reservation::Acquired(Lease {
-                    scope: req.scope.clone(),
-                    token,
-                    attempt,
-                    ttl: req.ttl,
-                }))
+                Ok(Reservation::Acquired(req.lease_for(token, attempt)))
             }
             Decision::Replay(r) => Ok(Reservation::Replay(r)),
             Decision::InProgress { retry_after } => Ok(Reservation::InProgress { retry_after }),
             Decision::Mismatch => Ok(Reservation::Mismatch),
+            Decision::Gone {
+                completed_at,
+                status,
+            } => Ok(Reservation::Gone {
+                completed_at,
+                status,
+            }),
         }
     }
 
@@ -328,6 +354,7 @@ impl Store for MemoryStore {
                 completed_at: now,
             };
             let expires_at = lease.completed_expires_at(record.created_at, record.expires_at);
+            record.tombstone_until = lease.tombstone_until(expires_at);
             inner.set_expiry(&lease.scope, expires_at);
         }
         self.changes.notify(&lease.scope);
@@ -388,14 +415,14 @@ impl Store for MemoryStore {
         let mut purged = 0;
         if times.len() <= limit {
             for shard in shards.iter() {
-                purged += lock(shard).purge(now, limit - purged);
+                purged += lock(shard).purge(now, now, limit - purged);
             }
             return Ok(purged);
         }
         let (_, &mut cutoff, _) = times.select_nth_unstable(limit - 1);
         let before = Timestamp::from_millis(cutoff.as_millis() - 1);
         for shard in shards.iter() {
-            purged += lock(shard).purge(before, limit - purged);
+            purged += lock(shard).purge(before, now, limit - purged);
         }
         let mut ties: Vec<(Timestamp, Scope)> = Vec::new();
         for shard in shards.iter() {
@@ -407,7 +434,7 @@ impl Store for MemoryStore {
             let (mut inner, _) = self.lock(&entry.1);
             // Unless renewed, replaced or purged since.
             if inner.by_expiry.contains(&entry) {
-                inner.remove(&entry.1);
+                inner.purge_one(&entry.1, now);
                 purged += 1;
             }
         }

@@ -197,6 +197,17 @@ pub enum RecordState {
         /// When it was recorded.
         completed_at: Timestamp,
     },
+    /// What is left of a completed record once it expired, if it was reserved with a
+    /// tombstone TTL (SPEC S16): no body and no headers, only when the operation
+    /// completed and with what status, until the record's
+    /// [`expires_at`](Record::expires_at). A retry with the same payload is refused with
+    /// [`Reservation::Gone`](crate::Reservation::Gone), not executed again.
+    Tombstone {
+        /// When the operation's answer was recorded.
+        completed_at: Timestamp,
+        /// The status it was recorded with.
+        status: u16,
+    },
 }
 
 /// One scope's record.
@@ -214,14 +225,69 @@ pub struct Record {
     pub attempt: u32,
     /// The token of the attempt that holds (or completed) the record.
     pub token: FencingToken,
-    /// In progress or completed.
+    /// In progress, completed, or a tombstone.
     pub state: RecordState,
+    /// For a completed record reserved with a tombstone TTL: when the tombstone that
+    /// follows its expiry ends (SPEC S16). Between [`expires_at`](Self::expires_at) and
+    /// this time the record is refused as a tombstone would be, whether or not a
+    /// store has compacted it yet ([`Record::into_tombstone`]). `None` otherwise.
+    pub tombstone_until: Option<Timestamp>,
 }
 
 impl Record {
-    /// Whether the record has expired at `now` and so counts as absent.
+    /// Whether the record has expired at `now` and so counts as absent, unless a
+    /// tombstone follows it ([`Record::tombstone`]).
     pub fn is_expired(&self, now: Timestamp) -> bool {
         self.expires_at <= now
+    }
+
+    /// The completion a live tombstone at `now` holds of this record: when it completed
+    /// and with what status. A [`RecordState::Tombstone`] that has not expired, or a
+    /// completed record that has expired before its
+    /// [`tombstone_until`](Self::tombstone_until).
+    pub fn tombstone(&self, now: Timestamp) -> Option<(Timestamp, u16)> {
+        match &self.state {
+            RecordState::Tombstone {
+                completed_at,
+                status,
+            } if !self.is_expired(now) => Some((*completed_at, *status)),
+            RecordState::Completed {
+                response,
+                completed_at,
+            } if self.is_expired(now) && self.tombstone_until.is_some_and(|t| t > now) => {
+                Some((*completed_at, response.status))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a store may delete the record at `now` (SPEC S8): it has expired and no
+    /// tombstone follows it.
+    pub fn is_purgeable(&self, now: Timestamp) -> bool {
+        self.is_expired(now) && self.tombstone(now).is_none()
+    }
+
+    /// The compact tombstone of a completed record that has expired at `now` and keeps
+    /// one: its answer dropped, living until its `tombstone_until`. Anything else comes
+    /// back unchanged.
+    pub fn into_tombstone(self, now: Timestamp) -> Record {
+        match (&self.state, self.tombstone_until) {
+            (
+                RecordState::Completed {
+                    response,
+                    completed_at,
+                },
+                Some(until),
+            ) if self.is_expired(now) && until > now => Record {
+                state: RecordState::Tombstone {
+                    completed_at: *completed_at,
+                    status: response.status,
+                },
+                expires_at: until,
+                ..self
+            },
+            _ => self,
+        }
     }
 
     /// Whether the record is completed.
@@ -242,6 +308,10 @@ pub struct Lease {
     /// The TTL the record was reserved with ([`ReserveRequest::ttl`]): completing sets
     /// its expiry to creation + this (see [`Lease::completed_expires_at`]).
     pub ttl: Duration,
+    /// The tombstone TTL the record was reserved with ([`ReserveRequest::tombstone`]):
+    /// how long a tombstone outlives the completed record (see
+    /// [`Lease::tombstone_until`]). Zero for none.
+    pub tombstone: Duration,
 }
 
 impl Lease {
@@ -256,6 +326,13 @@ impl Lease {
     /// caller but is not replayed.
     pub fn completed_expires_at(&self, created_at: Timestamp, expires_at: Timestamp) -> Timestamp {
         created_at.plus(self.ttl).min(expires_at)
+    }
+
+    /// When the tombstone of the record this lease completes ends, given when the
+    /// completed record expires ([`completed_expires_at`](Self::completed_expires_at)):
+    /// that plus the tombstone TTL, or `None` when the lease keeps no tombstone.
+    pub fn tombstone_until(&self, completed_expires_at: Timestamp) -> Option<Timestamp> {
+        (!self.tombstone.is_zero()).then(|| completed_expires_at.plus(self.tombstone))
     }
 
     /// Whether this attempt took over a record whose earlier attempt died (SPEC S7): the
@@ -277,6 +354,9 @@ pub struct ReserveRequest {
     pub ttl: Duration,
     /// How long the lease lasts before it must be renewed (SPEC S7).
     pub lease: Duration,
+    /// How long, after a completed record expires, its tombstone refuses a retry
+    /// (SPEC S16). Zero, the default, keeps none: after expiry the key executes again.
+    pub tombstone: Duration,
 }
 
 impl ReserveRequest {
@@ -287,6 +367,24 @@ impl ReserveRequest {
             fingerprint,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
+            tombstone: Duration::ZERO,
+        }
+    }
+
+    /// Sets the tombstone TTL (zero for none).
+    pub fn tombstone(mut self, tombstone: Duration) -> ReserveRequest {
+        self.tombstone = tombstone;
+        self
+    }
+
+    /// The lease of the reservation this request won, under `token` as `attempt`.
+    pub fn lease_for(&self, token: FencingToken, attempt: u32) -> Lease {
+        Lease {
+            scope: self.scope.clone(),
+            token,
+            attempt,
+            ttl: self.ttl,
+            tombstone: self.tombstone,
         }
     }
 

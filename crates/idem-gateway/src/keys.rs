@@ -80,6 +80,17 @@ pub fn record_json(record: &Record, now: Timestamp) -> Value {
                     .find(|(n, _)| n == idem_core::seal::SEALED_HEADER)
                     .map(|(_, id)| String::from_utf8_lossy(id).into_owned()),
             },
+            "tombstone_until": record.tombstone_until.map(millis_json),
+        }),
+        // What is left of a completed record after its TTL (SPEC S16): it refuses a
+        // retry with 410 until `expires_at`.
+        RecordState::Tombstone {
+            completed_at,
+            status,
+        } => json!({
+            "state": "tombstone",
+            "completed_at": millis_json(*completed_at),
+            "status": status,
         }),
     };
     json!({

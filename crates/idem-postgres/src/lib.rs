@@ -60,6 +60,7 @@
 //!     Reservation::Replay(response) => println!("replay {}", response.status),
 //!     Reservation::InProgress { retry_after } => println!("409, retry in {retry_after:?}"),
 //!     Reservation::Mismatch => println!("422"),
+//!     Reservation::Gone { completed_at, .. } => println!("410, completed at {completed_at:?}"),
 //! }
 //! # Ok(()) }
 //! ```

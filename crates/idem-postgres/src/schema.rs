@@ -146,10 +146,35 @@ const MIGRATIONS: &[Migration] = &[
             ]
         },
     },
+    Migration {
+        version: 4,
+        description: "tombstones: a tombstone_until column and a third state",
+        statements: |t| {
+            // A tombstone (SPEC S16) is a completed record past its expiry, compacted by
+            // the purge into its fingerprint, status and completion time, living until
+            // its expires_at. Adding a column without a default rewrites nothing; the
+            // new check reads the table once.
+            vec![
+                format!("ALTER TABLE {t} ADD COLUMN tombstone_until BIGINT"),
+                format!("ALTER TABLE {t} DROP CONSTRAINT {t}_state"),
+                format!(
+                    "ALTER TABLE {t} ADD CONSTRAINT {t}_state CHECK (
+                        (state = 'in_progress' AND lease_until IS NOT NULL
+                            AND status IS NULL AND completed_at IS NULL)
+                        OR (state = 'completed' AND lease_until IS NULL
+                            AND status IS NOT NULL AND headers IS NOT NULL
+                            AND body IS NOT NULL AND completed_at IS NOT NULL)
+                        OR (state = 'tombstone' AND lease_until IS NULL
+                            AND status IS NOT NULL AND headers IS NULL
+                            AND body IS NULL AND completed_at IS NOT NULL))"
+                ),
+            ]
+        },
+    },
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// The channel every store's table notifies on (migration 3): a payload is the table's
 /// name, a space, and the [`Scope::digest`](idem_core::Scope::digest) of a record that

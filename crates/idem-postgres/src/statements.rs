@@ -33,19 +33,27 @@ pub(crate) fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record, Stor
         "in_progress" => RecordState::InProgress {
             lease_until: ms("lease_until")?,
         },
-        "completed" => {
+        "completed" | "tombstone" => {
             let status: i32 = row.try_get("status").map_err(store_error)?;
             let status = u16::try_from(status)
                 .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
-            let headers: Vec<u8> = row.try_get("headers").map_err(store_error)?;
-            let body: Vec<u8> = row.try_get("body").map_err(store_error)?;
-            RecordState::Completed {
-                response: StoredResponse {
+            let completed_at = ms("completed_at")?;
+            if state == "tombstone" {
+                RecordState::Tombstone {
+                    completed_at,
                     status,
-                    headers: decode_headers(&headers)?,
-                    body: Bytes::from(body),
-                },
-                completed_at: ms("completed_at")?,
+                }
+            } else {
+                let headers: Vec<u8> = row.try_get("headers").map_err(store_error)?;
+                let body: Vec<u8> = row.try_get("body").map_err(store_error)?;
+                RecordState::Completed {
+                    response: StoredResponse {
+                        status,
+                        headers: decode_headers(&headers)?,
+                        body: Bytes::from(body),
+                    },
+                    completed_at,
+                }
             }
         }
         other => return Err(StoreError::Corrupt(format!("unknown state {other:?}"))),
@@ -58,6 +66,10 @@ pub(crate) fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record, Stor
         attempt: attempt_from(row)?,
         token: FencingToken::from_i64(row.try_get("token").map_err(store_error)?),
         state,
+        tombstone_until: row
+            .try_get::<Option<i64>, _>("tombstone_until")
+            .map_err(store_error)?
+            .map(Timestamp::from_millis),
     })
 }
 
@@ -78,7 +90,7 @@ pub(crate) struct Statements {
 
 /// The columns a record is read from, in the order both halves of `reserve` return them.
 pub(crate) const RECORD_COLUMNS: &str = "attempt, token, fingerprint, created_at, expires_at, state, \
-                              lease_until, status, headers, body, completed_at";
+                              lease_until, status, headers, body, completed_at, tombstone_until";
 
 /// The `ON CONFLICT` clause of a reserve, the single-row one and the batched one
 /// alike: its `WHERE` is decide()'s Execute rows and nothing else (see
@@ -99,10 +111,30 @@ pub(crate) fn reserve_takes(now: &str) -> String {
                     status       = NULL,
                     headers      = NULL,
                     body         = NULL,
-                    completed_at = NULL
-                WHERE r.expires_at <= {now}
+                    completed_at = NULL,
+                    tombstone_until = NULL
+                WHERE (r.expires_at <= {now}
+                       AND NOT (r.state = 'completed' AND COALESCE(r.tombstone_until, 0) > {now}))
                    OR (r.state = 'in_progress' AND r.lease_until <= {now}
                        AND r.fingerprint = EXCLUDED.fingerprint)"
+    )
+}
+
+/// The expiry and tombstone end (SPEC S16) of a record completed now, as `SET`
+/// assignments over the old row `r`, with `ttl` and `tombstone` the parameters holding
+/// the TTL and the tombstone TTL in ms (0 for none): as `Lease::completed_expires_at`
+/// and `Lease::tombstone_until` say. CASEs, so that no sum overflows.
+pub(crate) fn completed_expiry(r: &str, ttl: &str, tombstone: &str) -> String {
+    let expiry = format!(
+        "(CASE WHEN {ttl} < {r}.expires_at - {r}.created_at THEN {r}.created_at + {ttl}
+               ELSE {r}.expires_at END)"
+    );
+    format!(
+        "expires_at = {expiry},
+         tombstone_until = CASE WHEN {tombstone} = 0 THEN NULL
+                                WHEN {expiry} > 9223372036854775807 - {tombstone}
+                                    THEN 9223372036854775807
+                                ELSE {expiry} + {tombstone} END"
     )
 }
 
@@ -134,15 +166,14 @@ impl Statements {
             SELECT FALSE AS acquired, {RECORD_COLUMNS} FROM {t}
              WHERE {BY_SCOPE} AND NOT EXISTS (SELECT 1 FROM ins)"
         );
-        // complete: $4 token, $5 now, $6 status, $7 headers, $8 body, $9 the TTL in ms.
-        // A completed record expires at creation + TTL, as `Lease::completed_expires_at`
-        // says: the lease may have kept it alive longer while in progress. A CASE, so
-        // that a TTL of i64::MAX ms never overflows the sum.
+        // complete: $4 token, $5 now, $6 status, $7 headers, $8 body, $9 the TTL in ms,
+        // $10 the tombstone TTL in ms. A completed record expires at creation + TTL, as
+        // `Lease::completed_expires_at` says: the lease may have kept it alive longer
+        // while in progress.
+        let expiry = completed_expiry("r", "$9::BIGINT", "$10::BIGINT");
         let complete = format!(
-            "UPDATE {t} SET state = 'completed', lease_until = NULL, status = $6,
-                    headers = $7, body = $8, completed_at = $5,
-                    expires_at = CASE WHEN $9::BIGINT < expires_at - created_at
-                                      THEN created_at + $9::BIGINT ELSE expires_at END
+            "UPDATE {t} AS r SET state = 'completed', lease_until = NULL, status = $6,
+                    headers = $7, body = $8, completed_at = $5, {expiry}
               WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'in_progress'"
         );
         let completed_by = format!(
@@ -163,14 +194,31 @@ impl Statements {
         let release_unconfirmed = format!("{release} AND attempt = 1");
         let get = format!("SELECT {RECORD_COLUMNS} FROM {t} WHERE {BY_SCOPE}");
         let remove = format!("DELETE FROM {t} WHERE {BY_SCOPE}");
-        // At most $2 rows, found through the expires_at index; rows another
-        // transaction holds (a reserve taking one over) are skipped, not waited for.
+        // At most $2 rows of each kind, found through the expires_at index; rows
+        // another transaction holds (a reserve taking one over) are skipped, not waited
+        // for. A completed record whose tombstone outlives it is compacted into the
+        // tombstone, which the index then finds at its own end (SPEC S16); the rest
+        // are deleted. Both halves see the same snapshot, and their rows are disjoint.
         let purge = format!(
-            "DELETE FROM {t}
-              WHERE ctid = ANY(ARRAY(
-                        SELECT ctid FROM {t} WHERE expires_at <= $1
-                         ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))
-                AND expires_at <= $1"
+            "WITH compacted AS (
+                UPDATE {t} SET state = 'tombstone', headers = NULL, body = NULL,
+                       expires_at = tombstone_until
+                 WHERE ctid = ANY(ARRAY(
+                           SELECT ctid FROM {t} WHERE expires_at <= $1
+                              AND state = 'completed' AND tombstone_until > $1
+                            ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+                   AND expires_at <= $1 AND state = 'completed'
+                RETURNING 1
+            ), deleted AS (
+                DELETE FROM {t}
+                 WHERE ctid = ANY(ARRAY(
+                           SELECT ctid FROM {t} WHERE expires_at <= $1
+                              AND NOT (state = 'completed' AND COALESCE(tombstone_until, 0) > $1)
+                            ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+                   AND expires_at <= $1
+                RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM compacted) + (SELECT count(*) FROM deleted)"
         );
         Statements {
             table: t.to_owned(),
@@ -299,6 +347,7 @@ mod tests {
                 .bind(vec![0_u8, 0])
                 .bind(vec![1_u8])
                 .bind(86_400_000_i64)
+                .bind(0_i64)
                 .fetch_all(&store.pool)
                 .await?
                 .join("\n")

@@ -322,6 +322,26 @@ impl PgStore {
         body: &[u8],
         now: Timestamp,
     ) -> Result<(), StoreError> {
+        if self
+            .complete_update(conn, lease, status, headers, body, now)
+            .await?
+        {
+            return Ok(());
+        }
+        self.completed_by(conn, lease, now).await
+    }
+
+    /// The completion's update alone: whether it completed the record (else it is
+    /// completed already, or fenced: see [`completed_by`](Self::completed_by)).
+    pub(crate) async fn complete_update(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        status: i32,
+        headers: &[u8],
+        body: &[u8],
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
         let scope = &lease.scope;
         let done = sqlx::query(AssertSqlSafe(self.sql.complete.clone()))
             .bind(scope.tenant().as_str())
@@ -333,13 +353,11 @@ impl PgStore {
             .bind(headers)
             .bind(body)
             .bind(duration_millis(lease.ttl))
+            .bind(duration_millis(lease.tombstone))
             .execute(&mut *conn)
             .await
             .map_err(store_error)?;
-        if done.rows_affected() == 1 {
-            return Ok(());
-        }
-        self.completed_by(conn, lease, now).await
+        Ok(done.rows_affected() == 1)
     }
 
     /// After a completion that found `lease`'s record not in progress under its token:
@@ -405,12 +423,9 @@ pub(crate) fn reservation_from(
                 "reserve returned another attempt's token".into(),
             ));
         }
-        return Ok(Some(Reservation::Acquired(Lease {
-            scope: req.scope.clone(),
-            token,
-            attempt: row.attempt,
-            ttl: req.ttl,
-        })));
+        return Ok(Some(Reservation::Acquired(
+            req.lease_for(token, row.attempt),
+        )));
     }
     // `None`: the row read was an older version that may now be taken (its lease or
     // life ran out, or another writer changed it after the snapshot). Try again.
@@ -437,12 +452,7 @@ impl Unconfirmed<'_> {
     ) -> Unconfirmed<'a> {
         Unconfirmed {
             store,
-            lease: Some(Lease {
-                scope: req.scope.clone(),
-                token,
-                attempt: 1,
-                ttl: req.ttl,
-            }),
+            lease: Some(req.lease_for(token, 1)),
         }
     }
 
@@ -600,17 +610,17 @@ impl Store for PgStore {
         }
         let now = self.clock.now();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let done = self
+        let done: i64 = self
             .bounded(async {
-                sqlx::query(AssertSqlSafe(self.sql.purge.clone()))
+                sqlx::query_scalar(AssertSqlSafe(self.sql.purge.clone()))
                     .bind(now.as_millis())
                     .bind(limit)
-                    .execute(&self.pool)
+                    .fetch_one(&self.pool)
                     .await
                     .map_err(store_error)
             })
             .await?;
-        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+        Ok(usize::try_from(done).unwrap_or(0))
     }
 
     /// From the store's `LISTEN` connection: it fires when any instance on this table

@@ -76,11 +76,11 @@ impl Gate {
         });
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
-            // This store's batch statement, waiting for the row.
+            // This store's reserve (a lone one: its single-row statement), waiting for the row.
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity
                   WHERE wait_event_type = 'Lock' AND datname = current_database()
-                    AND position($1 in query) > 0 AND position('unnest' in query) > 0",
+                    AND position($1 in query) > 0",
             )
             .bind(store.table())
             .fetch_one(&mut conn)

@@ -5,17 +5,21 @@
 -- src/record.rs: token at bytes 3-10 (Lua counts from 1), expires_at 11-18,
 -- lease_until 19-26, state 27.
 --
--- KEYS[1] the record's key
+-- KEYS[1] the record's key   KEYS[2] its tombstone's key (the same hash tag)
 -- ARGV[1] token, 8 bytes     ARGV[2] now, ms (decimal)
 -- ARGV[3] completed_at, 8 bytes
 -- ARGV[4] status and headers (record::encode_answer_head)   ARGV[5] body
 -- ARGV[6] the record's TTL, ms (decimal)   ARGV[7] the native TTL's grace, ms (decimal)
--- ARGV[8], ARGV[9] (optional) a channel and message to PUBLISH once the record is
+-- ARGV[8] the tombstone TTL, ms (decimal; 0 for none)
+-- ARGV[9], ARGV[10] (optional) a channel and message to PUBLISH once the record is
 -- completed, for duplicates waiting on other instances (SPEC S15)
 --
 -- A completed record expires at creation (bytes 28-35) + TTL, as
 -- Lease::completed_expires_at says: the lease may have kept it alive longer while in
--- progress. Its native TTL follows, with the grace.
+-- progress. Its native TTL follows, with the grace. With a tombstone TTL, the tombstone
+-- (SPEC S16) is written beside it: the record's head with state 'T', the completion
+-- time and the tombstone's end (expiry + tombstone TTL) as expires_at, then the scope
+-- and the status; no headers, no body. Its native TTL is its end, with the grace.
 --
 -- Returns 1 when the record is (now or already) completed by this attempt, 0 when
 -- fenced, -1 when the key holds something that is not a record.
@@ -38,14 +42,24 @@ end
 local tail = ARGV[3] .. 'C' .. string.sub(v, 28) .. ARGV[4] .. ARGV[5]
 local created_at = struct.unpack('>i8', v, 28)
 local ttl = tonumber(ARGV[6])
+local grace = tonumber(ARGV[7])
+local completed_expiry = expires_at
 if ttl < expires_at - created_at then
-  local until_ms = created_at + ttl
-  redis.call('SET', KEYS[1], string.sub(v, 1, 10) .. struct.pack('>i8', until_ms) .. tail,
-    'PX', math.max(1, until_ms - now + tonumber(ARGV[7])))
+  completed_expiry = created_at + ttl
+  redis.call('SET', KEYS[1], string.sub(v, 1, 10) .. struct.pack('>i8', completed_expiry) .. tail,
+    'PX', math.max(1, completed_expiry - now + grace))
 else
   redis.call('SET', KEYS[1], string.sub(v, 1, 18) .. tail, 'KEEPTTL')
 end
-if ARGV[8] then
-  redis.call('PUBLISH', ARGV[8], ARGV[9])
+local tombstone = tonumber(ARGV[8])
+if tombstone > 0 then
+  -- At most 2^62 ms: far beyond any real time, and exact in Lua's doubles.
+  local tomb_until = math.min(completed_expiry + tombstone, 4611686018427387904)
+  local px = math.min(math.max(1, tomb_until - now + grace), 3153600000000)
+  redis.call('SET', KEYS[2], 'I1' .. string.sub(v, 3, 10) .. struct.pack('>i8', tomb_until)
+    .. ARGV[3] .. 'T' .. string.sub(v, 28) .. string.sub(ARGV[4], 1, 2), 'PX', px)
+end
+if ARGV[9] then
+  redis.call('PUBLISH', ARGV[9], ARGV[10])
 end
 return 1

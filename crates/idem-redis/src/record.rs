@@ -24,6 +24,10 @@ pub(crate) const MAGIC: &[u8; 2] = b"I1";
 const IN_PROGRESS: u8 = b'P';
 /// `state` of a record whose answer is recorded.
 const COMPLETED: u8 = b'C';
+/// `state` of a tombstone (SPEC S16), kept at its own key beside the record's: the
+/// head of the completed record with its completion time, its own end as `expires_at`,
+/// then the scope and the status, and nothing else.
+const TOMBSTONE: u8 = b'T';
 /// The head that identifies one version of a record (everything up to the scope).
 pub(crate) const FENCED_LEN: usize = 71;
 /// The head plus the three lengths of the scope's parts.
@@ -133,6 +137,16 @@ pub(crate) fn decode(value: Bytes) -> Result<Record> {
                 completed_at: lease_or_completed,
             }
         }
+        TOMBSTONE => {
+            let status = u16::from_be_bytes(r.array("status")?);
+            if r.at != value.len() {
+                return Err(corrupt("state", "a tombstone with an answer"));
+            }
+            RecordState::Tombstone {
+                completed_at: lease_or_completed,
+                status,
+            }
+        }
         other => {
             return Err(corrupt(
                 "state",
@@ -140,6 +154,7 @@ pub(crate) fn decode(value: Bytes) -> Result<Record> {
             ));
         }
     };
+    let tombstone_until = matches!(state, RecordState::Tombstone { .. }).then_some(expires_at);
     Ok(Record {
         scope,
         fingerprint,
@@ -148,6 +163,7 @@ pub(crate) fn decode(value: Bytes) -> Result<Record> {
         attempt,
         token,
         state,
+        tombstone_until,
     })
 }
 

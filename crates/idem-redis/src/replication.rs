@@ -8,7 +8,7 @@
 //! the record's slot (a pipeline goes whole to the slot of its keyed command; `WAIT`
 //! alone would go to every master).
 
-use idem_core::{FencingToken, Lease, ReserveRequest, Result, StoreError, duration_millis};
+use idem_core::{FencingToken, ReserveRequest, Result, StoreError, duration_millis};
 use redis::{Cmd, FromRedisValue, RedisResult, Script, Value};
 
 use crate::store::{RedisStore, bump};
@@ -111,12 +111,7 @@ impl RedisStore {
         let Some(e) = self.too_few(acked, "reservation") else {
             return Ok(());
         };
-        let lease = Lease {
-            scope: req.scope.clone(),
-            token,
-            attempt,
-            ttl: req.ttl,
-        };
+        let lease = req.lease_for(token, attempt);
         if let Err(release) = idem_core::Store::release(self, &lease).await {
             tracing::warn!(error = %release, "could not release a reservation too few replicas hold");
         }

@@ -57,6 +57,8 @@ static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 pub(crate) static PURGE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/purge.lua")));
+static RESERVE_TOMBSTONED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/reserve_tombstoned.lua")));
 
 /// A [`Store`] on Redis, shared by any number of instances.
 ///
@@ -163,6 +165,16 @@ impl RedisStore {
         key
     }
 
+    /// The Redis key of `scope`'s tombstone (SPEC S16), beside its record's under the
+    /// same hash tag: the record's key and `t`. Written when a record reserved with a
+    /// tombstone TTL completes, in the record's layout with state `T` and no answer,
+    /// with a native TTL at the tombstone's end.
+    pub fn tombstone_key(&self, scope: &Scope) -> String {
+        let mut key = self.record_key(scope);
+        key.push('t');
+        key
+    }
+
     /// The Redis key of the secret `name` ([`Store::init_secret`]): the prefix, `meta:`
     /// and the name. It has no TTL.
     pub fn secret_key(&self, name: &str) -> String {
@@ -235,13 +247,7 @@ impl RedisStore {
         reply.map_err(|e| {
             if releases_after(&e, attempt) {
                 bump(&self.counters.unconfirmed_reservations);
-                let lease = Lease {
-                    scope: req.scope.clone(),
-                    token,
-                    attempt,
-                    ttl: req.ttl,
-                };
-                release_unconfirmed(self, lease);
+                release_unconfirmed(self, req.lease_for(token, attempt));
             }
             self.failed(e)
         })
@@ -311,12 +317,7 @@ fn not_a_record(key: &str) -> StoreError {
 
 /// The lease of a reservation this caller won.
 fn acquired(req: &ReserveRequest, token: FencingToken, attempt: u32) -> Reservation {
-    Reservation::Acquired(Lease {
-        scope: req.scope.clone(),
-        token,
-        attempt,
-        ttl: req.ttl,
-    })
+    Reservation::Acquired(req.lease_for(token, attempt))
 }
 
 /// A `PX` argument for a record that logically lives until `until`: relative to
@@ -331,8 +332,9 @@ fn native_ttl(grace_ms: i64, until: Timestamp, now: Timestamp) -> i64 {
         .clamp(1, MAX_NATIVE_TTL_MS)
 }
 
-/// The `SCAN` pattern matching exactly the record keys under `prefix`: the prefix with
-/// its glob characters escaped, then a hash tag of 64 characters (a hex digest).
+/// The `SCAN` pattern matching the record and tombstone keys under `prefix`: the prefix
+/// with its glob characters escaped, then a hash tag of 64 characters (a hex digest),
+/// then anything (nothing for a record, `t` for its tombstone).
 pub(crate) fn scan_pattern(prefix: &str) -> String {
     let mut pattern = String::with_capacity(prefix.len() + 70);
     for c in prefix.chars() {
@@ -344,6 +346,8 @@ pub(crate) fn scan_pattern(prefix: &str) -> String {
     pattern.push('{');
     pattern.extend(std::iter::repeat_n('?', 64));
     pattern.push('}');
+    // And the tombstone beside it.
+    pattern.push('*');
     pattern
 }
 
@@ -366,16 +370,30 @@ impl Store for RedisStore {
                 attempt: 1,
             };
             let fresh_ttl = native_ttl(self.ttl_grace_ms, expires_at, now);
-            // Writes the record if the key is free, else returns what holds it.
+            // Writes the record if the key is free, else returns what holds it: with
+            // tombstones, a live tombstone of an expired record too.
             let fresh_value = fresh.encode();
-            let mut set = redis::cmd("SET");
-            set.arg(&key)
-                .arg(&fresh_value)
-                .arg("NX")
-                .arg("GET")
-                .arg("PX")
-                .arg(fresh_ttl);
-            let reply = self.with_wait::<Option<Vec<u8>>>(&set, None, &key).await;
+            let reply = if req.tombstone.is_zero() {
+                let mut set = redis::cmd("SET");
+                set.arg(&key)
+                    .arg(&fresh_value)
+                    .arg("NX")
+                    .arg("GET")
+                    .arg("PX")
+                    .arg(fresh_ttl);
+                self.with_wait::<Option<Vec<u8>>>(&set, None, &key).await
+            } else {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(RESERVE_TOMBSTONED.get_hash())
+                    .arg(2)
+                    .arg(&key)
+                    .arg(self.tombstone_key(&req.scope))
+                    .arg(&fresh_value)
+                    .arg(fresh_ttl)
+                    .arg(now.as_millis());
+                self.with_wait::<Option<Vec<u8>>>(&cmd, Some(&RESERVE_TOMBSTONED), &key)
+                    .await
+            };
             let (existing, acked) = self.confirmed(reply, req, token, 1)?;
             let Some(existing) = existing else {
                 self.replicated(acked, req, token, 1).await?;
@@ -405,6 +423,15 @@ impl Store for RedisStore {
                     return Ok(Reservation::InProgress { retry_after });
                 }
                 Decision::Mismatch => return Ok(Reservation::Mismatch),
+                Decision::Gone {
+                    completed_at,
+                    status,
+                } => {
+                    return Ok(Reservation::Gone {
+                        completed_at,
+                        status,
+                    });
+                }
             };
             // The head the decision was made on (a decoded record is longer).
             let head = &existing[..FENCED_LEN];
@@ -443,14 +470,19 @@ impl Store for RedisStore {
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<()> {
         let now = self.clock.now();
         let key = self.record_key(&lease.scope);
-        let mut cmd = evalsha(&COMPLETE, &key);
-        cmd.arg(&lease.token.as_u64().to_be_bytes())
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(COMPLETE.get_hash())
+            .arg(2)
+            .arg(&key)
+            .arg(self.tombstone_key(&lease.scope))
+            .arg(&lease.token.as_u64().to_be_bytes())
             .arg(now.as_millis())
             .arg(&now.as_millis().to_be_bytes())
             .arg(record::encode_answer_head(response))
             .arg(&response.body[..])
             .arg(duration_millis(lease.ttl))
-            .arg(self.ttl_grace_ms);
+            .arg(self.ttl_grace_ms)
+            .arg(duration_millis(lease.tombstone));
         self.announce(&mut cmd, &lease.scope);
         if self.replication.is_none() {
             return self.fenced(&COMPLETE, &cmd, &key).await;
@@ -491,19 +523,32 @@ impl Store for RedisStore {
         self.fenced(&RELEASE, &cmd, &key).await
     }
 
+    /// The record, or once it has expired (or Redis deleted it) its tombstone, if one
+    /// is kept.
     async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
-        let key = self.record_key(scope);
-        let value: Option<Vec<u8>> = redis::cmd("GET")
-            .arg(&key)
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| self.failed(e))?;
-        value.map(|v| decode(&key, v.into())).transpose()
+        let read = |key: String| async move {
+            let value: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| self.failed(e))?;
+            value.map(|v| decode(&key, v.into())).transpose()
+        };
+        let record = read(self.record_key(scope)).await?;
+        if record
+            .as_ref()
+            .is_some_and(|r| !r.is_expired(self.clock.now()))
+        {
+            return Ok(record);
+        }
+        Ok(read(self.tombstone_key(scope)).await?.or(record))
     }
 
+    /// Deletes the record and its tombstone.
     async fn remove(&self, scope: &Scope) -> Result<bool> {
         let removed: i64 = redis::cmd("DEL")
             .arg(self.record_key(scope))
+            .arg(self.tombstone_key(scope))
             .query_async(&mut self.conn.clone())
             .await
             .map_err(|e| self.failed(e))?;

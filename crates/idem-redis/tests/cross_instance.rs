@@ -288,6 +288,7 @@ fn race_worker() {
             .expect("report"),
             Reservation::InProgress { .. } => busy += 1,
             Reservation::Mismatch => panic!("key {i}: same payload reported as mismatch"),
+            Reservation::Gone { .. } => panic!("key {i}: a fresh key reported as gone"),
         }
     }
     writeln!(out, "race:busy {busy}").expect("report");

@@ -300,6 +300,7 @@ fn stray_lease(scope: &Scope) -> Lease {
         token: FencingToken::generate(),
         attempt: 1,
         ttl: idem_core::DEFAULT_TTL,
+        tombstone: std::time::Duration::ZERO,
     }
 }
 
@@ -495,28 +496,32 @@ async fn take_over_replaces_only_the_version_it_read() {
     assert_eq!(f.value(&scope).await, None);
 }
 
-/// Redis Cluster runs a script only when all its keys hash to one slot; these touch
-/// exactly one, declared as `KEYS[1]`, and never build key names.
+/// Redis Cluster runs a script only when all its keys hash to one slot. Each touches
+/// only the keys it is given, never building a key name: `KEYS[1]`, the record's, and
+/// for the two that write or read a tombstone `KEYS[2]`, the tombstone's, which has the
+/// record's hash tag ([`tombstone_key_shares_the_records_slot`]).
 #[test]
-fn every_script_touches_only_its_one_declared_key() {
+fn every_script_touches_only_its_declared_keys() {
     let scripts = [
-        include_str!("../scripts/take_over.lua"),
-        include_str!("../scripts/complete.lua"),
-        include_str!("../scripts/renew.lua"),
-        include_str!("../scripts/release.lua"),
-        include_str!("../scripts/purge.lua"),
+        (include_str!("../scripts/take_over.lua"), 1),
+        (include_str!("../scripts/complete.lua"), 2),
+        (include_str!("../scripts/renew.lua"), 1),
+        (include_str!("../scripts/release.lua"), 1),
+        (include_str!("../scripts/purge.lua"), 1),
+        (include_str!("../scripts/reserve_tombstoned.lua"), 2),
     ];
-    for script in scripts {
+    for (script, keys) in scripts {
         let code: String = script
             .lines()
             .filter(|l| !l.trim_start().starts_with("--"))
             .collect::<Vec<_>>()
             .join("\n");
+        let declared = |arg: &str| (1..=keys).any(|k| arg.starts_with(&format!("KEYS[{k}]")));
         let mut rest = code.as_str();
         let mut uses = 0;
         while let Some(at) = rest.find("KEYS[") {
             assert!(
-                rest[at..].starts_with("KEYS[1]"),
+                declared(&rest[at..]),
                 "a script touches another key: {}",
                 &rest[at..at + 8]
             );
@@ -524,8 +529,9 @@ fn every_script_touches_only_its_one_declared_key() {
             rest = &rest[at + 5..];
         }
         assert!(uses > 0);
-        // Every redis.call's key argument is KEYS[1]. A PUBLISH names a channel, not a
-        // key, and is sent on one server only: the store passes no channel on a cluster.
+        // Every redis.call's key argument is a declared key. A PUBLISH names a channel,
+        // not a key, and is sent on one server only: the store passes no channel on a
+        // cluster.
         for call in code.split("redis.call(").skip(1) {
             if call.starts_with("'PUBLISH'") {
                 continue;
@@ -533,12 +539,27 @@ fn every_script_touches_only_its_one_declared_key() {
             let args: Vec<&str> = call.splitn(3, ',').collect();
             if args.len() > 1 {
                 assert!(
-                    args[1].trim().starts_with("KEYS[1]"),
-                    "redis.call({call:.40}…) does not name KEYS[1]"
+                    declared(args[1].trim()),
+                    "redis.call({call:.40}…) does not name a declared key"
                 );
             }
         }
     }
+}
+
+/// The tombstone's key is the record's with a suffix outside the braces: the same hash
+/// tag, so the same Redis Cluster slot, and a name no record key can have.
+#[tokio::test]
+async fn tombstone_key_shares_the_records_slot() {
+    let Some(f) = fixture("tombstone_key").await else {
+        return;
+    };
+    let scope = test_scope("/v1/charges", "k");
+    let (record, tombstone) = (f.store.record_key(&scope), f.store.tombstone_key(&scope));
+    assert_eq!(tombstone, format!("{record}t"));
+    let tag = |key: &str| key[key.find('{').unwrap()..=key.find('}').unwrap()].to_owned();
+    assert_eq!(tag(&record), tag(&tombstone));
+    assert!(record.ends_with('}'));
 }
 
 #[tokio::test]

@@ -28,6 +28,7 @@ pub(crate) struct StoredRow {
     pub(crate) headers: Option<Vec<u8>>,
     pub(crate) body: Option<Vec<u8>>,
     pub(crate) completed_at: Option<i64>,
+    pub(crate) tombstone_until: Option<i64>,
 }
 
 impl StoredRow {
@@ -45,6 +46,7 @@ impl StoredRow {
             headers: row.get(8)?,
             body: row.get(9)?,
             completed_at: row.get(10)?,
+            tombstone_until: row.get(11)?,
         })
     }
 
@@ -62,6 +64,7 @@ impl StoredRow {
             headers: row.try_get(8)?,
             body: row.try_get(9)?,
             completed_at: row.try_get(10)?,
+            tombstone_until: row.try_get(11)?,
         })
     }
 
@@ -76,21 +79,29 @@ impl StoredRow {
                         .ok_or_else(|| corrupt("in progress without a lease"))?,
                 ),
             },
-            "completed" => {
+            "completed" | "tombstone" => {
                 let status = self
                     .status
                     .and_then(|s| u16::try_from(s).ok())
                     .ok_or_else(|| corrupt("status"))?;
-                RecordState::Completed {
-                    response: StoredResponse {
+                let completed_at = Timestamp::from_millis(
+                    self.completed_at
+                        .ok_or_else(|| corrupt("completed without a time"))?,
+                );
+                if self.state == "tombstone" {
+                    RecordState::Tombstone {
+                        completed_at,
                         status,
-                        headers: decode_headers(&self.headers.unwrap_or_default())?,
-                        body: Bytes::from(self.body.unwrap_or_default()),
-                    },
-                    completed_at: Timestamp::from_millis(
-                        self.completed_at
-                            .ok_or_else(|| corrupt("completed without a time"))?,
-                    ),
+                    }
+                } else {
+                    RecordState::Completed {
+                        response: StoredResponse {
+                            status,
+                            headers: decode_headers(&self.headers.unwrap_or_default())?,
+                            body: Bytes::from(self.body.unwrap_or_default()),
+                        },
+                        completed_at,
+                    }
                 }
             }
             other => return Err(corrupt(&format!("state {other:?}"))),
@@ -103,6 +114,7 @@ impl StoredRow {
             attempt: u32::try_from(self.attempt).map_err(|_| corrupt("attempt"))?,
             token: FencingToken::from_i64(self.token),
             state,
+            tombstone_until: self.tombstone_until.map(Timestamp::from_millis),
         })
     }
 }

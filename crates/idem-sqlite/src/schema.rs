@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 pub const DEFAULT_TABLE: &str = "idem_records";
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The table that records, per records table, which schema version it has. One
 /// database may hold several records tables (one per service, say), so SQLite's single
@@ -46,6 +46,43 @@ fn v1(table: &str) -> String {
             PRIMARY KEY (tenant, endpoint, idem_key)
         );
         CREATE INDEX IF NOT EXISTS {table}_expires_at ON {table} (expires_at);"
+    )
+}
+
+/// Version 2: tombstones (SPEC S16). A `tombstone_until` column (when the tombstone of
+/// a completed record ends, if it keeps one), and a third state, `tombstone`: a
+/// completed record past its expiry, compacted by the purge into its fingerprint,
+/// status and completion time (no headers, no body) and living until its
+/// `expires_at`, which is then the tombstone's end. SQLite cannot change a `CHECK`, so
+/// the table is rebuilt under the migration's write lock: once, and in one
+/// transaction, which rolls back whole if anything fails.
+fn v2(table: &str) -> String {
+    let columns = "tenant, endpoint, idem_key, fingerprint, created_at, expires_at, attempt, \
+                   token, state, lease_until, status, headers, body, completed_at";
+    format!(
+        "CREATE TABLE {table}_v2 (
+            tenant          TEXT    NOT NULL,
+            endpoint        TEXT    NOT NULL,
+            idem_key        TEXT    NOT NULL,
+            fingerprint     BLOB    NOT NULL,
+            created_at      INTEGER NOT NULL,
+            expires_at      INTEGER NOT NULL,
+            attempt         INTEGER NOT NULL,
+            token           INTEGER NOT NULL,
+            state           TEXT    NOT NULL
+                CHECK (state IN ('in_progress', 'completed', 'tombstone')),
+            lease_until     INTEGER,
+            status          INTEGER,
+            headers         BLOB,
+            body            BLOB,
+            completed_at    INTEGER,
+            tombstone_until INTEGER,
+            PRIMARY KEY (tenant, endpoint, idem_key)
+        );
+        INSERT INTO {table}_v2 ({columns}) SELECT {columns} FROM {table};
+        DROP TABLE {table};
+        ALTER TABLE {table}_v2 RENAME TO {table};
+        CREATE INDEX {table}_expires_at ON {table} (expires_at);"
     )
 }
 
@@ -86,25 +123,33 @@ pub(crate) async fn migrate(conn: &mut SqliteConnection, table: &str) -> Result<
             .bind(table)
             .fetch_optional(&mut *tx)
             .await?;
-    match found.unwrap_or(0) {
-        0 => {
-            sqlx::raw_sql(AssertSqlSafe(v1(table)))
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("INSERT INTO idem_schema_versions (table_name, version) VALUES (?1, ?2)")
-                .bind(table)
-                .bind(SCHEMA_VERSION)
-                .execute(&mut *tx)
-                .await?;
-        }
-        SCHEMA_VERSION => {}
-        found => {
-            return Err(Error::SchemaTooNew {
-                table: table.to_owned(),
-                found,
-                supported: SCHEMA_VERSION,
-            });
-        }
+    let found = found.unwrap_or(0);
+    if found > SCHEMA_VERSION {
+        return Err(Error::SchemaTooNew {
+            table: table.to_owned(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found < 1 {
+        sqlx::raw_sql(AssertSqlSafe(v1(table)))
+            .execute(&mut *tx)
+            .await?;
+    }
+    if found < 2 {
+        sqlx::raw_sql(AssertSqlSafe(v2(table)))
+            .execute(&mut *tx)
+            .await?;
+    }
+    if found < SCHEMA_VERSION {
+        sqlx::query(
+            "INSERT INTO idem_schema_versions (table_name, version) VALUES (?1, ?2)
+             ON CONFLICT (table_name) DO UPDATE SET version = excluded.version",
+        )
+        .bind(table)
+        .bind(SCHEMA_VERSION)
+        .execute(&mut *tx)
+        .await?;
     }
     // Whatever the version: the secrets table came after version 1's first files.
     sqlx::raw_sql(AssertSqlSafe(meta(table)))
@@ -125,6 +170,8 @@ pub(crate) struct Statements {
     pub renew: Arc<str>,
     pub release: Arc<str>,
     pub remove: Arc<str>,
+    pub expired: Arc<str>,
+    pub compact: Arc<str>,
     pub purge: Arc<str>,
     pub init_secret: Arc<str>,
     pub secret: Arc<str>,
@@ -132,7 +179,7 @@ pub(crate) struct Statements {
 
 /// The columns [`Statements::select`] returns, in order.
 pub(crate) const RECORD_COLUMNS: &str = "fingerprint, created_at, expires_at, attempt, token, \
-     state, lease_until, status, headers, body, completed_at";
+     state, lease_until, status, headers, body, completed_at, tombstone_until";
 
 impl Statements {
     pub(crate) fn new(t: &str) -> Statements {
@@ -140,6 +187,9 @@ impl Statements {
         // Fenced: the caller's token holds a record that has not expired (?4 token,
         // ?5 now). Expiry fences too: an expired record counts as absent (SPEC S8).
         const FENCE: &str = "token = ?4 AND expires_at > ?5";
+        // The expiry of a record completed now (?9 the TTL in ms), from the old row.
+        const COMPLETED_EXPIRY: &str =
+            "(CASE WHEN ?9 < expires_at - created_at THEN created_at + ?9 ELSE expires_at END)";
         // A fresh in-progress record, attempt 1: the start of `insert` and `reserve`.
         // ?1–?3 the scope, ?4 fingerprint, ?5 now, ?6 expires_at, ?7 token,
         // ?8 lease_until.
@@ -157,7 +207,7 @@ impl Statements {
             insert: format!("{fresh} ON CONFLICT (tenant, endpoint, idem_key) DO NOTHING").into(),
             // The S5 table's Execute rows, as the WHERE of the conflict branch, which
             // must say exactly what `idem_core::decide` says:
-            //   expired                                     -> attempt 1, a fresh record
+            //   expired, no live tombstone follows it       -> attempt 1, a fresh record
             //   in progress, lease lapsed, same fingerprint -> attempt n+1, created_at
             //       kept, expires_at pushed to cover the new lease
             // Otherwise nothing is written and nothing returned, and the store reads the
@@ -179,22 +229,29 @@ impl Statements {
                      status       = NULL,
                      headers      = NULL,
                      body         = NULL,
-                     completed_at = NULL
-                 WHERE expires_at <= ?5
+                     completed_at = NULL,
+                     tombstone_until = NULL
+                 WHERE (expires_at <= ?5
+                        AND NOT (state = 'completed' AND COALESCE(tombstone_until, 0) > ?5))
                     OR (state = 'in_progress' AND lease_until <= ?5 AND fingerprint = ?4)
                  RETURNING attempt"
             )
             .into(),
             select: format!("SELECT {RECORD_COLUMNS} FROM {t} WHERE {PK}").into(),
-            // ?6 status, ?7 headers, ?8 body, ?9 the TTL in ms. A completed record
-            // expires at creation + TTL, as `Lease::completed_expires_at` says: the
-            // lease may have kept it alive longer while in progress. Written as a CASE
-            // so that a TTL of i64::MAX ms never overflows the sum.
+            // ?6 status, ?7 headers, ?8 body, ?9 the TTL in ms, ?10 the tombstone TTL
+            // in ms (0 for none). A completed record expires at creation + TTL, as
+            // `Lease::completed_expires_at` says: the lease may have kept it alive
+            // longer while in progress; its tombstone ends the tombstone TTL later
+            // (`Lease::tombstone_until`). Written as CASEs so that no sum overflows.
             complete: format!(
                 "UPDATE {t} SET state = 'completed', status = ?6, headers = ?7, body = ?8,
                      completed_at = ?5, lease_until = NULL,
-                     expires_at = CASE WHEN ?9 < expires_at - created_at
-                                       THEN created_at + ?9 ELSE expires_at END
+                     expires_at = {COMPLETED_EXPIRY},
+                     tombstone_until = CASE
+                         WHEN ?10 = 0 THEN NULL
+                         WHEN {COMPLETED_EXPIRY} > 9223372036854775807 - ?10
+                             THEN 9223372036854775807
+                         ELSE {COMPLETED_EXPIRY} + ?10 END
                  WHERE {PK} AND {FENCE} AND state = 'in_progress'"
             )
             .into(),
@@ -213,12 +270,23 @@ impl Statements {
             release: format!("DELETE FROM {t} WHERE {PK} AND {FENCE} AND state = 'in_progress'")
                 .into(),
             remove: format!("DELETE FROM {t} WHERE {PK}").into(),
-            // ?1 now, ?2 limit. The subquery walks the expires_at index.
-            purge: format!(
-                "DELETE FROM {t} WHERE rowid IN
-                     (SELECT rowid FROM {t} WHERE expires_at <= ?1 LIMIT ?2)"
+            // ?1 now, ?2 limit: the first expired rows, through the expires_at index,
+            // each with whether it is a completed record whose tombstone outlives it
+            // (SPEC S16). Such a row is compacted into its tombstone (`compact`, ?1 the
+            // rowid), which the index then finds at its own end; the rest are deleted
+            // (`purge`, ?1 the rowid).
+            expired: format!(
+                "SELECT rowid, state = 'completed' AND COALESCE(tombstone_until, 0) > ?1
+                   FROM {t} WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2"
             )
             .into(),
+            compact: format!(
+                "UPDATE {t} SET state = 'tombstone', headers = NULL, body = NULL,
+                     expires_at = tombstone_until
+                 WHERE rowid = ?1"
+            )
+            .into(),
+            purge: format!("DELETE FROM {t} WHERE rowid = ?1").into(),
             // ?1 name, ?2 candidate.
             init_secret: format!(
                 "INSERT INTO {meta} (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO NOTHING"

@@ -118,6 +118,7 @@ impl SqliteStore {
             .bind(encode_headers(&response.headers))
             .bind(&response.body[..])
             .bind(duration_millis(lease.ttl))
+            .bind(duration_millis(lease.tombstone))
             .execute(&mut *conn)
             .await
             .map_err(store_error)?;

@@ -81,10 +81,24 @@ pub(crate) fn execute(
         Op::Close => unreachable!("a close is kept out of batches"),
         Op::Purge(limit) => {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let n = conn
-                .prepare_cached(&sql.purge)?
-                .execute(params![clock.now().as_millis(), limit])?;
-            Ok(Done::Purged(n))
+            let expired: Vec<(i64, bool)> = conn
+                .prepare_cached(&sql.expired)?
+                .query_map(params![clock.now().as_millis(), limit], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let (mut compact, mut purge) = (
+                conn.prepare_cached(&sql.compact)?,
+                conn.prepare_cached(&sql.purge)?,
+            );
+            for &(rowid, keeps_tombstone) in &expired {
+                if keeps_tombstone {
+                    compact.execute(params![rowid])?;
+                } else {
+                    purge.execute(params![rowid])?;
+                }
+            }
+            Ok(Done::Purged(expired.len()))
         }
     })
 }
@@ -126,12 +140,7 @@ fn reserve(
         // First as a plain insert, which only a fresh key passes; the writer holds the
         // write lock, so the row the insert met is still there for the upsert.
         if std::mem::take(&mut fresh) && conn.prepare_cached(&sql.insert)?.execute(values)? == 1 {
-            return Ok(Ok(Reservation::Acquired(Lease {
-                scope: scope.clone(),
-                token,
-                attempt: 1,
-                ttl: req.ttl,
-            })));
+            return Ok(Ok(Reservation::Acquired(req.lease_for(token, 1))));
         }
         let attempt: Option<i64> = conn
             .prepare_cached(&sql.reserve)?
@@ -139,12 +148,7 @@ fn reserve(
             .optional()?;
         if let Some(attempt) = attempt {
             return Ok(match u32::try_from(attempt) {
-                Ok(attempt) => Ok(Reservation::Acquired(Lease {
-                    scope: scope.clone(),
-                    token,
-                    attempt,
-                    ttl: req.ttl,
-                })),
+                Ok(attempt) => Ok(Reservation::Acquired(req.lease_for(token, attempt))),
                 Err(_) => Err(corrupt("attempt")),
             });
         }
@@ -196,6 +200,7 @@ fn complete(
         headers,
         body,
         duration_millis(lease.ttl),
+        duration_millis(lease.tombstone),
     ])?;
     if changed == 1 {
         return Ok(Ok(()));

@@ -32,6 +32,7 @@ enum Seen {
     Replay(StoredResponse),
     InProgress(Duration),
     Mismatch,
+    Gone(idem_core::Timestamp, u16),
     Ok,
     Fenced,
     Purged(usize),
@@ -48,6 +49,10 @@ fn reservation(r: Reservation, leases: &mut Vec<Lease>) -> Seen {
         Reservation::Replay(r) => Seen::Replay(r),
         Reservation::InProgress { retry_after } => Seen::InProgress(retry_after),
         Reservation::Mismatch => Seen::Mismatch,
+        Reservation::Gone {
+            completed_at,
+            status,
+        } => Seen::Gone(completed_at, status),
     }
 }
 
@@ -100,6 +105,7 @@ async fn agrees_with_memory_store_on_random_histories() {
     // decision table many times.
     let ttls = [Duration::from_secs(20), Duration::from_secs(90)];
     let leases_for = [Duration::from_secs(5), Duration::from_secs(30)];
+    let tombstones = [Duration::ZERO, Duration::from_secs(40)];
 
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let (mut mem_leases, mut sql_leases) = (Vec::new(), Vec::new());
@@ -113,7 +119,8 @@ async fn agrees_with_memory_store_on_random_histories() {
             0..=2 => {
                 let req = ReserveRequest::new(scope.clone(), fingerprints[rng.below(2) as usize])
                     .ttl(ttls[rng.below(2) as usize])
-                    .lease(leases_for[rng.below(2) as usize]);
+                    .lease(leases_for[rng.below(2) as usize])
+                    .tombstone(tombstones[rng.below(2) as usize]);
                 (
                     reservation(memory.reserve(&req).await.unwrap(), &mut mem_leases),
                     reservation(sqlite.reserve(&req).await.unwrap(), &mut sql_leases),
@@ -166,6 +173,7 @@ async fn agrees_with_memory_store_on_random_histories() {
             Seen::Replay(_) => "replay",
             Seen::InProgress(_) => "in progress",
             Seen::Mismatch => "mismatch",
+            Seen::Gone(..) => "gone",
             Seen::Ok => "ok",
             Seen::Fenced => "fenced",
             Seen::Purged(0) => "purged none",
@@ -178,7 +186,7 @@ async fn agrees_with_memory_store_on_random_histories() {
     // The histories reached every answer of the decision table and of the fenced
     // writes, many times over.
     println!("{answers:?}");
-    assert_eq!(answers.len(), 11, "{answers:?}");
+    assert_eq!(answers.len(), 12, "{answers:?}");
     assert!(answers.values().all(|&n| n >= 10), "{answers:?}");
     // Every kind of operation ran many times.
     assert!(counts.iter().all(|&c| c > 200), "{counts:?}");

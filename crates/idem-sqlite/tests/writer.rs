@@ -139,6 +139,7 @@ async fn concurrent_callers_are_batched_and_each_key_acquired_exactly_once() {
                 Reservation::Replay(r) => replays.push((i, r)),
                 Reservation::InProgress { .. } => in_progress += 1,
                 Reservation::Mismatch => panic!("key {i}: mismatch"),
+                Reservation::Gone { .. } => panic!("key {i}: gone"),
             }
         }
     }

@@ -95,7 +95,8 @@ where
         };
         let request = ReserveRequest::new(scope, fingerprint)
             .ttl(plan.ttl)
-            .lease(plan.lease);
+            .lease(plan.lease)
+            .tombstone(plan.tombstone);
 
         // Counted from before the reservation until the answer is recorded, wherever the
         // execution ends up running.

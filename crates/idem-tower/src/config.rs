@@ -207,6 +207,8 @@ pub(crate) struct Config {
     pub(crate) references: References,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
+    /// How long a tombstone outlives a completed record (SPEC S16); zero for none.
+    pub(crate) tombstone: Duration,
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) release_statuses: ReleaseStatuses,
     /// The gRPC statuses that release a gRPC call's key (SPEC S18).
@@ -247,6 +249,7 @@ impl Default for Config {
             references: References::Ignored,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
+            tombstone: Duration::ZERO,
             stored_headers: DEFAULT_STORED_HEADERS
                 .iter()
                 .map(|h| HeaderName::from_static(h))
@@ -279,6 +282,7 @@ impl fmt::Debug for Config {
             .field("response_limit", &self.response_limit)
             .field("references", &self.references)
             .field("ttl", &self.ttl)
+            .field("tombstone", &self.tombstone)
             .field("lease", &self.lease)
             .field("stored_headers", &self.stored_headers)
             .field("release_statuses", &self.release_statuses)
@@ -316,6 +320,7 @@ pub struct RouteConfig {
     pub(crate) require_key: Option<bool>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) lease: Option<Duration>,
+    pub(crate) tombstone: Option<Duration>,
     pub(crate) fingerprint: Option<FingerprintOptions>,
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) release_statuses: Option<ReleaseStatuses>,
@@ -353,6 +358,14 @@ impl RouteConfig {
     /// see [`IdempotencyLayer::ttl`](crate::IdempotencyLayer::ttl).
     pub fn ttl(mut self, ttl: Duration) -> RouteConfig {
         self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long a tombstone outlives this route's completed records (SPEC S16); see
+    /// [`IdempotencyLayer::tombstone_ttl`](crate::IdempotencyLayer::tombstone_ttl).
+    /// Zero keeps none.
+    pub fn tombstone_ttl(mut self, tombstone: Duration) -> RouteConfig {
+        self.tombstone = Some(tombstone);
         self
     }
 

@@ -111,6 +111,7 @@ mod tests {
             token: FencingToken::generate(),
             attempt,
             ttl: idem_core::DEFAULT_TTL,
+            tombstone: std::time::Duration::ZERO,
         };
         IdempotencyContext::new(
             scope,

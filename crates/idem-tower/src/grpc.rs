@@ -35,6 +35,7 @@ const INVALID_ARGUMENT: u32 = 3;
 const DEADLINE_EXCEEDED: u32 = 4;
 const PERMISSION_DENIED: u32 = 7;
 const RESOURCE_EXHAUSTED: u32 = 8;
+const ALREADY_EXISTS: u32 = 6;
 const FAILED_PRECONDITION: u32 = 9;
 const ABORTED: u32 = 10;
 const INTERNAL: u32 = 13;
@@ -259,6 +260,8 @@ impl ProblemKind {
             // Another attempt holds the key: retry after the pushback.
             ProblemKind::RequestInProgress => ABORTED,
             ProblemKind::KeyReused => FAILED_PRECONDITION,
+            // Done once, and not to be done again: what the call asked for exists.
+            ProblemKind::KeyExpired => ALREADY_EXISTS,
             // Recorded and final: the call may have had effects.
             ProblemKind::HandlerFailed
             | ProblemKind::ResponseTooLarge

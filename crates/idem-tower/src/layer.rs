@@ -292,6 +292,18 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// How long, after a completed record expires, a compact tombstone of it (its
+    /// fingerprint, completion time and status; no body, no headers) refuses a retry
+    /// with `410 Gone`, problem `key-expired`, instead of executing it again (SPEC S16).
+    /// A retry with another payload is still 422. Zero, the default, keeps none: after
+    /// the TTL the key executes again, as Stripe's keys do. Tombstones are purged at
+    /// their end like records; the store holds about (keyed requests per second) ×
+    /// (this TTL) of them.
+    pub fn tombstone_ttl(mut self, tombstone: Duration) -> Self {
+        self.config().tombstone = tombstone;
+        self
+    }
+
     /// How long an attempt's lease lasts (default 60 s); a running handler's lease is
     /// renewed every third of it.
     pub fn lease(mut self, lease: Duration) -> Self {

@@ -105,6 +105,7 @@
 //!
 //! | record                        | answer                                                    |
 //! |-------------------------------|-----------------------------------------------------------|
+//! | expired, its tombstone alive ([`IdempotencyLayer::tombstone_ttl`]), same fingerprint | 410 `key-expired`: when it completed, with what status; not executed again |
 //! | none or expired               | execute (attempt 1)                                       |
 //! | fingerprint differs           | 422 `key-reused`                                          |
 //! | in progress, lease alive      | 409 `request-in-progress` + `Retry-After`                 |
@@ -211,6 +212,7 @@
 //! | 408    | `https://idem.dev/problems/body-timeout`        | body not in within the body timeout; nothing reserved |
 //! | 409    | `https://idem.dev/problems/request-in-progress` | another attempt runs (after any wait granted); `Retry-After` |
 //! | 422    | `https://idem.dev/problems/key-reused`          | key reused with a different payload   |
+//! | 410    | `https://idem.dev/problems/key-expired`         | the key's record expired and its tombstone remains ([`IdempotencyLayer::tombstone_ttl`], SPEC S16); members `completed_at` and `completed_status`; not executed again |
 //! | 500    | `https://idem.dev/problems/handler-failed`      | the handler panicked or failed (recorded) |
 //! | 500    | `https://idem.dev/problems/response-too-large`  | the handler ran; its answer is over the response limit (recorded) |
 //! | 503    | `https://idem.dev/problems/store-unavailable`   | store unreachable; `Retry-After`      |

@@ -132,6 +132,8 @@ pub(crate) struct Plan {
     pub(crate) key: Key,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
+    /// How long a tombstone outlives the completed record (SPEC S16); zero for none.
+    pub(crate) tombstone: Duration,
     /// The route's fingerprint options, which replace the layer's.
     pub(crate) fingerprint: Option<FingerprintOptions>,
     /// How the answer is recorded or released.
@@ -179,6 +181,7 @@ impl Plan {
             key,
             ttl: route.ttl.unwrap_or(config.ttl),
             lease,
+            tombstone: route.tombstone.unwrap_or(config.tombstone),
             fingerprint: route.fingerprint,
             answers: AnswerRules {
                 extra_headers: route.stored_headers,

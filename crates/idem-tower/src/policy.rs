@@ -166,6 +166,9 @@ pub enum Outcome {
     Conflict,
     /// The key was reused with a different payload: 422.
     Mismatch,
+    /// The key's record expired and its tombstone refused the retry (SPEC S16): 410,
+    /// handler not called.
+    Expired,
     /// The handler ran and its response released the key.
     Released,
     /// The handler ran and asked to keep the record in progress
@@ -188,11 +191,12 @@ impl Outcome {
     /// Every outcome, for a metrics endpoint that lists each at zero before it first
     /// happens (so dashboards see zeros rather than gaps). Kept beside [`as_str`](Outcome::as_str): a
     /// variant added there belongs here too.
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::Executed,
         Outcome::Replayed,
         Outcome::Conflict,
         Outcome::Mismatch,
+        Outcome::Expired,
         Outcome::Released,
         Outcome::KeptInProgress,
         Outcome::Rejected,
@@ -208,6 +212,7 @@ impl Outcome {
             Outcome::Replayed => "replayed",
             Outcome::Conflict => "conflict",
             Outcome::Mismatch => "mismatch",
+            Outcome::Expired => "expired",
             Outcome::Released => "released",
             Outcome::KeptInProgress => "kept_in_progress",
             Outcome::Rejected => "rejected",

@@ -59,6 +59,10 @@ pub enum ProblemKind {
     RequestInProgress,
     /// 422: the key was used for a request with a different payload (SPEC S5).
     KeyReused,
+    /// 410: the key's record expired and its tombstone remains (SPEC S16): the
+    /// operation completed once, its answer is no longer kept, and it is not executed
+    /// again. The body says when it completed and with what status.
+    KeyExpired,
     /// 500: the handler panicked or failed after it started; it may have had effects, so
     /// this answer is recorded and replayed.
     HandlerFailed,
@@ -90,7 +94,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 20] = [
+    pub const ALL: [ProblemKind; 21] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
@@ -103,6 +107,7 @@ impl ProblemKind {
         ProblemKind::BodyTimeout,
         ProblemKind::RequestInProgress,
         ProblemKind::KeyReused,
+        ProblemKind::KeyExpired,
         ProblemKind::HandlerFailed,
         ProblemKind::ResponseTooLarge,
         ProblemKind::StoreUnavailable,
@@ -130,6 +135,7 @@ impl ProblemKind {
             ProblemKind::BodyTimeout => "https://idem.dev/problems/body-timeout",
             ProblemKind::RequestInProgress => "https://idem.dev/problems/request-in-progress",
             ProblemKind::KeyReused => "https://idem.dev/problems/key-reused",
+            ProblemKind::KeyExpired => "https://idem.dev/problems/key-expired",
             ProblemKind::HandlerFailed => "https://idem.dev/problems/handler-failed",
             ProblemKind::ResponseTooLarge => "https://idem.dev/problems/response-too-large",
             ProblemKind::StoreUnavailable => "https://idem.dev/problems/store-unavailable",
@@ -160,6 +166,7 @@ impl ProblemKind {
             ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProblemKind::RequestInProgress => StatusCode::CONFLICT,
             ProblemKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemKind::KeyExpired => StatusCode::GONE,
             ProblemKind::HandlerFailed | ProblemKind::ResponseTooLarge => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -190,6 +197,7 @@ impl ProblemKind {
             ProblemKind::BodyTimeout => "Request body too slow",
             ProblemKind::RequestInProgress => "Request in progress",
             ProblemKind::KeyReused => "Idempotency-Key reused with a different payload",
+            ProblemKind::KeyExpired => "Idempotency-Key expired",
             ProblemKind::HandlerFailed => "Request failed",
             ProblemKind::ResponseTooLarge => "Response too large to record",
             ProblemKind::StoreUnavailable => "Idempotency store unavailable",
@@ -223,6 +231,8 @@ pub struct Problem {
     /// A status other than the kind's, for a kind that has two (a sealed answer that
     /// cannot be opened is a 500 `replay-unavailable`, SPEC S17).
     pub(crate) status: Option<StatusCode>,
+    /// RFC 9457 extension members, after the standard ones.
+    pub(crate) members: Vec<(&'static str, serde_json::Value)>,
 }
 
 impl Problem {
@@ -240,7 +250,28 @@ impl Problem {
             detail: detail.into(),
             retry_after,
             status: None,
+            members: Vec::new(),
         }
+    }
+
+    /// The 410 `key-expired` for a key whose tombstone remains (SPEC S16): the
+    /// operation completed at `completed_at` with `status`. The body carries both as
+    /// the members `completed_at` (RFC 3339, UTC) and `completed_status`.
+    pub fn key_expired(completed_at: idem_core::Timestamp, status: u16) -> Problem {
+        let when = rfc3339(completed_at);
+        let mut problem = Problem::new(
+            ProblemKind::KeyExpired,
+            format!(
+                "the operation with this key completed at {when} with status {status}; its \
+                 recorded answer has expired and it is not executed again: look up its \
+                 result in your own records, and use a new key for a new operation"
+            ),
+        );
+        problem.members = vec![
+            ("completed_at", serde_json::Value::String(when)),
+            ("completed_status", serde_json::Value::from(status)),
+        ];
+        problem
     }
 
     /// The answer to an upstream's `failure`. Its detail is the same on every
@@ -284,6 +315,7 @@ impl Problem {
             detail: detail.into(),
             retry_after: None,
             status: Some(StatusCode::INTERNAL_SERVER_ERROR),
+            members: Vec::new(),
         }
     }
 
@@ -310,12 +342,17 @@ impl Problem {
 
     /// The `application/problem+json` body.
     pub fn body(&self) -> Bytes {
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "type": self.kind.type_uri(),
             "title": self.kind.title(),
             "status": self.status().as_u16(),
             "detail": self.detail,
         });
+        if let Some(object) = body.as_object_mut() {
+            for (name, value) in &self.members {
+                object.insert((*name).to_owned(), value.clone());
+            }
+        }
         Bytes::from(body.to_string())
     }
 
@@ -357,6 +394,30 @@ impl Problem {
     }
 }
 
+/// `at` as RFC 3339 in UTC, to the millisecond: `2026-12-01T09:30:00.125Z`.
+fn rfc3339(at: idem_core::Timestamp) -> String {
+    let ms = at.as_millis();
+    let (days, ms_of_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Civil from days since 1970-01-01 (Howard Hinnant's algorithm, proleptic
+    // Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s, milli) = (
+        ms_of_day / 3_600_000,
+        ms_of_day / 60_000 % 60,
+        ms_of_day / 1000 % 60,
+        ms_of_day % 1000,
+    );
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.kind.title(), self.detail)
@@ -383,6 +444,31 @@ mod tests {
         assert_eq!(v["title"], ProblemKind::KeyReused.title());
         assert_eq!(v["status"], 422);
         assert_eq!(v["detail"], "the key was used for another body");
+    }
+
+    #[test]
+    fn key_expired_is_410_and_says_when_and_how_it_completed() {
+        // 2026-12-01T09:30:00.125Z
+        let at = idem_core::Timestamp::from_millis(1_796_117_400_125);
+        let r = Problem::key_expired(at, 201).to_response();
+        assert_eq!(r.status(), 410);
+        assert!(r.headers().get(header::RETRY_AFTER).is_none());
+        let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(v["type"], "https://idem.dev/problems/key-expired");
+        assert_eq!(v["status"], 410);
+        assert_eq!(v["completed_at"], "2026-12-01T09:30:00.125Z");
+        assert_eq!(v["completed_status"], 201);
+        let detail = v["detail"].as_str().unwrap();
+        assert!(detail.contains("2026-12-01T09:30:00.125Z") && detail.contains("201"));
+        assert!(detail.contains("not executed again"), "{detail}");
+    }
+
+    #[test]
+    fn rfc3339_counts_leap_years_and_the_epoch() {
+        let t = idem_core::Timestamp::from_millis;
+        assert_eq!(rfc3339(t(0)), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(t(951_782_400_000)), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(t(4_107_542_399_999)), "2100-02-28T23:59:59.999Z");
     }
 
     #[test]

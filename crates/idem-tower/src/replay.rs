@@ -104,6 +104,13 @@ fn answer<B>(
                  use a new key for a new operation",
             )
         }
+        Ok(Reservation::Gone {
+            completed_at,
+            status,
+        }) => {
+            observer.outcome(Outcome::Expired);
+            Problem::key_expired(completed_at, status)
+        }
         Ok(Reservation::Acquired(_)) => unreachable!("an acquired key is executed, not refused"),
     };
     problem.answer(grpc).map(IdempotencyBody::buffered)

@@ -100,6 +100,7 @@ impl Store for TracedStore {
                 Reservation::Replay(_) => "replay",
                 Reservation::InProgress { .. } => "in_progress",
                 Reservation::Mismatch => "mismatch",
+                Reservation::Gone { .. } => "gone",
             };
             cx.span()
                 .set_attribute(KeyValue::new("idem.reservation", answer));

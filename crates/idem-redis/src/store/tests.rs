@@ -2,12 +2,12 @@ use super::*;
 use std::io;
 
 #[test]
-fn scan_pattern_escapes_glob_characters_and_matches_one_record_key_shape() {
+fn scan_pattern_escapes_glob_characters_and_matches_the_record_key_shape() {
     let hex64 = "?".repeat(64);
-    assert_eq!(scan_pattern("idem:"), format!("idem:{{{hex64}}}"));
+    assert_eq!(scan_pattern("idem:"), format!("idem:{{{hex64}}}*"));
     assert_eq!(
         scan_pattern("a*b?[c]\\"),
-        format!("a\\*b\\?\\[c\\]\\\\{{{hex64}}}")
+        format!("a\\*b\\?\\[c\\]\\\\{{{hex64}}}*")
     );
 }
 

@@ -13,6 +13,7 @@ mod lease;
 mod race;
 mod records;
 mod replay;
+mod tombstone;
 mod watch;
 
 pub use expiry::{
@@ -32,6 +33,10 @@ pub use records::{
 pub use replay::{
     complete_is_idempotent_for_the_same_lease, large_binary_body_round_trips,
     mismatched_payload_is_rejected, referenced_answer_round_trips, replays_completed_response,
+};
+pub use tombstone::{
+    a_lapsed_tombstone_counts_as_absent, removing_a_tombstone_lets_the_key_execute_again,
+    tombstone_refuses_a_retry_after_expiry,
 };
 pub use watch::{
     watch_fires_for_its_own_scope_only, watch_fires_when_the_record_completes,
