@@ -97,6 +97,8 @@ pub struct GatewayConfig {
     pub require_key: bool,
     /// Record lifetime.
     pub ttl: Duration,
+    /// How long a tombstone outlives a completed record (SPEC S16); zero for none.
+    pub tombstone_ttl: Duration,
     /// Attempt lease.
     pub lease: Duration,
     /// The longest a duplicate waits for an in-progress attempt (SPEC S15).
@@ -188,6 +190,7 @@ impl GatewayConfig {
             admin_token_file,
             require_key,
             ttl,
+            tombstone_ttl,
             lease,
             max_wait,
             max_waiters,
@@ -285,6 +288,7 @@ impl GatewayConfig {
             admin_token: admin_token(token, admin_token_file)?,
             require_key,
             ttl: ttl.unwrap_or(DEFAULT_TTL),
+            tombstone_ttl: tombstone_ttl.unwrap_or(Duration::ZERO),
             lease: lease.unwrap_or(DEFAULT_LEASE),
             max_wait: max_wait.unwrap_or(idem_tower::DEFAULT_MAX_WAIT),
             max_waiters: max_waiters.unwrap_or(idem_tower::DEFAULT_MAX_WAITERS),
@@ -477,6 +481,7 @@ fn compile_route(
         route
             .retry_hints(rule.retry_hints)
             .conflict_wait(rule.conflict_wait)
+            .tombstone_ttl(rule.tombstone_ttl)
     })
     .map_err(|e| invalid(&name, e))?;
     Ok(match grpc_release_codes {

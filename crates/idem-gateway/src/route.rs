@@ -156,6 +156,8 @@ pub struct Route {
     pub require_key: Option<bool>,
     /// Overrides `--ttl` on this route.
     pub ttl: Option<Duration>,
+    /// Overrides `--tombstone-ttl` on this route ([`RouteConfig::tombstone_ttl`]).
+    pub tombstone_ttl: Option<Duration>,
     /// JSON pointers left out of the fingerprint (a client timestamp, say).
     pub ignore: Vec<String>,
     /// Response headers stored and replayed on this route, besides the default
@@ -215,6 +217,7 @@ impl Route {
             store_headers,
             release_statuses,
             grpc_release_codes: None,
+            tombstone_ttl: None,
             retry_hints: None,
             conflict_wait: None,
             fingerprint,
@@ -244,6 +247,16 @@ impl Route {
         self.conflict_wait = wait;
         if let Some(wait) = wait {
             self.compiled = self.compiled.conflict_wait(wait);
+        }
+        self
+    }
+
+    /// This rule, with tombstones of `tombstone` after its records' TTL (`None`: the
+    /// layer's, `--tombstone-ttl`).
+    pub fn tombstone_ttl(mut self, tombstone: Option<Duration>) -> Route {
+        self.tombstone_ttl = tombstone;
+        if let Some(tombstone) = tombstone {
+            self.compiled = self.compiled.tombstone_ttl(tombstone);
         }
         self
     }

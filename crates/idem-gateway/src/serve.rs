@@ -144,6 +144,7 @@ pub fn idempotency_layer(
         .body_limit(config.body_limit)
         .response_limit(config.response_limit)
         .ttl(config.ttl)
+        .tombstone_ttl(config.tombstone_ttl)
         .lease(config.lease)
         .max_wait(config.max_wait)
         .max_waiters(config.max_waiters)

@@ -19,7 +19,9 @@
 //!   the `expires_at` index, skipping rows others hold; [`PgStore::spawn_sweeper`] runs
 //!   it in the background (SPEC S8).
 //! - **Embedded migration.** The table and its indexes are created on connect; see
-//!   [`schema`] for the index design.
+//!   [`schema`] for the index design. Migration 4 adds tombstones (SPEC S16): a
+//!   `tombstone_until` column and a `tombstone` state, into which the purge compacts an
+//!   expired record that keeps one (no headers, no body), alive until then.
 //! - **Waiting duplicates hear of completions.** Triggers on the table (migration 3)
 //!   `NOTIFY` [`schema::NOTIFY_CHANNEL`] when an in-progress record is completed or
 //!   released, whatever path wrote it; each store keeps one `LISTEN` connection of its

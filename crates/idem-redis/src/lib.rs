@@ -95,9 +95,19 @@
 //! braces make the digest the Redis Cluster hash tag. The native TTL is the record's
 //! remaining life by the store's clock plus [`DEFAULT_TTL_GRACE`].
 //!
+//! **Tombstones** (SPEC S16). A record reserved with a tombstone TTL writes, when it
+//! completes, its tombstone at [`RedisStore::tombstone_key`] (the record's key and `t`,
+//! the same hash tag): the record's head with state `T`, the completion time in place of
+//! the lease and the tombstone's end as the expiry, then the scope and the status (`u16`),
+//! nothing else, with a native TTL at its end plus the grace. A reserve of a request that
+//! keeps tombstones runs one script that answers with a live tombstone when the record
+//! has expired or is gone; one that keeps none is the plain `SET NX GET` and does not
+//! look. `remove` deletes both keys.
+//!
 //! The tenant secret ([`Store::init_secret`](idem_core::Store::init_secret)) is at
 //! `prefix + "meta:" + name` ([`RedisStore::secret_key`]), set once with `SET NX`,
-//! without TTL; the purge's `SCAN` matches record keys only, so it never reaches it.
+//! without TTL; the purge's `SCAN` matches record and tombstone keys only, so it never
+//! reaches it.
 //! An `allkeys-*` eviction policy could evict it, as it could records.
 //!
 //! **Inspecting a record.** `idem keys show` (or the gateway's admin `GET /keys`) decodes

@@ -116,6 +116,11 @@
 //!   fail, which middleware answers with a fail-closed 503.
 //! - **Embedded migration** on every open, idempotent and serialised by
 //!   `BEGIN IMMEDIATE`, with a version per records table in `idem_schema_versions`.
+//!   Version 2 (tombstones, SPEC S16) rebuilds the table once, in the migration's
+//!   transaction: SQLite cannot alter the state column's `CHECK`.
+//! - **Tombstones** (SPEC S16). A record completed with a tombstone TTL keeps
+//!   `tombstone_until`; the purge compacts it, once expired, into a `tombstone` row
+//!   (no headers, no body) that lives until then.
 //! - **Owner-only files** (SPEC S14). [`SqliteStore::connect`] creates a missing
 //!   database file itself, with mode 0600, before SQLite opens it; SQLite gives the
 //!   `-wal` and `-shm` the database's mode, so all three are the owner's only,

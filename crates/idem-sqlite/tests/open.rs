@@ -79,6 +79,80 @@ async fn migration_is_idempotent_and_versioned_per_table() {
     assert_eq!(indexes, vec!["idem_records_expires_at".to_owned()]);
 }
 
+/// A file written by a version-1 build: its records survive the version-2 rebuild
+/// (tombstones) with their answers, and replay.
+#[tokio::test]
+async fn a_version_1_file_is_migrated_with_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = db_url(&dir, "v1.db");
+    let scope = Scope::new(
+        ScopeMode::Public,
+        Tenant::new("t-1"),
+        Endpoint::new("POST", "/v1/charges"),
+        Key::new("k-1").unwrap(),
+    );
+    let fingerprint = test_fingerprint("{}");
+    let answer = StoredResponse::new(201, "charged").with_header("content-type", "text/plain");
+    {
+        // Version 1's table, exactly as that build made it, and one completed record.
+        let store = SqliteStore::connect(&url).await.unwrap();
+        let pool = store.pool();
+        for sql in [
+            "DROP TABLE idem_records",
+            "CREATE TABLE idem_records (
+                tenant TEXT NOT NULL, endpoint TEXT NOT NULL, idem_key TEXT NOT NULL,
+                fingerprint BLOB NOT NULL, created_at INTEGER NOT NULL,
+                expires_at INTEGER NOT NULL, attempt INTEGER NOT NULL, token INTEGER NOT NULL,
+                state TEXT NOT NULL CHECK (state IN ('in_progress', 'completed')),
+                lease_until INTEGER, status INTEGER, headers BLOB, body BLOB,
+                completed_at INTEGER, PRIMARY KEY (tenant, endpoint, idem_key))",
+            "CREATE INDEX idem_records_expires_at ON idem_records (expires_at)",
+            "UPDATE idem_schema_versions SET version = 1",
+        ] {
+            sqlx::query(sql).execute(pool).await.unwrap();
+        }
+        sqlx::query(
+            "INSERT INTO idem_records VALUES (?1, ?2, ?3, ?4, 0, 9000000000000, 1, 7,
+                 'completed', NULL, 201, ?5, ?6, 10)",
+        )
+        .bind(scope.tenant().as_str())
+        .bind(scope.endpoint_str())
+        .bind(scope.key().as_str())
+        .bind(&fingerprint.as_bytes()[..])
+        .bind(encode_headers(&answer.headers))
+        .bind(&b"charged"[..])
+        .execute(pool)
+        .await
+        .unwrap();
+        store.close().await;
+    }
+    let store = SqliteStore::connect(&url).await.unwrap();
+    let version: i64 =
+        sqlx::query_scalar("SELECT version FROM idem_schema_versions WHERE table_name = ?1")
+            .bind("idem_records")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(version, idem_sqlite::SCHEMA_VERSION);
+    let record = store.get(&scope).await.unwrap().expect("kept");
+    assert_eq!(record.tombstone_until, None);
+    assert_eq!(
+        store
+            .reserve(&ReserveRequest::new(scope.clone(), fingerprint))
+            .await
+            .unwrap(),
+        Reservation::Replay(answer)
+    );
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'idem_records' \
+         AND sql IS NOT NULL",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(indexes, vec!["idem_records_expires_at".to_owned()]);
+}
+
 #[tokio::test]
 async fn newer_schema_is_refused() {
     let dir = tempfile::tempdir().unwrap();

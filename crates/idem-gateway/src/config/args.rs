@@ -92,6 +92,13 @@ pub struct ServeArgs {
     #[serde(deserialize_with = "toml_form::duration")]
     pub ttl: Option<Duration>,
 
+    /// After a completed record's TTL, how long a compact tombstone of it (no body, no
+    /// headers) answers a retry with 410 key-expired instead of executing it again;
+    /// 0s keeps none, and a retry after the TTL executes again [default: 0s].
+    #[arg(long, env = "IDEM_TOMBSTONE_TTL", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub tombstone_ttl: Option<Duration>,
+
     /// How long an attempt holds its key without a heartbeat [default: 60s].
     #[arg(long, env = "IDEM_LEASE", value_name = "DURATION", value_parser = parse_duration)]
     #[serde(deserialize_with = "toml_form::duration")]
@@ -340,6 +347,7 @@ impl ServeArgs {
             admin_token_file,
             require_key,
             ttl,
+            tombstone_ttl,
             lease,
             max_wait,
             max_waiters,
@@ -386,6 +394,7 @@ impl ServeArgs {
             admin_token_file: admin_token_file.or(under.admin_token_file),
             require_key: require_key || under.require_key,
             ttl: ttl.or(under.ttl),
+            tombstone_ttl: tombstone_ttl.or(under.tombstone_ttl),
             lease: lease.or(under.lease),
             max_wait: max_wait.or(under.max_wait),
             max_waiters: max_waiters.or(under.max_waiters),
@@ -438,6 +447,9 @@ pub struct RouteRule {
     /// Record lifetime on this route.
     #[serde(default, deserialize_with = "toml_form::duration")]
     pub ttl: Option<Duration>,
+    /// How long a tombstone outlives this route's completed records; `0s` keeps none.
+    #[serde(default, deserialize_with = "toml_form::duration")]
+    pub tombstone_ttl: Option<Duration>,
     /// JSON pointers left out of the fingerprint.
     #[serde(default)]
     pub ignore: Vec<String>,

@@ -27,5 +27,6 @@ mod spelling;
 mod telemetry;
 mod tenants;
 mod tls;
+mod tombstones;
 mod upstreams;
 mod wait;
