@@ -26,6 +26,7 @@ pub enum Retryable {
 /// | 409 (another attempt holds the key)      | `Transient` (server's `Retry-After`, else backoff; after the first attempt, not counted against `max_attempts` or the budget) |
 /// | 429, 503                                 | `Transient` (server's `Retry-After`, else backoff) |
 /// | 400, 422                                 | `Fatal`: returned as [`Error::InvalidKey`](crate::Error::InvalidKey), [`Error::KeyReused`](crate::Error::KeyReused) or [`Error::Rejected`](crate::Error::Rejected) |
+/// | 410 `key-expired`                        | `Fatal`: returned as [`Error::KeyExpired`](crate::Error::KeyExpired) |
 /// | anything else                            | `Fatal`: returned as the answer |
 /// | an invalid request or a redirect error   | `Fatal` |
 ///

@@ -31,6 +31,24 @@ pub enum Error {
         answer: Box<Outcome>,
     },
 
+    /// 410 `key-expired`: the operation with this key completed once, its recorded
+    /// answer has expired, and the server's tombstone refuses to execute it again (SPEC
+    /// S16). Never retried. The answer's body says when it completed and with what
+    /// status (`completed_at`, `completed_status`).
+    #[error(
+        "the server says the operation with Idempotency-Key {key} already completed and \
+         its answer has expired ({detail}); it was not executed again: look up its result \
+         in your records, and create a new operation only for a new intent"
+    )]
+    KeyExpired {
+        /// The key.
+        key: Key,
+        /// The server's explanation.
+        detail: String,
+        /// The server's answer.
+        answer: Box<Outcome>,
+    },
+
     /// 400 about the key: malformed, repeated or missing (SPEC S2). Never retried.
     #[error(
         "the server rejected Idempotency-Key {key} ({detail}); send one header of 1 to 255 \
@@ -149,6 +167,7 @@ impl Error {
     pub fn key(&self) -> Option<&Key> {
         match self {
             Error::KeyReused { key, .. }
+            | Error::KeyExpired { key, .. }
             | Error::InvalidKey { key, .. }
             | Error::Rejected { key, .. }
             | Error::Exhausted { key, .. }
@@ -163,6 +182,7 @@ impl Error {
     pub fn attempts(&self) -> u32 {
         match self {
             Error::KeyReused { answer, .. }
+            | Error::KeyExpired { answer, .. }
             | Error::InvalidKey { answer, .. }
             | Error::Rejected { answer, .. } => answer.attempts,
             Error::Exhausted { attempts, .. } | Error::Transport { attempts, .. } => *attempts,

@@ -11,7 +11,8 @@
 //!   spent. A 409 after the first attempt (another attempt holds the key) counts
 //!   against neither the attempts nor the budget: it is waited out, within the
 //!   deadline. 400 and 422 are never retried and come back as [`Error::InvalidKey`],
-//!   [`Error::KeyReused`] or [`Error::Rejected`]. The [`Outcome`] says whether the
+//!   [`Error::KeyReused`] or [`Error::Rejected`], and a 410 `key-expired` (the server's
+//!   tombstone of a completed operation) as [`Error::KeyExpired`]. The [`Outcome`] says whether the
 //!   answer was a replay, how many attempts it took, and the key.
 //! * [`Journal`] (feature `journal`, on by default) persists an operation in SQLite
 //!   before its first attempt; after a crash, [`Journal::pending`] gives the

@@ -186,7 +186,7 @@ impl Operation {
     ///   than 400/422, a 5xx other than 502/503/504. [`Outcome::replayed`] tells whether
     ///   it came from the server's record.
     /// * [`Error::KeyReused`], [`Error::InvalidKey`], [`Error::Rejected`] — 422 and 400,
-    ///   never retried.
+    ///   never retried; [`Error::KeyExpired`] — 410 `key-expired`, never retried.
     /// * [`Error::Exhausted`] — retries stopped without an answer; the outcome is
     ///   unknown, and calling `send` again later (same key) is how to learn it.
     pub async fn send(&self) -> Result<Outcome> {
@@ -334,18 +334,31 @@ impl Operation {
         }
     }
 
-    /// Turns a final answer into the result: 400 and 422 become typed errors.
+    /// Turns a final answer into the result: 400 and 422 become typed errors, and a
+    /// 410 `key-expired`.
     fn finish(&self, outcome: Outcome) -> Result<Outcome> {
-        if !matches!(
-            outcome.status,
-            StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY
-        ) {
+        let gone = outcome.status == StatusCode::GONE;
+        if !gone
+            && !matches!(
+                outcome.status,
+                StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY
+            )
+        {
             return Ok(outcome);
         }
         let (kind, detail) = problem(&outcome);
+        if gone && kind.as_deref() != Some("key-expired") {
+            // The upstream's own 410: an answer like any other.
+            return Ok(outcome);
+        }
         let key = self.key.clone();
         let answer = Box::new(outcome);
         Err(match kind.as_deref() {
+            Some("key-expired") => Error::KeyExpired {
+                key,
+                detail,
+                answer,
+            },
             Some("key-reused") => Error::KeyReused {
                 key,
                 detail,

@@ -260,6 +260,37 @@ async fn key_reused_is_a_typed_error_with_zero_retries() {
 }
 
 #[tokio::test]
+async fn key_expired_410_is_a_typed_error_with_zero_retries() {
+    let server = FaultServer::start([Reply::problem(
+        410,
+        "key-expired",
+        "the operation with this key completed at 2026-12-01T09:30:00.125Z with status 201",
+    )])
+    .await;
+    let (client, sleeper, _) = client(policy());
+    let op = client.post(server.url("/v1/charges"));
+
+    let err = op.send().await.unwrap_err();
+
+    let Error::KeyExpired {
+        key,
+        detail,
+        answer,
+    } = &err
+    else {
+        panic!("expected KeyExpired, got {err:?}");
+    };
+    assert_eq!(key, op.key());
+    assert!(detail.contains("status 201"), "{detail}");
+    assert_eq!(answer.status(), 410);
+    assert_eq!(err.attempts(), 1);
+    assert!(!err.is_retryable_later());
+    assert!(err.to_string().contains("not executed again"), "{err}");
+    assert_eq!(server.hits(), 1);
+    assert!(sleeper.delays().is_empty());
+}
+
+#[tokio::test]
 async fn invalid_key_400_is_a_typed_error_with_zero_retries() {
     let server = FaultServer::start([Reply::problem(
         400,
