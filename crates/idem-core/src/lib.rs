@@ -59,6 +59,7 @@ mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 mod key;
+mod list;
 mod memory;
 mod multipart;
 mod namespace;
@@ -84,6 +85,10 @@ pub use decision::{Decision, Reservation, decide};
 pub use fingerprint::{DEFAULT_BODY_LIMIT, Fingerprint, FingerprintOptions, PointerError};
 pub use forward::Forward;
 pub use key::{Key, KeyError, MAX_KEY_LEN};
+pub use list::{
+    AMBIGUOUS_HEADER, Ambiguity, DEFAULT_LIST_LIMIT, ListCursor, ListPage, ListQuery,
+    MAX_LIST_LIMIT, StateFilter,
+};
 pub use memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
 pub use namespace::{DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN, Namespace, NamespaceError};
 pub use open::{OpenError, OpenStore, StoreOptions, redact_url};
