@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::{Record, RecordState, StoredResponse, Timestamp};
+use crate::{
+    Endpoint, Key, Record, RecordState, Scope, StoreError, StoredResponse, Tenant, Timestamp,
+};
 
 /// The most records one [`Store::list`](crate::Store::list) call returns, whatever
 /// [`ListQuery::limit`] asks for.
@@ -216,6 +218,39 @@ impl ListCursor {
             rest = &tail[len..];
         }
         (!parts.is_empty()).then_some(parts)
+    }
+}
+
+impl ListCursor {
+    /// The cursor of a store that lists in scope order (tenant, endpoint, key, as a SQL
+    /// store's primary key sorts them): resumes after `scope`.
+    pub fn after_scope(scope: &Scope) -> ListCursor {
+        ListCursor::from_parts(&[
+            scope.tenant().as_str(),
+            scope.endpoint_str(),
+            scope.key().as_str(),
+        ])
+    }
+
+    /// What [`after_scope`](Self::after_scope) stored: the tenant, endpoint (empty in
+    /// internal mode) and key.
+    pub fn scope_parts(&self) -> crate::Result<[String; 3]> {
+        let [t, e, k]: [String; 3] = self
+            .parts(3)?
+            .try_into()
+            .map_err(|_| StoreError::InvalidCursor(self.0.clone()))?;
+        Ok([t, e, k])
+    }
+}
+
+impl Scope {
+    /// A scope from the columns a SQL store keeps it in: the tenant, the endpoint (the
+    /// empty string in internal mode, as [`endpoint_str`](Scope::endpoint_str) writes
+    /// it) and the key; [`StoreError::Corrupt`] when the key is no valid key.
+    pub fn from_columns(tenant: &str, endpoint: &str, key: &str) -> crate::Result<Scope> {
+        let key = Key::new(key).map_err(|e| StoreError::Corrupt(format!("stored key: {e}")))?;
+        let endpoint = (!endpoint.is_empty()).then(|| Endpoint::from_raw(endpoint));
+        Ok(Scope::from_parts(Tenant::new(tenant), endpoint, key))
     }
 }
 

@@ -41,10 +41,7 @@ impl MemoryStore {
         let more = records.len() > limit;
         records.truncate(limit);
         let next = match (more, records.last()) {
-            (true, Some(last)) => {
-                let (t, e, k) = sort_key(&last.scope);
-                Some(ListCursor::from_parts(&[t, e, k]))
-            }
+            (true, Some(last)) => Some(ListCursor::after_scope(&last.scope)),
             _ => None,
         };
         Ok(ListPage { records, next })
