@@ -9,9 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{
-    Decision, FencingToken, Lease, Record, Reservation, ReserveRequest, Result, Scope, SharedClock,
-    Store, StoreError, StoreMetric, StoredResponse, Timestamp, Watch, decide, duration_millis,
-    release_unconfirmed,
+    Decision, FencingToken, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest,
+    Result, Scope, SharedClock, Store, StoreError, StoreMetric, StoredResponse, Timestamp, Watch,
+    decide, duration_millis, release_unconfirmed,
 };
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script};
 
@@ -297,7 +297,7 @@ pub(crate) fn evalsha(script: &Script, key: impl redis::ToRedisArgs) -> Cmd {
 
 /// The record stored at `key`; a value that is not one is [`StoreError::Corrupt`],
 /// naming the key.
-fn decode(key: &str, value: Bytes) -> Result<Record> {
+pub(crate) fn decode(key: &str, value: Bytes) -> Result<Record> {
     record::decode(value).map_err(|e| match e {
         StoreError::Corrupt(why) => StoreError::Corrupt(format!("{key}: {why}")),
         other => other,
@@ -499,6 +499,12 @@ impl Store for RedisStore {
             .await
             .map_err(|e| self.failed(e))?;
         value.map(|v| decode(&key, v.into())).transpose()
+    }
+
+    /// A `SCAN` of the prefix (on a cluster, each master in turn), each record read
+    /// and judged; a page reads at most a few thousand keys.
+    async fn list(&self, query: &ListQuery) -> Result<ListPage> {
+        self.list_page(query).await
     }
 
     async fn remove(&self, scope: &Scope) -> Result<bool> {
