@@ -339,9 +339,16 @@ async fn conclude<St: Store, B>(
     let recorded = |(head, body, disposition)| (head, body, None, disposition);
     // Set when the run's outcome cannot be known: reported, and kept with the answer
     // when one is recorded.
-    let mut ambiguous = None;
+    let ambiguous: Option<Ambiguity>;
     let (mut head, body, trailers, disposition) = match ran {
         Ok(Ok(Answered::Whole(head, body, trailers, disposition))) => {
+            // A proxy inside the layer answers its own upstream failures (no answer by
+            // the deadline, a connection broken before the head) with their problem.
+            ambiguous = head
+                .extensions
+                .get::<ProblemKind>()
+                .and_then(|kind| kind.upstream_failure())
+                .and_then(UpstreamFailure::ambiguity);
             (head, body, trailers, disposition)
         }
         Ok(Ok(Answered::Released(mut head, body))) => {
