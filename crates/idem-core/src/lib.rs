@@ -5,6 +5,8 @@
 //! ([`Fingerprint`], S4), the decision table ([`decide`], S5) and the [`Store`] trait
 //! that backends implement (S10), with an in-memory [`MemoryStore`]. A store keeps its
 //! records under a [`Namespace`], and opens itself from its URL through [`OpenStore`].
+//! [`Store::list`] pages through records for operators ([`ListQuery`]), by state, age
+//! and whether their outcome is ambiguous ([`Ambiguity`]).
 //! The `testing` feature adds the contract suite every store runs.
 //!
 //! # Examples
