@@ -20,6 +20,18 @@ pub fn encode_headers(headers: &[(String, Bytes)]) -> Vec<u8> {
     out
 }
 
+/// The bytes [`encode_headers`] writes before the value of a header named `name`: its
+/// length, then the name. A store that keeps the encoding in one column finds the
+/// records that may hold such a header (a pseudo-header such as
+/// [`AMBIGUOUS_HEADER`](crate::AMBIGUOUS_HEADER)) by searching for them, and decodes
+/// to be sure: a value could hold the same bytes.
+pub fn encoded_header_name(name: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + name.len());
+    out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    out.extend_from_slice(name.as_bytes());
+    out
+}
+
 /// Decodes what [`encode_headers`] wrote.
 pub fn decode_headers(mut input: &[u8]) -> Result<Vec<(String, Bytes)>, StoreError> {
     fn take<'a>(input: &mut &'a [u8], n: usize) -> Result<&'a [u8], StoreError> {

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::{
-    Lease, Record, Reservation, ReserveRequest, Result, Scope, Store, StoreMetric, StoredResponse,
-    Watch,
+    Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Result, Scope, Store,
+    StoreMetric, StoredResponse, Watch,
 };
 
 /// A value that passes every [`Store`] operation on to another store, and so is a
@@ -101,6 +101,10 @@ impl<F: Forward> Store for F {
 
     async fn init_secret(&self, name: &str, candidate: &[u8]) -> Result<Vec<u8>> {
         self.target()?.init_secret(name, candidate).await
+    }
+
+    async fn list(&self, query: &ListQuery) -> Result<ListPage> {
+        self.target()?.list(query).await
     }
 
     async fn close(&self) {

@@ -5,6 +5,8 @@
 //! ([`Fingerprint`], S4), the decision table ([`decide`], S5) and the [`Store`] trait
 //! that backends implement (S10), with an in-memory [`MemoryStore`]. A store keeps its
 //! records under a [`Namespace`], and opens itself from its URL through [`OpenStore`].
+//! [`Store::list`] pages through records for operators ([`ListQuery`]), by state, age
+//! and whether their outcome is ambiguous ([`Ambiguity`]).
 //! The `testing` feature adds the contract suite every store runs.
 //!
 //! # Examples
@@ -59,6 +61,7 @@ mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 mod key;
+mod list;
 mod memory;
 mod multipart;
 mod namespace;
@@ -84,6 +87,10 @@ pub use decision::{Decision, Reservation, decide};
 pub use fingerprint::{DEFAULT_BODY_LIMIT, Fingerprint, FingerprintOptions, PointerError};
 pub use forward::Forward;
 pub use key::{Key, KeyError, MAX_KEY_LEN};
+pub use list::{
+    AMBIGUOUS_HEADER, Ambiguity, DEFAULT_LIST_LIMIT, ListCursor, ListPage, ListQuery,
+    MAX_LIST_LIMIT, StateFilter,
+};
 pub use memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
 pub use namespace::{DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN, Namespace, NamespaceError};
 pub use open::{OpenError, OpenStore, StoreOptions, redact_url};

@@ -10,9 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::{
-    ChangeHub, Decision, Lease, Record, RecordState, Reservation, ReserveRequest, Result, Scope,
-    SharedClock, Store, StoreError, StoreMetric, StoredResponse, SystemClock, Timestamp, Watch,
-    decide, record::FencingToken,
+    ChangeHub, Decision, Lease, ListPage, ListQuery, Record, RecordState, Reservation,
+    ReserveRequest, Result, Scope, SharedClock, Store, StoreError, StoreMetric, StoredResponse,
+    SystemClock, Timestamp, Watch, decide, record::FencingToken,
 };
 
 /// The default bound on [`MemoryStore`] entries.
@@ -458,6 +458,10 @@ impl Store for MemoryStore {
             .clone())
     }
 
+    async fn list(&self, query: &ListQuery) -> Result<ListPage> {
+        self.list_page(query)
+    }
+
     fn metrics(&self) -> Vec<StoreMetric> {
         vec![
             StoreMetric::gauge(
@@ -480,5 +484,6 @@ impl Store for MemoryStore {
     }
 }
 
+mod list;
 #[cfg(test)]
 mod tests;

@@ -5,8 +5,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::{
-    Lease, Record, RecordKeys, RecordState, Reservation, ReserveRequest, Result, Scope, Store,
-    StoreMetric, StoredResponse,
+    AMBIGUOUS_HEADER, Lease, ListPage, ListQuery, Record, RecordKeys, RecordState, Reservation,
+    ReserveRequest, Result, Scope, Store, StoreMetric, StoredResponse,
 };
 
 /// A store that seals every answer it records with [`RecordKeys`] and opens every
@@ -21,7 +21,9 @@ use crate::{
 /// again. An answer recorded before sealing was turned on is read as it is.
 ///
 /// Everything else (status, fingerprint, scope, times) is the inner store's and stays
-/// in plain text there.
+/// in plain text there, and so does the reason an answer's outcome is ambiguous
+/// ([`StoredResponse::ambiguity`], a label such as `answer_too_large`), so that a
+/// listing of ambiguous records ([`Store::list`]) finds sealed ones too.
 ///
 /// # Completing in the caller's transaction (SPEC S9)
 ///
@@ -89,12 +91,24 @@ impl<S: Store> Sealed<S> {
     /// `response` sealed for `scope`, as [`complete`](Store::complete) records it: for
     /// a write this wrapper does not see (the SQL stores' `complete_in`).
     pub fn seal(&self, scope: &Scope, response: &StoredResponse) -> StoredResponse {
-        self.keys.seal(scope, response)
+        let sealed = self.keys.seal(scope, response);
+        match response.ambiguity() {
+            Some(reason) => sealed.with_ambiguity(reason),
+            None => sealed,
+        }
     }
 
     /// The answer `stored` holds for `scope`, or the error (logged) that it cannot be
-    /// opened.
-    fn open(&self, scope: &Scope, stored: StoredResponse) -> Result<StoredResponse> {
+    /// opened. The plain-text ambiguity label beside a sealed answer is dropped first:
+    /// the sealed headers hold it too.
+    fn open(&self, scope: &Scope, mut stored: StoredResponse) -> Result<StoredResponse> {
+        if stored
+            .headers
+            .first()
+            .is_some_and(|(name, _)| name == crate::seal::SEALED_HEADER)
+        {
+            stored.headers.retain(|(name, _)| name != AMBIGUOUS_HEADER);
+        }
         self.keys.open(scope, stored).inspect_err(|e| {
             tracing::error!(
                 scope = %scope.digest(),
@@ -118,7 +132,7 @@ impl<S: Store> Store for Sealed<S> {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<()> {
-        let sealed = self.keys.seal(&lease.scope, response);
+        let sealed = self.seal(&lease.scope, response);
         self.inner.complete(lease, &sealed).await
     }
 
@@ -142,6 +156,23 @@ impl<S: Store> Store for Sealed<S> {
 
     async fn remove(&self, scope: &Scope) -> Result<bool> {
         self.inner.remove(scope).await
+    }
+
+    /// The inner store's page, each answer opened as [`get`](Store::get) opens it. One
+    /// that cannot be opened is logged and listed as it is stored, sealed: a listing
+    /// shows what it can rather than failing whole.
+    async fn list(&self, query: &ListQuery) -> Result<ListPage> {
+        let mut page = self.inner.list(query).await?;
+        for record in &mut page.records {
+            if let RecordState::Completed { response, .. } = &mut record.state {
+                let stored = std::mem::take(response);
+                *response = match self.open(&record.scope, stored.clone()) {
+                    Ok(opened) => opened,
+                    Err(_) => stored,
+                };
+            }
+        }
+        Ok(page)
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<usize> {

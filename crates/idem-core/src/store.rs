@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Lease, Record, Reservation, ReserveRequest, Scope, StoredResponse, Watch};
+use crate::{
+    Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Scope, StoredResponse, Watch,
+};
 
 /// What can go wrong in a store. Middleware maps every variant but `Fenced` and
 /// `Sealed` to a fail-closed 503 with `Retry-After` (SPEC S10).
@@ -29,6 +31,10 @@ pub enum StoreError {
     /// ran; middleware answers 500 `replay-unavailable` and never executes it again.
     #[error("a sealed record cannot be opened: {0}")]
     Sealed(String),
+    /// A [`ListCursor`](crate::ListCursor) given to [`Store::list`] is not one this store
+    /// handed out. Nothing was read.
+    #[error("the listing cursor {0:?} is not one this store handed out")]
+    InvalidCursor(String),
 }
 
 impl StoreError {
@@ -38,7 +44,7 @@ impl StoreError {
     }
 
     /// A short, stable name of the variant (`fenced`, `unavailable`, `full`, `corrupt`,
-    /// `sealed`), for metric labels and logs.
+    /// `sealed`, `invalid_cursor`), for metric labels and logs.
     pub fn label(&self) -> &'static str {
         match self {
             StoreError::Fenced => "fenced",
@@ -46,6 +52,7 @@ impl StoreError {
             StoreError::Full => "full",
             StoreError::Corrupt(_) => "corrupt",
             StoreError::Sealed(_) => "sealed",
+            StoreError::InvalidCursor(_) => "invalid_cursor",
         }
     }
 }
@@ -186,6 +193,15 @@ pub trait Store: Send + Sync + 'static {
         let _ = scope;
         Watch::poll()
     }
+
+    /// One page of the records that have not expired and that `query` keeps (its
+    /// [`matches`](ListQuery::matches)), for operators: in-progress records older than
+    /// an age, records whose outcome is ambiguous. A page holds at most
+    /// [`query.limit()`](ListQuery::limit) records and may hold fewer; the listing is
+    /// complete when [`ListPage::next`] is `None`. Paging through from no cursor to the
+    /// end returns every record that matched throughout exactly once; records written
+    /// meanwhile may or may not appear. One call's work is bounded.
+    async fn list(&self, query: &ListQuery) -> Result<ListPage>;
 }
 
 #[cfg(test)]
@@ -200,11 +216,19 @@ mod tests {
             StoreError::Full,
             StoreError::Corrupt("bad".into()),
             StoreError::Sealed("unknown key".into()),
+            StoreError::InvalidCursor("zz".into()),
         ]
         .map(|e| e.label());
         assert_eq!(
             labels,
-            ["fenced", "unavailable", "full", "corrupt", "sealed"]
+            [
+                "fenced",
+                "unavailable",
+                "full",
+                "corrupt",
+                "sealed",
+                "invalid_cursor"
+            ]
         );
     }
 }

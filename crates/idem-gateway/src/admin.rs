@@ -6,6 +6,7 @@
 //! | `GET /readyz` | 200 when the store answers a ping, else 503 |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /keys?key=K[&tenant=T][&endpoint=E]` | the record as JSON, or 404 |
+//! | `GET /keys[?state=S][&older_than=D][&ambiguous=true][&limit=N][&after=C]` | records as JSON lines; `Idem-Next-Cursor` names the next page |
 //! | `DELETE /keys?key=K[&tenant=T][&endpoint=E]` | deletes the record, or 404 |
 //! | `POST /keys/purge-expired` | deletes expired records, `{"purged": n}` |
 //!
@@ -94,7 +95,7 @@ impl AdminTask {
 pub fn router(state: AdminState) -> Router {
     let protected = Router::new()
         .route("/metrics", get(metrics))
-        .route("/keys", get(show_key).delete(delete_key))
+        .route("/keys", get(get_keys).delete(delete_key))
         .route("/keys/purge-expired", post(purge))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
@@ -161,7 +162,96 @@ fn store_error(e: idem_core::StoreError) -> Response {
         .into_response()
 }
 
-async fn show_key(State(state): State<AdminState>, Query(q): Query<KeyQuery>) -> Response {
+/// The response header naming where the next page of a listing starts; absent on the
+/// last page.
+pub const NEXT_CURSOR_HEADER: &str = "idem-next-cursor";
+
+/// `GET /keys`: one key's record when the query names a key, else a listing.
+async fn get_keys(
+    State(state): State<AdminState>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> Response {
+    let names_a_key = params
+        .iter()
+        .any(|(name, _)| matches!(name.as_str(), "key" | "tenant" | "endpoint"));
+    if !names_a_key {
+        return list_keys(state, &params).await;
+    }
+    let mut q = KeyQuery {
+        key: String::new(),
+        tenant: None,
+        endpoint: None,
+    };
+    let mut key = None;
+    for (name, value) in params {
+        match name.as_str() {
+            "key" => key = Some(value),
+            "tenant" => q.tenant = Some(value),
+            "endpoint" => q.endpoint = Some(value),
+            other => {
+                return bad_request(format!(
+                    "{other:?} does not go with key: show one key's record with key, tenant \
+                     and endpoint, or list records without them"
+                ));
+            }
+        }
+    }
+    match key {
+        Some(key) => q.key = key,
+        None => return bad_request("give the key whose record to show".into()),
+    }
+    show_key(state, q).await
+}
+
+/// A listing, one JSON line per record (see [`crate::listing::line_json`]).
+async fn list_keys(state: AdminState, params: &[(String, String)]) -> Response {
+    let query = match crate::listing::query_from_params(
+        params.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+    ) {
+        Ok(query) => query,
+        Err(detail) => return bad_listing(detail),
+    };
+    let page = match state.store.list(&query).await {
+        Ok(page) => page,
+        Err(idem_core::StoreError::InvalidCursor(_)) => {
+            return bad_listing(
+                "after names no page of this store: pass the Idem-Next-Cursor of a page".into(),
+            );
+        }
+        Err(e) => return store_error(e),
+    };
+    let now = SystemClock.now();
+    let mut body = String::new();
+    for record in &page.records {
+        body.push_str(&crate::listing::line_json(record, now).to_string());
+        body.push('\n');
+    }
+    let mut response = ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response();
+    if let Some(next) = page.next
+        && let Ok(value) = header::HeaderValue::from_str(next.as_str())
+    {
+        response.headers_mut().insert(NEXT_CURSOR_HEADER, value);
+    }
+    response
+}
+
+/// A 400 problem (RFC 9457) for a listing's parameters.
+fn bad_listing(detail: String) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        json!({
+            "type": "https://idem.dev/problems/bad-listing",
+            "title": "The listing's parameters are not valid",
+            "status": 400,
+            "detail": detail,
+        })
+        .to_string(),
+    )
+        .into_response()
+}
+
+async fn show_key(state: AdminState, q: KeyQuery) -> Response {
     let scope = match scope_for(&q.key, q.tenant.as_deref(), q.endpoint.as_deref()) {
         Ok(s) => s,
         Err(e) => return bad_request(e),

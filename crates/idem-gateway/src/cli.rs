@@ -100,6 +100,43 @@ pub enum KeysCommand {
     Show(KeyTarget),
     /// Delete one key's record, or with --expired every expired record.
     Purge(PurgeArgs),
+    /// List records as JSON lines: in progress for too long, ambiguous, or all.
+    List(ListArgs),
+}
+
+/// `idem keys list`: records that have not expired, one JSON object per line (scope
+/// digest, key, tenant, endpoint, state, attempt, times, status, ambiguity reason).
+#[derive(Debug, Args, Clone)]
+pub struct ListArgs {
+    /// Only records in this state: `in_progress` or `completed`.
+    #[arg(long, value_name = "STATE")]
+    pub state: Option<String>,
+
+    /// Only records created at least this long ago (`90s`, `5m`, `1h`).
+    #[arg(long, value_name = "DURATION")]
+    pub older_than: Option<String>,
+
+    /// Only records whose outcome the gateway could not know: taken over after a
+    /// lapsed lease, in progress with a lapsed lease, or recorded after the upstream or
+    /// handler failed mid-way.
+    #[arg(long)]
+    pub ambiguous: bool,
+
+    /// The most records to print; where to resume is then printed to standard error.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub limit: usize,
+
+    /// Resume after this cursor (as printed when a previous run stopped at --limit).
+    #[arg(long, value_name = "CURSOR")]
+    pub after: Option<String>,
+
+    /// Record store URL [default: sqlite://idem.db].
+    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
+    pub store: Option<String>,
+
+    /// The gateway's --store-namespace [default: idem].
+    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
+    pub store_namespace: Option<String>,
 }
 
 /// Which record: a key and the scope it lives in.

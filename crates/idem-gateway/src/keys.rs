@@ -208,6 +208,7 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
             store.close().await;
             result
         }
+        KeysCommand::List(args) => Ok(crate::listing::run(args).await),
         KeysCommand::Purge(PurgeArgs {
             key,
             expired,
@@ -271,7 +272,9 @@ async fn purge(store: &dyn Store, scope: Option<&Scope>) -> Result<ExitCode, Str
     }
 }
 
-async fn open(
+/// Opens the store `idem keys` names (refusing a `memory://` one, which would be new
+/// and empty here).
+pub(crate) async fn open(
     url: Option<String>,
     namespace: Option<String>,
 ) -> Result<std::sync::Arc<dyn Store>, String> {
@@ -296,7 +299,7 @@ fn refuse_memory(url: &str) -> Result<(), String> {
         Some("memory") => Err(
             "a memory:// store lives inside the `idem serve` that holds it, so this command \
              would read a new, empty one; ask that gateway's admin listener instead \
-             (GET or DELETE /keys?key=…, POST /keys/purge-expired)"
+             (GET or DELETE /keys?key=…, GET /keys?ambiguous=true, POST /keys/purge-expired)"
                 .into(),
         ),
         // Anything else, good or bad, is for opening to judge.

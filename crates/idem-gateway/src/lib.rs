@@ -63,6 +63,7 @@ pub mod error;
 pub mod forwarded;
 pub mod keys;
 pub mod listener;
+pub mod listing;
 pub mod logging;
 pub mod man;
 pub mod metrics;

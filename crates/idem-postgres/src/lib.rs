@@ -71,6 +71,7 @@ mod batch;
 mod durability;
 mod error;
 mod handoff;
+mod list;
 mod listen;
 mod open;
 mod options;

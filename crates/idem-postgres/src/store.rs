@@ -7,9 +7,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::codec::encode_headers;
 use idem_core::{
-    FencingToken, Lease, Record, Reservation, ReserveRequest, Scope, SharedClock, Store,
-    StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig, Timestamp, Watch,
-    duration_millis, release_unconfirmed_with,
+    FencingToken, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Scope,
+    SharedClock, Store, StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig, Timestamp,
+    Watch, duration_millis, release_unconfirmed_with,
 };
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
@@ -167,7 +167,7 @@ impl PgStore {
         fenced_unless_one(done.rows_affected())
     }
 
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         op: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
@@ -572,6 +572,11 @@ impl Store for PgStore {
                 .await;
         }
         self.delete_in_progress(&self.sql.release, lease).await
+    }
+
+    /// Through the pool, in primary-key order: each page is one range scan.
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        self.list_page(query).await
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {

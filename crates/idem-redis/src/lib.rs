@@ -167,6 +167,7 @@ mod builder;
 mod conn;
 mod error;
 mod eviction;
+mod list;
 mod open;
 mod purge;
 mod record;

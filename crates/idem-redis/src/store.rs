@@ -9,9 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{
-    Decision, FencingToken, Lease, Record, Reservation, ReserveRequest, Result, Scope, SharedClock,
-    Store, StoreError, StoreMetric, StoredResponse, Timestamp, Watch, decide, duration_millis,
-    release_unconfirmed,
+    Decision, FencingToken, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest,
+    Result, Scope, SharedClock, Store, StoreError, StoreMetric, StoredResponse, Timestamp, Watch,
+    decide, duration_millis, release_unconfirmed,
 };
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script};
 
@@ -303,7 +303,7 @@ pub(crate) fn evalsha(script: &Script, key: impl redis::ToRedisArgs) -> Cmd {
 
 /// The record stored at `key`; a value that is not one is [`StoreError::Corrupt`],
 /// naming the key.
-fn decode(key: &str, value: Bytes) -> Result<Record> {
+pub(crate) fn decode(key: &str, value: Bytes) -> Result<Record> {
     record::decode(value).map_err(|e| match e {
         StoreError::Corrupt(why) => StoreError::Corrupt(format!("{key}: {why}")),
         other => other,
@@ -542,6 +542,12 @@ impl Store for RedisStore {
             return Ok(record);
         }
         Ok(read(self.tombstone_key(scope)).await?.or(record))
+    }
+
+    /// A `SCAN` of the prefix (on a cluster, each master in turn), each record read
+    /// and judged; a page reads at most a few thousand keys.
+    async fn list(&self, query: &ListQuery) -> Result<ListPage> {
+        self.list_page(query).await
     }
 
     /// Deletes the record and its tombstone.

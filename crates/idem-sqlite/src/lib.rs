@@ -148,6 +148,7 @@ mod builder;
 mod connection;
 mod error;
 mod file;
+mod list;
 mod open;
 mod row;
 mod schema;

@@ -52,19 +52,28 @@ impl StoredRow {
 
     /// The row as a pooled connection reads it.
     pub(crate) fn from_sqlx(row: &SqliteRow) -> std::result::Result<StoredRow, sqlx::Error> {
+        StoredRow::from_sqlx_at(row, 0)
+    }
+
+    /// The row as a pooled connection reads it, its record's columns starting at
+    /// column `at` (a listing selects the scope's columns first).
+    pub(crate) fn from_sqlx_at(
+        row: &SqliteRow,
+        at: usize,
+    ) -> std::result::Result<StoredRow, sqlx::Error> {
         Ok(StoredRow {
-            fingerprint: row.try_get(0)?,
-            created_at: row.try_get(1)?,
-            expires_at: row.try_get(2)?,
-            attempt: row.try_get(3)?,
-            token: row.try_get(4)?,
-            state: row.try_get(5)?,
-            lease_until: row.try_get(6)?,
-            status: row.try_get(7)?,
-            headers: row.try_get(8)?,
-            body: row.try_get(9)?,
-            completed_at: row.try_get(10)?,
-            tombstone_until: row.try_get(11)?,
+            fingerprint: row.try_get(at)?,
+            created_at: row.try_get(at + 1)?,
+            expires_at: row.try_get(at + 2)?,
+            attempt: row.try_get(at + 3)?,
+            token: row.try_get(at + 4)?,
+            state: row.try_get(at + 5)?,
+            lease_until: row.try_get(at + 6)?,
+            status: row.try_get(at + 7)?,
+            headers: row.try_get(at + 8)?,
+            body: row.try_get(at + 9)?,
+            completed_at: row.try_get(at + 10)?,
+            tombstone_until: row.try_get(at + 11)?,
         })
     }
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::codec::encode_headers;
 use idem_core::{
-    ChangeHub, Lease, Record, Reservation, ReserveRequest, Scope, SharedClock, Store, StoreError,
-    StoreMetric, StoredResponse, Watch, duration_millis,
+    ChangeHub, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Scope, SharedClock,
+    Store, StoreError, StoreMetric, StoredResponse, Watch, duration_millis,
 };
 use sqlx::sqlite::SqlitePool;
 use sqlx::{AssertSqlSafe, SqliteConnection};
@@ -218,6 +218,11 @@ impl Store for SqliteStore {
             Done::Purged(n) => Ok(n),
             other => unreachable!("purge answered {other:?}"),
         }
+    }
+
+    /// Through the pool, in primary-key order: each page is one range scan.
+    async fn list(&self, query: &ListQuery) -> idem_core::Result<ListPage> {
+        self.list_page(query).await
     }
 
     async fn ping(&self) -> idem_core::Result<()> {

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Lease, Record, Reservation, ReserveRequest, Result, Scope, Store, StoreMetric, StoredResponse,
+    Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Result, Scope, Store,
+    StoreMetric, StoredResponse,
 };
 
 /// What a [`HookedStore`] does on each call. Every method passes the call on to the
@@ -46,6 +47,9 @@ pub trait StoreHooks<S: Store>: Send + Sync + 'static {
     }
     async fn close(&self, inner: &S) {
         inner.close().await
+    }
+    async fn list(&self, inner: &S, query: &ListQuery) -> Result<ListPage> {
+        inner.list(query).await
     }
     fn metrics(&self, inner: &S) -> Vec<StoreMetric> {
         inner.metrics()
@@ -107,6 +111,9 @@ impl<S: Store, H: StoreHooks<S>> Store for HookedStore<S, H> {
     }
     async fn close(&self) {
         self.hooks.close(&self.inner).await
+    }
+    async fn list(&self, query: &ListQuery) -> Result<ListPage> {
+        self.hooks.list(&self.inner, query).await
     }
     fn metrics(&self) -> Vec<StoreMetric> {
         self.hooks.metrics(&self.inner)

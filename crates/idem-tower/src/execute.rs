@@ -15,7 +15,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::{Lease, Reservation, ReserveRequest, Store};
+use idem_core::{Ambiguity, Lease, Reservation, ReserveRequest, Store};
 use tower::Service;
 
 use crate::config::ReleaseStatuses;
@@ -111,6 +111,11 @@ where
                 return response;
             }
         };
+
+        if lease.recovered() {
+            // An earlier attempt may have acted before its lease lapsed.
+            observer.ambiguous_outcome(Ambiguity::Takeover, &lease.scope.digest());
+        }
 
         // Stage 2: the handler runs while the lease is renewed.
         let ReserveRequest {
@@ -332,8 +337,18 @@ async fn conclude<St: Store, B>(
         grpc,
     } = answer;
     let recorded = |(head, body, disposition)| (head, body, None, disposition);
+    // Set when the run's outcome cannot be known: reported, and kept with the answer
+    // when one is recorded.
+    let ambiguous: Option<Ambiguity>;
     let (mut head, body, trailers, disposition) = match ran {
         Ok(Ok(Answered::Whole(head, body, trailers, disposition))) => {
+            // A proxy inside the layer answers its own upstream failures (no answer by
+            // the deadline, a connection broken before the head) with their problem.
+            ambiguous = head
+                .extensions
+                .get::<ProblemKind>()
+                .and_then(|kind| kind.upstream_failure())
+                .and_then(UpstreamFailure::ambiguity);
             (head, body, trailers, disposition)
         }
         Ok(Ok(Answered::Released(mut head, body))) => {
@@ -355,14 +370,17 @@ async fn conclude<St: Store, B>(
                 limit = config.response_limit,
                 "the handler's answer is over the response limit; recording a 500 in its place"
             );
+            ambiguous = Some(Ambiguity::AnswerTooLarge);
             recorded(too_large_response(config.response_limit, grpc))
         }
         Ok(Err(Failed::Upstream(failure))) => {
             observer.upstream_failed(failure);
+            ambiguous = failure.ambiguity();
             recorded(upstream_response(failure, config.response_limit, grpc))
         }
         Ok(Err(Failed::Handler(e))) => {
             tracing::error!(error = %e, "handler failed after it started; recording a 500");
+            ambiguous = Some(Ambiguity::HandlerFailed);
             recorded(failed_response(grpc))
         }
         Err(panic) => {
@@ -370,12 +388,20 @@ async fn conclude<St: Store, B>(
                 panic = panic_message(&*panic),
                 "handler panicked; recording a 500"
             );
+            ambiguous = Some(Ambiguity::HandlerFailed);
             recorded(failed_response(grpc))
         }
     };
+    if let Some(reason) = ambiguous {
+        observer.ambiguous_outcome(reason, &lease.scope.digest());
+    }
     match disposition {
         Disposition::Record => {
-            let stored = stored_response(config, extra_headers, &head, &body, trailers.as_ref());
+            let mut stored =
+                stored_response(config, extra_headers, &head, &body, trailers.as_ref());
+            if let Some(reason) = ambiguous {
+                stored = stored.with_ambiguity(reason);
+            }
             observer.outcome(Outcome::Executed);
             settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
         }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use idem_core::StoreError;
+use idem_core::{Ambiguity, StoreError};
 
 /// A response extension by which the inner service overrides SPEC S6's default
 /// record-or-release decision for one response.
@@ -152,6 +152,17 @@ impl UpstreamFailure {
             UpstreamFailure::AnswerTooLarge => Disposition::Record,
         }
     }
+
+    /// Why the outcome is unknown after this failure: every one but
+    /// [`Unreachable`](UpstreamFailure::Unreachable), when nothing was sent.
+    pub fn ambiguity(self) -> Option<Ambiguity> {
+        match self {
+            UpstreamFailure::Unreachable => None,
+            UpstreamFailure::Timeout => Some(Ambiguity::UpstreamTimeout),
+            UpstreamFailure::ConnectionLost => Some(Ambiguity::UpstreamConnectionLost),
+            UpstreamFailure::AnswerTooLarge => Some(Ambiguity::AnswerTooLarge),
+        }
+    }
 }
 
 /// What the layer did with one request, as reported to an [`Observer`].
@@ -284,6 +295,19 @@ pub trait Observer: Send + Sync + 'static {
     /// `other` (a mismatch, a store error).
     fn wait_ended(&self, ended: &'static str) {
         let _ = ended;
+    }
+
+    /// An execution's outcome is one the layer cannot know, for `reason`, and an
+    /// operator may have to reconcile it with the business's records: an attempt took
+    /// over a record whose earlier attempt's lease lapsed ([`Ambiguity::Takeover`]), a
+    /// proxied upstream timed out or broke off after the request was sent (the record
+    /// stays in progress), an answer was too large to record, or the handler failed
+    /// after it started (a problem is recorded, marked with the reason, see
+    /// [`StoredResponse::ambiguity`](idem_core::StoredResponse::ambiguity)).
+    /// `scope_digest` is the record's [`Scope::digest`](idem_core::Scope::digest),
+    /// which names it without the key or the tenant: log that, never the key.
+    fn ambiguous_outcome(&self, reason: Ambiguity, scope_digest: &str) {
+        let _ = (reason, scope_digest);
     }
 }
 

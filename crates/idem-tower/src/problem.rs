@@ -210,7 +210,7 @@ impl ProblemKind {
     }
 
     /// The upstream failure this kind answers, if it is one.
-    fn upstream_failure(self) -> Option<UpstreamFailure> {
+    pub(crate) fn upstream_failure(self) -> Option<UpstreamFailure> {
         match self {
             ProblemKind::UpstreamUnreachable => Some(UpstreamFailure::Unreachable),
             ProblemKind::UpstreamTimeout => Some(UpstreamFailure::Timeout),

@@ -99,6 +99,7 @@ for_each_store!(
     heartbeat_renews_lease_while_handler_runs,
     stale_attempt_cannot_overwrite_takeover,
     observer_sees_each_outcome,
+    ambiguous_outcomes_are_reported_and_recorded,
 );
 
 // ---------------------------------------------------------------- S2: the key
@@ -1597,6 +1598,8 @@ struct CountingObserver {
     store_errors: std::sync::Mutex<Vec<(&'static str, &'static str)>>,
     /// Deferred key writes: `None` when one is deferred, `Some(settled)` when it ends.
     deferred: std::sync::Mutex<Vec<(&'static str, Option<bool>)>>,
+    /// Ambiguous outcomes: the reason and the scope's digest.
+    ambiguous: std::sync::Mutex<Vec<(idem_core::Ambiguity, String)>>,
 }
 
 impl Observer for CountingObserver {
@@ -1615,6 +1618,75 @@ impl Observer for CountingObserver {
     fn deferred_write_ended(&self, op: &'static str, settled: bool) {
         self.deferred.lock().unwrap().push((op, Some(settled)));
     }
+    fn ambiguous_outcome(&self, reason: idem_core::Ambiguity, scope_digest: &str) {
+        self.ambiguous
+            .lock()
+            .unwrap()
+            .push((reason, scope_digest.to_owned()));
+    }
+}
+
+/// A handler that fails after it started and an attempt that takes over a lapsed
+/// lease are each reported once, by the scope's digest; the failure's recorded answer
+/// keeps the reason, which its replay never shows.
+async fn ambiguous_outcomes_are_reported_and_recorded(kind: StoreKind) {
+    use idem_core::Ambiguity;
+    let observer = Arc::new(CountingObserver::default());
+    let app = App::start_with(kind, |l| l.observer(observer.clone())).await;
+    app.post("/panic")
+        .key("k-amb-panic")
+        .json("{}")
+        .send()
+        .await;
+    let panicked = scope("/panic", "k-amb-panic", None);
+    let record = app.store.get(&panicked).await.unwrap().expect("recorded");
+    let RecordState::Completed { response, .. } = &record.state else {
+        panic!("{record:?}")
+    };
+    assert_eq!(response.ambiguity(), Some(Ambiguity::HandlerFailed));
+    let replay = app
+        .post("/panic")
+        .key("k-amb-panic")
+        .json("{}")
+        .send()
+        .await;
+    assert!(replay.is_replay());
+    assert_eq!(replay.header(":ambiguous"), None);
+
+    let lease_for = Duration::from_secs(60);
+    app.store
+        .reserve(&support::reserve_request(
+            "/orders",
+            "k-amb-dead",
+            ORDER,
+            lease_for,
+        ))
+        .await
+        .unwrap();
+    app.clock.advance(lease_for + Duration::from_millis(1));
+    let taken = app
+        .post("/orders")
+        .key("k-amb-dead")
+        .json(ORDER)
+        .send()
+        .await;
+    assert_eq!(taken.status, 201);
+    // An ordinary first execution is not ambiguous.
+    app.post("/orders")
+        .key("k-amb-plain")
+        .json(ORDER)
+        .send()
+        .await;
+    assert_eq!(
+        *observer.ambiguous.lock().unwrap(),
+        [
+            (Ambiguity::HandlerFailed, panicked.digest()),
+            (
+                Ambiguity::Takeover,
+                scope("/orders", "k-amb-dead", None).digest()
+            ),
+        ]
+    );
 }
 
 async fn observer_sees_each_outcome(kind: StoreKind) {
@@ -1689,6 +1761,9 @@ impl Store for DownStore {
         down()
     }
     async fn init_secret(&self, _: &str, _: &[u8]) -> Result<Vec<u8>> {
+        down()
+    }
+    async fn list(&self, _: &idem_core::ListQuery) -> Result<idem_core::ListPage> {
         down()
     }
 }

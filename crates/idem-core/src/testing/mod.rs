@@ -56,7 +56,10 @@ macro_rules! store_contract_tests {
             watch_fires_when_the_record_completes,
             watch_fires_when_the_record_is_released,
             watch_fires_when_the_record_is_removed,
-            watch_fires_for_its_own_scope_only
+            watch_fires_for_its_own_scope_only,
+            list_filters_by_state_age_and_ambiguity,
+            list_pages_return_each_record_exactly_once,
+            list_limit_is_bounded
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {

@@ -23,7 +23,8 @@ use prometheus_client::registry::Registry;
 pub use self::listener_kind::ListenerKind;
 use figures::StoreFigures;
 use series::{
-    ByKind, ByListener, ByOp, ByOutcome, ByWaitEnd, Series, StoreCall, StoreFailure, by_listener,
+    ByKind, ByListener, ByOp, ByOutcome, ByReason, ByWaitEnd, Series, StoreCall, StoreFailure,
+    by_listener,
 };
 
 mod figures;
@@ -73,6 +74,8 @@ pub struct Metrics {
     /// how (SPEC S15).
     waiting: Gauge,
     waits: Series<ByWaitEnd, Counter>,
+    /// Executions whose outcome the gateway could not know, by reason.
+    ambiguous: Series<ByReason, Counter>,
 }
 
 impl fmt::Debug for Metrics {
@@ -108,7 +111,13 @@ impl Metrics {
             accept_errors: Series::new(),
             waiting: Gauge::default(),
             waits: Series::new(),
+            ambiguous: Series::new(),
         };
+        for reason in idem_core::Ambiguity::ALL {
+            m.ambiguous.touch(ByReason {
+                reason: reason.as_str(),
+            });
+        }
         for ended in WAIT_ENDS {
             m.waits.touch(ByWaitEnd { ended });
         }
@@ -154,6 +163,13 @@ impl Metrics {
             "idem_waits",
             "Waits of duplicates for an in-progress request that ended, by how",
             self.waits.clone(),
+        );
+        r.register(
+            "idem_ambiguous_outcomes",
+            "Executions whose outcome the gateway could not know, by reason (takeover, \
+             upstream_timeout, upstream_connection_lost, answer_too_large, handler_failed; \
+             orphaned records are found by listing GET /keys?ambiguous=true)",
+            self.ambiguous.clone(),
         );
         r.register(
             "idem_upgraded_connections",
@@ -366,6 +382,25 @@ impl Observer for Metrics {
         self.waits.at(ByWaitEnd { ended }, |c| {
             c.inc();
         });
+    }
+
+    /// Counted, and logged by the scope's digest (never the key or the tenant), so an
+    /// operator can find the record (`GET /keys?ambiguous=true`) and reconcile it.
+    fn ambiguous_outcome(&self, reason: idem_core::Ambiguity, scope_digest: &str) {
+        self.ambiguous.at(
+            ByReason {
+                reason: reason.as_str(),
+            },
+            |c| {
+                c.inc();
+            },
+        );
+        tracing::warn!(
+            reason = reason.as_str(),
+            scope = scope_digest,
+            "ambiguous outcome: the request may have had effects the gateway cannot know; \
+             reconcile it with the business records"
+        );
     }
 }
 

@@ -137,6 +137,12 @@ pub(super) struct ByWaitEnd {
     pub(super) ended: &'static str,
 }
 
+/// `reason`: why an outcome is ambiguous, [`idem_core::Ambiguity::as_str`].
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub(super) struct ByReason {
+    pub(super) reason: &'static str,
+}
+
 /// `listener`: `proxy` or `admin`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub(super) struct ByListener {

@@ -51,6 +51,11 @@ impl Observer for SpanObserver {
     fn upstream_failed(&self, failure: idem_tower::UpstreamFailure) {
         self.inner.upstream_failed(failure);
     }
+
+    fn ambiguous_outcome(&self, reason: idem_core::Ambiguity, scope_digest: &str) {
+        self.inner.ambiguous_outcome(reason, scope_digest);
+        annotate_current(|| vec![KeyValue::new("idem.ambiguous", reason.as_str())]);
+    }
 }
 
 /// The layer's store, traced: see [`Telemetry::store`].
@@ -174,6 +179,10 @@ impl Store for TracedStore {
 
     async fn remove(&self, scope: &Scope) -> idem_core::Result<bool> {
         self.inner.remove(scope).await
+    }
+
+    async fn list(&self, query: &idem_core::ListQuery) -> idem_core::Result<idem_core::ListPage> {
+        self.inner.list(query).await
     }
 
     async fn purge_expired(&self, limit: usize) -> idem_core::Result<usize> {

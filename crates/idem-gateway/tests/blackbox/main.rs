@@ -7,6 +7,7 @@
 //! cases start one (or use `IDEM_TEST_REDIS_CLUSTER_URL`), and `failover` starts its
 //! own to break.
 
+mod ambiguous;
 mod chaos;
 mod check;
 mod cluster;

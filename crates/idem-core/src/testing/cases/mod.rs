@@ -10,6 +10,7 @@ use crate::{
 
 mod expiry;
 mod lease;
+mod list;
 mod race;
 mod records;
 mod replay;
@@ -24,6 +25,10 @@ pub use lease::{
     expired_lease_is_taken_over_as_next_attempt, live_lease_is_in_progress_with_retry_after,
     release_lets_the_key_execute_again, renew_extends_the_lease,
     stale_token_cannot_complete_renew_or_release,
+};
+pub use list::{
+    list_filters_by_state_age_and_ambiguity, list_limit_is_bounded,
+    list_pages_return_each_record_exactly_once,
 };
 pub use race::{concurrent_reservers_exactly_one_wins, concurrent_takeover_exactly_one_wins};
 pub use records::{

@@ -65,6 +65,12 @@ pub async fn tombstone_refuses_a_retry_after_expiry<S: Store>(store: S, clock: M
     );
     assert_eq!(tombstone.expires_at, created.plus(TTL).plus(TOMBSTONE));
     assert_eq!(tombstone.fingerprint, test_fingerprint(r#"{"amount":1}"#));
+    // Listings are of records to reconcile: a tombstone is not one.
+    let listed = store.list(&crate::ListQuery::new()).await.expect("list");
+    assert!(
+        listed.records.iter().all(|r| r.scope != scope),
+        "{listed:?}"
+    );
     assert_eq!(store.reserve(&same).await.expect("reserve"), gone);
     assert_eq!(
         store.reserve(&other).await.expect("reserve"),
