@@ -152,8 +152,10 @@ const MIGRATIONS: &[Migration] = &[
         statements: |t| {
             // A tombstone (SPEC S16) is a completed record past its expiry, compacted by
             // the purge into its fingerprint, status and completion time, living until
-            // its expires_at. Adding a column without a default rewrites nothing; the
-            // new check reads the table once.
+            // its expires_at. Adding a column without a default rewrites nothing. The
+            // new check admits every row the old one did, so it is added NOT VALID: no
+            // scan of the table under the migration's lock, and every write from now
+            // on is checked.
             vec![
                 format!("ALTER TABLE {t} ADD COLUMN tombstone_until BIGINT"),
                 format!("ALTER TABLE {t} DROP CONSTRAINT {t}_state"),
@@ -166,7 +168,7 @@ const MIGRATIONS: &[Migration] = &[
                             AND body IS NOT NULL AND completed_at IS NOT NULL)
                         OR (state = 'tombstone' AND lease_until IS NULL
                             AND status IS NOT NULL AND headers IS NULL
-                            AND body IS NULL AND completed_at IS NOT NULL))"
+                            AND body IS NULL AND completed_at IS NOT NULL)) NOT VALID"
                 ),
             ]
         },
