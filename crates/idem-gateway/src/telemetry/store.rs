@@ -66,85 +66,6 @@ impl Observer for SpanObserver {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::sync::Mutex;
-
-    use super::*;
-
-    /// Notes which hooks it heard.
-    #[derive(Default)]
-    struct Heard(Mutex<Vec<&'static str>>);
-
-    impl Heard {
-        fn note(&self, hook: &'static str) {
-            self.0.lock().unwrap().push(hook);
-        }
-    }
-
-    impl Observer for Heard {
-        fn outcome(&self, _: Outcome) {
-            self.note("outcome");
-        }
-        fn store_call(&self, _: &'static str, _: Duration, _: bool) {
-            self.note("store_call");
-        }
-        fn store_error(&self, _: &'static str, _: &StoreError) {
-            self.note("store_error");
-        }
-        fn write_deferred(&self, _: &'static str) {
-            self.note("write_deferred");
-        }
-        fn deferred_write_ended(&self, _: &'static str, _: bool) {
-            self.note("deferred_write_ended");
-        }
-        fn upstream_failed(&self, _: idem_tower::UpstreamFailure) {
-            self.note("upstream_failed");
-        }
-        fn ambiguous_outcome(&self, _: idem_core::Ambiguity, _: &str) {
-            self.note("ambiguous_outcome");
-        }
-        fn wait_started(&self) {
-            self.note("wait_started");
-        }
-        fn wait_ended(&self, _: &'static str) {
-            self.note("wait_ended");
-        }
-    }
-
-    /// With traces on, the metrics still hear every hook: the waiting gauge too.
-    #[test]
-    fn every_hook_reaches_the_metrics_observer() {
-        let heard = Arc::new(Heard::default());
-        let traced = SpanObserver {
-            inner: heard.clone(),
-        };
-        traced.outcome(Outcome::Executed);
-        traced.store_call("reserve", Duration::ZERO, true);
-        traced.store_error("reserve", &StoreError::Full);
-        traced.write_deferred("complete");
-        traced.deferred_write_ended("complete", true);
-        traced.upstream_failed(idem_tower::UpstreamFailure::Timeout);
-        traced.ambiguous_outcome(idem_core::Ambiguity::Takeover, "digest");
-        traced.wait_started();
-        traced.wait_ended("replay");
-        assert_eq!(
-            *heard.0.lock().unwrap(),
-            [
-                "outcome",
-                "store_call",
-                "store_error",
-                "write_deferred",
-                "deferred_write_ended",
-                "upstream_failed",
-                "ambiguous_outcome",
-                "wait_started",
-                "wait_ended"
-            ]
-        );
-    }
-}
-
 /// The layer's store, traced: see [`Telemetry::store`].
 pub(super) struct TracedStore {
     pub(super) inner: Arc<dyn Store>,
@@ -309,5 +230,84 @@ pub(super) fn store_system(store_url: &str) -> Option<&'static str> {
         "postgres" => Some("postgresql"),
         "redis" => Some("redis"),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Notes which hooks it heard.
+    #[derive(Default)]
+    struct Heard(Mutex<Vec<&'static str>>);
+
+    impl Heard {
+        fn note(&self, hook: &'static str) {
+            self.0.lock().unwrap().push(hook);
+        }
+    }
+
+    impl Observer for Heard {
+        fn outcome(&self, _: Outcome) {
+            self.note("outcome");
+        }
+        fn store_call(&self, _: &'static str, _: Duration, _: bool) {
+            self.note("store_call");
+        }
+        fn store_error(&self, _: &'static str, _: &StoreError) {
+            self.note("store_error");
+        }
+        fn write_deferred(&self, _: &'static str) {
+            self.note("write_deferred");
+        }
+        fn deferred_write_ended(&self, _: &'static str, _: bool) {
+            self.note("deferred_write_ended");
+        }
+        fn upstream_failed(&self, _: idem_tower::UpstreamFailure) {
+            self.note("upstream_failed");
+        }
+        fn ambiguous_outcome(&self, _: idem_core::Ambiguity, _: &str) {
+            self.note("ambiguous_outcome");
+        }
+        fn wait_started(&self) {
+            self.note("wait_started");
+        }
+        fn wait_ended(&self, _: &'static str) {
+            self.note("wait_ended");
+        }
+    }
+
+    /// With traces on, the metrics still hear every hook: the waiting gauge too.
+    #[test]
+    fn every_hook_reaches_the_metrics_observer() {
+        let heard = Arc::new(Heard::default());
+        let traced = SpanObserver {
+            inner: heard.clone(),
+        };
+        traced.outcome(Outcome::Executed);
+        traced.store_call("reserve", Duration::ZERO, true);
+        traced.store_error("reserve", &StoreError::Full);
+        traced.write_deferred("complete");
+        traced.deferred_write_ended("complete", true);
+        traced.upstream_failed(idem_tower::UpstreamFailure::Timeout);
+        traced.ambiguous_outcome(idem_core::Ambiguity::Takeover, "digest");
+        traced.wait_started();
+        traced.wait_ended("replay");
+        assert_eq!(
+            *heard.0.lock().unwrap(),
+            [
+                "outcome",
+                "store_call",
+                "store_error",
+                "write_deferred",
+                "deferred_write_ended",
+                "upstream_failed",
+                "ambiguous_outcome",
+                "wait_started",
+                "wait_ended"
+            ]
+        );
     }
 }
