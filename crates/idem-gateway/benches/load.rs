@@ -221,7 +221,12 @@ async fn connection(
         let measured = warm.load(Ordering::Relaxed);
         let t = Instant::now();
         if sender.ready().await.is_err() {
-            break;
+            // The proxy closed the connection (nginx does after `keepalive_requests`):
+            // open another, as a client would, rather than stop this connection's load.
+            sender = wire.connect(addr).await;
+            if sender.ready().await.is_err() {
+                break;
+            }
         }
         let ok = match sender.send(req).await {
             Ok(res) => {

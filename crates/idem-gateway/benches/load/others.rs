@@ -189,6 +189,9 @@ http {{
     client_body_temp_path {p}/tmp/body;
     proxy_temp_path {p}/tmp/proxy;
     upstream api {{ server {upstream}; keepalive 128; }}
+    # A client connection is never closed for its number of requests (the default
+    # closes it after 1000), as idem never closes one.
+    keepalive_requests 1000000000;
     server {{
         listen {addr};
         location / {{
