@@ -396,6 +396,24 @@ mod tests {
         assert!(!is_one_message(&[0, 0, 0, 0, 9, b'h']));
     }
 
+    /// The gateway's own answers a gRPC client can act on, as SPEC S18 and the guide's
+    /// gRPC page name them; an expired key's tombstone (SPEC S16) is `ALREADY_EXISTS`.
+    #[test]
+    fn the_layers_answers_map_to_the_documented_grpc_statuses() {
+        let name = |kind: ProblemKind| code_name(kind.grpc_code());
+        assert_eq!(name(ProblemKind::RequestInProgress), "ABORTED");
+        assert_eq!(name(ProblemKind::KeyReused), "FAILED_PRECONDITION");
+        assert_eq!(name(ProblemKind::KeyExpired), "ALREADY_EXISTS");
+        assert_eq!(name(ProblemKind::InvalidKey), "INVALID_ARGUMENT");
+        assert_eq!(name(ProblemKind::MissingKey), "INVALID_ARGUMENT");
+        assert_eq!(name(ProblemKind::StoreUnavailable), "UNAVAILABLE");
+        let answer =
+            Problem::key_expired(idem_core::Timestamp::from_millis(0), 201).to_grpc_response();
+        assert_eq!(answer.status(), 200);
+        assert_eq!(answer.headers()["grpc-status"], "6");
+        assert!(answer.headers().get("grpc-retry-pushback-ms").is_none());
+    }
+
     #[test]
     fn grpc_message_is_percent_encoded() {
         assert_eq!(percent_encode("50% off – now"), "50%25 off %E2%80%93 now");
