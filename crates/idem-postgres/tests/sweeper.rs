@@ -182,3 +182,76 @@ async fn concurrent_migrations_of_a_new_table_all_succeed() {
     // Migrating again is a no-op.
     stores[2].migrate().await.expect("second migration");
 }
+
+/// A table at schema version 3 (before tombstones) that holds records: migration 4
+/// keeps them and their answers, and tombstones work on it from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_3_table_with_records_migrates_to_tombstones() {
+    let clock = ManualClock::starting_now();
+    let Some(store) = common::store_with_clock(&clock, &unique_namespace("migrate_v3")).await
+    else {
+        return;
+    };
+    let t = store.table().to_owned();
+    let (old, _) = fill(&store, 3, 0).await;
+    // Back to version 3, as a build before tombstones left the table: no column, the
+    // two-state check, no record of migration 4.
+    for sql in [
+        format!("ALTER TABLE {t} DROP CONSTRAINT {t}_state"),
+        format!("ALTER TABLE {t} DROP COLUMN tombstone_until"),
+        format!(
+            "ALTER TABLE {t} ADD CONSTRAINT {t}_state CHECK (
+                (state = 'in_progress' AND lease_until IS NOT NULL
+                    AND status IS NULL AND completed_at IS NULL)
+                OR (state = 'completed' AND lease_until IS NULL
+                    AND status IS NOT NULL AND headers IS NOT NULL
+                    AND body IS NOT NULL AND completed_at IS NOT NULL))"
+        ),
+        format!("DELETE FROM idem_schema_migrations WHERE table_name = '{t}' AND version = 4"),
+    ] {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(store.pool())
+            .await
+            .expect("undo migration 4");
+    }
+    store
+        .migrate()
+        .await
+        .expect("migration 4 on a table with rows");
+    let version: i32 =
+        sqlx::query_scalar("SELECT max(version) FROM idem_schema_migrations WHERE table_name = $1")
+            .bind(&t)
+            .fetch_one(store.pool())
+            .await
+            .expect("version");
+    assert_eq!(version, idem_postgres::schema::SCHEMA_VERSION);
+    // The old records replay as they did.
+    let old_req = ReserveRequest::new(old[0].clone(), test_fingerprint("{}"))
+        .ttl(SHORT)
+        .lease(Duration::from_secs(5));
+    assert_eq!(
+        store.reserve(&old_req).await.expect("reserve"),
+        Reservation::Replay(StoredResponse::new(200, "ok"))
+    );
+    // A new record keeps its tombstone past its TTL; an old one, made without, does not.
+    let scope = test_scope("/sweep", "tombstoned");
+    let req = ReserveRequest::new(scope.clone(), test_fingerprint("{}"))
+        .ttl(SHORT)
+        .tombstone(Duration::from_secs(3600));
+    let Reservation::Acquired(lease) = store.reserve(&req).await.expect("reserve") else {
+        panic!("fresh key must acquire")
+    };
+    store
+        .complete(&lease, &StoredResponse::new(201, "made"))
+        .await
+        .expect("complete");
+    clock.advance(SHORT);
+    assert!(matches!(
+        store.reserve(&req).await.expect("reserve"),
+        Reservation::Gone { status: 201, .. }
+    ));
+    assert!(matches!(
+        store.reserve(&old_req).await.expect("reserve"),
+        Reservation::Acquired(_)
+    ));
+}
