@@ -374,6 +374,30 @@ pub struct ListPage {
     pub next: Option<ListCursor>,
 }
 
+impl ListPage {
+    /// The page of a store that lists in scope order (tenant, endpoint, key, as the SQL
+    /// stores' primary key sorts them): `read`, at most the query's limit of records in
+    /// that order, and whether more were there (`more`). The next page resumes after the
+    /// last record read ([`ListCursor::after_scope`]), and the page keeps the records
+    /// [`ListQuery::matches`] at `now`.
+    pub fn in_scope_order(
+        mut read: Vec<Record>,
+        more: bool,
+        query: &ListQuery,
+        now: Timestamp,
+    ) -> ListPage {
+        let next = read
+            .last()
+            .filter(|_| more)
+            .map(|last| ListCursor::after_scope(&last.scope));
+        read.retain(|r| query.matches(r, now));
+        ListPage {
+            records: read,
+            next,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,26 +70,24 @@ impl PgStore {
                     .map_err(store_error)
             })
             .await?;
-        let more = rows.len() > limit;
-        let mut records = Vec::with_capacity(limit.min(rows.len()));
-        let mut last = None;
-        for row in rows.iter().take(limit) {
-            let column = |name: &str| row.try_get::<String, _>(name).map_err(store_error);
-            let scope = Scope::from_columns(
-                &column("tenant")?,
-                &column("endpoint")?,
-                &column("idem_key")?,
-            )?;
-            let record = record_from_row(&scope, row)?;
-            if query.matches(&record, now) {
-                records.push(record);
-            }
-            last = Some(scope);
-        }
-        let next = match (more, last) {
-            (true, Some(last)) => Some(ListCursor::after_scope(&last)),
-            _ => None,
-        };
-        Ok(ListPage { records, next })
+        let read = rows
+            .iter()
+            .take(limit)
+            .map(|row| {
+                let column = |name: &str| row.try_get::<String, _>(name).map_err(store_error);
+                let scope = Scope::from_columns(
+                    &column("tenant")?,
+                    &column("endpoint")?,
+                    &column("idem_key")?,
+                )?;
+                record_from_row(&scope, row)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ListPage::in_scope_order(
+            read,
+            rows.len() > limit,
+            query,
+            now,
+        ))
     }
 }

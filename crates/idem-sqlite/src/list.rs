@@ -63,25 +63,23 @@ impl SqliteStore {
             .fetch_all(&self.pool)
             .await
             .map_err(store_error)?;
-        let more = rows.len() > limit;
-        let mut records = Vec::with_capacity(limit.min(rows.len()));
-        let mut last = None;
-        for row in rows.iter().take(limit) {
-            let scope = scope_of(row)?;
-            // The row's own columns start after the scope's three.
-            let record = StoredRow::from_sqlx_at(row, 3)
-                .map_err(store_error)?
-                .into_record(&scope)?;
-            if query.matches(&record, now) {
-                records.push(record);
-            }
-            last = Some(scope);
-        }
-        let next = match (more, last) {
-            (true, Some(last)) => Some(ListCursor::after_scope(&last)),
-            _ => None,
-        };
-        Ok(ListPage { records, next })
+        let read = rows
+            .iter()
+            .take(limit)
+            .map(|row| {
+                let scope = scope_of(row)?;
+                // The row's own columns start after the scope's three.
+                StoredRow::from_sqlx_at(row, 3)
+                    .map_err(store_error)?
+                    .into_record(&scope)
+            })
+            .collect::<idem_core::Result<Vec<_>>>()?;
+        Ok(ListPage::in_scope_order(
+            read,
+            rows.len() > limit,
+            query,
+            now,
+        ))
     }
 }
 

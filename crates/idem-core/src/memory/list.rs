@@ -2,7 +2,7 @@
 //! lock in turn, in the SQL stores' order (tenant, endpoint, key), so that a cursor is
 //! the last listed scope's parts.
 
-use crate::{ListCursor, ListPage, ListQuery, Record, Result, Scope};
+use crate::{ListPage, ListQuery, Record, Result, Scope};
 
 use super::{MemoryStore, lock};
 
@@ -40,10 +40,6 @@ impl MemoryStore {
         records.sort_unstable_by(|a, b| sort_key(&a.scope).cmp(&sort_key(&b.scope)));
         let more = records.len() > limit;
         records.truncate(limit);
-        let next = match (more, records.last()) {
-            (true, Some(last)) => Some(ListCursor::after_scope(&last.scope)),
-            _ => None,
-        };
-        Ok(ListPage { records, next })
+        Ok(ListPage::in_scope_order(records, more, query, now))
     }
 }
