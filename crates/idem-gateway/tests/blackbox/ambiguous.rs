@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::common::{Gateway, Http, Upstream, binary, new_key};
+use crate::common::{Gateway, Http, Upstream, binary, metric, metrics, new_key};
 
 /// The JSON lines of a listing's body.
 fn lines(body: &[u8]) -> Vec<serde_json::Value> {
@@ -15,13 +15,13 @@ fn lines(body: &[u8]) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// The value of the series `name{reason="…"}` in a `/metrics` text.
+/// The value of the series `idem_ambiguous_outcomes_total{reason="…"}` in a `/metrics`
+/// text.
 fn ambiguous_count(metrics: &str, reason: &str) -> Option<u64> {
-    let series = format!("idem_ambiguous_outcomes_total{{reason=\"{reason}\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .map(|v| v.trim().parse().unwrap())
+    metric(
+        metrics,
+        &format!("idem_ambiguous_outcomes_total{{reason=\"{reason}\"}}"),
+    )
 }
 
 /// An upstream that times out after it got the request: 504, counted as
@@ -48,8 +48,7 @@ async fn upstream_timeout_is_counted_logged_by_digest_and_listed() {
     )
     .await;
     let http = Http::new();
-    let metrics = http.send("GET", &gw.admin_url("/metrics"), &[], "").await;
-    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    let text = metrics(&http, &gw).await;
     for reason in [
         "takeover",
         "orphaned",
@@ -76,8 +75,7 @@ async fn upstream_timeout_is_counted_logged_by_digest_and_listed() {
         )
         .await;
     assert_eq!(a.status, 504);
-    let metrics = http.send("GET", &gw.admin_url("/metrics"), &[], "").await;
-    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    let text = metrics(&http, &gw).await;
     assert_eq!(
         ambiguous_count(&text, "upstream_timeout"),
         Some(1),
@@ -159,8 +157,7 @@ async fn upstream_timeout_is_counted_logged_by_digest_and_listed() {
     assert_eq!(ambiguous[0]["ambiguous"], "takeover");
     assert_eq!(ambiguous[0]["attempt"], 2);
     assert_eq!(ambiguous[0]["status"], 201);
-    let metrics = http.send("GET", &gw.admin_url("/metrics"), &[], "").await;
-    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    let text = metrics(&http, &gw).await;
     assert_eq!(ambiguous_count(&text, "takeover"), Some(1), "{text}");
 }
 
@@ -207,8 +204,7 @@ async fn answer_too_large_is_recorded_as_ambiguous() {
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0]["ambiguous"], "answer_too_large");
     assert_eq!(records[0]["status"], 502);
-    let metrics = http.send("GET", &gw.admin_url("/metrics"), &[], "").await;
-    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    let text = metrics(&http, &gw).await;
     assert_eq!(
         ambiguous_count(&text, "answer_too_large"),
         Some(1),

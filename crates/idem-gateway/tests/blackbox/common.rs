@@ -625,3 +625,18 @@ pub async fn send_and_hang_up(addr: std::net::SocketAddr, request: &str, after: 
     tokio::time::sleep(after).await;
     drop(s);
 }
+
+/// The value of a metric line (`name{labels}` as written) in a Prometheus exposition;
+/// `None` when absent.
+pub fn metric(text: &str, series: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+/// The gateway's `/metrics` text, from its admin listener (which must answer 200).
+pub async fn metrics(http: &Http, gw: &Gateway) -> String {
+    let m = http.send("GET", &gw.admin_url("/metrics"), &[], "").await;
+    assert_eq!(m.status, 200);
+    String::from_utf8(m.body.to_vec()).unwrap()
+}

@@ -7,21 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::{Gateway, Http, Upstream, new_key, read_message};
-
-/// The value of a metric line (`name{labels}` as written) in a Prometheus exposition;
-/// `None` when absent.
-fn metric(text: &str, series: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map(|v| v.parse().unwrap())
-}
-
-async fn metrics(http: &Http, gw: &Gateway) -> String {
-    let m = http.send("GET", &gw.admin_url("/metrics"), &[], "").await;
-    assert_eq!(m.status, 200);
-    String::from_utf8(m.body.to_vec()).unwrap()
-}
+use crate::common::{Gateway, Http, Upstream, metric, metrics, new_key, read_message};
 
 /// Reads until the peer closes; `Err` if it reset the connection instead.
 async fn read_until_closed(s: &mut TcpStream, within: Duration) -> std::io::Result<Vec<u8>> {

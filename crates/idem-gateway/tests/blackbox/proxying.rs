@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use crate::common::{Gateway, Http, Upstream, binary, new_key, over_both_protocols, read_message};
+use crate::common::{
+    self, Gateway, Http, Upstream, binary, new_key, over_both_protocols, read_message,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwards_with_attempt_and_forwarded_headers_and_strips_hop_by_hop() {
@@ -447,13 +449,10 @@ async fn slow_and_idle_clients_are_disconnected_after_the_client_timeout() {
     }
 }
 
-/// The value of an unlabelled metric in a Prometheus text exposition.
+/// The value of an unlabelled metric in a Prometheus text exposition, which must
+/// have it.
 fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
-        .parse()
-        .unwrap()
+    common::metric(text, name).unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
 }
 
 /// `/metrics` carries the SQLite store's own figures: an executed request is two writes
@@ -470,11 +469,7 @@ async fn admin_metrics_show_the_sqlite_writer() {
     )
     .await;
     let http = Http::new();
-    let metrics = || async {
-        let m = http.send("GET", &gw.admin_url("/metrics"), &[], "").await;
-        assert_eq!(m.status, 200);
-        String::from_utf8(m.body.to_vec()).unwrap()
-    };
+    let metrics = || common::metrics(&http, &gw);
     // The sweeper purges once at start: wait for that transaction, so that what
     // follows counts only the request's writes.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
