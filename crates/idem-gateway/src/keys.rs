@@ -33,12 +33,9 @@ pub fn scope_for(key: &str, tenant: Option<&str>, endpoint: Option<&str>) -> Res
     Ok(Scope::from_parts(tenant, endpoint, key))
 }
 
-fn millis_json(t: Timestamp) -> Value {
-    let when = u64::try_from(t.as_millis())
-        .ok()
-        .map(|ms| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
-        .map(|st| humantime::format_rfc3339_millis(st).to_string());
-    json!({ "unix_ms": t.as_millis(), "utc": when })
+/// An instant as JSON for operators: its milliseconds and its RFC 3339 text.
+pub(crate) fn millis_json(t: Timestamp) -> Value {
+    json!({ "unix_ms": t.as_millis(), "utc": t.to_rfc3339() })
 }
 
 /// A record as JSON for operators. The body is shown as text when it is UTF-8, else
@@ -334,6 +331,22 @@ mod tests {
         assert_eq!(internal.endpoint(), None);
         assert!(scope_for("k", None, Some("/no-method")).is_err());
         assert!(scope_for("", None, None).is_err());
+    }
+
+    /// A record kept "for ever" (a TTL that saturates the expiry) shows its times like
+    /// any other, rather than failing to format a year past 9999.
+    #[test]
+    fn times_past_the_year_9999_still_show() {
+        let far = millis_json(Timestamp::from_millis(i64::MAX));
+        assert_eq!(far["unix_ms"], i64::MAX);
+        assert!(
+            far["utc"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{far}"
+        );
+        assert_eq!(
+            millis_json(Timestamp::from_millis(1_796_117_400_125))["utc"],
+            "2026-12-01T09:30:00.125Z"
+        );
     }
 
     #[tokio::test]

@@ -12,6 +12,7 @@ use idem_core::{
 use serde_json::{Value, json};
 
 use crate::cli::ListArgs;
+use crate::keys::millis_json;
 
 /// The listing parameters an operator gives, by name (`state`, `older_than`,
 /// `ambiguous`, `limit`, `after`), as a query; an error names what is wrong.
@@ -68,14 +69,6 @@ pub fn parse_limit(value: &str) -> Result<usize, String> {
             "limit={value:?}: give a whole number from 1 to {MAX_LIST_LIMIT}"
         )),
     }
-}
-
-fn millis_json(t: Timestamp) -> Value {
-    let when = u64::try_from(t.as_millis())
-        .ok()
-        .map(|ms| std::time::UNIX_EPOCH + Duration::from_millis(ms))
-        .map(|st| humantime::format_rfc3339_millis(st).to_string());
-    json!({ "unix_ms": t.as_millis(), "utc": when })
 }
 
 /// One listed record, on one line: its scope (the digest the gateway's logs name it
