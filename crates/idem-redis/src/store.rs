@@ -301,6 +301,17 @@ pub(crate) fn evalsha(script: &Script, key: impl redis::ToRedisArgs) -> Cmd {
     cmd
 }
 
+/// [`evalsha`] of a script that also reads or writes the record's tombstone (SPEC
+/// S16): the record's key, then its tombstone's, in the same hash slot.
+fn evalsha_with_tombstone(script: &Script, key: &str, tombstone_key: &str) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash())
+        .arg(2)
+        .arg(key)
+        .arg(tombstone_key);
+    cmd
+}
+
 /// The record stored at `key`; a value that is not one is [`StoreError::Corrupt`],
 /// naming the key.
 pub(crate) fn decode(key: &str, value: Bytes) -> Result<Record> {
@@ -383,14 +394,12 @@ impl Store for RedisStore {
                     .arg(fresh_ttl);
                 self.with_wait::<Option<Vec<u8>>>(&set, None, &key).await
             } else {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(RESERVE_TOMBSTONED.get_hash())
-                    .arg(2)
-                    .arg(&key)
-                    .arg(self.tombstone_key(&req.scope))
-                    .arg(&fresh_value)
-                    .arg(fresh_ttl)
-                    .arg(now.as_millis());
+                let mut cmd = evalsha_with_tombstone(
+                    &RESERVE_TOMBSTONED,
+                    &key,
+                    &self.tombstone_key(&req.scope),
+                );
+                cmd.arg(&fresh_value).arg(fresh_ttl).arg(now.as_millis());
                 self.with_wait::<Option<Vec<u8>>>(&cmd, Some(&RESERVE_TOMBSTONED), &key)
                     .await
             };
@@ -470,12 +479,8 @@ impl Store for RedisStore {
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<()> {
         let now = self.clock.now();
         let key = self.record_key(&lease.scope);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(COMPLETE.get_hash())
-            .arg(2)
-            .arg(&key)
-            .arg(self.tombstone_key(&lease.scope))
-            .arg(&lease.token.as_u64().to_be_bytes())
+        let mut cmd = evalsha_with_tombstone(&COMPLETE, &key, &self.tombstone_key(&lease.scope));
+        cmd.arg(&lease.token.as_u64().to_be_bytes())
             .arg(now.as_millis())
             .arg(&now.as_millis().to_be_bytes())
             .arg(record::encode_answer_head(response))
