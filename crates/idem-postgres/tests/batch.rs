@@ -144,13 +144,16 @@ async fn one_statement_for_a_queued_batch_and_one_winner_per_scope() {
         let (store, req) = (store.inner.clone(), request(&format!("k-{i}"), "{}"));
         calls.push(tokio::spawn(async move { store.reserve(&req).await }));
     }
+    queued(&store, DISTINCT as u64).await;
     for i in 0..SAME {
         // One in four with another payload.
         let body = if i % 4 == 3 { "{\"other\":1}" } else { "{}" };
-        let (store, req) = (store.inner.clone(), request("shared", body));
-        calls.push(tokio::spawn(async move { store.reserve(&req).await }));
+        let (inner, req) = (store.inner.clone(), request("shared", body));
+        calls.push(tokio::spawn(async move { inner.reserve(&req).await }));
+        // Spawned tasks start in no set order: queue the shared scope's reserves one
+        // at a time, so the first spawned is the first in the batch.
+        queued(&store, (DISTINCT + i + 1) as u64).await;
     }
-    queued(&store, (DISTINCT + SAME) as u64).await;
     gate.open().await;
     gated.await.unwrap();
     let mut answers = Vec::new();
