@@ -204,6 +204,16 @@ impl ListCursor {
             .collect()
     }
 
+    /// The parts [`from_parts`](Self::from_parts) stored, as bytes, or
+    /// [`StoreError::InvalidCursor`](crate::StoreError::InvalidCursor) when there are not
+    /// `count` of them.
+    pub fn byte_parts(&self, count: usize) -> crate::Result<Vec<Vec<u8>>> {
+        match self.raw_parts() {
+            Some(parts) if parts.len() == count => Ok(parts),
+            _ => Err(crate::StoreError::InvalidCursor(self.0.clone())),
+        }
+    }
+
     fn raw_parts(&self) -> Option<Vec<Vec<u8>>> {
         let raw = hex::decode(&self.0).ok()?;
         let mut rest = &raw[..];
@@ -408,6 +418,8 @@ mod tests {
         let parsed = ListCursor::parse(c.as_str()).expect("parses");
         assert_eq!(parsed.parts(3).unwrap(), ["tenant", "", "k-1"]);
         assert!(parsed.parts(2).is_err());
+        assert_eq!(parsed.byte_parts(3).unwrap()[2], b"k-1");
+        assert!(parsed.byte_parts(4).is_err());
         for bad in ["", "zz", "00000005ab", "0000"] {
             assert!(ListCursor::parse(bad).is_none(), "{bad:?}");
         }

@@ -277,11 +277,14 @@ pub(crate) async fn open(
 ) -> Result<std::sync::Arc<dyn Store>, String> {
     let url = url.unwrap_or_else(|| DEFAULT_STORE.to_owned());
     refuse_memory(&url)?;
+    // Inspection never writes a schema: a mistyped file or namespace is said to hold
+    // nothing of idem's, rather than made into an empty store.
     let options = crate::store::StoreOptions {
         namespace: namespace
             .as_deref()
             .map(|name| Namespace::new(name).map_err(|e| e.to_string()))
             .transpose()?,
+        schema: idem_core::Schema::Existing,
         ..Default::default()
     };
     crate::store::open_with(&url, options)

@@ -131,15 +131,21 @@ async fn print_pages(store: &dyn Store, mut query: ListQuery, limit: usize) -> R
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let mut left = limit;
+    // A store may list a record twice (Redis, while its table shrinks: see
+    // `Store::list`); one run prints each once.
+    let mut printed = std::collections::HashSet::new();
     while left > 0 {
         query.limit = left.min(MAX_LIST_LIMIT);
         let page = store.list(&query).await.map_err(|e| e.to_string())?;
         let now = SystemClock.now();
         for record in &page.records {
+            if !printed.insert(record.scope.digest()) {
+                continue;
+            }
             let line = serde_json::to_string(&line_json(record, now)).expect("json");
             writeln!(out, "{line}").map_err(|e| e.to_string())?;
+            left -= 1;
         }
-        left -= page.records.len();
         match page.next {
             Some(next) if left == 0 => {
                 eprintln!("idem: stopped at --limit {limit}; resume with --after {next}");

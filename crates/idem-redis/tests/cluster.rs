@@ -97,16 +97,26 @@ async fn masters_holding(url: &str, pattern: &str) -> usize {
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();
         let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap();
         let master = matches!(&role[0], redis::Value::BulkString(b) if b == b"master");
-        let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(0)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        holding += usize::from(master && !keys.is_empty());
+        // The whole iteration: a node that holds other keys too may answer the first
+        // calls with none of these.
+        let (mut cursor, mut found) = (0u64, false);
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            found |= !keys.is_empty();
+            cursor = next;
+            if cursor == 0 || found {
+                break;
+            }
+        }
+        holding += usize::from(master && found);
     }
     holding
 }

@@ -298,6 +298,7 @@ fn stray_lease(scope: &Scope) -> Lease {
     Lease {
         scope: scope.clone(),
         token: FencingToken::generate(),
+        fingerprint: idem_core::testing::test_fingerprint("{}"),
         attempt: 1,
         ttl: idem_core::DEFAULT_TTL,
         tombstone: std::time::Duration::ZERO,

@@ -357,15 +357,23 @@ fn cli(port: u16, args: &[&str]) -> Result<String, String> {
 /// `count` ports of one block, each free with its bus port: blocks are tried from
 /// one this process's id picks, so the test processes of a run rarely meet.
 fn free_ports(count: usize) -> Result<Vec<u16>, String> {
+    // Blocks this process handed out already: two tests starting servers at once would
+    // otherwise both find the same block free before either server binds it.
+    static CLAIMED: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut claimed = CLAIMED.lock().unwrap_or_else(|e| e.into_inner());
     let first = (std::process::id() % u32::from(PORT_BLOCKS)) as u16;
     for i in 0..PORT_BLOCKS {
         let block = PORT_BASE + ((first + i) % PORT_BLOCKS) * BLOCK;
+        if claimed.contains(&block) {
+            continue;
+        }
         let ports: Vec<u16> = (block..block + count as u16).collect();
         let free = ports.iter().all(|&p| {
             TcpListener::bind(("127.0.0.1", p)).is_ok()
                 && TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok()
         });
         if free {
+            claimed.push(block);
             return Ok(ports);
         }
     }
