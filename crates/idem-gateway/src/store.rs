@@ -6,9 +6,9 @@
 //! |---|---|
 //! | `memory://` | `idem_core::MemoryStore` (one process, lost on restart; at most 100 000 records unless `?max_entries=N` says otherwise, and when full it drops the completed records closest to expiry, whose retries would execute again) |
 //! | `sqlite://FILE`, `sqlite:///abs/path` | `idem_sqlite::SqliteStore` (the embedded default; `?synchronous=full` syncs every commit, `?page_size=1024` makes a new file with 1 KiB pages) |
-//! | `postgres://…`, `postgresql://…` | `idem_postgres::PgStore` (shared by several gateways) |
-//! | `redis://…` | `idem_redis::RedisStore` (shared by several gateways) |
-//! | `redis+cluster://…` | `idem_redis::RedisStore` on a Redis Cluster |
+//! | `postgres://…`, `postgresql://…` | `idem_postgres::PgStore` (shared by several gateways; TLS with `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) |
+//! | `redis://…`, `rediss://…` | `idem_redis::RedisStore` (shared by several gateways; `rediss` is TLS, with `cacert`, `cert`, `key`, `insecure=true`) |
+//! | `redis+cluster://…`, `rediss+cluster://…` | `idem_redis::RedisStore` on a Redis Cluster |
 //!
 //! A query parameter that the store would not read is refused, not skipped: the
 //! drivers for PostgreSQL and Redis pass over unknown ones, so a misspelt `sslmode`
@@ -80,7 +80,7 @@ static OPENERS: [Opener; 4] = [
 ];
 
 /// The URLs [`OPENERS`] understand, for the error that names none of them.
-const EXPECTED: &str = "memory://, sqlite://FILE, postgres://…, redis://… or redis+cluster://…";
+const EXPECTED: &str = "memory://, sqlite://FILE, postgres://…, redis://…, rediss://…, redis+cluster://… or rediss+cluster://…";
 
 /// The row for `url`'s scheme, in any case.
 fn opener(url: &str) -> Result<&'static Opener, OpenError> {
@@ -117,6 +117,70 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
 pub async fn open_with(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>, OpenError> {
     let url = url.trim();
     (opener(url)?.open)(url.to_owned(), options).await
+}
+
+/// What `idem check-config` finds of the store `url` names, writing nothing (no file,
+/// no table, no migration, no `-wal` left behind): a sentence for its report, or the
+/// exit status and the error. A SQLite file that is not there yet is fine when its
+/// directory is (`serve` creates it); a store without this build's schema is fine
+/// unless `options` say not to migrate.
+pub async fn check(url: &str, options: &StoreOptions) -> Result<String, (u8, OpenError)> {
+    let url = url.trim();
+    let migrates = options.schema == idem_core::Schema::Migrate;
+    if kind(url) == Some("sqlite") {
+        let path = url
+            .split_once("://")
+            .map_or("", |(_, rest)| rest)
+            .split('?')
+            .next()
+            .unwrap_or_default();
+        let path = std::path::Path::new(path);
+        if !path.exists() && migrates {
+            let dir = match path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => std::path::Path::new("."),
+            };
+            if !dir.is_dir() {
+                return Err((
+                    2,
+                    OpenError::failed(
+                        "sqlite",
+                        url,
+                        format!("the directory {} does not exist", dir.display()),
+                    ),
+                ));
+            }
+            return Ok("not there yet: serve creates it".to_owned());
+        }
+    }
+    let inspect = StoreOptions {
+        schema: idem_core::Schema::Existing,
+        ..options.clone()
+    };
+    let store = match open_with(url, inspect).await {
+        Ok(store) => store,
+        Err(OpenError::NoSchema { .. }) if migrates => {
+            return Ok("reachable; serve creates its table".to_owned());
+        }
+        Err(e @ OpenError::Failed { .. }) if migrates && e.to_string().contains("idem migrate") => {
+            return Ok("reachable; serve migrates its schema".to_owned());
+        }
+        Err(e) => {
+            // Wrong as written, like the settings; else a failure to reach or use it.
+            let code = if e.is_configuration() { 2 } else { 1 };
+            return Err((code, e));
+        }
+    };
+    let pinged = store.ping().await;
+    store.close().await;
+    match pinged {
+        Ok(()) => Ok("reachable".to_owned()),
+        Err(e) => Err((1, OpenError::unreachable(store_kind(url), url, e))),
+    }
+}
+
+fn store_kind(url: &str) -> &'static str {
+    kind(url).unwrap_or("store")
 }
 
 /// The first pause before the background task tries an unreachable store again; each
@@ -326,13 +390,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn redis_urls_that_cannot_work_are_refused_before_connecting() {
-        for url in ["redis://127.0.0.1:notaport", "rediss://127.0.0.1:6379"] {
+    async fn network_store_urls_that_cannot_work_are_refused_before_connecting() {
+        for url in [
+            "redis://127.0.0.1:notaport",
+            "rediss://127.0.0.1:6379/#insecure",
+            "rediss://127.0.0.1:6379/?cacert=/nonexistent/ca.pem",
+            "postgres://127.0.0.1/test?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+        ] {
             let e = open(url).await.err().expect(url);
-            assert!(
-                matches!(e, OpenError::InvalidUrl { kind: "redis", .. }),
-                "{url}: {e}"
-            );
+            assert!(matches!(e, OpenError::InvalidUrl { .. }), "{url}: {e}");
+            assert!(e.is_configuration(), "{url}");
         }
     }
 

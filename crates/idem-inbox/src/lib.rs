@@ -13,6 +13,10 @@
 //! | [`PgInbox`] | `postgres` | exactly once, effects in the same PostgreSQL transaction, many consumers |
 //! | [`RedisInbox`] | `redis` | effects outside any transaction: at least once across crashes (see its docs) |
 //!
+//! The PostgreSQL pool and the Redis client a caller hands in may use TLS: the
+//! `postgres` and `redis` features build sqlx and redis-rs with rustls on the ring
+//! provider (`sslmode=verify-full&sslrootcert=FILE`, `rediss://`).
+//!
 //! [`JetStreamInbox`] (feature `nats`) drives a NATS JetStream pull consumer through an
 //! inbox and acks each message only after its transaction committed; [`Publisher`] sets
 //! `Nats-Msg-Id` so JetStream's own duplicate window applies too. Rows are kept for a

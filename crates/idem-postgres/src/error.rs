@@ -19,6 +19,11 @@ pub enum Error {
     /// The connection URL or options were rejected before any connection was tried.
     #[error("invalid PostgreSQL connection options: {0}")]
     Config(#[source] sqlx::Error),
+    /// The URL's TLS settings cannot work: an unknown `sslmode`, a CA, certificate or
+    /// key file that is missing or is not what its parameter says. The message names
+    /// the parameter.
+    #[error("invalid PostgreSQL TLS settings: {0}")]
+    Tls(String),
     /// The server could not be reached, or the migration failed on it.
     #[error(transparent)]
     Store(#[from] StoreError),

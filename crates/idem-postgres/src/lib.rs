@@ -31,8 +31,14 @@
 //!   are [`idem_core::StoreError::Unavailable`], never a reservation.
 //!
 //! "Now" always comes from the injected clock, passed as a parameter, never from the
-//! server's `now()`. TLS is not enabled in this build: use it over loopback or a
-//! private network.
+//! server's `now()`.
+//!
+//! TLS goes through rustls (ring) and is set in the URL as libpq spells it:
+//! `sslmode=disable|prefer|require|verify-ca|verify-full` (default `prefer`),
+//! `sslrootcert=FILE`, and `sslcert=FILE` with `sslkey=FILE` for a client certificate.
+//! The files are read and checked when the store is built; one that cannot work is
+//! [`Error::Tls`], naming its parameter. `require` with a CA verifies the chain, as in
+//! libpq, and `allow` is refused.
 //!
 //! # Examples
 //!
@@ -78,6 +84,7 @@ mod options;
 pub mod schema;
 mod statements;
 mod store;
+mod tls;
 
 pub use batch::{BatchStats, DEFAULT_MAX_BATCH};
 pub use durability::DurabilityRisk;

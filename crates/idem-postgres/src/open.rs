@@ -3,10 +3,12 @@
 use std::sync::Arc;
 
 use idem_core::open::refuse_unknown_parameters;
+use idem_core::open::tls::handshake_failure;
 use idem_core::{OpenError, OpenStore, StoreOptions};
 
 use crate::durability::durability_risk;
 use crate::options::DEFAULT_MAX_CONNECTIONS;
+use crate::tls;
 use crate::{Error, PgStore};
 
 /// The query parameters a PostgreSQL URL may carry: those the driver reads. It skips
@@ -33,6 +35,18 @@ const PARAMETERS: &[&str] = &[
     "options",
     "options[…]",
 ];
+
+/// A TLS handshake that failed: the server offers no TLS, or its certificate does not
+/// verify under the URL's `sslmode`.
+fn tls_refused(store: &PgStore, url: &str, e: &(dyn std::error::Error + 'static)) -> OpenError {
+    let mode = tls::mode_name(store.pool().connect_options().get_ssl_mode());
+    let why = handshake_failure(e).map_or_else(|| e.to_string(), ToString::to_string);
+    OpenError::refused(
+        PgStore::KIND,
+        url,
+        format!("TLS (sslmode={mode}) failed: {why}"),
+    )
+}
 
 /// `postgres://…` or `postgresql://…`, as the driver reads it, with only the query
 /// parameters it reads. A namespace `NAME` is the table `NAME_records`. The store
@@ -69,13 +83,53 @@ impl OpenStore for PgStore {
         // from one that answers and refuses.
         drop(store.pool().acquire().await.map_err(|e| match e {
             sqlx::Error::Database(_) => OpenError::refused(kind, url, e),
+            // A server that offers no TLS, or whose certificate does not verify, was
+            // reached: like a wrong password, it may be put right on the server.
+            sqlx::Error::Tls(e) => tls_refused(&store, url, &*e),
+            sqlx::Error::Io(e) if handshake_failure(&e).is_some() => tls_refused(&store, url, &e),
             sqlx::Error::Configuration(_) => OpenError::invalid_url(kind, url, e.to_string()),
             other => OpenError::unreachable(kind, url, other),
         })?);
-        store
-            .migrate()
-            .await
-            .map_err(|e| OpenError::refused(kind, url, e))?;
+        if options.schema == idem_core::Schema::Migrate {
+            store
+                .migrate()
+                .await
+                .map_err(|e| OpenError::refused(kind, url, e))?;
+        } else {
+            let table = store.table().to_owned();
+            let found = crate::schema::applied_version(store.pool(), &table)
+                .await
+                .map_err(|e| OpenError::refused(kind, url, e))?;
+            let supported = crate::schema::SCHEMA_VERSION;
+            match found {
+                None => {
+                    return Err(OpenError::no_schema(
+                        kind,
+                        url,
+                        format!(
+                            "this database has no idem table {table} (check the database \
+                             and --store-namespace, or run `idem migrate`)"
+                        ),
+                    ));
+                }
+                Some(v) if v != supported => {
+                    return Err(OpenError::failed(
+                        kind,
+                        url,
+                        format!(
+                            "table {table} has schema version {v}; this build needs \
+                             {supported}: run `idem migrate`{}",
+                            if v > supported {
+                                " with a build that knows it"
+                            } else {
+                                ""
+                            }
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
         store.durability = durability_risk(store.pool()).await.map(Arc::new);
         Ok(store)
     }

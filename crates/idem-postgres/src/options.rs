@@ -18,6 +18,7 @@ use crate::listen::Listener;
 use crate::schema::{self, DEFAULT_TABLE};
 use crate::statements::Statements;
 use crate::store::PgStore;
+use crate::tls;
 
 /// Connections in the pool a [`PgStore`] builds unless configured otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
@@ -238,8 +239,12 @@ fn ping_if_idle(
     })
 }
 
+/// The driver's options for `url`, with its TLS settings checked and its files read
+/// ([`crate::tls`]).
 fn parse_url(url: &str) -> Result<PgConnectOptions, Error> {
-    PgConnectOptions::from_str(url).map_err(Error::Config)
+    tls::check_mode(url)?;
+    let options = PgConnectOptions::from_str(url).map_err(Error::Config)?;
+    tls::apply(url, options)
 }
 
 impl PgStore {

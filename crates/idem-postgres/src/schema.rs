@@ -195,6 +195,26 @@ pub fn meta_table(table: &str) -> String {
     format!("{table}_meta")
 }
 
+/// The schema version `table` was migrated to, reading only: `None` when no
+/// migration of it was ever recorded here (no `idem_schema_migrations` table, or no row
+/// for it), which is what a mistyped namespace or database finds.
+pub async fn applied_version(pool: &PgPool, table: &str) -> Result<Option<i32>, Error> {
+    let table = table_name(table)?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT to_regclass('idem_schema_migrations') IS NOT NULL")
+            .fetch_one(pool)
+            .await
+            .map_err(|e| Error::Store(store_error(e)))?;
+    if !exists {
+        return Ok(None);
+    }
+    sqlx::query_scalar("SELECT max(version) FROM idem_schema_migrations WHERE table_name = $1")
+        .bind(table.as_str())
+        .fetch_one(pool)
+        .await
+        .map_err(|e| Error::Store(store_error(e)))
+}
+
 /// Brings `table` up to [`SCHEMA_VERSION`], running each missing step in one
 /// transaction under a cluster-wide advisory lock. Safe to call from many instances at
 /// once and on every start.
@@ -202,6 +222,11 @@ pub async fn migrate(pool: &PgPool, table: &str) -> Result<(), Error> {
     let table = table_name(table)?;
     let table = table.as_str();
     let mut tx = pool.begin().await.map_err(store_error)?;
+    // `CREATE … IF NOT EXISTS` of what is there says so in a notice, which the driver
+    // would log at every start.
+    tx.execute("SET LOCAL client_min_messages TO warning")
+        .await
+        .map_err(store_error)?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATION_LOCK)
         .execute(&mut *tx)
@@ -263,6 +288,11 @@ pub async fn drop_table(pool: &PgPool, table: &str) -> Result<(), Error> {
     let table = table_name(table)?;
     let table = table.as_str();
     let mut tx = pool.begin().await.map_err(store_error)?;
+    // `CREATE … IF NOT EXISTS` of what is there says so in a notice, which the driver
+    // would log at every start.
+    tx.execute("SET LOCAL client_min_messages TO warning")
+        .await
+        .map_err(store_error)?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATION_LOCK)
         .execute(&mut *tx)

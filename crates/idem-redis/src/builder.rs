@@ -79,6 +79,12 @@ impl RedisStoreBuilder {
         let target = Target::parse(&self.url).map_err(|why| {
             RedisError::from((ErrorKind::InvalidClientConfig, "invalid URL", why))
         })?;
+        let certificates = match &target.tls {
+            Some(tls) => tls.certificates().map_err(|why| {
+                RedisError::from((ErrorKind::InvalidClientConfig, "invalid TLS settings", why))
+            })?,
+            None => None,
+        };
         let replication = self.replication.unwrap_or(target.replication);
         // A reply to a write with WAIT comes after the replicas' acknowledgements.
         let response_timeout = self.timeout + replication.map_or(Duration::ZERO, |r| r.timeout);
@@ -86,7 +92,11 @@ impl RedisStoreBuilder {
         let conn = if target.cluster {
             // A few quick retries: a redirection (MOVED, ASK) or a node being replaced
             // costs one each; past them the caller answers 503 and its client retries.
-            let client = ClusterClient::builder(target.nodes)
+            let mut builder = ClusterClient::builder(target.nodes);
+            if let Some(certificates) = certificates {
+                builder = builder.certs(certificates);
+            }
+            let client = builder
                 .connection_timeout(self.timeout)
                 .response_timeout(response_timeout)
                 .retries(3)
@@ -95,7 +105,11 @@ impl RedisStoreBuilder {
                 .build()?;
             Conn::Cluster(client.get_async_connection().await?)
         } else {
-            let client = Client::open(target.nodes[0].as_str())?;
+            let node = target.nodes[0].as_str();
+            let client = match certificates {
+                Some(certificates) => Client::build_with_tls(node, certificates)?,
+                None => Client::open(node)?,
+            };
             subscriber = tokio::runtime::Handle::try_current().is_ok().then(|| {
                 Arc::new(Subscriber::spawn(
                     client.clone(),
@@ -135,8 +149,9 @@ impl RedisStoreBuilder {
 impl RedisStore {
     /// Options for a store at `url`: `redis://[user:password@]host:port[/db]` for one
     /// server, `redis+cluster://[user:password@]host:port[?seeds=host:port,…]` for a
-    /// Redis Cluster (the crate docs say more); both take `wait=N` and
-    /// `wait_timeout=DURATION` ([`wait`](RedisStoreBuilder::wait)).
+    /// Redis Cluster, `rediss://…` and `rediss+cluster://…` for either over TLS
+    /// (`cacert`, `cert`, `key`, `insecure=true`; the crate docs say more); all take
+    /// `wait=N` and `wait_timeout=DURATION` ([`wait`](RedisStoreBuilder::wait)).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),

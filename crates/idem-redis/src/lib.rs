@@ -30,12 +30,28 @@
 //!   logical expiry and the state at fixed offsets, and writes the completed record with
 //!   `SET … KEEPTTL`. Renew and release are the same kind of script; purge `SCAN`s the
 //!   prefix and checks each key with one.
+//! - **list** ([`Store::list`](idem_core::Store::list)): `SCAN`s the prefix (each master
+//!   of a cluster in turn) and reads each record with `GET`. Each `SCAN` batch is listed
+//!   whole, its unlisted keys carried in the page's cursor when a page fills mid-batch,
+//!   so the listing is exactly one `SCAN` iteration: no record present throughout is
+//!   skipped, none is repeated while the keyspace grows, and one may be repeated on a
+//!   later page only if the server shrinks its table mid-listing.
 //!
 //! One string per record is cheaper on the server than a hash with a script for every
 //! operation (the README has the figures): the fresh-key reserve is a single native
 //! command, a script reads the few fields it checks with `string.sub` instead of
 //! `HMGET`, and the whole record is written with one `SET` instead of a `HSET` of
 //! eleven fields, a `PEXPIRE` and an `HDEL`.
+//!
+//! # TLS
+//!
+//! `rediss://` (one server) and `rediss+cluster://` (a cluster, every node alike) go
+//! through rustls on the ring provider. The server's certificate must chain to
+//! `?cacert=FILE` (PEM), or the system's roots without one, and name the URL's host;
+//! `cert=FILE` with `key=FILE` present a client certificate; `insecure=true` turns the
+//! checks off and is never implied. The files are read and checked when the store
+//! opens ([`OpenStore`](idem_core::OpenStore)): one that cannot work is an invalid URL
+//! naming the parameter, and a handshake that fails a refusal saying why.
 //!
 //! # Clusters and replicas
 //!

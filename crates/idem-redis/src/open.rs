@@ -1,6 +1,7 @@
 //! `redis://…` and `redis+cluster://…`: the store opens itself from its URL
 //! ([`OpenStore`]).
 
+use idem_core::open::tls::handshake_failure;
 use idem_core::{OpenError, OpenStore, StoreOptions};
 use redis::RedisError;
 
@@ -9,13 +10,17 @@ use crate::target::Target;
 
 /// `redis://[user:password@]host:port[/db]` for one server, or
 /// `redis+cluster://[user:password@]host:port[?seeds=host:port,…]` for a Redis Cluster;
-/// either with `protocol` (which the driver reads), `wait` and `wait_timeout` (see
-/// [`Replication`](crate::Replication)), and nothing else: the driver would silently
-/// skip an unknown parameter. `rediss://` is refused as an invalid URL: this build has
-/// no TLS. A namespace `NAME` puts every key under `NAME:`.
+/// `rediss://…` and `rediss+cluster://…` for either over TLS, with `cacert`, `cert`,
+/// `key` and `insecure=true`; each with `protocol` (which the driver reads), `wait`
+/// and `wait_timeout` (see [`Replication`](crate::Replication)), and nothing else: the
+/// driver would silently skip an unknown parameter. TLS files that cannot be read or
+/// are not what their parameter says are an invalid URL; a TLS handshake that fails
+/// (a certificate that does not verify, a server that speaks no TLS) is a refusal. A
+/// namespace `NAME` puts every key under `NAME:`.
 impl OpenStore for RedisStore {
     const KIND: &'static str = "redis";
-    const SCHEMES: &'static [&'static str] = &["redis", "rediss", "redis+cluster"];
+    const SCHEMES: &'static [&'static str] =
+        &["redis", "rediss", "redis+cluster", "rediss+cluster"];
     const EXPIRES_NATIVELY: bool = true;
 
     /// The multiplexed connection, and a new one while it reconnects (on a cluster,
@@ -28,6 +33,9 @@ impl OpenStore for RedisStore {
         let kind = Self::KIND;
         let invalid = |reason: String| OpenError::invalid_url(kind, url, reason);
         let target = Target::parse(url).map_err(invalid)?;
+        if let Some(tls) = &target.tls {
+            tls.certificates().map_err(invalid)?;
+        }
         // Parsing only: nothing is sent until the store connects.
         for node in &target.nodes {
             redis::Client::open(node.as_str()).map_err(|e| invalid(e.to_string()))?;
@@ -45,6 +53,23 @@ impl OpenStore for RedisStore {
 
 /// Whether the server was not there (or went away), or answered and refused.
 fn classify(url: &str, e: RedisError) -> OpenError {
+    // A server that speaks no TLS, or whose certificate does not verify, was reached.
+    if let Some(tls) = handshake_failure(&e) {
+        let why = format!("TLS failed: {tls}");
+        return OpenError::refused(RedisStore::KIND, url, why);
+    }
+    // A plaintext Redis reads the TLS hello as the start of a command and waits for
+    // the rest: the handshake never gets an answer.
+    let tls = url
+        .split_once("://")
+        .is_some_and(|(s, _)| s.to_ascii_lowercase().starts_with("rediss"));
+    if tls && e.is_timeout() {
+        let why = format!(
+            "{e}: the TLS handshake got no answer (a server that speaks no TLS on this \
+             port never answers one)"
+        );
+        return OpenError::unreachable(RedisStore::KIND, url, why);
+    }
     if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
         OpenError::unreachable(RedisStore::KIND, url, e)
     } else {
@@ -77,7 +102,28 @@ mod tests {
                 "unknown parameter \"timeout\"",
             ),
             ("redis://127.0.0.1:notaport", "invalid redis store URL"),
-            ("rediss://127.0.0.1:6379", "invalid redis store URL"),
+            ("rediss://127.0.0.1:6379/#insecure", "write insecure=true"),
+            (
+                "rediss://127.0.0.1:6379/?cacert=/nonexistent/ca.pem",
+                "cacert=/nonexistent/ca.pem: cannot read the file",
+            ),
+            (
+                "redis://127.0.0.1:6379/?cacert=/nonexistent/ca.pem",
+                "redis:// is plaintext: write rediss://",
+            ),
+            (
+                "redis+cluster://127.0.0.1:6379/?insecure=true",
+                "write rediss+cluster://",
+            ),
+            ("rediss://127.0.0.1:6379/?cert=/c.pem", "cert needs key"),
+            (
+                "rediss://127.0.0.1:6379/?insecure=yes",
+                "expected true or false",
+            ),
+            (
+                "rediss://127.0.0.1:6379/?insecure=true&cacert=/ca.pem",
+                "cacert would not be used",
+            ),
             (
                 "redis+cluster://127.0.0.1:7000/?seeds=127.0.0.1",
                 "expected HOST:PORT",

@@ -2,7 +2,9 @@
 //! between a client and a server, the test services' URLs with the loud-skip rule
 //! ([`services`]), a bounded wait ([`eventually`]), a store whose calls a test can
 //! intercept ([`HookedStore`]), a process's CPU time ([`cpu_time`]) for benches, and a
-//! real Redis Cluster on 127.0.0.1 ([`RedisCluster`], [`redis_cluster_url`]).
+//! real Redis Cluster on 127.0.0.1 ([`RedisCluster`], [`redis_cluster_url`]), and
+//! TLS-only PostgreSQL and Redis servers with certificates made at run time
+//! ([`tls`]).
 //!
 //! The store contract suite stays in `idem-core` (feature `testing`), beside the
 //! `Store` trait it checks, so a store crate needs only that feature to run it. This
@@ -29,6 +31,7 @@ mod eventually;
 mod relay;
 pub mod services;
 mod store;
+pub mod tls;
 
 pub use cluster::{REDIS_CLUSTER_ENV, RedisCluster, redis_cluster_url};
 pub use cpu::cpu_time;
@@ -36,3 +39,4 @@ pub use eventually::{WAIT, eventually};
 pub use relay::{Fault, Relay, RelayMode, service_addr, url_via};
 pub use services::{service_unavailable, service_url, services_required};
 pub use store::{HookedStore, StoreHooks, figure};
+pub use tls::{CERT_USER, CertFiles, PgServer, RedisTlsServer, TestPki};

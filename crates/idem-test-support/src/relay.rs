@@ -25,10 +25,18 @@ fn split_authority(url: &str) -> (&str, &str, &str) {
 }
 
 /// `url` with its host and port replaced by `addr`, everything else (user, password,
-/// database, query) kept: the URL of a service seen through a [`Relay`].
+/// database, query) kept: the URL of a service seen through a [`Relay`]. A PostgreSQL
+/// URL that says nothing of TLS gets `sslmode=disable`: the relay finds requests by
+/// their bytes, which TLS (the driver's default `prefer`, on a server with `ssl = on`)
+/// would hide.
 pub fn url_via(url: &str, addr: SocketAddr) -> String {
     let (head, _, tail) = split_authority(url);
-    format!("{head}{addr}{tail}")
+    let mut via = format!("{head}{addr}{tail}");
+    if url.starts_with("postgres") && !url.contains("sslmode=") {
+        via.push(if via.contains('?') { '&' } else { '?' });
+        via.push_str("sslmode=disable");
+    }
+    via
 }
 
 /// The address `url`'s host and port resolve to (`default_port` when it names none).
@@ -378,7 +386,7 @@ mod tests {
             ("redis://:pw@db:6379/2", "redis://:pw@10.0.0.9:7000/2"),
             (
                 "postgres://postgres@127.0.0.1:5432/test",
-                "postgres://postgres@10.0.0.9:7000/test",
+                "postgres://postgres@10.0.0.9:7000/test?sslmode=disable",
             ),
             (
                 "postgres://u:p@db/idem?sslmode=disable",
