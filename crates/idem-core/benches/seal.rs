@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use idem_core::seal::SealBinding;
 use idem_core::{
-    Endpoint, Fingerprint, FingerprintOptions, Key, MemoryStore, RecordKeys, Reservation,
-    ReserveRequest, Scope, ScopeMode, Sealed, Store, StoredResponse, Tenant,
+    Endpoint, FencingToken, Fingerprint, FingerprintOptions, Key, MemoryStore, RecordKeys,
+    Reservation, ReserveRequest, Scope, ScopeMode, Sealed, Store, StoredResponse, Tenant,
 };
 
 fn scope(key: &str) -> Scope {
@@ -53,16 +54,25 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("seal");
     g.warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
+    let fp = Fingerprint::compute(
+        "POST",
+        "/v1/charges",
+        None,
+        b"{}",
+        &FingerprintOptions::default(),
+    );
+    let lease = ReserveRequest::new(scope("k"), fp).lease_for(FencingToken::generate(), 1);
+    let binding = SealBinding::of_lease(&lease);
     for size in [1024usize, 16 * 1024, 256 * 1024] {
         let plain = answer(size);
-        let sealed = keys.seal(&scope("k"), &plain);
+        let sealed = keys.seal(binding, &plain);
         g.throughput(Throughput::Bytes(size as u64));
         g.bench_function(format!("seal_{}KiB", size / 1024), |b| {
-            b.iter(|| keys.seal(black_box(&scope("k")), black_box(&plain)))
+            b.iter(|| keys.seal(black_box(binding), black_box(&plain)))
         });
         g.bench_function(format!("open_{}KiB", size / 1024), |b| {
             b.iter(|| {
-                keys.open(black_box(&scope("k")), black_box(sealed.clone()))
+                keys.open(black_box(binding), black_box(sealed.clone()))
                     .unwrap()
             })
         });

@@ -11,6 +11,9 @@ use std::future::Future;
 
 use crate::{DEFAULT_MAX_ENTRIES, MemoryStore, Namespace, NamespaceError, Store};
 
+#[cfg(feature = "tls")]
+pub mod tls;
+
 /// Any error, as the source of an [`OpenError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -72,6 +75,17 @@ pub enum OpenError {
         #[source]
         source: BoxError,
     },
+    /// [`Schema::Existing`] was asked for, and nothing of this store's is there: no
+    /// such file, no such table.
+    #[error("no idem records at {url}: {detail}")]
+    NoSchema {
+        /// Which store.
+        kind: &'static str,
+        /// The URL.
+        url: String,
+        /// What is missing, and how to make it.
+        detail: String,
+    },
     /// The store could not be opened for another reason: a file that cannot be
     /// created, a schema newer than this build.
     #[error("cannot open the {kind} store at {url}: {source}")]
@@ -114,6 +128,15 @@ impl OpenError {
         }
     }
 
+    /// A store `kind` without its schema, which [`Schema::Existing`] does not make.
+    pub fn no_schema(kind: &'static str, url: &str, detail: impl Into<String>) -> OpenError {
+        OpenError::NoSchema {
+            kind,
+            url: redact_url(url),
+            detail: detail.into(),
+        }
+    }
+
     /// A store `kind` that could not be opened for another reason.
     pub fn failed(kind: &'static str, url: &str, source: impl Into<BoxError>) -> OpenError {
         OpenError::Failed {
@@ -133,6 +156,18 @@ impl OpenError {
         )
     }
 
+    /// Whether the configuration is wrong as written: no store answers to the URL, it
+    /// cannot be used as written (TLS files included), or the namespace does not fit.
+    /// A program stops its start on one (the gateway exits with status 2).
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            OpenError::Unsupported { .. }
+                | OpenError::InvalidUrl { .. }
+                | OpenError::Namespace { .. }
+        )
+    }
+
     /// Which store the error is about; `None` when no store answers to the URL.
     pub fn kind(&self) -> Option<&'static str> {
         match self {
@@ -141,6 +176,7 @@ impl OpenError {
             | OpenError::Namespace { kind, .. }
             | OpenError::Unreachable { kind, .. }
             | OpenError::Refused { kind, .. }
+            | OpenError::NoSchema { kind, .. }
             | OpenError::Failed { kind, .. } => Some(kind),
         }
     }
@@ -157,6 +193,23 @@ pub struct StoreOptions {
     /// `NAME_records`, Redis keys that start `NAME:`. `None` is the stores' default,
     /// [`DEFAULT_NAMESPACE`](crate::DEFAULT_NAMESPACE). The memory store ignores it.
     pub namespace: Option<Namespace>,
+    /// Whether a SQL store brings its schema up to date when it opens
+    /// ([`Schema::Migrate`], the default) or only uses one that is already there.
+    pub schema: Schema,
+}
+
+/// What a SQL store does with its schema when it opens ([`StoreOptions::schema`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Schema {
+    /// Creates what is missing and runs the migrations this build has (a new SQLite
+    /// file included).
+    #[default]
+    Migrate,
+    /// Writes no schema and creates no file: the store must hold this build's schema
+    /// already. None there is [`OpenError::NoSchema`]; an older one is
+    /// [`OpenError::Failed`], naming the migration to run (`idem migrate`). For
+    /// inspection, and for teams whose database administrators own the schema.
+    Existing,
 }
 
 impl StoreOptions {
@@ -320,6 +373,7 @@ pub mod checks {
             );
             assert!(e.to_string().contains(says), "{url}: {e}");
             assert!(!e.may_pass(), "{url}");
+            assert!(e.is_configuration(), "{url}");
         }
     }
 

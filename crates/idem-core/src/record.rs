@@ -71,6 +71,38 @@ impl fmt::Debug for FencingToken {
     }
 }
 
+/// The pseudo-header a sealed answer names its sealing key under (SPEC S17); see
+/// `seal::SEALED_HEADER`.
+pub(crate) const SEALED_HEADER: &str = ":sealed";
+
+/// The pseudo-header under which a replay of a sealed answer carries the token of the
+/// attempt whose record holds it, as [`decide`](crate::decide) read it from the record.
+/// A sealed answer is bound to that token, so the sealing wrapper needs it to open the
+/// answer; the store's own copy of this header, if any, is never trusted.
+pub(crate) const SEALING_ATTEMPT_HEADER: &str = ":sealed-attempt";
+
+/// `response`, a completed record's answer, as its replay: a sealed one also names
+/// `token`, the record's attempt ([`SEALING_ATTEMPT_HEADER`]); any other as it is.
+pub(crate) fn name_sealing_attempt(
+    mut response: StoredResponse,
+    token: FencingToken,
+) -> StoredResponse {
+    if response
+        .headers
+        .first()
+        .is_some_and(|(name, _)| name == SEALED_HEADER)
+    {
+        response
+            .headers
+            .retain(|(name, _)| name != SEALING_ATTEMPT_HEADER);
+        response.headers.push((
+            SEALING_ATTEMPT_HEADER.to_owned(),
+            Bytes::from(format!("{:016x}", token.as_u64())),
+        ));
+    }
+    response
+}
+
 /// A recorded answer: status, allow-listed headers and body (SPEC S6).
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct StoredResponse {
@@ -303,6 +335,9 @@ pub struct Lease {
     pub scope: Scope,
     /// This attempt's fencing token.
     pub token: FencingToken,
+    /// The fingerprint of the request the record was reserved for: a sealed answer is
+    /// bound to it (SPEC S17).
+    pub fingerprint: Fingerprint,
     /// 1 for a first execution, n+1 after a takeover.
     pub attempt: u32,
     /// The TTL the record was reserved with ([`ReserveRequest::ttl`]): completing sets
@@ -382,6 +417,7 @@ impl ReserveRequest {
         Lease {
             scope: self.scope.clone(),
             token,
+            fingerprint: self.fingerprint,
             attempt,
             ttl: self.ttl,
             tombstone: self.tombstone,

@@ -17,9 +17,17 @@
 //! - `body`: a version byte, a random 24-byte nonce, then the XChaCha20-Poly1305
 //!   ciphertext of the real headers and body, with its 16-byte tag.
 //!
-//! The associated data binds the ciphertext to the record's scope (tenant, endpoint,
-//! key), its status and the key id: an answer copied into another record, or given
-//! another status, fails to open.
+//! The associated data binds the ciphertext to the record it was recorded in
+//! ([`SealBinding`]): its scope (tenant, endpoint, key), the fingerprint of the request
+//! it answers, the fencing token of the attempt that recorded it, its status and the
+//! key id. An answer copied into another record (another tenant's, another key's), into
+//! the same key's record for another payload, or into a later life of the same record
+//! (the key reused after the answer expired, with the same payload), or given another
+//! status, fails to open. What no seal can tell apart is a whole row put back as it
+//! was, token and fingerprint included: that is the record as it stood.
+//!
+//! Version 1 of the format (bound to scope, status and key id only) opens only where a
+//! migration setting allows it ([`Sealed::read_unsealed`](crate::Sealed::read_unsealed)).
 
 use std::fmt;
 use std::sync::Arc;
@@ -29,15 +37,50 @@ use chacha20poly1305::aead::{AeadInOut, KeyInit};
 use chacha20poly1305::{Tag, XChaCha20Poly1305, XNonce};
 
 use crate::codec::{decode_headers, encode_headers};
-use crate::{Scope, StoreError, StoredResponse};
+use crate::{FencingToken, Fingerprint, Lease, Record, Scope, StoreError, StoredResponse};
 
 /// The pseudo-header under which a sealed answer names the key that sealed it. Like
 /// [`REFERENCE_HEADER`](crate::REFERENCE_HEADER) it is no HTTP field name, so it
 /// never collides with a real header.
-pub const SEALED_HEADER: &str = ":sealed";
+pub const SEALED_HEADER: &str = crate::record::SEALED_HEADER;
 
 /// The first byte of a sealed body: the format's version.
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+
+/// The version of answers sealed before they were bound to their request and attempt.
+const UNBOUND_VERSION: u8 = 1;
+
+/// What a sealed answer is bound to (see the [module docs](self)): the record it is
+/// recorded in.
+#[derive(Debug, Clone, Copy)]
+pub struct SealBinding<'a> {
+    /// The record's scope.
+    pub scope: &'a Scope,
+    /// The fingerprint of the request the record was reserved for.
+    pub fingerprint: &'a Fingerprint,
+    /// The fencing token of the attempt that recorded the answer.
+    pub token: FencingToken,
+}
+
+impl<'a> SealBinding<'a> {
+    /// The binding of the answer `lease`'s attempt records.
+    pub fn of_lease(lease: &'a Lease) -> SealBinding<'a> {
+        SealBinding {
+            scope: &lease.scope,
+            fingerprint: &lease.fingerprint,
+            token: lease.token,
+        }
+    }
+
+    /// The binding of the answer `record` holds.
+    pub fn of_record(record: &'a Record) -> SealBinding<'a> {
+        SealBinding {
+            scope: &record.scope,
+            fingerprint: &record.fingerprint,
+            token: record.token,
+        }
+    }
+}
 
 /// The nonce's length: XChaCha20's 192 bits, safe to draw at random for every record.
 const NONCE_LEN: usize = 24;
@@ -207,9 +250,9 @@ impl RecordKeys {
         self.keys.iter().map(|k| k.id.as_str())
     }
 
-    /// `response` sealed for `scope` under the current key (see the [module
-    /// docs](self)). An answer that is sealed already is returned as it is.
-    pub fn seal(&self, scope: &Scope, response: &StoredResponse) -> StoredResponse {
+    /// `response` sealed for the record `binding` names under the current key (see the
+    /// [module docs](self)). An answer that is sealed already is returned as it is.
+    pub fn seal(&self, binding: SealBinding<'_>, response: &StoredResponse) -> StoredResponse {
         if is_sealed(response) {
             return response.clone();
         }
@@ -222,7 +265,7 @@ impl RecordKeys {
         out.extend_from_slice(&headers);
         out.extend_from_slice(&response.body);
         let nonce = XNonce::try_from(&out[1..1 + NONCE_LEN]).expect("24 bytes");
-        let aad = associated_data(scope, response.status, &key.id);
+        let aad = associated_data(VERSION, binding, response.status, &key.id);
         let tag = key
             .cipher
             .encrypt_inout_detached(&nonce, &aad, (&mut out[1 + NONCE_LEN..]).into())
@@ -238,14 +281,25 @@ impl RecordKeys {
         }
     }
 
-    /// The answer `stored` holds for `scope`: opened if it is sealed, as it is if not
-    /// (an answer recorded before sealing was turned on). Fails with
-    /// [`StoreError::Sealed`] when it names a key this ring lacks, or when its bytes,
-    /// status or scope are not the ones it was sealed with.
+    /// The answer `stored` holds for the record `binding` names: opened if it is
+    /// sealed, as it is if not (an answer recorded before sealing was turned on). Fails
+    /// with [`StoreError::Sealed`] when it names a key this ring lacks, when its bytes,
+    /// status or binding are not the ones it was sealed with, or when it was sealed in
+    /// version 1 of the format, bound to less.
     pub fn open(
         &self,
-        scope: &Scope,
+        binding: SealBinding<'_>,
         stored: StoredResponse,
+    ) -> Result<StoredResponse, StoreError> {
+        self.open_with(binding, stored, false)
+    }
+
+    /// [`open`](Self::open), which opens version 1 answers too when `unbound` says so.
+    pub(crate) fn open_with(
+        &self,
+        binding: SealBinding<'_>,
+        stored: StoredResponse,
+        unbound: bool,
     ) -> Result<StoredResponse, StoreError> {
         let Some(id) = sealed_by(&stored) else {
             return Ok(stored);
@@ -260,24 +314,35 @@ impl RecordKeys {
             ))
         })?;
         let body = &stored.body[..];
-        if body.len() < SEAL_OVERHEAD || body[0] != VERSION {
+        if body.len() < SEAL_OVERHEAD || !matches!(body[0], VERSION | UNBOUND_VERSION) {
             return Err(StoreError::Sealed(format!(
                 "the sealed answer is {} bytes or of an unknown version",
                 body.len()
             )));
         }
+        let version = body[0];
+        if version == UNBOUND_VERSION && !unbound {
+            return Err(StoreError::Sealed(
+                "the answer is sealed in version 1 of the format, bound to its scope but not \
+                 to its request and attempt, so a copy of an older answer would open in its \
+                 place; the migration setting to read unsealed records reads it while such \
+                 answers age out"
+                    .into(),
+            ));
+        }
         let nonce = XNonce::try_from(&body[1..1 + NONCE_LEN]).expect("24 bytes");
         let (sealed, tag) = body[1 + NONCE_LEN..].split_at(body.len() - 1 - NONCE_LEN - TAG_LEN);
         let tag = Tag::try_from(tag).expect("16 bytes");
         let mut plain = sealed.to_vec();
-        let aad = associated_data(scope, stored.status, &key.id);
+        let aad = associated_data(version, binding, stored.status, &key.id);
         key.cipher
             .decrypt_inout_detached(&nonce, &aad, plain.as_mut_slice().into(), &tag)
             .map_err(|_| {
                 StoreError::Sealed(format!(
-                    "the answer sealed with the key {id:?} does not open: its bytes, status \
-                     or scope were changed, or the key under that id is not the one it was \
-                     sealed with"
+                    "the answer sealed with the key {id:?} does not open: its bytes or status \
+                     were changed, it was recorded for another scope, request or attempt \
+                     (copied from another record), or the key under that id is not the \
+                     one it was sealed with"
                 ))
             })?;
         let corrupt =
@@ -309,20 +374,30 @@ fn sealed_by(response: &StoredResponse) -> Option<&[u8]> {
     }
 }
 
-/// What the tag covers besides the ciphertext: a label, the scope's parts
-/// (length-prefixed), the status and the key id.
-fn associated_data(scope: &Scope, status: u16, key_id: &str) -> Vec<u8> {
+/// What the tag covers besides the ciphertext: a label, the scope's parts and the key
+/// id (length-prefixed), then (from version 2) the fingerprint and the attempt's token,
+/// and the status.
+fn associated_data(version: u8, binding: SealBinding<'_>, status: u16, key_id: &str) -> Vec<u8> {
+    let scope = binding.scope;
     let parts = [
         scope.tenant().as_str(),
         scope.endpoint_str(),
         scope.key().as_str(),
         key_id,
     ];
-    let mut aad = Vec::with_capacity(16 + parts.iter().map(|p| 4 + p.len()).sum::<usize>());
-    aad.extend_from_slice(b"idem-seal-v1");
+    let mut aad = Vec::with_capacity(64 + parts.iter().map(|p| 4 + p.len()).sum::<usize>());
+    aad.extend_from_slice(if version == UNBOUND_VERSION {
+        b"idem-seal-v1"
+    } else {
+        b"idem-seal-v2"
+    });
     for part in parts {
         aad.extend_from_slice(&(part.len() as u32).to_be_bytes());
         aad.extend_from_slice(part.as_bytes());
+    }
+    if version != UNBOUND_VERSION {
+        aad.extend_from_slice(binding.fingerprint.as_bytes());
+        aad.extend_from_slice(&binding.token.as_u64().to_be_bytes());
     }
     aad.extend_from_slice(&status.to_be_bytes());
     aad

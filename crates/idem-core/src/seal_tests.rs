@@ -1,5 +1,5 @@
 use super::*;
-use crate::{Endpoint, Key, Tenant};
+use crate::{Endpoint, FingerprintOptions, Key, ReserveRequest, Tenant};
 
 const K1: &str = "1111111111111111111111111111111111111111111111111111111111111111";
 const K2: &str = "2222222222222222222222222222222222222222222222222222222222222222";
@@ -10,6 +10,23 @@ fn scope(key: &str) -> Scope {
         Some(Endpoint::new("POST", "/v1/charges")),
         Key::new(key).unwrap(),
     )
+}
+
+/// The lease of attempt `token` on `key`'s record, reserved for the body `body`.
+fn lease_on(key: &str, body: &str, token: u64) -> Lease {
+    let fp = Fingerprint::compute(
+        "POST",
+        "/v1/charges",
+        None,
+        body.as_bytes(),
+        &FingerprintOptions::default(),
+    );
+    ReserveRequest::new(scope(key), fp).lease_for(FencingToken::from_u64(token), 1)
+}
+
+/// What an answer recorded on `key` for the body `{}` by attempt 1 is bound to.
+fn bound(key: &str) -> Lease {
+    lease_on(key, "{}", 1)
 }
 
 #[test]
@@ -51,7 +68,7 @@ fn sealing_hides_headers_and_body_and_opens_byte_for_byte() {
     let answer = StoredResponse::new(201, "secret body")
         .with_header("location", "/v1/secret")
         .with_reference("/v1/secret/ref");
-    let sealed = keys.seal(&scope("a"), &answer);
+    let sealed = keys.seal(SealBinding::of_lease(&bound("a")), &answer);
     assert!(is_sealed(&sealed));
     assert_eq!(sealed.status, 201);
     assert_eq!(sealed.http_headers().count(), 0, "no HTTP header is left");
@@ -61,12 +78,23 @@ fn sealing_hides_headers_and_body_and_opens_byte_for_byte() {
         SEAL_OVERHEAD + answer.body.len() + encode_headers(&answer.headers).len()
     );
     assert!(!sealed.body.windows(6).any(|w| w == b"secret"));
-    assert_eq!(keys.open(&scope("a"), sealed.clone()).unwrap(), answer);
-    assert_eq!(keys.seal(&scope("a"), &sealed), sealed, "sealed once only");
+    assert_eq!(
+        keys.open(SealBinding::of_lease(&bound("a")), sealed.clone())
+            .unwrap(),
+        answer
+    );
+    assert_eq!(
+        keys.seal(SealBinding::of_lease(&bound("a")), &sealed),
+        sealed,
+        "sealed once only"
+    );
     // Two seals of one answer differ: a fresh nonce each time.
-    assert_ne!(keys.seal(&scope("a"), &answer).body, sealed.body);
+    assert_ne!(
+        keys.seal(SealBinding::of_lease(&bound("a")), &answer).body,
+        sealed.body
+    );
     assert!(matches!(
-        keys.open(&scope("b"), sealed),
+        keys.open(SealBinding::of_lease(&bound("b")), sealed),
         Err(StoreError::Sealed(_))
     ));
 }
@@ -75,9 +103,103 @@ fn sealing_hides_headers_and_body_and_opens_byte_for_byte() {
 fn plain_answers_pass_and_truncated_ones_are_refused() {
     let keys = RecordKeys::new([("k1", [1; 32])]).unwrap();
     let plain = StoredResponse::new(200, "recorded before sealing");
-    assert_eq!(keys.open(&scope("a"), plain.clone()).unwrap(), plain);
-    let mut short = keys.seal(&scope("a"), &StoredResponse::new(200, ""));
+    assert_eq!(
+        keys.open(SealBinding::of_lease(&bound("a")), plain.clone())
+            .unwrap(),
+        plain
+    );
+    let mut short = keys.seal(
+        SealBinding::of_lease(&bound("a")),
+        &StoredResponse::new(200, ""),
+    );
     short.body = short.body.slice(..SEAL_OVERHEAD - 1);
-    let e = keys.open(&scope("a"), short).unwrap_err().to_string();
+    let e = keys
+        .open(SealBinding::of_lease(&bound("a")), short)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("unknown version") || e.contains("bytes"), "{e}");
+}
+
+#[test]
+fn an_answer_opens_only_for_the_request_and_attempt_it_was_recorded_for() {
+    let keys = RecordKeys::new([("k1", [1; 32])]).unwrap();
+    let answer = StoredResponse::new(201, "ch_1");
+    let recorded = lease_on("a", r#"{"amount":100}"#, 7);
+    let sealed = keys.seal(SealBinding::of_lease(&recorded), &answer);
+    assert_eq!(
+        keys.open(SealBinding::of_lease(&recorded), sealed.clone())
+            .unwrap(),
+        answer
+    );
+    // Copied into the same key's record for another payload, or into a later life of
+    // the record (another attempt's token, the same payload): it does not open.
+    for (other, what) in [
+        (lease_on("a", r#"{"amount":999}"#, 7), "another payload"),
+        (lease_on("a", r#"{"amount":100}"#, 8), "another attempt"),
+        (lease_on("b", r#"{"amount":100}"#, 7), "another key"),
+    ] {
+        let e = keys
+            .open(SealBinding::of_lease(&other), sealed.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not open"), "{what}: {e}");
+    }
+}
+
+/// `response` sealed as version 1 of the format sealed it: bound to scope, status and
+/// key id only.
+fn seal_unbound(keys: &RecordKeys, lease: &Lease, response: &StoredResponse) -> StoredResponse {
+    let mut sealed = keys.seal(SealBinding::of_lease(lease), response);
+    let key = &keys.keys[0];
+    let mut body = sealed.body.to_vec();
+    body[0] = UNBOUND_VERSION;
+    let nonce = XNonce::try_from(&body[1..1 + NONCE_LEN]).unwrap();
+    let end = body.len() - TAG_LEN;
+    let tag = Tag::try_from(&body[end..]).unwrap();
+    // Open under version 2's binding, then seal again under version 1's.
+    let aad = associated_data(
+        VERSION,
+        SealBinding::of_lease(lease),
+        response.status,
+        &key.id,
+    );
+    key.cipher
+        .decrypt_inout_detached(&nonce, &aad, (&mut body[1 + NONCE_LEN..end]).into(), &tag)
+        .unwrap();
+    let aad = associated_data(
+        UNBOUND_VERSION,
+        SealBinding::of_lease(lease),
+        response.status,
+        &key.id,
+    );
+    let tag = key
+        .cipher
+        .encrypt_inout_detached(&nonce, &aad, (&mut body[1 + NONCE_LEN..end]).into())
+        .unwrap();
+    body[end..].copy_from_slice(&tag);
+    sealed.body = Bytes::from(body);
+    sealed
+}
+
+#[test]
+fn version_1_answers_open_only_under_the_migration_setting() {
+    let keys = RecordKeys::new([("k1", [1; 32])]).unwrap();
+    let answer = StoredResponse::new(201, "ch_old").with_header("location", "/v1/charges/ch_old");
+    let lease = bound("a");
+    let old = seal_unbound(&keys, &lease, &answer);
+    let e = keys
+        .open(SealBinding::of_lease(&lease), old.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("version 1"), "{e}");
+    assert_eq!(
+        keys.open_with(SealBinding::of_lease(&lease), old.clone(), true)
+            .unwrap(),
+        answer
+    );
+    // Bound to its scope still: copied into another key's record, it does not open.
+    assert!(
+        keys.open_with(SealBinding::of_lease(&bound("b")), old, true)
+            .is_err()
+    );
 }

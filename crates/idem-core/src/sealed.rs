@@ -4,21 +4,27 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::record::SEALING_ATTEMPT_HEADER;
+use crate::seal::SealBinding;
 use crate::{
-    AMBIGUOUS_HEADER, Lease, ListPage, ListQuery, Record, RecordKeys, RecordState, Reservation,
-    ReserveRequest, Result, Scope, Store, StoreMetric, StoredResponse,
+    AMBIGUOUS_HEADER, FencingToken, Lease, ListPage, ListQuery, Record, RecordKeys, RecordState,
+    Reservation, ReserveRequest, Result, Scope, Store, StoreMetric, StoredResponse,
 };
 
 /// A store that seals every answer it records with [`RecordKeys`] and opens every
 /// answer it reads, over any other store.
 ///
 /// Every path by which an answer enters or leaves a store goes through it:
-/// [`complete`](Store::complete) seals under the current key;
+/// [`complete`](Store::complete) seals under the current key, bound to the record's
+/// scope, the request's fingerprint and the attempt's fencing token
+/// ([`SealBinding`](crate::seal::SealBinding));
 /// [`reserve`](Store::reserve)'s replay and [`get`](Store::get)'s completed record are
-/// opened with the key their answer names. An answer that cannot be opened (a key id
+/// opened with the key their answer names, and the binding of the record that holds it. An answer that cannot be opened (a key id
 /// the ring lacks, changed bytes, status or scope) is [`StoreError::Sealed`](crate::StoreError::Sealed) and an
 /// error in the log, never a record that is absent: the operation ran, and must not run
-/// again. An answer recorded before sealing was turned on is read as it is.
+/// again. So is an answer the store holds unsealed (written around this wrapper, or
+/// recorded before sealing was turned on), unless [`read_unsealed`](Sealed::read_unsealed)
+/// allows it while such answers age out.
 ///
 /// Everything else (status, fingerprint, scope, times) is the inner store's and stays
 /// in plain text there, and so does the reason an answer's outcome is ambiguous
@@ -31,11 +37,11 @@ use crate::{
 /// first with [`seal`](Self::seal), and call `complete_in` on [`inner`](Self::inner):
 ///
 /// ```ignore
-/// let sealed = store.seal(&lease.scope, &response);
+/// let sealed = store.seal(&lease, &response);
 /// store.inner().complete_in(&mut tx, &lease, &sealed).await?;
 /// ```
 ///
-/// (An answer completed in plain text there is still replayed, but not sealed.)
+/// (An answer completed in plain text there is refused on replay, as any unsealed one.)
 ///
 /// # Examples
 ///
@@ -70,12 +76,28 @@ use crate::{
 pub struct Sealed<S> {
     inner: S,
     keys: RecordKeys,
+    read_unsealed: bool,
 }
 
 impl<S: Store> Sealed<S> {
-    /// `inner`, its answers sealed with `keys`.
+    /// `inner`, its answers sealed with `keys`. An answer the store holds unsealed is
+    /// refused ([`StoreError::Sealed`](crate::StoreError::Sealed)) unless
+    /// [`read_unsealed`](Self::read_unsealed) says otherwise.
     pub fn new(inner: S, keys: RecordKeys) -> Sealed<S> {
-        Sealed { inner, keys }
+        Sealed {
+            inner,
+            keys,
+            read_unsealed: false,
+        }
+    }
+
+    /// Whether an answer the store holds unsealed (recorded before sealing was turned
+    /// on) is replayed as it is, while such answers age out, rather than refused.
+    /// Off by default: whoever can write the store could otherwise put a plain answer
+    /// (another tenant's, copied) into a sealed record and have it replayed.
+    pub fn read_unsealed(mut self, read: bool) -> Sealed<S> {
+        self.read_unsealed = read;
+        self
     }
 
     /// The store underneath, which holds sealed answers.
@@ -88,28 +110,43 @@ impl<S: Store> Sealed<S> {
         &self.keys
     }
 
-    /// `response` sealed for `scope`, as [`complete`](Store::complete) records it: for
-    /// a write this wrapper does not see (the SQL stores' `complete_in`).
-    pub fn seal(&self, scope: &Scope, response: &StoredResponse) -> StoredResponse {
-        let sealed = self.keys.seal(scope, response);
+    /// `response` sealed for `lease`'s record, as [`complete`](Store::complete)
+    /// records it: for a write this wrapper does not see (the SQL stores'
+    /// `complete_in`).
+    pub fn seal(&self, lease: &Lease, response: &StoredResponse) -> StoredResponse {
+        let sealed = self.keys.seal(SealBinding::of_lease(lease), response);
         match response.ambiguity() {
             Some(reason) => sealed.with_ambiguity(reason),
             None => sealed,
         }
     }
 
-    /// The answer `stored` holds for `scope`, or the error (logged) that it cannot be
-    /// opened. The plain-text ambiguity label beside a sealed answer is dropped first:
-    /// the sealed headers hold it too.
-    fn open(&self, scope: &Scope, mut stored: StoredResponse) -> Result<StoredResponse> {
+    /// The answer `stored` holds for the record `binding` names, or the error (logged)
+    /// that it cannot be opened. The plain-text ambiguity label beside a sealed answer
+    /// is dropped first: the sealed headers hold it too.
+    fn open(&self, binding: SealBinding<'_>, mut stored: StoredResponse) -> Result<StoredResponse> {
+        let scope = binding.scope;
         if stored
             .headers
             .first()
             .is_some_and(|(name, _)| name == crate::seal::SEALED_HEADER)
         {
-            stored.headers.retain(|(name, _)| name != AMBIGUOUS_HEADER);
+            stored
+                .headers
+                .retain(|(name, _)| name != AMBIGUOUS_HEADER && name != SEALING_ATTEMPT_HEADER);
         }
-        self.keys.open(scope, stored).inspect_err(|e| {
+        let unsealed = !crate::seal::is_sealed(&stored);
+        let opened = if unsealed && !self.read_unsealed {
+            Err(crate::StoreError::Sealed(
+                "the answer is not sealed, and this store seals every answer it records: \
+                 it was written around the seal (or before sealing was turned on, which \
+                 the migration setting to read unsealed records allows)"
+                    .into(),
+            ))
+        } else {
+            self.keys.open_with(binding, stored, self.read_unsealed)
+        };
+        opened.inspect_err(|e| {
             tracing::error!(
                 scope = %scope.digest(),
                 error = %e,
@@ -120,19 +157,58 @@ impl<S: Store> Sealed<S> {
     }
 }
 
+impl<S: Store> Sealed<S> {
+    /// The token of the attempt whose record holds `scope`'s completed answer, read
+    /// from the record: for a store whose replays do not name it.
+    async fn recorded_by(&self, scope: &Scope) -> Result<FencingToken> {
+        match self.inner.get(scope).await? {
+            Some(record) if record.is_completed() => Ok(record.token),
+            _ => Err(crate::StoreError::Sealed(
+                "the store replayed a sealed answer, then held no completed record for it".into(),
+            )),
+        }
+    }
+}
+
+/// The attempt a replay of a sealed answer names ([`SEALING_ATTEMPT_HEADER`]), as
+/// [`decide`](crate::decide) put it there.
+fn sealing_attempt(stored: &StoredResponse) -> Option<FencingToken> {
+    let (_, value) = stored
+        .headers
+        .iter()
+        .rev()
+        .find(|(name, _)| name == SEALING_ATTEMPT_HEADER)?;
+    let hex = std::str::from_utf8(value).ok()?;
+    u64::from_str_radix(hex, 16)
+        .ok()
+        .map(FencingToken::from_u64)
+}
+
 #[async_trait]
 impl<S: Store> Store for Sealed<S> {
     async fn reserve(&self, request: &ReserveRequest) -> Result<Reservation> {
-        match self.inner.reserve(request).await? {
-            Reservation::Replay(stored) => {
-                Ok(Reservation::Replay(self.open(&request.scope, stored)?))
-            }
-            other => Ok(other),
-        }
+        let stored = match self.inner.reserve(request).await? {
+            Reservation::Replay(stored) => stored,
+            other => return Ok(other),
+        };
+        let token = match sealing_attempt(&stored) {
+            Some(token) => token,
+            // A store that builds replays without `decide` does not name the attempt:
+            // the record says which it is.
+            None if crate::seal::is_sealed(&stored) => self.recorded_by(&request.scope).await?,
+            None => FencingToken::from_u64(0),
+        };
+        let binding = SealBinding {
+            scope: &request.scope,
+            // A replay answers a request with the record's fingerprint (SPEC S5).
+            fingerprint: &request.fingerprint,
+            token,
+        };
+        Ok(Reservation::Replay(self.open(binding, stored)?))
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<()> {
-        let sealed = self.seal(&lease.scope, response);
+        let sealed = self.seal(lease, response);
         self.inner.complete(lease, &sealed).await
     }
 
@@ -148,8 +224,20 @@ impl<S: Store> Store for Sealed<S> {
         let Some(mut record) = self.inner.get(scope).await? else {
             return Ok(None);
         };
-        if let RecordState::Completed { response, .. } = &mut record.state {
-            *response = self.open(scope, std::mem::take(response))?;
+        let Record {
+            scope,
+            fingerprint,
+            token,
+            state,
+            ..
+        } = &mut record;
+        if let RecordState::Completed { response, .. } = state {
+            let binding = SealBinding {
+                scope,
+                fingerprint,
+                token: *token,
+            };
+            *response = self.open(binding, std::mem::take(response))?;
         }
         Ok(Some(record))
     }
@@ -164,9 +252,21 @@ impl<S: Store> Store for Sealed<S> {
     async fn list(&self, query: &ListQuery) -> Result<ListPage> {
         let mut page = self.inner.list(query).await?;
         for record in &mut page.records {
-            if let RecordState::Completed { response, .. } = &mut record.state {
+            let Record {
+                scope,
+                fingerprint,
+                token,
+                state,
+                ..
+            } = record;
+            if let RecordState::Completed { response, .. } = state {
+                let binding = SealBinding {
+                    scope,
+                    fingerprint,
+                    token: *token,
+                };
                 let stored = std::mem::take(response);
-                *response = match self.open(&record.scope, stored.clone()) {
+                *response = match self.open(binding, stored.clone()) {
                     Ok(opened) => opened,
                     Err(_) => stored,
                 };
@@ -208,6 +308,7 @@ impl<S> std::fmt::Debug for Sealed<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sealed")
             .field("keys", &self.keys)
+            .field("read_unsealed", &self.read_unsealed)
             .finish_non_exhaustive()
     }
 }

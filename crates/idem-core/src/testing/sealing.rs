@@ -14,8 +14,8 @@ use bytes::Bytes;
 use super::{test_fingerprint, test_scope};
 use crate::seal::SEALED_HEADER;
 use crate::{
-    Lease, RecordKeys, RecordState, Reservation, ReserveRequest, Scope, Sealed, Store, StoreError,
-    StoredResponse,
+    FencingToken, Lease, RecordKeys, RecordState, Reservation, ReserveRequest, Scope, Sealed,
+    Store, StoreError, StoredResponse,
 };
 
 /// A body that must never appear in a store's bytes once sealed.
@@ -83,7 +83,8 @@ pub async fn all<S: Store>(inner: Arc<S>) {
     answers_are_sealed_and_replayed(inner.clone()).await;
     keys_rotate_without_downtime(inner.clone()).await;
     unknown_or_wrong_keys_never_open(inner.clone()).await;
-    changed_bytes_status_or_scope_never_open(inner).await;
+    changed_bytes_status_or_scope_never_open(inner.clone()).await;
+    older_or_other_payload_answers_never_open(inner).await;
 }
 
 /// The inner store holds the key id and ciphertext; the wrapper replays and shows the
@@ -161,7 +162,8 @@ pub async fn changed_bytes_status_or_scope_never_open<S: Store>(inner: Arc<S>) {
             test_scope("/v1/charges", "sealed-forged"),
             request.fingerprint,
         );
-        let mut forged = store.seal(&target.scope, &known_answer());
+        let lease = acquire(&*inner, &target).await;
+        let mut forged = store.seal(&lease, &known_answer());
         match what {
             "a flipped bit" => {
                 let mut body = forged.body.to_vec();
@@ -172,10 +174,45 @@ pub async fn changed_bytes_status_or_scope_never_open<S: Store>(inner: Arc<S>) {
             "another status" => forged.status = 200,
             _ => forged = copied.clone(),
         }
-        let lease = acquire(&*inner, &target).await;
         inner.complete(&lease, &forged).await.expect("complete");
         refused(store.reserve(&target).await, what);
     }
+}
+
+/// A sealed answer of the same key, copied into a later record of that key: one
+/// reserved for another payload, or one for the same payload after the first record
+/// went (the key reused once its answer expired, here removed). Neither opens, by
+/// reserve or by get: the answer is bound to its request's fingerprint and its
+/// attempt's token, not only to the scope.
+pub async fn older_or_other_payload_answers_never_open<S: Store>(inner: Arc<S>) {
+    let store = Sealed::new(inner.clone(), ring("k1", 1));
+    let first = record_known_answer(&store).await;
+    let older = raw_answer(&*inner, &first.scope).await;
+    let other_payload =
+        ReserveRequest::new(first.scope.clone(), test_fingerprint(r#"{"amount":999}"#));
+    for (what, later) in [
+        ("the same payload, a later record", first.clone()),
+        ("another payload", other_payload),
+    ] {
+        assert!(inner.remove(&first.scope).await.expect("remove"), "{what}");
+        let lease = acquire(&*inner, &later).await;
+        assert_ne!(lease.token, FencingToken::from_u64(0));
+        inner.complete(&lease, &older).await.expect("complete");
+        refused(store.reserve(&later).await, what);
+        assert!(
+            matches!(store.get(&later.scope).await, Err(StoreError::Sealed(_))),
+            "{what}: get"
+        );
+    }
+    // Its own record, put back whole, is that record as it stood: it opens.
+    assert!(inner.remove(&first.scope).await.expect("remove"));
+    let lease = acquire(&*inner, &first).await;
+    let fresh = store.seal(&lease, &StoredResponse::new(201, "ch_2"));
+    inner.complete(&lease, &fresh).await.expect("complete");
+    assert_eq!(
+        replayed(store.reserve(&first).await),
+        StoredResponse::new(201, "ch_2")
+    );
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

@@ -230,3 +230,111 @@ async fn a_route_with_retry_hints_tells_sdks_whether_to_retry(proto: Proto) {
     gw.terminate().await;
 }
 }
+
+/// Runs `sql` on the store behind `args` (`sqlite://idem.db` in `dir`, or PostgreSQL):
+/// an attacker, or a careless operator, who can write the store's rows.
+fn edit_rows(dir: &Path, store: &str, sql: &str) {
+    let out = if store.starts_with("sqlite://") {
+        std::process::Command::new("sqlite3")
+            .current_dir(dir)
+            .args(["idem.db", sql])
+            .output()
+    } else {
+        std::process::Command::new("psql")
+            .args([store, "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+    }
+    .expect("the database's shell runs");
+    assert!(
+        out.status.success(),
+        "{sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Bob's plain answer (recorded before sealing was on) copied into alice's sealed row is
+/// a 500 `replay-unavailable` for alice, never bob's body and never an execution; bob's
+/// own plain answer is refused too, unless `--read-unsealed-records` lets plain answers
+/// age out.
+async fn an_unsealed_answer_in_a_sealed_store_is_refused(store: &str, table: &str, extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let http = Http::new();
+    write_keys(dir.path(), &[K1], 0o600);
+    let mut plain = vec!["--store", store];
+    plain.extend_from_slice(extra);
+    let mut sealed = plain.clone();
+    sealed.extend_from_slice(&["--record-key-file", "record.keys"]);
+    let as_ = |who: &'static str| [("authorization", who)];
+    let (alice, bob) = (new_key(), new_key());
+    let body = r#"{"amount":1}"#;
+
+    // Bob's answer, recorded before sealing was turned on; then alice's, sealed.
+    let gw = Gateway::start(&up.url(), dir.path(), &plain).await;
+    let bobs = http
+        .post(&gw.url(MARKER), &bob, body, &as_("Bearer bob"))
+        .await;
+    assert_eq!(bobs.status, 201, "{bobs:?}");
+    gw.terminate().await;
+    let gw = Gateway::start(&up.url(), dir.path(), &sealed).await;
+    let alices = http
+        .post(&gw.url(MARKER), &alice, body, &as_("Bearer alice"))
+        .await;
+    assert_eq!(alices.status, 201, "{alices:?}");
+    gw.terminate().await;
+
+    let from_bob = |column: &str| {
+        format!("{column} = (SELECT {column} FROM {table} WHERE idem_key = '{bob}')")
+    };
+    edit_rows(
+        dir.path(),
+        store,
+        &format!(
+            "UPDATE {table} SET {}, {}, {} WHERE idem_key = '{alice}'",
+            from_bob("status"),
+            from_bob("headers"),
+            from_bob("body")
+        ),
+    );
+
+    let gw = Gateway::start(&up.url(), dir.path(), &sealed).await;
+    for (key, who) in [(&alice, "Bearer alice"), (&bob, "Bearer bob")] {
+        let retry = http.post(&gw.url(MARKER), key, body, &as_(who)).await;
+        assert_eq!(retry.status, 500, "{who}: {retry:?}");
+        assert_eq!(
+            retry.problem_type(),
+            "https://idem.dev/problems/replay-unavailable"
+        );
+        assert_ne!(retry.body, bobs.body);
+    }
+    assert!(gw.logs().contains("not sealed"), "{}", gw.logs());
+    gw.terminate().await;
+
+    // The migration setting reads plain answers while they age out.
+    let mut migrating = sealed.clone();
+    migrating.push("--read-unsealed-records");
+    let gw = Gateway::start(&up.url(), dir.path(), &migrating).await;
+    let replay = http
+        .post(&gw.url(MARKER), &bob, body, &as_("Bearer bob"))
+        .await;
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.body, bobs.body);
+    gw.terminate().await;
+    assert_eq!(up.started(&alice), 1, "alice's request never ran again");
+    assert_eq!(up.started(&bob), 1, "bob's request never ran again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsealed_answer_in_a_sealed_sqlite_row_is_refused() {
+    an_unsealed_answer_in_a_sealed_store_is_refused("sqlite://idem.db", "idem_records", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsealed_answer_in_a_sealed_postgres_row_is_refused() {
+    let Some(url) = crate::shared::postgres().await else {
+        return;
+    };
+    let args = crate::shared::on_shared(&url, &[]);
+    an_unsealed_answer_in_a_sealed_store_is_refused(&url, "idem_blackbox_records", &args[2..])
+        .await;
+}
