@@ -83,7 +83,9 @@ pub fn decide(existing: Option<Record>, fingerprint: &Fingerprint, now: Timestam
         RecordState::InProgress { .. } => Decision::Execute {
             attempt: record.attempt.saturating_add(1),
         },
-        RecordState::Completed { response, .. } => Decision::Replay(response),
+        RecordState::Completed { response, .. } => {
+            Decision::Replay(crate::record::name_sealing_attempt(response, record.token))
+        }
         // A tombstone that is not alive has expired, and was answered above.
         RecordState::Tombstone { .. } => Decision::Execute { attempt: 1 },
     }

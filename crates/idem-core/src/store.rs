@@ -199,8 +199,13 @@ pub trait Store: Send + Sync + 'static {
     /// an age, records whose outcome is ambiguous. A page holds at most
     /// [`query.limit()`](ListQuery::limit) records and may hold fewer; the listing is
     /// complete when [`ListPage::next`] is `None`. Paging through from no cursor to the
-    /// end returns every record that matched throughout exactly once; records written
-    /// meanwhile may or may not appear. One call's work is bounded.
+    /// end returns every record that matched throughout, never skipping one; records
+    /// written meanwhile may or may not appear. Each is returned once, with one
+    /// exception a store must document: a store that lists by walking a hash table
+    /// (Redis's `SCAN`) may return a record again if the table shrinks mid-listing, so
+    /// a caller that must never see a record twice drops repeats by
+    /// [`Scope::digest`](crate::Scope::digest), as `idem keys list` does. One call's
+    /// work is bounded.
     async fn list(&self, query: &ListQuery) -> Result<ListPage>;
 }
 

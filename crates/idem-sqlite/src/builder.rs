@@ -24,6 +24,7 @@ pub struct SqliteStoreBuilder {
     max_connections: u32,
     busy_timeout: Duration,
     writer: WriterConfig,
+    migrate: bool,
 }
 
 impl Default for SqliteStoreBuilder {
@@ -37,6 +38,7 @@ impl Default for SqliteStoreBuilder {
                 max_batch: DEFAULT_WRITE_BATCH,
                 queue: DEFAULT_WRITE_QUEUE,
             },
+            migrate: true,
         }
     }
 }
@@ -78,6 +80,16 @@ impl SqliteStoreBuilder {
         self
     }
 
+    /// Whether opening creates a missing database file and brings the table's schema
+    /// up to date (default true). Off, nothing of the schema is written and no file is
+    /// made: a missing file or table is [`Error::NoSchema`](crate::Error::NoSchema), an
+    /// older schema [`Error::SchemaOutdated`](crate::Error::SchemaOutdated). For
+    /// inspecting a file, and where the schema is managed apart from the service.
+    pub fn migrate(mut self, run: bool) -> Self {
+        self.migrate = run;
+        self
+    }
+
     /// At most `n` writes wait for the writer (default [`DEFAULT_WRITE_QUEUE`], at
     /// least 1); further callers wait to queue, which slows them instead of growing
     /// memory without bound.
@@ -106,7 +118,7 @@ impl SqliteStoreBuilder {
     pub fn connect_options(&self, url: &str) -> Result<SqliteConnectOptions> {
         let (url, params) = split_params(url)?;
         let options = SqliteConnectOptions::from_str(&url)?
-            .create_if_missing(true)
+            .create_if_missing(self.migrate)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(params.synchronous.unwrap_or(SqliteSynchronous::Normal))
             .busy_timeout(self.busy_timeout);
@@ -130,7 +142,17 @@ impl SqliteStoreBuilder {
     pub async fn connect(self, url: &str) -> Result<SqliteStore> {
         let options = self.connect_options(url)?;
         self.checked_table()?;
-        crate::file::prepare(url, &options);
+        if !self.migrate {
+            let path = options.get_filename();
+            if !path.is_file() {
+                return Err(Error::NoSchema {
+                    path: path.display().to_string(),
+                    table: self.table.clone(),
+                });
+            }
+        } else {
+            crate::file::prepare(url, &options);
+        }
         self.connect_with(options).await
     }
 
@@ -173,7 +195,12 @@ impl SqliteStoreBuilder {
     pub async fn from_pool(self, pool: SqlitePool) -> Result<SqliteStore> {
         let table = self.checked_table()?;
         let mut conn = pool.acquire().await?;
-        schema::migrate(&mut conn, table.as_str()).await?;
+        if self.migrate {
+            schema::migrate(&mut conn, table.as_str()).await?;
+        } else {
+            let path = pool.connect_options().get_filename().display().to_string();
+            schema::check(&mut conn, table.as_str(), &path).await?;
+        }
         let target = Target::of(&mut conn, &pool.connect_options()).await?;
         drop(conn);
         let never_syncs = target.never_syncs();

@@ -26,6 +26,31 @@ pub enum Error {
         /// The newest version this build knows.
         supported: i64,
     },
+    /// The store was opened without migrating ([`migrate(false)`](crate::SqliteStoreBuilder::migrate))
+    /// and the database holds no table of this store's.
+    #[error(
+        "{path}: no idem table {table} (open it once with migration on, or run `idem migrate`)"
+    )]
+    NoSchema {
+        /// The database file.
+        path: String,
+        /// The table.
+        table: String,
+    },
+    /// The store was opened without migrating and the table has an older schema than
+    /// this build needs.
+    #[error(
+        "table {table} has schema version {found}; this build needs {supported}: run \
+         `idem migrate` (or open the store once with migration on)"
+    )]
+    SchemaOutdated {
+        /// The table.
+        table: String,
+        /// The version recorded in the database.
+        found: i64,
+        /// The version this build needs.
+        supported: i64,
+    },
     /// The URL's `page_size` is not one SQLite accepts.
     #[error(
         "invalid page_size {0:?}: use a power of two from 512 to 65536 (bytes); it applies \

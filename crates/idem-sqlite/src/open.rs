@@ -35,7 +35,9 @@ impl OpenStore for SqliteStore {
         if let Some(table) = options.sql_table(Self::KIND)? {
             builder = builder.table(table.as_str());
         }
+        builder = builder.migrate(options.schema == idem_core::Schema::Migrate);
         builder.connect(url).await.map_err(|e| match e {
+            Error::NoSchema { .. } => OpenError::no_schema(Self::KIND, url, e.to_string()),
             Error::InvalidPageSize(_) => OpenError::invalid_url(Self::KIND, url, e.to_string()),
             Error::InvalidTableName(source) => OpenError::Namespace {
                 kind: Self::KIND,

@@ -159,6 +159,42 @@ pub(crate) async fn migrate(conn: &mut SqliteConnection, table: &str) -> Result<
     Ok(())
 }
 
+/// Checks, writing nothing, that `table` (in the database file `path`) is at
+/// [`SCHEMA_VERSION`].
+pub(crate) async fn check(conn: &mut SqliteConnection, table: &str, path: &str) -> Result<()> {
+    let versions: Option<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'idem_schema_versions'",
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    let found: Option<i64> = match versions {
+        Some(_) => {
+            sqlx::query_scalar("SELECT version FROM idem_schema_versions WHERE table_name = ?1")
+                .bind(table)
+                .fetch_optional(&mut *conn)
+                .await?
+        }
+        None => None,
+    };
+    match found {
+        None => Err(Error::NoSchema {
+            path: path.to_owned(),
+            table: table.to_owned(),
+        }),
+        Some(found) if found > SCHEMA_VERSION => Err(Error::SchemaTooNew {
+            table: table.to_owned(),
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+        Some(found) if found < SCHEMA_VERSION => Err(Error::SchemaOutdated {
+            table: table.to_owned(),
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+        Some(_) => Ok(()),
+    }
+}
+
 /// The store's statements for one table, built once.
 #[derive(Debug)]
 pub(crate) struct Statements {

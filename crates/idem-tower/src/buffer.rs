@@ -18,6 +18,7 @@ use tower::Service;
 use crate::drain::{drain_body, drain_in_background};
 use crate::execute::execute;
 use crate::execution::Execution;
+use crate::handled::Handled;
 use crate::plan::Plan;
 use crate::policy::Outcome;
 use crate::problem::{Problem, ProblemKind};
@@ -80,18 +81,23 @@ where
             Ok(bytes) => bytes,
             Err(problem) => {
                 config.observer.outcome(Outcome::Rejected);
-                return Ok(problem.answer(grpc).map(IdempotencyBody::buffered));
+                let mut response = problem.answer(grpc).map(IdempotencyBody::buffered);
+                Handled::keyed(&mut response, Outcome::Rejected, &scope, None);
+                return Ok(response);
             }
         };
         if grpc && !crate::grpc::is_one_message(&bytes) {
             config.observer.outcome(Outcome::Rejected);
-            return Ok(crate::grpc::not_unary().map(IdempotencyBody::buffered));
+            let mut response = crate::grpc::not_unary().map(IdempotencyBody::buffered);
+            Handled::keyed(&mut response, Outcome::Rejected, &scope, None);
+            return Ok(response);
         }
         let options = plan.fingerprint.as_ref().unwrap_or(&config.fingerprint);
         let fingerprint = if grpc {
             crate::grpc::fingerprint(&parts, &bytes, options)
         } else {
-            fingerprint(&parts, &bytes, config.body_limit, options)
+            let path = plan.fingerprint_path.as_deref();
+            fingerprint(&parts, path, &bytes, config.body_limit, options)
         };
         let request = ReserveRequest::new(scope, fingerprint)
             .ttl(plan.ttl)
@@ -189,6 +195,14 @@ where
     let mut first = Bytes::new();
     let mut rest: Option<bytes::BytesMut> = None;
     let mut len = 0usize;
+    // A body that says its length (`Content-Length`) is joined in one allocation of
+    // that size, rather than in a buffer that doubles (and so, for a moment, is held
+    // twice) as it grows.
+    let expected = body
+        .size_hint()
+        .exact()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n <= limit);
     while let Some(frame) = body.as_mut().frame().await {
         let Ok(data) = frame.map_err(|e| Some(e.into()))?.into_data() else {
             continue;
@@ -201,7 +215,7 @@ where
         match &mut rest {
             None if first.is_empty() => first = data,
             None => {
-                let mut joined = bytes::BytesMut::with_capacity(len);
+                let mut joined = bytes::BytesMut::with_capacity(expected.unwrap_or(len).max(len));
                 joined.extend_from_slice(&first);
                 joined.extend_from_slice(&data);
                 rest = Some(joined);
@@ -215,24 +229,30 @@ where
 /// The request's fingerprint (SPEC S4) over `METHOD request-target`: the concrete path
 /// and query, so that a key reused on `/orders/2/capture` is a mismatch, never order 1's
 /// replay. The method is upper-cased, as in the endpoint, so that `post` after `POST`
-/// replays rather than being a 422 (SPEC S14). A compressed body is fingerprinted by its
-/// content, up to `limit` bytes of it (see [`coding`](crate::coding)).
+/// replays rather than being a 422 (SPEC S14); `path`, when a route gives one
+/// ([`RouteConfig::fingerprint_path`](crate::RouteConfig::fingerprint_path)), stands
+/// for the request's path. A compressed body is fingerprinted by its content, up to
+/// `limit` bytes of it (see [`coding`](crate::coding)).
 pub(crate) fn fingerprint(
     parts: &Parts,
+    path: Option<&str>,
     body: &[u8],
     limit: usize,
     options: &FingerprintOptions,
 ) -> Fingerprint {
     let method = parts.method.as_str();
-    let target = parts
-        .uri
-        .path_and_query()
-        .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
-    let mut request_target = String::with_capacity(method.len() + 1 + target.len());
+    let path = path.unwrap_or_else(|| parts.uri.path());
+    let query = parts.uri.query();
+    let mut request_target =
+        String::with_capacity(method.len() + 2 + path.len() + query.map_or(0, str::len));
     request_target.push_str(method);
     request_target.make_ascii_uppercase();
     request_target.push(' ');
-    request_target.push_str(target);
+    request_target.push_str(path);
+    if let Some(query) = query {
+        request_target.push('?');
+        request_target.push_str(query);
+    }
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)

@@ -327,6 +327,7 @@ pub struct RouteConfig {
     pub(crate) grpc_release_codes: Option<GrpcReleaseCodes>,
     pub(crate) retry_hints: Option<bool>,
     pub(crate) conflict_wait: Option<Duration>,
+    pub(crate) fingerprint_path: Option<String>,
 }
 
 impl RouteConfig {
@@ -372,6 +373,15 @@ impl RouteConfig {
     /// How long an attempt's lease lasts on this route (SPEC S7).
     pub fn lease(mut self, lease: Duration) -> RouteConfig {
         self.lease = Some(lease);
+        self
+    }
+
+    /// The path this request's fingerprint covers in place of its own (the query is
+    /// kept): for a router that matches several spellings of one path to this route
+    /// (`/V1/Charges/`, `/v1/charges;jsessionid=x`), the route's own spelling, so
+    /// that a retry in another spelling replays rather than being a 422.
+    pub fn fingerprint_path(mut self, path: impl Into<String>) -> RouteConfig {
+        self.fingerprint_path = Some(path.into());
         self
     }
 

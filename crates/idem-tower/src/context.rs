@@ -109,6 +109,7 @@ mod tests {
         let lease = Lease {
             scope: scope.clone(),
             token: FencingToken::generate(),
+            fingerprint: Fingerprint::compute("POST", endpoint, None, b"", &Default::default()),
             attempt,
             ttl: idem_core::DEFAULT_TTL,
             tombstone: std::time::Duration::ZERO,

@@ -22,6 +22,7 @@ use crate::config::ReleaseStatuses;
 use crate::context::IdempotencyContext;
 use crate::execution::panic_message;
 use crate::grpc::GrpcReleaseCodes;
+use crate::handled::Handled;
 use crate::heartbeat::with_heartbeat;
 use crate::in_flight::InFlightGuard;
 use crate::plan::AnswerRules;
@@ -31,7 +32,7 @@ use crate::replay::{refuse, rendered};
 use crate::settle::{KeyWrite, settle, stored_response};
 use crate::shared::Shared;
 use crate::spelling::restore_sent_method;
-use crate::wait::{Observed, PREFERENCE_APPLIED, wait_for};
+use crate::wait::{Observed, PREFERENCE_APPLIED, hand_back, wait_for};
 use crate::{BoxError, IdempotencyBody};
 
 /// SPEC S5's stages 2 to 4 for one keyed request whose body is in hand; counted in
@@ -75,10 +76,15 @@ where
         let watch = answers.wait.map(|_| store.watch(&request.scope));
         let mut reserved = timed(observer, "reserve", store.reserve(&request)).await;
         let mut applied = None;
+        let mut bytes = Some(bytes);
         if let (Some(wait), Some(watch), Ok(Reservation::InProgress { .. })) =
             (answers.wait, watch, &reserved)
             && let Some(slot) = config.waiters.enter()
         {
+            // A waiter needs its body's fingerprint, which the request holds, not its
+            // body: without it, what waiting duplicates hold does not grow with the
+            // body limit. One whose wait ends with the key to itself hands it back.
+            bytes = None;
             let observed = Observed::start(observer);
             // Boxed: a rare path, kept out of every keyed request's future.
             reserved = Box::pin(wait_for(
@@ -95,16 +101,23 @@ where
             drop(slot);
             applied = wait.applied();
         }
-        let lease = match reserved {
-            Ok(Reservation::Acquired(lease)) => lease,
-            Ok(Reservation::Replay(stored)) if stored.reference().is_some() => {
-                // Boxed: a rare path, kept out of every keyed request's future.
-                return Box::pin(rendered(inner, parts, stored, config)).await;
+        let (lease, bytes) = match (reserved, bytes) {
+            (Ok(Reservation::Acquired(lease)), Some(bytes)) => (lease, bytes),
+            (Ok(Reservation::Acquired(lease)), None) => {
+                let (grpc, hints) = (answers.grpc.is_some(), answers.retry_hints);
+                return hand_back(store, observer, lease, grpc, hints).await;
             }
-            other => {
+            (Ok(Reservation::Replay(stored)), _) if stored.reference().is_some() => {
+                // Boxed: a rare path, kept out of every keyed request's future.
+                let mut response = Box::pin(rendered(inner, parts, stored, config)).await;
+                Handled::scoped(&mut response, &request.scope);
+                return response;
+            }
+            (other, _) => {
                 let replay = matches!(other, Ok(Reservation::Replay(_)));
                 let mut response =
                     refuse(observer, other, answers.grpc.is_some(), answers.retry_hints);
+                Handled::scoped(&mut response, &request.scope);
                 if let (true, Some(applied)) = (replay, applied) {
                     response.headers_mut().insert(PREFERENCE_APPLIED, applied);
                 }
@@ -353,16 +366,20 @@ async fn conclude<St: Store, B>(
         }
         Ok(Ok(Answered::Released(mut head, body))) => {
             observer.outcome(Outcome::Released);
+            let handled = Handled::ran(Outcome::Released, &lease);
             settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
             pass_on(&mut head.extensions, Disposition::Release);
+            head.extensions.insert(handled);
             return Response::from_parts(head, IdempotencyBody::stream(body));
         }
         Ok(Ok(Answered::Referenced(mut head, body, reference))) => {
             let stored = stored_response(config, extra_headers, &head, &Bytes::new(), None)
                 .with_reference(reference.as_str());
             observer.outcome(Outcome::Executed);
+            let handled = Handled::ran(Outcome::Executed, &lease);
             settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
             pass_on(&mut head.extensions, Disposition::Record);
+            head.extensions.insert(handled);
             return Response::from_parts(head, IdempotencyBody::stream(body));
         }
         Ok(Err(Failed::TooLarge)) => {
@@ -395,6 +412,13 @@ async fn conclude<St: Store, B>(
     if let Some(reason) = ambiguous {
         observer.ambiguous_outcome(reason, &lease.scope.digest());
     }
+    let outcome = match disposition {
+        Disposition::Record => Outcome::Executed,
+        Disposition::Release => Outcome::Released,
+        Disposition::KeepInProgress => Outcome::KeptInProgress,
+    };
+    observer.outcome(outcome);
+    let handled = Handled::ran(outcome, &lease);
     match disposition {
         Disposition::Record => {
             let mut stored =
@@ -402,21 +426,17 @@ async fn conclude<St: Store, B>(
             if let Some(reason) = ambiguous {
                 stored = stored.with_ambiguity(reason);
             }
-            observer.outcome(Outcome::Executed);
             settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
         }
         // Released answers left the handler early, streaming; none of the recorded
         // problems releases. Kept total all the same.
         Disposition::Release => {
-            observer.outcome(Outcome::Released);
             settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
         }
-        Disposition::KeepInProgress => {
-            observer.outcome(Outcome::KeptInProgress);
-            drop(guard);
-        }
+        Disposition::KeepInProgress => drop(guard),
     }
     pass_on(&mut head.extensions, disposition);
+    head.extensions.insert(handled);
     Response::from_parts(
         head,
         IdempotencyBody::buffered_with_trailers(body, trailers),

@@ -22,5 +22,5 @@ pub fn fingerprint(
     limit: usize,
     options: &FingerprintOptions,
 ) -> Fingerprint {
-    crate::buffer::fingerprint(parts, body, limit, options)
+    crate::buffer::fingerprint(parts, None, body, limit, options)
 }

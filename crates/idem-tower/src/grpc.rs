@@ -40,6 +40,7 @@ const FAILED_PRECONDITION: u32 = 9;
 const ABORTED: u32 = 10;
 const INTERNAL: u32 = 13;
 const UNAVAILABLE: u32 = 14;
+const DATA_LOSS: u32 = 15;
 const UNAUTHENTICATED: u32 = 16;
 const CANCELLED: u32 = 1;
 
@@ -279,6 +280,18 @@ impl ProblemKind {
 }
 
 impl Problem {
+    /// The gRPC status this problem is answered with: its kind's
+    /// ([`ProblemKind::grpc_code`]), except for a recorded answer that cannot be opened
+    /// ([`Problem::unopenable`], HTTP 500), which is `DATA_LOSS`: the call ran, its
+    /// answer is unreadable, and a retry must not be taken as safe, as gRPC clients
+    /// take `UNAVAILABLE`.
+    pub fn grpc_code(&self) -> u32 {
+        match (self.kind, self.status) {
+            (ProblemKind::ReplayUnavailable, Some(StatusCode::INTERNAL_SERVER_ERROR)) => DATA_LOSS,
+            (kind, _) => kind.grpc_code(),
+        }
+    }
+
     /// This problem as a gRPC error (SPEC S18): HTTP 200, a trailers-only answer whose
     /// headers carry `grpc-status` ([`ProblemKind::grpc_code`]) and `grpc-message` (the
     /// title and detail, percent-encoded), and a retry delay as
@@ -294,7 +307,7 @@ impl Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/grpc"),
         );
-        headers.insert("grpc-status", HeaderValue::from(self.kind.grpc_code()));
+        headers.insert("grpc-status", HeaderValue::from(self.grpc_code()));
         let message = percent_encode(&format!("{}: {}", self.kind.title(), self.detail));
         if let Ok(message) = HeaderValue::from_str(&message) {
             headers.insert("grpc-message", message);
@@ -407,6 +420,14 @@ mod tests {
         assert_eq!(name(ProblemKind::InvalidKey), "INVALID_ARGUMENT");
         assert_eq!(name(ProblemKind::MissingKey), "INVALID_ARGUMENT");
         assert_eq!(name(ProblemKind::StoreUnavailable), "UNAVAILABLE");
+        assert_eq!(
+            code_name(Problem::unopenable("sealed").grpc_code()),
+            "DATA_LOSS"
+        );
+        assert_eq!(
+            Problem::unopenable("sealed").to_grpc_response().headers()["grpc-status"],
+            "15"
+        );
         let answer =
             Problem::key_expired(idem_core::Timestamp::from_millis(0), 201).to_grpc_response();
         assert_eq!(answer.status(), 200);

@@ -257,7 +257,9 @@ mod future;
 #[doc(hidden)]
 pub mod fuzzing;
 mod grpc;
+mod handled;
 mod heartbeat;
+mod hints;
 mod in_flight;
 mod layer;
 mod plan;
@@ -283,11 +285,13 @@ pub use grpc::{
     DEFAULT_GRPC_RELEASE_CODES, GRPC_CODE_NAMES, GRPC_RETRY_PUSHBACK, GRPC_STATUS_FIELDS,
     GrpcReleaseCodes, code_name as grpc_code_name, is_grpc,
 };
+pub use handled::Handled;
+pub use hints::{STRIPE_SHOULD_RETRY, X_SHOULD_RETRY};
 pub use in_flight::InFlight;
 pub use layer::IdempotencyLayer;
 pub use policy::{Disposition, Observer, Outcome, Proxied, ResourceReference, UpstreamFailure};
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
-pub use replay::{IDEMPOTENT_REPLAYED, STRIPE_SHOULD_RETRY, X_SHOULD_RETRY};
+pub use replay::IDEMPOTENT_REPLAYED;
 pub use service::Idempotency;
 pub use spelling::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use tenant::TenantHeaders;

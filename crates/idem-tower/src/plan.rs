@@ -136,6 +136,8 @@ pub(crate) struct Plan {
     pub(crate) tombstone: Duration,
     /// The route's fingerprint options, which replace the layer's.
     pub(crate) fingerprint: Option<FingerprintOptions>,
+    /// The path the fingerprint covers in place of the request's.
+    pub(crate) fingerprint_path: Option<String>,
     /// How the answer is recorded or released.
     pub(crate) answers: AnswerRules,
 }
@@ -183,6 +185,7 @@ impl Plan {
             lease,
             tombstone: route.tombstone.unwrap_or(config.tombstone),
             fingerprint: route.fingerprint,
+            fingerprint_path: route.fingerprint_path,
             answers: AnswerRules {
                 extra_headers: route.stored_headers,
                 release_statuses: route

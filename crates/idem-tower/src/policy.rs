@@ -289,8 +289,9 @@ pub trait Observer: Send + Sync + 'static {
     /// A duplicate of an in-progress attempt started to wait for its answer (SPEC S15).
     fn wait_started(&self) {}
 
-    /// A wait ended, as `ended` says: `replay` (the attempt completed), `execute` (its
-    /// key was released, or its lease lapsed, and the waiter executes), `timeout`
+    /// A wait ended, as `ended` says: `replay` (the attempt completed), `retry` (its
+    /// key was released, or its lease lapsed: the waiter, which kept no body, gets 409
+    /// and its client's retry executes), `timeout`
     /// (still in progress at the end: 409), `abandoned` (the client hung up) or
     /// `other` (a mismatch, a store error).
     fn wait_ended(&self, ended: &'static str) {

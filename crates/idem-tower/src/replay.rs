@@ -9,26 +9,14 @@ use idem_core::{Reservation, StoreError, StoredResponse};
 use tower::Service;
 
 use crate::config::{Config, References};
+use crate::handled::Handled;
+use crate::hints::hint;
 use crate::policy::{Observer, Outcome};
 use crate::problem::{Problem, ProblemKind};
 use crate::{BoxError, IdempotencyBody};
 
 /// The header that marks a replayed answer.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// The retry hint the Stripe SDKs obey, on routes with retry hints.
-pub const STRIPE_SHOULD_RETRY: HeaderName = HeaderName::from_static("stripe-should-retry");
-
-/// The retry hint the SDKs Stainless generates obey, on routes with retry hints.
-pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
-
-/// Says in both retry-hint headers whether a retry can get another answer.
-fn hint<B>(response: &mut Response<B>, retry: bool) {
-    let value = HeaderValue::from_static(if retry { "true" } else { "false" });
-    let headers = response.headers_mut();
-    headers.insert(STRIPE_SHOULD_RETRY, value.clone());
-    headers.insert(X_SHOULD_RETRY, value);
-}
 
 /// The answer to a reservation that did not acquire the key: stage 5's replay, or a
 /// problem (a gRPC error to a gRPC call, SPEC S18). With `hints` (the route's retry
@@ -40,7 +28,9 @@ pub(crate) fn refuse<B>(
     grpc: bool,
     hints: bool,
 ) -> Response<IdempotencyBody<B>> {
-    let mut response = answer(observer, reserved, grpc);
+    let (outcome, mut response) = answer(reserved, grpc);
+    observer.outcome(outcome);
+    Handled::mark(&mut response, outcome);
     if hints {
         let status = response.status();
         let replayed = response.headers().contains_key(IDEMPOTENT_REPLAYED);
@@ -58,62 +48,63 @@ pub(crate) fn refuse<B>(
     response
 }
 
+/// The answer to `reserved`, and what it is.
 fn answer<B>(
-    observer: &dyn Observer,
     reserved: idem_core::Result<Reservation>,
     grpc: bool,
-) -> Response<IdempotencyBody<B>> {
-    let problem = match reserved {
+) -> (Outcome, Response<IdempotencyBody<B>>) {
+    let (outcome, problem) = match reserved {
         Err(StoreError::Sealed(why)) => {
             // Logged with the scope's digest where the store wrapper found it.
             tracing::error!(error = %why, "a recorded answer cannot be opened; answering 500 without calling the handler");
-            observer.outcome(Outcome::ReplayUnavailable);
-            Problem::unopenable(
-                "this key's request was executed, and its recorded answer cannot be opened \
-                 (sealed with a key this gateway lacks, or changed in the store); it is \
-                 not executed again: ask the operator, and never retry with a new key",
+            (
+                Outcome::ReplayUnavailable,
+                Problem::unopenable(
+                    "this key's request was executed, and its recorded answer cannot be opened \
+                     (sealed with a key this gateway lacks, or changed in the store); it is \
+                     not executed again: ask the operator, and never retry with a new key",
+                ),
             )
         }
         Err(e) => {
             tracing::warn!(error = %e, "idempotency store failed; answering 503 without calling the handler");
-            observer.outcome(Outcome::StoreUnavailable);
-            Problem::new(
-                ProblemKind::StoreUnavailable,
-                "the idempotency store cannot be reached, so the request was not executed; retry with the same key",
+            (
+                Outcome::StoreUnavailable,
+                Problem::new(
+                    ProblemKind::StoreUnavailable,
+                    "the idempotency store cannot be reached, so the request was not executed; retry with the same key",
+                ),
             )
         }
         Ok(Reservation::Replay(stored)) => {
-            observer.outcome(Outcome::Replayed);
             let trailers = trailers(&stored);
-            return replay(stored)
-                .map(|body| IdempotencyBody::buffered_with_trailers(body, trailers));
+            let response =
+                replay(stored).map(|body| IdempotencyBody::buffered_with_trailers(body, trailers));
+            return (Outcome::Replayed, response);
         }
-        Ok(Reservation::InProgress { retry_after }) => {
-            observer.outcome(Outcome::Conflict);
+        Ok(Reservation::InProgress { retry_after }) => (
+            Outcome::Conflict,
             Problem::new(
                 ProblemKind::RequestInProgress,
                 "a request with this key is still being processed; retry after the indicated time",
             )
-            .retry_after(retry_after)
-        }
-        Ok(Reservation::Mismatch) => {
-            observer.outcome(Outcome::Mismatch);
+            .retry_after(retry_after),
+        ),
+        Ok(Reservation::Mismatch) => (
+            Outcome::Mismatch,
             Problem::new(
                 ProblemKind::KeyReused,
                 "this key was already used for a request with a different method, path or body; \
                  use a new key for a new operation",
-            )
-        }
+            ),
+        ),
         Ok(Reservation::Gone {
             completed_at,
             status,
-        }) => {
-            observer.outcome(Outcome::Expired);
-            Problem::key_expired(completed_at, status)
-        }
+        }) => (Outcome::Expired, Problem::key_expired(completed_at, status)),
         Ok(Reservation::Acquired(_)) => unreachable!("an acquired key is executed, not refused"),
     };
-    problem.answer(grpc).map(IdempotencyBody::buffered)
+    (outcome, problem.answer(grpc).map(IdempotencyBody::buffered))
 }
 
 /// The trailers recorded with an answer (a gRPC call's status), to send as trailers
@@ -155,14 +146,18 @@ where
         // a change of settings): an empty body would be a lie.
         observer.outcome(Outcome::ReplayUnavailable);
         let reference = stored.reference().unwrap_or_default();
-        return replay_unavailable(reference, "this layer does not render references");
+        let mut response = replay_unavailable(reference, "this layer does not render references");
+        Handled::mark(&mut response, Outcome::ReplayUnavailable);
+        return response;
     }
-    let response = render(inner, parts, stored, config).await;
-    observer.outcome(if response.status().is_success() {
+    let mut response = render(inner, parts, stored, config).await;
+    let outcome = if response.status().is_success() {
         Outcome::Replayed
     } else {
         Outcome::ReplayUnavailable
-    });
+    };
+    observer.outcome(outcome);
+    Handled::mark(&mut response, outcome);
     response
 }
 

@@ -18,6 +18,7 @@ use tower::{Layer, Service};
 use crate::buffer::keyed;
 use crate::drain::drain_body;
 use crate::future::ResponseFuture;
+use crate::handled::Handled;
 use crate::layer::IdempotencyLayer;
 use crate::plan::{Admission, admit};
 use crate::policy::{Observer, Outcome};
@@ -135,7 +136,11 @@ where
     observer.outcome(Outcome::PassedThrough);
     restore_sent_method(&mut parts);
     let future = inner.call(Request::from_parts(parts, IdempotencyBody::stream(body)));
-    ResponseFuture::new(async move { Ok(future.await?.map(IdempotencyBody::stream)) })
+    ResponseFuture::new(async move {
+        let mut response = future.await?.map(IdempotencyBody::stream);
+        Handled::mark(&mut response, Outcome::PassedThrough);
+        Ok(response)
+    })
 }
 
 /// Answers `problem` from the request's head alone; the unread body is read away
@@ -155,6 +160,7 @@ where
     drain_body(&parts.headers, body);
     observer.outcome(Outcome::Rejected);
     let grpc = crate::grpc::is_grpc(&parts.headers);
-    let response = problem.answer(grpc).map(IdempotencyBody::buffered);
+    let mut response = problem.answer(grpc).map(IdempotencyBody::buffered);
+    Handled::mark(&mut response, Outcome::Rejected);
     ResponseFuture::new(std::future::ready(Ok(response)))
 }

@@ -14,10 +14,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use idem_core::{Reservation, ReserveRequest, Store};
+use idem_core::{Lease, Reservation, ReserveRequest, Store};
 use tokio::time::Instant;
 
-use crate::policy::{Observer, timed};
+use crate::IdempotencyBody;
+use crate::handled::Handled;
+use crate::hints::hint;
+use crate::policy::{Observer, Outcome, timed};
+use crate::problem::{Problem, ProblemKind};
 
 /// The header that says which preference was honoured (RFC 7240 §3).
 pub const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
@@ -189,7 +193,7 @@ impl<'a> Observed<'a> {
     pub(crate) fn ended(mut self, reserved: &idem_core::Result<Reservation>) {
         self.ended = match reserved {
             Ok(Reservation::Replay(_)) => "replay",
-            Ok(Reservation::Acquired(_)) => "execute",
+            Ok(Reservation::Acquired(_)) => "retry",
             Ok(Reservation::InProgress { .. }) => "timeout",
             _ => "other",
         };
@@ -244,6 +248,64 @@ pub(crate) async fn wait_for<St: Store + ?Sized>(
             return last;
         }
     }
+}
+
+/// Ends the wait of a duplicate whose reserve acquired the key: the attempt it waited
+/// for was released, or its lease lapsed. The waiter kept only its body's fingerprint
+/// (see [`execute`](crate::execute::execute)), so it cannot execute: it gives the key
+/// back as it found it, and answers 409 with `Retry-After: 1`, as a wait that timed
+/// out. The client's retry, which holds the body, then executes.
+///
+/// A released key is released again: nothing ran under this lease. A lapsed lease is
+/// left lapsed (renewed for no time) rather than released, so that the retry takes the
+/// key over as a recovered attempt, as it would have without this waiter: an earlier
+/// attempt may have had effects, and the upstream must hear so (SPEC S7).
+pub(crate) async fn hand_back<St: Store + ?Sized, B>(
+    store: &St,
+    observer: &dyn Observer,
+    lease: Lease,
+    grpc: bool,
+    hints: bool,
+) -> http::Response<crate::IdempotencyBody<B>> {
+    let handed = if lease.recovered() {
+        timed(observer, "renew", store.renew(&lease, Duration::ZERO)).await
+    } else {
+        timed(observer, "release", store.release(&lease)).await
+    };
+    if let Err(e) = handed {
+        // The key stays in progress until this lease lapses; the retry then takes over.
+        tracing::warn!(
+            error = %e,
+            scope = %lease.scope.digest(),
+            "a waiter could not hand back the key it acquired without its body"
+        );
+    }
+    waited_without_answer(observer, grpc, hints)
+}
+
+/// The 409 a waiter gets when the attempt it waited for ended without an answer to
+/// replay (its key released, or its lease lapsed) while it no longer holds its body
+/// (see [`hand_back`]): as a wait that timed out, with a retry
+/// hint on routes with `hints`.
+pub(crate) fn waited_without_answer<B>(
+    observer: &dyn Observer,
+    grpc: bool,
+    hints: bool,
+) -> http::Response<IdempotencyBody<B>> {
+    observer.outcome(Outcome::Conflict);
+    let problem = Problem::new(
+        ProblemKind::RequestInProgress,
+        "the attempt this request waited for ended without an answer to replay (its key \
+         was released, or its lease lapsed); nothing was executed for this request: send \
+         it again with the same key to execute it",
+    )
+    .retry_after(std::time::Duration::from_secs(1));
+    let mut response = problem.answer(grpc).map(IdempotencyBody::buffered);
+    Handled::mark(&mut response, Outcome::Conflict);
+    if hints {
+        hint(&mut response, true);
+    }
+    response
 }
 
 #[cfg(test)]

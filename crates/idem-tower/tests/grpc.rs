@@ -450,3 +450,36 @@ async fn a_handler_that_panics_is_a_recorded_internal() {
     assert_eq!(retry.head.headers["grpc-status"], "13");
     assert_eq!(handler.runs(), 1);
 }
+
+/// A recorded answer that cannot be opened (sealed under a key the layer's ring lacks)
+/// is `DATA_LOSS` without a pushback, not `UNAVAILABLE`, which gRPC clients retry as
+/// safe: the call ran once, and does not run again.
+#[tokio::test]
+async fn an_answer_that_cannot_be_unsealed_is_data_loss_and_nothing_runs_again() {
+    let ring = |id: &str, byte: u8| idem_core::RecordKeys::new([(id, [byte; 32])]).unwrap();
+    let inner = Arc::new(MemoryStore::new());
+    let handler = Handler::new(Shape::Trailers, 0);
+    let sealing = IdempotencyLayer::new(idem_core::Sealed::new(inner.clone(), ring("k1", 1)));
+    let first = read(
+        sealing
+            .layer(serve(handler.clone()))
+            .oneshot(order("k-1"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(first.head.status, 200);
+    let other = IdempotencyLayer::new(idem_core::Sealed::new(inner, ring("k2", 2)));
+    let retry = read(
+        other
+            .layer(serve(handler.clone()))
+            .oneshot(order("k-1"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let (code, message, pushback) = grpc_error(&retry);
+    assert_eq!(code, "15", "DATA_LOSS: {message}");
+    assert_eq!(pushback, None);
+    assert_eq!(handler.runs(), 1, "the call ran once");
+}

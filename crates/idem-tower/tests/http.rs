@@ -74,6 +74,7 @@ for_each_store!(
     mismatched_payload_is_422,
     in_progress_is_409_with_retry_after,
     prefer_wait_duplicate_gets_the_replay_once_the_attempt_completes,
+    waiter_finding_a_lapsed_lease_gets_409_and_its_retry_takes_over_as_recovered,
     expired_lease_is_taken_over_as_recovered_attempt,
     expired_record_executes_again,
     // S3: scope
@@ -554,6 +555,56 @@ async fn prefer_wait_duplicate_gets_the_replay_once_the_attempt_completes(kind: 
     assert_eq!(duplicate.body, first.body);
     assert_eq!(duplicate.header("preference-applied"), Some("wait=30"));
     assert_eq!(count(&app.counters.slow_started), 1);
+}
+
+/// A waiter keeps its body's fingerprint, not its body, so a wait that ends with the
+/// key to itself (here: the attempt's worker died and its lease lapsed) cannot execute:
+/// it answers 409 with `Retry-After: 1`, and leaves the lease lapsed, so that its
+/// client's retry takes over as a recovered attempt, as it would have had nobody waited.
+async fn waiter_finding_a_lapsed_lease_gets_409_and_its_retry_takes_over_as_recovered(
+    kind: StoreKind,
+) {
+    let observer = Arc::new(CountingObserver::default());
+    let app = Arc::new(App::start_with(kind, |l| l.observer(observer.clone())).await);
+    let lease_for = Duration::from_secs(60);
+    let request = support::reserve_request("/orders", "k-lapse", ORDER, lease_for);
+    let Reservation::Acquired(_dead) = app.store.reserve(&request).await.unwrap() else {
+        panic!("the dead worker's reserve");
+    };
+    let waiter = tokio::spawn({
+        let app = app.clone();
+        async move {
+            app.post("/orders")
+                .key("k-lapse")
+                .header("prefer", "wait=30")
+                .json(ORDER)
+                .send()
+                .await
+        }
+    });
+    // The waiter's first reserve answered in progress before the lease lapses.
+    eventually("the waiter reserved", WAIT, async || {
+        let calls = observer.store_calls.lock().unwrap();
+        calls.iter().filter(|(op, _)| *op == "reserve").count() == 1
+    })
+    .await;
+    app.clock.advance(lease_for + Duration::from_millis(1));
+    let waited = waiter.await.unwrap();
+    waited.assert_problem(409, "request-in-progress");
+    assert_eq!(waited.header("retry-after"), Some("1"));
+    assert_eq!(waited.header("preference-applied"), None);
+    assert_eq!(count(&app.counters.orders), 0, "nothing ran for the waiter");
+
+    let retry = app.post("/orders").key("k-lapse").json(ORDER).send().await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    let body = retry.json();
+    assert_eq!(
+        body["recovered"], true,
+        "the upstream hears of the dead attempt"
+    );
+    // The waiter's hand-back counts as an attempt that did not run.
+    assert_eq!(body["attempt"], 3);
+    assert_eq!(count(&app.counters.orders), 1);
 }
 
 /// The child key `IdempotencyContext::derive` documents: SHA-256 of the scope digest
