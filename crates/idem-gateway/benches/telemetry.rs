@@ -112,7 +112,13 @@ fn bench(c: &mut Criterion) {
                     for _ in 0..iters {
                         let req = request(next.fetch_add(1, Ordering::Relaxed));
                         let res = if hooked {
-                            let cx = traced.as_ref().map(|t| t.server_context(&req, false));
+                            let cx = traced.as_ref().map(|t| {
+                                t.server_context(
+                                    &req,
+                                    false,
+                                    &http::HeaderValue::from_static("bench-request"),
+                                )
+                            });
                             telemetry::instrument(cx, svc.clone().oneshot(req)).await
                         } else {
                             svc.clone().oneshot(req).await

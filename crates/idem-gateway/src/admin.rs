@@ -10,6 +10,12 @@
 //! | `DELETE /keys?key=K[&tenant=T][&endpoint=E]` | deletes the record, or 404 |
 //! | `POST /keys/purge-expired` | deletes expired records, `{"purged": n}` |
 //!
+//! Every error is an RFC 9457 `application/problem+json` body whose `type` is under
+//! `https://idem.dev/problems/`: `bad-key-query` and `bad-listing` (400),
+//! `admin-token-required` (401, with `WWW-Authenticate: Bearer`), `no-record` and
+//! `no-admin-route` (404), `admin-method-not-allowed` (405) and `store-unavailable`
+//! (503, `/readyz` included).
+//!
 //! With `--admin-token` (or `--admin-token-file`), every route but the two probes needs
 //! `Authorization: Bearer TOKEN` (the scheme in any case, RFC 9110 §11.1), the token
 //! compared in constant time. A bare `--admin PORT`
@@ -102,7 +108,41 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .merge(protected)
+        .fallback(|| async {
+            problem(
+                StatusCode::NOT_FOUND,
+                "https://idem.dev/problems/no-admin-route",
+                "No such admin route",
+                "the admin listener serves /healthz, /readyz, /metrics, /keys and \
+                 /keys/purge-expired"
+                    .into(),
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "https://idem.dev/problems/admin-method-not-allowed",
+                "Method not allowed on this admin route",
+                "see the Allow header for the methods this route takes".into(),
+            )
+        })
         .with_state(state)
+}
+
+/// An admin error: an RFC 9457 problem of type `type_uri`.
+fn problem(status: StatusCode, type_uri: &str, title: &str, detail: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        json!({
+            "type": type_uri,
+            "title": title,
+            "status": status.as_u16(),
+            "detail": detail,
+        })
+        .to_string(),
+    )
+        .into_response()
 }
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -116,12 +156,19 @@ async fn require_token(State(state): State<AdminState>, req: Request, next: Next
         .and_then(bearer_token);
     match presented {
         Some(p) if token_matches(p.as_bytes(), token.as_bytes()) => next.run(req).await,
-        _ => (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            "a bearer token is required\n",
-        )
-            .into_response(),
+        _ => {
+            let mut answer = problem(
+                StatusCode::UNAUTHORIZED,
+                "https://idem.dev/problems/admin-token-required",
+                "An admin bearer token is required",
+                "send Authorization: Bearer with the gateway's --admin-token".into(),
+            );
+            answer.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            answer
+        }
     }
 }
 
@@ -130,7 +177,7 @@ async fn ready(State(state): State<AdminState>) -> Response {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "readiness: store unreachable");
-            (StatusCode::SERVICE_UNAVAILABLE, "store unreachable\n").into_response()
+            store_error(e)
         }
     }
 }
@@ -151,15 +198,36 @@ struct KeyQuery {
 }
 
 fn bad_request(detail: String) -> Response {
-    (StatusCode::BAD_REQUEST, Json(json!({ "error": detail }))).into_response()
+    problem(
+        StatusCode::BAD_REQUEST,
+        "https://idem.dev/problems/bad-key-query",
+        "The key's query is not valid",
+        detail,
+    )
 }
 
 fn store_error(e: idem_core::StoreError) -> Response {
-    (
+    // The proxy's problem of the same name, told apart by its detail.
+    let kind = idem_tower::ProblemKind::StoreUnavailable;
+    let mut answer = problem(
         StatusCode::SERVICE_UNAVAILABLE,
-        Json(json!({ "error": e.to_string() })),
+        "https://idem.dev/problems/store-unavailable",
+        kind.title(),
+        format!("the store could not be reached: {e}"),
+    );
+    answer
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    answer
+}
+
+fn no_record() -> Response {
+    problem(
+        StatusCode::NOT_FOUND,
+        "https://idem.dev/problems/no-record",
+        "No record for that key in that scope",
+        "no record for that key in that scope: check tenant and endpoint (see GET /keys)".into(),
     )
-        .into_response()
 }
 
 /// The response header naming where the next page of a listing starts; absent on the
@@ -177,6 +245,15 @@ async fn get_keys(
     if !names_a_key {
         return list_keys(state, &params).await;
     }
+    match key_query(params) {
+        Ok(q) => show_key(state, q).await,
+        Err(detail) => bad_request(detail),
+    }
+}
+
+/// The query of `GET` and `DELETE /keys?key=K[&tenant=T][&endpoint=E]`, or what is
+/// wrong with it (for the 400 `bad-key-query` problem).
+fn key_query(params: Vec<(String, String)>) -> Result<KeyQuery, String> {
     let mut q = KeyQuery {
         key: String::new(),
         tenant: None,
@@ -189,18 +266,20 @@ async fn get_keys(
             "tenant" => q.tenant = Some(value),
             "endpoint" => q.endpoint = Some(value),
             other => {
-                return bad_request(format!(
-                    "{other:?} does not go with key: show one key's record with key, tenant \
-                     and endpoint, or list records without them"
+                return Err(format!(
+                    "{other:?} does not go with key: show or delete one key's record with \
+                     key, tenant and endpoint, or list records without them"
                 ));
             }
         }
     }
     match key {
         Some(key) => q.key = key,
-        None => return bad_request("give the key whose record to show".into()),
+        None => {
+            return Err("give the key whose record to show or delete".into());
+        }
     }
-    show_key(state, q).await
+    Ok(q)
 }
 
 /// A listing, one JSON line per record (see [`crate::listing::line_json`]).
@@ -235,20 +314,14 @@ async fn list_keys(state: AdminState, params: &[(String, String)]) -> Response {
     response
 }
 
-/// A 400 problem (RFC 9457) for a listing's parameters.
+/// A 400 problem for a listing's parameters.
 fn bad_listing(detail: String) -> Response {
-    (
+    problem(
         StatusCode::BAD_REQUEST,
-        [(header::CONTENT_TYPE, "application/problem+json")],
-        json!({
-            "type": "https://idem.dev/problems/bad-listing",
-            "title": "The listing's parameters are not valid",
-            "status": 400,
-            "detail": detail,
-        })
-        .to_string(),
+        "https://idem.dev/problems/bad-listing",
+        "The listing's parameters are not valid",
+        detail,
     )
-        .into_response()
 }
 
 async fn show_key(state: AdminState, q: KeyQuery) -> Response {
@@ -258,27 +331,26 @@ async fn show_key(state: AdminState, q: KeyQuery) -> Response {
     };
     match state.store.get(&scope).await {
         Ok(Some(record)) => Json(record_json(&record, SystemClock.now())).into_response(),
-        Ok(None) => (
-            StatusCode::NOT_FOUND,
-            Json(json!({ "error": "no record for that key in that scope" })),
-        )
-            .into_response(),
+        Ok(None) => no_record(),
         Err(e) => store_error(e),
     }
 }
 
-async fn delete_key(State(state): State<AdminState>, Query(q): Query<KeyQuery>) -> Response {
+async fn delete_key(
+    State(state): State<AdminState>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> Response {
+    let q = match key_query(params) {
+        Ok(q) => q,
+        Err(detail) => return bad_request(detail),
+    };
     let scope = match scope_for(&q.key, q.tenant.as_deref(), q.endpoint.as_deref()) {
         Ok(s) => s,
         Err(e) => return bad_request(e),
     };
     match state.store.remove(&scope).await {
         Ok(true) => Json(json!({ "removed": 1 })).into_response(),
-        Ok(false) => (
-            StatusCode::NOT_FOUND,
-            Json(json!({ "error": "no record for that key in that scope" })),
-        )
-            .into_response(),
+        Ok(false) => no_record(),
         Err(e) => store_error(e),
     }
 }

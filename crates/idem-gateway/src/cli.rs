@@ -263,27 +263,11 @@ pub fn misspelt_env_vars(names: impl IntoIterator<Item = String>) -> Vec<(String
             let like = known.iter().find(|k| {
                 name.strip_prefix(k.as_str())
                     .is_some_and(|rest| rest.starts_with('_'))
-                    || edit_distance(&name, k) <= 2
+                    || strsim::levenshtein(&name, k) <= 2
             })?;
             Some((name, like.clone()))
         })
         .collect()
-}
-
-/// Levenshtein distance, for the short names above.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b = b.as_bytes();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, &ca) in a.as_bytes().iter().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let substitution = diagonal + usize::from(ca != cb);
-            diagonal = row[j + 1];
-            row[j + 1] = substitution.min(row[j] + 1).min(row[j + 1] + 1);
-        }
-    }
-    row[b.len()]
 }
 
 #[cfg(test)]
@@ -408,7 +392,6 @@ mod tests {
                 ("IDEM_LOG_LEVEL", "IDEM_LOG"),
             ]
         );
-        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 
     #[test]

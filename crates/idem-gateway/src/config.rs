@@ -52,11 +52,12 @@ pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
 use self::error::invalid;
 use self::secrets::admin_token;
 use self::values::{
-    check_release_statuses, parse_grpc_release_codes, parse_methods, parse_release_statuses,
+    check_release_statuses, parse_grpc_release_codes, parse_listen_addr, parse_methods,
+    parse_release_statuses,
 };
 use crate::listener::{Http2Limits, TlsFiles};
 use crate::path::PathNormalization;
-use crate::route::{PathTemplate, Route};
+use crate::route::{PathTemplate, Route, RouteMatching};
 use crate::store::{Namespace, StoreOptions};
 
 /// The default listen address.
@@ -125,6 +126,9 @@ pub struct GatewayConfig {
     pub tenant_key: Option<TenantKey>,
     /// The keys recorded answers are sealed with (SPEC S17); `None` stores them plain.
     pub record_keys: Option<RecordKeys>,
+    /// Whether a sealing gateway replays answers the store holds unsealed (a migration
+    /// setting) rather than refusing them.
+    pub read_unsealed_records: bool,
     /// The scope mode.
     pub scope: ScopeMode,
     /// The keyed methods.
@@ -135,6 +139,8 @@ pub struct GatewayConfig {
     pub grpc_release_codes: GrpcReleaseCodes,
     /// How request paths are normalised before any rule sees them (SPEC S14).
     pub path_normalization: PathNormalization,
+    /// How `[[route]]` templates match normalised paths.
+    pub route_matching: RouteMatching,
     /// How long a client connection may take to send a request's headers (idle time
     /// before them included), and may leave the gateway's writes to it without
     /// progress; `None` for no limit.
@@ -149,6 +155,10 @@ pub struct GatewayConfig {
     pub shutdown_timeout: Duration,
     /// Where traces are posted (`…/v1/traces`); `None` when tracing is off.
     pub otlp_endpoint: Option<String>,
+    /// Whether, and how often, a line per request is logged.
+    pub access_log: crate::access::AccessLog,
+    /// The header that carries the request id.
+    pub request_id_header: http::HeaderName,
     /// The limits on HTTP/2 client connections.
     pub http2: Http2Limits,
     /// The proxy listener's certificate and key, when it terminates TLS.
@@ -160,6 +170,53 @@ pub struct GatewayConfig {
 }
 
 impl GatewayConfig {
+    /// Settings that work as written but probably do not do what was meant, each as a
+    /// sentence; `serve` logs them as warnings at start, `check-config` prints them.
+    /// The upstream's host is looked up (a name that does not resolve is one).
+    pub async fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let lease = humantime::format_duration(self.lease);
+        if self.ttl < self.lease {
+            warnings.push(format!(
+                "ttl {} is shorter than the lease {lease}: a record can expire while its \
+                 attempt still runs, and a retry then executes again",
+                humantime::format_duration(self.ttl)
+            ));
+        }
+        if self.max_wait > self.lease {
+            warnings.push(format!(
+                "max_wait {} is longer than the lease {lease}: no duplicate waits longer \
+                 than the lease, so the excess is never used",
+                humantime::format_duration(self.max_wait)
+            ));
+        }
+        let authority = &self.upstream.authority;
+        let port = authority
+            .port_u16()
+            .unwrap_or(if self.upstream.is_tls() { 443 } else { 80 });
+        let lookup = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            tokio::net::lookup_host((authority.host().trim_matches(['[', ']']), port)),
+        )
+        .await;
+        match lookup.map(|found| found.map(|mut addrs| addrs.next().is_some())) {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => warnings.push(format!(
+                "the upstream host {} resolves to no address",
+                authority.host()
+            )),
+            Ok(Err(e)) => warnings.push(format!(
+                "the upstream host {} does not resolve ({e}); requests will get 502 until it does",
+                authority.host()
+            )),
+            Err(_) => warnings.push(format!(
+                "looking up the upstream host {} took over 2 s",
+                authority.host()
+            )),
+        }
+        warnings
+    }
+
     /// Resolves the command line (and environment) over the `--config` file it names.
     pub fn resolve(args: &ServeArgs) -> Result<GatewayConfig, ConfigError> {
         let file = match &args.config {
@@ -185,6 +242,7 @@ impl GatewayConfig {
             store,
             store_pool,
             store_namespace,
+            no_migrate,
             admin,
             admin_token: token,
             admin_token_file,
@@ -204,11 +262,13 @@ impl GatewayConfig {
             tenant_secret_file,
             tenant_secret,
             record_key_file,
+            read_unsealed_records,
             scope,
             keyed_methods,
             release_statuses,
             grpc_release_codes,
             path_normalization,
+            route_matching,
             client_timeout,
             max_connections,
             sweep_interval,
@@ -216,10 +276,13 @@ impl GatewayConfig {
             passthrough: _,
             shutdown_timeout,
             otlp_endpoint,
+            access_log,
+            request_id_header,
             http2_max_concurrent_streams,
             http2_max_header_list_size,
             http2_keepalive_interval,
             http2_keepalive_timeout,
+            http2_answer_budget,
             tls_cert,
             tls_key,
             admin_tls_cert,
@@ -233,9 +296,7 @@ impl GatewayConfig {
             )
         })?;
         let listen = listen.as_deref().unwrap_or(DEFAULT_LISTEN);
-        let listen: SocketAddr = listen
-            .parse()
-            .map_err(|e| invalid("listen", format!("{listen:?}: {e}")))?;
+        let listen = parse_listen_addr(listen)?;
         let tenant_headers = match &tenant_header {
             Some(list) => parse_tenant_headers(list)?,
             None => parse_tenant_headers(&[DEFAULT_TENANT_HEADER.to_owned()])?,
@@ -257,6 +318,11 @@ impl GatewayConfig {
             None => Ok(PathNormalization::default()),
         }
         .map_err(|e| invalid("path_normalization", e))?;
+        let route_matching = match &route_matching {
+            Some(list) => RouteMatching::from_items(list),
+            None => Ok(RouteMatching::default()),
+        }
+        .map_err(|e| invalid("route_matching", e))?;
         let upstream_timeout = upstream_timeout.unwrap_or(DEFAULT_UPSTREAM_TIMEOUT);
         let upstream = Upstream::parse(&upstream)?;
         let upstream_tls = match (upstream.is_tls(), upstream_ca) {
@@ -283,6 +349,11 @@ impl GatewayConfig {
                     .as_deref()
                     .map(|name| Namespace::new(name).map_err(|e| invalid("store_namespace", e)))
                     .transpose()?,
+                schema: if no_migrate {
+                    idem_core::Schema::Existing
+                } else {
+                    idem_core::Schema::Migrate
+                },
             },
             admin: admin.as_deref().map(parse_admin_addr).transpose()?,
             admin_token: admin_token(token, admin_token_file)?,
@@ -301,6 +372,7 @@ impl GatewayConfig {
             require_tenant,
             tenant_key: tenant_key(tenant_secret.as_ref(), tenant_secret_file.as_deref(), None)?,
             record_keys: record_keys(record_key_file.as_deref())?,
+            read_unsealed_records,
             scope: match scope.unwrap_or(ScopeArg::Public) {
                 ScopeArg::Public => ScopeMode::Public,
                 ScopeArg::Internal => ScopeMode::Internal,
@@ -315,6 +387,7 @@ impl GatewayConfig {
                 None => GrpcReleaseCodes::default(),
             },
             path_normalization,
+            route_matching,
             client_timeout: Some(client_timeout.unwrap_or(DEFAULT_CLIENT_TIMEOUT))
                 .filter(|t| !t.is_zero()),
             max_connections: match max_connections {
@@ -323,6 +396,13 @@ impl GatewayConfig {
             },
             sweep_interval: sweep_interval.unwrap_or(DEFAULT_SWEEP_INTERVAL),
             shutdown_timeout: shutdown_timeout.unwrap_or(upstream_timeout + Duration::from_secs(5)),
+            access_log: access_log
+                .as_deref()
+                .map(crate::access::AccessLog::parse)
+                .transpose()
+                .map_err(|e| invalid("access_log", e))?
+                .unwrap_or(crate::access::AccessLog::Sampled(1.0)),
+            request_id_header: parse_request_id_header(request_id_header.as_deref())?,
             otlp_endpoint: crate::telemetry::traces_url(
                 otlp_endpoint.as_deref(),
                 std::env::var(crate::telemetry::OTEL_ENDPOINT_ENV)
@@ -335,13 +415,14 @@ impl GatewayConfig {
                 http2_max_header_list_size,
                 http2_keepalive_interval,
                 http2_keepalive_timeout,
+                http2_answer_budget,
             )?,
             tls: tls_files("tls", tls_cert, tls_key)?,
             admin_tls: tls_files("admin_tls", admin_tls_cert, admin_tls_key)?,
             routes: route
                 .into_iter()
                 .enumerate()
-                .map(|(i, rule)| compile_route(i, rule, path_normalization))
+                .map(|(i, rule)| compile_route(i, rule, path_normalization, route_matching))
                 .collect::<Result<Vec<_>, _>>()?,
         };
         for (setting, value) in [
@@ -387,6 +468,7 @@ fn http2_limits(
     max_header_list_size: Option<usize>,
     keepalive_interval: Option<Duration>,
     keepalive_timeout: Option<Duration>,
+    answer_budget: Option<usize>,
 ) -> Result<Http2Limits, ConfigError> {
     let defaults = Http2Limits::default();
     let max_header_list_size = match max_header_list_size {
@@ -408,7 +490,12 @@ fn http2_limits(
             "must be longer than zero; --http2-keepalive-interval 0s turns the pings off",
         ));
     }
+    let answer_budget = answer_budget.unwrap_or(defaults.answer_budget);
+    if answer_budget == 0 {
+        return Err(invalid("http2_answer_budget", "must be more than zero"));
+    }
     Ok(Http2Limits {
+        answer_budget,
         max_concurrent_streams: max_concurrent_streams.unwrap_or(defaults.max_concurrent_streams),
         max_header_list_size,
         keepalive_interval: match keepalive_interval {
@@ -428,16 +515,33 @@ fn read_file(path: &Path) -> Result<ServeArgs, ConfigError> {
     })?;
     toml::from_str(&text).map_err(|source| ConfigError::Parse {
         path: path.display().to_string(),
+        hint: misspelled(source.message())
+            .map(|near| format!("did you mean `{near}`?"))
+            .unwrap_or_default(),
         source: Box::new(source),
     })
 }
 
+/// For serde's "unknown field `x`, expected one of `a`, `b`, …", the known name nearest
+/// `x`, if one is near enough to be what was meant.
+fn misspelled(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("unknown field `")?;
+    let (unknown, rest) = rest.split_once('`')?;
+    let known = rest.split('`').skip(1).step_by(2);
+    known
+        .map(|name| (strsim::damerau_levenshtein(unknown, name), name))
+        .filter(|(distance, name)| *distance <= 2.max(name.len() / 4))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, name)| name.to_owned())
+}
+
 /// The `i`th `[[route]]` rule, checked and compiled for requests whose paths are
-/// normalised as `paths` says.
+/// normalised as `paths` says, to match them as `matching` says.
 fn compile_route(
     i: usize,
     rule: RouteRule,
     paths: PathNormalization,
+    matching: RouteMatching,
 ) -> Result<Route, ConfigError> {
     let name = format!("route[{i}] ({})", rule.path);
     let method = match rule.method.as_deref().map(str::trim) {
@@ -482,10 +586,49 @@ fn compile_route(
             .retry_hints(rule.retry_hints)
             .conflict_wait(rule.conflict_wait)
             .tombstone_ttl(rule.tombstone_ttl)
+            .matching(matching)
     })
     .map_err(|e| invalid(&name, e))?;
     Ok(match grpc_release_codes {
         Some(codes) => route.with_grpc_release_codes(codes),
         None => route,
     })
+}
+
+/// `request_id_header` as given: a header name that is neither hop-by-hop nor one the
+/// gateway writes itself; the default when not given.
+fn parse_request_id_header(name: Option<&str>) -> Result<http::HeaderName, ConfigError> {
+    let name = name
+        .unwrap_or(crate::access::DEFAULT_REQUEST_ID_HEADER)
+        .trim();
+    let header = http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+        .map_err(|_| invalid("request_id_header", format!("{name:?} is no header name")))?;
+    let reserved = [
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "content-type",
+        "authorization",
+        "cookie",
+        "set-cookie",
+        "idempotency-key",
+        "idempotency-attempt",
+        "idempotent-replayed",
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+    ];
+    if reserved.contains(&header.as_str()) {
+        return Err(invalid(
+            "request_id_header",
+            format!("{name:?} carries something else; name a header of its own (x-request-id)"),
+        ));
+    }
+    Ok(header)
 }

@@ -51,7 +51,9 @@
 //! # }
 //! ```
 
+pub mod access;
 pub mod admin;
+pub(crate) mod budget;
 pub mod check;
 pub mod cli;
 pub mod completions;

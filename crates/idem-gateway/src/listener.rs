@@ -32,7 +32,11 @@
 //! And a client that stops reading is closed once
 //! the gateway's writes to it have made no progress for the timeout, so it cannot hold
 //! its connection, its place under the cap and the answer's buffers for ever by asking
-//! for an answer and never reading it.
+//! for an answer and never reading it. Its HTTP/2 form, a client that reads its socket
+//! but keeps a stream's flow-control window shut: an answer that has waited the timeout
+//! for room in the window has its stream reset (its upstream connection or buffered
+//! answer let go), and a connection whose every stream waits so is closed with a
+//! `GOAWAY`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -53,14 +57,15 @@ mod http2;
 mod limits;
 mod shutdown;
 mod tls;
+mod window;
 mod write_stall;
 
 use self::handler::Handler;
 use self::http2::Builders;
 pub use self::http2::{
-    DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_CONCURRENT_STREAMS,
-    DEFAULT_MAX_HEADER_LIST_SIZE, Http2Limits, MAX_LOCAL_ERROR_RESET_STREAMS,
-    MAX_PENDING_ACCEPT_RESET_STREAMS, MAX_SEND_BUF_SIZE,
+    DEFAULT_ANSWER_BUDGET, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT,
+    DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_HEADER_LIST_SIZE, Http2Limits,
+    MAX_LOCAL_ERROR_RESET_STREAMS, MAX_PENDING_ACCEPT_RESET_STREAMS, MAX_SEND_BUF_SIZE,
 };
 pub use self::limits::{
     ADMIN_MAX_CONNECTIONS, SPARE_DESCRIPTORS, default_max_connections, fd_limit, raise_fd_limit,

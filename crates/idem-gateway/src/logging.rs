@@ -1,8 +1,9 @@
 //! Structured logs on standard error via `tracing`.
 //!
 //! The level comes from `IDEM_LOG` (an `EnvFilter` directive such as `info` or
-//! `idem_gateway=debug`), `info` by default. Nothing logs credentials or bodies;
-//! idempotency keys appear only at debug level.
+//! `idem_gateway=debug`), `info` by default; the access log is the target
+//! `idem::access` (see [`crate::serve`]'s access module). Nothing logs credentials or
+//! bodies; idempotency keys appear only at debug level.
 
 use tracing_subscriber::EnvFilter;
 

@@ -37,13 +37,16 @@ async fn main() -> ExitCode {
                 Mode::Idempotent
             };
             // Before binding: the proxy's default connection cap is derived from it.
+            for warning in config.warnings().await {
+                tracing::warn!("{warning}");
+            }
             let open_files = idem_gateway::listener::raise_fd_limit();
             tracing::info!(open_file_limit = open_files, "open-file limit");
             let gateway = match Gateway::bind(&config, mode).await {
                 Ok(g) => g,
                 Err(e) => {
                     eprintln!("idem: {e}");
-                    return ExitCode::FAILURE;
+                    return ExitCode::from(e.exit_code());
                 }
             };
             // One line on standard output per listener, for scripts and tests that start
@@ -53,6 +56,12 @@ async fn main() -> ExitCode {
                 "idem listening on {}://{}",
                 scheme(config.tls.is_some()),
                 gateway.local_addr()
+            );
+            tracing::info!(
+                listen = %gateway.local_addr(),
+                tls = config.tls.is_some(),
+                admin = gateway.admin_addr().map(|a| a.to_string()),
+                "listening"
             );
             if let Some(admin) = gateway.admin_addr() {
                 println!(
@@ -128,16 +137,20 @@ async fn check(args: &ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let store = match store::open_with(&config.store, config.store_options.clone()).await {
-        Ok(s) => s,
-        Err(e) => {
+    let store_state = match store::check(&config.store, &config.store_options).await {
+        Ok(state) => state,
+        Err((code, e)) => {
             eprintln!("idem: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(code);
         }
     };
-    if let Err(e) = store.ping().await {
-        eprintln!("idem: the store does not answer: {e}");
-        return ExitCode::FAILURE;
+    for (listener, addr) in [("listen", Some(config.listen)), ("admin", config.admin)] {
+        if let Some(addr) = addr
+            && let Err(e) = std::net::TcpListener::bind(addr)
+        {
+            eprintln!("idem: {listener} {addr} cannot be bound: {e}");
+            return ExitCode::FAILURE;
+        }
     }
     for (listener, files) in [("proxy", &config.tls), ("admin", &config.admin_tls)] {
         if let Some(files) = files
@@ -146,6 +159,9 @@ async fn check(args: &ServeArgs) -> ExitCode {
             eprintln!("idem: the {listener} listener's TLS: {e}");
             return ExitCode::FAILURE;
         }
+    }
+    for warning in config.warnings().await {
+        eprintln!("idem: warning: {warning}");
     }
     println!("upstream  {}", config.upstream);
     match config.client_timeout {
@@ -167,7 +183,7 @@ async fn check(args: &ServeArgs) -> ExitCode {
     }
     let namespace = config.store_options.namespace.clone().unwrap_or_default();
     println!(
-        "store     {} (reachable), namespace {namespace}",
+        "store     {} ({store_state}), namespace {namespace}",
         store::redact(&config.store)
     );
     match config.admin {
@@ -181,6 +197,10 @@ async fn check(args: &ServeArgs) -> ExitCode {
         ),
         None => println!("admin     off"),
     }
+    println!(
+        "log       access log {}, request id in {}",
+        config.access_log, config.request_id_header
+    );
     let methods: Vec<&str> = config.keyed_methods.iter().map(|m| m.as_str()).collect();
     println!(
         "keys      {} on {}, scope {:?}, ttl {}, lease {}, body limit {} bytes, response limit {} bytes",
@@ -233,6 +253,12 @@ async fn check(args: &ServeArgs) -> ExitCode {
             )
         }
     );
+    if !config.routes.is_empty() {
+        println!(
+            "routes    match {} (`;` path parameters left out)",
+            config.route_matching
+        );
+    }
     for r in &config.routes {
         let release = r.release_statuses.as_ref().map(|set| {
             if set.is_empty() {

@@ -42,8 +42,9 @@ pub fn idem_page() -> Vec<u8> {
     out
 }
 
-/// Writes a page for `idem` and each of its subcommands into `dir`, made if it is
-/// missing, and returns the files written, `idem.1` first.
+/// Writes a page for `idem` and each of its subcommands into `dir`, which must exist
+/// (a mistyped directory is refused rather than made), and returns the files written,
+/// `idem.1` first.
 pub fn write_pages(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     fn write(cmd: clap::Command, dir: &Path, written: &mut Vec<PathBuf>) -> std::io::Result<()> {
         written.push(page(cmd.clone()).generate_to(dir)?);
@@ -52,7 +53,12 @@ pub fn write_pages(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         }
         Ok(())
     }
-    std::fs::create_dir_all(dir)?;
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no such directory (make it first, e.g. mkdir -p)",
+        ));
+    }
     let mut written = Vec::new();
     write(command(), dir, &mut written)?;
     Ok(written)

@@ -71,6 +71,7 @@ use crate::metrics::Metrics;
 
 mod client;
 mod headers;
+mod preface;
 mod upgrade;
 
 use client::UpstreamClient;
@@ -153,6 +154,11 @@ impl Proxy {
     {
         let this = &*self.inner;
         let (mut parts, body) = req.into_parts();
+        // Going upstream, the request waits on the upstream, not on its connection's
+        // budget for buffered answers: its answer is charged once it is ready.
+        if let Some(reservation) = parts.extensions.remove::<crate::budget::Reservation>() {
+            reservation.release();
+        }
         // The answer goes back in the client's HTTP version, not the upstream's: an
         // HTTP/1.0 upstream must not turn an HTTP/1.1 client's answer into HTTP/1.0,
         // which ends its keep-alive connection.
@@ -180,6 +186,7 @@ impl Proxy {
             _ => None,
         };
         let slot = parts.extensions.remove::<crate::listener::ConnectionSlot>();
+        let upstream_time = parts.extensions.remove::<crate::access::UpstreamTime>();
         // `TE: trailers` says the client takes trailers, which the gateway passes on;
         // gRPC servers refuse a call without it (SPEC S18).
         let te_trailers = headers
@@ -230,7 +237,8 @@ impl Proxy {
         *up.version_mut() = Version::HTTP_11;
         *up.headers_mut() = headers;
 
-        let deadline = Instant::now() + this.timeout;
+        let sent = Instant::now();
+        let deadline = sent + this.timeout;
         let upstream_call = crate::telemetry::UpstreamCall::start(&mut up);
         let res = match self
             .call_upstream(up, deadline, client_failed.as_deref())
@@ -240,6 +248,9 @@ impl Proxy {
             Err(e) => return self.fail(e),
         };
         upstream_call.answered(res.status());
+        if let Some(timer) = &upstream_time {
+            timer.answered(sent.elapsed());
+        }
         if res.status() == StatusCode::SWITCHING_PROTOCOLS {
             return match upgrade {
                 // To WebSocket, as asked (RFC 6455 §4.1 has the answer name it too).
@@ -290,6 +301,12 @@ impl Proxy {
         let sent = tokio::time::timeout_at(deadline, self.inner.client.request(up)).await;
         match sent {
             Err(_) => Err(ForwardError::Upstream(UpstreamFailure::Timeout)),
+            // An upstream that answered the HTTP/2 preface with something else never
+            // read the request: nothing ran, as when it cannot be reached.
+            Ok(Err(e)) if preface::never_spoke_http2(&e) => {
+                tracing::warn!(error = %e, "the upstream does not speak HTTP/2 (--upstream-protocol http2)");
+                Err(ForwardError::Upstream(UpstreamFailure::Unreachable))
+            }
             Ok(Err(e)) if e.is_connect() => match tls_failure(&e) {
                 Some(reason) => {
                     tracing::warn!(error = %reason, "TLS with the upstream failed");
@@ -300,6 +317,14 @@ impl Proxy {
                     Err(ForwardError::Upstream(UpstreamFailure::Unreachable))
                 }
             },
+            // The client attaches a connection's info to every error met once the
+            // request was handed to that connection; one without it failed while the
+            // connection was still being opened (its handshake, or its first
+            // readiness): no connection carried the request, so nothing ran.
+            Ok(Err(e)) if e.connect_info().is_none() => {
+                tracing::warn!(error = %e, "the upstream connection failed before the request was sent");
+                Err(ForwardError::Upstream(UpstreamFailure::Unreachable))
+            }
             Ok(Err(e)) if client_failed.is_some_and(|f| f.load(Ordering::Relaxed)) => {
                 tracing::debug!(error = %e, "the client's request body broke off");
                 Err(ForwardError::ClientBody)

@@ -2,8 +2,22 @@
 //! (`/v1/orders/{id}/capture`) with their own require-key, TTL, ignored JSON pointers,
 //! stored headers and release statuses. Each rule is compiled once, at start, into the
 //! [`RouteConfig`] the layer applies to the requests it matches.
+//!
+//! A rule holds for every spelling that an upstream framework would route to the
+//! handler its template names, so that no spelling of a path skips a `require_key`:
+//! the listener normalises paths first (see [`crate::path`]), and then a template
+//! matches, as [`RouteMatching`] says (`--route-matching`, by default
+//! `ignore-case,ignore-trailing-slash`), whatever the case of the path's letters
+//! (`/V1/Charges`: Spring before 5.3's default, ASP.NET Core, most Windows servers)
+//! and with or without trailing slashes (`/v1/charges/`: Express, Rails, Spring
+//! before 6). `;` path parameters are never part of a segment to a template
+//! (`/v1/charges;jsessionid=x` is `/v1/charges`, as Tomcat and Spring strip them).
+//! A matched request is scoped by the rule's template, so every spelling it matches
+//! is one endpoint: a retry in another spelling replays. The upstream still gets the
+//! path as normalised, so an upstream that tells the spellings apart still does.
 
 use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
@@ -35,6 +49,119 @@ pub struct TemplateError {
     reason: &'static str,
 }
 
+/// How a path template matches a normalised path (`--route-matching`): by default in
+/// any case of ASCII letters and with or without a trailing slash; `exact` for
+/// neither. See the [module docs](self).
+///
+/// ```
+/// use idem_gateway::route::RouteMatching;
+///
+/// let default = RouteMatching::default();
+/// assert_eq!(default.to_string(), "ignore-case,ignore-trailing-slash");
+/// assert!(default.ignore_case() && default.ignore_trailing_slash());
+/// assert_eq!("exact".parse::<RouteMatching>().unwrap(), RouteMatching::EXACT);
+/// assert!("exact,ignore-case".parse::<RouteMatching>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RouteMatching {
+    ignore_case: bool,
+    ignore_trailing_slash: bool,
+}
+
+impl RouteMatching {
+    /// Templates match paths byte for byte (path parameters aside).
+    pub const EXACT: RouteMatching = RouteMatching {
+        ignore_case: false,
+        ignore_trailing_slash: false,
+    };
+
+    /// The options a list names: `ignore-case`, `ignore-trailing-slash` (any case,
+    /// repeats ignored, blank items skipped), or `exact` alone.
+    pub fn from_items<I, S>(items: I) -> Result<RouteMatching, String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut matching = RouteMatching::EXACT;
+        let (mut exact, mut any) = (false, false);
+        for item in items {
+            let item = item.as_ref().trim();
+            if item.is_empty() {
+                continue;
+            }
+            any = true;
+            match item.to_ascii_lowercase().as_str() {
+                "exact" => exact = true,
+                "ignore-case" => matching.ignore_case = true,
+                "ignore-trailing-slash" => matching.ignore_trailing_slash = true,
+                _ => {
+                    return Err(format!(
+                        "{item:?} is not a matching option (give a list of ignore-case, \
+                         ignore-trailing-slash, or exact)"
+                    ));
+                }
+            }
+        }
+        if !any {
+            return Err(
+                "the list is empty; give ignore-case,ignore-trailing-slash (the \
+                        default), or exact"
+                    .into(),
+            );
+        }
+        if exact && matching != RouteMatching::EXACT {
+            return Err("exact cannot be given with other items".into());
+        }
+        Ok(matching)
+    }
+
+    /// Whether literal segments match in any case of ASCII letters.
+    pub fn ignore_case(self) -> bool {
+        self.ignore_case
+    }
+
+    /// Whether a path matches with or without trailing slashes.
+    pub fn ignore_trailing_slash(self) -> bool {
+        self.ignore_trailing_slash
+    }
+}
+
+impl Default for RouteMatching {
+    /// `ignore-case,ignore-trailing-slash`.
+    fn default() -> Self {
+        RouteMatching {
+            ignore_case: true,
+            ignore_trailing_slash: true,
+        }
+    }
+}
+
+impl FromStr for RouteMatching {
+    type Err = String;
+
+    /// A comma-separated list, as `--route-matching` takes it.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RouteMatching::from_items(s.split(','))
+    }
+}
+
+impl fmt::Display for RouteMatching {
+    /// The list as `--route-matching` takes it, or `exact`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.ignore_case, self.ignore_trailing_slash) {
+            (true, true) => f.write_str("ignore-case,ignore-trailing-slash"),
+            (true, false) => f.write_str("ignore-case"),
+            (false, true) => f.write_str("ignore-trailing-slash"),
+            (false, false) => f.write_str("exact"),
+        }
+    }
+}
+
+/// A segment's name: what comes before its `;` path parameters.
+fn segment_name(segment: &str) -> &str {
+    segment.split_once(';').map_or(segment, |(name, _)| name)
+}
+
 impl PathTemplate {
     /// Parses a template; it must start with `/`.
     pub fn parse(template: &str) -> Result<PathTemplate, TemplateError> {
@@ -64,6 +191,10 @@ impl PathTemplate {
                 }
             } else if part.contains(['{', '}']) {
                 return Err(err("a placeholder must fill a whole segment"));
+            } else if part.contains(';') {
+                return Err(err(
+                    "';' starts path parameters, which matching leaves out of a segment",
+                ));
             } else {
                 Segment::Literal((*part).to_owned())
             };
@@ -75,17 +206,27 @@ impl PathTemplate {
         })
     }
 
-    /// Whether `path` (without query) matches.
+    /// Whether `path` (without query) matches exactly (path parameters aside).
     pub fn matches(&self, path: &str) -> bool {
-        let Some(rest) = path.strip_prefix('/') else {
+        self.matches_as(path, RouteMatching::EXACT)
+    }
+
+    /// Whether `path` (without query) matches as `matching` says; `;` path parameters
+    /// are left out of every segment.
+    pub fn matches_as(&self, path: &str, matching: RouteMatching) -> bool {
+        let Some(mut rest) = path.strip_prefix('/') else {
             return false;
         };
-        let mut parts = rest.split('/');
+        if matching.ignore_trailing_slash {
+            rest = rest.trim_end_matches('/');
+        }
+        let mut parts = rest.split('/').map(segment_name);
         for seg in &self.segments {
             match seg {
                 Segment::Rest => return true,
                 Segment::Literal(lit) => match parts.next() {
-                    Some(p) if p == lit => {}
+                    Some(p)
+                        if p == lit || (matching.ignore_case && p.eq_ignore_ascii_case(lit)) => {}
                     _ => return false,
                 },
                 Segment::Param => match parts.next() {
@@ -95,6 +236,41 @@ impl PathTemplate {
             }
         }
         parts.next().is_none()
+    }
+
+    /// The spelling of `path` (which matches as `matching` says) that the template
+    /// names: its literal segments as the template spells them, placeholders' segments
+    /// without their `;` path parameters, no trailing slash added; `None` when that is
+    /// `path` itself. A request's fingerprint covers it, so that a retry in another
+    /// spelling of the same resource replays.
+    pub fn canonical(&self, path: &str, matching: RouteMatching) -> Option<String> {
+        let mut rest = path.strip_prefix('/')?;
+        if matching.ignore_trailing_slash {
+            rest = rest.trim_end_matches('/');
+        }
+        let mut canonical = String::with_capacity(path.len());
+        let mut parts = rest.split('/');
+        for seg in &self.segments {
+            match seg {
+                Segment::Rest => {
+                    // The rest of the path as it came, after the matched segments.
+                    let tail: Vec<&str> = parts.by_ref().collect();
+                    canonical.push('/');
+                    canonical.push_str(&tail.join("/"));
+                    break;
+                }
+                Segment::Literal(literal) => {
+                    parts.next()?;
+                    canonical.push('/');
+                    canonical.push_str(literal);
+                }
+                Segment::Param => {
+                    canonical.push('/');
+                    canonical.push_str(segment_name(parts.next()?));
+                }
+            }
+        }
+        (canonical != path).then_some(canonical)
     }
 
     /// The template as written.
@@ -170,6 +346,8 @@ pub struct Route {
     /// Whether replays and conflicts carry retry hints on this route
     /// ([`RouteConfig::retry_hints`]); `None` leaves them off.
     pub retry_hints: Option<bool>,
+    /// How its template matches paths (`--route-matching`).
+    pub matching: RouteMatching,
     /// How long a duplicate of an in-progress request waits on this route without
     /// `Prefer: wait` ([`RouteConfig::conflict_wait`]); `None`: no wait.
     pub conflict_wait: Option<Duration>,
@@ -220,6 +398,7 @@ impl Route {
             tombstone_ttl: None,
             retry_hints: None,
             conflict_wait: None,
+            matching: RouteMatching::default(),
             fingerprint,
             compiled,
         })
@@ -229,6 +408,12 @@ impl Route {
     pub fn with_grpc_release_codes(mut self, codes: GrpcReleaseCodes) -> Route {
         self.compiled = self.compiled.grpc_release_codes(codes.clone());
         self.grpc_release_codes = Some(codes);
+        self
+    }
+
+    /// This rule, matching paths as `matching` says.
+    pub fn matching(mut self, matching: RouteMatching) -> Route {
+        self.matching = matching;
         self
     }
 
@@ -263,12 +448,12 @@ impl Route {
 
     /// Whether the rule applies to a request: its method ignoring ASCII case (SPEC S14:
     /// `post` is `POST` to most upstream frameworks), and its path, normalised by the
-    /// listener before any rule sees it.
+    /// listener before any rule sees it, matched as [`Route::matching`] says.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         self.method
             .as_ref()
             .is_none_or(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
-            && self.template.matches(path)
+            && self.template.matches_as(path, self.matching)
     }
 
     /// The fingerprint options with this route's ignored pointers.
@@ -279,6 +464,17 @@ impl Route {
     /// The overrides the layer applies to the requests this rule matches.
     pub fn config(&self) -> &RouteConfig {
         &self.compiled
+    }
+
+    /// The overrides the layer applies to a request for `path`, which this rule
+    /// matches: [`Route::config`], with the template's spelling of `path` as what the
+    /// fingerprint covers when the request spelt it otherwise (see
+    /// [`PathTemplate::canonical`]).
+    pub fn config_for(&self, path: &str) -> RouteConfig {
+        match self.template.canonical(path, self.matching) {
+            Some(canonical) => self.compiled.clone().fingerprint_path(canonical),
+            None => self.compiled.clone(),
+        }
     }
 }
 
@@ -373,6 +569,43 @@ mod tests {
         }
         assert!(!rule.matches(&Method::PUT, "/v1/charges"));
         assert!(!rule.matches(&Method::from_bytes(b"posts").unwrap(), "/v1/charges"));
+    }
+
+    /// By default a template matches its path in any case and with trailing slashes,
+    /// and `;` path parameters are never part of a segment; the canonical spelling
+    /// keeps the placeholders' values.
+    #[test]
+    fn templates_match_the_spellings_frameworks_route_to_them() {
+        let t = PathTemplate::parse("/v1/orders/{id}/capture").unwrap();
+        let default = RouteMatching::default();
+        for path in [
+            "/v1/orders/Ab1/capture",
+            "/V1/ORDERS/Ab1/Capture",
+            "/v1/orders/Ab1/capture/",
+            "/v1/orders/Ab1/capture//",
+            "/v1;x=1/orders/Ab1;v=2/capture;jsessionid=3",
+        ] {
+            assert!(t.matches_as(path, default), "{path}");
+            assert_eq!(
+                t.canonical(path, default).as_deref().unwrap_or(path),
+                "/v1/orders/Ab1/capture",
+                "{path}"
+            );
+        }
+        assert!(!t.matches_as("/v1/orders//capture", default));
+        assert!(!t.matches_as("/v1/orders/;x/capture", default));
+        assert!(!t.matches_as("/V1/Orders/1/capture", RouteMatching::EXACT));
+        assert!(!t.matches_as("/v1/orders/1/capture/", RouteMatching::EXACT));
+        assert!(t.matches_as("/v1/orders/1/capture;x", RouteMatching::EXACT));
+        let root = PathTemplate::parse("/").unwrap();
+        assert!(root.matches_as("/", default) && root.matches_as("//", default));
+        assert_eq!(root.canonical("/", default), None);
+        let rest = PathTemplate::parse("/Files/{*path}").unwrap();
+        assert_eq!(
+            rest.canonical("/files/a/B;c/", default).as_deref(),
+            Some("/Files/a/B;c")
+        );
+        assert!(PathTemplate::parse("/v1/a;b").is_err());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! `--shutdown-timeout`. Upgraded connections (WebSocket tunnels) are not waited for:
 //! they close when the process exits.
 
+mod access;
 mod front;
 mod grpc;
 
@@ -27,8 +28,11 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{BoxError, Layer, ServiceExt};
 
+use self::access::AccessSettings;
 use self::front::Front;
+pub use crate::access::{AccessLog, DEFAULT_REQUEST_ID_HEADER, MAX_REQUEST_ID_LEN, UpstreamTime};
 use crate::admin::{self, AdminState};
+use crate::budget::{self, AnswerBudget};
 use crate::config::GatewayConfig;
 use crate::listener::{
     self, ADMIN_MAX_CONNECTIONS, ConnectionSlot, Connections, Listener, ListenerKind, Tls,
@@ -49,8 +53,10 @@ const STORE_CLOSE_MIN: Duration = Duration::from_secs(1);
 /// The proxy's connection cap where the open-file limit cannot be read.
 const UNKNOWN_FD_LIMIT_MAX_CONNECTIONS: usize = 1024;
 
-/// The admin listener's client timeout when `--client-timeout` is off.
-const ADMIN_CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The admin listener's client timeout, or `--client-timeout` when that is shorter:
+/// an idle connection holds one of its [`ADMIN_MAX_CONNECTIONS`] places at most this
+/// long, so that idle connections cannot lock the orchestrator's probes out for long.
+const ADMIN_CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The body of answers the gateway sends to clients.
 pub type ClientBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -90,6 +96,17 @@ pub enum ServeError {
     },
 }
 
+impl ServeError {
+    /// The exit status for it: 2 for a configuration wrong as written (a store URL
+    /// that cannot work, TLS files included), 1 for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ServeError::Store(e) if e.is_configuration() => 2,
+            _ => 1,
+        }
+    }
+}
+
 /// Whether requests go through the idempotency layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -113,6 +130,10 @@ pub struct Gateway {
     shutdown_timeout: Duration,
     path_normalization: PathNormalization,
     telemetry: Option<Telemetry>,
+    access: Arc<AccessSettings>,
+    /// Bytes of buffered answers one HTTP/2 connection may hold, and the largest
+    /// answer the layer buffers.
+    answer_budget: (usize, usize),
 }
 
 impl std::fmt::Debug for Gateway {
@@ -165,7 +186,8 @@ pub fn idempotency_layer(
     }
     if !routes.is_empty() {
         layer = layer.route_config(move |parts| {
-            route::find(&routes, &parts.method, parts.uri.path()).map(|r| r.config().clone())
+            let path = parts.uri.path();
+            route::find(&routes, &parts.method, path).map(|r| r.config_for(path))
         });
     }
     layer
@@ -240,7 +262,10 @@ impl Gateway {
                     keys = keys.ids().count(),
                     "recorded answers are sealed"
                 );
-                Arc::new(idem_core::Sealed::new(store, keys.clone()))
+                Arc::new(
+                    idem_core::Sealed::new(store, keys.clone())
+                        .read_unsealed(config.read_unsealed_records),
+                )
             }
             None => store,
         };
@@ -276,6 +301,12 @@ impl Gateway {
             shutdown_timeout: config.shutdown_timeout,
             path_normalization: config.path_normalization,
             telemetry,
+            access: Arc::new(AccessSettings {
+                log: config.access_log,
+                request_id_header: config.request_id_header.clone(),
+                routes: config.routes.clone().into(),
+            }),
+            answer_budget: (config.http2.answer_budget, config.response_limit),
         })
     }
 
@@ -313,6 +344,8 @@ impl Gateway {
             shutdown_timeout,
             path_normalization,
             telemetry,
+            access,
+            answer_budget,
         } = self;
         let tls: Vec<(&'static str, Tls)> = [
             ("proxy", listener.tls_config().cloned()),
@@ -349,11 +382,14 @@ impl Gateway {
             metrics,
             paths: path_normalization,
             telemetry: telemetry.clone(),
+            access,
         };
+        // Called once a connection: each has a budget of its own.
         let serve = |peer, slot: &ConnectionSlot| {
             let front = front.clone();
             let slot = slot.clone();
-            hyper::service::service_fn(move |req| front.call(peer, &slot, req))
+            let budget = AnswerBudget::new(answer_budget.0, answer_budget.1);
+            hyper::service::service_fn(move |req| front.call(peer, &slot, &budget, req))
         };
         let connections = listener.run(serve, shutdown).await;
 
@@ -410,7 +446,13 @@ async fn service(
             let svc = ServiceExt::<Request<Incoming>>::map_response(
                 layer.layer(proxy),
                 |res: Response<IdempotencyBody<ProxyBody>>| {
-                    res.map(|b| b.map_err(Into::into).boxed_unsync())
+                    // The front charges what the layer holds whole to the connection.
+                    let buffered = res.body().is_buffered();
+                    let mut res = res.map(|b| b.map_err(Into::into).boxed_unsync());
+                    if buffered {
+                        res.extensions_mut().insert(budget::Buffered);
+                    }
+                    res
                 },
             );
             (BoxCloneService::new(svc), Some(in_flight))
@@ -463,9 +505,11 @@ fn listeners(
     )
     .http2_limits(&config.http2)
     .tls(proxy_tls);
-    // An admin listener always has a client timeout: nothing it serves needs a
-    // connection that idles longer.
-    let admin_timeout = config.client_timeout.unwrap_or(ADMIN_CLIENT_TIMEOUT);
+    // An admin listener always has a short client timeout: nothing it serves needs a
+    // connection that idles longer, and `/readyz` must not wait behind idle ones.
+    let admin_timeout = config
+        .client_timeout
+        .map_or(ADMIN_CLIENT_TIMEOUT, |t| t.min(ADMIN_CLIENT_TIMEOUT));
     let admin = admin.map(|tcp| {
         Listener::new(
             tcp,

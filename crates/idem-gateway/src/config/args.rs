@@ -62,6 +62,13 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
     pub store_namespace: Option<String>,
 
+    /// Use the store's schema as it is: create no SQLite file or table and run no
+    /// migration; a store without this build's schema stops the start (run `idem
+    /// migrate` first). In the file: `migrate = false`.
+    #[arg(long, env = "IDEM_NO_MIGRATE")]
+    #[serde(rename = "migrate", deserialize_with = "toml_form::inverted")]
+    pub no_migrate: bool,
+
     /// Admin listener address (health, readiness, metrics, keys); off unless given. A bare
     /// port binds to 127.0.0.1.
     #[arg(long, env = "IDEM_ADMIN", value_name = "ADDR")]
@@ -175,6 +182,13 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_RECORD_KEY_FILE", value_name = "PATH")]
     pub record_key_file: Option<PathBuf>,
 
+    /// With --record-key-file: replay answers the store holds unsealed (recorded before
+    /// sealing was turned on) while they age out, instead of refusing them with 500
+    /// `replay-unavailable`. A migration setting: anyone who can write the store can
+    /// then plant a plain answer in a sealed record.
+    #[arg(long, env = "IDEM_READ_UNSEALED_RECORDS")]
+    pub read_unsealed_records: bool,
+
     /// The secret itself, from `IDEM_TENANT_SECRET` only: never a flag, so that it
     /// stays out of process listings.
     #[arg(skip = TenantSecret::from_env())]
@@ -220,9 +234,10 @@ pub struct ServeArgs {
 
     /// How request paths are normalised before route matching, scoping and forwarding
     /// (the upstream receives the normalised path): rfc3986 (RFC 3986 §6.2.2: unreserved
-    /// escapes decoded, dot segments removed), merge-slashes, and the opt-in
-    /// trailing-slash and lowercase; or none. A path that cannot be normalised is a 400
-    /// `invalid-path` [default: rfc3986,merge-slashes].
+    /// escapes decoded, dot segments removed), merge-slashes, reject-ambiguous (refuse
+    /// %2F, %5C, %3B, space-padded segments, `..;` and characters NFKC changes), and the
+    /// opt-in trailing-slash and lowercase; or none. A path that cannot be normalised is
+    /// a 400 `invalid-path` [default: rfc3986,merge-slashes,reject-ambiguous].
     #[arg(
         long,
         env = "IDEM_PATH_NORMALIZATION",
@@ -231,6 +246,18 @@ pub struct ServeArgs {
     )]
     #[serde(deserialize_with = "toml_form::list")]
     pub path_normalization: Option<Vec<String>>,
+
+    /// How `[[route]]` templates match normalised paths: ignore-case (ASCII letters),
+    /// ignore-trailing-slash; or exact. `;` path parameters are never matched
+    /// [default: ignore-case,ignore-trailing-slash].
+    #[arg(
+        long,
+        env = "IDEM_ROUTE_MATCHING",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    #[serde(deserialize_with = "toml_form::list")]
+    pub route_matching: Option<Vec<String>>,
 
     /// How long a client may take to send a request's headers, counted from when its
     /// connection is ready for the next request (so an idle keep-alive connection is
@@ -272,6 +299,16 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
 
+    /// One line per request at info level (target `idem::access`): `on`, `off`, or the
+    /// fraction of requests to log, at random (`0.1`) [default: on].
+    #[arg(long, env = "IDEM_ACCESS_LOG", value_name = "on|off|FRACTION")]
+    pub access_log: Option<String>,
+
+    /// The header that carries the request id: taken from the client when well formed,
+    /// else made; sent upstream, returned, logged [default: x-request-id].
+    #[arg(long, env = "IDEM_REQUEST_ID_HEADER", value_name = "NAME")]
+    pub request_id_header: Option<String>,
+
     /// Most streams (requests) one HTTP/2 client connection may have open at once
     /// [default: 100].
     #[arg(long, env = "IDEM_HTTP2_MAX_CONCURRENT_STREAMS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -294,6 +331,14 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_HTTP2_KEEPALIVE_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
     #[serde(deserialize_with = "toml_form::duration")]
     pub http2_keepalive_timeout: Option<Duration>,
+
+    /// Most bytes of buffered answers (replays, recorded answers) one HTTP/2 client
+    /// connection may hold while its client has not read them, e.g. 16MiB; an answer
+    /// beyond it is a 503 `replay-unavailable` to retry with the same key (a
+    /// connection's first answer always fits) [default: 16MiB].
+    #[arg(long, env = "IDEM_HTTP2_ANSWER_BUDGET", value_name = "BYTES", value_parser = parse_byte_size)]
+    #[serde(deserialize_with = "toml_form::bytes")]
+    pub http2_answer_budget: Option<usize>,
 
     /// PEM file with the proxy listener's TLS certificate chain (its own certificate
     /// first): the listener then speaks HTTPS only, HTTP/2 or HTTP/1.1 by ALPN, TLS 1.2
@@ -342,6 +387,7 @@ impl ServeArgs {
             store,
             store_pool,
             store_namespace,
+            no_migrate,
             admin,
             admin_token,
             admin_token_file,
@@ -361,21 +407,26 @@ impl ServeArgs {
             tenant_secret_file,
             tenant_secret,
             record_key_file,
+            read_unsealed_records,
             scope,
             keyed_methods,
             release_statuses,
             grpc_release_codes,
             path_normalization,
+            route_matching,
             client_timeout,
             max_connections,
             sweep_interval,
             passthrough,
             shutdown_timeout,
             otlp_endpoint,
+            access_log,
+            request_id_header,
             http2_max_concurrent_streams,
             http2_max_header_list_size,
             http2_keepalive_interval,
             http2_keepalive_timeout,
+            http2_answer_budget,
             tls_cert,
             tls_key,
             admin_tls_cert,
@@ -389,6 +440,7 @@ impl ServeArgs {
             store: store.or(under.store),
             store_pool: store_pool.or(under.store_pool),
             store_namespace: store_namespace.or(under.store_namespace),
+            no_migrate: no_migrate || under.no_migrate,
             admin: admin.or(under.admin),
             admin_token: admin_token.or(under.admin_token),
             admin_token_file: admin_token_file.or(under.admin_token_file),
@@ -408,23 +460,28 @@ impl ServeArgs {
             tenant_secret_file: tenant_secret_file.or(under.tenant_secret_file),
             tenant_secret: tenant_secret.or(under.tenant_secret),
             record_key_file: record_key_file.or(under.record_key_file),
+            read_unsealed_records: read_unsealed_records || under.read_unsealed_records,
             scope: scope.or(under.scope),
             keyed_methods: keyed_methods.or(under.keyed_methods),
             release_statuses: release_statuses.or(under.release_statuses),
             grpc_release_codes: grpc_release_codes.or(under.grpc_release_codes),
             path_normalization: path_normalization.or(under.path_normalization),
+            route_matching: route_matching.or(under.route_matching),
             client_timeout: client_timeout.or(under.client_timeout),
             max_connections: max_connections.or(under.max_connections),
             sweep_interval: sweep_interval.or(under.sweep_interval),
             passthrough: passthrough || under.passthrough,
             shutdown_timeout: shutdown_timeout.or(under.shutdown_timeout),
             otlp_endpoint: otlp_endpoint.or(under.otlp_endpoint),
+            access_log: access_log.or(under.access_log),
+            request_id_header: request_id_header.or(under.request_id_header),
             http2_max_concurrent_streams: http2_max_concurrent_streams
                 .or(under.http2_max_concurrent_streams),
             http2_max_header_list_size: http2_max_header_list_size
                 .or(under.http2_max_header_list_size),
             http2_keepalive_interval: http2_keepalive_interval.or(under.http2_keepalive_interval),
             http2_keepalive_timeout: http2_keepalive_timeout.or(under.http2_keepalive_timeout),
+            http2_answer_budget: http2_answer_budget.or(under.http2_answer_budget),
             tls_cert: tls_cert.or(under.tls_cert),
             tls_key: tls_key.or(under.tls_key),
             admin_tls_cert: admin_tls_cert.or(under.admin_tls_cert),
@@ -479,6 +536,11 @@ mod toml_form {
     use serde::de::{Deserializer, Error};
 
     use super::{parse_byte_size, parse_duration};
+
+    /// `migrate = false` as the switch that is on when it is false.
+    pub(super) fn inverted<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+        Ok(!bool::deserialize(d)?)
+    }
 
     /// `"24h"`, parsed as the command line parses it.
     pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {

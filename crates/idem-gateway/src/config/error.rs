@@ -14,13 +14,15 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The `--config` file is not valid TOML for this program.
-    #[error("the config file {path} is invalid: {source}")]
+    #[error("the config file {path} is invalid: {source}{hint}")]
     Parse {
         /// The file.
         path: String,
         /// Why.
         #[source]
         source: Box<toml::de::Error>,
+        /// For a misspelled key, the nearest known one (`\ndid you mean …?`); else empty.
+        hint: String,
     },
     /// A setting has an unusable value.
     #[error("{setting}: {reason}")]

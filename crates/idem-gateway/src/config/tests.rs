@@ -303,7 +303,17 @@ fn tenant_headers_from_the_command_line_or_the_file_and_checked() {
 fn path_normalization_from_the_command_line_the_file_or_the_default() {
     let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), ServeArgs::default()).unwrap();
     assert_eq!(c.path_normalization, PathNormalization::default());
-    assert_eq!(c.path_normalization.to_string(), "rfc3986,merge-slashes");
+    assert_eq!(
+        c.path_normalization.to_string(),
+        "rfc3986,merge-slashes,reject-ambiguous"
+    );
+    assert_eq!(c.route_matching, RouteMatching::default());
+    let file: ServeArgs = toml::from_str("route_matching = \"exact\"").unwrap();
+    let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap();
+    assert_eq!(c.route_matching, RouteMatching::EXACT);
+    let file: ServeArgs = toml::from_str("route_matching = \"exact,ignore-case\"").unwrap();
+    let err = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap_err();
+    assert!(err.to_string().contains("route_matching"), "{err}");
     for toml in [
         "path_normalization = [\"rfc3986\", \"lowercase\"]",
         "path_normalization = \"rfc3986,lowercase\"",
@@ -562,4 +572,67 @@ fn unreadable_admin_token_file_is_refused() {
     };
     let e = GatewayConfig::merge(&a, ServeArgs::default()).unwrap_err();
     assert!(e.to_string().contains("missing"), "{e}");
+}
+
+#[test]
+fn a_misspelled_key_in_the_file_gets_the_nearest_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.toml");
+    for (text, near) in [
+        (
+            "upstream = \"http://127.0.0.1:1\"\nttll = \"2h\"\n",
+            Some("ttl"),
+        ),
+        (
+            "upstream = \"http://127.0.0.1:1\"\nmax_waiter = 3\n",
+            Some("max_waiters"),
+        ),
+        (
+            "upstream = \"http://127.0.0.1:1\"\n[[route]]\nmethod = \"POST\"\npath = \"/v1\"\nrequire_kye = true\n",
+            Some("require_key"),
+        ),
+        (
+            "upstream = \"http://127.0.0.1:1\"\ncolour = \"blue\"\n",
+            None,
+        ),
+    ] {
+        std::fs::write(&path, text).unwrap();
+        let e = read_file(&path).unwrap_err().to_string();
+        match near {
+            Some(near) => assert!(e.contains(&format!("did you mean `{near}`?")), "{e}"),
+            None => assert!(!e.contains("did you mean"), "{e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn settings_that_defeat_themselves_are_warned_of() {
+    let args = |extra: &str| -> ServeArgs {
+        toml::from_str(&format!("upstream = \"http://127.0.0.1:1\"\n{extra}")).unwrap()
+    };
+    let quiet = GatewayConfig::merge(&ServeArgs::default(), args("")).unwrap();
+    assert_eq!(quiet.warnings().await, Vec::<String>::new());
+    let c = GatewayConfig::merge(
+        &ServeArgs::default(),
+        args("ttl = \"30s\"\nlease = \"60s\"\nmax_wait = \"90s\""),
+    )
+    .unwrap();
+    let warnings = c.warnings().await;
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("ttl 30s is shorter than the lease 1m"),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[1].starts_with("max_wait 1m 30s is longer"),
+        "{warnings:?}"
+    );
+    let unknown: ServeArgs =
+        toml::from_str("upstream = \"http://no-such-host.invalid:80\"").unwrap();
+    let c = GatewayConfig::merge(&ServeArgs::default(), unknown).unwrap();
+    let warnings = c.warnings().await;
+    assert!(
+        warnings.iter().any(|w| w.contains("no-such-host.invalid")),
+        "{warnings:?}"
+    );
 }

@@ -152,6 +152,20 @@ pub(crate) fn parse_tenant_headers(list: &[String]) -> Result<Vec<HeaderName>, C
     Ok(names)
 }
 
+/// Parses `--listen`: `IP:PORT`, or a bare port, which listens on loopback (127.0.0.1),
+/// as `--admin` does.
+pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, ConfigError> {
+    if let Ok(port) = s.trim().parse::<u16>() {
+        return Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+    }
+    s.trim().parse().map_err(|_| {
+        invalid(
+            "listen",
+            format!("{s:?}: expected IP:PORT, e.g. 127.0.0.1:8080 or [::]:8080, or a port"),
+        )
+    })
+}
+
 /// An admin address: `ADDR:PORT`, or a bare port bound to loopback.
 pub fn parse_admin_addr(s: &str) -> Result<SocketAddr, ConfigError> {
     if let Ok(port) = s.trim().parse::<u16>() {
@@ -165,6 +179,20 @@ pub fn parse_admin_addr(s: &str) -> Result<SocketAddr, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_takes_an_address_or_a_bare_port_on_loopback() {
+        assert_eq!(
+            parse_listen_addr("8081").unwrap(),
+            "127.0.0.1:8081".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("[::]:8080").unwrap(),
+            "[::]:8080".parse().unwrap()
+        );
+        let e = parse_listen_addr("localhost:8080").unwrap_err().to_string();
+        assert!(e.contains("IP:PORT, e.g. 127.0.0.1:8080"), "{e}");
+    }
 
     #[test]
     fn admin_bare_port_binds_loopback() {

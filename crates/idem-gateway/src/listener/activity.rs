@@ -3,22 +3,37 @@
 //! header-read timeout for that; HTTP/2 has nothing of its own, and a client that
 //! opened a connection (or only sent the preface) and then no stream would hold it,
 //! and its place under the cap, for ever.
+//!
+//! And which of its HTTP/2 streams wait on their client's window (see [`super::window`]):
+//! once a stream is reset for waiting so the client timeout while every other stream
+//! open on the connection waits so too, the connection is closed.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use bytes::Buf;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::sync::watch;
 
-/// Requests open on one connection, and how many have started in all.
+use super::window::Watch;
+
+/// Requests open on one connection, how many have started in all, and how many of the
+/// open ones wait on the client's window.
 #[derive(Debug, Clone, Copy, Default)]
 struct Count {
     open: usize,
     started: u64,
+    /// Open HTTP/2 streams whose answer waits for room in the client's window.
+    waiting: usize,
+    /// A stream was reset for waiting the client timeout while every other stream
+    /// open waited on the client too.
+    abandoned: bool,
 }
 
 /// One connection's count of open requests.
@@ -57,6 +72,17 @@ impl Activity {
         }
     }
 
+    /// Resolves once a stream was reset for waiting on its client's window for the
+    /// client timeout while every other stream open on the connection waited so too:
+    /// the client reads nothing the connection sends.
+    pub(super) async fn abandoned(&self) {
+        let mut rx = self.0.subscribe();
+        if rx.wait_for(|c| c.abandoned).await.is_err() {
+            // The sender is gone; `self` holds it.
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// `service`, counting each request open from its call until its answer's body
     /// has been sent (or dropped).
     pub(super) fn track<S>(&self, service: S) -> Tracked<S> {
@@ -90,6 +116,7 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: Body + Unpin + Send + 'static,
+    B::Data: Buf,
 {
     type Response = Response<TrackedBody<B>>;
     type Error = S::Error;
@@ -100,19 +127,52 @@ where
         let answer = self.inner.call(req);
         Box::pin(async move {
             let res = answer.await?;
-            Ok(res.map(|inner| TrackedBody { inner, _open: open }))
+            // Polled in the stream's task, where an HTTP/2 stream has its watch.
+            let watch = Watch::current();
+            Ok(res.map(|inner| TrackedBody {
+                inner,
+                open,
+                watch,
+                waiting: false,
+            }))
         })
     }
 }
 
-/// An answer's body, whose request is counted open until it is dropped.
+/// An answer's body, whose request is counted open until it is dropped; on an HTTP/2
+/// stream with a client timeout, it tells the stream's watch and the connection's
+/// count when it waits on the client's window.
 #[derive(Debug)]
 pub(super) struct TrackedBody<B> {
     inner: B,
-    _open: Open,
+    open: Open,
+    watch: Option<Arc<Watch>>,
+    /// A frame handed over waits for room in the client's window.
+    waiting: bool,
 }
 
-impl<B: Body + Unpin> Body for TrackedBody<B> {
+impl<B> TrackedBody<B> {
+    fn set_waiting(&mut self, waiting: bool) {
+        if self.waiting == waiting {
+            return;
+        }
+        self.waiting = waiting;
+        // Nobody waits for this change alone: only a reset reads it.
+        self.open.0.send_if_modified(|c| {
+            if waiting {
+                c.waiting += 1;
+            } else {
+                c.waiting -= 1;
+            }
+            false
+        });
+    }
+}
+
+impl<B: Body + Unpin> Body for TrackedBody<B>
+where
+    B::Data: Buf,
+{
     type Data = B::Data;
     type Error = B::Error;
 
@@ -120,7 +180,21 @@ impl<B: Body + Unpin> Body for TrackedBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+        let this = self.get_mut();
+        let Some(watch) = this.watch.clone() else {
+            return Pin::new(&mut this.inner).poll_frame(cx);
+        };
+        // Asked for the next frame: the last one had room.
+        watch.asked();
+        this.set_waiting(false);
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && frame.data_ref().is_some_and(Buf::has_remaining)
+        {
+            watch.handed();
+            this.set_waiting(true);
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -129,6 +203,23 @@ impl<B: Body + Unpin> Body for TrackedBody<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl<B> Drop for TrackedBody<B> {
+    fn drop(&mut self) {
+        let cut = self.watch.as_ref().is_some_and(|w| w.was_cut());
+        let waiting = self.waiting;
+        // Before `open` counts this request closed, which tells the waiters.
+        self.open.0.send_if_modified(|c| {
+            if waiting {
+                c.waiting -= 1;
+            }
+            if cut && c.open - 1 == c.waiting {
+                c.abandoned = true;
+            }
+            false
+        });
     }
 }
 

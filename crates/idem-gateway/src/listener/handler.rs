@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioExecutor;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -21,6 +20,7 @@ use super::activity::Activity;
 use super::http2::Builders;
 use super::shutdown::Shutdown;
 use super::tls::Tls;
+use super::window::StreamExecutor;
 use super::write_stall::WriteStall;
 use super::{ConnectionSlot, KEEPALIVE_IDLE};
 
@@ -111,13 +111,14 @@ where
 
 /// Serves `io` with `builder` until the connection ends. A client that sends no
 /// complete HTTP/1.1 request head in time (a slow or stalled one, or an idle keep-alive
-/// connection), or keeps a connection with no request open for the timeout (an HTTP/2
-/// connection without streams, one that never sent its preface) is disconnected, so it
-/// cannot hold a connection and its buffers without limit. With upgrades, so that the
+/// connection), keeps a connection with no request open for the timeout (an HTTP/2
+/// connection without streams, one that never sent its preface), or keeps every HTTP/2
+/// stream's window shut for it is disconnected, so it cannot hold a connection and its
+/// buffers without limit. With upgrades, so that the
 /// proxy can hand a switched HTTP/1.1 connection (a WebSocket) over to its tunnel.
 async fn serve<I, S, B>(
     io: I,
-    builder: &auto::Builder<TokioExecutor>,
+    builder: &auto::Builder<StreamExecutor>,
     service: S,
     timeout: Option<Duration>,
     shutdown: &mut Shutdown,
@@ -139,6 +140,7 @@ async fn serve<I, S, B>(
             None => std::future::pending().await,
         }
     };
+    let abandoned = activity.abandoned();
     // A graceful close of HTTP/2 waits for the client to answer a ping; one that never
     // does is given the timeout once more, then dropped.
     let grace = timeout.unwrap_or(Duration::MAX);
@@ -152,6 +154,18 @@ async fn serve<I, S, B>(
         }
         () = idle => {
             tracing::debug!("closing a connection that had no request open for the client timeout");
+            conn.as_mut().graceful_shutdown();
+            match tokio::time::timeout(grace, conn).await {
+                Ok(ended) => ended,
+                Err(_) => Ok(()),
+            }
+        }
+        () = abandoned => {
+            // Its other streams, all waiting on the client too, are reset within the
+            // timeout; then the GOAWAY ends the connection.
+            tracing::debug!(
+                "closing an HTTP/2 connection whose every stream waited on the client's window for the client timeout"
+            );
             conn.as_mut().graceful_shutdown();
             match tokio::time::timeout(grace, conn).await {
                 Ok(ended) => ended,

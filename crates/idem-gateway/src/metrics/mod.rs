@@ -43,7 +43,7 @@ const BUCKETS: [f64; 12] = [
 const KEY_WRITES: [&str; 2] = ["complete", "release"];
 
 /// How a duplicate's wait can end ([`Observer::wait_ended`]).
-const WAIT_ENDS: [&str; 5] = ["replay", "execute", "timeout", "abandoned", "other"];
+const WAIT_ENDS: [&str; 5] = ["replay", "retry", "timeout", "abandoned", "other"];
 
 /// A gauge of whole numbers that are never negative (a connection cap).
 type Level = Gauge<u64, AtomicU64>;

@@ -11,7 +11,8 @@
 //! resource a request names. The query is left as it is.
 //!
 //! What [`normalize`] does, item by item of [`PathNormalization`] (by default
-//! `rfc3986,merge-slashes`, as Envoy's `normalize_path` and `merge_slashes`):
+//! `rfc3986,merge-slashes,reject-ambiguous`: Envoy's `normalize_path` and
+//! `merge_slashes`, and the refusals of Tomcat's and Spring Security's defaults):
 //!
 //! - `rfc3986`, RFC 3986 §6.2.2: percent-escapes of unreserved characters (`A-Z a-z
 //!   0-9 - . _ ~`) are decoded (`%63` is `c`, `%2e` is `.`), the hex of every other
@@ -27,14 +28,28 @@
 //!   do): `/v1/charges/` is `/v1/charges`; the root stays `/`.
 //! - `lowercase` (opt-in, likewise): ASCII letters are lower-cased; percent-escapes
 //!   keep their upper-case hex.
+//! - `reject-ambiguous` (needs `rfc3986`): refuses, with [`InvalidPath`], the spellings
+//!   that upstream frameworks read each their own way, so that no one normal spelling
+//!   can stand for them: an escaped `/`, `\\` or `;` (`%2F`, `%5C`, `%3B`: Tomcat
+//!   refuses the first two, WSGI servers decode them into separators, Spring strips
+//!   `;` before it decodes and Jetty after); a segment that starts or ends with a
+//!   space (`/v1/charges%20`, which Spring's older matchers trimmed); a segment whose
+//!   name before its `;` path parameters is empty, `.` or `..` (`/v1/x/..;/charges`
+//!   is `/v1/charges` to Tomcat, which strips the parameters and then the dot
+//!   segment); and a character that Unicode compatibility normalisation (NFKC)
+//!   changes (the fullwidth `ｃ` of `/v1/ｃharges`, a ligature, a non-breaking space),
+//!   which some upstreams fold into the ASCII it looks like. Path parameters of named
+//!   segments (`/v1/charges;jsessionid=x`) pass: route rules match as if they were not
+//!   there (see [`crate::route`]).
 //! - `none` leaves every path as it came.
 //!
 //! What is never changed, and what is refused with [`InvalidPath`] (a 400 problem
 //! `invalid-path` at the gateway, nothing reserved, nothing forwarded), whenever any
 //! item is on:
 //!
-//! - `%2F` and `%5C` stay encoded: an encoded slash or backslash is part of a segment,
-//!   never a separator, exactly as RFC 3986 says of reserved characters.
+//! - Without `reject-ambiguous`, `%2F`, `%5C` and `%3B` stay encoded: an encoded
+//!   slash, backslash or semicolon is part of a segment, never a delimiter, exactly as
+//!   RFC 3986 says of reserved characters.
 //! - A path that does not start with `/`.
 //! - With `rfc3986`: a `..` that would climb above the root (`/../v1/charges`); a `%`
 //!   not followed by two hex digits (`%G1`, a trailing `%4`); an escape of a control
@@ -62,17 +77,19 @@ mod rewrite;
 use rewrite::{is_normal, rewrite};
 
 /// Which normalisations the gateway applies to request paths (`--path-normalization`):
-/// by default `rfc3986` and `merge-slashes`; see the [module docs](self).
+/// by default `rfc3986`, `merge-slashes` and `reject-ambiguous`; see the
+/// [module docs](self).
 ///
 /// ```
 /// use idem_gateway::path::PathNormalization;
 ///
 /// let default = PathNormalization::default();
-/// assert_eq!(default.to_string(), "rfc3986,merge-slashes");
+/// assert_eq!(default.to_string(), "rfc3986,merge-slashes,reject-ambiguous");
 /// let all: PathNormalization = "rfc3986,merge-slashes,trailing-slash,lowercase".parse().unwrap();
-/// assert!(all.trailing_slash() && all.lowercase());
+/// assert!(all.trailing_slash() && all.lowercase() && !all.reject_ambiguous());
 /// assert!("none".parse::<PathNormalization>().unwrap().is_none());
 /// assert!("none,lowercase".parse::<PathNormalization>().is_err());
+/// assert!("merge-slashes,reject-ambiguous".parse::<PathNormalization>().is_err());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PathNormalization {
@@ -80,10 +97,17 @@ pub struct PathNormalization {
     merge_slashes: bool,
     trailing_slash: bool,
     lowercase: bool,
+    reject_ambiguous: bool,
 }
 
 /// The list items, in the order they are shown.
-const ITEMS: [&str; 4] = ["rfc3986", "merge-slashes", "trailing-slash", "lowercase"];
+const ITEMS: [&str; 5] = [
+    "rfc3986",
+    "merge-slashes",
+    "trailing-slash",
+    "lowercase",
+    "reject-ambiguous",
+];
 
 impl PathNormalization {
     /// No normalisation: paths are routed, scoped and forwarded as they came.
@@ -92,10 +116,12 @@ impl PathNormalization {
         merge_slashes: false,
         trailing_slash: false,
         lowercase: false,
+        reject_ambiguous: false,
     };
 
     /// The options a list names: `rfc3986`, `merge-slashes`, `trailing-slash`,
-    /// `lowercase` (any case, repeats ignored, blank items skipped), or `none` alone.
+    /// `lowercase`, `reject-ambiguous` (any case, repeats ignored, blank items
+    /// skipped), or `none` alone.
     pub fn from_items<I, S>(items: I) -> Result<PathNormalization, PathNormalizationError>
     where
         I: IntoIterator<Item = S>,
@@ -116,6 +142,7 @@ impl PathNormalization {
                 "merge-slashes" => options.merge_slashes = true,
                 "trailing-slash" => options.trailing_slash = true,
                 "lowercase" => options.lowercase = true,
+                "reject-ambiguous" => options.reject_ambiguous = true,
                 _ => {
                     return Err(PathNormalizationError(format!(
                         "{item:?} is not a normalisation (give a list of {}, or none)",
@@ -126,14 +153,21 @@ impl PathNormalization {
         }
         if !any {
             return Err(PathNormalizationError(
-                "the list is empty; give rfc3986,merge-slashes (the default), or none to \
-                 turn normalisation off"
+                "the list is empty; give rfc3986,merge-slashes,reject-ambiguous (the \
+                 default), or none to turn normalisation off"
                     .into(),
             ));
         }
         if none && !options.is_none() {
             return Err(PathNormalizationError(
                 "none turns normalisation off and cannot be given with other items".into(),
+            ));
+        }
+        if options.reject_ambiguous && !options.rfc3986 {
+            return Err(PathNormalizationError(
+                "reject-ambiguous reads escapes as rfc3986 decodes them, and needs it in the \
+                 list too"
+                    .into(),
             ));
         }
         Ok(options)
@@ -163,16 +197,22 @@ impl PathNormalization {
     pub fn lowercase(self) -> bool {
         self.lowercase
     }
+
+    /// Spellings that upstreams read each their own way are refused.
+    pub fn reject_ambiguous(self) -> bool {
+        self.reject_ambiguous
+    }
 }
 
 impl Default for PathNormalization {
-    /// `rfc3986,merge-slashes`.
+    /// `rfc3986,merge-slashes,reject-ambiguous`.
     fn default() -> Self {
         PathNormalization {
             rfc3986: true,
             merge_slashes: true,
             trailing_slash: false,
             lowercase: false,
+            reject_ambiguous: true,
         }
     }
 }
@@ -197,6 +237,7 @@ impl fmt::Display for PathNormalization {
             self.merge_slashes,
             self.trailing_slash,
             self.lowercase,
+            self.reject_ambiguous,
         ];
         let names: Vec<&str> = ITEMS
             .iter()
@@ -255,6 +296,47 @@ pub enum InvalidPath {
     /// A `..` segment would climb above the root.
     #[error("a '..' segment climbs above the root")]
     AboveRoot,
+    /// The escape at this byte offset encodes a delimiter (`%2F`, `%5C`, `%3B`), which
+    /// upstreams keep, decode into a delimiter or refuse, each their own way.
+    #[error(
+        "the escape at byte {at} encodes {delimiter:?}, which upstreams read either as a \
+         delimiter or as a character"
+    )]
+    EncodedDelimiter {
+        /// The byte offset of the escape's `%`.
+        at: usize,
+        /// The character it encodes.
+        delimiter: char,
+    },
+    /// The segment at this byte offset starts or ends with a space, which some
+    /// upstreams trim.
+    #[error("the segment at byte {at} starts or ends with a space, which some upstreams trim")]
+    PaddedSegment {
+        /// The byte offset of the segment's first byte.
+        at: usize,
+    },
+    /// The segment at this byte offset has `;` path parameters after an empty, `.` or
+    /// `..` name, which upstreams that strip the parameters read as a dot segment or
+    /// an empty one.
+    #[error(
+        "the segment at byte {at} has path parameters after an empty, '.' or '..' name, \
+         which upstreams that strip them (Tomcat, Spring) read as a dot or empty segment"
+    )]
+    ParametersOnDotSegment {
+        /// The byte offset of the segment's first byte.
+        at: usize,
+    },
+    /// The path holds a character that Unicode compatibility normalisation (NFKC)
+    /// changes (a fullwidth letter, a ligature, a non-breaking space).
+    #[error(
+        "the path holds {character:?} (U+{code:04X}), which Unicode compatibility \
+         normalisation (NFKC) spells otherwise, as some upstreams read it",
+        code = u32::from(*character)
+    )]
+    CompatibilityCharacter {
+        /// The first such character.
+        character: char,
+    },
 }
 
 /// The path normalised as `options` say (see the [module docs](self)): borrowed when it
@@ -268,8 +350,10 @@ pub enum InvalidPath {
 /// for spelling in ["/v1/charges", "/v1//charges", "/v1/%63harges", "/v1/./charges", "/v1/x/../charges"] {
 ///     assert_eq!(normalize(spelling, options).unwrap(), "/v1/charges");
 /// }
-/// assert_eq!(normalize("/v1/a%2fb", options).unwrap(), "/v1/a%2Fb");
 /// assert_eq!(normalize("/../v1", options), Err(InvalidPath::AboveRoot));
+/// assert!(matches!(normalize("/v1%2Fcharges", options), Err(InvalidPath::EncodedDelimiter { .. })));
+/// let keep: PathNormalization = "rfc3986,merge-slashes".parse().unwrap();
+/// assert_eq!(normalize("/v1/a%2fb", keep).unwrap(), "/v1/a%2Fb");
 /// ```
 pub fn normalize(path: &str, options: PathNormalization) -> Result<Cow<'_, str>, InvalidPath> {
     if options.is_none() {

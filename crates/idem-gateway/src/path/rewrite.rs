@@ -84,6 +84,7 @@ pub(super) fn is_normal(bytes: &[u8], options: PathNormalization) -> bool {
             b'%' if options.rfc3986 || options.lowercase => match escape_at(bytes, i) {
                 Some(v)
                     if !(options.rfc3986 && (is_unreserved(v) || is_control(v) || v >= 0x80))
+                        && !(options.reject_ambiguous && is_ambiguous_escape(v))
                         && !bytes[i + 1..i + 3].iter().any(u8::is_ascii_lowercase) =>
                 {
                     i += 2;
@@ -93,6 +94,8 @@ pub(super) fn is_normal(bytes: &[u8], options: PathNormalization) -> bool {
                 None => {}
             },
             b'A'..=b'Z' if options.lowercase => return false,
+            // Path parameters are checked by `rewrite`, where segments are whole.
+            b';' if options.reject_ambiguous => return false,
             _ if options.rfc3986 && !(is_unreserved(b) || is_pchar_delim(b) || b == b'%') => {
                 return false;
             }
@@ -101,6 +104,13 @@ pub(super) fn is_normal(bytes: &[u8], options: PathNormalization) -> bool {
         i += 1;
     }
     segment_is_plain(&bytes[segment_start..], options)
+}
+
+/// Whether an escape of `v` is refused under `reject-ambiguous`: a delimiter that
+/// upstreams read each their own way (`/`, `\`, `;`), or a space, which `rewrite`
+/// checks where segments are whole.
+fn is_ambiguous_escape(v: u8) -> bool {
+    matches!(v, b'/' | b'\\' | b';' | b' ')
 }
 
 /// Whether a raw segment is no dot segment [`rewrite`] would remove.
@@ -126,8 +136,11 @@ pub(super) fn rewrite(path: &str, options: PathNormalization) -> Result<String, 
         let start = out.len();
         out.push('/');
         segment_into(raw, offset, options, &mut out)?;
-        offset += raw.len() + 1;
         let written = &out[start + 1..];
+        if options.reject_ambiguous {
+            check_unambiguous(written, offset)?;
+        }
+        offset += raw.len() + 1;
         if written.is_empty() {
             if last {
                 out.truncate(start);
@@ -164,7 +177,64 @@ pub(super) fn rewrite(path: &str, options: PathNormalization) -> Result<String, 
     if out.is_empty() {
         out.push('/');
     }
+    if options.reject_ambiguous {
+        check_compatibility(&out)?;
+    }
     Ok(out)
+}
+
+/// Refuses a normalised segment (at byte `at` of the request's path) that upstreams
+/// read each their own way: one padded with a space, which some trim, or one whose
+/// name before its `;` path parameters is empty, `.` or `..`, which an upstream that
+/// strips the parameters reads as an empty or a dot segment (`..;` climbs there).
+fn check_unambiguous(segment: &str, at: usize) -> Result<(), InvalidPath> {
+    if segment.starts_with("%20") || segment.ends_with("%20") {
+        return Err(InvalidPath::PaddedSegment { at });
+    }
+    if let Some((name, _)) = segment.split_once(';')
+        && matches!(name, "" | "." | "..")
+    {
+        return Err(InvalidPath::ParametersOnDotSegment { at });
+    }
+    Ok(())
+}
+
+/// Refuses a normalised path that holds a character NFKC changes: some upstreams fold
+/// the fullwidth `ｃ` (or a ligature, a non-breaking space) into what it looks like, so
+/// that `/v1/ｃharges` is `/v1/charges` to them and another path to the rules.
+fn check_compatibility(path: &str) -> Result<(), InvalidPath> {
+    use unicode_normalization::UnicodeNormalization;
+    let bytes = path.as_bytes();
+    // Only escapes of UTF-8 (validated by `segment_into`) can hold such a character.
+    if !bytes.windows(2).any(|w| w[0] == b'%' && w[1] >= b'8') {
+        return Ok(());
+    }
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match escape_at(bytes, i).filter(|_| bytes[i] == b'%') {
+            Some(v) => {
+                decoded.push(v);
+                i += 3;
+            }
+            None => {
+                decoded.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    let text = std::str::from_utf8(&decoded).expect("escapes checked as UTF-8");
+    if text.nfkc().eq(text.chars()) {
+        return Ok(());
+    }
+    // The character to name: the first that NFKC changes on its own, else (a sequence
+    // that it composes) the first that is not ASCII.
+    let character = text
+        .chars()
+        .find(|&c| std::iter::once(c).nfkc().ne(std::iter::once(c)))
+        .or_else(|| text.chars().find(|c| !c.is_ascii()))
+        .expect("only non-ASCII characters change under NFKC");
+    Err(InvalidPath::CompatibilityCharacter { character })
 }
 
 /// Writes one segment (the bytes between two slashes, starting at byte `offset` of the
@@ -213,6 +283,12 @@ fn segment_into(
             let v = escape_at(raw, i).ok_or(InvalidPath::BrokenEscape { at })?;
             if is_control(v) {
                 return Err(InvalidPath::ControlCharacter { at });
+            }
+            if options.reject_ambiguous && matches!(v, b'/' | b'\\' | b';') {
+                return Err(InvalidPath::EncodedDelimiter {
+                    at,
+                    delimiter: char::from(v),
+                });
             }
             if is_unreserved(v) {
                 out.push(letter(v));

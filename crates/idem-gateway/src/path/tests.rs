@@ -38,10 +38,11 @@ fn normal_paths_are_borrowed() {
         "/",
         "/v1/charges",
         "/v1/orders/42/capture",
-        "/v1/a%2Fb",
         "/v1/a:b@c;d=e,f!$&'()*+",
         "/v1/%C3%A9",
         "/v1/charges/",
+        "/v1/charges;jsessionid=x",
+        "/v1/a%20b",
     ] {
         assert!(
             matches!(norm(path), Ok(Cow::Borrowed(p)) if p == path),
@@ -54,25 +55,113 @@ fn normal_paths_are_borrowed() {
         Ok(Cow::Borrowed(_))
     ));
     // The common paths take the fast check alone, which allocates nothing.
-    for path in [
-        "/",
-        "/v1/charges",
-        "/v1/orders/42/capture",
-        "/v1/a%2Fb",
-        "/v1/x;y=z",
-    ] {
+    for path in ["/", "/v1/charges", "/v1/orders/42/capture", "/v1/a:b@c"] {
         assert!(
             is_normal(path.as_bytes(), PathNormalization::default()),
             "{path}"
         );
     }
+    // Without reject-ambiguous, escaped delimiters and parameters are normal too.
+    for path in ["/v1/a%2Fb", "/v1/x;y=z"] {
+        assert!(
+            is_normal(path.as_bytes(), options("rfc3986,merge-slashes")),
+            "{path}"
+        );
+    }
+}
+
+/// `reject-ambiguous` (on by default) refuses the spellings upstream frameworks read
+/// each their own way, and lets their plain neighbours through.
+#[test]
+fn ambiguous_spellings_are_refused() {
+    for (path, error) in [
+        (
+            "/v1%2Fcharges",
+            InvalidPath::EncodedDelimiter {
+                at: 3,
+                delimiter: '/',
+            },
+        ),
+        (
+            "/v1/a%5cb",
+            InvalidPath::EncodedDelimiter {
+                at: 5,
+                delimiter: '\\',
+            },
+        ),
+        (
+            "/v1/charges%3Bx",
+            InvalidPath::EncodedDelimiter {
+                at: 11,
+                delimiter: ';',
+            },
+        ),
+        ("/v1/charges%20", InvalidPath::PaddedSegment { at: 4 }),
+        ("/v1/%20charges/x", InvalidPath::PaddedSegment { at: 4 }),
+        ("/v1/ charges", InvalidPath::PaddedSegment { at: 4 }),
+        (
+            "/v1/x/..;/charges",
+            InvalidPath::ParametersOnDotSegment { at: 6 },
+        ),
+        (
+            "/v1/x/%2E;/charges",
+            InvalidPath::ParametersOnDotSegment { at: 6 },
+        ),
+        (
+            "/v1/charges/;x",
+            InvalidPath::ParametersOnDotSegment { at: 12 },
+        ),
+        ("/;x", InvalidPath::ParametersOnDotSegment { at: 1 }),
+        (
+            "/v1/%EF%BD%83harges",
+            InvalidPath::CompatibilityCharacter { character: 'ｃ' },
+        ),
+        (
+            "/v1/ｃharges",
+            InvalidPath::CompatibilityCharacter { character: 'ｃ' },
+        ),
+        (
+            "/v1/%EF%AC%81le",
+            InvalidPath::CompatibilityCharacter { character: 'ﬁ' },
+        ),
+        (
+            "/v1/a%C2%A0b",
+            InvalidPath::CompatibilityCharacter {
+                character: '\u{a0}',
+            },
+        ),
+        // A decomposed é, which NFKC composes.
+        (
+            "/v1/e%CC%81",
+            InvalidPath::CompatibilityCharacter {
+                character: '\u{301}',
+            },
+        ),
+    ] {
+        assert_eq!(norm(path), Err(error.clone()), "{path}");
+        assert!(
+            normalize(path, options("rfc3986,merge-slashes")).is_ok(),
+            "{path} passes without reject-ambiguous"
+        );
+    }
+    for path in [
+        "/v1/a%20b",
+        "/v1/charges;jsessionid=x",
+        "/v1;a=b/charges",
+        "/v1/%C3%A9",
+        "/v1/%E6%97%A5",
+        "/v1/a;b/..",
+    ] {
+        assert!(norm(path).is_ok(), "{path}: {:?}", norm(path));
+    }
 }
 
 #[test]
 fn escapes_of_reserved_characters_stay_and_are_upper_cased() {
-    assert_eq!(norm("/v1/a%2fb").unwrap(), "/v1/a%2Fb");
-    assert_eq!(norm("/v1/a%5cb").unwrap(), "/v1/a%5Cb");
-    assert_eq!(norm("/v1/%2f%2f").unwrap(), "/v1/%2F%2F");
+    let keep = options("rfc3986,merge-slashes");
+    assert_eq!(normalize("/v1/a%2fb", keep).unwrap(), "/v1/a%2Fb");
+    assert_eq!(normalize("/v1/a%5cb", keep).unwrap(), "/v1/a%5Cb");
+    assert_eq!(normalize("/v1/%2f%2f", keep).unwrap(), "/v1/%2F%2F");
     assert_eq!(norm("/v1/a%3ab").unwrap(), "/v1/a%3Ab");
     assert_eq!(norm("/v1/%25").unwrap(), "/v1/%25");
     assert_eq!(norm("/v1/%2541").unwrap(), "/v1/%2541", "decoded once only");
@@ -175,13 +264,14 @@ fn none_leaves_every_path_as_it_came() {
 #[test]
 fn lists_parse_and_refuse_what_they_cannot_use() {
     assert_eq!(
-        options("rfc3986,merge-slashes"),
+        options("rfc3986,merge-slashes,reject-ambiguous"),
         PathNormalization::default()
     );
     assert_eq!(
-        options(" RFC3986 , merge-slashes,,"),
+        options(" RFC3986 , merge-slashes,,Reject-Ambiguous"),
         PathNormalization::default()
     );
+    assert!("reject-ambiguous".parse::<PathNormalization>().is_err());
     assert_eq!(options("none"), PathNormalization::NONE);
     assert_eq!(options("NONE").to_string(), "none");
     assert_eq!(
@@ -233,7 +323,13 @@ fn decode_all(bytes: &[u8]) -> Vec<u8> {
 
 /// Paths made of the pieces that normalisation cares about.
 fn hostile_path() -> impl Strategy<Value = String> {
-    const PIECES: [&str; 29] = [
+    const PIECES: [&str; 35] = [
+        "%3b",
+        ";x",
+        "%20",
+        " ",
+        "%EF%BD%83",
+        "ｃ",
         "/",
         "//",
         ".",
@@ -269,14 +365,20 @@ fn hostile_path() -> impl Strategy<Value = String> {
 }
 
 fn any_options() -> impl Strategy<Value = PathNormalization> {
-    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(|(r, m, t, l)| {
-        PathNormalization {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(r, m, t, l, a)| PathNormalization {
             rfc3986: r,
             merge_slashes: m,
             trailing_slash: t,
             lowercase: l,
-        }
-    })
+            reject_ambiguous: r && a,
+        })
 }
 
 proptest! {

@@ -13,6 +13,10 @@
 //!   A handshake that fails is never retried in plaintext: the request is answered
 //!   with a 502 naming the TLS failure ([`tls_failure`]).
 //!
+//! With `http2`, each new connection's first bytes must be the server's HTTP/2
+//! preface ([`PrefaceCheck`]): an upstream that answers in HTTP/1.1 read no request,
+//! and the proxy answers 502, releasing the key, rather than a 504 of unknown outcome.
+//!
 //! HTTP/2 connections are pooled like HTTP/1.1 ones: one per upstream, its streams
 //! shared by the requests in flight.
 
@@ -30,6 +34,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::{ClientConfig, RootCertStore};
 
 use super::ProxyBody;
+use super::preface::PrefaceCheck;
 use crate::config::UpstreamProtocol;
 
 /// A pooled client to the upstream: plain TCP, or TLS on top of it.
@@ -37,8 +42,12 @@ use crate::config::UpstreamProtocol;
 pub(super) enum UpstreamClient {
     /// `http://`: the connector of old, untouched.
     Plain(Client<HttpConnector, ProxyBody>),
+    /// `http://` with `http2`: prior knowledge, the server's preface checked.
+    PlainHttp2(Client<PrefaceCheck<HttpConnector>, ProxyBody>),
     /// `https://`.
     Tls(Client<HttpsConnector<HttpConnector>, ProxyBody>),
+    /// `https://` with `http2`, the server's preface checked.
+    TlsHttp2(Client<PrefaceCheck<HttpsConnector<HttpConnector>>, ProxyBody>),
 }
 
 impl UpstreamClient {
@@ -64,8 +73,13 @@ impl UpstreamClient {
         if protocol == UpstreamProtocol::Http2 {
             builder.http2_only(true);
         }
+        let http2 = protocol == UpstreamProtocol::Http2;
         let Some(tls) = tls else {
-            return UpstreamClient::Plain(builder.build(connector));
+            return if http2 {
+                UpstreamClient::PlainHttp2(builder.build(PrefaceCheck(connector)))
+            } else {
+                UpstreamClient::Plain(builder.build(connector))
+            };
         };
         // The URL is https://, which the plain connector would refuse.
         connector.enforce_http(false);
@@ -84,14 +98,20 @@ impl UpstreamClient {
                 .enable_http2()
                 .wrap_connector(connector),
         };
-        UpstreamClient::Tls(builder.build(connector))
+        if http2 {
+            UpstreamClient::TlsHttp2(builder.build(PrefaceCheck(connector)))
+        } else {
+            UpstreamClient::Tls(builder.build(connector))
+        }
     }
 
     /// Sends `req` on a pooled connection, or a new one.
     pub(super) fn request(&self, req: Request<ProxyBody>) -> ResponseFuture {
         match self {
             UpstreamClient::Plain(client) => client.request(req),
+            UpstreamClient::PlainHttp2(client) => client.request(req),
             UpstreamClient::Tls(client) => client.request(req),
+            UpstreamClient::TlsHttp2(client) => client.request(req),
         }
     }
 }

@@ -3,7 +3,10 @@
 //! normalised (SPEC S14), once, so that the layer, the routes and the proxy all see the
 //! one normal target; the client's address and, for an upgrade, the connection's place
 //! under the cap go into its extensions; a CORS preflighted origin is noted, for the
-//! gateway's own answers; and at debug level each request is logged with its outcome.
+//! gateway's own answers; an HTTP/2 answer the layer buffered is charged to its
+//! connection's budget (see [`crate::budget`]); the request gets its id (taken from the
+//! client or made), and is written in the access log once its answer has been sent
+//! (see [`super::access`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -14,10 +17,11 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use idem_tower::{Observer, Outcome, Problem, ProblemKind};
-use tokio::time::Instant;
 use tower::ServiceExt;
 
+use super::access::{self, AccessSettings, Entry};
 use super::{ClientBody, GatewayService};
+use crate::budget::AnswerBudget;
 use crate::cors;
 use crate::listener::ConnectionSlot;
 use crate::metrics::Metrics;
@@ -33,14 +37,18 @@ pub(super) struct Front {
     pub(super) paths: PathNormalization,
     /// Traces, when an OTLP endpoint is set: a server span around each request.
     pub(super) telemetry: Option<Telemetry>,
+    /// Request ids and the access log.
+    pub(super) access: Arc<AccessSettings>,
 }
 
 impl Front {
-    /// Answers one request that came on a connection from `peer`, which holds `slot`.
+    /// Answers one request that came on a connection from `peer`, which holds `slot`
+    /// and, for HTTP/2, `budget`.
     pub(super) fn call(
         &self,
         peer: SocketAddr,
         slot: &ConnectionSlot,
+        budget: &AnswerBudget,
         mut req: Request<Incoming>,
     ) -> impl Future<Output = Result<Response<ClientBody>, Infallible>> + Send + use<> {
         join_cookies(&mut req);
@@ -51,6 +59,10 @@ impl Front {
             self.metrics.outcome(Outcome::Rejected);
         }
         req.extensions_mut().insert(ClientAddr(peer));
+        let id_header = &self.access.request_id_header;
+        let request_id = access::request_id(req.headers_mut(), id_header);
+        let entry = Entry::start(&self.access, &mut req, peer, request_id.clone());
+        let id_header = id_header.clone();
         // A connection that becomes a WebSocket tunnel keeps its place under the cap
         // while the tunnel is open.
         if req.headers().contains_key(http::header::UPGRADE) {
@@ -60,19 +72,24 @@ impl Front {
         let guard = self.metrics.in_flight_guard();
         let origin = cors::preflighted_origin(req.method(), req.headers());
         let grpc = idem_tower::is_grpc(req.headers());
+        // HTTP/1.1 sends one answer at a time: only HTTP/2 holds several.
+        let budget = (req.version() == http::Version::HTTP_2).then(|| budget.clone());
+        let keyed = req.headers().contains_key("idempotency-key");
         let traced = self
             .telemetry
             .as_ref()
-            .map(|t| t.server_context(&req, invalid.is_some()));
+            .map(|t| t.server_context(&req, invalid.is_some(), &request_id));
         telemetry::instrument(traced, async move {
-            // The access log is at debug level; skip its bookkeeping otherwise.
-            let logged = tracing::enabled!(tracing::Level::DEBUG).then(|| {
-                (
-                    Instant::now(),
-                    req.method().clone(),
-                    req.uri().path().to_owned(),
-                )
-            });
+            // A keyed request may be answered from the store: it waits for room for
+            // an answer first.
+            let reservation = match &budget {
+                Some(budget) if keyed && invalid.is_none() => {
+                    let reservation = budget.admit().await;
+                    req.extensions_mut().insert(reservation.clone());
+                    Some(reservation)
+                }
+                _ => None,
+            };
             let res = match invalid {
                 None => svc.oneshot(req).await,
                 Some(problem) => {
@@ -85,6 +102,10 @@ impl Front {
                         .map(|b| Full::new(b).map_err(|e| match e {}).boxed_unsync()))
                 }
             };
+            let res = match (res, budget) {
+                (Ok(r), Some(budget)) => Ok(budget.hold(r, reservation)),
+                (res, _) => res,
+            };
             let mut res = match res {
                 Ok(r) => Ok(super::grpc::own_answer(grpc, r).await),
                 Err(e) => Err(e),
@@ -92,16 +113,17 @@ impl Front {
             if let (Some(origin), Ok(r)) = (origin, &mut res) {
                 cors::allow_origin_on_problem(r, origin);
             }
-            if let (Some((started, method, path)), Ok(r)) = (logged, &res) {
-                tracing::debug!(
-                    %method,
-                    %path,
-                    status = r.status().as_u16(),
-                    replayed = r.headers().contains_key("idempotent-replayed"),
-                    elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-                    "request"
-                );
-            }
+            let res = match res {
+                Ok(r) if !grpc => Ok(access::into_problem(r, &request_id).await),
+                other => other,
+            };
+            let res = res.map(|mut r| {
+                r.headers_mut().insert(id_header, request_id);
+                match entry {
+                    Some(entry) => entry.finish(r),
+                    None => r,
+                }
+            });
             drop(guard);
             res
         })

@@ -221,8 +221,14 @@ impl Telemetry {
 
     /// The context a request is served in: its server span, the child of the client's
     /// `traceparent` if it sent one. `rejected`: the gateway answered it before the
-    /// layer saw it (a bad `Host`, a path that cannot be normalised).
-    pub fn server_context<B>(&self, req: &Request<B>, rejected: bool) -> Context {
+    /// layer saw it (a bad `Host`, a path that cannot be normalised). The span carries
+    /// the request's id as `idem.request_id`.
+    pub fn server_context<B>(
+        &self,
+        req: &Request<B>,
+        rejected: bool,
+        request_id: &http::HeaderValue,
+    ) -> Context {
         let this = &*self.inner;
         let parent = this.propagator.extract(&HeaderExtractor(req.headers()));
         let method = req.method().as_str();
@@ -232,13 +238,16 @@ impl Telemetry {
             Some(template) => format!("{method} {template}"),
             None => method.to_owned(),
         };
-        let mut attributes = Vec::with_capacity(3);
+        let mut attributes = Vec::with_capacity(4);
         attributes.push(KeyValue::new("http.request.method", method.to_owned()));
         if let Some(template) = route {
             attributes.push(KeyValue::new("http.route", template.to_owned()));
         }
         if rejected {
             attributes.push(KeyValue::new("idem.outcome", Outcome::Rejected.as_str()));
+        }
+        if let Ok(id) = request_id.to_str() {
+            attributes.push(KeyValue::new("idem.request_id", id.to_owned()));
         }
         let span = this
             .tracer

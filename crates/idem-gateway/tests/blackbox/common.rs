@@ -392,6 +392,11 @@ impl Gateway {
         )
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
     /// Sends `signal` (`HUP`, …) to the process.
     pub fn signal(&self, signal: &str) {
         let pid = self.child.id().expect("running");
@@ -424,6 +429,19 @@ impl Gateway {
 
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The process's resident memory now, in KiB (`VmRSS` in `/proc/PID/status`;
+    /// Linux only).
+    pub fn rss_kib(&self) -> u64 {
+        let pid = self.child.id().expect("running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("a VmRSS line")
     }
 }
 

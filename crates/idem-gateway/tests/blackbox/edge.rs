@@ -97,7 +97,8 @@ async fn the_soft_fd_limit_is_raised_to_the_hard_one_and_the_cap_derived_from_it
     );
 }
 
-/// The admin listener has the proxy's `--client-timeout`: a connection that sends
+/// The admin listener has the proxy's `--client-timeout` when it is under 5 s: a
+/// connection that sends
 /// nothing, and one that idles after a request, are closed after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_admin_connections_are_closed_after_the_client_timeout() {
@@ -135,6 +136,40 @@ async fn idle_admin_connections_are_closed_after_the_client_timeout() {
         .await
         .unwrap();
     assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+}
+
+/// Idle admin connections cannot lock out the probes: with the default 30 s
+/// `--client-timeout`, 40 silent connections (more than the admin listener's 32
+/// places) are cut after the admin listener's own 5 s bound, so `/readyz` and
+/// `/metrics` answer within it (12 s allowed here, well under the 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_admin_connections_do_not_lock_out_the_probes() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &["--store", "memory://", "--admin", "0"],
+    )
+    .await;
+    let admin = gw.admin.unwrap();
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(TcpStream::connect(admin).await.unwrap());
+    }
+    // Let the admin listener take the first 32 into its places.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let http = Http::new();
+    for path in ["/readyz", "/metrics"] {
+        let probe = tokio::time::timeout(
+            Duration::from_secs(12),
+            http.send("GET", &gw.admin_url(path), &[], ""),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{path} locked out by idle admin connections"));
+        assert_eq!(probe.status, 200, "{path}: {probe:?}");
+    }
+    drop(idle);
 }
 
 /// `--max-connections 4`: a fifth connection is not accepted while four are open; it
@@ -509,4 +544,67 @@ async fn a_client_that_stops_reading_is_disconnected_after_the_client_timeout() 
         got += n;
     }
     assert!(got < 64 * 1024 * 1024, "read {got} bytes");
+}
+
+/// Every error of the admin listener is an RFC 9457 problem with a type under
+/// `https://idem.dev/problems/`: a missing token (401), a key query it cannot use
+/// (400), a listing it cannot use (400), no record (404), no route (404) and a method
+/// the route does not take (405).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_errors_are_problems() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start_with_env(
+        &up.url(),
+        dir.path(),
+        &["--store", "memory://", "--admin", "0"],
+        &[("IDEM_ADMIN_TOKEN", "s3cret")],
+    )
+    .await;
+    let http = Http::new();
+    let auth = [("authorization", "Bearer s3cret")];
+    /// A request (method, path, headers) and the problem it gets (status, slug).
+    type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], u16, &'a str);
+    let cases: [Case; 8] = [
+        ("GET", "/metrics", &[], 401, "admin-token-required"),
+        ("DELETE", "/keys?key=k", &[], 401, "admin-token-required"),
+        ("GET", "/keys?key=nope", &auth, 404, "no-record"),
+        ("DELETE", "/keys?key=nope", &auth, 404, "no-record"),
+        ("DELETE", "/keys", &auth, 400, "bad-key-query"),
+        ("GET", "/keys?key=k&bogus=1", &auth, 400, "bad-key-query"),
+        ("GET", "/keys?state=weird", &auth, 400, "bad-listing"),
+        ("GET", "/nowhere", &auth, 404, "no-admin-route"),
+    ];
+    for (method, path, headers, status, slug) in cases {
+        let a = http.send(method, &gw.admin_url(path), headers, "").await;
+        assert_eq!(a.status, status, "{method} {path}: {a:?}");
+        assert_eq!(
+            a.header("content-type"),
+            Some("application/problem+json"),
+            "{method} {path}"
+        );
+        let body = a.json();
+        assert_eq!(body["type"], format!("https://idem.dev/problems/{slug}"));
+        assert_eq!(body["status"], status);
+        assert!(
+            body["title"].is_string() && body["detail"].is_string(),
+            "{body}"
+        );
+        if status == 401 {
+            assert_eq!(a.header("www-authenticate"), Some("Bearer"));
+        }
+    }
+    let a = http
+        .send("POST", &gw.admin_url("/metrics"), &auth, "")
+        .await;
+    assert_eq!(a.status, 405, "{a:?}");
+    assert_eq!(
+        a.problem_type(),
+        "https://idem.dev/problems/admin-method-not-allowed"
+    );
+    assert_eq!(a.header("content-type"), Some("application/problem+json"));
+    assert!(
+        a.header("allow").is_some_and(|v| v.contains("GET")),
+        "{a:?}"
+    );
 }

@@ -7,6 +7,7 @@
 //! cases start one (or use `IDEM_TEST_REDIS_CLUSTER_URL`), and `failover` starts its
 //! own to break.
 
+mod access_log;
 mod ambiguous;
 mod chaos;
 mod check;
@@ -18,6 +19,7 @@ mod edge;
 mod failover;
 mod grpc;
 mod http2;
+mod inspection;
 mod packaging;
 mod protocol;
 mod proxying;
@@ -25,9 +27,11 @@ mod sealing;
 mod shared;
 mod smuggling;
 mod spelling;
+mod store_tls;
 mod telemetry;
 mod tenants;
 mod tls;
 mod tombstones;
 mod upstreams;
 mod wait;
+mod window;

@@ -217,6 +217,16 @@ fn man_page_renders_and_names_the_subcommands() {
 fn man_out_dir_writes_a_page_for_every_command() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("man/man1");
+    // A directory that is not there is refused, not made: it may be a typo.
+    let out = idem(&["man", "--out-dir", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no such directory"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!dir.exists());
+    std::fs::create_dir_all(&dir).unwrap();
     let out = idem(&["man", "--out-dir", dir.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let listed = text(&out.stdout);

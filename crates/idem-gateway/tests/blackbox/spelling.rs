@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 
-use crate::common::{Gateway, Http, Upstream, new_key, read_message};
+use crate::common::{Gateway, Http, Upstream, new_key, over_both_protocols, read_message};
 
 struct Setup {
     up: Upstream,
@@ -349,4 +349,131 @@ async fn opt_in_trailing_slash_and_lowercase_are_one_path_too() {
     }
     assert_eq!(s.up.started(&key), 1);
     assert_eq!(s.up.seen()[0].path, "/v1/charges");
+}
+
+/// What the gateway does with a spelling of a path that an upstream framework routes
+/// to the handler of its canonical spelling.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Spelt {
+    /// One resource with the canonical spelling: the rule holds, one scope.
+    Same,
+    /// A 400 `invalid-path`: upstreams read it each their own way.
+    Refused,
+}
+
+/// Spellings that Tomcat, Spring, Express, Rails, WSGI servers or ASP.NET route to
+/// `POST /v1/charges` or `POST /v1/orders/{id}/capture`, with what the gateway makes
+/// of each by default.
+const FRAMEWORK_SPELLINGS: [(&str, &str, Spelt); 20] = [
+    ("/v1/charges", "/v1/charges/", Spelt::Same),
+    ("/v1/charges", "/v1/charges/.", Spelt::Same),
+    ("/v1/charges", "/v1/charges//", Spelt::Same),
+    ("/v1/charges", "/V1/CHARGES", Spelt::Same),
+    ("/v1/charges", "/v1/Charges/", Spelt::Same),
+    ("/v1/charges", "/v1/charges;jsessionid=x", Spelt::Same),
+    ("/v1/charges", "/v1;a=b/charges;jsessionid=x/", Spelt::Same),
+    ("/v1/charges", "/v1%2Fcharges", Spelt::Refused),
+    ("/v1/charges", "/v1/charges%2F", Spelt::Refused),
+    ("/v1/charges", "/v1/charges%5C", Spelt::Refused),
+    ("/v1/charges", "/v1/charges%20", Spelt::Refused),
+    ("/v1/charges", "/v1/%20charges", Spelt::Refused),
+    ("/v1/charges", "/v1/charges%3Bjsessionid=x", Spelt::Refused),
+    ("/v1/charges", "/v1/%EF%BD%83harges", Spelt::Refused),
+    ("/v1/charges", "/v1/charge%EF%BC%B3", Spelt::Refused),
+    ("/v1/charges", "/v1/x/..;/charges", Spelt::Refused),
+    ("/v1/charges", "/v1/charges/;x", Spelt::Refused),
+    (
+        "/v1/orders/42/capture",
+        "/V1/Orders/42/CAPTURE/",
+        Spelt::Same,
+    ),
+    (
+        "/v1/orders/42/capture",
+        "/v1/orders/42;v=1/capture;x",
+        Spelt::Same,
+    ),
+    (
+        "/v1/orders/42/capture",
+        "/v1/orders/42/capture%2F",
+        Spelt::Refused,
+    ),
+];
+
+const REQUIRE_KEY_ROUTES: &str = r#"
+    [[route]]
+    method = "POST"
+    path = "/v1/charges"
+    require_key = true
+
+    [[route]]
+    method = "POST"
+    path = "/v1/orders/{id}/capture"
+    require_key = true
+"#;
+
+over_both_protocols! {
+    /// No spelling of a `require_key = true` route is forwarded without a key: each is
+    /// the canonical resource (its retry under the same key replays the first answer)
+    /// or a 400 `invalid-path` that reaches nobody.
+    async fn no_spelling_skips_a_require_key_route(proto: Proto) {
+        let mut s = setup(&[], Some(REQUIRE_KEY_ROUTES), &[]).await;
+        s.http = Http::speaking(proto);
+        let json = [("content-type", "application/json")];
+        for (ran, (canonical, spelling, spelt)) in FRAMEWORK_SPELLINGS.into_iter().enumerate() {
+            // Unkeyed: never forwarded.
+            let a = s.http.send("POST", &s.gw.url(spelling), &json, "{}").await;
+            assert_eq!(a.status, 400, "unkeyed {spelling}: {a:?}");
+            let expected = match spelt {
+                Spelt::Same => "https://idem.dev/problems/missing-key",
+                Spelt::Refused => "https://idem.dev/problems/invalid-path",
+            };
+            assert_eq!(a.problem_type(), expected, "unkeyed {spelling}");
+            assert_eq!(s.up.total(), ran, "unkeyed {spelling} was forwarded");
+
+            // Keyed: one scope with the canonical spelling, or refused.
+            let key = new_key();
+            let first = s.http.post(&s.gw.url(canonical), &key, "{}", &[]).await;
+            assert_eq!(first.status, 201, "{canonical}: {first:?}");
+            let again = s.http.post(&s.gw.url(spelling), &key, "{}", &[]).await;
+            match spelt {
+                Spelt::Same => {
+                    assert_eq!(again.status, 201, "{spelling}: {again:?}");
+                    assert!(again.replayed(), "{spelling} is another scope: {again:?}");
+                    assert_eq!(again.body, first.body, "{spelling}");
+                }
+                Spelt::Refused => {
+                    assert_eq!(again.status, 400, "{spelling}: {again:?}");
+                    assert_eq!(again.problem_type(), expected, "{spelling}");
+                }
+            }
+            assert_eq!(s.up.started(&key), 1, "{spelling}: one execution");
+            assert_eq!(s.up.total(), ran + 1, "{spelling}: only the canonical one ran");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_matching_exact_is_a_setting_and_path_parameters_still_match() {
+    let s = setup(
+        &["--route-matching", "exact"],
+        Some(REQUIRE_KEY_ROUTES),
+        &[],
+    )
+    .await;
+    let json = [("content-type", "application/json")];
+    // Case and a trailing slash name other routes now: the operator said the upstream
+    // tells them apart.
+    for spelling in ["/V1/CHARGES", "/v1/charges/"] {
+        let a = s.http.send("POST", &s.gw.url(spelling), &json, "{}").await;
+        assert_eq!(a.status, 201, "{spelling}: {a:?}");
+    }
+    assert_eq!(s.up.total(), 2);
+    // Path parameters never name a segment: the rule holds whatever the setting.
+    let a = s
+        .http
+        .send("POST", &s.gw.url("/v1/charges;jsessionid=x"), &json, "{}")
+        .await;
+    assert_eq!(a.status, 400, "{a:?}");
+    assert_eq!(a.problem_type(), "https://idem.dev/problems/missing-key");
+    assert_eq!(s.up.total(), 2);
 }

@@ -274,10 +274,12 @@ async fn an_h2c_upstream_is_reached_with_http2_prior_knowledge() {
 }
 
 /// An HTTP/2-only upstream spoken to in HTTP/1.1 (the default) answers nothing the
-/// gateway can read: the request was sent, so it is a broken connection's 504, and
-/// nothing executed.
+/// gateway can read, and nothing executes. Mostly the request was sent first: a broken
+/// connection's 504. When the upstream's bytes break the connection before it takes
+/// the request, nothing was sent: a 502 that releases the key. Which comes first is
+/// the upstream's timing; each answer is the true one for its case.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_h2c_upstream_spoken_to_in_http1_is_a_504_connection_lost() {
+async fn an_h2c_upstream_spoken_to_in_http1_executes_nothing() {
     let up = Transport::H2c.start().await;
     let dir = tempfile::tempdir().unwrap();
     let gw = Gateway::start(&up.url(), dir.path(), &["--store", "memory://"]).await;
@@ -285,11 +287,12 @@ async fn an_h2c_upstream_spoken_to_in_http1_is_a_504_connection_lost() {
     let a = Http::new()
         .post(&gw.url("/v1/charges"), &key, "{}", &[])
         .await;
-    assert_eq!(a.status, 504, "{a:?}");
-    assert_eq!(
-        a.problem_type(),
-        "https://idem.dev/problems/upstream-connection-lost"
-    );
+    let problem = match a.status {
+        504 => "https://idem.dev/problems/upstream-connection-lost",
+        502 => "https://idem.dev/problems/upstream-unreachable",
+        _ => panic!("{a:?}"),
+    };
+    assert_eq!(a.problem_type(), problem, "{a:?}");
     assert_eq!(up.started(&key), 0, "nothing executed");
 }
 
@@ -323,4 +326,60 @@ async fn auto_speaks_http2_to_an_https_upstream_that_agrees_h2_by_alpn() {
         records_and_replays(&gw, &up).await;
         assert_eq!(transport.agreed(), [agreed], "one pooled connection");
     }
+}
+
+/// An upstream that speaks HTTP/1.1 alone (hyper's HTTP/1.1 server, no HTTP/2).
+async fn http11_only_upstream() -> Upstream {
+    Upstream::start_on(|listener: TcpListener, app: Router| async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let svc = TowerToHyperService::new(app);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    })
+    .await
+}
+
+/// `--upstream-protocol http2` in front of an HTTP/1.1-only upstream: the upstream
+/// never reads the request, so the answer is a 502 that releases the key (not a 504
+/// that keeps it locked for the lease), and once the gateway speaks HTTP/1.1 to it the
+/// same key executes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_to_an_http11_only_upstream_is_a_502_that_releases_the_key() {
+    let up = http11_only_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    // A store file that both gateways share, one after the other.
+    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let http = Http::new();
+    let key = new_key();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &["--store", &store, "--upstream-protocol", "http2"],
+    )
+    .await;
+    for _ in 0..2 {
+        let a = http
+            .post(&gw.url("/v1/charges"), &key, r#"{"amount":1}"#, &[])
+            .await;
+        assert_eq!(a.status, 502, "{a:?}\n{}", gw.logs());
+        assert_eq!(
+            a.problem_type(),
+            "https://idem.dev/problems/upstream-unreachable"
+        );
+    }
+    assert_eq!(up.total(), 0, "the upstream read no request");
+    drop(gw);
+    // Released, not in progress: the same key executes at once.
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", &store]).await;
+    let a = http
+        .post(&gw.url("/v1/charges"), &key, r#"{"amount":1}"#, &[])
+        .await;
+    assert_eq!(a.status, 201, "{a:?}");
+    assert!(!a.replayed());
+    assert_eq!(up.started(&key), 1);
 }
