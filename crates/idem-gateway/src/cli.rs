@@ -234,6 +234,22 @@ pub struct TenantArgs {
     pub tenant_secret: Option<TenantSecret>,
 }
 
+impl Cli {
+    /// Parses the process's arguments, exiting with clap's message (status 2) when they
+    /// are wrong. Every subcommand's `--version` prints what `idem --version` does,
+    /// not clap's `idem-serve 0.1.0`.
+    pub fn parse_args() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = named_idem(Cli::command()).get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// `cmd` with each subcommand, at every depth, shown under the name `idem`.
+fn named_idem(cmd: clap::Command) -> clap::Command {
+    cmd.mut_subcommands(|sub| named_idem(sub.display_name("idem")))
+}
+
 /// `IDEM_*` environment variables that are no setting but look like a misspelt one,
 /// each with the setting it resembles: `IDEM_STORE_URL` (for `IDEM_STORE`),
 /// `IDEM_TTL_SECS`, `IDEM_LEASES`. Such a variable is otherwise ignored, and the

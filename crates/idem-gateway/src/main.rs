@@ -3,7 +3,6 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::Parser;
 use idem_gateway::cli::{Cli, Command, ServeArgs};
 use idem_gateway::config::GatewayConfig;
 use idem_gateway::serve::{Gateway, Mode, shutdown_signal};
@@ -17,7 +16,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     logging::init(cli.log_format);
     if matches!(cli.command, Command::Serve(_) | Command::CheckConfig(_)) {
         warn_of_misspelt_env_vars();

@@ -106,12 +106,19 @@ fn version_names_the_version_and_the_checkouts_commit() {
     let line = line.trim_end();
     let version = env!("CARGO_PKG_VERSION");
     assert!(line.starts_with(&format!("idem {version}")), "{line:?}");
-    let serve = idem(&["serve", "--version"]);
-    assert_eq!(
-        text(&serve.stdout).trim_end(),
-        line.replacen("idem", "idem-serve", 1),
-        "every subcommand says the same"
-    );
+    for sub in [
+        &["serve", "--version"][..],
+        &["keys", "list", "-V"],
+        &["check", "-V"],
+    ] {
+        let out = idem(sub);
+        assert!(out.status.success(), "{sub:?}: {}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout).trim_end(),
+            line,
+            "{sub:?} says what `idem --version` says"
+        );
+    }
 
     let Some(head) = git(&["rev-parse", "HEAD"]) else {
         eprintln!("SKIPPED: the commit in --version: this crate is not in a git checkout");
