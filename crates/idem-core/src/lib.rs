@@ -93,7 +93,7 @@ pub use list::{
 };
 pub use memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
 pub use namespace::{DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN, Namespace, NamespaceError};
-pub use open::{OpenError, OpenStore, Schema, StoreOptions, redact_url};
+pub use open::{MigrationPlan, OpenError, OpenStore, Schema, StoreOptions, redact_url};
 pub use record::{
     DEFAULT_LEASE, DEFAULT_TTL, FencingToken, Lease, REFERENCE_HEADER, Record, RecordState,
     ReserveRequest, StoredResponse, TRAILER_PREFIX,

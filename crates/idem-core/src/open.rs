@@ -248,6 +248,39 @@ pub trait OpenStore: Store + Sized {
         url: &str,
         options: &StoreOptions,
     ) -> impl Future<Output = Result<Self, OpenError>> + Send;
+
+    /// What opening `url` with [`Schema::Migrate`] would change in its schema, found
+    /// while writing nothing (no file, table or row is made): `None` for a store that
+    /// keeps no schema (the default).
+    fn plan(
+        url: &str,
+        options: &StoreOptions,
+    ) -> impl Future<Output = Result<Option<MigrationPlan>, OpenError>> + Send {
+        let _ = (url, options);
+        async { Ok(None) }
+    }
+}
+
+/// The migration a SQL store's schema needs ([`OpenStore::plan`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationPlan {
+    /// The records table the plan is for.
+    pub table: String,
+    /// The schema version the table is at now; `None` when there is no such table
+    /// (or no database file) yet.
+    pub from: Option<u32>,
+    /// The version this build brings it to.
+    pub to: u32,
+    /// The SQL that migrating runs, statement by statement, in one transaction;
+    /// empty when the table is at `to` already.
+    pub statements: Vec<String>,
+}
+
+impl MigrationPlan {
+    /// Whether the table is at this build's version already.
+    pub fn is_current(&self) -> bool {
+        self.statements.is_empty()
+    }
 }
 
 /// The URL with any password replaced by `***`, for logs and errors.

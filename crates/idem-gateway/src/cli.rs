@@ -54,6 +54,9 @@ pub enum Command {
     /// Inspect or delete stored idempotency records.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Bring a SQL store's schema to this build's version (what `serve` does at start
+    /// unless --no-migrate), or print the SQL that would with --dry-run.
+    Migrate(MigrateArgs),
     /// Show what the gateway prevents: the same payments, under the same faults, sent to a
     /// naive demo API straight and through `idem serve`, charges counted side by side.
     Demo(crate::demo_run::DemoArgs),
@@ -91,6 +94,22 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// `idem migrate`.
+#[derive(Debug, Args, Clone)]
+pub struct MigrateArgs {
+    /// Record store URL [default: sqlite://idem.db].
+    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
+    pub store: Option<String>,
+
+    /// The gateway's --store-namespace [default: idem].
+    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
+    pub store_namespace: Option<String>,
+
+    /// Print the SQL the migration would run, as one transaction, and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `idem keys …`.

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use crate::cli::{KeyTarget, KeysCommand, PurgeArgs, TenantArgs};
 use crate::config::DEFAULT_STORE;
+use crate::exit::Failure;
 use crate::store::Namespace;
 
 /// Builds a record's scope from what an operator types.
@@ -177,13 +178,13 @@ pub async fn run(cmd: KeysCommand) -> ExitCode {
     match run_inner(cmd).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("idem: {e}");
-            ExitCode::from(2)
+            eprintln!("idem: {}", e.message);
+            ExitCode::from(e.code)
         }
     }
 }
 
-async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
+async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, Failure> {
     match cmd {
         KeysCommand::Show(KeyTarget {
             key,
@@ -200,7 +201,7 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
             };
             let result = match scope {
                 Ok(scope) => show(&*store, &scope).await,
-                Err(e) => Err(e),
+                Err(e) => Err(Failure::from(e)),
             };
             store.close().await;
             result
@@ -230,7 +231,7 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
             };
             let result = match scope {
                 Ok(scope) => purge(&*store, scope.as_ref()).await,
-                Err(e) => Err(e),
+                Err(e) => Err(Failure::from(e)),
             };
             store.close().await;
             result
@@ -239,33 +240,53 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, String> {
 }
 
 /// `idem keys show`: prints the record of `scope`.
-async fn show(store: &dyn Store, scope: &Scope) -> Result<ExitCode, String> {
-    match store.get(scope).await.map_err(|e| e.to_string())? {
+async fn show(store: &dyn Store, scope: &Scope) -> Result<ExitCode, Failure> {
+    match store.get(scope).await.map_err(Failure::runtime)? {
         Some(record) => {
             let v = record_json(&record, SystemClock.now());
             println!("{}", serde_json::to_string_pretty(&v).expect("json"));
             Ok(ExitCode::SUCCESS)
         }
         None => {
-            eprintln!("idem: no record for that key in that scope");
-            Ok(ExitCode::from(1))
+            eprintln!("idem: {}", not_found(scope));
+            Ok(ExitCode::from(crate::exit::RUNTIME))
         }
     }
 }
 
+/// Why a scope may hold no record, and how the scope was made: a key is found only
+/// under the tenant and (in public scope mode) the endpoint the gateway stored it with.
+fn not_found(scope: &Scope) -> String {
+    let endpoint = match scope.endpoint() {
+        Some(endpoint) => format!("endpoint {}", endpoint.as_str()),
+        None => "no endpoint (internal scope mode; a gateway in public scope mode, \
+                 --scope public, keeps each key per endpoint: give --endpoint 'POST \
+                 /v1/route/{template}' as its route is written)"
+            .to_owned(),
+    };
+    format!(
+        "no record for key {:?} in the scope tenant {}, {endpoint}. A record's scope is \
+         its tenant (--tenant as stored, or --tenant-credential-env naming the \
+         client's credentials), its endpoint and its key; `idem keys list` shows the \
+         scopes that hold records",
+        scope.key().as_str(),
+        scope.tenant().as_str(),
+    )
+}
+
 /// `idem keys purge`: removes `scope`'s record, or with no scope every expired one.
-async fn purge(store: &dyn Store, scope: Option<&Scope>) -> Result<ExitCode, String> {
+async fn purge(store: &dyn Store, scope: Option<&Scope>) -> Result<ExitCode, Failure> {
     let Some(scope) = scope else {
         let n = purge_expired(store).await;
         println!("purged {n} expired records");
         return Ok(ExitCode::SUCCESS);
     };
-    if store.remove(scope).await.map_err(|e| e.to_string())? {
+    if store.remove(scope).await.map_err(Failure::runtime)? {
         println!("removed 1 record");
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!("idem: no record for that key in that scope");
-        Ok(ExitCode::from(1))
+        eprintln!("idem: {}", not_found(scope));
+        Ok(ExitCode::from(crate::exit::RUNTIME))
     }
 }
 
@@ -274,7 +295,7 @@ async fn purge(store: &dyn Store, scope: Option<&Scope>) -> Result<ExitCode, Str
 pub(crate) async fn open(
     url: Option<String>,
     namespace: Option<String>,
-) -> Result<std::sync::Arc<dyn Store>, String> {
+) -> Result<std::sync::Arc<dyn Store>, Failure> {
     let url = url.unwrap_or_else(|| DEFAULT_STORE.to_owned());
     refuse_memory(&url)?;
     // Inspection never writes a schema: a mistyped file or namespace is said to hold
@@ -289,7 +310,7 @@ pub(crate) async fn open(
     };
     crate::store::open_with(&url, options)
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| Failure::open(&e))
 }
 
 /// A memory store lives in the process that made it: opened here it would be a new,

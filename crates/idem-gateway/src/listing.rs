@@ -105,13 +105,13 @@ pub async fn run(args: ListArgs) -> ExitCode {
     match run_inner(args).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("idem: {e}");
-            ExitCode::from(2)
+            eprintln!("idem: {}", e.message);
+            ExitCode::from(e.code)
         }
     }
 }
 
-async fn run_inner(args: ListArgs) -> Result<ExitCode, String> {
+async fn run_inner(args: ListArgs) -> Result<ExitCode, crate::exit::Failure> {
     let mut query = ListQuery::new();
     query.state = args.state.as_deref().map(parse_state).transpose()?;
     query.older_than = args.older_than.as_deref().map(parse_age).transpose()?;
@@ -124,7 +124,9 @@ async fn run_inner(args: ListArgs) -> Result<ExitCode, String> {
     let store = crate::keys::open(args.store, args.store_namespace).await?;
     let result = print_pages(&*store, query, args.limit).await;
     store.close().await;
-    result.map(|()| ExitCode::SUCCESS)
+    result
+        .map(|()| ExitCode::SUCCESS)
+        .map_err(crate::exit::Failure::runtime)
 }
 
 async fn print_pages(store: &dyn Store, mut query: ListQuery, limit: usize) -> Result<(), String> {

@@ -27,7 +27,7 @@ async fn main() -> ExitCode {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("idem: {e}");
-                    return ExitCode::from(2);
+                    return ExitCode::from(idem_gateway::exit::CONFIG);
                 }
             };
             let mode = if args.passthrough {
@@ -73,6 +73,7 @@ async fn main() -> ExitCode {
         }
         Command::CheckConfig(args) => check(&args).await,
         Command::Keys(cmd) => keys::run(cmd).await,
+        Command::Migrate(args) => idem_gateway::migrate::run(args).await,
         Command::Demo(args) => idem_gateway::demo_run::run(args).await,
         Command::Check(args) => idem_gateway::check::run(&args).await,
         Command::DemoUpstream { listen } => match demo::run(listen).await {

@@ -101,8 +101,8 @@ impl ServeError {
     /// that cannot work, TLS files included), 1 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ServeError::Store(e) if e.is_configuration() => 2,
-            _ => 1,
+            ServeError::Store(e) => crate::exit::of_open(e),
+            _ => crate::exit::RUNTIME,
         }
     }
 }

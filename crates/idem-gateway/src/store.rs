@@ -32,7 +32,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{Forward, MemoryStore, OpenStore, Store, StoreError};
+use idem_core::{Forward, MemoryStore, MigrationPlan, OpenStore, Store, StoreError};
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
@@ -42,6 +42,9 @@ pub use idem_core::{Namespace, OpenError, StoreOptions, redact_url as redact};
 /// A store being opened, whatever its kind.
 type Opening = Pin<Box<dyn Future<Output = Result<Arc<dyn Store>, OpenError>> + Send>>;
 
+/// A store's migration plan being read.
+type Planning = Pin<Box<dyn Future<Output = Result<Option<MigrationPlan>, OpenError>> + Send>>;
+
 /// One row of the table: a kind of store, the schemes that name it, and what its
 /// crate says about it.
 struct Opener {
@@ -50,6 +53,7 @@ struct Opener {
     expires_natively: bool,
     descriptors: fn(&StoreOptions) -> u64,
     open: fn(String, StoreOptions) -> Opening,
+    plan: fn(String, StoreOptions) -> Planning,
 }
 
 impl Opener {
@@ -60,6 +64,7 @@ impl Opener {
             expires_natively: S::EXPIRES_NATIVELY,
             descriptors: S::descriptors,
             open: open_as::<S>,
+            plan: plan_as::<S>,
         }
     }
 }
@@ -71,6 +76,10 @@ fn open_as<S: OpenStore>(url: String, options: StoreOptions) -> Opening {
     })
 }
 
+fn plan_as<S: OpenStore>(url: String, options: StoreOptions) -> Planning {
+    Box::pin(async move { S::plan(&url, &options).await })
+}
+
 /// Every store the gateway can open.
 static OPENERS: [Opener; 4] = [
     Opener::of::<MemoryStore>(),
@@ -80,7 +89,7 @@ static OPENERS: [Opener; 4] = [
 ];
 
 /// The URLs [`OPENERS`] understand, for the error that names none of them.
-const EXPECTED: &str = "memory://, sqlite://FILE, postgres://…, redis://…, rediss://…, redis+cluster://… or rediss+cluster://…";
+pub(crate) const EXPECTED: &str = "memory://, sqlite://FILE, postgres://…, redis://…, rediss://…, redis+cluster://… or rediss+cluster://…";
 
 /// The row for `url`'s scheme, in any case.
 fn opener(url: &str) -> Result<&'static Opener, OpenError> {
@@ -117,6 +126,14 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
 pub async fn open_with(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>, OpenError> {
     let url = url.trim();
     (opener(url)?.open)(url.to_owned(), options).await
+}
+
+/// What opening the store `url` names with migration on would change in its schema,
+/// found writing nothing (`idem migrate --dry-run`); `None` for a store that keeps no
+/// schema.
+pub async fn plan(url: &str, options: StoreOptions) -> Result<Option<MigrationPlan>, OpenError> {
+    let url = url.trim();
+    (opener(url)?.plan)(url.to_owned(), options).await
 }
 
 /// What `idem check-config` finds of the store `url` names, writing nothing (no file,

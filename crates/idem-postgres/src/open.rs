@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use idem_core::open::refuse_unknown_parameters;
 use idem_core::open::tls::handshake_failure;
-use idem_core::{OpenError, OpenStore, StoreOptions};
+use idem_core::{MigrationPlan, OpenError, OpenStore, StoreOptions};
+use sqlx::{Connection, PgConnection};
 
 use crate::durability::durability_risk;
 use crate::options::DEFAULT_MAX_CONNECTIONS;
@@ -48,6 +49,61 @@ fn tls_refused(store: &PgStore, url: &str, e: &(dyn std::error::Error + 'static)
     )
 }
 
+/// The store `url` names, with one connection made first, so that a server that is
+/// not there is told apart from one that answers and refuses; nothing is read or
+/// written yet.
+async fn connect(url: &str, options: &StoreOptions) -> Result<PgStore, OpenError> {
+    let kind = PgStore::KIND;
+    refuse_unknown_parameters(url, PARAMETERS)
+        .map_err(|reason| OpenError::invalid_url(kind, url, reason))?;
+    let mut builder = PgStore::options();
+    if let Some(n) = options.pool {
+        builder = builder.max_connections(n);
+    }
+    if let Some(table) = options.sql_table(kind)? {
+        builder = builder.table(table.as_str());
+    }
+    let store = builder.connect_lazy(url).map_err(|e| match e {
+        Error::InvalidTableName { reason, .. } => OpenError::Namespace {
+            kind,
+            source: reason,
+        },
+        other => OpenError::invalid_url(kind, url, other.to_string()),
+    })?;
+    // A connection of its own rather than one from the pool: the pool's error for a
+    // server that is not there is "pool timed out", which hides the cause
+    // ("connection refused", a name that does not resolve).
+    let connect_options = store.pool().connect_options();
+    let within = store.pool().options().get_acquire_timeout();
+    let first = tokio::time::timeout(within, PgConnection::connect_with(&connect_options)).await;
+    match first {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+        }
+        Ok(Err(e)) => {
+            return Err(match e {
+                sqlx::Error::Database(_) => OpenError::refused(kind, url, e),
+                // A server that offers no TLS, or whose certificate does not verify, was
+                // reached: like a wrong password, it may be put right on the server.
+                sqlx::Error::Tls(e) => tls_refused(&store, url, &*e),
+                sqlx::Error::Io(e) if handshake_failure(&e).is_some() => {
+                    tls_refused(&store, url, &e)
+                }
+                sqlx::Error::Configuration(_) => OpenError::invalid_url(kind, url, e.to_string()),
+                other => OpenError::unreachable(kind, url, other),
+            });
+        }
+        Err(_) => {
+            return Err(OpenError::unreachable(
+                kind,
+                url,
+                format!("no connection within {} s", within.as_secs_f64()),
+            ));
+        }
+    }
+    Ok(store)
+}
+
 /// `postgres://…` or `postgresql://…`, as the driver reads it, with only the query
 /// parameters it reads. A namespace `NAME` is the table `NAME_records`. The store
 /// connects, migrates its table and reads the server's durability settings before it
@@ -63,33 +119,7 @@ impl OpenStore for PgStore {
 
     async fn open(url: &str, options: &StoreOptions) -> Result<PgStore, OpenError> {
         let kind = Self::KIND;
-        refuse_unknown_parameters(url, PARAMETERS)
-            .map_err(|reason| OpenError::invalid_url(kind, url, reason))?;
-        let mut builder = PgStore::options();
-        if let Some(n) = options.pool {
-            builder = builder.max_connections(n);
-        }
-        if let Some(table) = options.sql_table(kind)? {
-            builder = builder.table(table.as_str());
-        }
-        let mut store = builder.connect_lazy(url).map_err(|e| match e {
-            Error::InvalidTableName { reason, .. } => OpenError::Namespace {
-                kind,
-                source: reason,
-            },
-            other => OpenError::invalid_url(kind, url, other.to_string()),
-        })?;
-        // One connection first, so that a server that is not there is told apart
-        // from one that answers and refuses.
-        drop(store.pool().acquire().await.map_err(|e| match e {
-            sqlx::Error::Database(_) => OpenError::refused(kind, url, e),
-            // A server that offers no TLS, or whose certificate does not verify, was
-            // reached: like a wrong password, it may be put right on the server.
-            sqlx::Error::Tls(e) => tls_refused(&store, url, &*e),
-            sqlx::Error::Io(e) if handshake_failure(&e).is_some() => tls_refused(&store, url, &e),
-            sqlx::Error::Configuration(_) => OpenError::invalid_url(kind, url, e.to_string()),
-            other => OpenError::unreachable(kind, url, other),
-        })?);
+        let mut store = connect(url, options).await?;
         if options.schema == idem_core::Schema::Migrate {
             store
                 .migrate()
@@ -132,6 +162,24 @@ impl OpenStore for PgStore {
         }
         store.durability = durability_risk(store.pool()).await.map(Arc::new);
         Ok(store)
+    }
+
+    async fn plan(url: &str, options: &StoreOptions) -> Result<Option<MigrationPlan>, OpenError> {
+        let kind = Self::KIND;
+        let store = connect(url, options).await?;
+        let table = store.table().to_owned();
+        let found = crate::schema::applied_version(store.pool(), &table).await;
+        store.pool().close().await;
+        let found = found.map_err(|e| OpenError::refused(kind, url, e))?;
+        let statements = crate::schema::migration_statements(&table, found.unwrap_or(0))
+            .map_err(|e| OpenError::failed(kind, url, e))?;
+        let version = |v: i32| u32::try_from(v).unwrap_or(0);
+        Ok(Some(MigrationPlan {
+            table,
+            from: found.map(version),
+            to: version(crate::schema::SCHEMA_VERSION),
+            statements,
+        }))
     }
 }
 
@@ -209,6 +257,68 @@ mod tests {
             .await
             .expect("drop table");
         store.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plan_writes_nothing_and_is_what_migrating_runs() {
+        let url = service_url(
+            "IDEM_TEST_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        );
+        let name = unique_namespace("plan");
+        let options = StoreOptions {
+            pool: Some(2),
+            ..checks::namespaced(&name)
+        };
+        let fresh = match PgStore::plan(&url, &options).await {
+            Ok(plan) => plan.expect("a SQL store has a plan"),
+            Err(e @ OpenError::Unreachable { .. }) => {
+                return service_unavailable("PostgreSQL", &url, &e).unwrap_or(());
+            }
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(fresh.table, format!("{name}_records"));
+        assert_eq!((fresh.from, fresh.to), (None, 4));
+        // Planning made no table: opening without migrating finds none.
+        let existing = StoreOptions {
+            schema: idem_core::Schema::Existing,
+            ..options.clone()
+        };
+        let e = PgStore::open(&url, &existing).await.unwrap_err();
+        assert!(matches!(e, OpenError::NoSchema { .. }), "{e:?}");
+        // Run by hand, as a database administrator would, in one transaction.
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        let mut tx = pool.begin().await.unwrap();
+        for statement in &fresh.statements {
+            sqlx::Executor::execute(&mut *tx, sqlx::AssertSqlSafe(statement.clone()))
+                .await
+                .unwrap_or_else(|e| panic!("{statement}: {e}"));
+        }
+        tx.commit().await.unwrap();
+        let store = PgStore::open(&url, &existing).await.unwrap();
+        store.ping().await.unwrap();
+        let current = PgStore::plan(&url, &options).await.unwrap().unwrap();
+        assert_eq!((current.from, current.to), (Some(4), 4));
+        assert!(current.is_current());
+        schema::drop_table(store.pool(), store.table())
+            .await
+            .expect("drop table");
+        store.close().await;
+        pool.close().await;
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_server_is_named_with_its_cause() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let e = open(format!("postgres://postgres@127.0.0.1:{port}/test"))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, OpenError::Unreachable { .. }), "{e:?}");
+        assert!(e.to_string().contains("Connection refused"), "{e}");
+        assert!(!e.to_string().contains("pool timed out"), "{e}");
     }
 
     #[test]

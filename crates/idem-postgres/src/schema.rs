@@ -215,6 +215,43 @@ pub async fn applied_version(pool: &PgPool, table: &str) -> Result<Option<i32>, 
         .map_err(|e| Error::Store(store_error(e)))
 }
 
+/// The SQL [`migrate`] runs to bring `table` from schema version `from` (0: no table
+/// yet) to [`SCHEMA_VERSION`], as text a database administrator can read and run
+/// (`idem migrate --dry-run`): the lock, the bookkeeping table, each step's
+/// statements and the row recording it, with values inlined. Empty when `from` is
+/// current or newer.
+pub fn migration_statements(table: &str, from: i32) -> Result<Vec<String>, Error> {
+    let table = table_name(table)?;
+    let table = table.as_str();
+    let steps: Vec<&Migration> = MIGRATIONS.iter().filter(|m| m.version > from).collect();
+    if steps.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut statements = vec![
+        format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"),
+        MIGRATIONS_DDL.to_owned(),
+    ];
+    for m in steps {
+        statements.extend((m.statements)(table));
+        statements.push(format!(
+            "INSERT INTO {MIGRATIONS_TABLE} (table_name, version, description) \
+             VALUES ('{table}', {}, '{}')",
+            m.version,
+            m.description.replace('\'', "''")
+        ));
+    }
+    Ok(statements)
+}
+
+/// The bookkeeping table of migrations, made by the first one.
+const MIGRATIONS_DDL: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
+            table_name  TEXT    NOT NULL,
+            version     INTEGER NOT NULL,
+            description TEXT    NOT NULL,
+            applied_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (table_name, version)
+        )";
+
 /// Brings `table` up to [`SCHEMA_VERSION`], running each missing step in one
 /// transaction under a cluster-wide advisory lock. Safe to call from many instances at
 /// once and on every start.
@@ -232,17 +269,7 @@ pub async fn migrate(pool: &PgPool, table: &str) -> Result<(), Error> {
         .execute(&mut *tx)
         .await
         .map_err(store_error)?;
-    tx.execute(
-        "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
-            table_name  TEXT    NOT NULL,
-            version     INTEGER NOT NULL,
-            description TEXT    NOT NULL,
-            applied_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
-            PRIMARY KEY (table_name, version)
-        )",
-    )
-    .await
-    .map_err(store_error)?;
+    tx.execute(MIGRATIONS_DDL).await.map_err(store_error)?;
     let applied: Option<i32> =
         sqlx::query_scalar("SELECT max(version) FROM idem_schema_migrations WHERE table_name = $1")
             .bind(table)

@@ -5,10 +5,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Namespace, SharedClock, SystemClock};
+use idem_core::{MigrationPlan, Namespace, SharedClock, SystemClock};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
+use sqlx::{Connection, SqliteConnection};
 
 use crate::connection::Target;
 use crate::error::{Error, Result};
@@ -128,6 +129,35 @@ impl SqliteStoreBuilder {
         })
     }
 
+    /// What [`connect`](Self::connect) with migration on would change in the
+    /// schema of `url`'s database, found on a read-only connection: no file, table or
+    /// row is made. A file that is not there has no version, and the plan creates it.
+    pub async fn migration_plan(&self, url: &str) -> Result<MigrationPlan> {
+        let table = self.checked_table()?;
+        let (base, _) = split_params(url)?;
+        // Read-write, as `keys list` opens: the last connection to close removes the
+        // `-wal` and `-shm` it found or made, which a read-only one cannot.
+        let options = SqliteConnectOptions::from_str(&base)?
+            .create_if_missing(false)
+            .busy_timeout(self.busy_timeout);
+        let found = if options.get_filename().is_file() {
+            let mut conn = SqliteConnection::connect_with(&options).await?;
+            let found = schema::applied_version(&mut conn, table.as_str()).await;
+            let _ = conn.close().await;
+            found?
+        } else {
+            missing_directory(options.get_filename())?;
+            None
+        };
+        let version = |v: i64| u32::try_from(v).unwrap_or(0);
+        Ok(MigrationPlan {
+            table: table.as_str().to_owned(),
+            from: found.map(version),
+            to: version(schema::SCHEMA_VERSION),
+            statements: schema::migration_sql(table.as_str(), found.unwrap_or(0)),
+        })
+    }
+
     /// The table, if the [`Namespace`] rule admits it.
     fn checked_table(&self) -> Result<Namespace> {
         Namespace::new(&self.table).map_err(Error::InvalidTableName)
@@ -151,6 +181,7 @@ impl SqliteStoreBuilder {
                 });
             }
         } else {
+            missing_directory(options.get_filename())?;
             crate::file::prepare(url, &options);
         }
         self.connect_with(options).await
@@ -266,6 +297,21 @@ fn is_busy(e: &sqlx::Error) -> bool {
 struct UrlParams {
     synchronous: Option<SqliteSynchronous>,
     page_size: Option<u32>,
+}
+
+/// [`Error::NoDirectory`] when `file` is not there and neither is its directory.
+fn missing_directory(file: &std::path::Path) -> Result<()> {
+    let name = file.to_string_lossy();
+    // SQLite's special names (`:memory:`, sqlx's `file:sqlx-in-memory-N`) are no file.
+    if name.is_empty() || name.starts_with(':') || name.starts_with("file:") || file.exists() {
+        return Ok(());
+    }
+    match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.exists() => Err(Error::NoDirectory {
+            dir: dir.display().to_string(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// `url` without the parameters idem reads itself (`synchronous`, `page_size`), and

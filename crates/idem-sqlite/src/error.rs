@@ -57,6 +57,12 @@ pub enum Error {
          only when the database file is created"
     )]
     InvalidPageSize(String),
+    /// The database file is not there and cannot be made: its directory is missing.
+    #[error("the directory {dir} of the database file does not exist")]
+    NoDirectory {
+        /// The directory, as the URL names it (`.` for a bare file name).
+        dir: String,
+    },
     /// The database refused or failed an operation.
     #[error("SQLite: {0}")]
     Database(#[from] sqlx::Error),

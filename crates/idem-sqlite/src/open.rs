@@ -1,8 +1,8 @@
 //! `sqlite://FILE`: the store opens itself from its URL ([`OpenStore`]).
 
-use idem_core::{OpenError, OpenStore, StoreOptions};
+use idem_core::{MigrationPlan, OpenError, OpenStore, StoreOptions};
 
-use crate::{DEFAULT_MAX_CONNECTIONS, Error, SqliteStore};
+use crate::{DEFAULT_MAX_CONNECTIONS, Error, SqliteStore, SqliteStoreBuilder};
 
 /// `sqlite://FILE` or `sqlite:///absolute/path`, relative to the working directory
 /// unless the path starts with `/`, with the parameters
@@ -20,34 +20,52 @@ impl OpenStore for SqliteStore {
     }
 
     async fn open(url: &str, options: &StoreOptions) -> Result<SqliteStore, OpenError> {
-        let path = url.split_once("://").map_or("", |(_, rest)| rest);
-        if path.split('?').next().unwrap_or_default().is_empty() {
-            return Err(OpenError::invalid_url(
-                Self::KIND,
-                url,
-                "no database file; write sqlite://FILE",
-            ));
+        builder(url, options)?
+            .migrate(options.schema == idem_core::Schema::Migrate)
+            .connect(url)
+            .await
+            .map_err(|e| open_error(url, e))
+    }
+
+    async fn plan(url: &str, options: &StoreOptions) -> Result<Option<MigrationPlan>, OpenError> {
+        let plan = builder(url, options)?.migration_plan(url).await;
+        plan.map(Some).map_err(|e| open_error(url, e))
+    }
+}
+
+/// The builder for `url` and `options`, before the schema setting.
+fn builder(url: &str, options: &StoreOptions) -> Result<SqliteStoreBuilder, OpenError> {
+    let path = url.split_once("://").map_or("", |(_, rest)| rest);
+    if path.split('?').next().unwrap_or_default().is_empty() {
+        return Err(OpenError::invalid_url(
+            SqliteStore::KIND,
+            url,
+            "no database file; write sqlite://FILE",
+        ));
+    }
+    let mut builder = SqliteStore::builder();
+    if let Some(n) = options.pool {
+        builder = builder.max_connections(n);
+    }
+    if let Some(table) = options.sql_table(SqliteStore::KIND)? {
+        builder = builder.table(table.as_str());
+    }
+    Ok(builder)
+}
+
+/// What a failure to open `url` is, for the caller.
+fn open_error(url: &str, e: Error) -> OpenError {
+    let kind = SqliteStore::KIND;
+    match e {
+        Error::NoSchema { .. } => OpenError::no_schema(kind, url, e.to_string()),
+        Error::InvalidPageSize(_) | Error::NoDirectory { .. } => {
+            OpenError::invalid_url(kind, url, e.to_string())
         }
-        let mut builder = SqliteStore::builder();
-        if let Some(n) = options.pool {
-            builder = builder.max_connections(n);
+        Error::InvalidTableName(source) => OpenError::Namespace { kind, source },
+        Error::Database(sqlx::Error::Configuration(_)) => {
+            OpenError::invalid_url(kind, url, e.to_string())
         }
-        if let Some(table) = options.sql_table(Self::KIND)? {
-            builder = builder.table(table.as_str());
-        }
-        builder = builder.migrate(options.schema == idem_core::Schema::Migrate);
-        builder.connect(url).await.map_err(|e| match e {
-            Error::NoSchema { .. } => OpenError::no_schema(Self::KIND, url, e.to_string()),
-            Error::InvalidPageSize(_) => OpenError::invalid_url(Self::KIND, url, e.to_string()),
-            Error::InvalidTableName(source) => OpenError::Namespace {
-                kind: Self::KIND,
-                source,
-            },
-            Error::Database(sqlx::Error::Configuration(_)) => {
-                OpenError::invalid_url(Self::KIND, url, e.to_string())
-            }
-            other => OpenError::failed(Self::KIND, url, other),
-        })
+        other => OpenError::failed(kind, url, other),
     }
 }
 
@@ -82,7 +100,10 @@ mod tests {
     #[tokio::test]
     async fn a_file_that_cannot_be_made_fails_and_is_not_retried() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/missing/dir/idem.db", dir.path().display());
+        // Its "directory" is a file.
+        let file = dir.path().join("plain-file");
+        std::fs::write(&file, b"not a directory").unwrap();
+        let url = format!("sqlite://{}/idem.db", file.display());
         let e = checks::open_error(&url, open).await;
         assert!(
             matches!(e, OpenError::Failed { kind: "sqlite", .. }),
@@ -93,6 +114,72 @@ mod tests {
             e.to_string().starts_with("cannot open the sqlite store at"),
             "{e}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_missing_directory_is_wrong_as_written_and_makes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/missing/dir/idem.db", dir.path().display());
+        let e = checks::open_error(&url, open).await;
+        assert!(e.is_configuration(), "{e:?}");
+        assert!(
+            e.to_string().ends_with(&format!(
+                "the directory {}/missing/dir of the database file does not exist",
+                dir.path().display()
+            )),
+            "{e}"
+        );
+        let e = SqliteStore::plan(&url, &StoreOptions::default())
+            .await
+            .unwrap_err();
+        assert!(e.is_configuration(), "{e:?}");
+        assert!(!dir.path().join("missing").exists());
+    }
+
+    #[tokio::test]
+    async fn a_plan_reads_the_version_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("idem.db");
+        let url = format!("sqlite://{}", db.display());
+        let options = StoreOptions::default();
+        let fresh = SqliteStore::plan(&url, &options).await.unwrap().unwrap();
+        assert_eq!(fresh.table, crate::DEFAULT_TABLE);
+        assert_eq!((fresh.from, fresh.to), (None, 2));
+        assert!(!fresh.is_current());
+        let files = || {
+            let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        assert!(files().is_empty(), "{:?}", files());
+        // The plan is what migrating runs: applied by hand, it makes a store this
+        // build opens without migrating.
+        {
+            use sqlx::{Connection, Executor};
+            let mut conn = sqlx::SqliteConnection::connect(&format!("{url}?mode=rwc"))
+                .await
+                .unwrap();
+            let script = format!(
+                "BEGIN IMMEDIATE;\n{};\nCOMMIT;",
+                fresh.statements.join(";\n")
+            );
+            conn.execute(sqlx::AssertSqlSafe(script)).await.unwrap();
+            conn.close().await.unwrap();
+        }
+        let existing = StoreOptions {
+            schema: idem_core::Schema::Existing,
+            ..StoreOptions::default()
+        };
+        let store = SqliteStore::open(&url, &existing).await.unwrap();
+        store.ping().await.unwrap();
+        store.close().await;
+        let current = SqliteStore::plan(&url, &options).await.unwrap().unwrap();
+        assert_eq!((current.from, current.to), (Some(2), 2));
+        assert!(current.is_current());
+        assert_eq!(files(), ["idem.db"]);
     }
 
     #[tokio::test]

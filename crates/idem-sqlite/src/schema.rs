@@ -110,14 +110,7 @@ fn meta(table: &str) -> String {
 /// other instead of both creating the table.
 pub(crate) async fn migrate(conn: &mut SqliteConnection, table: &str) -> Result<()> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS idem_schema_versions (
-            table_name TEXT PRIMARY KEY,
-            version    INTEGER NOT NULL
-        )",
-    )
-    .execute(&mut *tx)
-    .await?;
+    sqlx::query(VERSIONS_DDL).execute(&mut *tx).await?;
     let found: Option<i64> =
         sqlx::query_scalar("SELECT version FROM idem_schema_versions WHERE table_name = ?1")
             .bind(table)
@@ -159,23 +152,58 @@ pub(crate) async fn migrate(conn: &mut SqliteConnection, table: &str) -> Result<
     Ok(())
 }
 
-/// Checks, writing nothing, that `table` (in the database file `path`) is at
-/// [`SCHEMA_VERSION`].
-pub(crate) async fn check(conn: &mut SqliteConnection, table: &str, path: &str) -> Result<()> {
+/// The schema version of `table`, reading only: `None` when none was ever recorded
+/// (no versions table, or no row for it).
+pub(crate) async fn applied_version(
+    conn: &mut SqliteConnection,
+    table: &str,
+) -> Result<Option<i64>> {
     let versions: Option<String> = sqlx::query_scalar(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'idem_schema_versions'",
     )
     .fetch_optional(&mut *conn)
     .await?;
-    let found: Option<i64> = match versions {
-        Some(_) => {
-            sqlx::query_scalar("SELECT version FROM idem_schema_versions WHERE table_name = ?1")
-                .bind(table)
-                .fetch_optional(&mut *conn)
-                .await?
-        }
-        None => None,
-    };
+    if versions.is_none() {
+        return Ok(None);
+    }
+    Ok(
+        sqlx::query_scalar("SELECT version FROM idem_schema_versions WHERE table_name = ?1")
+            .bind(table)
+            .fetch_optional(&mut *conn)
+            .await?,
+    )
+}
+
+/// The SQL [`migrate`] runs on `table` at schema version `from` (0: none), as text a
+/// database administrator can read and run, in one `BEGIN IMMEDIATE` transaction:
+/// empty when `from` is current or newer.
+pub(crate) fn migration_sql(table: &str, from: i64) -> Vec<String> {
+    if from >= SCHEMA_VERSION {
+        return Vec::new();
+    }
+    let mut statements = vec![VERSIONS_DDL.to_owned()];
+    if from < 1 {
+        statements.push(v1(table));
+    }
+    statements.push(v2(table));
+    statements.push(format!(
+        "INSERT INTO idem_schema_versions (table_name, version) VALUES ('{table}', {SCHEMA_VERSION})
+             ON CONFLICT (table_name) DO UPDATE SET version = excluded.version"
+    ));
+    statements.push(meta(table));
+    statements
+}
+
+/// The table of schema versions, one row per records table.
+const VERSIONS_DDL: &str = "CREATE TABLE IF NOT EXISTS idem_schema_versions (
+            table_name TEXT PRIMARY KEY,
+            version    INTEGER NOT NULL
+        )";
+
+/// Checks, writing nothing, that `table` (in the database file `path`) is at
+/// [`SCHEMA_VERSION`].
+pub(crate) async fn check(conn: &mut SqliteConnection, table: &str, path: &str) -> Result<()> {
+    let found = applied_version(conn, table).await?;
     match found {
         None => Err(Error::NoSchema {
             path: path.to_owned(),

@@ -157,6 +157,18 @@ enum Read {
 
 /// Runs `idem demo`; exit 0 when it showed what it claims (see the crate README).
 pub async fn run(args: DemoArgs) -> ExitCode {
+    if let Some(url) = args
+        .store
+        .as_deref()
+        .filter(|url| crate::store::kind(url).is_none())
+    {
+        eprintln!(
+            "idem demo: --store {}: no store answers to it; use {}",
+            crate::store::redact(url),
+            crate::store::EXPECTED
+        );
+        return ExitCode::from(crate::exit::CONFIG);
+    }
     match demo(&args).await {
         Ok(report) => {
             match args.format {
