@@ -20,6 +20,7 @@ mod failover;
 mod grpc;
 mod http2;
 mod inspection;
+mod migration;
 mod packaging;
 mod protocol;
 mod proxying;
