@@ -55,6 +55,7 @@ mod activity;
 mod handler;
 mod http2;
 mod limits;
+mod plain;
 mod shutdown;
 mod tls;
 mod window;

@@ -18,6 +18,7 @@ use tower::BoxError;
 
 use super::activity::Activity;
 use super::http2::Builders;
+use super::plain;
 use super::shutdown::Shutdown;
 use super::tls::Tls;
 use super::window::StreamExecutor;
@@ -66,14 +67,43 @@ where
         if let Err(e) = keep_alive(&stream) {
             tracing::debug!(error = %e, "TCP keepalive could not be set on a connection");
         }
-        let stream = WriteStall::new(stream, timeout);
         match tls {
-            None => serve(stream, &builders.auto, service, timeout, &mut shutdown).await,
+            None => {
+                let stream = WriteStall::new(stream, timeout);
+                serve(stream, &builders.auto, service, timeout, &mut shutdown).await;
+            }
             Some(tls) => {
+                // Plain HTTP to this port gets a 400 saying so, not a TLS alert. The
+                // wait for the first byte counts against the handshake's time.
+                let started = tokio::time::Instant::now();
+                let first = async {
+                    match timeout {
+                        Some(t) => tokio::time::timeout(t, plain::starts_plain(&stream))
+                            .await
+                            .ok()
+                            .flatten(),
+                        None => plain::starts_plain(&stream).await,
+                    }
+                };
+                let first = tokio::select! {
+                    first = first => first,
+                    () = shutdown.recv() => return,
+                };
+                match first {
+                    Some(false) => {}
+                    Some(true) => {
+                        tracing::debug!("plain HTTP on the TLS listener: answered 400");
+                        plain::refuse(stream).await;
+                        return;
+                    }
+                    None => return,
+                }
+                let timeout_left = timeout.map(|t| t.saturating_sub(started.elapsed()));
+                let stream = WriteStall::new(stream, timeout);
                 // The handshake has the client timeout too, and shutdown ends it.
                 let handshake = tls.acceptor().accept(stream);
                 let handshake = async {
-                    match timeout {
+                    match timeout_left {
                         Some(t) => tokio::time::timeout(t, handshake)
                             .await
                             .unwrap_or_else(|_| {

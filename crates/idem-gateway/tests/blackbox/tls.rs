@@ -240,6 +240,45 @@ async fn curl_over_tls_gets_a_replay_over_http2_and_http11() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_to_the_tls_port_is_a_400_that_says_so_and_reaches_nobody() {
+    let pki = Pki::new();
+    let (up, gw, _dir, _) = start(&pki).await;
+    for request in [
+        "POST /v1/charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"k-plain\"\r\n\
+         content-length: 2\r\n\r\n{}",
+        "GET /healthz HTTP/1.0\r\n\r\n",
+    ] {
+        let mut plain = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        plain.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(10), plain.read_to_string(&mut answer))
+            .await
+            .expect("answered and closed")
+            .unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").expect(&answer);
+        assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{answer}");
+        assert!(
+            head.contains("content-type: application/problem+json"),
+            "{head}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            v["type"],
+            "https://idem.dev/problems/plain-http-to-https-port"
+        );
+        assert_eq!(v["status"], 400);
+    }
+    assert_eq!(up.total(), 0, "nothing reached the upstream");
+    // The same port still speaks TLS.
+    let key = new_key();
+    let url = format!("https://{}/v1/charges", gw.addr);
+    assert_eq!(
+        curl(&["--http1.1"], url, &key).await,
+        ("http/1.1 201 created".to_owned(), false)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_the_pair_for_new_connections_and_open_ones_keep_working() {
     let pki = Pki::new();
     let (_up, gw, dir, first) = start(&pki).await;
