@@ -259,16 +259,17 @@ async fn show(store: &dyn Store, scope: &Scope) -> Result<ExitCode, Failure> {
 fn not_found(scope: &Scope) -> String {
     let endpoint = match scope.endpoint() {
         Some(endpoint) => format!("endpoint {}", endpoint.as_str()),
-        None => "no endpoint (internal scope mode; a gateway in public scope mode, \
-                 --scope public, keeps each key per endpoint: give --endpoint 'POST \
-                 /v1/route/{template}' as its route is written)"
+        None => "no endpoint, which is the scope of a gateway with --scope internal; under \
+                 --scope public (the default) each key lives under its endpoint: give \
+                 --endpoint 'POST /v1/charges', the route rule's template or the \
+                 normalised path"
             .to_owned(),
     };
     format!(
-        "no record for key {:?} in the scope tenant {}, {endpoint}. A record's scope is \
-         its tenant (--tenant as stored, or --tenant-credential-env naming the \
-         client's credentials), its endpoint and its key; `idem keys list` shows the \
-         scopes that hold records",
+        "no record for key {:?} in the scope tenant {}, {endpoint}. A scope is the \
+         tenant (--tenant as stored, or --tenant-credential-env with the client's \
+         credentials), the endpoint and the key; `idem keys list` shows the scopes that \
+         hold records",
         scope.key().as_str(),
         scope.tenant().as_str(),
     )

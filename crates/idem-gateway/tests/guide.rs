@@ -459,3 +459,28 @@ fn the_link_checker_reports_missing_pages_and_anchors_and_nothing_else() {
         ]
     );
 }
+
+/// The guide's rows for `idem_requests_total` (the admin page) and the access log's
+/// `outcome` field (the logs page) name every outcome the gateway counts.
+#[test]
+fn the_metrics_and_log_pages_name_every_outcome() {
+    for (page, row) in [
+        (
+            "docs/src/gateway/admin.md",
+            "| `idem_requests_total{outcome}` |",
+        ),
+        ("docs/src/gateway/logs.md", "| `outcome` |"),
+    ] {
+        let text = read(&workspace().join(page));
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(row))
+            .unwrap_or_else(|| panic!("{page} has no row {row}"));
+        for outcome in idem_tower::Outcome::ALL {
+            assert!(
+                line.contains(&format!("`{}`", outcome.as_str())),
+                "{page}'s {row} row does not name `{outcome}`"
+            );
+        }
+    }
+}

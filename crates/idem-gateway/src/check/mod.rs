@@ -258,6 +258,22 @@ fn target(args: &CheckArgs) -> Result<client::Target, UsageError> {
     })
 }
 
+/// What to say of a body that is not JSON sent without a `Content-Type` of the
+/// operator's: it goes without one (an API may refuse it, or read it as something else),
+/// and the probe that reorders JSON keys does not apply.
+fn body_warning(target: &client::Target) -> Option<String> {
+    let typed = target
+        .headers
+        .iter()
+        .any(|(name, _)| name == http::header::CONTENT_TYPE);
+    (target.json.is_none() && !typed).then(|| {
+        "the --body is not JSON and no --header gives its Content-Type, so it is sent \
+         without one: add -H 'Content-Type: …' if the API needs it (equivalent_json does \
+         not apply)"
+            .to_owned()
+    })
+}
+
 /// Runs the probes against an already resolved session and returns the report.
 async fn run_probes(session: &client::Session, args: &CheckArgs) -> Report {
     let opts = probes::Options {
@@ -301,6 +317,9 @@ pub async fn run(args: &CheckArgs) -> ExitCode {
         }
     };
     eprintln!("warning: {}", report::warning(&args.url));
+    if let Some(warning) = body_warning(&target) {
+        eprintln!("warning: {warning}");
+    }
     // Reachable at all? A bare connection creates nothing.
     let connect = tokio::net::TcpStream::connect(&target.authority);
     match tokio::time::timeout(args.timeout, connect).await {
@@ -358,6 +377,31 @@ pub async fn run(args: &CheckArgs) -> ExitCode {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn a_body_that_is_not_json_without_a_content_type_is_said_once() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["http://127.0.0.1:9/v1/charges"];
+            argv.extend_from_slice(extra);
+            target(&parse(&argv)).unwrap()
+        };
+        assert_eq!(body_warning(&parse(&[])), None, "the default {{}} is JSON");
+        assert_eq!(body_warning(&parse(&["--body", "{\"a\":1}"])), None);
+        let warned = body_warning(&parse(&["--body", "amount=1"])).unwrap();
+        assert!(
+            warned.contains("not JSON") && warned.contains("Content-Type"),
+            "{warned}"
+        );
+        assert_eq!(
+            body_warning(&parse(&[
+                "--body",
+                "amount=1",
+                "-H",
+                "content-type: application/x-www-form-urlencoded"
+            ])),
+            None
+        );
+    }
 
     #[derive(Parser)]
     struct Cmd {
