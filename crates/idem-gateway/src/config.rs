@@ -28,6 +28,7 @@
 
 mod args;
 mod error;
+mod print;
 mod secrets;
 #[cfg(test)]
 mod tests;
@@ -219,11 +220,17 @@ impl GatewayConfig {
 
     /// Resolves the command line (and environment) over the `--config` file it names.
     pub fn resolve(args: &ServeArgs) -> Result<GatewayConfig, ConfigError> {
+        GatewayConfig::from_args(GatewayConfig::layered(args)?)
+    }
+
+    /// The command line (and environment) over the `--config` file it names, before
+    /// the defaults: what [`resolve`](Self::resolve) checks and completes.
+    pub fn layered(args: &ServeArgs) -> Result<ServeArgs, ConfigError> {
         let file = match &args.config {
             Some(path) => read_file(path)?,
             None => ServeArgs::default(),
         };
-        GatewayConfig::merge(args, file)
+        Ok(args.clone().over(file))
     }
 
     /// Resolves the command line (and environment) over a file already read.

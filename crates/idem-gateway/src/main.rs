@@ -130,11 +130,13 @@ fn warn_of_misspelt_env_vars() {
 }
 
 async fn check(args: &ServeArgs) -> ExitCode {
-    let config = match GatewayConfig::resolve(args) {
-        Ok(c) => c,
+    let resolved = GatewayConfig::layered(args)
+        .and_then(|layered| GatewayConfig::from_args(layered.clone()).map(|c| (layered, c)));
+    let (layered, config) = match resolved {
+        Ok(both) => both,
         Err(e) => {
             eprintln!("idem: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(idem_gateway::exit::CONFIG);
         }
     };
     let store_state = match store::check(&config.store, &config.store_options).await {
@@ -149,7 +151,7 @@ async fn check(args: &ServeArgs) -> ExitCode {
             && let Err(e) = std::net::TcpListener::bind(addr)
         {
             eprintln!("idem: {listener} {addr} cannot be bound: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(idem_gateway::exit::RUNTIME);
         }
     }
     for (listener, files) in [("proxy", &config.tls), ("admin", &config.admin_tls)] {
@@ -157,129 +159,27 @@ async fn check(args: &ServeArgs) -> ExitCode {
             && let Err(e) = files.load()
         {
             eprintln!("idem: the {listener} listener's TLS: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(idem_gateway::exit::RUNTIME);
         }
     }
     for warning in config.warnings().await {
         eprintln!("idem: warning: {warning}");
     }
-    println!("upstream  {}", config.upstream);
-    match config.client_timeout {
-        Some(t) => println!(
-            "listen    {} (client timeout {})",
-            config.listen,
-            humantime::format_duration(t)
-        ),
-        None => println!("listen    {} (no client timeout)", config.listen),
-    }
-    for (listener, files) in [("proxy", &config.tls), ("admin", &config.admin_tls)] {
-        if let Some(files) = files {
-            println!(
-                "tls       {listener}: {} with {} (usable)",
-                files.cert.display(),
-                files.key.display()
-            );
-        }
-    }
-    let namespace = config.store_options.namespace.clone().unwrap_or_default();
     println!(
-        "store     {} ({store_state}), namespace {namespace}",
-        store::redact(&config.store)
-    );
-    match config.admin {
-        Some(a) => println!(
-            "admin     {a}{}",
-            if config.admin_token.is_some() {
-                " (bearer token)"
-            } else {
-                ""
-            }
-        ),
-        None => println!("admin     off"),
-    }
-    println!(
-        "log       access log {}, request id in {}",
-        config.access_log, config.request_id_header
-    );
-    let methods: Vec<&str> = config.keyed_methods.iter().map(|m| m.as_str()).collect();
-    println!(
-        "keys      {} on {}, scope {:?}, ttl {}, lease {}, body limit {} bytes, response limit {} bytes",
-        if config.require_key {
-            "required"
+        "# idem check-config: the store is {store_state}; the listen address{} can be \
+         bound{}.",
+        if config.admin.is_some() { "es" } else { "" },
+        if config.tls.is_some() || config.admin_tls.is_some() {
+            "; the TLS files are usable"
         } else {
-            "optional"
-        },
-        methods.join(","),
-        config.scope,
-        humantime::format_duration(config.ttl),
-        humantime::format_duration(config.lease),
-        config.body_limit,
-        config.response_limit
-    );
-    let tenant_headers: Vec<&str> = config.tenant_headers.iter().map(|h| h.as_str()).collect();
-    println!(
-        "tenants   {} ({}), secret {}",
-        tenant_headers.join(","),
-        if config.require_tenant {
-            "required on keyed requests"
-        } else {
-            "none is anonymous"
-        },
-        if config.tenant_key.is_some() {
-            "the operator's"
-        } else {
-            "the store's own"
+            ""
         }
     );
     println!(
-        "release   {}",
-        if config.release_statuses.is_empty() {
-            "none: every answer is recorded".to_owned()
-        } else {
-            format!(
-                "{} (answered, not recorded)",
-                code_list(&config.release_statuses)
-            )
-        }
+        "# Every setting as resolved from the command line, the IDEM_* variables, the \
+         --config file and the defaults, in the file's form:"
     );
-    println!(
-        "paths     {}",
-        if config.path_normalization.is_none() {
-            "none: routed, scoped and forwarded as they come".to_owned()
-        } else {
-            format!(
-                "{} (normalised before routing; the upstream gets the normal form)",
-                config.path_normalization
-            )
-        }
-    );
-    if !config.routes.is_empty() {
-        println!(
-            "routes    match {} (`;` path parameters left out)",
-            config.route_matching
-        );
-    }
-    for r in &config.routes {
-        let release = r.release_statuses.as_ref().map(|set| {
-            if set.is_empty() {
-                ", release none".to_owned()
-            } else {
-                format!(", release {}", code_list(set))
-            }
-        });
-        println!(
-            "route     {} {}{}",
-            r.method.as_ref().map_or("*", |m| m.as_str()),
-            r.template.as_str(),
-            release.unwrap_or_default()
-        );
-    }
-    println!("ok");
+    print!("{}", config.to_toml(&layered));
+    println!("# ok");
     ExitCode::SUCCESS
-}
-
-/// The statuses of `set`, comma-separated, as `--release-statuses` takes them.
-fn code_list(set: &idem_tower::ReleaseStatuses) -> String {
-    let codes: Vec<String> = set.iter().map(|s| s.as_u16().to_string()).collect();
-    codes.join(",")
 }

@@ -77,7 +77,7 @@ use self::store::{SpanObserver, TracedStore, store_system};
 pub const OTEL_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 
 /// Where, under the collector's base URL, traces are posted (the OTLP/HTTP default).
-const TRACES_PATH: &str = "/v1/traces";
+pub(crate) const TRACES_PATH: &str = "/v1/traces";
 
 /// The largest answer read from the collector (it answers with a small status body).
 const COLLECTOR_ANSWER_LIMIT: usize = 64 * 1024;

@@ -945,10 +945,10 @@ async fn check_config_command_validates_settings_and_store() {
     assert!(ok.status.success(), "{ok:?}");
     let out = String::from_utf8(ok.stdout).unwrap();
     assert!(
-        out.contains("route     POST /v1/orders/{id}/capture"),
+        out.contains("[[route]]\nmethod = \"POST\"\npath = \"/v1/orders/{id}/capture\"\n"),
         "{out}"
     );
-    assert!(out.contains("ttl 2h"), "{out}");
+    assert!(out.contains("\nttl = \"2h\"\n"), "{out}");
     let bad = run(&["check-config", "--config", "idem.toml", "--ttl", "0s"]);
     assert_eq!(bad.status.code(), Some(2));
     let missing = run(&["check-config", "--store", "memory://"]);
