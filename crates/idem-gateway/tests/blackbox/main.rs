@@ -21,6 +21,7 @@ mod grpc;
 mod http2;
 mod inspection;
 mod migration;
+mod nginx;
 mod packaging;
 mod protocol;
 mod proxying;

@@ -447,14 +447,13 @@ fn every_setting(dir: &Path) -> String {
     // `admin_token` and `admin_token_file` are two ways to give one token, and never
     // both: the file form is left out here (its resolution has tests of its own). And
     // `upstream_ca` is refused with the example's http:// upstream (tested apart).
-    let all = uncommented(&read_contrib("idem.toml"), false)
+    uncommented(&read_contrib("idem.toml"), false)
         .replace("/etc/idem/tenant-secret", secret.to_str().unwrap())
         .replace("/etc/idem/record.keys", record_keys.to_str().unwrap())
         .lines()
         .filter(|l| !l.starts_with("admin_token_file") && !l.starts_with("upstream_ca"))
         .collect::<Vec<_>>()
-        .join("\n");
-    all
+        .join("\n")
 }
 
 #[test]
