@@ -284,11 +284,30 @@ async fn closed_database_fails_closed_as_unavailable() {
 #[tokio::test]
 async fn unopenable_path_is_a_database_error() {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("no/such/dir/x.db").display());
+    // Its "directory" is a file.
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let url = format!("sqlite://{}", file.join("x.db").display());
     assert!(matches!(
         SqliteStore::connect(&url).await,
         Err(Error::Database(_))
     ));
+}
+
+#[tokio::test]
+async fn a_missing_directory_is_named_and_not_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("no/such/dir/x.db").display());
+    match SqliteStore::connect(&url).await {
+        Err(Error::NoDirectory { dir: missing }) => {
+            assert_eq!(
+                missing,
+                dir.path().join("no/such/dir").display().to_string()
+            );
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    assert!(!dir.path().join("no").exists());
 }
 
 /// The value of `PRAGMA name` on one of the store's pooled connections.
