@@ -197,7 +197,8 @@ fn serve_with_no_migrate_refuses_a_store_without_its_schema() {
     assert!(!dir.path().join("idem.db").exists());
 }
 
-fn names(dir: &Path) -> Vec<String> {
+/// The names of the files in `dir`, sorted.
+pub(crate) fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::Output;
 
 use crate::common::{Gateway, Upstream, binary};
+use crate::inspection::names;
 use crate::shared::postgres;
 
 fn idem(dir: &Path, args: &[&str]) -> Output {
@@ -26,15 +27,6 @@ fn stdout(out: &Output) -> String {
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn files(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
 }
 
 /// `serve --no-migrate` on `store`: its exit status and standard error, or `None` when
@@ -101,7 +93,7 @@ async fn a_dry_run_writes_nothing_and_migrate_makes_what_no_migrate_opens() {
     assert!(lines.contains(&"BEGIN IMMEDIATE;"), "{script}");
     assert_eq!(lines.last(), Some(&"COMMIT;"), "{script}");
     assert!(script.contains("CREATE TABLE IF NOT EXISTS idem_records ("));
-    assert!(files(dir.path()).is_empty(), "{:?}", files(dir.path()));
+    assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
 
     // Without the schema, serve --no-migrate refuses, naming the command to run.
     let (code, err) = serve_without_migrating(dir.path(), &store)
@@ -112,7 +104,7 @@ async fn a_dry_run_writes_nothing_and_migrate_makes_what_no_migrate_opens() {
         err.contains("no idem records at") && err.contains("idem migrate"),
         "{err}"
     );
-    assert!(files(dir.path()).is_empty(), "{:?}", files(dir.path()));
+    assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
 
     let done = idem(dir.path(), &[&["migrate"][..], &store].concat());
     assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
@@ -121,7 +113,7 @@ async fn a_dry_run_writes_nothing_and_migrate_makes_what_no_migrate_opens() {
         "migrated table idem_records at sqlite://idem.db from schema version none (no table \
          yet) to 2\n"
     );
-    assert_eq!(files(dir.path()), ["idem.db"]);
+    assert_eq!(names(dir.path()), ["idem.db"]);
     assert_eq!(serve_without_migrating(dir.path(), &store).await, None);
     let again = idem(
         dir.path(),
@@ -132,14 +124,14 @@ async fn a_dry_run_writes_nothing_and_migrate_makes_what_no_migrate_opens() {
         stdout(&again),
         "table idem_records at sqlite://idem.db is at schema version 2: nothing to migrate\n"
     );
-    assert_eq!(files(dir.path()), ["idem.db"], "no -wal or -shm left");
+    assert_eq!(names(dir.path()), ["idem.db"], "no -wal or -shm left");
 }
 
 #[tokio::test]
 async fn an_old_postgres_schema_is_refused_by_no_migrate_and_brought_up_by_migrate() {
     let Some(url) = postgres().await else { return };
     let dir = tempfile::tempdir().unwrap();
-    let ns = format!("old_{}_{}", std::process::id(), rand_suffix());
+    let ns = idem_core::testing::unique_namespace("old");
     let store = ["--store", url.as_str(), "--store-namespace", ns.as_str()];
     // Version 3, made by hand from the plan's statements up to version 3's row.
     let plan = idem_gateway::store::plan(
@@ -198,28 +190,10 @@ async fn an_old_postgres_schema_is_refused_by_no_migrate_and_brought_up_by_migra
     );
     assert_eq!(serve_without_migrating(dir.path(), &store).await, None);
 
-    // The records survive a retired table's drop only with the table: clean up.
-    let mut conn = pool.acquire().await.unwrap();
-    for sql in [
-        format!("DROP TABLE IF EXISTS {ns}_records"),
-        format!("DROP TABLE IF EXISTS {ns}_records_meta"),
-        format!("DROP FUNCTION IF EXISTS {ns}_records_notify()"),
-        format!("DELETE FROM idem_schema_migrations WHERE table_name = '{ns}_records'"),
-    ] {
-        sqlx::Executor::execute(&mut *conn, sqlx::AssertSqlSafe(sql))
-            .await
-            .unwrap();
-    }
-    drop(conn);
+    idem_postgres::schema::drop_table(&pool, &format!("{ns}_records"))
+        .await
+        .unwrap();
     pool.close().await;
-}
-
-fn rand_suffix() -> u32 {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos()
 }
 
 #[tokio::test]
@@ -324,7 +298,7 @@ async fn every_command_exits_2_when_wrong_as_written_and_1_when_it_fails_at_run_
         assert!(text.contains(says), "{args:?} should say {says:?}: {text}");
         assert!(!text.contains("pool timed out"), "{args:?}: {text}");
     }
-    assert!(files(dir.path()).is_empty(), "{:?}", files(dir.path()));
+    assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
 }
 
 #[tokio::test]
