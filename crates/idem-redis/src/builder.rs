@@ -92,8 +92,8 @@ impl RedisStoreBuilder {
         let conn = if target.cluster {
             // A few quick retries: a redirection (MOVED, ASK) or a node being replaced
             // costs one each; past them the caller answers 503 and its client retries.
-            let mut builder = ClusterClient::builder(target.nodes);
-            if let Some(certificates) = certificates {
+            let mut builder = ClusterClient::builder(target.nodes.clone());
+            if let Some(certificates) = certificates.clone() {
                 builder = builder.certs(certificates);
             }
             let client = builder
@@ -103,7 +103,12 @@ impl RedisStoreBuilder {
                 .min_retry_wait(50)
                 .max_retry_wait(250)
                 .build()?;
-            Conn::Cluster(client.get_async_connection().await?)
+            match client.get_async_connection().await {
+                Ok(conn) => Conn::Cluster(conn),
+                Err(e) => {
+                    return Err(seed_failure(&target.nodes[0], certificates, self.timeout, e).await);
+                }
+            }
         } else {
             let node = target.nodes[0].as_str();
             let client = match certificates {
@@ -166,5 +171,27 @@ impl RedisStore {
     /// A store at `url` with the default options.
     pub async fn connect(url: &str) -> Result<RedisStore> {
         RedisStore::builder(url).connect().await
+    }
+}
+
+/// Why a cluster's first connections failed, with the TLS failure in the chain: the
+/// cluster client keeps only the text of a seed's error, so a certificate that does
+/// not verify would read as a seed that is not there. Over TLS one plain connection
+/// to the first seed is tried to find it; otherwise `error` stands.
+async fn seed_failure(
+    seed: &str,
+    certificates: Option<redis::TlsCertificates>,
+    timeout: Duration,
+    error: RedisError,
+) -> RedisError {
+    let Some(certificates) = certificates.filter(|_| error.kind() == ErrorKind::Io) else {
+        return error;
+    };
+    let Ok(client) = Client::build_with_tls(seed, certificates) else {
+        return error;
+    };
+    match tokio::time::timeout(timeout, client.get_multiplexed_async_connection()).await {
+        Ok(Err(probe)) if idem_core::open::tls::handshake_failure(&probe).is_some() => probe,
+        _ => error,
     }
 }

@@ -1,8 +1,9 @@
 //! TLS to a real `redis-server --tls-port`, started by the test on its own port with
 //! certificates made at run time: `rediss://` with the private CA works end to end, the
 //! name is checked, `insecure=true` skips the checks only when written, a wrong CA is
-//! refused and a plaintext-only server said to be one, and a server that wants
-//! client certificates takes one.
+//! refused and a plaintext-only server said to be one, a server that wants client
+//! certificates takes one, and `rediss+cluster://` reaches every master of a Redis
+//! Cluster whose nodes speak only TLS.
 
 use idem_core::testing::{test_fingerprint, test_scope};
 use idem_core::{OpenError, OpenStore, Reservation, ReserveRequest, Store, StoreOptions};
@@ -28,7 +29,11 @@ fn tls_server(names: &[&str], require_client_cert: bool) -> Option<(TestPki, Red
 }
 
 async fn reserve_and_replay(store: &RedisStore) {
-    let request = ReserveRequest::new(test_scope("/v1/charges", "k-tls"), test_fingerprint("{}"));
+    reserve_and_replay_key(store, "k-tls").await;
+}
+
+async fn reserve_and_replay_key(store: &RedisStore, key: &str) {
+    let request = ReserveRequest::new(test_scope("/v1/charges", key), test_fingerprint("{}"));
     let Reservation::Acquired(lease) = store.reserve(&request).await.unwrap() else {
         panic!("a fresh key is acquired");
     };
@@ -139,4 +144,69 @@ async fn a_plaintext_only_server_is_refused_over_rediss() {
             .contains("the TLS handshake got no answer (a server that speaks no TLS"),
         "{e}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_cluster_reaches_every_master_over_tls() {
+    let pki = TestPki::new().unwrap();
+    let cluster = match RedisCluster::start_tls(3, 0, std::time::Duration::from_secs(5), &pki) {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            return service_unavailable("a private Redis Cluster with TLS", "127.0.0.1", &e)
+                .unwrap_or(());
+        }
+    };
+    let url = cluster.url();
+    assert!(url.starts_with("rediss+cluster://"), "{url}");
+    let ca = pki.ca().display().to_string();
+    let store = open(&format!("{url}&cacert={ca}"))
+        .await
+        .expect("rediss+cluster with the CA");
+    // Keys whose hash slots fall on each of the three masters: every node's TLS
+    // connection is used, not only the seed's.
+    let ns = idem_core::testing::unique_namespace("tls_cluster");
+    for i in 0..24 {
+        reserve_and_replay_key(&store, &format!("{ns}-{i}")).await;
+    }
+    let masters = cluster.master_ports();
+    assert_eq!(masters.len(), 3, "{masters:?}");
+    for port in masters {
+        let keys = key_count(&pki, port);
+        assert!(keys > 0, "the master on {port} holds none of the records");
+    }
+    let other = pki.other_ca().display().to_string();
+    let e = open(&format!("{url}&cacert={other}"))
+        .await
+        .expect_err("the wrong CA");
+    refused_saying(&e, &["TLS failed", "invalid peer certificate"]);
+    let plain = url.replacen("rediss+cluster://", "redis+cluster://", 1);
+    let e = open(&plain).await.expect_err("plaintext to TLS-only nodes");
+    assert!(!matches!(e, OpenError::InvalidUrl { .. }), "{e:?}");
+}
+
+/// How many keys the TLS node on `port` holds, asked with `redis-cli --tls`.
+fn key_count(pki: &TestPki, port: u16) -> u64 {
+    let client = pki.client();
+    let out = std::process::Command::new("redis-cli")
+        .arg("--tls")
+        .arg("--cacert")
+        .arg(pki.ca())
+        .arg("--cert")
+        .arg(&client.cert)
+        .arg("--key")
+        .arg(&client.key)
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--raw",
+            "DBSIZE",
+        ])
+        .output()
+        .expect("redis-cli");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("DBSIZE on {port}: {text:?}"))
 }

@@ -9,12 +9,18 @@
 //! with [`RedisCluster::start`]. Either way a watchdog process stops the nodes and
 //! deletes their directories once the test process is gone, so nothing outlives a
 //! run that panicked or was killed; an owned cluster also stops when dropped.
+//!
+//! [`RedisCluster::start_tls`] starts one whose nodes speak only TLS, to clients, to
+//! each other on the cluster bus and to their replicas, with certificates from a
+//! [`TestPki`].
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use crate::tls::{CertFiles, TestPki};
 
 /// The variable naming a Redis Cluster's URL (`redis+cluster://HOST:PORT`) for the
 /// tests to use instead of starting one.
@@ -39,6 +45,20 @@ pub struct RedisCluster {
     nodes: Vec<Child>,
     watchdog: Option<Child>,
     dir: PathBuf,
+    /// The certificates of a cluster that speaks only TLS.
+    tls: Option<NodeTls>,
+}
+
+/// What a TLS-only node presents and trusts.
+#[derive(Debug, Clone)]
+struct NodeTls {
+    /// The CA every certificate here is signed by.
+    ca: PathBuf,
+    /// What a node presents to whoever connects to it.
+    server: CertFiles,
+    /// What a node (or `redis-cli`) presents when it connects to another: a server
+    /// certificate is for server authentication only, so it would be refused.
+    client: CertFiles,
 }
 
 impl RedisCluster {
@@ -49,6 +69,35 @@ impl RedisCluster {
         masters: usize,
         replicas: usize,
         node_timeout: Duration,
+    ) -> Result<RedisCluster, String> {
+        Self::start_with(masters, replicas, node_timeout, None)
+    }
+
+    /// As [`start`](Self::start), but every node listens only for TLS (`--port 0
+    /// --tls-port`), with a certificate for `127.0.0.1` issued by `pki`'s CA, and the
+    /// cluster bus and replication go over TLS too; a client certificate is optional.
+    /// [`url`](Self::url) is then a `rediss+cluster://` URL, to which the caller adds
+    /// `&cacert=…`. The files live in `pki`'s directory: keep it until the cluster is
+    /// dropped.
+    pub fn start_tls(
+        masters: usize,
+        replicas: usize,
+        node_timeout: Duration,
+        pki: &TestPki,
+    ) -> Result<RedisCluster, String> {
+        let tls = NodeTls {
+            ca: pki.ca(),
+            server: pki.server("cluster-node", &["127.0.0.1"])?,
+            client: pki.client(),
+        };
+        Self::start_with(masters, replicas, node_timeout, Some(tls))
+    }
+
+    fn start_with(
+        masters: usize,
+        replicas: usize,
+        node_timeout: Duration,
+        tls: Option<NodeTls>,
     ) -> Result<RedisCluster, String> {
         let count = masters * (1 + replicas);
         let ports = free_ports(count)?;
@@ -64,6 +113,7 @@ impl RedisCluster {
             nodes: Vec::with_capacity(count),
             watchdog: None,
             dir,
+            tls,
         };
         for &port in &ports {
             let child = cluster.spawn_node(port, &cluster_args(node_timeout), None)?;
@@ -90,6 +140,7 @@ impl RedisCluster {
             nodes: Vec::with_capacity(ports.len()),
             watchdog: None,
             dir,
+            tls: None,
         };
         for (i, &port) in ports.iter().enumerate() {
             let child = set.spawn_node(port, &[], (i > 0).then_some(ports[0]))?;
@@ -98,12 +149,14 @@ impl RedisCluster {
         set.watchdog = Some(set.spawn_watchdog()?);
         let start = Instant::now();
         loop {
-            let linked = cli(ports[0], &["INFO", "replication"]).is_ok_and(|info| {
-                info.lines()
-                    .filter(|l| l.starts_with("slave") && l.contains("state=online"))
-                    .count()
-                    >= replicas
-            });
+            let linked = set
+                .cli(ports[0], &["INFO", "replication"])
+                .is_ok_and(|info| {
+                    info.lines()
+                        .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                        .count()
+                        >= replicas
+                });
             if linked {
                 return Ok(set);
             }
@@ -125,8 +178,28 @@ impl RedisCluster {
         let node_dir = self.dir.join(port.to_string());
         std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(extra)
+        cmd.args(["--bind", "127.0.0.1"]);
+        match &self.tls {
+            None => {
+                cmd.args(["--port", &port.to_string()]);
+            }
+            Some(tls) => {
+                cmd.args(["--port", "0", "--tls-port", &port.to_string()])
+                    .arg("--tls-cert-file")
+                    .arg(&tls.server.cert)
+                    .arg("--tls-key-file")
+                    .arg(&tls.server.key)
+                    .arg("--tls-client-cert-file")
+                    .arg(&tls.client.cert)
+                    .arg("--tls-client-key-file")
+                    .arg(&tls.client.key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&tls.ca)
+                    .args(["--tls-auth-clients", "optional"])
+                    .args(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+            }
+        }
+        cmd.args(extra)
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(["--dir", &node_dir.to_string_lossy()])
             .args(["--logfile", "redis.log"]);
@@ -146,12 +219,17 @@ impl RedisCluster {
         if !self.cluster {
             return format!("redis://127.0.0.1:{}", self.ports[0]);
         }
+        let scheme = if self.tls.is_some() {
+            "rediss+cluster"
+        } else {
+            "redis+cluster"
+        };
         let seeds: Vec<String> = self.ports[1..]
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
         format!(
-            "redis+cluster://127.0.0.1:{}/?seeds={}",
+            "{scheme}://127.0.0.1:{}/?seeds={}",
             self.ports[0],
             seeds.join(",")
         )
@@ -167,7 +245,10 @@ impl RedisCluster {
         self.ports
             .iter()
             .copied()
-            .filter(|&p| cli(p, &["ROLE"]).is_ok_and(|role| role.starts_with("master")))
+            .filter(|&p| {
+                self.cli(p, &["ROLE"])
+                    .is_ok_and(|role| role.starts_with("master"))
+            })
             .collect()
     }
 
@@ -209,7 +290,8 @@ impl RedisCluster {
         loop {
             let live: Vec<u16> = self.live_ports();
             let ok = live.iter().all(|&p| {
-                cli(p, &["CLUSTER", "INFO"]).is_ok_and(|info| info.contains("cluster_state:ok"))
+                self.cli(p, &["CLUSTER", "INFO"])
+                    .is_ok_and(|info| info.contains("cluster_state:ok"))
             });
             if ok {
                 return Ok(());
@@ -227,7 +309,7 @@ impl RedisCluster {
         self.ports
             .iter()
             .copied()
-            .filter(|&p| cli(p, &["PING"]).is_ok_and(|r| r.trim() == "PONG"))
+            .filter(|&p| self.cli(p, &["PING"]).is_ok_and(|r| r.trim() == "PONG"))
             .collect()
     }
 
@@ -241,7 +323,8 @@ impl RedisCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let out = Command::new("redis-cli")
+        let out = self
+            .redis_cli()
             .args(["--cluster", "create"])
             .args(self.ports.iter().map(|p| format!("127.0.0.1:{p}")))
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
@@ -264,7 +347,7 @@ impl RedisCluster {
         loop {
             let masters = self.master_ports();
             let linked = masters.iter().all(|&p| {
-                cli(p, &["INFO", "replication"]).is_ok_and(|info| {
+                self.cli(p, &["INFO", "replication"]).is_ok_and(|info| {
                     info.lines()
                         .filter(|l| l.starts_with("slave") && l.contains("state=online"))
                         .count()
@@ -280,6 +363,39 @@ impl RedisCluster {
                 ));
             }
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `redis-cli`, with the TLS options when the nodes speak only TLS.
+    fn redis_cli(&self) -> Command {
+        let mut cmd = Command::new("redis-cli");
+        if let Some(tls) = &self.tls {
+            cmd.arg("--tls")
+                .arg("--cacert")
+                .arg(&tls.ca)
+                .arg("--cert")
+                .arg(&tls.client.cert)
+                .arg("--key")
+                .arg(&tls.client.key);
+        }
+        cmd
+    }
+
+    /// `redis-cli -p PORT ARGS…`'s output, raw.
+    fn cli(&self, port: u16, args: &[&str]) -> Result<String, String> {
+        let out = self
+            .redis_cli()
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--raw"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && !text.starts_with("Could not connect") {
+            Ok(text)
+        } else {
+            Err(text)
         }
     }
 
@@ -335,23 +451,6 @@ fn cluster_args(node_timeout: Duration) -> Vec<String> {
     .map(str::to_owned)
     .chain([node_timeout.as_millis().to_string()])
     .collect()
-}
-
-/// `redis-cli -p PORT ARGS…`'s output, raw.
-fn cli(port: u16, args: &[&str]) -> Result<String, String> {
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--raw"])
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    if out.status.success() && !text.starts_with("Could not connect") {
-        Ok(text)
-    } else {
-        Err(text)
-    }
 }
 
 /// `count` ports of one block, each free with its bus port: blocks are tried from

@@ -1,13 +1,14 @@
 //! The gateway's store over TLS: a private PostgreSQL with `ssl = on` and a
 //! `redis-server --tls-port`, each started here on its own port with certificates made
-//! at run time. A verified connection carries the keyed protocol end to end; a store
+//! at run time, and a Redis Cluster whose nodes speak only TLS. A verified connection
+//! carries the keyed protocol end to end; a store
 //! URL whose TLS settings cannot work stops `idem serve` and `idem check-config` with
 //! status 2 and a message naming the setting; a certificate that does not verify is
 //! said to be one.
 
 use std::process::Stdio;
 
-use idem_test_support::{PgServer, RedisTlsServer, TestPki, service_unavailable};
+use idem_test_support::{PgServer, RedisCluster, RedisTlsServer, TestPki, service_unavailable};
 use tokio::process::Command;
 
 use crate::common::{Gateway, Http, Upstream, binary, new_key};
@@ -78,6 +79,52 @@ async fn a_verified_tls_store_carries_the_keyed_protocol() {
             service_unavailable("a private redis-server with TLS", "127.0.0.1", &e).unwrap_or(())
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_redis_cluster_carries_the_keyed_protocol_and_refuses_the_wrong_ca() {
+    let pki = TestPki::new().unwrap();
+    let cluster = match RedisCluster::start_tls(3, 0, std::time::Duration::from_secs(5), &pki) {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            return service_unavailable("a private Redis Cluster with TLS", "127.0.0.1", &e)
+                .unwrap_or(());
+        }
+    };
+    let ca = pki.ca().display().to_string();
+    executes_once_and_replays(&format!("{}&cacert={ca}", cluster.url())).await;
+    // A certificate that does not verify is a refusal that says so: `check-config`
+    // fails with status 1, and `serve` names it while it answers keyed requests 503
+    // and tries again (the CA file may be replaced, or the nodes' certificates).
+    let other = pki.other_ca().display().to_string();
+    let store = format!("{}&cacert={other}", cluster.url());
+    let (code, stderr) = run(&[
+        "check-config",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--store",
+        &store,
+    ])
+    .await;
+    assert_eq!(code, Some(1), "{store}: {stderr}");
+    assert!(
+        stderr.contains("TLS failed: invalid peer certificate"),
+        "{stderr}"
+    );
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", &store]).await;
+    let key = new_key();
+    let answer = Http::new()
+        .post(&gw.url("/v1/charges"), &key, "{}", &[])
+        .await;
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(up.started(&key), 0);
+    assert!(
+        gw.logs().contains("TLS failed: invalid peer certificate"),
+        "{}",
+        gw.logs()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
