@@ -106,7 +106,9 @@ impl RedisStoreBuilder {
             match client.get_async_connection().await {
                 Ok(conn) => Conn::Cluster(conn),
                 Err(e) => {
-                    return Err(seed_failure(&target.nodes[0], certificates, self.timeout, e).await);
+                    return Err(
+                        seed_failure(&target.nodes[0], certificates, self.timeout, e).await,
+                    );
                 }
             }
         } else {
