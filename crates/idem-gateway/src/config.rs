@@ -160,6 +160,8 @@ pub struct GatewayConfig {
     pub access_log: crate::access::AccessLog,
     /// The header that carries the request id.
     pub request_id_header: http::HeaderName,
+    /// The proxies whose `X-Forwarded-For` names the client (see [`crate::trusted`]).
+    pub trusted_proxies: crate::trusted::TrustedProxies,
     /// The limits on HTTP/2 client connections.
     pub http2: Http2Limits,
     /// The proxy listener's certificate and key, when it terminates TLS.
@@ -285,6 +287,7 @@ impl GatewayConfig {
             otlp_endpoint,
             access_log,
             request_id_header,
+            trusted_proxies,
             http2_max_concurrent_streams,
             http2_max_header_list_size,
             http2_keepalive_interval,
@@ -410,6 +413,10 @@ impl GatewayConfig {
                 .map_err(|e| invalid("access_log", e))?
                 .unwrap_or(crate::access::AccessLog::Sampled(1.0)),
             request_id_header: parse_request_id_header(request_id_header.as_deref())?,
+            trusted_proxies: crate::trusted::TrustedProxies::parse(
+                trusted_proxies.as_deref().unwrap_or_default(),
+            )
+            .map_err(|e| invalid("trusted_proxies", e))?,
             otlp_endpoint: crate::telemetry::traces_url(
                 otlp_endpoint.as_deref(),
                 std::env::var(crate::telemetry::OTEL_ENDPOINT_ENV)

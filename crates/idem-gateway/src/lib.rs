@@ -77,3 +77,4 @@ pub mod route;
 pub mod serve;
 pub mod store;
 pub mod telemetry;
+pub mod trusted;

@@ -305,6 +305,7 @@ impl Gateway {
                 log: config.access_log,
                 request_id_header: config.request_id_header.clone(),
                 routes: config.routes.clone().into(),
+                trusted_proxies: config.trusted_proxies.clone(),
             }),
             answer_budget: (config.http2.answer_budget, config.response_limit),
         })

@@ -309,6 +309,19 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_REQUEST_ID_HEADER", value_name = "NAME")]
     pub request_id_header: Option<String>,
 
+    /// Networks and addresses of the proxies in front of the gateway, e.g.
+    /// 10.0.0.0/8,127.0.0.1: a connection from one of them may name its client in
+    /// X-Forwarded-For, which the access log's `client` then shows (the rightmost
+    /// untrusted entry) [default: none, the client is the connection's peer].
+    #[arg(
+        long,
+        env = "IDEM_TRUSTED_PROXIES",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    #[serde(deserialize_with = "toml_form::list")]
+    pub trusted_proxies: Option<Vec<String>>,
+
     /// Most streams (requests) one HTTP/2 client connection may have open at once
     /// [default: 100].
     #[arg(long, env = "IDEM_HTTP2_MAX_CONCURRENT_STREAMS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -422,6 +435,7 @@ impl ServeArgs {
             otlp_endpoint,
             access_log,
             request_id_header,
+            trusted_proxies,
             http2_max_concurrent_streams,
             http2_max_header_list_size,
             http2_keepalive_interval,
@@ -475,6 +489,7 @@ impl ServeArgs {
             otlp_endpoint: otlp_endpoint.or(under.otlp_endpoint),
             access_log: access_log.or(under.access_log),
             request_id_header: request_id_header.or(under.request_id_header),
+            trusted_proxies: trusted_proxies.or(under.trusted_proxies),
             http2_max_concurrent_streams: http2_max_concurrent_streams
                 .or(under.http2_max_concurrent_streams),
             http2_max_header_list_size: http2_max_header_list_size

@@ -189,6 +189,15 @@ impl GatewayConfig {
         }
         t.set("access_log", quoted(&self.access_log.to_string()));
         t.set("request_id_header", quoted(self.request_id_header.as_str()));
+        if self.trusted_proxies.is_empty() {
+            t.note(
+                "trusted_proxies",
+                "none: the client is the connection's peer",
+            );
+        } else {
+            let nets = self.trusted_proxies.nets().iter().map(|n| n.to_string());
+            t.set("trusted_proxies", strings(nets));
+        }
         let h2 = &self.http2;
         t.set(
             "http2_max_concurrent_streams",

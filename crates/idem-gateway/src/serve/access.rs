@@ -4,7 +4,8 @@
 //!
 //! | field | what |
 //! |---|---|
-//! | `client` | the connection's peer address |
+//! | `client` | the client's address: the connection's peer (with its port), or behind a proxy that `--trusted-proxies` names, the address it forwarded for (see [`crate::trusted`]) |
+//! | `peer` | the connection's peer address, with its port |
 //! | `method`, `path` | as normalised and forwarded (the path without its query) |
 //! | `route` | the matched `[[route]]`'s template, when one matched |
 //! | `status` | the answer's status |
@@ -45,6 +46,8 @@ pub(super) struct AccessSettings {
     pub(super) request_id_header: HeaderName,
     /// The routes, for the template a line names.
     pub(super) routes: Arc<[crate::route::Route]>,
+    /// The proxies believed about the client's address.
+    pub(super) trusted_proxies: crate::trusted::TrustedProxies,
 }
 
 /// Whether `value` may serve as a request id as the client sent it.
@@ -83,7 +86,8 @@ pub(super) fn request_id(headers: &mut HeaderMap, header: &HeaderName) -> Header
 /// What one request's line says, gathered as the request goes.
 pub(super) struct Entry {
     started: Instant,
-    client: std::net::SocketAddr,
+    client: crate::trusted::Client,
+    peer: std::net::SocketAddr,
     method: http::Method,
     path: String,
     route: Option<String>,
@@ -97,7 +101,7 @@ impl Entry {
     pub(super) fn start<B>(
         settings: &AccessSettings,
         req: &mut http::Request<B>,
-        client: std::net::SocketAddr,
+        peer: std::net::SocketAddr,
         request_id: HeaderValue,
     ) -> Option<Entry> {
         if !settings.log.pick() || !tracing::enabled!(target: "idem::access", tracing::Level::INFO)
@@ -108,9 +112,11 @@ impl Entry {
             .map(|r| r.template.as_str().to_owned());
         let upstream = UpstreamTime::new();
         req.extensions_mut().insert(upstream.clone());
+        let client = settings.trusted_proxies.client(peer, req.headers());
         Some(Entry {
             started: Instant::now(),
             client,
+            peer,
             method: req.method().clone(),
             path: req.uri().path().to_owned(),
             route,
@@ -163,6 +169,7 @@ impl Line {
         tracing::info!(
             target: "idem::access",
             client = %e.client,
+            peer = %e.peer,
             method = %e.method,
             path = %e.path,
             route = e.route.as_deref(),

@@ -234,3 +234,72 @@ async fn a_bad_access_log_setting_stops_the_start() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("request_id_header"));
 }
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_client_is_the_address_it_forwarded_for() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let http = Http::new();
+    // What the client claims (6.6.6.6), then what the ingress saw (198.51.100.7).
+    let claims = [("x-forwarded-for", "6.6.6.6, 198.51.100.7")];
+
+    // The test's connections come from 127.0.0.1: trusted.
+    let trusting = json_gateway(
+        &up,
+        dir.path(),
+        &["--trusted-proxies", "10.0.0.0/8, 127.0.0.1"],
+    )
+    .await;
+    let answer = http
+        .post(&trusting.url("/v1/charges"), &new_key(), "{}", &claims)
+        .await;
+    assert_eq!(answer.status, 201);
+    let line = &lines(&trusting, 1).await[0];
+    assert_eq!(line["client"], "198.51.100.7", "{line}");
+    let peer = line["peer"].as_str().unwrap();
+    assert!(peer.starts_with("127.0.0.1:"), "{line}");
+    // The header is forwarded as before, with the gateway's hop appended.
+    assert_eq!(
+        up.seen()[0].headers["x-forwarded-for"],
+        "6.6.6.6, 198.51.100.7, 127.0.0.1"
+    );
+
+    // Trusting another network only, the same request's client is its peer.
+    let dir = tempfile::tempdir().unwrap();
+    let other = json_gateway(&up, dir.path(), &["--trusted-proxies", "10.0.0.0/8"]).await;
+    let answer = http
+        .post(&other.url("/v1/charges"), &new_key(), "{}", &claims)
+        .await;
+    assert_eq!(answer.status, 201);
+    let line = &lines(&other, 1).await[0];
+    assert_eq!(line["client"], line["peer"], "{line}");
+    assert!(line["client"].as_str().unwrap().starts_with("127.0.0.1:"));
+}
+
+#[tokio::test]
+async fn a_trusted_proxies_typo_stops_the_start_and_check_config_prints_the_list() {
+    let check = |list: &str| {
+        std::process::Command::new(crate::common::binary())
+            .args(["check-config", "--upstream", "http://127.0.0.1:9"])
+            .args(["--store", "memory://", "--trusted-proxies", list])
+            .output()
+            .unwrap()
+    };
+    let out = check("10.0.0.1/8");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("trusted_proxies") && err.contains("10.0.0.0/8"),
+        "{err}"
+    );
+    let out = check("ingress.internal");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("trusted_proxies"));
+    let out = check("10.0.0.0/8,::1");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(r#"trusted_proxies = ["10.0.0.0/8", "::1/128"]"#),
+        "{text}"
+    );
+}

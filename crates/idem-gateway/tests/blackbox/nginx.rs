@@ -1,8 +1,9 @@
 //! The guide's nginx configuration in front of the real binary (issue 37 §5, "Where idem
 //! sits"): `docs/src/gateway/nginx.conf` as the page shows it, with only its addresses
 //! replaced, run by a real nginx (Debian's `nginx-light`). Keyed requests and their
-//! replays pass through it, the client's address reaches the upstream, and `/readyz`
-//! reaches the admin listener.
+//! replays pass through it, the client's address reaches the upstream and idem's access
+//! log (idem trusting nginx's address, as the page says), and `/readyz` reaches the
+//! admin listener.
 //!
 //! nginx is `IDEM_TEST_NGINX`, else `/usr/sbin/nginx`; without it the tests skip loudly,
 //! and fail under `IDEM_REQUIRE_SERVICES=1`.
@@ -177,12 +178,13 @@ impl Drop for Nginx {
     }
 }
 
-/// idem with an admin listener, logging JSON at the default level.
+/// idem with an admin listener, logging JSON at the default level, trusting nginx
+/// (127.0.0.1) to name the client, as the guide's page says to run it.
 async fn gateway(up: &Upstream, dir: &Path) -> Gateway {
     Gateway::start_with_env(
         &up.url(),
         dir,
-        &["--admin", "127.0.0.1:0"],
+        &["--admin", "127.0.0.1:0", "--trusted-proxies", "127.0.0.1"],
         &[("IDEM_LOG", "info"), ("IDEM_LOG_FORMAT", "json")],
     )
     .await
@@ -271,7 +273,8 @@ async fn keyed_requests_replay_through_nginx_and_the_client_address_reaches_the_
     assert!(!forwarded.contains("198.51.100.1"), "{forwarded}");
     assert_eq!(seen.headers["idempotency-key"], key.as_str());
 
-    // idem's access log names its peer, nginx; nginx's names the client.
+    // idem's access log names the client nginx forwarded for (::1), never what the
+    // client claimed (203.0.113.9), and its peer, nginx; nginx's names the client.
     let lines = access_lines(&gw, 3).await;
     let outcomes: Vec<&str> = lines
         .iter()
@@ -279,8 +282,9 @@ async fn keyed_requests_replay_through_nginx_and_the_client_address_reaches_the_
         .collect();
     assert_eq!(outcomes, ["executed", "replayed", "mismatch"]);
     for line in &lines {
-        let client = line["client"].as_str().unwrap();
-        assert!(client.starts_with("127.0.0.1:"), "{line}");
+        assert_eq!(line["client"], "::1", "{line}");
+        let peer = line["peer"].as_str().unwrap();
+        assert!(peer.starts_with("127.0.0.1:"), "{line}");
     }
     // nginx writes a request's line once it has sent the answer, which the client may
     // have read first: wait for the third.
