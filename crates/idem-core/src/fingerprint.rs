@@ -88,11 +88,15 @@ impl Fingerprint {
     /// `12345678901234567890123` and `12345678901234567890124` do not), except that an
     /// integer of 10^19 or more matches only numbers spelled the same way (with or
     /// without a fraction or exponent). An object whose keys repeat keeps every entry,
-    /// in order: `{"a":1,"a":2}` does not match `{"a":2}`. A `multipart/*` body is
+    /// in order: `{"a":1,"a":2}` does not match `{"a":2}`. An
+    /// `application/x-www-form-urlencoded` body is hashed as its parameters,
+    /// percent-decoded and ordered by name (parameters of one name in the order sent),
+    /// so `amount=100&currency=eur` matches `currency=eur&amount=%31%30%30`, as Stripe
+    /// compares a retry's parameters. A `multipart/*` body is
     /// hashed as its parts (each one's headers and content, as sent) without the
     /// boundary, which clients choose at random for every attempt. Any other body, and
-    /// JSON or multipart that does not parse (JSON nested deeper than 127 levels
-    /// included), is hashed as raw bytes.
+    /// JSON, form or multipart that does not parse (JSON nested deeper than 127
+    /// levels, a form with a stray `%`), is hashed as raw bytes.
     ///
     /// ```
     /// use idem_core::{Fingerprint, FingerprintOptions};
@@ -128,6 +132,23 @@ impl Fingerprint {
         if json {
             h.update(b"json");
             h.update(&canonical);
+        } else if let Some(params) = (essence == FORM)
+            .then(|| crate::form::params(body))
+            .flatten()
+        {
+            h.update(b"form");
+            for p in params {
+                h.update((p.name.len() as u64).to_be_bytes());
+                h.update(&p.name);
+                match p.value {
+                    None => h.update([0]),
+                    Some(value) => {
+                        h.update([1]);
+                        h.update((value.len() as u64).to_be_bytes());
+                        h.update(&value);
+                    }
+                }
+            }
         } else if let Some(parts) = essence.starts_with("multipart/").then(parts).flatten() {
             h.update(b"multipart");
             let fields = parts.iter().flat_map(|p| [p.headers, p.content]);
@@ -168,6 +189,9 @@ impl fmt::Debug for Fingerprint {
         write!(f, "Fingerprint({})", self.to_hex())
     }
 }
+
+/// The media type of a form body.
+const FORM: &str = "application/x-www-form-urlencoded";
 
 /// The media type without parameters, in lower case (`application/json`).
 fn essence(content_type: &str) -> String {

@@ -56,6 +56,7 @@ mod clock;
 pub mod codec;
 mod decision;
 mod fingerprint;
+mod form;
 mod forward;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

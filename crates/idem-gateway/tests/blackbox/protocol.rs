@@ -1112,3 +1112,37 @@ async fn only_allow_listed_headers_are_replayed(proto: Proto) {
     );
 }
 }
+
+/// A form-encoded API (Stripe's is one): a retry whose SDK sent the same parameters in
+/// another order, or spelt them with other escapes, replays; another amount is a 422.
+#[tokio::test]
+async fn a_form_retry_with_its_parameters_reordered_replays() {
+    let s = setup(&[]).await;
+    let url = s.gw.url("/v1/charges");
+    let key = new_key();
+    let form = |body: &'static str| {
+        let (http, url, key) = (s.http.clone(), url.clone(), key.clone());
+        async move {
+            let headers = [
+                ("idempotency-key", key.as_str()),
+                ("content-type", "application/x-www-form-urlencoded"),
+            ];
+            http.send("POST", &url, &headers, body).await
+        }
+    };
+    let first = form("amount=100&currency=eur&metadata[order]=A+7").await;
+    assert_eq!(first.status, 201);
+    assert!(!first.replayed());
+    let retry = form("metadata%5Border%5D=A%207&currency=eur&amount=100").await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(retry.body, first.body);
+    let other = form("amount=1000&currency=eur&metadata[order]=A+7").await;
+    assert_eq!(other.status, 422, "{other:?}");
+    assert_eq!(s.up.started(&key), 1, "the upstream ran once");
+    // The upstream got the body as the client first sent it.
+    assert_eq!(
+        s.up.seen()[0].body.as_ref(),
+        b"amount=100&currency=eur&metadata[order]=A+7"
+    );
+}
