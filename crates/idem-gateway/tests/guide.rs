@@ -484,3 +484,55 @@ fn the_metrics_and_log_pages_name_every_outcome() {
         }
     }
 }
+
+/// Every `SPEC Sn` the workspace's code, tests and docs cite is a section of the
+/// guide's contract page (`docs/src/reference/spec.md`, a `## Sn: …` heading each), so
+/// a citation resolves for anyone who has the repository; and the page has S1 to its
+/// last section with none missing.
+#[test]
+fn every_cited_spec_section_is_on_the_contract_page() {
+    let page = read(&workspace().join("docs/src/reference/spec.md"));
+    let sections: BTreeSet<u32> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("## S"))
+        .filter_map(|rest| rest.split(':').next()?.parse().ok())
+        .collect();
+    let last = sections.last().copied().expect("sections on the page");
+    assert_eq!(
+        sections,
+        (1..=last).collect::<BTreeSet<u32>>(),
+        "the contract page's sections are S1 to S{last}, each once"
+    );
+    let mut sources = Vec::new();
+    for group in ["crates", "examples"] {
+        files(&workspace().join(group), ".rs", &mut sources);
+        files(&workspace().join(group), ".md", &mut sources);
+    }
+    files(&workspace().join("docs/src"), ".md", &mut sources);
+    let mut cited = 0;
+    let mut missing = Vec::new();
+    for file in sources {
+        let text = read(&file);
+        for (at, _) in text.match_indices("SPEC S") {
+            let digits: String = text[at + "SPEC S".len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            let Ok(n) = digits.parse::<u32>() else {
+                continue;
+            };
+            cited += 1;
+            if !sections.contains(&n) {
+                missing.push(format!("{}: SPEC S{n}", file.display()));
+            }
+        }
+    }
+    assert!(
+        cited > 100,
+        "only {cited} citations found: is the scan right?"
+    );
+    assert!(
+        missing.is_empty(),
+        "cited but not on the page: {missing:#?}"
+    );
+}
