@@ -89,3 +89,8 @@ pub use policy::RetryPolicy;
 pub use sleep::{ManualSleeper, Sleep, TokioSleeper};
 
 pub use idem_core::Key;
+
+/// The README's examples, compiled as doctests so that they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -21,8 +21,9 @@
 //!   [`demo`]: `idem demo-upstream`, a naive API to try the gateway on; [`demo_run`]:
 //!   `idem demo`, that API straight and behind the gateway under faults, charges counted;
 //! - [`completions`] and [`man`]: `idem completions SHELL` and `idem man`, the shell
-//!   completions and manual pages an installation needs.
-//! - [`check`]: `idem check URL`, probes of any API's `Idempotency-Key` support.
+//!   completions and manual pages an installation needs;
+//! - [`check`]: `idem check URL`, probes of any API's `Idempotency-Key` support;
+//! - [`trusted`]: `--trusted-proxies`, whose `X-Forwarded-For` names the client.
 //!
 //! # Examples
 //!

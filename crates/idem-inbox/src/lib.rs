@@ -99,3 +99,8 @@ pub use retention::{DEFAULT_RETENTION, PurgeConfig, Purger, RetentionWarning, ch
 pub use sql::DEFAULT_TABLE;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteInbox;
+
+/// The README's examples, compiled as doctests so that they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -92,3 +92,8 @@ pub use error::{Error, Result};
 pub use options::{DEFAULT_MAX_CONNECTIONS, PgStoreOptions};
 pub use schema::DEFAULT_TABLE;
 pub use store::PgStore;
+
+/// The README's examples, compiled as doctests so that they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -164,3 +164,8 @@ pub use writer::{DEFAULT_WRITE_BATCH, DEFAULT_WRITE_QUEUE, WriterStats};
 
 /// The sqlx types this crate's API takes, re-exported so callers use the same version.
 pub use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool};
+
+/// The README's examples, compiled as doctests so that they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

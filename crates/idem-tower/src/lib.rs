@@ -299,3 +299,8 @@ pub use wait::{DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS, PREFERENCE_APPLIED};
 
 /// The error type the layer's bounds convert inner errors into.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The README's examples, compiled as doctests so that they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
