@@ -106,4 +106,66 @@ mod tests {
             assert!(params(body.as_bytes()).is_none(), "{body}");
         }
     }
+
+    fn fp(ct: Option<&str>, body: &[u8], o: &crate::FingerprintOptions) -> crate::Fingerprint {
+        crate::Fingerprint::compute("POST", "POST /v1/charges", ct, body, o)
+    }
+
+    #[test]
+    fn a_form_is_compared_by_its_parameters() {
+        let o = crate::FingerprintOptions::default();
+        let form = Some("application/x-www-form-urlencoded");
+        let charset = Some("Application/X-WWW-Form-Urlencoded; charset=utf-8");
+        let a = fp(form, b"amount=100&currency=eur&metadata[order]=7", &o);
+        // Another order, another spelling of the same bytes, a media type parameter.
+        assert_eq!(
+            a,
+            fp(
+                form,
+                b"currency=eur&metadata%5Border%5D=7&amount=%31%30%30",
+                &o
+            )
+        );
+        assert_eq!(
+            a,
+            fp(charset, b"&metadata[order]=7&&amount=100&currency=eur&", &o)
+        );
+        // Another value, another name, a parameter more or less: another payload.
+        assert_ne!(
+            a,
+            fp(form, b"amount=1000&currency=eur&metadata[order]=7", &o)
+        );
+        assert_ne!(a, fp(form, b"amount=100&currency=eur", &o));
+        assert_ne!(
+            a,
+            fp(form, b"amount=100&currency=eur&metadata[order]=7&x", &o)
+        );
+        // Repeated names keep their order: a list is not a set.
+        assert_ne!(
+            fp(form, b"items[]=a&items[]=b", &o),
+            fp(form, b"items[]=b&items[]=a", &o)
+        );
+        assert_eq!(
+            fp(form, b"items[]=a&n=1&items[]=b", &o),
+            fp(form, b"n=1&items[]=a&items[]=b", &o)
+        );
+        // `+` is a space, `%2B` a plus; `a` without `=` is not `a=`.
+        assert_eq!(fp(form, b"q=a+b", &o), fp(form, b"q=a%20b", &o));
+        assert_ne!(fp(form, b"q=a+b", &o), fp(form, b"q=a%2Bb", &o));
+        assert_ne!(fp(form, b"a", &o), fp(form, b"a=", &o));
+        // No two layouts meet: a name ending where a value starts.
+        assert_ne!(fp(form, b"ab=c", &o), fp(form, b"a=bc", &o));
+        // A stray `%` is read as bytes: only the same bytes match.
+        assert_eq!(fp(form, b"a=100%", &o), fp(form, b"a=100%", &o));
+        assert_ne!(fp(form, b"a=100%&b=1", &o), fp(form, b"b=1&a=100%", &o));
+        // The same bytes under another media type are not a form.
+        assert_ne!(
+            a,
+            fp(
+                Some("text/plain"),
+                b"amount=100&currency=eur&metadata[order]=7",
+                &o
+            )
+        );
+    }
 }
