@@ -28,6 +28,7 @@
 pub mod cluster;
 mod cpu;
 mod eventually;
+pub mod jwt;
 mod relay;
 pub mod services;
 mod store;

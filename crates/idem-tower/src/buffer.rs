@@ -66,6 +66,20 @@ where
                     .get_or_try_init(|| TenantKey::from_store(&*shared.store))
                     .await;
                 match key {
+                    #[cfg(feature = "jwt")]
+                    Ok(key) if config.jwt.is_some() => {
+                        match jwt_tenant(config, key, &parts).await {
+                            Ok(tenant) => tenant,
+                            Err(problem) => {
+                                config.observer.outcome(Outcome::Rejected);
+                                drain_body(&parts.headers, body);
+                                let mut response =
+                                    problem.answer(grpc).map(IdempotencyBody::buffered);
+                                Handled::mark(&mut response, Outcome::Rejected);
+                                return Ok(response);
+                            }
+                        }
+                    }
                     Ok(key) => config.tenant_headers.tenant(key, &parts.headers),
                     // Nothing is scoped without the secret: fail closed, as for any
                     // store outage.
@@ -122,6 +136,34 @@ where
             parked,
         );
         Ok(execution.await)
+    }
+}
+
+/// The tenant of a keyed request under a layer that names tenants by bearer tokens
+/// (see [`IdempotencyLayer::tenant_jwt`](crate::IdempotencyLayer::tenant_jwt)), or the
+/// 401 `invalid-credential` for a token that does not verify.
+#[cfg(feature = "jwt")]
+async fn jwt_tenant(
+    config: &crate::config::Config,
+    key: &TenantKey,
+    parts: &Parts,
+) -> Result<idem_core::Tenant, Problem> {
+    let jwt = config.jwt.as_ref().expect("called with a JWT source");
+    match crate::jwt::bearer_jwt(&parts.headers) {
+        Some(token) => match jwt.verifier.verify(token).await {
+            Ok(principal) => Ok(principal.tenant(key)),
+            Err(e) => {
+                let detail = format!(
+                    "{} {} is keyed, and its bearer token was not accepted: {e}; nothing \
+                     was reserved or forwarded",
+                    parts.method,
+                    parts.uri.path()
+                );
+                Err(Problem::new(ProblemKind::InvalidCredential, detail))
+            }
+        },
+        None if jwt.then_headers => Ok(config.tenant_headers.tenant(key, &parts.headers)),
+        None => Ok(idem_core::Tenant::anonymous()),
     }
 }
 

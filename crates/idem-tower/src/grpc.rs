@@ -254,7 +254,7 @@ impl ProblemKind {
             | ProblemKind::AmbiguousHeader => INVALID_ARGUMENT,
             // The client's own stream broke off; nothing was reserved.
             ProblemKind::BodyUnreadable => CANCELLED,
-            ProblemKind::MissingTenant => UNAUTHENTICATED,
+            ProblemKind::MissingTenant | ProblemKind::InvalidCredential => UNAUTHENTICATED,
             // gRPC's own answer to a message over a receiver's limit.
             ProblemKind::BodyTooLarge => RESOURCE_EXHAUSTED,
             ProblemKind::BodyTimeout => DEADLINE_EXCEEDED,

@@ -176,6 +176,30 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// Names a keyed request's tenant by its verified bearer token
+    /// (`Authorization: Bearer <JWT>`; see [`JwtVerifier`](crate::JwtVerifier)): the
+    /// token's issuer and the verifier's claims (`sub` by default), keyed like the
+    /// tenant headers. A refreshed token for the same principal names the same tenant,
+    /// so a retry after a token refresh replays instead of executing again.
+    ///
+    /// A keyed request whose token does not verify is answered 401
+    /// `invalid-credential` (`WWW-Authenticate: Bearer error="invalid_token"`);
+    /// nothing is reserved and the handler is not called. One without a bearer JWT
+    /// (no `Authorization`, another scheme, an opaque token) is named by the tenant
+    /// headers when `then_headers` is set, else it is `anonymous` (or 401
+    /// `missing-tenant` with [`require_tenant`](Self::require_tenant)). Unkeyed requests
+    /// are not looked at. Replaces an extractor set with [`tenant_from`](Self::tenant_from).
+    #[cfg(feature = "jwt")]
+    pub fn tenant_jwt(mut self, verifier: Arc<crate::JwtVerifier>, then_headers: bool) -> Self {
+        let config = self.config();
+        config.jwt = Some(crate::config::JwtTenant {
+            verifier,
+            then_headers,
+        });
+        config.tenant_from = None;
+        self
+    }
+
     /// Names a request's tenant with `extractor` instead of the tenant headers: an
     /// account id your authentication layer put in the request's extensions, say,
     /// never an unverified claim. The name is stored as returned, so it must not be a
@@ -184,7 +208,12 @@ impl<St> IdempotencyLayer<St> {
     where
         F: Fn(&Parts) -> Tenant + Send + Sync + 'static,
     {
-        self.config().tenant_from = Some(Arc::new(extractor));
+        let config = self.config();
+        config.tenant_from = Some(Arc::new(extractor));
+        #[cfg(feature = "jwt")]
+        {
+            config.jwt = None;
+        }
         self
     }
 

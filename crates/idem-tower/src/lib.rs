@@ -261,6 +261,8 @@ mod handled;
 mod heartbeat;
 mod hints;
 mod in_flight;
+#[cfg(feature = "jwt")]
+pub mod jwt;
 mod layer;
 mod plan;
 mod policy;
@@ -288,6 +290,8 @@ pub use grpc::{
 pub use handled::Handled;
 pub use hints::{STRIPE_SHOULD_RETRY, X_SHOULD_RETRY};
 pub use in_flight::InFlight;
+#[cfg(feature = "jwt")]
+pub use jwt::{JwksFile, JwksSource, JwtError, JwtVerifier, JwtVerifierBuilder, Principal};
 pub use layer::IdempotencyLayer;
 pub use policy::{Disposition, Observer, Outcome, Proxied, ResourceReference, UpstreamFailure};
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};

@@ -102,9 +102,16 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
     // key they are hashed under is in hand (it may have to come from the store).
     let tenant = config.tenant_from.as_ref().map(|f| f(parts));
     if config.require_tenant {
+        let headers_name_one = || config.tenant_headers.carried_by(&parts.headers);
         let named = match &tenant {
             Some(t) => t.as_str() != Tenant::ANONYMOUS,
-            None => config.tenant_headers.carried_by(&parts.headers),
+            #[cfg(feature = "jwt")]
+            None if config.jwt.is_some() => {
+                let then_headers = config.jwt.as_ref().is_some_and(|j| j.then_headers);
+                crate::jwt::bearer_jwt(&parts.headers).is_some()
+                    || (then_headers && headers_name_one())
+            }
+            None => headers_name_one(),
         };
         if !named {
             let wanted = match tenant {

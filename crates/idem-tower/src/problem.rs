@@ -31,6 +31,13 @@ pub enum ProblemKind {
     /// and the keyed request carries none of the headers that name one; nothing was
     /// reserved or forwarded (SPEC S3).
     MissingTenant,
+    /// 401 + `WWW-Authenticate: Bearer error="invalid_token"`: the layer names tenants
+    /// by a verified bearer token ([`IdempotencyLayer::tenant_jwt`]) and the keyed
+    /// request's token does not verify (a bad signature, an expired token, another
+    /// issuer or audience); nothing was reserved or forwarded (SPEC S3).
+    ///
+    /// [`IdempotencyLayer::tenant_jwt`]: crate::IdempotencyLayer
+    InvalidCredential,
     /// 400: the request's path cannot be normalised (SPEC S14): a `..` above the root,
     /// a broken percent-escape, an escaped control character. Nothing was reserved or
     /// forwarded.
@@ -94,11 +101,12 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 21] = [
+    pub const ALL: [ProblemKind; 22] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
         ProblemKind::MissingTenant,
+        ProblemKind::InvalidCredential,
         ProblemKind::InvalidPath,
         ProblemKind::InvalidHost,
         ProblemKind::InvalidMethodOverride,
@@ -125,6 +133,7 @@ impl ProblemKind {
             ProblemKind::MissingKey => "https://idem.dev/problems/missing-key",
             ProblemKind::BodyUnreadable => "https://idem.dev/problems/body-unreadable",
             ProblemKind::MissingTenant => "https://idem.dev/problems/missing-tenant",
+            ProblemKind::InvalidCredential => "https://idem.dev/problems/invalid-credential",
             ProblemKind::InvalidPath => "https://idem.dev/problems/invalid-path",
             ProblemKind::InvalidHost => "https://idem.dev/problems/invalid-host",
             ProblemKind::InvalidMethodOverride => {
@@ -161,7 +170,7 @@ impl ProblemKind {
             | ProblemKind::InvalidHost
             | ProblemKind::InvalidMethodOverride
             | ProblemKind::AmbiguousHeader => StatusCode::BAD_REQUEST,
-            ProblemKind::MissingTenant => StatusCode::UNAUTHORIZED,
+            ProblemKind::MissingTenant | ProblemKind::InvalidCredential => StatusCode::UNAUTHORIZED,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProblemKind::RequestInProgress => StatusCode::CONFLICT,
@@ -189,6 +198,7 @@ impl ProblemKind {
             ProblemKind::MissingKey => "Idempotency-Key required",
             ProblemKind::BodyUnreadable => "Request body could not be read",
             ProblemKind::MissingTenant => "Credentials required for a keyed request",
+            ProblemKind::InvalidCredential => "Credential not accepted for a keyed request",
             ProblemKind::InvalidPath => "Invalid request path",
             ProblemKind::InvalidHost => "Invalid Host header",
             ProblemKind::InvalidMethodOverride => "Conflicting method override",
@@ -389,6 +399,13 @@ impl Problem {
             // service's own scheme; `Bearer` is what API clients send, and unlike
             // `Basic` it opens no login dialog in a browser.
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if self.kind == ProblemKind::InvalidCredential {
+            // RFC 6750 §3.1: the token was presented and is not accepted.
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer error=\"invalid_token\""),
+            );
         }
         response
     }
