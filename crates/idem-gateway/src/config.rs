@@ -28,6 +28,7 @@
 
 mod args;
 mod error;
+mod jwt;
 mod print;
 mod secrets;
 #[cfg(test)]
@@ -45,6 +46,7 @@ use idem_tower::{DEFAULT_RESPONSE_LIMIT, GrpcReleaseCodes, ReleaseStatuses};
 
 pub use self::args::{RouteRule, ScopeArg, ServeArgs};
 pub use self::error::ConfigError;
+pub use self::jwt::{JwtSettings, JwtStartError, TenantSource};
 pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, record_keys, tenant_key};
 pub use self::upstream::{Upstream, UpstreamProtocol};
 pub(crate) use self::values::parse_tenant_headers;
@@ -122,6 +124,10 @@ pub struct GatewayConfig {
     pub tenant_headers: Vec<HeaderName>,
     /// Whether a keyed request without any of them is refused (401).
     pub require_tenant: bool,
+    /// Where a keyed request's tenant comes from, in order.
+    pub tenant_from: Vec<TenantSource>,
+    /// How bearer tokens are verified, when `tenant_from` names `jwt`.
+    pub jwt: Option<JwtSettings>,
     /// The key tenants are hashed under, from the operator's secret; `None` for the
     /// store's own.
     pub tenant_key: Option<TenantKey>,
@@ -269,6 +275,15 @@ impl GatewayConfig {
             tenant_header,
             require_tenant,
             tenant_secret_file,
+            tenant_from,
+            jwt_jwks_file,
+            jwt_jwks_url,
+            jwt_jwks_refresh,
+            jwt_hs256_secret_file,
+            jwt_issuer,
+            jwt_audience,
+            jwt_claims,
+            jwt_leeway,
             tenant_secret,
             record_key_file,
             read_unsealed_records,
@@ -311,6 +326,7 @@ impl GatewayConfig {
             Some(list) => parse_tenant_headers(list)?,
             None => parse_tenant_headers(&[DEFAULT_TENANT_HEADER.to_owned()])?,
         };
+        let tenant_from = jwt::parse_tenant_from(tenant_from.as_deref())?;
         let keyed_methods = match &keyed_methods {
             Some(list) => parse_methods(list, "keyed_methods")?,
             None => parse_methods(&DEFAULT_KEYED_METHODS.map(String::from), "keyed_methods")?,
@@ -381,6 +397,20 @@ impl GatewayConfig {
             tenant_headers,
             require_tenant,
             tenant_key: tenant_key(tenant_secret.as_ref(), tenant_secret_file.as_deref(), None)?,
+            jwt: jwt::resolve(
+                &tenant_from,
+                jwt::JwtArgs {
+                    jwks_file: jwt_jwks_file.as_ref(),
+                    jwks_url: jwt_jwks_url.as_ref(),
+                    jwks_refresh: jwt_jwks_refresh,
+                    hs256_secret_file: jwt_hs256_secret_file.as_ref(),
+                    issuer: jwt_issuer.as_ref(),
+                    audience: jwt_audience.as_ref(),
+                    claims: jwt_claims.as_ref(),
+                    leeway: jwt_leeway,
+                },
+            )?,
+            tenant_from,
             record_keys: record_keys(record_key_file.as_deref())?,
             read_unsealed_records,
             scope: match scope.unwrap_or(ScopeArg::Public) {

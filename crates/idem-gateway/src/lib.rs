@@ -65,6 +65,7 @@ pub mod demo_run;
 pub mod error;
 pub mod exit;
 pub mod forwarded;
+pub mod jwks;
 pub mod keys;
 pub mod listener;
 pub mod listing;

@@ -85,6 +85,10 @@ pub enum ServeError {
         #[source]
         source: Box<crate::listener::TlsError>,
     },
+    /// The bearer-token verifier could not be made: its key set could not be read,
+    /// fetched or parsed.
+    #[error("tenant_from = jwt: {0}")]
+    Jwt(#[from] crate::config::JwtStartError),
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -102,6 +106,7 @@ impl ServeError {
     pub fn exit_code(&self) -> u8 {
         match self {
             ServeError::Store(e) => crate::exit::of_open(e),
+            ServeError::Jwt(e) if e.as_written => crate::exit::CONFIG,
             _ => crate::exit::RUNTIME,
         }
     }
@@ -191,6 +196,24 @@ pub fn idempotency_layer(
         });
     }
     layer
+}
+
+/// Fetches the JWKS URL again every `every`, until the verifier is dropped with the
+/// gateway. A fetch that fails keeps the keys held, and says so.
+fn spawn_jwks_refresh(verifier: std::sync::Weak<idem_tower::JwtVerifier>, every: Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(verifier) = verifier.upgrade() else {
+                return;
+            };
+            if let Err(e) = verifier.reload().await {
+                tracing::warn!(error = %e, "could not fetch the JWKS again; keeping the keys held");
+            }
+        }
+    });
 }
 
 /// The one key the gateway names tenants by: the operator's secret, else the store's
@@ -440,6 +463,13 @@ async fn service(
                 None => store.clone(),
             };
             let mut layer = idempotency_layer(layer_store, config, tenant_key, metrics.clone());
+            if let Some(jwt) = &config.jwt {
+                let verifier = Arc::new(jwt.verifier().await?);
+                if jwt.jwks_url.is_some() {
+                    spawn_jwks_refresh(Arc::downgrade(&verifier), jwt.jwks_refresh);
+                }
+                layer = layer.tenant_jwt(verifier, jwt.then_headers);
+            }
             if let Some(t) = telemetry {
                 layer = layer.observer(t.observer(metrics.clone()));
             }

@@ -176,6 +176,69 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_TENANT_SECRET_FILE", value_name = "PATH")]
     pub tenant_secret_file: Option<PathBuf>,
 
+    /// Where a keyed request's tenant comes from, in order: `jwt` (the verified bearer
+    /// token's issuer and claims, which a refreshed token keeps), `headers` (a keyed
+    /// digest of --tenant-header); `jwt,headers` names a request without a bearer JWT
+    /// by its headers [default: headers].
+    #[arg(
+        long,
+        env = "IDEM_TENANT_FROM",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    #[serde(deserialize_with = "toml_form::list")]
+    pub tenant_from: Option<Vec<String>>,
+
+    /// JWKS file of the public keys (RS256, ES256, EdDSA) bearer tokens are signed with;
+    /// read again when a token names a key it lacks.
+    #[arg(long, env = "IDEM_JWT_JWKS_FILE", value_name = "PATH")]
+    pub jwt_jwks_file: Option<PathBuf>,
+
+    /// URL of the issuer's JWKS (https://, or http:// on loopback): fetched at start,
+    /// when a token names a key it lacks, and every --jwt-jwks-refresh.
+    #[arg(long, env = "IDEM_JWT_JWKS_URL", value_name = "URL")]
+    pub jwt_jwks_url: Option<String>,
+
+    /// How often the JWKS URL is fetched again [default: 5m].
+    #[arg(long, env = "IDEM_JWT_JWKS_REFRESH", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub jwt_jwks_refresh: Option<Duration>,
+
+    /// File holding the HS256 secret of bearer tokens (at least 32 bytes; surrounding
+    /// whitespace trimmed).
+    #[arg(long, env = "IDEM_JWT_HS256_SECRET_FILE", value_name = "PATH")]
+    pub jwt_hs256_secret_file: Option<PathBuf>,
+
+    /// The `iss` every bearer token must carry [default: any].
+    #[arg(long, env = "IDEM_JWT_ISSUER", value_name = "ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// Audiences a bearer token's `aud` must name one of [default: any].
+    #[arg(
+        long,
+        env = "IDEM_JWT_AUDIENCE",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    #[serde(deserialize_with = "toml_form::list")]
+    pub jwt_audience: Option<Vec<String>>,
+
+    /// The claims that name the tenant, in order: names (`sub`, `client_id`) or JSON
+    /// pointers (`/org/id`) [default: sub].
+    #[arg(
+        long,
+        env = "IDEM_JWT_CLAIMS",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    #[serde(deserialize_with = "toml_form::list")]
+    pub jwt_claims: Option<Vec<String>>,
+
+    /// Leeway for a bearer token's `exp` and `nbf` [default: 60s].
+    #[arg(long, env = "IDEM_JWT_LEEWAY", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub jwt_leeway: Option<Duration>,
+
     /// File of the keys recorded answers are sealed with (SPEC S17): one `id:<64 hex
     /// digits>` per line, the first sealing new answers, every one opening its own; not
     /// readable by others than its owner [default: answers are stored in plain text].
@@ -418,6 +481,15 @@ impl ServeArgs {
             tenant_header,
             require_tenant,
             tenant_secret_file,
+            tenant_from,
+            jwt_jwks_file,
+            jwt_jwks_url,
+            jwt_jwks_refresh,
+            jwt_hs256_secret_file,
+            jwt_issuer,
+            jwt_audience,
+            jwt_claims,
+            jwt_leeway,
             tenant_secret,
             record_key_file,
             read_unsealed_records,
@@ -472,6 +544,15 @@ impl ServeArgs {
             tenant_header: tenant_header.or(under.tenant_header),
             require_tenant: require_tenant || under.require_tenant,
             tenant_secret_file: tenant_secret_file.or(under.tenant_secret_file),
+            tenant_from: tenant_from.or(under.tenant_from),
+            jwt_jwks_file: jwt_jwks_file.or(under.jwt_jwks_file),
+            jwt_jwks_url: jwt_jwks_url.or(under.jwt_jwks_url),
+            jwt_jwks_refresh: jwt_jwks_refresh.or(under.jwt_jwks_refresh),
+            jwt_hs256_secret_file: jwt_hs256_secret_file.or(under.jwt_hs256_secret_file),
+            jwt_issuer: jwt_issuer.or(under.jwt_issuer),
+            jwt_audience: jwt_audience.or(under.jwt_audience),
+            jwt_claims: jwt_claims.or(under.jwt_claims),
+            jwt_leeway: jwt_leeway.or(under.jwt_leeway),
             tenant_secret: tenant_secret.or(under.tenant_secret),
             record_key_file: record_key_file.or(under.record_key_file),
             read_unsealed_records: read_unsealed_records || under.read_unsealed_records,

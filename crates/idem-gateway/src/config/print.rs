@@ -66,6 +66,62 @@ impl Toml {
     }
 }
 
+impl GatewayConfig {
+    /// The `jwt_*` settings: each set, or a note saying why not.
+    fn print_jwt(&self, t: &mut Toml) {
+        let Some(jwt) = &self.jwt else {
+            for name in [
+                "jwt_jwks_file",
+                "jwt_jwks_url",
+                "jwt_jwks_refresh",
+                "jwt_hs256_secret_file",
+                "jwt_issuer",
+                "jwt_audience",
+                "jwt_claims",
+                "jwt_leeway",
+            ] {
+                t.note(name, "unused: tenant_from does not name jwt");
+            }
+            return;
+        };
+        match (&jwt.jwks_file, &jwt.jwks_url) {
+            (Some(file), _) => {
+                t.set("jwt_jwks_file", path(file));
+                t.note("jwt_jwks_url", "none: the keys are in jwt_jwks_file");
+                t.note(
+                    "jwt_jwks_refresh",
+                    "the file is read again on an unknown key",
+                );
+            }
+            (None, Some(url)) => {
+                t.note("jwt_jwks_file", "none: the keys are at jwt_jwks_url");
+                t.set("jwt_jwks_url", quoted(url));
+                t.set("jwt_jwks_refresh", duration(jwt.jwks_refresh));
+            }
+            (None, None) => {
+                for name in ["jwt_jwks_file", "jwt_jwks_url", "jwt_jwks_refresh"] {
+                    t.note(name, "none: HS256 tokens only");
+                }
+            }
+        }
+        match &jwt.hs256_secret_file {
+            Some(file) => t.set("jwt_hs256_secret_file", path(file)),
+            None => t.note("jwt_hs256_secret_file", "none: HS256 tokens are refused"),
+        }
+        match &jwt.issuer {
+            Some(iss) => t.set("jwt_issuer", quoted(iss)),
+            None => t.note("jwt_issuer", "any"),
+        }
+        if jwt.audiences.is_empty() {
+            t.note("jwt_audience", "any");
+        } else {
+            t.set("jwt_audience", strings(&jwt.audiences));
+        }
+        t.set("jwt_claims", strings(&jwt.claims));
+        t.set("jwt_leeway", duration(jwt.leeway));
+    }
+}
+
 fn path(p: &std::path::Path) -> String {
     quoted(&p.display().to_string())
 }
@@ -137,6 +193,11 @@ impl GatewayConfig {
             ),
             (None, None) => t.note("tenant_secret_file", "the store keeps the tenant secret"),
         }
+        t.set(
+            "tenant_from",
+            strings(self.tenant_from.iter().map(|s| s.as_str())),
+        );
+        self.print_jwt(&mut t);
         match &args.record_key_file {
             Some(file) => t.set("record_key_file", path(file)),
             None => t.note("record_key_file", "records are not sealed"),

@@ -64,7 +64,7 @@ pub fn tenant_key(
                     format!("cannot read {}: {e}", path.display()),
                 )
             })?;
-            warn_if_readable_by_others(path);
+            warn_if_readable_by_others(path, "the tenant secret file");
             (format!("tenant_secret_file {}", path.display()), bytes)
         }
         (None, None) => return Ok(None),
@@ -74,8 +74,9 @@ pub fn tenant_key(
         .map_err(|e| invalid(setting, e))
 }
 
-/// A secret file that others may read lets them name every tenant.
-fn warn_if_readable_by_others(path: &Path) {
+/// A secret file that others may read lets them name every tenant (or forge tokens):
+/// a warning naming `what` and the file.
+pub(super) fn warn_if_readable_by_others(path: &Path, what: &str) {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -84,12 +85,12 @@ fn warn_if_readable_by_others(path: &Path) {
         {
             tracing::warn!(
                 file = %path.display(),
-                "the tenant secret file is readable by others than its owner; chmod 600 it"
+                "{what} is readable by others than its owner; chmod 600 it"
             );
         }
     }
     #[cfg(not(unix))]
-    let _ = path;
+    let _ = (path, what);
 }
 
 /// The admin bearer token, given as itself or as a file that holds it (one line; the

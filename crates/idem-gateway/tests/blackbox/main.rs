@@ -20,6 +20,7 @@ mod failover;
 mod grpc;
 mod http2;
 mod inspection;
+mod jwt;
 mod migration;
 mod nginx;
 mod packaging;

@@ -444,14 +444,22 @@ fn every_setting(dir: &Path) -> String {
         std::os::unix::fs::PermissionsExt::from_mode(0o600),
     )
     .unwrap();
+    let jwt_secret = dir.join("jwt-secret");
+    std::fs::write(&jwt_secret, "jwt-secret-of-at-least-32-bytes-0123456789\n").unwrap();
     // `admin_token` and `admin_token_file` are two ways to give one token, and never
-    // both: the file form is left out here (its resolution has tests of its own). And
-    // `upstream_ca` is refused with the example's http:// upstream (tested apart).
+    // both: the file form is left out here (its resolution has tests of its own); so
+    // is `jwt_jwks_url` beside `jwt_jwks_file`. And `upstream_ca` is refused with the
+    // example's http:// upstream (tested apart).
     uncommented(&read_contrib("idem.toml"), false)
         .replace("/etc/idem/tenant-secret", secret.to_str().unwrap())
         .replace("/etc/idem/record.keys", record_keys.to_str().unwrap())
+        .replace("/etc/idem/jwt-secret", jwt_secret.to_str().unwrap())
         .lines()
-        .filter(|l| !l.starts_with("admin_token_file") && !l.starts_with("upstream_ca"))
+        .filter(|l| {
+            !l.starts_with("admin_token_file")
+                && !l.starts_with("upstream_ca")
+                && !l.starts_with("jwt_jwks_url")
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -468,6 +476,8 @@ fn example_config_resolves_with_every_setting_uncommented() {
     let c = resolve(&all, dir.path()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.routes.len(), 1);
     assert!(c.admin.is_some() && c.admin_token.is_some() && c.tenant_key.is_some());
+    let jwt = c.jwt.expect("tenant_from names jwt");
+    assert!(jwt.jwks_file.is_some() && jwt.hs256_secret.is_some() && jwt.then_headers);
     assert_eq!(c.max_connections, Some(10000));
     assert_eq!(c.store_options.pool, Some(16));
 }

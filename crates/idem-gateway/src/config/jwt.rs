@@ -1,0 +1,269 @@
+//! `tenant_from` and the `jwt_*` settings: a keyed request's tenant from its verified
+//! bearer token (see [`idem_tower::JwtVerifier`]), resolved and checked before the
+//! gateway starts.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{ConfigError, invalid};
+
+/// Where a keyed request's tenant comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TenantSource {
+    /// The verified bearer token.
+    Jwt,
+    /// A keyed digest of the tenant headers.
+    Headers,
+}
+
+impl TenantSource {
+    /// As the setting spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TenantSource::Jwt => "jwt",
+            TenantSource::Headers => "headers",
+        }
+    }
+}
+
+/// How bearer tokens are verified, when `tenant_from` names `jwt`.
+#[derive(Clone)]
+pub struct JwtSettings {
+    /// The JWKS file of public keys.
+    pub jwks_file: Option<PathBuf>,
+    /// The JWKS URL.
+    pub jwks_url: Option<String>,
+    /// How often the URL is fetched again.
+    pub jwks_refresh: Duration,
+    /// The file the HS256 secret was read from, for `check-config`.
+    pub hs256_secret_file: Option<PathBuf>,
+    /// The HS256 secret.
+    pub hs256_secret: Option<Vec<u8>>,
+    /// The required `iss`.
+    pub issuer: Option<String>,
+    /// The audiences, one of which `aud` must name.
+    pub audiences: Vec<String>,
+    /// The claims that name the tenant.
+    pub claims: Vec<String>,
+    /// Leeway for `exp` and `nbf`.
+    pub leeway: Duration,
+    /// Whether a request without a bearer JWT is named by the tenant headers.
+    pub then_headers: bool,
+}
+
+impl std::fmt::Debug for JwtSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtSettings")
+            .field("jwks_file", &self.jwks_file)
+            .field("jwks_url", &self.jwks_url)
+            .field("hs256_secret_file", &self.hs256_secret_file)
+            .field("issuer", &self.issuer)
+            .field("audiences", &self.audiences)
+            .field("claims", &self.claims)
+            .field("leeway", &self.leeway)
+            .field("then_headers", &self.then_headers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the verifier could not be made at start.
+#[derive(Debug, thiserror::Error)]
+#[error("{setting}: {message}")]
+pub struct JwtStartError {
+    /// The setting at fault (`jwt_jwks_file`, `jwt_jwks_url`).
+    pub setting: &'static str,
+    /// What went wrong.
+    pub message: String,
+    /// Whether the setting is wrong as written (exit 2), rather than a key set that
+    /// could not be fetched now (exit 1).
+    pub as_written: bool,
+}
+
+impl JwtSettings {
+    /// The verifier these settings describe, its key set loaded now (the URL fetched
+    /// with its retries).
+    pub async fn verifier(&self) -> Result<idem_tower::JwtVerifier, JwtStartError> {
+        let mut b = idem_tower::JwtVerifier::builder().leeway(self.leeway);
+        let setting = match (&self.jwks_file, &self.jwks_url) {
+            (Some(file), _) => {
+                b = b.jwks(idem_tower::JwksFile(file.clone()));
+                "jwt_jwks_file"
+            }
+            (None, Some(url)) => {
+                let source =
+                    crate::jwks::JwksUrl::new(url, None).map_err(|message| JwtStartError {
+                        setting: "jwt_jwks_url",
+                        message,
+                        as_written: true,
+                    })?;
+                b = b.jwks(source);
+                "jwt_jwks_url"
+            }
+            (None, None) => "jwt_hs256_secret_file",
+        };
+        if let Some(secret) = &self.hs256_secret {
+            b = b.hs256_secret(secret.clone());
+        }
+        if let Some(issuer) = &self.issuer {
+            b = b.issuer(issuer.clone());
+        }
+        for a in &self.audiences {
+            b = b.audience(a.clone());
+        }
+        for c in &self.claims {
+            b = b.claim(c.clone());
+        }
+        b.build().await.map_err(|message| JwtStartError {
+            setting,
+            message,
+            as_written: setting != "jwt_jwks_url",
+        })
+    }
+}
+
+/// The `tenant_from` list, checked: `jwt`, `headers`, or `jwt,headers`.
+pub(super) fn parse_tenant_from(list: Option<&[String]>) -> Result<Vec<TenantSource>, ConfigError> {
+    let Some(list) = list else {
+        return Ok(vec![TenantSource::Headers]);
+    };
+    let mut sources = Vec::new();
+    for item in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        let source = match item.to_ascii_lowercase().as_str() {
+            "jwt" => TenantSource::Jwt,
+            "headers" => TenantSource::Headers,
+            _ => {
+                return Err(invalid(
+                    "tenant_from",
+                    format!("{item:?} is no tenant source; give jwt, headers, or jwt,headers"),
+                ));
+            }
+        };
+        if sources.contains(&source) {
+            return Err(invalid("tenant_from", format!("{item} is named twice")));
+        }
+        sources.push(source);
+    }
+    match sources.as_slice() {
+        [] => Err(invalid("tenant_from", "names no source")),
+        [TenantSource::Headers, TenantSource::Jwt] => Err(invalid(
+            "tenant_from",
+            "jwt comes first: a request is named by the first source that applies, and \
+             headers always apply",
+        )),
+        _ => Ok(sources),
+    }
+}
+
+/// What the `jwt_*` settings came to, given as one block so that the list stays in one
+/// place.
+pub(super) struct JwtArgs<'a> {
+    pub(super) jwks_file: Option<&'a PathBuf>,
+    pub(super) jwks_url: Option<&'a String>,
+    pub(super) jwks_refresh: Option<Duration>,
+    pub(super) hs256_secret_file: Option<&'a PathBuf>,
+    pub(super) issuer: Option<&'a String>,
+    pub(super) audience: Option<&'a Vec<String>>,
+    pub(super) claims: Option<&'a Vec<String>>,
+    pub(super) leeway: Option<Duration>,
+}
+
+impl JwtArgs<'_> {
+    /// The first setting given that names a key, if any.
+    fn key_given(&self) -> Option<&'static str> {
+        [
+            ("jwt_jwks_file", self.jwks_file.is_some()),
+            ("jwt_jwks_url", self.jwks_url.is_some()),
+            ("jwt_hs256_secret_file", self.hs256_secret_file.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(name, given)| given.then_some(name))
+    }
+}
+
+/// The verification settings when `sources` names `jwt`; an error for a key given
+/// without it (nothing would be verified), for `jwt` without a key, and for a secret
+/// file that cannot be read. The other `jwt_*` settings apply only with `jwt`.
+pub(super) fn resolve(
+    sources: &[TenantSource],
+    args: JwtArgs<'_>,
+) -> Result<Option<JwtSettings>, ConfigError> {
+    if !sources.contains(&TenantSource::Jwt) {
+        return match args.key_given() {
+            Some(name) => Err(invalid(
+                name,
+                "is set, but tenant_from does not name jwt, so no token is verified; add \
+                 tenant_from = \"jwt\" (or \"jwt,headers\")",
+            )),
+            None => Ok(None),
+        };
+    }
+    if args.jwks_file.is_some() && args.jwks_url.is_some() {
+        return Err(invalid(
+            "jwt_jwks_url",
+            "give the JWKS as a file or as a URL, not both",
+        ));
+    }
+    if args.jwks_file.is_none() && args.jwks_url.is_none() && args.hs256_secret_file.is_none() {
+        return Err(invalid(
+            "tenant_from",
+            "names jwt, but no key verifies tokens: set jwt_jwks_file, jwt_jwks_url or \
+             jwt_hs256_secret_file",
+        ));
+    }
+    let hs256_secret = match args.hs256_secret_file {
+        Some(path) => {
+            let bytes = std::fs::read(path).map_err(|e| {
+                invalid(
+                    "jwt_hs256_secret_file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            let secret = bytes.trim_ascii().to_vec();
+            if secret.len() < 32 {
+                return Err(invalid(
+                    "jwt_hs256_secret_file",
+                    format!(
+                        "{} holds {} bytes; an HS256 secret is at least 32",
+                        path.display(),
+                        secret.len()
+                    ),
+                ));
+            }
+            super::secrets::warn_if_readable_by_others(path, "the HS256 secret file");
+            Some(secret)
+        }
+        None => None,
+    };
+    let claims: Vec<String> = match args.claims {
+        Some(list) => list.iter().map(|c| c.trim().to_owned()).collect(),
+        None => vec!["sub".to_owned()],
+    };
+    if let Some(c) = claims.iter().find(|c| c.is_empty() || *c == "/") {
+        return Err(invalid("jwt_claims", format!("{c:?} names no claim")));
+    }
+    if claims.is_empty() {
+        return Err(invalid("jwt_claims", "names no claim"));
+    }
+    Ok(Some(JwtSettings {
+        jwks_file: args.jwks_file.cloned(),
+        jwks_url: args.jwks_url.cloned(),
+        jwks_refresh: args
+            .jwks_refresh
+            .unwrap_or(crate::jwks::DEFAULT_JWKS_REFRESH),
+        hs256_secret_file: args.hs256_secret_file.cloned(),
+        hs256_secret,
+        issuer: args.issuer.cloned(),
+        audiences: args
+            .audience
+            .map(|l| {
+                l.iter()
+                    .map(|a| a.trim().to_owned())
+                    .filter(|a| !a.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        claims,
+        leeway: args.leeway.unwrap_or(idem_tower::jwt::DEFAULT_JWT_LEEWAY),
+        then_headers: sources.contains(&TenantSource::Headers),
+    }))
+}
