@@ -128,6 +128,8 @@ pub struct GatewayConfig {
     pub tenant_from: Vec<TenantSource>,
     /// How bearer tokens are verified, when `tenant_from` names `jwt`.
     pub jwt: Option<JwtSettings>,
+    /// The most keyed requests of one tenant in progress at once; `0` for no cap.
+    pub tenant_max_in_flight: usize,
     /// The key tenants are hashed under, from the operator's secret; `None` for the
     /// store's own.
     pub tenant_key: Option<TenantKey>,
@@ -276,6 +278,7 @@ impl GatewayConfig {
             require_tenant,
             tenant_secret_file,
             tenant_from,
+            tenant_max_in_flight,
             jwt_jwks_file,
             jwt_jwks_url,
             jwt_jwks_refresh,
@@ -411,6 +414,8 @@ impl GatewayConfig {
                 },
             )?,
             tenant_from,
+            tenant_max_in_flight: usize::try_from(tenant_max_in_flight.unwrap_or(0))
+                .unwrap_or(usize::MAX),
             record_keys: record_keys(record_key_file.as_deref())?,
             read_unsealed_records,
             scope: match scope.unwrap_or(ScopeArg::Public) {

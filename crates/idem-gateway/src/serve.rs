@@ -180,6 +180,7 @@ pub fn idempotency_layer(
         .render_references(true)
         .tenant_headers(config.tenant_headers.iter().cloned())
         .require_tenant(config.require_tenant)
+        .tenant_max_in_flight(config.tenant_max_in_flight)
         .observer(metrics);
     if let Some(key) = tenant_key {
         layer = layer.tenant_key(key);

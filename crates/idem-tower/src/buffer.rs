@@ -90,6 +90,26 @@ where
                 }
             }
         };
+        let slot = match &config.tenant_limit {
+            Some(limit) => match limit.try_enter(&tenant) {
+                Some(slot) => Some(slot),
+                None => {
+                    config.observer.outcome(Outcome::Rejected);
+                    drain_body(&parts.headers, body);
+                    let detail = format!(
+                        "this tenant has {} keyed requests in progress, its most at once; \
+                         nothing was reserved: retry once one of them has its answer",
+                        limit.max()
+                    );
+                    let problem = Problem::new(ProblemKind::TooManyInFlight, detail)
+                        .retry_after(Duration::from_secs(1));
+                    let mut response = problem.answer(grpc).map(IdempotencyBody::buffered);
+                    Handled::mark(&mut response, Outcome::Rejected);
+                    return Ok(response);
+                }
+            },
+            None => None,
+        };
         let scope = Scope::new(config.scope_mode, tenant, plan.endpoint, plan.key);
         let bytes = match buffer(&parts, body, config.body_limit, config.body_timeout).await {
             Ok(bytes) => bytes,
@@ -120,7 +140,7 @@ where
 
         // Counted from before the reservation until the answer is recorded, wherever the
         // execution ends up running.
-        let guard = shared.in_flight.enter();
+        let guard = shared.in_flight.enter(slot);
         let parked = Arc::new(AtomicBool::new(false));
         let execution = Execution::new(
             execute(

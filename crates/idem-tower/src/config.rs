@@ -239,6 +239,8 @@ pub(crate) struct Config {
     pub(crate) max_wait: Duration,
     /// The cap on duplicates waiting at once, shared by every clone.
     pub(crate) waiters: crate::wait::Waiters,
+    /// The cap on one tenant's keyed requests in progress, shared by every clone.
+    pub(crate) tenant_limit: Option<Arc<crate::tenant_limit::TenantLimit>>,
 }
 
 impl Default for Config {
@@ -278,6 +280,7 @@ impl Default for Config {
             conflict_wait: Duration::ZERO,
             max_wait: crate::wait::DEFAULT_MAX_WAIT,
             waiters: crate::wait::Waiters::new(crate::wait::DEFAULT_MAX_WAITERS),
+            tenant_limit: None,
         }
     }
 }

@@ -47,10 +47,13 @@ impl InFlight {
         }
     }
 
-    pub(crate) fn enter(&self) -> InFlightGuard {
+    /// Counts one more execution until the guard drops, which holds the request's
+    /// place under its tenant's cap (see [`crate::tenant_limit`]) as long, when given.
+    pub(crate) fn enter(&self, slot: Option<crate::tenant_limit::TenantSlot>) -> InFlightGuard {
         self.inner.count.fetch_add(1, Ordering::AcqRel);
         InFlightGuard {
             inner: self.inner.clone(),
+            _slot: slot,
         }
     }
 }
@@ -59,6 +62,8 @@ impl InFlight {
 #[derive(Debug)]
 pub(crate) struct InFlightGuard {
     inner: Arc<Counter>,
+    /// The request's place under its tenant's cap, given back with the guard.
+    _slot: Option<crate::tenant_limit::TenantSlot>,
 }
 
 impl Drop for InFlightGuard {
@@ -77,8 +82,8 @@ mod tests {
     async fn wait_resolves_when_the_last_guard_drops() {
         let in_flight = InFlight::default();
         in_flight.wait().await;
-        let a = in_flight.enter();
-        let b = in_flight.enter();
+        let a = in_flight.enter(None);
+        let b = in_flight.enter(None);
         assert_eq!(in_flight.count(), 2);
         let waiter = tokio::spawn({
             let in_flight = in_flight.clone();
@@ -95,12 +100,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn wait_sees_executions_that_start_while_it_waits() {
         let in_flight = InFlight::default();
-        let first = in_flight.enter();
+        let first = in_flight.enter(None);
         let waiter = tokio::spawn({
             let in_flight = in_flight.clone();
             async move { in_flight.wait().await }
         });
-        let second = in_flight.enter();
+        let second = in_flight.enter(None);
         drop(first);
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());

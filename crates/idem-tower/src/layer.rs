@@ -412,6 +412,21 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// At most `max` keyed requests of one tenant in progress at once through this
+    /// layer (and its clones); `0` for no cap (the default). A keyed request over the
+    /// cap is answered 429 `too-many-in-flight` with `Retry-After: 1` before its body
+    /// is read: nothing is reserved, the handler is not called, and its retry is free
+    /// to run once the tenant's other requests end. A request counts from when its
+    /// tenant is named until its answer is recorded, replayed or refused, a detached
+    /// execution whose client went away included.
+    ///
+    /// Requests without a tenant share the `anonymous` tenant, and so its cap: pair
+    /// this with [`require_tenant`](Self::require_tenant) where every client has one.
+    pub fn tenant_max_in_flight(mut self, max: usize) -> Self {
+        self.config().tenant_limit = (max > 0).then(|| crate::tenant_limit::TenantLimit::new(max));
+        self
+    }
+
     /// Per-route overrides: called once per request; `None` keeps the layer's settings.
     pub fn route_config<F>(mut self, f: F) -> Self
     where

@@ -273,6 +273,7 @@ mod settle;
 mod shared;
 mod spelling;
 mod tenant;
+mod tenant_limit;
 mod wait;
 
 pub use body::IdempotencyBody;

@@ -62,6 +62,12 @@ pub enum ProblemKind {
     /// 408: the body did not arrive within the layer's body timeout; nothing was
     /// reserved, so a retry executes.
     BodyTimeout,
+    /// 429 + `Retry-After`: the request's tenant has as many keyed requests in progress
+    /// as [`IdempotencyLayer::tenant_max_in_flight`] allows; nothing was reserved or
+    /// forwarded.
+    ///
+    /// [`IdempotencyLayer::tenant_max_in_flight`]: crate::IdempotencyLayer::tenant_max_in_flight
+    TooManyInFlight,
     /// 409 + `Retry-After`: another attempt with this key is executing (SPEC S5).
     RequestInProgress,
     /// 422: the key was used for a request with a different payload (SPEC S5).
@@ -101,7 +107,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 22] = [
+    pub const ALL: [ProblemKind; 23] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
@@ -113,6 +119,7 @@ impl ProblemKind {
         ProblemKind::AmbiguousHeader,
         ProblemKind::BodyTooLarge,
         ProblemKind::BodyTimeout,
+        ProblemKind::TooManyInFlight,
         ProblemKind::RequestInProgress,
         ProblemKind::KeyReused,
         ProblemKind::KeyExpired,
@@ -134,6 +141,7 @@ impl ProblemKind {
             ProblemKind::BodyUnreadable => "https://idem.dev/problems/body-unreadable",
             ProblemKind::MissingTenant => "https://idem.dev/problems/missing-tenant",
             ProblemKind::InvalidCredential => "https://idem.dev/problems/invalid-credential",
+            ProblemKind::TooManyInFlight => "https://idem.dev/problems/too-many-in-flight",
             ProblemKind::InvalidPath => "https://idem.dev/problems/invalid-path",
             ProblemKind::InvalidHost => "https://idem.dev/problems/invalid-host",
             ProblemKind::InvalidMethodOverride => {
@@ -174,6 +182,7 @@ impl ProblemKind {
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProblemKind::RequestInProgress => StatusCode::CONFLICT,
+            ProblemKind::TooManyInFlight => StatusCode::TOO_MANY_REQUESTS,
             ProblemKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::KeyExpired => StatusCode::GONE,
             ProblemKind::HandlerFailed | ProblemKind::ResponseTooLarge => {
@@ -199,6 +208,7 @@ impl ProblemKind {
             ProblemKind::BodyUnreadable => "Request body could not be read",
             ProblemKind::MissingTenant => "Credentials required for a keyed request",
             ProblemKind::InvalidCredential => "Credential not accepted for a keyed request",
+            ProblemKind::TooManyInFlight => "Too many keyed requests in progress for this tenant",
             ProblemKind::InvalidPath => "Invalid request path",
             ProblemKind::InvalidHost => "Invalid Host header",
             ProblemKind::InvalidMethodOverride => "Conflicting method override",

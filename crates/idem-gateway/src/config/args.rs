@@ -189,6 +189,13 @@ pub struct ServeArgs {
     #[serde(deserialize_with = "toml_form::list")]
     pub tenant_from: Option<Vec<String>>,
 
+    /// At most this many keyed requests of one tenant in progress at once on this
+    /// instance; the excess is answered 429 `too-many-in-flight` with Retry-After before
+    /// anything is read or reserved. Requests without a tenant share `anonymous`'s
+    /// [default: 0, no cap].
+    #[arg(long, env = "IDEM_TENANT_MAX_IN_FLIGHT", value_name = "N")]
+    pub tenant_max_in_flight: Option<u64>,
+
     /// JWKS file of the public keys (RS256, ES256, EdDSA) bearer tokens are signed with;
     /// read again when a token names a key it lacks.
     #[arg(long, env = "IDEM_JWT_JWKS_FILE", value_name = "PATH")]
@@ -482,6 +489,7 @@ impl ServeArgs {
             require_tenant,
             tenant_secret_file,
             tenant_from,
+            tenant_max_in_flight,
             jwt_jwks_file,
             jwt_jwks_url,
             jwt_jwks_refresh,
@@ -545,6 +553,7 @@ impl ServeArgs {
             require_tenant: require_tenant || under.require_tenant,
             tenant_secret_file: tenant_secret_file.or(under.tenant_secret_file),
             tenant_from: tenant_from.or(under.tenant_from),
+            tenant_max_in_flight: tenant_max_in_flight.or(under.tenant_max_in_flight),
             jwt_jwks_file: jwt_jwks_file.or(under.jwt_jwks_file),
             jwt_jwks_url: jwt_jwks_url.or(under.jwt_jwks_url),
             jwt_jwks_refresh: jwt_jwks_refresh.or(under.jwt_jwks_refresh),

@@ -198,6 +198,10 @@ impl GatewayConfig {
             strings(self.tenant_from.iter().map(|s| s.as_str())),
         );
         self.print_jwt(&mut t);
+        t.set(
+            "tenant_max_in_flight",
+            self.tenant_max_in_flight.to_string(),
+        );
         match &args.record_key_file {
             Some(file) => t.set("record_key_file", path(file)),
             None => t.note("record_key_file", "records are not sealed"),

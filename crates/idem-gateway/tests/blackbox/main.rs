@@ -32,6 +32,7 @@ mod smuggling;
 mod spelling;
 mod store_tls;
 mod telemetry;
+mod tenant_limits;
 mod tenants;
 mod tls;
 mod tombstones;
