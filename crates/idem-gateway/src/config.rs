@@ -170,6 +170,8 @@ pub struct GatewayConfig {
     pub request_id_header: http::HeaderName,
     /// The proxies whose `X-Forwarded-For` names the client (see [`crate::trusted`]).
     pub trusted_proxies: crate::trusted::TrustedProxies,
+    /// Headers only the trusted proxies may set; removed from other peers' requests.
+    pub trusted_headers: Vec<HeaderName>,
     /// The limits on HTTP/2 client connections.
     pub http2: Http2Limits,
     /// The proxy listener's certificate and key, when it terminates TLS.
@@ -306,6 +308,7 @@ impl GatewayConfig {
             access_log,
             request_id_header,
             trusted_proxies,
+            trusted_headers,
             http2_max_concurrent_streams,
             http2_max_header_list_size,
             http2_keepalive_interval,
@@ -452,6 +455,11 @@ impl GatewayConfig {
                 trusted_proxies.as_deref().unwrap_or_default(),
             )
             .map_err(|e| invalid("trusted_proxies", e))?,
+            trusted_headers: crate::trusted::parse_trusted_headers(
+                trusted_headers.as_deref().unwrap_or_default(),
+                trusted_proxies.as_deref().unwrap_or_default(),
+            )
+            .map_err(|e| invalid("trusted_headers", e))?,
             otlp_endpoint: crate::telemetry::traces_url(
                 otlp_endpoint.as_deref(),
                 std::env::var(crate::telemetry::OTEL_ENDPOINT_ENV)

@@ -330,6 +330,7 @@ impl Gateway {
                 request_id_header: config.request_id_header.clone(),
                 routes: config.routes.clone().into(),
                 trusted_proxies: config.trusted_proxies.clone(),
+                trusted_headers: config.trusted_headers.clone().into(),
             }),
             answer_budget: (config.http2.answer_budget, config.response_limit),
         })

@@ -18,12 +18,18 @@
 //!
 //! The address found is the access log's `client` (its `peer` stays the connection's);
 //! what the gateway forwards upstream is not changed by it.
+//!
+//! `--trusted-headers` names headers only those proxies may set: an identity the
+//! ingress asserts (`X-User-Id`, named by `--tenant-header`). From any other peer they
+//! are removed before the tenant is named and before anything is forwarded, so a client
+//! that reaches the gateway directly can neither pick another tenant's records nor tell
+//! the upstream it is someone else.
 
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
 
 /// The networks trusted to say whom they forward for (none by default).
@@ -121,6 +127,55 @@ impl TrustedProxies {
             Some(ip) => Client::Forwarded(ip.to_canonical().to_string()),
             None => Client::Peer(peer),
         }
+    }
+}
+
+/// The `trusted_headers` setting: header names (any case), each once. `proxies` is the
+/// `trusted_proxies` setting as given: without any, no peer could ever set them, which
+/// is a mistake rather than a rule.
+pub fn parse_trusted_headers<S: AsRef<str>>(
+    list: &[S],
+    proxies: &[S],
+) -> Result<Vec<HeaderName>, String> {
+    let mut names: Vec<HeaderName> = Vec::new();
+    for item in list
+        .iter()
+        .map(|s| s.as_ref().trim())
+        .filter(|s| !s.is_empty())
+    {
+        let name = HeaderName::from_bytes(item.to_ascii_lowercase().as_bytes())
+            .map_err(|_| format!("{item:?} is no header name"))?;
+        if name == http::header::HOST || name == http::header::CONTENT_LENGTH {
+            return Err(format!("{item} is not a header a proxy asserts"));
+        }
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    if !names.is_empty() && proxies.iter().all(|p| p.as_ref().trim().is_empty()) {
+        return Err("needs trusted_proxies: the proxies allowed to set these headers".to_owned());
+    }
+    Ok(names)
+}
+
+impl TrustedProxies {
+    /// Removes `names` from `headers` unless `peer` is trusted; how many fields went.
+    pub fn strip_untrusted(
+        &self,
+        peer: SocketAddr,
+        headers: &mut HeaderMap,
+        names: &[HeaderName],
+    ) -> usize {
+        if names.is_empty() || self.trusts(peer.ip()) {
+            return 0;
+        }
+        let mut removed = 0;
+        for name in names {
+            if let http::header::Entry::Occupied(e) = headers.entry(name) {
+                removed += e.remove_entry_mult().1.count();
+            }
+        }
+        removed
     }
 }
 
@@ -249,5 +304,30 @@ mod tests {
             http::HeaderValue::from_bytes(b"1.2.3.4\xff").unwrap(),
         );
         assert_eq!(t.client(p, &h), Client::Peer(p));
+    }
+
+    #[test]
+    fn trusted_headers_are_removed_from_every_other_peer() {
+        let t = trusted(&["10.0.0.0/8"]);
+        let names =
+            parse_trusted_headers(&["X-User-Id", "x-user-id", "X-Org"], &["10.0.0.0/8"]).unwrap();
+        assert_eq!(names.len(), 2);
+        let mut h = HeaderMap::new();
+        h.append("x-user-id", "alice".parse().unwrap());
+        h.append("x-user-id", "bob".parse().unwrap());
+        h.append("x-org", "acme".parse().unwrap());
+        h.append("authorization", "Bearer t".parse().unwrap());
+        let mut from_ingress = h.clone();
+        assert_eq!(
+            t.strip_untrusted(peer("10.1.1.1:80"), &mut from_ingress, &names),
+            0
+        );
+        assert_eq!(from_ingress, h);
+        assert_eq!(t.strip_untrusted(peer("203.0.113.9:80"), &mut h, &names), 3);
+        assert_eq!(h.len(), 1, "only authorization is left: {h:?}");
+        let e = parse_trusted_headers(&["x-user-id"], &[]).unwrap_err();
+        assert!(e.contains("trusted_proxies"), "{e}");
+        assert!(parse_trusted_headers(&["bad header"], &["10.0.0.0/8"]).is_err());
+        assert!(parse_trusted_headers(&["Host"], &["10.0.0.0/8"]).is_err());
     }
 }

@@ -392,6 +392,19 @@ pub struct ServeArgs {
     #[serde(deserialize_with = "toml_form::list")]
     pub trusted_proxies: Option<Vec<String>>,
 
+    /// Headers only the trusted proxies may set (an identity the ingress asserts, such
+    /// as X-User-Id for --tenant-header): removed from the requests of every other peer
+    /// before the tenant is named or anything is forwarded. Needs --trusted-proxies
+    /// [default: none].
+    #[arg(
+        long,
+        env = "IDEM_TRUSTED_HEADERS",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    #[serde(deserialize_with = "toml_form::list")]
+    pub trusted_headers: Option<Vec<String>>,
+
     /// Most streams (requests) one HTTP/2 client connection may have open at once
     /// [default: 100].
     #[arg(long, env = "IDEM_HTTP2_MAX_CONCURRENT_STREAMS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -516,6 +529,7 @@ impl ServeArgs {
             access_log,
             request_id_header,
             trusted_proxies,
+            trusted_headers,
             http2_max_concurrent_streams,
             http2_max_header_list_size,
             http2_keepalive_interval,
@@ -580,6 +594,7 @@ impl ServeArgs {
             access_log: access_log.or(under.access_log),
             request_id_header: request_id_header.or(under.request_id_header),
             trusted_proxies: trusted_proxies.or(under.trusted_proxies),
+            trusted_headers: trusted_headers.or(under.trusted_headers),
             http2_max_concurrent_streams: http2_max_concurrent_streams
                 .or(under.http2_max_concurrent_streams),
             http2_max_header_list_size: http2_max_header_list_size

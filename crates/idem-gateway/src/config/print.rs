@@ -263,6 +263,12 @@ impl GatewayConfig {
             let nets = self.trusted_proxies.nets().iter().map(|n| n.to_string());
             t.set("trusted_proxies", strings(nets));
         }
+        if self.trusted_headers.is_empty() {
+            t.note("trusted_headers", "none");
+        } else {
+            let names = self.trusted_headers.iter().map(|h| h.as_str());
+            t.set("trusted_headers", strings(names));
+        }
         let h2 = &self.http2;
         t.set(
             "http2_max_concurrent_streams",

@@ -48,6 +48,8 @@ pub(super) struct AccessSettings {
     pub(super) routes: Arc<[crate::route::Route]>,
     /// The proxies believed about the client's address.
     pub(super) trusted_proxies: crate::trusted::TrustedProxies,
+    /// The headers only those proxies may set.
+    pub(super) trusted_headers: Arc<[HeaderName]>,
 }
 
 /// Whether `value` may serve as a request id as the client sent it.

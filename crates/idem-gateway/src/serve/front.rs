@@ -59,6 +59,15 @@ impl Front {
             self.metrics.outcome(Outcome::Rejected);
         }
         req.extensions_mut().insert(ClientAddr(peer));
+        let access = &self.access;
+        let removed = access.trusted_proxies.strip_untrusted(
+            peer,
+            req.headers_mut(),
+            &access.trusted_headers,
+        );
+        if removed > 0 {
+            tracing::debug!(%peer, removed, "removed trusted headers a peer that is no trusted proxy sent");
+        }
         let id_header = &self.access.request_id_header;
         let request_id = access::request_id(req.headers_mut(), id_header);
         let entry = Entry::start(&self.access, &mut req, peer, request_id.clone());

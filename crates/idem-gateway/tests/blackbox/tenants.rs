@@ -463,3 +463,83 @@ async fn keys_command_names_a_tenant_of_several_headers() {
     let said = String::from_utf8_lossy(&one.stderr);
     assert!(said.contains("one per tenant header"), "{said}");
 }
+
+/// `--trusted-headers` (issue 39 §1): an identity header the ingress sets names the
+/// tenant only on connections from the ingress. A client that reaches the gateway
+/// directly and sends the header itself neither picks that tenant's records nor passes
+/// the claim upstream.
+#[tokio::test]
+async fn a_trusted_header_names_the_tenant_only_from_a_trusted_proxy() {
+    let up = Upstream::start().await;
+    let http = Http::new();
+    let key = new_key();
+    let as_alice = [("x-user-id", "alice"), ("authorization", "Bearer t-1")];
+    let common = [
+        "--tenant-header",
+        "X-User-Id",
+        "--require-tenant",
+        "--trusted-headers",
+        "X-User-Id",
+    ];
+
+    // The test's connections come from 127.0.0.1: here the ingress.
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = common.to_vec();
+    args.extend(["--trusted-proxies", "127.0.0.1"]);
+    let ingress = Gateway::start(&up.url(), dir.path(), &args).await;
+    let url = ingress.url("/v1/charges");
+    let first = http.post(&url, &key, "{}", &as_alice).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    // A refreshed token, the same principal: the same tenant.
+    let retry = http
+        .post(
+            &url,
+            &key,
+            "{}",
+            &[("x-user-id", "alice"), ("authorization", "Bearer t-2")],
+        )
+        .await;
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(up.started(&key), 1);
+    assert_eq!(up.seen()[0].headers["x-user-id"], "alice");
+
+    // Trusting only another network, the same request names no tenant: the header was
+    // removed before anything read it.
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = common.to_vec();
+    args.extend(["--trusted-proxies", "10.0.0.0/8"]);
+    let direct = Gateway::start(&up.url(), dir.path(), &args).await;
+    let url = direct.url("/v1/charges");
+    let refused = http.post(&url, &new_key(), "{}", &as_alice).await;
+    assert_eq!(refused.status, 401, "{refused:?}");
+    assert_eq!(
+        refused.problem_type(),
+        "https://idem.dev/problems/missing-tenant"
+    );
+    // Unkeyed, it passes, without the claim.
+    let read = http.send("GET", &url, &as_alice, "").await;
+    assert_eq!(read.status, 201);
+    let seen = up.seen();
+    let last = seen.last().unwrap();
+    assert!(
+        last.headers.get("x-user-id").is_none(),
+        "{:?}",
+        last.headers
+    );
+    assert_eq!(last.headers["authorization"], "Bearer t-1");
+}
+
+#[test]
+fn trusted_headers_without_trusted_proxies_stop_the_start() {
+    let out = std::process::Command::new(crate::common::binary())
+        .args(["check-config", "--upstream", "http://127.0.0.1:9"])
+        .args(["--store", "memory://", "--trusted-headers", "x-user-id"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("trusted_headers") && err.contains("trusted_proxies"),
+        "{err}"
+    );
+}
