@@ -33,7 +33,7 @@ use self::front::Front;
 pub use crate::access::{AccessLog, DEFAULT_REQUEST_ID_HEADER, MAX_REQUEST_ID_LEN, UpstreamTime};
 use crate::admin::{self, AdminState};
 use crate::budget::{self, AnswerBudget};
-use crate::config::GatewayConfig;
+use crate::config::{GatewayConfig, TenantSource};
 use crate::listener::{
     self, ADMIN_MAX_CONNECTIONS, ConnectionSlot, Connections, Listener, ListenerKind, Tls,
     default_max_connections,
@@ -465,12 +465,23 @@ async fn service(
                 None => store.clone(),
             };
             let mut layer = idempotency_layer(layer_store, config, tenant_key, metrics.clone());
-            if let Some(jwt) = &config.jwt {
-                let verifier = Arc::new(jwt.verifier().await?);
-                if jwt.jwks_url.is_some() {
-                    spawn_jwks_refresh(Arc::downgrade(&verifier), jwt.jwks_refresh);
+            if config.tenant_from != [TenantSource::Headers] {
+                let mut sources = idem_tower::TenantSources::new();
+                for source in &config.tenant_from {
+                    sources = match source {
+                        TenantSource::Jwt => {
+                            let jwt = config.jwt.as_ref().expect("jwt settings with jwt");
+                            let verifier = Arc::new(jwt.verifier().await?);
+                            if jwt.jwks_url.is_some() {
+                                spawn_jwks_refresh(Arc::downgrade(&verifier), jwt.jwks_refresh);
+                            }
+                            sources.jwt(verifier)
+                        }
+                        TenantSource::Cert => sources.principal(),
+                        TenantSource::Headers => sources.headers(),
+                    };
                 }
-                layer = layer.tenant_jwt(verifier, jwt.then_headers);
+                layer = layer.tenant_sources(sources);
             }
             if let Some(t) = telemetry {
                 layer = layer.observer(t.observer(metrics.clone()));

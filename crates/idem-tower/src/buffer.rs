@@ -66,9 +66,8 @@ where
                     .get_or_try_init(|| TenantKey::from_store(&*shared.store))
                     .await;
                 match key {
-                    #[cfg(feature = "jwt")]
-                    Ok(key) if config.jwt.is_some() => {
-                        match jwt_tenant(config, key, &parts).await {
+                    Ok(key) if config.sources.is_some() => {
+                        match sources_tenant(config, key, &parts).await {
                             Ok(tenant) => tenant,
                             Err(problem) => {
                                 config.observer.outcome(Outcome::Rejected);
@@ -159,18 +158,22 @@ where
     }
 }
 
-/// The tenant of a keyed request under a layer that names tenants by bearer tokens
-/// (see [`IdempotencyLayer::tenant_jwt`](crate::IdempotencyLayer::tenant_jwt)), or the
-/// 401 `invalid-credential` for a token that does not verify.
-#[cfg(feature = "jwt")]
-async fn jwt_tenant(
+/// The tenant of a keyed request under a layer with [`TenantSources`]: the first
+/// source that applies names it; a bearer token that does not verify is the 401
+/// `invalid-credential`.
+///
+/// [`TenantSources`]: crate::TenantSources
+async fn sources_tenant(
     config: &crate::config::Config,
     key: &TenantKey,
     parts: &Parts,
 ) -> Result<idem_core::Tenant, Problem> {
-    let jwt = config.jwt.as_ref().expect("called with a JWT source");
-    match crate::jwt::bearer_jwt(&parts.headers) {
-        Some(token) => match jwt.verifier.verify(token).await {
+    let sources = config.sources.as_ref().expect("called with sources");
+    #[cfg(feature = "jwt")]
+    if let Some(verifier) = &sources.jwt
+        && let Some(token) = crate::jwt::bearer_jwt(&parts.headers)
+    {
+        return match verifier.verify(token).await {
             Ok(principal) => Ok(principal.tenant(key)),
             Err(e) => {
                 let detail = format!(
@@ -181,10 +184,17 @@ async fn jwt_tenant(
                 );
                 Err(Problem::new(ProblemKind::InvalidCredential, detail))
             }
-        },
-        None if jwt.then_headers => Ok(config.tenant_headers.tenant(key, &parts.headers)),
-        None => Ok(idem_core::Tenant::anonymous()),
+        };
     }
+    if sources.principal
+        && let Some(principal) = parts.extensions.get::<crate::Principal>()
+    {
+        return Ok(principal.tenant(key));
+    }
+    if sources.headers {
+        return Ok(config.tenant_headers.tenant(key, &parts.headers));
+    }
+    Ok(idem_core::Tenant::anonymous())
 }
 
 /// Reads a keyed request's body up to `limit` bytes (SPEC S4), within `timeout` when

@@ -182,17 +182,6 @@ impl fmt::Debug for References {
 }
 
 /// The layer's settings, shared by every service it makes.
-/// The tenant from a verified bearer token (see
-/// [`IdempotencyLayer::tenant_jwt`](crate::IdempotencyLayer::tenant_jwt)).
-#[cfg(feature = "jwt")]
-#[derive(Clone)]
-pub(crate) struct JwtTenant {
-    pub(crate) verifier: Arc<crate::jwt::JwtVerifier>,
-    /// Whether a request without a bearer JWT is named by the tenant headers (else it
-    /// is `anonymous`).
-    pub(crate) then_headers: bool,
-}
-
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) header_name: HeaderName,
@@ -210,9 +199,8 @@ pub(crate) struct Config {
     pub(crate) tenant_from: Option<TenantExtractor>,
     /// Whether a keyed request must name a tenant (401 `missing-tenant` otherwise).
     pub(crate) require_tenant: bool,
-    /// A verified bearer token names the tenant, before the headers (if at all).
-    #[cfg(feature = "jwt")]
-    pub(crate) jwt: Option<JwtTenant>,
+    /// The sources that name the tenant in place of the headers alone, when set.
+    pub(crate) sources: Option<crate::principal::TenantSources>,
     pub(crate) fingerprint: FingerprintOptions,
     pub(crate) body_limit: usize,
     pub(crate) body_timeout: Option<Duration>,
@@ -258,8 +246,7 @@ impl Default for Config {
             tenant_key: Arc::default(),
             tenant_from: None,
             require_tenant: false,
-            #[cfg(feature = "jwt")]
-            jwt: None,
+            sources: None,
             fingerprint: FingerprintOptions::default(),
             body_limit: DEFAULT_BODY_LIMIT,
             body_timeout: None,

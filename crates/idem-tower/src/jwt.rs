@@ -20,8 +20,8 @@
 //! A token whose `kid` is not in the key set makes the verifier load the set again
 //! (at most once a second), so a rotated key is picked up without a restart.
 //!
-//! The tenant is then an HMAC, under the layer's [`TenantKey`],
-//! of the token's `iss` and the configured claims' values (`sub` by default; a claim
+//! The token's `iss` and the configured claims' values are then its [`Principal`],
+//! whose tenant is an HMAC under the layer's key (`sub` by default; a claim
 //! name, or a JSON pointer such as `/org/id`): never the token, and never a claim in
 //! clear.
 
@@ -34,9 +34,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use http::HeaderMap;
-use idem_core::{Tenant, TenantKey};
 use ring::signature::{self, UnparsedPublicKey};
 use serde_json::Value;
+
+use crate::principal::Principal;
 
 /// The default leeway for `exp` and `nbf`.
 pub const DEFAULT_JWT_LEEWAY: Duration = Duration::from_secs(60);
@@ -455,30 +456,6 @@ impl JwtVerifierBuilder {
     }
 }
 
-/// Who a verified token names: its issuer and the configured claims' values.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Principal {
-    issuer: Option<String>,
-    claims: Vec<(String, String)>,
-}
-
-impl Principal {
-    /// The tenant this principal is, under `key`.
-    pub fn tenant(&self, key: &TenantKey) -> Tenant {
-        let mut h = key.hasher();
-        h.source("jwt:iss", self.issuer.iter());
-        for (name, value) in &self.claims {
-            h.source(&format!("jwt:{name}"), [value]);
-        }
-        h.finish()
-    }
-
-    /// The configured claims' values, in order, as `(claim, value)`.
-    pub fn claims(&self) -> &[(String, String)] {
-        &self.claims
-    }
-}
-
 impl JwtVerifier {
     /// A builder.
     pub fn builder() -> JwtVerifierBuilder {
@@ -556,10 +533,8 @@ impl JwtVerifier {
             };
             named.push((claim.0.clone(), value));
         }
-        Ok(Principal {
-            issuer: claims.get("iss").and_then(Value::as_str).map(str::to_owned),
-            claims: named,
-        })
+        let issuer = claims.get("iss").and_then(Value::as_str).map(str::to_owned);
+        Ok(Principal::new(issuer, named))
     }
 
     /// The registered claims: times, issuer, audience.

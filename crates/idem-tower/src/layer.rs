@@ -176,26 +176,19 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
-    /// Names a keyed request's tenant by its verified bearer token
-    /// (`Authorization: Bearer <JWT>`; see [`JwtVerifier`](crate::JwtVerifier)): the
-    /// token's issuer and the verifier's claims (`sub` by default), keyed like the
-    /// tenant headers. A refreshed token for the same principal names the same tenant,
-    /// so a retry after a token refresh replays instead of executing again.
-    ///
-    /// A keyed request whose token does not verify is answered 401
-    /// `invalid-credential` (`WWW-Authenticate: Bearer error="invalid_token"`);
-    /// nothing is reserved and the handler is not called. One without a bearer JWT
-    /// (no `Authorization`, another scheme, an opaque token) is named by the tenant
-    /// headers when `then_headers` is set, else it is `anonymous` (or 401
-    /// `missing-tenant` with [`require_tenant`](Self::require_tenant)). Unkeyed requests
-    /// are not looked at. Replaces an extractor set with [`tenant_from`](Self::tenant_from).
-    #[cfg(feature = "jwt")]
-    pub fn tenant_jwt(mut self, verifier: Arc<crate::JwtVerifier>, then_headers: bool) -> Self {
+    /// Names a keyed request's tenant from `sources`, in their order (see
+    /// [`TenantSources`](crate::TenantSources)): a verified bearer token (feature
+    /// `jwt`; a refreshed token for the same principal names the same tenant, so a
+    /// retry after a refresh replays instead of executing again), a
+    /// [`Principal`](crate::Principal) your authentication middleware put in the
+    /// extensions, the tenant headers. A keyed request whose bearer token does not
+    /// verify is answered 401 `invalid-credential`
+    /// (`WWW-Authenticate: Bearer error="invalid_token"`); nothing is reserved and the
+    /// handler is not called. Unkeyed requests are not looked at. Replaces an extractor
+    /// set with [`tenant_from`](Self::tenant_from).
+    pub fn tenant_sources(mut self, sources: crate::TenantSources) -> Self {
         let config = self.config();
-        config.jwt = Some(crate::config::JwtTenant {
-            verifier,
-            then_headers,
-        });
+        config.sources = Some(sources);
         config.tenant_from = None;
         self
     }
@@ -210,10 +203,7 @@ impl<St> IdempotencyLayer<St> {
     {
         let config = self.config();
         config.tenant_from = Some(Arc::new(extractor));
-        #[cfg(feature = "jwt")]
-        {
-            config.jwt = None;
-        }
+        config.sources = None;
         self
     }
 

@@ -105,13 +105,10 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
         let headers_name_one = || config.tenant_headers.carried_by(&parts.headers);
         let named = match &tenant {
             Some(t) => t.as_str() != Tenant::ANONYMOUS,
-            #[cfg(feature = "jwt")]
-            None if config.jwt.is_some() => {
-                let then_headers = config.jwt.as_ref().is_some_and(|j| j.then_headers);
-                crate::jwt::bearer_jwt(&parts.headers).is_some()
-                    || (then_headers && headers_name_one())
-            }
-            None => headers_name_one(),
+            None => match &config.sources {
+                Some(sources) => sources.names_one(parts, &config.tenant_headers),
+                None => headers_name_one(),
+            },
         };
         if !named {
             let wanted = match tenant {

@@ -32,11 +32,11 @@ pub enum ProblemKind {
     /// reserved or forwarded (SPEC S3).
     MissingTenant,
     /// 401 + `WWW-Authenticate: Bearer error="invalid_token"`: the layer names tenants
-    /// by a verified bearer token ([`IdempotencyLayer::tenant_jwt`]) and the keyed
+    /// by a verified bearer token ([`TenantSources::jwt`]) and the keyed
     /// request's token does not verify (a bad signature, an expired token, another
     /// issuer or audience); nothing was reserved or forwarded (SPEC S3).
     ///
-    /// [`IdempotencyLayer::tenant_jwt`]: crate::IdempotencyLayer
+    /// [`TenantSources::jwt`]: crate::TenantSources
     InvalidCredential,
     /// 400: the request's path cannot be normalised (SPEC S14): a `..` above the root,
     /// a broken percent-escape, an escaped control character. Nothing was reserved or

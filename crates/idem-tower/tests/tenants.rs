@@ -235,3 +235,45 @@ async fn no_secret_means_nothing_is_scoped_and_it_is_fetched_once() {
         "fetched once it answered"
     );
 }
+
+/// A service that authenticates in its own middleware scopes by its own principal
+/// (issue 39 §1): the middleware puts a `Principal` in the extensions, and the layer
+/// names the tenant by it, before the headers. A client that refreshed its credential
+/// keeps its tenant; another account with the same key gets its own execution; a
+/// request the middleware did not authenticate is named by its headers.
+#[tokio::test]
+async fn a_principal_from_the_services_own_authentication_names_the_tenant() {
+    use idem_tower::{Principal, TenantSources};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .tenant_key(TenantKey::new(&[5; 32]).unwrap())
+        .tenant_sources(TenantSources::new().principal().headers());
+    // The service's authentication: `x-test-account` stands for whatever it checked.
+    let authenticate = |mut req: Request<Full<Bytes>>| {
+        if let Some(account) = req.headers().get("x-test-account") {
+            let account = account.to_str().unwrap().to_owned();
+            req.extensions_mut().insert(Principal::new(
+                Some("my-auth".into()),
+                [("account", account)],
+            ));
+        }
+        req
+    };
+    let mut svc = tower::util::MapRequest::new(layer.layer(counting(&runs)), authenticate);
+    let key = "k-principal";
+    let as_acct = |acct: &'static str, token: &'static str| {
+        charge(key, &[("x-test-account", acct), ("authorization", token)])
+    };
+    let (status, _, first) = send(&mut svc, as_acct("acct_1", "Bearer old")).await;
+    assert_eq!(status, 201);
+    let (_, headers, again) = send(&mut svc, as_acct("acct_1", "Bearer refreshed")).await;
+    assert_eq!(again, first, "the same principal replays");
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let (_, _, other) = send(&mut svc, as_acct("acct_2", "Bearer refreshed")).await;
+    assert_ne!(other, first, "another principal executes");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // Not authenticated by the middleware: named by the headers, a tenant of its own.
+    let (_, _, by_headers) = send(&mut svc, charge(key, &[("authorization", "Bearer old")])).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "{by_headers:?}");
+}

@@ -8,10 +8,12 @@ use std::time::Duration;
 use super::{ConfigError, invalid};
 
 /// Where a keyed request's tenant comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TenantSource {
     /// The verified bearer token.
     Jwt,
+    /// The verified client certificate's name (`tls_client_ca`, `tenant_cert_name`).
+    Cert,
     /// A keyed digest of the tenant headers.
     Headers,
 }
@@ -21,6 +23,7 @@ impl TenantSource {
     pub fn as_str(self) -> &'static str {
         match self {
             TenantSource::Jwt => "jwt",
+            TenantSource::Cert => "cert",
             TenantSource::Headers => "headers",
         }
     }
@@ -47,8 +50,6 @@ pub struct JwtSettings {
     pub claims: Vec<String>,
     /// Leeway for `exp` and `nbf`.
     pub leeway: Duration,
-    /// Whether a request without a bearer JWT is named by the tenant headers.
-    pub then_headers: bool,
 }
 
 impl std::fmt::Debug for JwtSettings {
@@ -61,7 +62,6 @@ impl std::fmt::Debug for JwtSettings {
             .field("audiences", &self.audiences)
             .field("claims", &self.claims)
             .field("leeway", &self.leeway)
-            .field("then_headers", &self.then_headers)
             .finish_non_exhaustive()
     }
 }
@@ -121,7 +121,7 @@ impl JwtSettings {
     }
 }
 
-/// The `tenant_from` list, checked: `jwt`, `headers`, or `jwt,headers`.
+/// The `tenant_from` list, checked: any of `jwt`, `cert`, `headers`, in that order.
 pub(super) fn parse_tenant_from(list: Option<&[String]>) -> Result<Vec<TenantSource>, ConfigError> {
     let Some(list) = list else {
         return Ok(vec![TenantSource::Headers]);
@@ -130,11 +130,14 @@ pub(super) fn parse_tenant_from(list: Option<&[String]>) -> Result<Vec<TenantSou
     for item in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
         let source = match item.to_ascii_lowercase().as_str() {
             "jwt" => TenantSource::Jwt,
+            "cert" => TenantSource::Cert,
             "headers" => TenantSource::Headers,
             _ => {
                 return Err(invalid(
                     "tenant_from",
-                    format!("{item:?} is no tenant source; give jwt, headers, or jwt,headers"),
+                    format!(
+                        "{item:?} is no tenant source; give jwt, cert or headers, in that order"
+                    ),
                 ));
             }
         };
@@ -143,15 +146,17 @@ pub(super) fn parse_tenant_from(list: Option<&[String]>) -> Result<Vec<TenantSou
         }
         sources.push(source);
     }
-    match sources.as_slice() {
-        [] => Err(invalid("tenant_from", "names no source")),
-        [TenantSource::Headers, TenantSource::Jwt] => Err(invalid(
-            "tenant_from",
-            "jwt comes first: a request is named by the first source that applies, and \
-             headers always apply",
-        )),
-        _ => Ok(sources),
+    if sources.is_empty() {
+        return Err(invalid("tenant_from", "names no source"));
     }
+    if !sources.is_sorted() {
+        return Err(invalid(
+            "tenant_from",
+            "give the sources in the order jwt, cert, headers: a request is named by the \
+             first that applies, and a later one would never be reached",
+        ));
+    }
+    Ok(sources)
 }
 
 /// What the `jwt_*` settings came to, given as one block so that the list stays in one
@@ -264,6 +269,5 @@ pub(super) fn resolve(
             .unwrap_or_default(),
         claims,
         leeway: args.leeway.unwrap_or(idem_tower::jwt::DEFAULT_JWT_LEEWAY),
-        then_headers: sources.contains(&TenantSource::Headers),
     }))
 }

@@ -305,7 +305,7 @@ fn settings_that_cannot_verify_a_token_stop_the_start_and_say_which() {
     assert!(err.contains("jwt_jwks_file, jwt_jwks_url or"), "{err}");
     let (code, err) = run(&["--tenant-from", "headers,jwt"]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("jwt comes first"), "{err}");
+    assert!(err.contains("in the order jwt, cert, headers"), "{err}");
     // No such file, or not a key set.
     let (code, err) = run(&["--tenant-from", "jwt", "--jwt-jwks-file", "missing.json"]);
     assert_eq!(code, Some(2), "{err}");

@@ -477,7 +477,7 @@ fn example_config_resolves_with_every_setting_uncommented() {
     assert_eq!(c.routes.len(), 1);
     assert!(c.admin.is_some() && c.admin_token.is_some() && c.tenant_key.is_some());
     let jwt = c.jwt.expect("tenant_from names jwt");
-    assert!(jwt.jwks_file.is_some() && jwt.hs256_secret.is_some() && jwt.then_headers);
+    assert!(jwt.jwks_file.is_some() && jwt.hs256_secret.is_some());
     assert_eq!(c.max_connections, Some(10000));
     assert_eq!(c.store_options.pool, Some(16));
 }

@@ -37,7 +37,7 @@ async fn a_refreshed_token_names_the_same_tenant_and_another_subject_another() {
     let ec = Signer::es256("ec-1");
     let file = jwks_file(&[&ed, &ec]);
     let v = verifier(&file).await;
-    let key = TenantKey::new(&[9; 32]).unwrap();
+    let key = idem_core::TenantKey::new(&[9; 32]).unwrap();
     let first = v.verify(&ed.sign(&claims("cus_1"))).await.unwrap();
     // A new token for the same subject, later, from another key of the issuer.
     let mut later = claims("cus_1");
@@ -45,7 +45,7 @@ async fn a_refreshed_token_names_the_same_tenant_and_another_subject_another() {
     later["jti"] = json!("another");
     let refreshed = v.verify(&ec.sign(&later)).await.unwrap();
     assert_eq!(first.tenant(&key), refreshed.tenant(&key));
-    assert_eq!(first.claims(), [("sub".to_owned(), "cus_1".to_owned())]);
+    assert_eq!(first.names(), [("sub".to_owned(), "cus_1".to_owned())]);
     let other = v.verify(&ed.sign(&claims("cus_2"))).await.unwrap();
     assert_ne!(first.tenant(&key), other.tenant(&key));
     // Never the subject in clear.
@@ -163,7 +163,7 @@ async fn hs256_from_a_secret_and_claims_by_pointer() {
         .await
         .unwrap();
     assert_eq!(
-        p.claims(),
+        p.names(),
         [
             ("/org/id".to_owned(), "42".to_owned()),
             ("client_id".to_owned(), "app-1".to_owned())
@@ -194,7 +194,7 @@ async fn a_rotated_key_is_loaded_without_a_restart() {
     let new = Signer::ed25519("2026-02");
     write(&file, &[&old, &new]);
     let p = v.verify(&new.sign(&claims("cus_1"))).await.unwrap();
-    assert_eq!(p.claims()[0].1, "cus_1");
+    assert_eq!(p.names()[0].1, "cus_1");
     // An unknown kid within the interval does not load again: no amplification.
     let stranger = Signer::ed25519("2026-03");
     assert!(matches!(
