@@ -130,6 +130,9 @@ pub struct GatewayConfig {
     pub jwt: Option<JwtSettings>,
     /// The most keyed requests of one tenant in progress at once; `0` for no cap.
     pub tenant_max_in_flight: usize,
+    /// Which name of a verified client certificate names the tenant (with `cert` in
+    /// `tenant_from`).
+    pub tenant_cert_name: crate::listener::CertName,
     /// The key tenants are hashed under, from the operator's secret; `None` for the
     /// store's own.
     pub tenant_key: Option<TenantKey>,
@@ -316,6 +319,8 @@ impl GatewayConfig {
             http2_answer_budget,
             tls_cert,
             tls_key,
+            tls_client_ca,
+            tenant_cert_name,
             admin_tls_cert,
             admin_tls_key,
             route,
@@ -333,6 +338,13 @@ impl GatewayConfig {
             None => parse_tenant_headers(&[DEFAULT_TENANT_HEADER.to_owned()])?,
         };
         let tenant_from = jwt::parse_tenant_from(tenant_from.as_deref())?;
+        if tenant_from.contains(&TenantSource::Cert) && tls_client_ca.is_none() {
+            return Err(invalid(
+                "tenant_from",
+                "names cert, but tls_client_ca is not set, so no client certificate is asked \
+                 for",
+            ));
+        }
         let keyed_methods = match &keyed_methods {
             Some(list) => parse_methods(list, "keyed_methods")?,
             None => parse_methods(&DEFAULT_KEYED_METHODS.map(String::from), "keyed_methods")?,
@@ -474,7 +486,18 @@ impl GatewayConfig {
                 http2_keepalive_timeout,
                 http2_answer_budget,
             )?,
-            tls: tls_files("tls", tls_cert, tls_key)?,
+            tls: match (tls_files("tls", tls_cert, tls_key)?, tls_client_ca) {
+                (Some(files), client_ca) => Some(TlsFiles { client_ca, ..files }),
+                (None, Some(_)) => {
+                    return Err(invalid("tls_client_ca", "needs tls_cert and tls_key"));
+                }
+                (None, None) => None,
+            },
+            tenant_cert_name: match tenant_cert_name.as_deref() {
+                Some(name) => crate::listener::CertName::parse(name)
+                    .map_err(|e| invalid("tenant_cert_name", e))?,
+                None => crate::listener::CertName::Uri,
+            },
             admin_tls: tls_files("admin_tls", admin_tls_cert, admin_tls_key)?,
             routes: route
                 .into_iter()
@@ -506,7 +529,11 @@ fn tls_files(
     key: Option<PathBuf>,
 ) -> Result<Option<TlsFiles>, ConfigError> {
     match (cert, key) {
-        (Some(cert), Some(key)) => Ok(Some(TlsFiles { cert, key })),
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+            cert,
+            key,
+            client_ca: None,
+        })),
         (None, None) => Ok(None),
         (Some(_), None) => Err(invalid(
             format!("{setting}_key"),

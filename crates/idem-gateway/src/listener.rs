@@ -52,6 +52,7 @@ use tower::BoxError;
 use crate::metrics::{GaugeGuard, Metrics};
 
 mod activity;
+mod client_cert;
 mod handler;
 mod http2;
 mod limits;
@@ -61,6 +62,7 @@ mod tls;
 mod window;
 mod write_stall;
 
+pub use self::client_cert::{CertName, ClientNames};
 use self::handler::Handler;
 use self::http2::Builders;
 pub use self::http2::{
@@ -95,12 +97,26 @@ const ACCEPT_PAUSE_MAX: Duration = Duration::from_secs(1);
 /// a WebSocket tunnel the connection became, until the last of them ends. The proxy
 /// finds it in the extensions of requests that ask for an upgrade.
 #[derive(Clone, Debug)]
-pub struct ConnectionSlot(#[allow(dead_code, reason = "held for its drop")] Arc<Slot>);
+pub struct ConnectionSlot(Arc<Slot>);
 
 #[derive(Debug)]
 struct Slot {
     _permit: OwnedSemaphorePermit,
     _open: GaugeGuard,
+    /// The names of the client certificate the TLS handshake verified, if one did.
+    client: std::sync::OnceLock<Arc<ClientNames>>,
+}
+
+impl ConnectionSlot {
+    /// The names of the connection's verified client certificate, if it presented one.
+    pub(crate) fn client_names(&self) -> Option<&ClientNames> {
+        self.0.client.get().map(|n| &**n)
+    }
+
+    /// Notes the verified client certificate's names, once the handshake is done.
+    pub(crate) fn set_client_names(&self, names: ClientNames) {
+        let _ = self.0.client.set(Arc::new(names));
+    }
 }
 
 /// A bound listener with its cap and client timeout.
@@ -200,6 +216,7 @@ impl Listener {
             let slot = ConnectionSlot(Arc::new(Slot {
                 _permit: permit,
                 _open: self.metrics.connection_guard(self.kind),
+                client: std::sync::OnceLock::new(),
             }));
             Handler {
                 stream,

@@ -139,6 +139,9 @@ pub struct Gateway {
     /// Bytes of buffered answers one HTTP/2 connection may hold, and the largest
     /// answer the layer buffers.
     answer_budget: (usize, usize),
+    /// Which name of a client certificate names the tenant, with `cert` in
+    /// `tenant_from`.
+    cert_tenant: Option<crate::listener::CertName>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -333,6 +336,10 @@ impl Gateway {
                 trusted_headers: config.trusted_headers.clone().into(),
             }),
             answer_budget: (config.http2.answer_budget, config.response_limit),
+            cert_tenant: config
+                .tenant_from
+                .contains(&TenantSource::Cert)
+                .then_some(config.tenant_cert_name),
         })
     }
 
@@ -372,6 +379,7 @@ impl Gateway {
             telemetry,
             access,
             answer_budget,
+            cert_tenant,
         } = self;
         let tls: Vec<(&'static str, Tls)> = [
             ("proxy", listener.tls_config().cloned()),
@@ -409,6 +417,7 @@ impl Gateway {
             paths: path_normalization,
             telemetry: telemetry.clone(),
             access,
+            cert_tenant,
         };
         // Called once a connection: each has a budget of its own.
         let serve = |peer, slot: &ConnectionSlot| {

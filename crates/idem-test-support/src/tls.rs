@@ -88,6 +88,31 @@ impl TestPki {
         self.issue(file, names, false)
     }
 
+    /// A client certificate whose SANs are `sans`, each `uri:…`, `dns:…` or
+    /// `email:…`, issued by [`ca`](Self::ca) and written as `FILE.pem` and `FILE.key`.
+    pub fn client_named(&self, file: &str, sans: &[&str]) -> Result<CertFiles, String> {
+        let key = KeyPair::generate().map_err(|e| e.to_string())?;
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+        params.distinguished_name.push(DnType::CommonName, file);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        for san in sans {
+            let (kind, value) = san.split_once(':').ok_or(format!("{san}: no kind"))?;
+            let text = || rcgen::string::Ia5String::try_from(value).map_err(|e| e.to_string());
+            params.subject_alt_names.push(match kind {
+                "uri" => rcgen::SanType::URI(text()?),
+                "dns" => rcgen::SanType::DnsName(text()?),
+                "email" => rcgen::SanType::Rfc822Name(text()?),
+                _ => return Err(format!("{san}: not uri, dns or email")),
+            });
+        }
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(|e| e.to_string())?;
+        self.write(&format!("{file}.pem"), &cert.pem())?;
+        self.write(&format!("{file}.key"), &key.serialize_pem())?;
+        Ok(self.files(file))
+    }
+
     fn issue(&self, file: &str, names: &[&str], client: bool) -> Result<CertFiles, String> {
         let key = KeyPair::generate().map_err(|e| e.to_string())?;
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();

@@ -446,6 +446,23 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
+    /// PEM file of the CA certificates a client certificate must chain to: clients may
+    /// then present one (mutual TLS), and `--tenant-from cert` names the tenant by it.
+    /// A client without one is still served; one whose certificate does not verify
+    /// fails the handshake. With --tls-cert [default: no client certificates].
+    #[arg(long, env = "IDEM_TLS_CLIENT_CA", value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Which name of a verified client certificate names the tenant: uri (the first
+    /// URI SAN, a SPIFFE id say), dns, email, or subject (the whole subject name)
+    /// [default: uri].
+    #[arg(
+        long,
+        env = "IDEM_TENANT_CERT_NAME",
+        value_name = "uri|dns|email|subject"
+    )]
+    pub tenant_cert_name: Option<String>,
+
     /// PEM file with the admin listener's TLS certificate chain; read again on SIGHUP.
     /// With --admin-tls-key [default: plain TCP].
     #[arg(
@@ -537,6 +554,8 @@ impl ServeArgs {
             http2_answer_budget,
             tls_cert,
             tls_key,
+            tls_client_ca,
+            tenant_cert_name,
             admin_tls_cert,
             admin_tls_key,
             route,
@@ -604,6 +623,8 @@ impl ServeArgs {
             http2_answer_budget: http2_answer_budget.or(under.http2_answer_budget),
             tls_cert: tls_cert.or(under.tls_cert),
             tls_key: tls_key.or(under.tls_key),
+            tls_client_ca: tls_client_ca.or(under.tls_client_ca),
+            tenant_cert_name: tenant_cert_name.or(under.tenant_cert_name),
             admin_tls_cert: admin_tls_cert.or(under.admin_tls_cert),
             admin_tls_key: admin_tls_key.or(under.admin_tls_key),
             route: if route.is_empty() { under.route } else { route },

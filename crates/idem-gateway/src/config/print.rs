@@ -284,6 +284,11 @@ impl GatewayConfig {
         );
         t.set("http2_keepalive_timeout", duration(h2.keepalive_timeout));
         t.set("http2_answer_budget", h2.answer_budget.to_string());
+        match self.tls.as_ref().and_then(|f| f.client_ca.as_ref()) {
+            Some(ca) => t.set("tls_client_ca", path(ca)),
+            None => t.note("tls_client_ca", "no client certificates are asked for"),
+        }
+        t.set("tenant_cert_name", quoted(self.tenant_cert_name.as_str()));
         for (prefix, files) in [("", &self.tls), ("admin_", &self.admin_tls)] {
             match files {
                 Some(files) => {

@@ -121,6 +121,14 @@ where
                 };
                 match stream {
                     Ok(stream) => {
+                        let tls = stream.get_ref().1;
+                        if let Some(names) = tls
+                            .peer_certificates()
+                            .and_then(|chain| chain.first())
+                            .and_then(|leaf| super::client_cert::names(leaf))
+                        {
+                            slot.set_client_names(names);
+                        }
                         let builder = match stream.get_ref().1.alpn_protocol() {
                             Some(b"h2") => &builders.http2,
                             Some(b"http/1.1") => &builders.http1,

@@ -19,6 +19,10 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     /// The private key (PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
+    /// The CA certificates (PEM) a client certificate must chain to, when clients may
+    /// present one (`--tls-client-ca`). A client without a certificate is still served;
+    /// one whose certificate does not verify fails the handshake.
+    pub client_ca: Option<PathBuf>,
 }
 
 /// Why a certificate and key cannot be used.
@@ -92,15 +96,51 @@ impl TlsFiles {
             source,
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = ServerConfig::builder_with_provider(provider)
+        let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(pair)?
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
             .map_err(pair)?;
+        let builder = match &self.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => builder.with_client_cert_verifier(client_verifier(ca, provider)?),
+        };
+        let mut config = builder.with_single_cert(certs, key).map_err(pair)?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(config)
     }
+}
+
+/// A verifier of client certificates chaining to the CA certificates in `ca`; clients
+/// without one are let through (their requests name no certificate).
+fn client_verifier(
+    ca: &Path,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let path = ca.display().to_string();
+    let pem = read(ca)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| TlsError::Certificate {
+            path: path.clone(),
+            why: format!(": {e}"),
+        })?;
+        roots.add(cert).map_err(|e| TlsError::Certificate {
+            path: path.clone(),
+            why: format!(": {e}"),
+        })?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::Certificate {
+            path,
+            why: String::new(),
+        });
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TlsError::Certificate {
+            path,
+            why: format!(": {e}"),
+        })
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {

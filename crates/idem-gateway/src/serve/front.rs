@@ -39,6 +39,9 @@ pub(super) struct Front {
     pub(super) telemetry: Option<Telemetry>,
     /// Request ids and the access log.
     pub(super) access: Arc<AccessSettings>,
+    /// Which name of a verified client certificate is the request's
+    /// [`Principal`](idem_tower::Principal), when `tenant_from` names `cert`.
+    pub(super) cert_tenant: Option<crate::listener::CertName>,
 }
 
 impl Front {
@@ -59,6 +62,11 @@ impl Front {
             self.metrics.outcome(Outcome::Rejected);
         }
         req.extensions_mut().insert(ClientAddr(peer));
+        if let Some(choice) = self.cert_tenant
+            && let Some(principal) = slot.client_names().and_then(|n| choice.principal(n))
+        {
+            req.extensions_mut().insert(principal);
+        }
         let access = &self.access;
         let removed = access.trusted_proxies.strip_untrusted(
             peer,

@@ -22,6 +22,7 @@ mod http2;
 mod inspection;
 mod jwt;
 mod migration;
+mod mtls;
 mod nginx;
 mod packaging;
 mod protocol;
