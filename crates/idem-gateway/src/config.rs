@@ -668,6 +668,7 @@ fn compile_route(
     .map(|route| {
         route
             .retry_hints(rule.retry_hints)
+            .require_tenant(rule.require_tenant)
             .conflict_wait(rule.conflict_wait)
             .tombstone_ttl(rule.tombstone_ttl)
             .matching(matching)

@@ -330,6 +330,8 @@ pub struct Route {
     pub template: PathTemplate,
     /// Overrides `--require-key` on this route.
     pub require_key: Option<bool>,
+    /// Overrides `--require-tenant` on this route (`false`: the tenant is optional).
+    pub require_tenant: Option<bool>,
     /// Overrides `--ttl` on this route.
     pub ttl: Option<Duration>,
     /// Overrides `--tombstone-ttl` on this route ([`RouteConfig::tombstone_ttl`]).
@@ -395,6 +397,7 @@ impl Route {
             store_headers,
             release_statuses,
             grpc_release_codes: None,
+            require_tenant: None,
             tombstone_ttl: None,
             retry_hints: None,
             conflict_wait: None,
@@ -408,6 +411,15 @@ impl Route {
     pub fn with_grpc_release_codes(mut self, codes: GrpcReleaseCodes) -> Route {
         self.compiled = self.compiled.grpc_release_codes(codes.clone());
         self.grpc_release_codes = Some(codes);
+        self
+    }
+
+    /// This rule, requiring a tenant or not as `required` says (`None`: the layer's).
+    pub fn require_tenant(mut self, required: Option<bool>) -> Route {
+        self.require_tenant = required;
+        if let Some(required) = required {
+            self.compiled = self.compiled.require_tenant(required);
+        }
         self
     }
 

@@ -10,6 +10,7 @@
 mod access;
 mod front;
 mod grpc;
+mod tenants;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -200,24 +201,6 @@ pub fn idempotency_layer(
         });
     }
     layer
-}
-
-/// Fetches the JWKS URL again every `every`, until the verifier is dropped with the
-/// gateway. A fetch that fails keeps the keys held, and says so.
-fn spawn_jwks_refresh(verifier: std::sync::Weak<idem_tower::JwtVerifier>, every: Duration) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(verifier) = verifier.upgrade() else {
-                return;
-            };
-            if let Err(e) = verifier.reload().await {
-                tracing::warn!(error = %e, "could not fetch the JWKS again; keeping the keys held");
-            }
-        }
-    });
 }
 
 /// The one key the gateway names tenants by: the operator's secret, else the store's
@@ -474,22 +457,7 @@ async fn service(
                 None => store.clone(),
             };
             let mut layer = idempotency_layer(layer_store, config, tenant_key, metrics.clone());
-            if config.tenant_from != [TenantSource::Headers] {
-                let mut sources = idem_tower::TenantSources::new();
-                for source in &config.tenant_from {
-                    sources = match source {
-                        TenantSource::Jwt => {
-                            let jwt = config.jwt.as_ref().expect("jwt settings with jwt");
-                            let verifier = Arc::new(jwt.verifier().await?);
-                            if jwt.jwks_url.is_some() {
-                                spawn_jwks_refresh(Arc::downgrade(&verifier), jwt.jwks_refresh);
-                            }
-                            sources.jwt(verifier)
-                        }
-                        TenantSource::Cert => sources.principal(),
-                        TenantSource::Headers => sources.headers(),
-                    };
-                }
+            if let Some(sources) = tenants::sources(config).await? {
                 layer = layer.tenant_sources(sources);
             }
             if let Some(t) = telemetry {

@@ -200,7 +200,7 @@ pub(crate) struct Config {
     /// Whether a keyed request must name a tenant (401 `missing-tenant` otherwise).
     pub(crate) require_tenant: bool,
     /// The sources that name the tenant in place of the headers alone, when set.
-    pub(crate) sources: Option<crate::principal::TenantSources>,
+    pub(crate) sources: Option<crate::sources::TenantSources>,
     pub(crate) fingerprint: FingerprintOptions,
     pub(crate) body_limit: usize,
     pub(crate) body_timeout: Option<Duration>,
@@ -324,6 +324,7 @@ pub struct RouteConfig {
     pub(crate) endpoint: Option<String>,
     pub(crate) keyed: Option<bool>,
     pub(crate) require_key: Option<bool>,
+    pub(crate) require_tenant: Option<bool>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) lease: Option<Duration>,
     pub(crate) tombstone: Option<Duration>,
@@ -427,6 +428,15 @@ impl RouteConfig {
     /// They replace the layer's set.
     pub fn grpc_release_codes(mut self, codes: GrpcReleaseCodes) -> RouteConfig {
         self.grpc_release_codes = Some(codes);
+        self
+    }
+
+    /// Whether a keyed request on this route must name a tenant, in place of the
+    /// layer's [`require_tenant`](crate::IdempotencyLayer::require_tenant): `false` makes
+    /// the tenant optional here (a public endpoint keyed as `anonymous`), `true`
+    /// requires one here only.
+    pub fn require_tenant(mut self, required: bool) -> RouteConfig {
+        self.require_tenant = Some(required);
         self
     }
 

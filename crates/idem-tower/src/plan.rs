@@ -101,7 +101,7 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
     // A caller's extractor names the tenant now; the headers are hashed once the
     // key they are hashed under is in hand (it may have to come from the store).
     let tenant = config.tenant_from.as_ref().map(|f| f(parts));
-    if config.require_tenant {
+    if route.require_tenant.unwrap_or(config.require_tenant) {
         let headers_name_one = || config.tenant_headers.carried_by(&parts.headers);
         let named = match &tenant {
             Some(t) => t.as_str() != Tenant::ANONYMOUS,

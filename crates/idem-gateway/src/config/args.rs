@@ -662,6 +662,9 @@ pub struct RouteRule {
     /// Whether replays and conflicts on this route carry `Stripe-Should-Retry` and
     /// `X-Should-Retry`.
     pub retry_hints: Option<bool>,
+    /// `false`: a keyed request on this route may name no tenant (keyed as
+    /// `anonymous`) even with `require_tenant`; `true`: this route requires one.
+    pub require_tenant: Option<bool>,
     /// How long a duplicate of an in-progress request on this route waits for its
     /// answer when it sends no `Prefer: wait=N`.
     #[serde(default, deserialize_with = "toml_form::duration")]

@@ -352,6 +352,10 @@ impl GatewayConfig {
             Some(on) => t.set("retry_hints", on.to_string()),
             None => t.note("retry_hints", "off"),
         }
+        t.set(
+            "require_tenant",
+            r.require_tenant.unwrap_or(self.require_tenant).to_string(),
+        );
         match r.conflict_wait {
             Some(wait) => t.set("conflict_wait", duration(wait)),
             None => t.note(

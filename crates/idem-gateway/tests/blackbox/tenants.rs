@@ -543,3 +543,38 @@ fn trusted_headers_without_trusted_proxies_stop_the_start() {
         "{err}"
     );
 }
+
+/// A route may say the tenant is optional (issue 39 §1): with `--require-tenant`, a
+/// keyed request that names no tenant is 401 everywhere but on the route whose rule
+/// says `require_tenant = false`, where it is keyed as `anonymous`.
+#[tokio::test]
+async fn a_route_may_make_the_tenant_optional() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("idem.toml"),
+        "[[route]]\nmethod = \"POST\"\npath = \"/v1/quotes\"\nrequire_tenant = false\n",
+    )
+    .unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &["--config", "idem.toml", "--require-tenant"],
+    )
+    .await;
+    let http = Http::new();
+    let key = new_key();
+    let quote = http.post(&gw.url("/v1/quotes"), &key, "{}", &[]).await;
+    assert_eq!(quote.status, 201, "{quote:?}");
+    let again = http.post(&gw.url("/v1/quotes"), &key, "{}", &[]).await;
+    assert!(again.replayed(), "keyed as anonymous: {again:?}");
+    let charge = http
+        .post(&gw.url("/v1/charges"), &new_key(), "{}", &[])
+        .await;
+    assert_eq!(charge.status, 401, "{charge:?}");
+    assert_eq!(
+        charge.problem_type(),
+        "https://idem.dev/problems/missing-tenant"
+    );
+    assert_eq!(up.total(), 1);
+}
