@@ -656,6 +656,10 @@ fn compile_route(
         .grpc_release_codes
         .map(|codes| parse_grpc_release_codes(&codes, &format!("{name} grpc_release_codes")))
         .transpose()?;
+    let key_headers = match &rule.key_header {
+        Some(list) => parse_key_headers(list).map_err(|e| invalid(&name, e))?,
+        None => Vec::new(),
+    };
     let route = Route::new(
         method,
         template,
@@ -669,6 +673,7 @@ fn compile_route(
         route
             .retry_hints(rule.retry_hints)
             .require_tenant(rule.require_tenant)
+            .key_headers(key_headers)
             .conflict_wait(rule.conflict_wait)
             .tombstone_ttl(rule.tombstone_ttl)
             .matching(matching)
@@ -678,6 +683,22 @@ fn compile_route(
         Some(codes) => route.with_grpc_release_codes(codes),
         None => route,
     })
+}
+
+/// A route's `key_header` list: header names, at least one, each once.
+fn parse_key_headers(list: &[String]) -> Result<Vec<http::HeaderName>, String> {
+    let mut names: Vec<http::HeaderName> = Vec::new();
+    for item in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        let name = http::HeaderName::from_bytes(item.to_ascii_lowercase().as_bytes())
+            .map_err(|_| format!("key_header: {item:?} is no header name"))?;
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    if names.is_empty() {
+        return Err("key_header names no header".to_owned());
+    }
+    Ok(names)
 }
 
 /// `request_id_header` as given: a header name that is neither hop-by-hop nor one the

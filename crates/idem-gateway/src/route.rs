@@ -332,6 +332,9 @@ pub struct Route {
     pub require_key: Option<bool>,
     /// Overrides `--require-tenant` on this route (`false`: the tenant is optional).
     pub require_tenant: Option<bool>,
+    /// The headers the key may come in on this route, in order; empty for the
+    /// layer's `Idempotency-Key`.
+    pub key_headers: Vec<HeaderName>,
     /// Overrides `--ttl` on this route.
     pub ttl: Option<Duration>,
     /// Overrides `--tombstone-ttl` on this route ([`RouteConfig::tombstone_ttl`]).
@@ -398,6 +401,7 @@ impl Route {
             release_statuses,
             grpc_release_codes: None,
             require_tenant: None,
+            key_headers: Vec::new(),
             tombstone_ttl: None,
             retry_hints: None,
             conflict_wait: None,
@@ -411,6 +415,15 @@ impl Route {
     pub fn with_grpc_release_codes(mut self, codes: GrpcReleaseCodes) -> Route {
         self.compiled = self.compiled.grpc_release_codes(codes.clone());
         self.grpc_release_codes = Some(codes);
+        self
+    }
+
+    /// This rule, taking the key from `names`, in order (empty: the layer's header).
+    pub fn key_headers(mut self, names: Vec<HeaderName>) -> Route {
+        if !names.is_empty() {
+            self.compiled = self.compiled.key_headers(names.iter().cloned());
+        }
+        self.key_headers = names;
         self
     }
 

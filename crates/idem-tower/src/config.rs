@@ -325,6 +325,7 @@ pub struct RouteConfig {
     pub(crate) keyed: Option<bool>,
     pub(crate) require_key: Option<bool>,
     pub(crate) require_tenant: Option<bool>,
+    pub(crate) key_headers: Option<Vec<HeaderName>>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) lease: Option<Duration>,
     pub(crate) tombstone: Option<Duration>,
@@ -428,6 +429,18 @@ impl RouteConfig {
     /// They replace the layer's set.
     pub fn grpc_release_codes(mut self, codes: GrpcReleaseCodes) -> RouteConfig {
         self.grpc_release_codes = Some(codes);
+        self
+    }
+
+    /// The headers the key may come in on this route, tried in order, in place of the
+    /// layer's [`header_name`](crate::IdempotencyLayer::header_name): the dialects of
+    /// clients that send `X-Idempotency-Key` or `PayPal-Request-Id`. A request that
+    /// carries several of them must carry one key in all (else 400 `invalid-key`), since
+    /// the upstream may read any. The key is the same record whichever header it came
+    /// in.
+    pub fn key_headers<I: IntoIterator<Item = HeaderName>>(mut self, names: I) -> RouteConfig {
+        let names: Vec<HeaderName> = names.into_iter().collect();
+        self.key_headers = (!names.is_empty()).then_some(names);
         self
     }
 

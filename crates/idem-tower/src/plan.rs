@@ -60,8 +60,12 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
     if !keyed {
         return Admission::PassThrough;
     }
+    let key_headers = route
+        .key_headers
+        .as_deref()
+        .unwrap_or(std::slice::from_ref(&config.header_name));
     let mut watched: Vec<&HeaderName> = Vec::with_capacity(4);
-    watched.push(&config.header_name);
+    watched.extend(key_headers);
     if config.tenant_from.is_none() {
         watched.extend(config.tenant_headers.names());
     }
@@ -74,8 +78,7 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
         return Admission::Reject(Problem::new(ProblemKind::AmbiguousHeader, detail));
     }
 
-    let fields = parts.headers.get_all(&config.header_name);
-    let key = match Key::from_fields(fields.iter().map(HeaderValue::as_bytes)) {
+    let key = match key_from(&parts.headers, key_headers) {
         Ok(Some(key)) => key,
         Ok(None) => {
             let required = route
@@ -84,17 +87,26 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
             if !required {
                 return Admission::PassThrough;
             }
+            let wanted = match key_headers {
+                [one] => format!("an {one} header"),
+                many => format!(
+                    "one of the headers {}",
+                    many.iter()
+                        .map(HeaderName::as_str)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
             let detail = format!(
-                "{} {} requires an {} header; generate one key per operation and \
-                 send it with every retry",
+                "{} {} requires {wanted}; generate one key per operation and send it \
+                 with every retry",
                 parts.method,
                 parts.uri.path(),
-                config.header_name
             );
             return Admission::Reject(Problem::new(ProblemKind::MissingKey, detail));
         }
-        Err(e) => {
-            return Admission::Reject(Problem::new(ProblemKind::InvalidKey, e.to_string()));
+        Err(detail) => {
+            return Admission::Reject(Problem::new(ProblemKind::InvalidKey, detail));
         }
     };
 
@@ -125,6 +137,32 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
         }
     }
     Admission::Keyed(Plan::new(config, route, parts, key, tenant))
+}
+
+/// The key `headers` carry in the first of `names` present. Several of them present
+/// must carry the same key: the upstream may read any one of them, so two different
+/// keys would let the layer and the upstream disagree about the operation.
+fn key_from(headers: &http::HeaderMap, names: &[HeaderName]) -> Result<Option<Key>, String> {
+    let mut found: Option<(&HeaderName, Key)> = None;
+    for name in names {
+        let fields = headers.get_all(name);
+        match Key::from_fields(fields.iter().map(HeaderValue::as_bytes)) {
+            Ok(None) => {}
+            Ok(Some(key)) => match &found {
+                None => found = Some((name, key)),
+                Some((_, first)) if *first == key => {}
+                Some((first, _)) => {
+                    return Err(format!(
+                        "{first} and {name} carry different keys, and the upstream may read \
+                         either; send one key; nothing was reserved or forwarded"
+                    ));
+                }
+            },
+            Err(e) if names.len() == 1 => return Err(e.to_string()),
+            Err(e) => return Err(format!("{name}: {e}")),
+        }
+    }
+    Ok(found.map(|(_, key)| key))
 }
 
 /// What a keyed request will be reserved and recorded as. The layer's settings stay in

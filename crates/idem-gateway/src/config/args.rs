@@ -642,6 +642,10 @@ pub struct RouteRule {
     pub path: String,
     /// Whether the key is required on this route.
     pub require_key: Option<bool>,
+    /// The headers the key may come in on this route, in order (`Idempotency-Key`,
+    /// `X-Idempotency-Key`, `PayPal-Request-Id`); a list or one comma-separated string.
+    #[serde(default, deserialize_with = "toml_form::list")]
+    pub key_header: Option<Vec<String>>,
     /// Record lifetime on this route.
     #[serde(default, deserialize_with = "toml_form::duration")]
     pub ttl: Option<Duration>,

@@ -356,6 +356,14 @@ impl GatewayConfig {
             "require_tenant",
             r.require_tenant.unwrap_or(self.require_tenant).to_string(),
         );
+        if r.key_headers.is_empty() {
+            t.note("key_header", "Idempotency-Key");
+        } else {
+            t.set(
+                "key_header",
+                strings(r.key_headers.iter().map(|h| h.as_str())),
+            );
+        }
         match r.conflict_wait {
             Some(wait) => t.set("conflict_wait", duration(wait)),
             None => t.note(

@@ -1146,3 +1146,76 @@ async fn a_form_retry_with_its_parameters_reordered_replays() {
         b"amount=100&currency=eur&metadata[order]=A+7"
     );
 }
+
+/// A route whose clients send their key in another header (issue 40 §2): the key from
+/// `PayPal-Request-Id` or `Idempotency-Key`, one record whichever it came in; two
+/// different keys in the two headers are a 400 that reaches nobody; elsewhere the other
+/// header is no key.
+#[tokio::test]
+async fn a_route_takes_its_key_from_the_headers_it_names() {
+    let s = setup_with_file_over(
+        Proto::Http1,
+        "[[route]]\nmethod = \"POST\"\npath = \"/v2/checkout/orders\"\n\
+         key_header = [\"Idempotency-Key\", \"PayPal-Request-Id\"]\n",
+    )
+    .await;
+    let url = s.gw.url("/v2/checkout/orders");
+    let key = new_key();
+    let paypal = |key: String| {
+        let (http, url) = (s.http.clone(), url.clone());
+        async move {
+            let headers = [
+                ("paypal-request-id", key.as_str()),
+                ("content-type", "application/json"),
+            ];
+            http.send("POST", &url, &headers, r#"{"intent":"CAPTURE"}"#)
+                .await
+        }
+    };
+    let first = paypal(key.clone()).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(!first.replayed());
+    let again = paypal(key.clone()).await;
+    assert!(again.replayed(), "{again:?}");
+    // The same key in the other header names the same record.
+    let same = s
+        .http
+        .post(&url, &key, r#"{"intent":"CAPTURE"}"#, &[])
+        .await;
+    assert!(same.replayed(), "{same:?}");
+    // The counting upstream numbers executions by Idempotency-Key: count them all.
+    assert_eq!(s.up.total(), 1, "the upstream ran once");
+    // Two different keys: the upstream could read either.
+    let other = new_key();
+    let split = s
+        .http
+        .post(
+            &url,
+            &other,
+            r#"{"intent":"CAPTURE"}"#,
+            &[("paypal-request-id", "another-key")],
+        )
+        .await;
+    assert_eq!(split.status, 400, "{split:?}");
+    assert_eq!(
+        split.problem_type(),
+        "https://idem.dev/problems/invalid-key"
+    );
+    let detail = split.json()["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(detail.contains("paypal-request-id"), "{detail}");
+    assert_eq!(s.up.total(), 1, "the 400 reached nobody");
+    // On another route the header is no key: each request executes.
+    let elsewhere = s.gw.url("/v1/charges");
+    for _ in 0..2 {
+        let headers = [
+            ("paypal-request-id", "not-a-key-here"),
+            ("content-type", "application/json"),
+        ];
+        let a = s.http.send("POST", &elsewhere, &headers, "{}").await;
+        assert!(!a.replayed());
+    }
+    assert_eq!(s.up.total(), 3, "unkeyed elsewhere: both executed");
+}
