@@ -55,8 +55,8 @@ pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
 use self::error::invalid;
 use self::secrets::admin_token;
 use self::values::{
-    check_release_statuses, parse_grpc_release_codes, parse_listen_addr, parse_methods,
-    parse_release_statuses,
+    check_release_statuses, parse_grpc_release_codes, parse_key_headers, parse_listen_addr,
+    parse_methods, parse_release_statuses, parse_request_id_header,
 };
 use crate::listener::{Http2Limits, TlsFiles};
 use crate::path::PathNormalization;
@@ -683,58 +683,4 @@ fn compile_route(
         Some(codes) => route.with_grpc_release_codes(codes),
         None => route,
     })
-}
-
-/// A route's `key_header` list: header names, at least one, each once.
-fn parse_key_headers(list: &[String]) -> Result<Vec<http::HeaderName>, String> {
-    let mut names: Vec<http::HeaderName> = Vec::new();
-    for item in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
-        let name = http::HeaderName::from_bytes(item.to_ascii_lowercase().as_bytes())
-            .map_err(|_| format!("key_header: {item:?} is no header name"))?;
-        if !names.contains(&name) {
-            names.push(name);
-        }
-    }
-    if names.is_empty() {
-        return Err("key_header names no header".to_owned());
-    }
-    Ok(names)
-}
-
-/// `request_id_header` as given: a header name that is neither hop-by-hop nor one the
-/// gateway writes itself; the default when not given.
-fn parse_request_id_header(name: Option<&str>) -> Result<http::HeaderName, ConfigError> {
-    let name = name
-        .unwrap_or(crate::access::DEFAULT_REQUEST_ID_HEADER)
-        .trim();
-    let header = http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
-        .map_err(|_| invalid("request_id_header", format!("{name:?} is no header name")))?;
-    let reserved = [
-        "connection",
-        "keep-alive",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "content-type",
-        "authorization",
-        "cookie",
-        "set-cookie",
-        "idempotency-key",
-        "idempotency-attempt",
-        "idempotent-replayed",
-        "forwarded",
-        "x-forwarded-for",
-        "x-forwarded-host",
-        "x-forwarded-proto",
-    ];
-    if reserved.contains(&header.as_str()) {
-        return Err(invalid(
-            "request_id_header",
-            format!("{name:?} carries something else; name a header of its own (x-request-id)"),
-        ));
-    }
-    Ok(header)
 }

@@ -176,6 +176,60 @@ pub fn parse_admin_addr(s: &str) -> Result<SocketAddr, ConfigError> {
         .map_err(|e| invalid("admin", format!("{s:?}: {e}")))
 }
 
+/// A route's `key_header` list: header names, at least one, each once.
+pub(super) fn parse_key_headers(list: &[String]) -> Result<Vec<http::HeaderName>, String> {
+    let mut names: Vec<http::HeaderName> = Vec::new();
+    for item in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        let name = http::HeaderName::from_bytes(item.to_ascii_lowercase().as_bytes())
+            .map_err(|_| format!("key_header: {item:?} is no header name"))?;
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    if names.is_empty() {
+        return Err("key_header names no header".to_owned());
+    }
+    Ok(names)
+}
+
+/// `request_id_header` as given: a header name that is neither hop-by-hop nor one the
+/// gateway writes itself; the default when not given.
+pub(super) fn parse_request_id_header(name: Option<&str>) -> Result<http::HeaderName, ConfigError> {
+    let name = name
+        .unwrap_or(crate::access::DEFAULT_REQUEST_ID_HEADER)
+        .trim();
+    let header = http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+        .map_err(|_| invalid("request_id_header", format!("{name:?} is no header name")))?;
+    let reserved = [
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "content-type",
+        "authorization",
+        "cookie",
+        "set-cookie",
+        "idempotency-key",
+        "idempotency-attempt",
+        "idempotent-replayed",
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+    ];
+    if reserved.contains(&header.as_str()) {
+        return Err(invalid(
+            "request_id_header",
+            format!("{name:?} carries something else; name a header of its own (x-request-id)"),
+        ));
+    }
+    Ok(header)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
