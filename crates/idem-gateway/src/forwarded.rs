@@ -95,12 +95,16 @@ pub fn is_valid(value: &str) -> bool {
 /// Whether `value` is an `X-Forwarded-For` list the proxy may append to; see the
 /// [module docs](self).
 pub fn x_forwarded_for_is_valid(value: &str) -> bool {
-    let mut entries = value
+    let mut entries = x_forwarded_for_entries(value).peekable();
+    entries.peek().is_some() && entries.all(is_node)
+}
+
+/// The entries of an `X-Forwarded-For` value, trimmed, empty ones skipped.
+pub(crate) fn x_forwarded_for_entries(value: &str) -> impl DoubleEndedIterator<Item = &str> {
+    value
         .split(',')
         .map(|e| e.trim_matches([' ', '\t']))
         .filter(|e| !e.is_empty())
-        .peekable();
-    entries.peek().is_some() && entries.all(is_node)
 }
 
 fn is_node(entry: &str) -> bool {
@@ -113,12 +117,20 @@ fn is_node(entry: &str) -> bool {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     }
-    if let Some(inner) = entry.strip_prefix('[').and_then(|e| e.strip_suffix(']'))
-        && inner.parse::<std::net::Ipv6Addr>().is_ok()
-    {
-        return true;
+    node_address(entry).is_some()
+}
+
+/// The address in an `X-Forwarded-For` entry: an IP address, one with a port, or an
+/// IPv6 address in brackets; `None` for `unknown`, an obfuscated identifier or
+/// anything else.
+pub(crate) fn node_address(entry: &str) -> Option<IpAddr> {
+    if let Some(inner) = entry.strip_prefix('[').and_then(|e| e.strip_suffix(']')) {
+        return inner.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6);
     }
-    entry.parse::<IpAddr>().is_ok() || entry.parse::<SocketAddr>().is_ok()
+    entry
+        .parse::<IpAddr>()
+        .ok()
+        .or_else(|| entry.parse::<SocketAddr>().ok().map(|a| a.ip()))
 }
 
 struct Parser<'a> {

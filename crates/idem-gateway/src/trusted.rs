@@ -32,6 +32,8 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
 
+use crate::forwarded;
+
 /// The networks trusted to say whom they forward for (none by default).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TrustedProxies {
@@ -107,23 +109,21 @@ impl TrustedProxies {
             }
             joined.push_str(text);
         }
-        if joined.is_empty() || !crate::forwarded::x_forwarded_for_is_valid(&joined) {
+        if joined.is_empty() || !forwarded::x_forwarded_for_is_valid(&joined) {
             return Client::Peer(peer);
         }
-        let entries: Vec<&str> = joined
-            .split(',')
-            .map(|e| e.trim_matches([' ', '\t']))
-            .filter(|e| !e.is_empty())
-            .collect();
-        for entry in entries.iter().rev() {
-            match entry_address(entry) {
+        for entry in forwarded::x_forwarded_for_entries(&joined).rev() {
+            match forwarded::node_address(entry) {
                 Some(ip) if self.trusts(ip) => continue,
                 Some(ip) => return Client::Forwarded(ip.to_canonical().to_string()),
                 None => return Client::Forwarded((*entry).to_owned()),
             }
         }
         // Every hop was trusted: the first one named is the client.
-        match entries.first().and_then(|e| entry_address(e)) {
+        match forwarded::x_forwarded_for_entries(&joined)
+            .next()
+            .and_then(forwarded::node_address)
+        {
             Some(ip) => Client::Forwarded(ip.to_canonical().to_string()),
             None => Client::Peer(peer),
         }
@@ -177,21 +177,6 @@ impl TrustedProxies {
         }
         removed
     }
-}
-
-/// The address in one `X-Forwarded-For` entry (with or without a port or brackets), or
-/// `None` for `unknown` or an obfuscated identifier.
-fn entry_address(entry: &str) -> Option<IpAddr> {
-    if let Ok(ip) = entry.parse::<IpAddr>() {
-        return Some(ip);
-    }
-    if let Ok(addr) = entry.parse::<SocketAddr>() {
-        return Some(addr.ip());
-    }
-    entry
-        .strip_prefix('[')
-        .and_then(|e| e.strip_suffix(']'))
-        .and_then(|e| e.parse::<IpAddr>().ok())
 }
 
 /// Who a request's client is.
