@@ -105,12 +105,7 @@ impl TestPki {
                 _ => return Err(format!("{san}: not uri, dns or email")),
             });
         }
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .map_err(|e| e.to_string())?;
-        self.write(&format!("{file}.pem"), &cert.pem())?;
-        self.write(&format!("{file}.key"), &key.serialize_pem())?;
-        Ok(self.files(file))
+        self.sign(file, &key, &params)
     }
 
     fn issue(&self, file: &str, names: &[&str], client: bool) -> Result<CertFiles, String> {
@@ -123,8 +118,19 @@ impl TestPki {
         } else {
             ExtendedKeyUsagePurpose::ServerAuth
         }];
+        self.sign(file, &key, &params)
+    }
+
+    /// `params` for `key`, issued by [`ca`](Self::ca) and written as `FILE.pem` and
+    /// `FILE.key`.
+    fn sign(
+        &self,
+        file: &str,
+        key: &KeyPair,
+        params: &CertificateParams,
+    ) -> Result<CertFiles, String> {
         let cert = params
-            .signed_by(&key, &self.issuer)
+            .signed_by(key, &self.issuer)
             .map_err(|e| e.to_string())?;
         self.write(&format!("{file}.pem"), &cert.pem())?;
         self.write(&format!("{file}.key"), &key.serialize_pem())?;
