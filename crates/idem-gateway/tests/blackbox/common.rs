@@ -278,6 +278,25 @@ pub struct Gateway {
     log: PathBuf,
 }
 
+/// The `IDEM_*` variables of the tests' own environment, but `IDEM_LOG`: removed from
+/// every `idem` the tests run, so that none of them changes a setting under test.
+pub fn leaking_idem_vars() -> impl Iterator<Item = String> {
+    std::env::vars()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("IDEM_") && k != "IDEM_LOG")
+}
+
+/// Runs `idem ARGS…` in `dir` to its end, logging warnings only, without the tests'
+/// own `IDEM_*` variables.
+pub fn idem_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(binary());
+    cmd.args(args).current_dir(dir).env("IDEM_LOG", "warn");
+    for k in leaking_idem_vars() {
+        cmd.env_remove(k);
+    }
+    cmd.output().expect("the idem binary runs")
+}
+
 /// The `idem` binary under test: `IDEM_TEST_BINARY` when set (a release build, or a
 /// copy taken where several checkouts share one target directory and its `idem`), else
 /// the one cargo built for this test.
@@ -343,10 +362,8 @@ impl Gateway {
             .stderr(std::fs::File::create(&log).unwrap())
             .kill_on_drop(true);
         // Keep the tests' own environment from leaking in.
-        for (k, _) in std::env::vars() {
-            if k.starts_with("IDEM_") && k != "IDEM_LOG" {
-                cmd.env_remove(k);
-            }
+        for k in leaking_idem_vars() {
+            cmd.env_remove(k);
         }
         cmd.envs(env.iter().copied());
         let mut child = cmd.spawn().expect("the idem binary starts");

@@ -6,18 +6,8 @@
 use std::path::Path;
 use std::process::Output;
 
-use crate::common::binary;
+use crate::common::idem_in;
 use crate::shared::postgres;
-
-fn idem(dir: &Path, args: &[&str]) -> Output {
-    std::process::Command::new(binary())
-        .args(args)
-        .current_dir(dir)
-        .env_remove("IDEM_STORE")
-        .env("IDEM_LOG", "warn")
-        .output()
-        .expect("the idem binary runs")
-}
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -48,7 +38,7 @@ fn keys_on_a_mistyped_sqlite_file_create_nothing() {
             store,
         ],
     ] {
-        let out = idem(dir.path(), &args);
+        let out = idem_in(dir.path(), &args);
         assert!(!out.status.success(), "{args:?} exit {:?}", out.status);
         assert!(
             stderr(&out).contains("no idem records at"),
@@ -67,7 +57,7 @@ async fn keys_on_a_mistyped_postgres_namespace_create_no_table() {
     let ns = format!("typo_{}", std::process::id());
     for _ in 0..2 {
         // Twice: had the first call made the table, the second would list it empty.
-        let out = idem(
+        let out = idem_in(
             dir.path(),
             &["keys", "list", "--store", &url, "--store-namespace", &ns],
         );
@@ -85,7 +75,7 @@ fn check_config_writes_nothing_and_tells_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = ["--upstream", "http://127.0.0.1:9"];
     // A file serve would make: said so, and not made.
-    let out = idem(
+    let out = idem_in(
         dir.path(),
         &[
             &[
@@ -103,7 +93,7 @@ fn check_config_writes_nothing_and_tells_what_is_wrong() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("serve creates it"));
     assert!(!dir.path().join("new.db").exists());
     // A file that is there: opened without a trace.
-    let made = idem(
+    let made = idem_in(
         dir.path(),
         &["keys", "purge", "--expired", "--store", "sqlite://new.db"],
     );
@@ -122,7 +112,7 @@ fn check_config_writes_nothing_and_tells_what_is_wrong() {
         });
     }
     let before: Vec<String> = names(dir.path());
-    let out = idem(
+    let out = idem_in(
         dir.path(),
         &[
             &[
@@ -139,7 +129,7 @@ fn check_config_writes_nothing_and_tells_what_is_wrong() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(names(dir.path()), before, "no -wal or -shm left behind");
     // A directory that is not there.
-    let out = idem(
+    let out = idem_in(
         dir.path(),
         &[
             &["check-config", "--store", "sqlite://nowhere/idem.db"][..],
@@ -156,7 +146,7 @@ fn check_config_writes_nothing_and_tells_what_is_wrong() {
     // A port that is taken.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
-    let out = idem(
+    let out = idem_in(
         dir.path(),
         &[
             &["check-config", "--store", "memory://", "--listen", &addr][..],
@@ -175,7 +165,7 @@ fn check_config_writes_nothing_and_tells_what_is_wrong() {
 #[test]
 fn serve_with_no_migrate_refuses_a_store_without_its_schema() {
     let dir = tempfile::tempdir().unwrap();
-    let out = idem(
+    let out = idem_in(
         dir.path(),
         &[
             "serve",

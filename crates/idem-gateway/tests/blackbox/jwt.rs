@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use idem_test_support::jwt::{Signer, epoch, jwks};
 use serde_json::{Value, json};
 
-use crate::common::{Answer, Gateway, Http, Upstream, binary, new_key};
+use crate::common::{Answer, Gateway, Http, Upstream, idem_in, new_key};
 
 const ISSUER: &str = "https://login.example.test/";
 
@@ -261,16 +261,6 @@ async fn keys_from_a_jwks_url_are_fetched_again_when_a_token_names_a_new_one() {
     assert_eq!(server.fetches(), 2, "fetched again for the new kid");
 }
 
-/// Runs `idem ARGS…` in `dir` to its end (bounded).
-fn idem(dir: &Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(binary())
-        .args(args)
-        .current_dir(dir)
-        .env("IDEM_LOG", "warn")
-        .output()
-        .unwrap()
-}
-
 #[test]
 fn settings_that_cannot_verify_a_token_stop_the_start_and_say_which() {
     let dir = tempfile::tempdir().unwrap();
@@ -286,7 +276,7 @@ fn settings_that_cannot_verify_a_token_stop_the_start_and_say_which() {
     let run = |extra: &[&str]| {
         let mut args = base.to_vec();
         args.extend_from_slice(extra);
-        let out = idem(dir.path(), &args);
+        let out = idem_in(dir.path(), &args);
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stderr).into_owned(),

@@ -6,20 +6,9 @@
 use std::path::Path;
 use std::process::Output;
 
-use crate::common::{Gateway, Upstream, binary};
+use crate::common::{Gateway, Upstream, binary, idem_in};
 use crate::inspection::names;
 use crate::shared::postgres;
-
-fn idem(dir: &Path, args: &[&str]) -> Output {
-    let mut cmd = std::process::Command::new(binary());
-    cmd.args(args).current_dir(dir).env("IDEM_LOG", "warn");
-    for (k, _) in std::env::vars() {
-        if k.starts_with("IDEM_") && k != "IDEM_LOG" {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.output().expect("the idem binary runs")
-}
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -78,7 +67,7 @@ async fn serve_without_migrating(dir: &Path, store: &[&str]) -> Option<(Option<i
 async fn a_dry_run_writes_nothing_and_migrate_makes_what_no_migrate_opens() {
     let dir = tempfile::tempdir().unwrap();
     let store = ["--store", "sqlite://idem.db"];
-    let dry = idem(
+    let dry = idem_in(
         dir.path(),
         &[&["migrate", "--dry-run"][..], &store].concat(),
     );
@@ -106,7 +95,7 @@ async fn a_dry_run_writes_nothing_and_migrate_makes_what_no_migrate_opens() {
     );
     assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
 
-    let done = idem(dir.path(), &[&["migrate"][..], &store].concat());
+    let done = idem_in(dir.path(), &[&["migrate"][..], &store].concat());
     assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
     assert_eq!(
         stdout(&done),
@@ -115,7 +104,7 @@ async fn a_dry_run_writes_nothing_and_migrate_makes_what_no_migrate_opens() {
     );
     assert_eq!(names(dir.path()), ["idem.db"]);
     assert_eq!(serve_without_migrating(dir.path(), &store).await, None);
-    let again = idem(
+    let again = idem_in(
         dir.path(),
         &[&["migrate", "--dry-run"][..], &store].concat(),
     );
@@ -169,7 +158,7 @@ async fn an_old_postgres_schema_is_refused_by_no_migrate_and_brought_up_by_migra
         )),
         "{err}"
     );
-    let dry = idem(
+    let dry = idem_in(
         dir.path(),
         &[&["migrate", "--dry-run"][..], &store].concat(),
     );
@@ -181,7 +170,7 @@ async fn an_old_postgres_schema_is_refused_by_no_migrate_and_brought_up_by_migra
         !script.contains(&format!("CREATE TABLE {ns}_records")),
         "{script}"
     );
-    let done = idem(dir.path(), &[&["migrate"][..], &store].concat());
+    let done = idem_in(dir.path(), &[&["migrate"][..], &store].concat());
     assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
     assert!(
         stdout(&done).contains("from schema version 3 to 4"),
@@ -292,7 +281,7 @@ async fn every_command_exits_2_when_wrong_as_written_and_1_when_it_fails_at_run_
         ),
     ];
     for (args, code, says) in cases {
-        let out = idem(dir.path(), &args);
+        let out = idem_in(dir.path(), &args);
         let text = format!("{}{}", stdout(&out), stderr(&out));
         assert_eq!(out.status.code(), Some(code), "{args:?}: {text}");
         assert!(text.contains(says), "{args:?} should say {says:?}: {text}");
@@ -317,7 +306,7 @@ async fn keys_show_without_an_endpoint_says_how_the_scope_is_made() {
         .post(&gateway.url("/v1/charges"), &key, "{\"amount\":1}", &[])
         .await;
     assert_eq!(answer.status, 201);
-    let out = idem(dir.path(), &["keys", "show", &key]);
+    let out = idem_in(dir.path(), &["keys", "show", &key]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
@@ -327,7 +316,7 @@ async fn keys_show_without_an_endpoint_says_how_the_scope_is_made() {
             && err.contains("--scope public"),
         "{err}"
     );
-    let out = idem(
+    let out = idem_in(
         dir.path(),
         &["keys", "show", &key, "--endpoint", "POST /v1/charges"],
     );
