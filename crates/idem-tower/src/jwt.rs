@@ -244,6 +244,30 @@ fn parse_jwks(bytes: &[u8]) -> Result<Vec<PublicKey>, String> {
     Ok(out)
 }
 
+/// The shortest `HS256` secret accepted, in bytes: as long as the hash.
+pub const MIN_HS256_SECRET: usize = 32;
+
+/// Whether `secret` is long enough for `HS256` ([`MIN_HS256_SECRET`]): the check
+/// [`JwtVerifierBuilder::build`] makes, for a configuration to make before it builds.
+pub fn check_hs256_secret(secret: &[u8]) -> Result<(), String> {
+    if secret.len() < MIN_HS256_SECRET {
+        return Err(format!(
+            "the HS256 secret is {} bytes; it must be at least {MIN_HS256_SECRET}",
+            secret.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `claim` names a claim (a name, or a JSON pointer other than `/`): the check
+/// [`JwtVerifierBuilder::build`] makes, for a configuration to make before it builds.
+pub fn check_claim(claim: &str) -> Result<(), String> {
+    if claim.is_empty() || claim == "/" {
+        return Err(format!("{claim:?} names no claim"));
+    }
+    Ok(())
+}
+
 /// A key set and where to load it again.
 struct KeyRing {
     source: Box<dyn JwksSource>,
@@ -369,7 +393,7 @@ impl JwtVerifierBuilder {
         self
     }
 
-    /// The shared secret of `HS256` tokens (at least 32 bytes).
+    /// The shared secret of `HS256` tokens (at least [`MIN_HS256_SECRET`] bytes).
     pub fn hs256_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
         self.hs256 = Some(secret.into());
         self
@@ -406,16 +430,11 @@ impl JwtVerifierBuilder {
         if self.jwks.is_none() && self.hs256.is_none() {
             return Err("give a JWKS (public keys) or an HS256 secret".into());
         }
-        if let Some(secret) = &self.hs256
-            && secret.len() < 32
-        {
-            return Err(format!(
-                "the HS256 secret is {} bytes; it must be at least 32",
-                secret.len()
-            ));
+        if let Some(secret) = &self.hs256 {
+            check_hs256_secret(secret)?;
         }
-        if let Some(c) = self.claims.iter().find(|c| c.is_empty() || *c == "/") {
-            return Err(format!("{c:?} names no claim"));
+        for claim in &self.claims {
+            check_claim(claim)?;
         }
         let keys = match self.jwks {
             Some(source) => {

@@ -217,24 +217,10 @@ pub(super) fn resolve(
     }
     let hs256_secret = match args.hs256_secret_file {
         Some(path) => {
-            let bytes = std::fs::read(path).map_err(|e| {
-                invalid(
-                    "jwt_hs256_secret_file",
-                    format!("cannot read {}: {e}", path.display()),
-                )
-            })?;
-            let secret = bytes.trim_ascii().to_vec();
-            if secret.len() < 32 {
-                return Err(invalid(
-                    "jwt_hs256_secret_file",
-                    format!(
-                        "{} holds {} bytes; an HS256 secret is at least 32",
-                        path.display(),
-                        secret.len()
-                    ),
-                ));
-            }
-            super::secrets::warn_if_readable_by_others(path, "the HS256 secret file");
+            let setting = "jwt_hs256_secret_file";
+            let secret = super::secrets::read_secret_file(setting, path, "the HS256 secret file")?;
+            idem_tower::jwt::check_hs256_secret(&secret)
+                .map_err(|e| invalid(setting, format!("{}: {e}", path.display())))?;
             Some(secret)
         }
         None => None,
@@ -243,8 +229,8 @@ pub(super) fn resolve(
         Some(list) => list.iter().map(|c| c.trim().to_owned()).collect(),
         None => vec!["sub".to_owned()],
     };
-    if let Some(c) = claims.iter().find(|c| c.is_empty() || *c == "/") {
-        return Err(invalid("jwt_claims", format!("{c:?} names no claim")));
+    for claim in &claims {
+        idem_tower::jwt::check_claim(claim).map_err(|e| invalid("jwt_claims", e))?;
     }
     if claims.is_empty() {
         return Err(invalid("jwt_claims", "names no claim"));

@@ -58,14 +58,8 @@ pub fn tenant_key(
         }
         (Some(secret), None) => (TENANT_SECRET_ENV.to_owned(), secret.0.clone()),
         (None, Some(path)) => {
-            let bytes = std::fs::read(path).map_err(|e| {
-                invalid(
-                    "tenant_secret_file",
-                    format!("cannot read {}: {e}", path.display()),
-                )
-            })?;
-            warn_if_readable_by_others(path, "the tenant secret file");
-            (format!("tenant_secret_file {}", path.display()), bytes)
+            let secret = read_secret_file("tenant_secret_file", path, "the tenant secret file")?;
+            (format!("tenant_secret_file {}", path.display()), secret)
         }
         (None, None) => return Ok(None),
     };
@@ -74,9 +68,23 @@ pub fn tenant_key(
         .map_err(|e| invalid(setting, e))
 }
 
+/// The secret in the file `path` that `setting` names, surrounding whitespace (a
+/// trailing newline) trimmed; a warning, naming `what`, when others than its owner may
+/// read it.
+pub(super) fn read_secret_file(
+    setting: &str,
+    path: &Path,
+    what: &str,
+) -> Result<Vec<u8>, ConfigError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| invalid(setting, format!("cannot read {}: {e}", path.display())))?;
+    warn_if_readable_by_others(path, what);
+    Ok(bytes.trim_ascii().to_vec())
+}
+
 /// A secret file that others may read lets them name every tenant (or forge tokens):
 /// a warning naming `what` and the file.
-pub(super) fn warn_if_readable_by_others(path: &Path, what: &str) {
+fn warn_if_readable_by_others(path: &Path, what: &str) {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
