@@ -24,6 +24,7 @@ use crate::policy::Outcome;
 use crate::problem::{Problem, ProblemKind};
 use crate::replay::refuse;
 use crate::shared::Shared;
+use crate::sources::Applying;
 use crate::{BoxError, IdempotencyBody};
 
 /// Stage 1 of a keyed request: names its tenant, buffers its body and fingerprints it,
@@ -169,11 +170,9 @@ async fn sources_tenant(
     parts: &Parts,
 ) -> Result<idem_core::Tenant, Problem> {
     let sources = config.sources.as_ref().expect("called with sources");
-    #[cfg(feature = "jwt")]
-    if let Some(verifier) = &sources.jwt
-        && let Some(token) = crate::jwt::bearer_jwt(&parts.headers)
-    {
-        return match verifier.verify(token).await {
+    match sources.applying(parts, &config.tenant_headers) {
+        #[cfg(feature = "jwt")]
+        Some(Applying::Jwt(verifier, token)) => match verifier.verify(token).await {
             Ok(principal) => Ok(principal.tenant(key)),
             Err(e) => {
                 let detail = format!(
@@ -184,17 +183,11 @@ async fn sources_tenant(
                 );
                 Err(Problem::new(ProblemKind::InvalidCredential, detail))
             }
-        };
+        },
+        Some(Applying::Principal(principal)) => Ok(principal.tenant(key)),
+        Some(Applying::Headers) => Ok(config.tenant_headers.tenant(key, &parts.headers)),
+        None => Ok(idem_core::Tenant::anonymous()),
     }
-    if sources.principal
-        && let Some(principal) = parts.extensions.get::<crate::Principal>()
-    {
-        return Ok(principal.tenant(key));
-    }
-    if sources.headers {
-        return Ok(config.tenant_headers.tenant(key, &parts.headers));
-    }
-    Ok(idem_core::Tenant::anonymous())
 }
 
 /// Reads a keyed request's body up to `limit` bytes (SPEC S4), within `timeout` when

@@ -118,7 +118,7 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
         let named = match &tenant {
             Some(t) => t.as_str() != Tenant::ANONYMOUS,
             None => match &config.sources {
-                Some(sources) => sources.names_one(parts, &config.tenant_headers),
+                Some(sources) => sources.applying(parts, &config.tenant_headers).is_some(),
                 None => headers_name_one(),
             },
         };

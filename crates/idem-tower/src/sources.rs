@@ -1,8 +1,6 @@
 //! The sources a layer names a keyed request's tenant from, in their order
 //! ([`TenantSources`]).
 
-use std::sync::Arc;
-
 use crate::principal::Principal;
 
 /// Where a layer names a keyed request's tenant from, tried in this order, the first
@@ -22,7 +20,7 @@ use crate::principal::Principal;
 #[derive(Clone, Default)]
 pub struct TenantSources {
     #[cfg(feature = "jwt")]
-    pub(crate) jwt: Option<Arc<crate::jwt::JwtVerifier>>,
+    pub(crate) jwt: Option<std::sync::Arc<crate::jwt::JwtVerifier>>,
     pub(crate) principal: bool,
     pub(crate) headers: bool,
 }
@@ -37,7 +35,7 @@ impl TenantSources {
     /// request whose token does not verify is answered 401 `invalid-credential`; one
     /// without a bearer JWT goes on to the next source.
     #[cfg(feature = "jwt")]
-    pub fn jwt(mut self, verifier: Arc<crate::jwt::JwtVerifier>) -> TenantSources {
+    pub fn jwt(mut self, verifier: std::sync::Arc<crate::jwt::JwtVerifier>) -> TenantSources {
         self.jwt = Some(verifier);
         self
     }
@@ -63,19 +61,37 @@ impl TenantSources {
         return false;
     }
 
-    /// Whether a source applies to a request with these parts (for `require_tenant`).
-    pub(crate) fn names_one(
-        &self,
-        parts: &http::request::Parts,
+    /// The first source that applies to a request with these parts, if any: a bearer
+    /// JWT, a [`Principal`] in the extensions, or one of the tenant headers.
+    pub(crate) fn applying<'a>(
+        &'a self,
+        parts: &'a http::request::Parts,
         headers: &crate::TenantHeaders,
-    ) -> bool {
+    ) -> Option<Applying<'a>> {
         #[cfg(feature = "jwt")]
-        if self.jwt.is_some() && crate::jwt::bearer_jwt(&parts.headers).is_some() {
-            return true;
+        if let Some(verifier) = &self.jwt
+            && let Some(token) = crate::jwt::bearer_jwt(&parts.headers)
+        {
+            return Some(Applying::Jwt(verifier, token));
         }
-        (self.principal && parts.extensions.get::<Principal>().is_some())
-            || (self.headers && headers.carried_by(&parts.headers))
+        if self.principal
+            && let Some(principal) = parts.extensions.get::<Principal>()
+        {
+            return Some(Applying::Principal(principal));
+        }
+        (self.headers && headers.carried_by(&parts.headers)).then_some(Applying::Headers)
     }
+}
+
+/// The source that names a request's tenant (see [`TenantSources::applying`]).
+pub(crate) enum Applying<'a> {
+    /// A bearer JWT, to verify with this verifier.
+    #[cfg(feature = "jwt")]
+    Jwt(&'a crate::jwt::JwtVerifier, &'a str),
+    /// A principal an authentication in front of the layer named.
+    Principal(&'a Principal),
+    /// The tenant headers.
+    Headers,
 }
 
 impl std::fmt::Debug for TenantSources {
