@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::common::{Gateway, Http, Upstream, new_key};
+use crate::common::{Gateway, Http, Upstream, check_config, new_key};
 
 /// The access log's lines in `logs` (JSON, one object per line), in order.
 fn access_lines(logs: &str) -> Vec<Value> {
@@ -213,24 +213,11 @@ async fn the_access_log_can_be_turned_off_and_its_header_renamed() {
 
 #[tokio::test]
 async fn a_bad_access_log_setting_stops_the_start() {
-    let out = std::process::Command::new(crate::common::binary())
-        .args(["check-config", "--upstream", "http://127.0.0.1:9"])
-        .args(["--access-log", "sometimes", "--store", "memory://"])
-        .output()
-        .unwrap();
+    let out = check_config(&["--access-log", "sometimes"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("access_log"), "{err}");
-    let out = std::process::Command::new(crate::common::binary())
-        .args(["check-config", "--upstream", "http://127.0.0.1:9"])
-        .args([
-            "--request-id-header",
-            "authorization",
-            "--store",
-            "memory://",
-        ])
-        .output()
-        .unwrap();
+    let out = check_config(&["--request-id-header", "authorization"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("request_id_header"));
 }
@@ -278,13 +265,7 @@ async fn behind_a_trusted_proxy_the_client_is_the_address_it_forwarded_for() {
 
 #[tokio::test]
 async fn a_trusted_proxies_typo_stops_the_start_and_check_config_prints_the_list() {
-    let check = |list: &str| {
-        std::process::Command::new(crate::common::binary())
-            .args(["check-config", "--upstream", "http://127.0.0.1:9"])
-            .args(["--store", "memory://", "--trusted-proxies", list])
-            .output()
-            .unwrap()
-    };
+    let check = |list: &str| check_config(&["--trusted-proxies", list]);
     let out = check("10.0.0.1/8");
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);

@@ -297,6 +297,20 @@ pub fn idem_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
     cmd.output().expect("the idem binary runs")
 }
 
+/// `idem check-config --upstream http://127.0.0.1:9 --store memory:// EXTRA…`, run to
+/// its end: settings resolved and checked, nothing opened for writing.
+pub fn check_config(extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "check-config",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--store",
+        "memory://",
+    ];
+    args.extend_from_slice(extra);
+    idem_in(&std::env::temp_dir(), &args)
+}
+
 /// The `idem` binary under test: `IDEM_TEST_BINARY` when set (a release build, or a
 /// copy taken where several checkouts share one target directory and its `idem`), else
 /// the one cargo built for this test.

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use idem_test_support::{CertFiles, TestPki};
 
-use crate::common::{Gateway, Upstream, new_key};
+use crate::common::{Gateway, Upstream, check_config, new_key};
 
 /// `curl` POSTing a keyed charge over TLS to `url`, with `cert` as its client
 /// certificate when given: the status (0 when the handshake failed) and whether the
@@ -90,19 +90,11 @@ async fn a_client_certificates_san_names_its_tenant_across_renewals() {
 
 #[test]
 fn cert_without_a_client_ca_stops_the_start() {
-    let out = std::process::Command::new(crate::common::binary())
-        .args(["check-config", "--upstream", "http://127.0.0.1:9"])
-        .args(["--store", "memory://", "--tenant-from", "cert"])
-        .output()
-        .unwrap();
+    let out = check_config(&["--tenant-from", "cert"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tls_client_ca"), "{err}");
-    let out = std::process::Command::new(crate::common::binary())
-        .args(["check-config", "--upstream", "http://127.0.0.1:9"])
-        .args(["--store", "memory://", "--tls-client-ca", "ca.pem"])
-        .output()
-        .unwrap();
+    let out = check_config(&["--tls-client-ca", "ca.pem"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::{Gateway, Http, Upstream, new_key, over_both_protocols};
+use crate::common::{Gateway, Http, Upstream, check_config, new_key, over_both_protocols};
 
 /// `Basic alice:hunter2`, the credential a word list recovers from its plain hash.
 const ALICE: &str = "Basic alice:hunter2";
@@ -531,11 +531,7 @@ async fn a_trusted_header_names_the_tenant_only_from_a_trusted_proxy() {
 
 #[test]
 fn trusted_headers_without_trusted_proxies_stop_the_start() {
-    let out = std::process::Command::new(crate::common::binary())
-        .args(["check-config", "--upstream", "http://127.0.0.1:9"])
-        .args(["--store", "memory://", "--trusted-headers", "x-user-id"])
-        .output()
-        .unwrap();
+    let out = check_config(&["--trusted-headers", "x-user-id"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
