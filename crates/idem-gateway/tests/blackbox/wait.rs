@@ -407,11 +407,15 @@ async fn a_waiter_whose_client_hangs_up_frees_its_slot() {
 }
 
 /// A waiter keeps its body's fingerprint, not its body: 40 duplicates of a 1 MiB body
-/// waiting at once add less than 10 MiB to the resident memory of a gateway that has
-/// served 40 such requests at once before (they added over 100 MiB when each kept its
-/// bytes), and each gets the first attempt's answer. The figures are printed.
+/// waiting at once add less than half of their 40 MiB of bodies to the resident memory
+/// of a gateway that has served 40 such requests at once before (they added over
+/// 100 MiB when each kept its bytes), and each gets the first attempt's answer. The
+/// usual figure is 2.5–4.2 MiB, but a busy CI machine once measured 11.2 MiB (resident
+/// memory counts what the allocator has not yet handed back), so the bound sits at half
+/// the bodies, which a waiter that kept its body would still exceed. The figures are
+/// printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forty_waiters_with_1_mib_bodies_hold_less_than_10_mib() {
+async fn forty_waiters_with_1_mib_bodies_hold_less_than_half_their_bodies() {
     const WAITERS: usize = 40;
     const MIB: usize = 1 << 20;
     let up = Upstream::start().await;
@@ -519,8 +523,9 @@ async fn forty_waiters_with_1_mib_bodies_hold_less_than_10_mib() {
         assert_eq!(answer.body, first.body);
     }
     assert_eq!(up.started(&key), 1, "the upstream ran once");
+    let bodies_kib = (WAITERS * MIB / 1024) as u64;
     assert!(
-        added < 10 * 1024,
-        "{WAITERS} waiters added {added} KiB, over 10 MiB"
+        added < bodies_kib / 2,
+        "{WAITERS} waiters added {added} KiB, over half of their {bodies_kib} KiB of bodies"
     );
 }
