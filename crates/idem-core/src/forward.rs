@@ -107,6 +107,10 @@ impl<F: Forward> Store for F {
         self.target()?.list(query).await
     }
 
+    async fn take_rate_token(&self, bucket: &str, rate: &crate::KeyRate) -> Result<Option<bool>> {
+        self.target()?.take_rate_token(bucket, rate).await
+    }
+
     async fn close(&self) {
         self.forward_close().await;
     }

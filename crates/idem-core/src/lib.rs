@@ -67,6 +67,7 @@ mod memory;
 mod multipart;
 mod namespace;
 pub mod open;
+mod rate;
 mod record;
 mod scope;
 #[cfg(feature = "seal")]
@@ -95,6 +96,7 @@ pub use list::{
 pub use memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
 pub use namespace::{DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN, Namespace, NamespaceError};
 pub use open::{MigrationPlan, OpenError, OpenStore, Schema, StoreOptions, redact_url};
+pub use rate::{KeyRate, KeyRateError, LocalBucket};
 pub use record::{
     DEFAULT_LEASE, DEFAULT_TTL, FencingToken, Lease, REFERENCE_HEADER, Record, RecordState,
     ReserveRequest, StoredResponse, TRAILER_PREFIX,

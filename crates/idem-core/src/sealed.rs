@@ -249,6 +249,10 @@ impl<S: Store> Store for Sealed<S> {
     /// The inner store's page, each answer opened as [`get`](Store::get) opens it. One
     /// that cannot be opened is logged and listed as it is stored, sealed: a listing
     /// shows what it can rather than failing whole.
+    async fn take_rate_token(&self, bucket: &str, rate: &crate::KeyRate) -> Result<Option<bool>> {
+        self.inner.take_rate_token(bucket, rate).await
+    }
+
     async fn list(&self, query: &ListQuery) -> Result<ListPage> {
         let mut page = self.inner.list(query).await?;
         for record in &mut page.records {

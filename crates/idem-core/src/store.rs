@@ -161,6 +161,18 @@ pub trait Store: Send + Sync + 'static {
     /// persists its records keeps its secrets as durably.
     async fn init_secret(&self, name: &str, candidate: &[u8]) -> Result<Vec<u8>>;
 
+    /// Takes one token from the rate bucket `bucket` (a tenant's name) for `rate`, in
+    /// one atomic step shared by every instance that uses this store: `Some(true)` when
+    /// there was one, `Some(false)` when the bucket is empty. A store that keeps no
+    /// buckets for every instance answers `None` (the default), and the caller keeps a
+    /// [`LocalBucket`](crate::LocalBucket) per process instead. A bucket nobody took
+    /// from for [`KeyRate::refill`](crate::KeyRate::refill) is full and may be
+    /// forgotten; it is never a record, and no listing shows it.
+    async fn take_rate_token(&self, bucket: &str, rate: &crate::KeyRate) -> Result<Option<bool>> {
+        let _ = (bucket, rate);
+        Ok(None)
+    }
+
     /// Finishes the store's background work and closes its connections, for a clean
     /// stop once nothing else will call it. A store may refuse every operation after it
     /// (answering [`StoreError::Unavailable`]); one with nothing to finish does nothing,

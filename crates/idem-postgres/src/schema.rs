@@ -173,10 +173,25 @@ const MIGRATIONS: &[Migration] = &[
             ]
         },
     },
+    Migration {
+        version: 5,
+        description: "tenant key-rate buckets, apart from the records",
+        statements: |t| {
+            let rate = rate_table(t);
+            vec![format!(
+                "CREATE TABLE {rate} (
+                    bucket          TEXT COLLATE \"C\" PRIMARY KEY,
+                    tokens          DOUBLE PRECISION NOT NULL,
+                    at_ms           BIGINT NOT NULL,
+                    keep_until_ms   BIGINT NOT NULL
+                )"
+            )]
+        },
+    },
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// The channel every store's table notifies on (migration 3): a payload is the table's
 /// name, a space, and the [`Scope::digest`](idem_core::Scope::digest) of a record that
@@ -186,6 +201,13 @@ pub const NOTIFY_CHANNEL: &str = "idem_changes";
 /// The trigger function of `table` (migration 3).
 fn notify_function(table: &str) -> String {
     format!("{table}_notify")
+}
+
+/// The table of `table`'s key-rate buckets ([`idem_core::Store::take_rate_token`]):
+/// `TABLE_rate`, one row per tenant that took a token lately; a row past its
+/// `keep_until_ms` is a full bucket, deleted by the purge.
+pub fn rate_table(table: &str) -> String {
+    format!("{table}_rate")
 }
 
 /// The table of `table`'s secrets ([`idem_core::Store::init_secret`]): `TABLE_meta`,
@@ -331,6 +353,12 @@ pub async fn drop_table(pool: &PgPool, table: &str) -> Result<(), Error> {
     tx.execute(AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {}",
         meta_table(table)
+    )))
+    .await
+    .map_err(store_error)?;
+    tx.execute(AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {}",
+        rate_table(table)
     )))
     .await
     .map_err(store_error)?;

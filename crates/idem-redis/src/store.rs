@@ -57,6 +57,8 @@ static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 pub(crate) static PURGE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/purge.lua")));
+static TAKE_TOKEN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/take_token.lua")));
 static RESERVE_TOMBSTONED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/reserve_tombstoned.lua")));
 
@@ -551,6 +553,25 @@ impl Store for RedisStore {
 
     /// A `SCAN` of the prefix (on a cluster, each master in turn), each record read
     /// and judged; a page reads at most a few thousand keys.
+    /// A hash at `prefix + "rate:{" + bucket + "}"` (the bucket is its own hash tag
+    /// on a cluster), written by one script with the store's clock, and expiring once
+    /// the bucket would be full again.
+    async fn take_rate_token(
+        &self,
+        bucket: &str,
+        rate: &idem_core::KeyRate,
+    ) -> Result<Option<bool>> {
+        let key = format!("{}rate:{{{bucket}}}", self.prefix);
+        let keep_ms = idem_core::duration_millis(rate.refill()).max(1) + 1000;
+        let mut cmd = evalsha(&TAKE_TOKEN, &key);
+        cmd.arg(self.clock.now().as_millis())
+            .arg(rate.per_second())
+            .arg(rate.burst())
+            .arg(keep_ms);
+        let taken: i64 = self.eval(&TAKE_TOKEN, &cmd).await?;
+        Ok(Some(taken == 1))
+    }
+
     async fn list(&self, query: &ListQuery) -> Result<ListPage> {
         self.list_page(query).await
     }

@@ -115,6 +115,13 @@ impl<S: Store, H: StoreHooks<S>> Store for HookedStore<S, H> {
     async fn list(&self, query: &ListQuery) -> Result<ListPage> {
         self.hooks.list(&self.inner, query).await
     }
+    async fn take_rate_token(
+        &self,
+        bucket: &str,
+        rate: &idem_core::KeyRate,
+    ) -> Result<Option<bool>> {
+        self.inner.take_rate_token(bucket, rate).await
+    }
     fn metrics(&self) -> Vec<StoreMetric> {
         self.hooks.metrics(&self.inner)
     }

@@ -50,6 +50,7 @@ macro_rules! store_contract_tests {
             scopes_never_collide,
             get_and_remove_show_and_delete_records,
             secret_is_stored_once_and_never_purged,
+            rate_buckets_give_their_burst_then_their_rate,
             tombstone_refuses_a_retry_after_expiry,
             a_lapsed_tombstone_counts_as_absent,
             removing_a_tombstone_lets_the_key_execute_again,

@@ -133,7 +133,10 @@ async fn an_old_postgres_schema_is_refused_by_no_migrate_and_brought_up_by_migra
     .await
     .unwrap()
     .unwrap();
-    assert_eq!((plan.from, plan.to), (None, 4));
+    assert_eq!(
+        (plan.from, plan.to),
+        (None, idem_postgres::schema::SCHEMA_VERSION as u32)
+    );
     let upto = plan
         .statements
         .iter()
@@ -154,7 +157,7 @@ async fn an_old_postgres_schema_is_refused_by_no_migrate_and_brought_up_by_migra
     assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains(&format!(
-            "table {ns}_records has schema version 3; this build needs 4: run `idem migrate`"
+            "table {ns}_records has schema version 3; this build needs 5: run `idem migrate`"
         )),
         "{err}"
     );
@@ -164,7 +167,7 @@ async fn an_old_postgres_schema_is_refused_by_no_migrate_and_brought_up_by_migra
     );
     assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
     let script = stdout(&dry);
-    assert!(script.contains("schema version 3 to 4"), "{script}");
+    assert!(script.contains("schema version 3 to 5"), "{script}");
     assert!(script.contains("ADD COLUMN tombstone_until"), "{script}");
     assert!(
         !script.contains(&format!("CREATE TABLE {ns}_records")),
@@ -173,7 +176,7 @@ async fn an_old_postgres_schema_is_refused_by_no_migrate_and_brought_up_by_migra
     let done = idem_in(dir.path(), &[&["migrate"][..], &store].concat());
     assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
     assert!(
-        stdout(&done).contains("from schema version 3 to 4"),
+        stdout(&done).contains("from schema version 3 to 5"),
         "{}",
         stdout(&done)
     );

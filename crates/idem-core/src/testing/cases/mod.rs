@@ -32,8 +32,8 @@ pub use list::{
 };
 pub use race::{concurrent_reservers_exactly_one_wins, concurrent_takeover_exactly_one_wins};
 pub use records::{
-    get_and_remove_show_and_delete_records, scopes_never_collide,
-    secret_is_stored_once_and_never_purged,
+    get_and_remove_show_and_delete_records, rate_buckets_give_their_burst_then_their_rate,
+    scopes_never_collide, secret_is_stored_once_and_never_purged,
 };
 pub use replay::{
     complete_is_idempotent_for_the_same_lease, large_binary_body_round_trips,

@@ -137,3 +137,52 @@ pub async fn secret_is_stored_once_and_never_purged<S: Store>(store: S, clock: M
         "a purge deleted the secret"
     );
 }
+
+/// A store that keeps rate buckets for every instance ([`Store::take_rate_token`]
+/// answers `Some`) gives exactly a bucket's burst to callers at once, refills it at the
+/// rate by its clock, keeps each bucket apart, and never lists a bucket as a record. A
+/// store that answers `None` leaves buckets to each process, which is allowed.
+pub async fn rate_buckets_give_their_burst_then_their_rate<S: Store>(store: S, clock: ManualClock) {
+    let rate = crate::KeyRate::new(2.0, 5).expect("a rate");
+    let bucket = format!("hmac-sha256:{:016x}", getrandom::u64().unwrap_or(0));
+    let Some(_) = store
+        .take_rate_token("probe-only", &rate)
+        .await
+        .expect("take")
+    else {
+        return;
+    };
+    let store = Arc::new(store);
+    let tasks: Vec<_> = (0..12)
+        .map(|_| {
+            let (store, bucket) = (store.clone(), bucket.clone());
+            tokio::spawn(async move { store.take_rate_token(&bucket, &rate).await })
+        })
+        .collect();
+    let mut taken = 0;
+    for t in tasks {
+        taken += usize::from(t.await.expect("task").expect("take") == Some(true));
+    }
+    assert_eq!(taken, 5, "12 callers at once on a bucket of 5");
+    clock.advance(Duration::from_millis(499));
+    assert_eq!(
+        store.take_rate_token(&bucket, &rate).await.unwrap(),
+        Some(false)
+    );
+    clock.advance(Duration::from_millis(2));
+    assert_eq!(
+        store.take_rate_token(&bucket, &rate).await.unwrap(),
+        Some(true),
+        "one token back after half a second at 2/s"
+    );
+    let other = format!("{bucket}-other");
+    assert_eq!(
+        store.take_rate_token(&other, &rate).await.unwrap(),
+        Some(true)
+    );
+    let page = store
+        .list(&crate::ListQuery::new().with_limit(100))
+        .await
+        .expect("list");
+    assert!(page.records.is_empty(), "a bucket is no record: {page:?}");
+}
