@@ -90,25 +90,23 @@ where
                 }
             }
         };
-        let slot = match &config.tenant_limit {
-            Some(limit) => match limit.try_enter(&tenant) {
-                Some(slot) => Some(slot),
-                None => {
-                    config.observer.outcome(Outcome::Rejected);
-                    drain_body(&parts.headers, body);
-                    let detail = format!(
-                        "this tenant has {} keyed requests in progress, its most at once; \
-                         nothing was reserved: retry once one of them has its answer",
-                        limit.max()
-                    );
-                    let problem = Problem::new(ProblemKind::TooManyInFlight, detail)
-                        .retry_after(Duration::from_secs(1));
-                    let mut response = problem.answer(grpc).map(IdempotencyBody::buffered);
-                    Handled::mark(&mut response, Outcome::Rejected);
-                    return Ok(response);
-                }
-            },
-            None => None,
+        config.observer.tenant_keyed(&tenant);
+        let slot = match config.tenant_limits.try_enter(&tenant) {
+            Ok(slot) => slot,
+            Err(max) => {
+                config.observer.outcome(Outcome::Rejected);
+                config.observer.tenant_limited(&tenant, "in_flight");
+                drain_body(&parts.headers, body);
+                let detail = format!(
+                    "this tenant has {max} keyed requests in progress, its most at once; \
+                     nothing was reserved: retry once one of them has its answer"
+                );
+                let problem = Problem::new(ProblemKind::TooManyInFlight, detail)
+                    .retry_after(Duration::from_secs(1));
+                let mut response = problem.answer(grpc).map(IdempotencyBody::buffered);
+                Handled::mark(&mut response, Outcome::Rejected);
+                return Ok(response);
+            }
         };
         let scope = Scope::new(config.scope_mode, tenant, plan.endpoint, plan.key);
         let bytes = match buffer(&parts, body, config.body_limit, config.body_timeout).await {

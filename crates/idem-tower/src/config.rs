@@ -227,8 +227,25 @@ pub(crate) struct Config {
     pub(crate) max_wait: Duration,
     /// The cap on duplicates waiting at once, shared by every clone.
     pub(crate) waiters: crate::wait::Waiters,
-    /// The cap on one tenant's keyed requests in progress, shared by every clone.
-    pub(crate) tenant_limit: Option<Arc<crate::tenant_limit::TenantLimit>>,
+    /// The limits per tenant, and what is counted under them (shared by every clone).
+    pub(crate) tenant_limits: crate::tenant_limit::TenantLimits,
+    /// The fingerprint rules of the layers this one took over from, newest first,
+    /// each with when it stopped being used: a record reserved under one of them is
+    /// compared by its rules, so that a reload never turns a replay into a 422.
+    pub(crate) earlier: Vec<Earlier>,
+}
+
+/// The fingerprint rules a layer used before another took over from it
+/// ([`IdempotencyLayer::take_over_from`](crate::IdempotencyLayer::take_over_from)).
+#[derive(Clone)]
+pub(crate) struct Earlier {
+    /// When the layer after it took over: only records created before then were
+    /// reserved under these rules.
+    pub(crate) until: idem_core::Timestamp,
+    /// The layer's fingerprint options.
+    pub(crate) fingerprint: FingerprintOptions,
+    /// Its per-route overrides.
+    pub(crate) route_config: Option<RouteConfigFn>,
 }
 
 impl Default for Config {
@@ -267,7 +284,8 @@ impl Default for Config {
             conflict_wait: Duration::ZERO,
             max_wait: crate::wait::DEFAULT_MAX_WAIT,
             waiters: crate::wait::Waiters::new(crate::wait::DEFAULT_MAX_WAITERS),
-            tenant_limit: None,
+            tenant_limits: Default::default(),
+            earlier: Vec::new(),
         }
     }
 }
@@ -298,6 +316,8 @@ impl fmt::Debug for Config {
             .field("conflict_wait", &self.conflict_wait)
             .field("max_wait", &self.max_wait)
             .field("waiters", &self.waiters)
+            .field("tenant_limits", &self.tenant_limits)
+            .field("earlier", &self.earlier.len())
             .finish_non_exhaustive()
     }
 }

@@ -54,7 +54,7 @@ pub(crate) fn execute<S, St, ReqBody, ResBody>(
     inner: S,
     parts: Parts,
     bytes: Bytes,
-    request: ReserveRequest,
+    mut request: ReserveRequest,
     answers: AnswerRules,
     guard: InFlightGuard,
     parked: Arc<AtomicBool>,
@@ -75,6 +75,15 @@ where
         // Made before the reserve, so that a completion right after it is heard.
         let watch = answers.wait.map(|_| store.watch(&request.scope));
         let mut reserved = timed(observer, "reserve", store.reserve(&request)).await;
+        if matches!(reserved, Ok(Reservation::Mismatch))
+            && !config.earlier.is_empty()
+            && answers.grpc.is_none()
+        {
+            let again = crate::earlier::reserve_again(store, config, &parts, &bytes, &mut request);
+            if let Some(again) = Box::pin(again).await {
+                reserved = again;
+            }
+        }
         let mut applied = None;
         let mut bytes = Some(bytes);
         if let (Some(wait), Some(watch), Ok(Reservation::InProgress { .. })) =
@@ -102,7 +111,20 @@ where
             applied = wait.applied();
         }
         let (lease, bytes) = match (reserved, bytes) {
-            (Ok(Reservation::Acquired(lease)), Some(bytes)) => (lease, bytes),
+            (Ok(Reservation::Acquired(lease)), Some(bytes)) => {
+                let limits = &config.tenant_limits;
+                if !lease.recovered()
+                    && let Some(rate) = limits.key_rate(lease.scope.tenant())
+                    && !crate::tenant_limit::take_token(store, limits, lease.scope.tenant(), &rate)
+                        .await
+                {
+                    let grpc = answers.grpc.is_some();
+                    let refused =
+                        crate::tenant_limit::refuse_new_key(store, observer, lease, rate, grpc);
+                    return Box::pin(refused).await;
+                }
+                (lease, bytes)
+            }
             (Ok(Reservation::Acquired(lease)), None) => {
                 let (grpc, hints) = (answers.grpc.is_some(), answers.retry_hints);
                 return hand_back(store, observer, lease, grpc, hints).await;

@@ -256,7 +256,9 @@ impl ProblemKind {
             ProblemKind::BodyUnreadable => CANCELLED,
             ProblemKind::MissingTenant | ProblemKind::InvalidCredential => UNAUTHENTICATED,
             // gRPC's own answer to a message over a receiver's limit.
-            ProblemKind::BodyTooLarge | ProblemKind::TooManyInFlight => RESOURCE_EXHAUSTED,
+            ProblemKind::BodyTooLarge
+            | ProblemKind::TooManyInFlight
+            | ProblemKind::KeyRateExceeded => RESOURCE_EXHAUSTED,
             ProblemKind::BodyTimeout => DEADLINE_EXCEEDED,
             // Another attempt holds the key: retry after the pushback.
             ProblemKind::RequestInProgress => ABORTED,

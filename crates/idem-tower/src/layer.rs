@@ -15,6 +15,10 @@ use crate::policy::Observer;
 use crate::service::Idempotency;
 use crate::shared::Shared;
 
+/// How many earlier layers' fingerprint rules a layer keeps (see
+/// [`IdempotencyLayer::take_over_from`]).
+const MAX_EARLIER_RULES: usize = 8;
+
 /// Applies [`Idempotency`] to a service: Idempotency-Key handling over any
 /// [`Store`].
 ///
@@ -413,7 +417,77 @@ impl<St> IdempotencyLayer<St> {
     /// Requests without a tenant share the `anonymous` tenant, and so its cap: pair
     /// this with [`require_tenant`](Self::require_tenant) where every client has one.
     pub fn tenant_max_in_flight(mut self, max: usize) -> Self {
-        self.config().tenant_limit = (max > 0).then(|| crate::tenant_limit::TenantLimit::new(max));
+        self.config().tenant_limits.set_max_in_flight(max);
+        self
+    }
+
+    /// At most `rate` new keys per tenant (`None`, the default: no limit). A keyed
+    /// request that would execute a key for the first time, once its tenant's bucket is
+    /// empty, is answered 429 `key-rate-exceeded` with `Retry-After`; its reservation
+    /// is released and the handler is not called. Replays, conflicts and takeovers of a
+    /// lapsed attempt take no token.
+    ///
+    /// Where the store keeps buckets for every instance
+    /// ([`Store::take_rate_token`](idem_core::Store::take_rate_token) answers `Some`:
+    /// PostgreSQL and Redis), the rate is shared by every instance on that store, at
+    /// the cost of one more store call per new key; elsewhere (memory, SQLite) each
+    /// layer keeps its own buckets. A store that fails that call lets the key through
+    /// (the limit protects, it never decides an outcome) and is logged.
+    pub fn tenant_key_rate(mut self, rate: Option<idem_core::KeyRate>) -> Self {
+        self.config().tenant_limits.set_key_rate(rate);
+        self
+    }
+
+    /// One tenant's limits in place of the layer's
+    /// ([`tenant_max_in_flight`](Self::tenant_max_in_flight),
+    /// [`tenant_key_rate`](Self::tenant_key_rate)). `tenant` is the tenant as stored
+    /// (`hmac-sha256:…`, as `idem keys list` shows it), at least its first
+    /// [`MIN_TENANT_PREFIX`](crate::MIN_TENANT_PREFIX) hex digits (the form the
+    /// gateway's per-tenant metrics label it with), or `anonymous`; where several
+    /// match, the longest wins. A name of no such form is refused
+    /// ([`check_tenant_name`](crate::check_tenant_name)).
+    pub fn tenant_override(
+        mut self,
+        tenant: impl Into<String>,
+        limits: crate::TenantOverride,
+    ) -> Result<Self, crate::TenantNameError> {
+        let tenant = tenant.into();
+        crate::tenant_limit::check_tenant_name(&tenant)?;
+        self.config().tenant_limits.set_override(tenant, limits);
+        Ok(self)
+    }
+
+    /// Makes this layer the successor of `earlier`, a layer over the same store whose
+    /// settings it replaces (a configuration reloaded while serving): the executions
+    /// `earlier` has in flight count as this layer's (for [`in_flight`](Self::in_flight)
+    /// and graceful shutdown), and so do its waiting duplicates and its tenants'
+    /// requests and rate buckets under this layer's limits; the store's tenant secret,
+    /// once read, is not read again. A record reserved under `earlier`'s fingerprint
+    /// rules (or those of the layers before it, up to eight) is compared by them: a
+    /// retry of it replays, where this layer's rules alone would answer 422. Call it
+    /// last, after every other setting.
+    pub fn take_over_from(mut self, earlier: &IdempotencyLayer<St>) -> Self {
+        let now = idem_core::Clock::now(&idem_core::SystemClock);
+        let before = &earlier.shared.config;
+        let shared = Arc::make_mut(&mut self.shared);
+        shared.in_flight = earlier.shared.in_flight.clone();
+        let config = &mut shared.config;
+        if config.tenant_key.get().is_none() {
+            config.tenant_key = before.tenant_key.clone();
+        }
+        config.waiters = config.waiters.counted_with(&before.waiters);
+        config.tenant_limits = config
+            .tenant_limits
+            .clone()
+            .counted_with(&before.tenant_limits);
+        let mut earlier_rules = vec![crate::config::Earlier {
+            until: now,
+            fingerprint: before.fingerprint.clone(),
+            route_config: before.route_config.clone(),
+        }];
+        earlier_rules.extend(before.earlier.iter().cloned());
+        earlier_rules.truncate(MAX_EARLIER_RULES);
+        config.earlier = earlier_rules;
         self
     }
 

@@ -250,6 +250,7 @@ mod coding;
 mod config;
 mod context;
 mod drain;
+mod earlier;
 mod execute;
 mod execution;
 mod future;
@@ -304,6 +305,7 @@ pub use service::Idempotency;
 pub use sources::TenantSources;
 pub use spelling::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use tenant::TenantHeaders;
+pub use tenant_limit::{MIN_TENANT_PREFIX, TenantNameError, TenantOverride, check_tenant_name};
 pub use wait::{DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS, PREFERENCE_APPLIED};
 
 /// The error type the layer's bounds convert inner errors into.

@@ -286,6 +286,22 @@ pub trait Observer: Send + Sync + 'static {
         let _ = failure;
     }
 
+    /// A keyed request named its tenant (before any limit looked at it): for
+    /// counting requests per tenant. Called once per keyed request that got as far.
+    fn tenant_keyed(&self, tenant: &idem_core::Tenant) {
+        let _ = tenant;
+    }
+
+    /// A keyed request of `tenant` was refused under a limit per tenant: `in_flight`
+    /// ([`IdempotencyLayer::tenant_max_in_flight`]) or `key_rate`
+    /// ([`IdempotencyLayer::tenant_key_rate`]).
+    ///
+    /// [`IdempotencyLayer::tenant_max_in_flight`]: crate::IdempotencyLayer::tenant_max_in_flight
+    /// [`IdempotencyLayer::tenant_key_rate`]: crate::IdempotencyLayer::tenant_key_rate
+    fn tenant_limited(&self, tenant: &idem_core::Tenant, limit: &'static str) {
+        let _ = (tenant, limit);
+    }
+
     /// A duplicate of an in-progress attempt started to wait for its answer (SPEC S15).
     fn wait_started(&self) {}
 

@@ -68,6 +68,13 @@ pub enum ProblemKind {
     ///
     /// [`IdempotencyLayer::tenant_max_in_flight`]: crate::IdempotencyLayer::tenant_max_in_flight
     TooManyInFlight,
+    /// 429 + `Retry-After`: the request would start a new key for a tenant that has
+    /// used up its rate of new keys ([`IdempotencyLayer::tenant_key_rate`]); its
+    /// reservation was released and nothing was forwarded, so its retry is free to
+    /// run once the tenant's bucket has a token again. Replays are not limited.
+    ///
+    /// [`IdempotencyLayer::tenant_key_rate`]: crate::IdempotencyLayer::tenant_key_rate
+    KeyRateExceeded,
     /// 409 + `Retry-After`: another attempt with this key is executing (SPEC S5).
     RequestInProgress,
     /// 422: the key was used for a request with a different payload (SPEC S5).
@@ -107,7 +114,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 23] = [
+    pub const ALL: [ProblemKind; 24] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
@@ -120,6 +127,7 @@ impl ProblemKind {
         ProblemKind::BodyTooLarge,
         ProblemKind::BodyTimeout,
         ProblemKind::TooManyInFlight,
+        ProblemKind::KeyRateExceeded,
         ProblemKind::RequestInProgress,
         ProblemKind::KeyReused,
         ProblemKind::KeyExpired,
@@ -142,6 +150,7 @@ impl ProblemKind {
             ProblemKind::MissingTenant => "https://idem.dev/problems/missing-tenant",
             ProblemKind::InvalidCredential => "https://idem.dev/problems/invalid-credential",
             ProblemKind::TooManyInFlight => "https://idem.dev/problems/too-many-in-flight",
+            ProblemKind::KeyRateExceeded => "https://idem.dev/problems/key-rate-exceeded",
             ProblemKind::InvalidPath => "https://idem.dev/problems/invalid-path",
             ProblemKind::InvalidHost => "https://idem.dev/problems/invalid-host",
             ProblemKind::InvalidMethodOverride => {
@@ -182,7 +191,9 @@ impl ProblemKind {
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProblemKind::RequestInProgress => StatusCode::CONFLICT,
-            ProblemKind::TooManyInFlight => StatusCode::TOO_MANY_REQUESTS,
+            ProblemKind::TooManyInFlight | ProblemKind::KeyRateExceeded => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ProblemKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::KeyExpired => StatusCode::GONE,
             ProblemKind::HandlerFailed | ProblemKind::ResponseTooLarge => {
@@ -209,6 +220,7 @@ impl ProblemKind {
             ProblemKind::MissingTenant => "Credentials required for a keyed request",
             ProblemKind::InvalidCredential => "Credential not accepted for a keyed request",
             ProblemKind::TooManyInFlight => "Too many keyed requests in progress for this tenant",
+            ProblemKind::KeyRateExceeded => "Too many new keys for this tenant",
             ProblemKind::InvalidPath => "Invalid request path",
             ProblemKind::InvalidHost => "Invalid Host header",
             ProblemKind::InvalidMethodOverride => "Conflicting method override",

@@ -156,6 +156,15 @@ impl Waiters {
             .map(|_| WaiterSlot(self.count.clone()))
     }
 
+    /// A cap of `self`'s size counting the same waiters as `earlier` (a layer that
+    /// takes over from another).
+    pub(crate) fn counted_with(&self, earlier: &Waiters) -> Waiters {
+        Waiters {
+            max: self.max,
+            count: earlier.count.clone(),
+        }
+    }
+
     /// How many wait now.
     #[cfg(test)]
     pub(crate) fn waiting(&self) -> usize {
