@@ -3,12 +3,13 @@
 //! | route | answer |
 //! |---|---|
 //! | `GET /healthz` | 200 while the process runs |
-//! | `GET /readyz` | 200 when the store answers a ping, else 503 |
+//! | `GET /readyz` | 200 when the store answers a ping, else 503; names the configuration generation in force |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /keys?key=K[&tenant=T][&endpoint=E]` | the record as JSON, or 404 |
 //! | `GET /keys[?state=S][&older_than=D][&ambiguous=true][&limit=N][&after=C]` | records as JSON lines; `Idem-Next-Cursor` names the next page |
 //! | `DELETE /keys?key=K[&tenant=T][&endpoint=E]` | deletes the record, or 404 |
 //! | `POST /keys/purge-expired` | deletes expired records, `{"purged": n}` |
+//! | `POST /reload` | reads the configuration again: `{"generation": n, "applied": [...], "restart_required": [...]}`, or 422 `reload-refused` |
 //!
 //! Every error is an RFC 9457 `application/problem+json` body whose `type` is under
 //! `https://idem.dev/problems/`: `bad-key-query` and `bad-listing` (400),
@@ -61,6 +62,9 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// The bearer token, if one is required.
     pub token: Option<Arc<str>>,
+    /// What `POST /reload` reloads and `/readyz` reports the generation of; `None`
+    /// serves no `/reload`.
+    pub reloader: Option<Arc<crate::serve::Reloader>>,
 }
 
 /// The admin listener, serving in a task of its own until stopped.
@@ -103,6 +107,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .route("/keys", get(get_keys).delete(delete_key))
         .route("/keys/purge-expired", post(purge))
+        .route("/reload", post(reload))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -113,8 +118,8 @@ pub fn router(state: AdminState) -> Router {
                 StatusCode::NOT_FOUND,
                 "https://idem.dev/problems/no-admin-route",
                 "No such admin route",
-                "the admin listener serves /healthz, /readyz, /metrics, /keys and \
-                 /keys/purge-expired"
+                "the admin listener serves /healthz, /readyz, /metrics, /keys, \
+                 /keys/purge-expired and /reload"
                     .into(),
             )
         })
@@ -174,11 +179,57 @@ async fn require_token(State(state): State<AdminState>, req: Request, next: Next
 
 async fn ready(State(state): State<AdminState>) -> Response {
     match state.store.ping().await {
-        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Ok(()) => match &state.reloader {
+            Some(reloader) => {
+                let generation = reloader.generation();
+                let mut body = format!("ready\nconfiguration generation {generation}\n");
+                if let Some(refused) = reloader.last_error() {
+                    body.push_str(&format!("last reload refused: {refused}\n"));
+                }
+                (
+                    StatusCode::OK,
+                    [("idem-config-generation", generation.to_string())],
+                    body,
+                )
+                    .into_response()
+            }
+            None => (StatusCode::OK, "ready\n").into_response(),
+        },
         Err(e) => {
             tracing::warn!(error = %e, "readiness: store unreachable");
             store_error(e)
         }
+    }
+}
+
+/// `POST /reload`: the configuration read again and put in force (see
+/// [`Reloader`](crate::serve::Reloader)); the generation and what changed, or a
+/// 422 `reload-refused` saying why the configuration in force stays.
+async fn reload(State(state): State<AdminState>) -> Response {
+    let Some(reloader) = &state.reloader else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "https://idem.dev/problems/no-admin-route",
+            "No such admin route",
+            "this gateway has no configuration to reload".into(),
+        );
+    };
+    match reloader.reload().await {
+        Ok(r) => Json(json!({
+            "generation": r.generation,
+            "applied": r.applied,
+            "restart_required": r.need_restart,
+        }))
+        .into_response(),
+        Err(e) => problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "https://idem.dev/problems/reload-refused",
+            "Reload refused; the configuration in force stays",
+            format!(
+                "{e}; configuration generation {} stays in force",
+                reloader.generation()
+            ),
+        ),
     }
 }
 
@@ -418,6 +469,7 @@ mod tests {
             store: store.clone(),
             metrics: Arc::new(Metrics::new()),
             token: token.map(Arc::from),
+            reloader: None,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -50,7 +50,7 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Check a configuration without serving: resolve the settings (flags, IDEM_*
     /// variables, --config), open the store and ping it, print the result.
-    CheckConfig(Box<ServeArgs>),
+    CheckConfig(Box<CheckConfigArgs>),
     /// Inspect or delete stored idempotency records.
     #[command(subcommand)]
     Keys(KeysCommand),
@@ -94,6 +94,19 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// `idem check-config`: the serve settings to check, and what to compare them with.
+#[derive(Debug, Args, Clone)]
+pub struct CheckConfigArgs {
+    /// Print what a reload (SIGHUP, POST /reload) with FILE in place of the --config
+    /// file would change, setting by setting, and which changes take a restart; the
+    /// store is not opened.
+    #[arg(long, value_name = "FILE")]
+    pub diff: Option<PathBuf>,
+    /// The settings, as `idem serve` takes them.
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 /// `idem migrate`.

@@ -27,10 +27,12 @@
 //! a field of [`GatewayConfig`]).
 
 mod args;
+pub mod diff;
 mod error;
 mod jwt;
 mod print;
 mod secrets;
+mod tenants;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -44,10 +46,11 @@ use http::{HeaderName, Method};
 use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, RecordKeys, ScopeMode, TenantKey};
 use idem_tower::{DEFAULT_RESPONSE_LIMIT, GrpcReleaseCodes, ReleaseStatuses};
 
-pub use self::args::{RouteRule, ScopeArg, ServeArgs};
+pub use self::args::{RouteRule, ScopeArg, ServeArgs, TenantRule};
 pub use self::error::ConfigError;
 pub use self::jwt::{JwtSettings, JwtStartError, TenantSource};
 pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, record_keys, tenant_key};
+pub use self::tenants::TenantLimits;
 pub use self::upstream::{Upstream, UpstreamProtocol};
 pub(crate) use self::values::parse_tenant_headers;
 pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
@@ -130,6 +133,12 @@ pub struct GatewayConfig {
     pub jwt: Option<JwtSettings>,
     /// The most keyed requests of one tenant in progress at once; `0` for no cap.
     pub tenant_max_in_flight: usize,
+    /// The most new keys per tenant, if limited.
+    pub tenant_key_rate: Option<idem_core::KeyRate>,
+    /// Tenants whose limits are their own.
+    pub tenant_overrides: Vec<TenantLimits>,
+    /// How many of the busiest tenants the metrics count.
+    pub tenant_metrics: usize,
     /// Which name of a verified client certificate names the tenant (with `cert` in
     /// `tenant_from`).
     pub tenant_cert_name: crate::listener::CertName,
@@ -284,6 +293,8 @@ impl GatewayConfig {
             tenant_secret_file,
             tenant_from,
             tenant_max_in_flight,
+            tenant_key_rate,
+            tenant_metrics,
             jwt_jwks_file,
             jwt_jwks_url,
             jwt_jwks_refresh,
@@ -324,6 +335,7 @@ impl GatewayConfig {
             admin_tls_cert,
             admin_tls_key,
             route,
+            tenant,
         } = args;
         let upstream = upstream.ok_or_else(|| {
             invalid(
@@ -431,6 +443,18 @@ impl GatewayConfig {
             tenant_from,
             tenant_max_in_flight: usize::try_from(tenant_max_in_flight.unwrap_or(0))
                 .unwrap_or(usize::MAX),
+            tenant_key_rate: tenant_key_rate
+                .as_deref()
+                .map(|r| r.parse().map_err(|e| invalid("tenant_key_rate", e)))
+                .transpose()?,
+            tenant_overrides: tenant
+                .into_iter()
+                .map(TenantLimits::from_rule)
+                .collect::<Result<_, _>>()?,
+            tenant_metrics: usize::try_from(
+                tenant_metrics.unwrap_or(crate::metrics::DEFAULT_TENANT_METRICS as u64),
+            )
+            .unwrap_or(usize::MAX),
             record_keys: record_keys(record_key_file.as_deref())?,
             read_unsealed_records,
             scope: match scope.unwrap_or(ScopeArg::Public) {

@@ -48,6 +48,14 @@ async fn main() -> ExitCode {
                     return ExitCode::from(e.exit_code());
                 }
             };
+            // SIGHUP and POST /reload read the configuration file again.
+            let gateway = match gateway.reloadable((*args).clone()) {
+                Ok(g) => g,
+                Err(e) => {
+                    eprintln!("idem: {e}");
+                    return ExitCode::from(idem_gateway::exit::CONFIG);
+                }
+            };
             // One line on standard output per listener, for scripts and tests that start
             // the gateway on port 0.
             let scheme = |tls: bool| if tls { "https" } else { "http" };
@@ -71,7 +79,10 @@ async fn main() -> ExitCode {
             gateway.run(shutdown_signal()).await;
             ExitCode::SUCCESS
         }
-        Command::CheckConfig(args) => check(&args).await,
+        Command::CheckConfig(args) => match &args.diff {
+            Some(file) => check_diff(&args.serve, file).await,
+            None => check(&args.serve).await,
+        },
         Command::Keys(cmd) => keys::run(cmd).await,
         Command::Migrate(args) => idem_gateway::migrate::run(args).await,
         Command::Demo(args) => idem_gateway::demo_run::run(args).await,
@@ -127,6 +138,40 @@ fn warn_of_misspelt_env_vars() {
             "an environment variable that is not a setting is ignored; did you mean {setting}?"
         );
     }
+}
+
+/// `check-config --diff FILE`: what a reload with FILE in place of the `--config` file
+/// would change, setting by setting, and which of those changes take a restart.
+async fn check_diff(args: &ServeArgs, file: &std::path::Path) -> ExitCode {
+    let resolve = |args: &ServeArgs| {
+        GatewayConfig::layered(args)
+            .and_then(|layered| GatewayConfig::from_args(layered.clone()).map(|c| (layered, c)))
+    };
+    let (before_args, before) = match resolve(args) {
+        Ok(both) => both,
+        Err(e) => {
+            eprintln!("idem: the configuration in force: {e}");
+            return ExitCode::from(idem_gateway::exit::CONFIG);
+        }
+    };
+    let mut next = args.clone();
+    next.config = Some(file.to_owned());
+    let (after_args, after) = match resolve(&next) {
+        Ok(both) => both,
+        Err(e) => {
+            eprintln!(
+                "idem: {}: {e}; a reload with it would be refused",
+                file.display()
+            );
+            return ExitCode::from(idem_gateway::exit::CONFIG);
+        }
+    };
+    for warning in after.warnings().await {
+        eprintln!("idem: warning: {warning}");
+    }
+    let changes = idem_gateway::config::diff::diff(&before, &before_args, &after, &after_args);
+    print!("{}", idem_gateway::config::diff::render(&changes));
+    ExitCode::SUCCESS
 }
 
 async fn check(args: &ServeArgs) -> ExitCode {

@@ -10,6 +10,7 @@
 mod access;
 mod front;
 mod grpc;
+mod reload;
 mod tenants;
 
 use std::convert::Infallible;
@@ -26,25 +27,26 @@ use hyper::body::Incoming;
 use idem_core::{Store, StoreError, Sweeper, SweeperConfig, TenantKey};
 use idem_tower::{IdempotencyBody, IdempotencyLayer, InFlight};
 use tokio::time::Instant;
-use tower::util::BoxCloneService;
+use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Layer, ServiceExt};
 
-use self::access::AccessSettings;
 use self::front::Front;
+use self::reload::{Generation, Parts};
+pub use self::reload::{ReloadError, Reloaded, Reloader};
 pub use crate::access::{AccessLog, DEFAULT_REQUEST_ID_HEADER, MAX_REQUEST_ID_LEN, UpstreamTime};
 use crate::admin::{self, AdminState};
 use crate::budget::{self, AnswerBudget};
-use crate::config::{GatewayConfig, TenantSource};
+use crate::config::{ConfigError, GatewayConfig, ServeArgs};
 use crate::listener::{
     self, ADMIN_MAX_CONNECTIONS, ConnectionSlot, Connections, Listener, ListenerKind, Tls,
     default_max_connections,
 };
 use crate::metrics::Metrics;
-use crate::path::PathNormalization;
 use crate::proxy::{Proxy, ProxyBody};
 use crate::route::{self, Route};
 use crate::store::{self, OpenError, redact};
 use crate::telemetry::{Telemetry, TelemetryError};
+use arc_swap::ArcSwap;
 
 /// The least time the store is given to close at shutdown, even when waiting for
 /// in-flight requests used up the shutdown timeout: enough for a SQLite store to write
@@ -62,7 +64,7 @@ const ADMIN_CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The body of answers the gateway sends to clients.
 pub type ClientBody = UnsyncBoxBody<Bytes, BoxError>;
 
-type GatewayService = BoxCloneService<Request<Incoming>, Response<ClientBody>, Infallible>;
+type GatewayService = BoxCloneSyncService<Request<Incoming>, Response<ClientBody>, Infallible>;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -126,7 +128,13 @@ pub enum Mode {
 pub struct Gateway {
     listener: Listener,
     admin: Option<Listener>,
-    service: GatewayService,
+    /// What new requests are served with; swapped by a reload.
+    live: Arc<ArcSwap<Generation>>,
+    /// What builds the next generation.
+    parts: Parts,
+    /// The command line to read again on a reload; `None` until
+    /// [`reloadable`](Gateway::reloadable).
+    cli: Option<ServeArgs>,
     in_flight: Option<InFlight>,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
@@ -134,15 +142,10 @@ pub struct Gateway {
     /// `None` where the store expires records by itself (Redis).
     sweep_interval: Option<Duration>,
     shutdown_timeout: Duration,
-    path_normalization: PathNormalization,
     telemetry: Option<Telemetry>,
-    access: Arc<AccessSettings>,
     /// Bytes of buffered answers one HTTP/2 connection may hold, and the largest
     /// answer the layer buffers.
     answer_budget: (usize, usize),
-    /// Which name of a client certificate names the tenant, with `cert` in
-    /// `tenant_from`.
-    cert_tenant: Option<crate::listener::CertName>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -185,7 +188,13 @@ pub fn idempotency_layer(
         .tenant_headers(config.tenant_headers.iter().cloned())
         .require_tenant(config.require_tenant)
         .tenant_max_in_flight(config.tenant_max_in_flight)
+        .tenant_key_rate(config.tenant_key_rate)
         .observer(metrics);
+    for tenant in &config.tenant_overrides {
+        layer = layer
+            .tenant_override(tenant.id.clone(), tenant.to_override())
+            .expect("checked when the configuration was read");
+    }
     if let Some(key) = tenant_key {
         layer = layer.tenant_key(key);
     }
@@ -279,13 +288,35 @@ impl Gateway {
             }
             None => store,
         };
-        let metrics = Arc::new(Metrics::new().with_store(store.clone()));
+        let metrics = Arc::new(
+            Metrics::new()
+                .with_store(store.clone())
+                .with_tenant_metrics(config.tenant_metrics),
+        );
         let telemetry = match &config.otlp_endpoint {
             Some(url) => Some(Telemetry::start(url, &config.routes, &config.store)?),
             None => None,
         };
-        let (service, in_flight) =
-            service(config, mode, &store, &metrics, telemetry.as_ref()).await?;
+        let parts = Parts {
+            mode,
+            store: store.clone(),
+            metrics: metrics.clone(),
+            telemetry: telemetry.clone(),
+        };
+        let tenant_key = match mode {
+            Mode::Idempotent => tenant_key(config, &*store).await?,
+            Mode::PassThrough => None,
+        };
+        let first = Generation::build(
+            1,
+            config.clone(),
+            ServeArgs::default(),
+            &parts,
+            tenant_key,
+            None,
+        )
+        .await?;
+        let in_flight = first.layer.as_ref().map(IdempotencyLayer::in_flight);
         let (listener, admin) = listeners(config, &metrics)?;
         tracing::info!(
             store = %redact(&config.store),
@@ -302,28 +333,31 @@ impl Gateway {
         Ok(Gateway {
             listener,
             admin,
-            service,
+            live: Arc::new(ArcSwap::from_pointee(first)),
+            parts,
+            cli: None,
             in_flight,
             store,
             metrics,
             admin_token: config.admin_token.as_deref().map(Arc::from),
             sweep_interval,
             shutdown_timeout: config.shutdown_timeout,
-            path_normalization: config.path_normalization,
             telemetry,
-            access: Arc::new(AccessSettings {
-                log: config.access_log,
-                request_id_header: config.request_id_header.clone(),
-                routes: config.routes.clone().into(),
-                trusted_proxies: config.trusted_proxies.clone(),
-                trusted_headers: config.trusted_headers.clone().into(),
-            }),
             answer_budget: (config.http2.answer_budget, config.response_limit),
-            cert_tenant: config
-                .tenant_from
-                .contains(&TenantSource::Cert)
-                .then_some(config.tenant_cert_name),
         })
+    }
+
+    /// Makes the gateway reload its configuration on SIGHUP and `POST /reload`: `cli`
+    /// (the command line and environment it was resolved from) is resolved again over
+    /// the `--config` file read anew, and what may change is put in force for new
+    /// requests (see [`Reloader`]). Without it, SIGHUP reloads the TLS certificates
+    /// only and `POST /reload` is refused.
+    pub fn reloadable(mut self, cli: ServeArgs) -> Result<Gateway, ConfigError> {
+        let layered = GatewayConfig::layered(&cli)?;
+        let first = self.live.load_full();
+        self.live.store(Arc::new(first.with_args(layered)));
+        self.cli = Some(cli);
+        Ok(self)
     }
 
     /// The proxy's bound address.
@@ -351,19 +385,19 @@ impl Gateway {
         let Gateway {
             listener,
             admin,
-            service,
+            live,
+            parts,
+            cli,
             in_flight,
             store,
             metrics,
             admin_token,
             sweep_interval,
             shutdown_timeout,
-            path_normalization,
             telemetry,
-            access,
             answer_budget,
-            cert_tenant,
         } = self;
+        let reloader = Arc::new(Reloader::new(live.clone(), parts, cli));
         let tls: Vec<(&'static str, Tls)> = [
             ("proxy", listener.tls_config().cloned()),
             (
@@ -374,7 +408,7 @@ impl Gateway {
         .into_iter()
         .filter_map(|(name, tls)| tls.map(|t| (name, t)))
         .collect();
-        let reloads = tokio::spawn(reload_on_sighup(tls));
+        let reloads = tokio::spawn(reload_on_sighup(tls, reloader.clone()));
         let sweeper = sweep_interval.map(|every| {
             Sweeper::spawn(
                 store.clone(),
@@ -391,16 +425,14 @@ impl Gateway {
                     store: store.clone(),
                     metrics: metrics.clone(),
                     token: admin_token,
+                    reloader: Some(reloader.clone()),
                 },
             )
         });
         let front = Front {
-            service,
+            live,
             metrics,
-            paths: path_normalization,
             telemetry: telemetry.clone(),
-            access,
-            cert_tenant,
         };
         // Called once a connection: each has a budget of its own.
         let serve = |peer, slot: &ConnectionSlot| {
@@ -430,16 +462,18 @@ impl Gateway {
     }
 }
 
-/// The service behind the front of the proxy: the idempotency layer around the proxy,
-/// or the proxy alone in pass-through mode; with the layer, what tracks its executions
-/// in flight.
+/// The service behind the front of the proxy: the idempotency layer around the proxy
+/// (taking over from `earlier`'s, after a reload), or the proxy alone in pass-through
+/// mode; with the layer, the layer too.
 async fn service(
     config: &GatewayConfig,
     mode: Mode,
     store: &Arc<dyn Store>,
     metrics: &Arc<Metrics>,
     telemetry: Option<&Telemetry>,
-) -> Result<(GatewayService, Option<InFlight>), ServeError> {
+    tenant_key: Option<TenantKey>,
+    earlier: Option<&IdempotencyLayer<Arc<dyn Store>>>,
+) -> Result<(GatewayService, Option<IdempotencyLayer<Arc<dyn Store>>>), ServeError> {
     let proxy = Proxy::speaking(
         config.upstream.clone(),
         config.upstream_protocol,
@@ -449,7 +483,6 @@ async fn service(
     );
     Ok(match mode {
         Mode::Idempotent => {
-            let tenant_key = tenant_key(config, &**store).await?;
             // With traces on, the layer's store calls and outcomes go through the
             // telemetry, which passes them on to the store and the metrics.
             let layer_store = match telemetry {
@@ -463,9 +496,11 @@ async fn service(
             if let Some(t) = telemetry {
                 layer = layer.observer(t.observer(metrics.clone()));
             }
-            let in_flight = layer.in_flight();
+            if let Some(earlier) = earlier {
+                layer = layer.take_over_from(earlier);
+            }
             let svc = ServiceExt::<Request<Incoming>>::map_response(
-                layer.layer(proxy),
+                layer.clone().layer(proxy),
                 |res: Response<IdempotencyBody<ProxyBody>>| {
                     // The front charges what the layer holds whole to the connection.
                     let buffered = res.body().is_buffered();
@@ -476,14 +511,14 @@ async fn service(
                     res
                 },
             );
-            (BoxCloneService::new(svc), Some(in_flight))
+            (BoxCloneSyncService::new(svc), Some(layer))
         }
         Mode::PassThrough => {
             let svc =
                 ServiceExt::<Request<Incoming>>::map_response(proxy, |res: Response<ProxyBody>| {
                     res
                 });
-            (BoxCloneService::new(svc), None)
+            (BoxCloneSyncService::new(svc), None)
         }
     })
 }
@@ -577,25 +612,23 @@ async fn close(store: &dyn Store, deadline: Instant) {
     }
 }
 
-/// Reads each listener's certificate and key again on every SIGHUP: new connections
+/// On every SIGHUP, reads each listener's certificate and key again (new connections
 /// get the new pair, open ones keep theirs, and a pair that cannot be used is logged
-/// and leaves the one in force. Without TLS, SIGHUP only says there is nothing to
-/// reload (rather than ending the process, as it would by default).
-async fn reload_on_sighup(tls: Vec<(&'static str, Tls)>) {
+/// and leaves the one in force), then the configuration, when the gateway is
+/// [reloadable](Gateway::reloadable) (see [`Reloader`]). SIGHUP never ends the process,
+/// as it would by default.
+async fn reload_on_sighup(tls: Vec<(&'static str, Tls)>, reloader: Arc<Reloader>) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
         let mut hup = match signal(SignalKind::hangup()) {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGHUP; TLS certificates will not be reloaded");
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; nothing will be reloaded on it");
                 return;
             }
         };
         while hup.recv().await.is_some() {
-            if tls.is_empty() {
-                tracing::info!("SIGHUP: no TLS certificate to reload");
-            }
             for (listener, tls) in &tls {
                 let files = tls.files();
                 match tls.reload() {
@@ -611,10 +644,12 @@ async fn reload_on_sighup(tls: Vec<(&'static str, Tls)>) {
                     ),
                 }
             }
+            // Logged by the reloader, whatever came of it.
+            let _ = reloader.reload().await;
         }
     }
     #[cfg(not(unix))]
-    drop(tls);
+    drop((tls, reloader));
 }
 
 /// Resolves on SIGINT or SIGTERM.

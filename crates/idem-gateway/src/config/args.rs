@@ -196,6 +196,18 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_TENANT_MAX_IN_FLIGHT", value_name = "N")]
     pub tenant_max_in_flight: Option<u64>,
 
+    /// At most this rate of new keys per tenant, RATE/UNIT[,BURST] (`10/s`,
+    /// `600/min,50`); a new key beyond it is answered 429 `key-rate-exceeded` with
+    /// Retry-After and released. Shared by every instance on a PostgreSQL or Redis store,
+    /// per instance on memory and SQLite; replays are not counted [default: none].
+    #[arg(long, env = "IDEM_TENANT_KEY_RATE", value_name = "RATE")]
+    pub tenant_key_rate: Option<String>,
+
+    /// How many of the busiest tenants `/metrics` counts keyed requests for
+    /// (`idem_tenant_keyed_requests_total`); 0 for none [default: 10].
+    #[arg(long, env = "IDEM_TENANT_METRICS", value_name = "N")]
+    pub tenant_metrics: Option<u64>,
+
     /// JWKS file of the public keys (RS256, ES256, EdDSA) bearer tokens are signed with;
     /// read again when a token names a key it lacks.
     #[arg(long, env = "IDEM_JWT_JWKS_FILE", value_name = "PATH")]
@@ -485,6 +497,10 @@ pub struct ServeArgs {
     /// Per-route rules (`[[route]]` tables, the file only), first match wins.
     #[arg(skip)]
     pub route: Vec<RouteRule>,
+
+    /// Per-tenant limits (`[[tenant]]` tables, the file only).
+    #[arg(skip)]
+    pub tenant: Vec<TenantRule>,
 }
 
 impl ServeArgs {
@@ -520,6 +536,8 @@ impl ServeArgs {
             tenant_secret_file,
             tenant_from,
             tenant_max_in_flight,
+            tenant_key_rate,
+            tenant_metrics,
             jwt_jwks_file,
             jwt_jwks_url,
             jwt_jwks_refresh,
@@ -559,6 +577,7 @@ impl ServeArgs {
             admin_tls_cert,
             admin_tls_key,
             route,
+            tenant,
         } = self;
         ServeArgs {
             config: config.or(under.config),
@@ -587,6 +606,8 @@ impl ServeArgs {
             tenant_secret_file: tenant_secret_file.or(under.tenant_secret_file),
             tenant_from: tenant_from.or(under.tenant_from),
             tenant_max_in_flight: tenant_max_in_flight.or(under.tenant_max_in_flight),
+            tenant_key_rate: tenant_key_rate.or(under.tenant_key_rate),
+            tenant_metrics: tenant_metrics.or(under.tenant_metrics),
             jwt_jwks_file: jwt_jwks_file.or(under.jwt_jwks_file),
             jwt_jwks_url: jwt_jwks_url.or(under.jwt_jwks_url),
             jwt_jwks_refresh: jwt_jwks_refresh.or(under.jwt_jwks_refresh),
@@ -628,8 +649,26 @@ impl ServeArgs {
             admin_tls_cert: admin_tls_cert.or(under.admin_tls_cert),
             admin_tls_key: admin_tls_key.or(under.admin_tls_key),
             route: if route.is_empty() { under.route } else { route },
+            tenant: if tenant.is_empty() {
+                under.tenant
+            } else {
+                tenant
+            },
         }
     }
+}
+
+/// A `[[tenant]]` table as written: one tenant's limits in place of the global ones.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantRule {
+    /// The tenant as stored (`hmac-sha256:` and 64 hex digits), at least its first 16
+    /// hex digits (as the per-tenant metrics label it), or `anonymous`.
+    pub id: String,
+    /// Its most keyed requests in progress at once; `0` for no cap.
+    pub max_in_flight: Option<u64>,
+    /// Its rate of new keys (`RATE/UNIT[,BURST]`), or `"none"` for no limit.
+    pub key_rate: Option<String>,
 }
 
 /// A `[[route]]` table as written.

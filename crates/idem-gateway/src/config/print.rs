@@ -202,6 +202,11 @@ impl GatewayConfig {
             "tenant_max_in_flight",
             self.tenant_max_in_flight.to_string(),
         );
+        match &self.tenant_key_rate {
+            Some(rate) => t.set("tenant_key_rate", quoted(&rate.to_string())),
+            None => t.note("tenant_key_rate", "none: new keys are not limited"),
+        }
+        t.set("tenant_metrics", self.tenant_metrics.to_string());
         match &args.record_key_file {
             Some(file) => t.set("record_key_file", path(file)),
             None => t.note("record_key_file", "records are not sealed"),
@@ -305,6 +310,10 @@ impl GatewayConfig {
             t.out.push('\n');
             t.out.push_str(&self.route_toml(route));
         }
+        for tenant in &self.tenant_overrides {
+            t.out.push('\n');
+            t.out.push_str(&tenant_toml(tenant));
+        }
         t.out
     }
 
@@ -373,4 +382,22 @@ impl GatewayConfig {
         }
         t.out
     }
+}
+
+/// One `[[tenant]]` table, as it overrides the global limits.
+fn tenant_toml(limits: &super::TenantLimits) -> String {
+    let mut t = Toml {
+        out: String::from("[[tenant]]\n"),
+    };
+    t.set("id", quoted(&limits.id));
+    match limits.max_in_flight {
+        Some(n) => t.set("max_in_flight", n.to_string()),
+        None => t.note("max_in_flight", "the global tenant_max_in_flight"),
+    }
+    match limits.key_rate {
+        Some(Some(rate)) => t.set("key_rate", quoted(&rate.to_string())),
+        Some(None) => t.set("key_rate", quoted("none")),
+        None => t.note("key_rate", "the global tenant_key_rate"),
+    }
+    t.out
 }

@@ -30,6 +30,9 @@ use series::{
 mod figures;
 mod listener_kind;
 mod series;
+mod tenants;
+
+pub use tenants::{DEFAULT_TENANT_METRICS, tenant_label};
 #[cfg(test)]
 mod tests;
 
@@ -76,6 +79,8 @@ pub struct Metrics {
     waits: Series<ByWaitEnd, Counter>,
     /// Executions whose outcome the gateway could not know, by reason.
     ambiguous: Series<ByReason, Counter>,
+    /// Keyed requests of the busiest tenants.
+    tenants: Arc<tenants::TopTenants>,
 }
 
 impl fmt::Debug for Metrics {
@@ -112,6 +117,7 @@ impl Metrics {
             waiting: Gauge::default(),
             waits: Series::new(),
             ambiguous: Series::new(),
+            tenants: Arc::new(tenants::TopTenants::new(DEFAULT_TENANT_METRICS)),
         };
         for reason in idem_core::Ambiguity::ALL {
             m.ambiguous.touch(ByReason {
@@ -199,6 +205,7 @@ impl Metrics {
              after each the listener pauses, from 50 ms doubling to 1 s",
             self.accept_errors.clone(),
         );
+        r.register_collector(Box::new(tenants::TenantFigures(self.tenants.clone())));
         r.register(
             "idem_upstream_errors",
             "Upstream calls that failed, by kind",
@@ -230,6 +237,18 @@ impl Metrics {
             self.abandoned_writes.clone(),
         );
         self
+    }
+
+    /// Keeps the keyed requests of the `n` busiest tenants (by default
+    /// [`DEFAULT_TENANT_METRICS`]); `0` keeps none.
+    pub fn with_tenant_metrics(self, n: usize) -> Metrics {
+        self.set_tenant_metrics(n);
+        self
+    }
+
+    /// Keeps the keyed requests of the `n` busiest tenants from now on (a reload).
+    pub fn set_tenant_metrics(&self, n: usize) {
+        self.tenants.set_capacity(n);
     }
 
     /// Renders `store`'s own figures ([`Store::metrics`]: a SQLite writer's queue and
@@ -371,6 +390,14 @@ impl Observer for Metrics {
 
     fn upstream_failed(&self, failure: idem_tower::UpstreamFailure) {
         self.count_upstream_error(crate::error::upstream_error_label(failure));
+    }
+
+    fn tenant_keyed(&self, tenant: &idem_core::Tenant) {
+        self.tenants.keyed(tenant);
+    }
+
+    fn tenant_limited(&self, tenant: &idem_core::Tenant, limit: &'static str) {
+        self.tenants.limited(tenant, limit);
     }
 
     fn wait_started(&self) {

@@ -156,6 +156,8 @@ fn exposes_the_metrics_in_metrics_txt() {
     m.store_error("reserve", &idem_core::StoreError::Fenced);
     m.count_upstream_error("timeout");
     m.write_deferred("complete");
+    m.tenant_keyed(&idem_core::Tenant::anonymous());
+    m.tenant_limited(&idem_core::Tenant::anonymous(), "key_rate");
     let text = m.render();
     assert_eq!(inventory(&text), include_str!("metrics.txt"), "{text}");
 }

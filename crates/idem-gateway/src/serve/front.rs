@@ -19,8 +19,9 @@ use hyper::body::Incoming;
 use idem_tower::{Observer, Outcome, Problem, ProblemKind};
 use tower::ServiceExt;
 
-use super::access::{self, AccessSettings, Entry};
-use super::{ClientBody, GatewayService};
+use super::ClientBody;
+use super::access::{self, Entry};
+use super::reload::Generation;
 use crate::budget::AnswerBudget;
 use crate::cors;
 use crate::listener::ConnectionSlot;
@@ -28,20 +29,18 @@ use crate::metrics::Metrics;
 use crate::path::{self, PathNormalization};
 use crate::proxy::ClientAddr;
 use crate::telemetry::{self, Telemetry};
+use arc_swap::ArcSwap;
 
 /// The front of the proxy, around the service behind it (the layer and the proxy).
 #[derive(Clone)]
 pub(super) struct Front {
-    pub(super) service: GatewayService,
+    /// The configuration in force (its path normalisation, request ids and access
+    /// log, certificate tenant, and the service behind): read once per request, so
+    /// that a reload applies to the requests that start after it.
+    pub(super) live: Arc<ArcSwap<Generation>>,
     pub(super) metrics: Arc<Metrics>,
-    pub(super) paths: PathNormalization,
     /// Traces, when an OTLP endpoint is set: a server span around each request.
     pub(super) telemetry: Option<Telemetry>,
-    /// Request ids and the access log.
-    pub(super) access: Arc<AccessSettings>,
-    /// Which name of a verified client certificate is the request's
-    /// [`Principal`](idem_tower::Principal), when `tenant_from` names `cert`.
-    pub(super) cert_tenant: Option<crate::listener::CertName>,
 }
 
 impl Front {
@@ -54,20 +53,21 @@ impl Front {
         budget: &AnswerBudget,
         mut req: Request<Incoming>,
     ) -> impl Future<Output = Result<Response<ClientBody>, Infallible>> + Send + use<> {
+        let live = self.live.load();
         join_cookies(&mut req);
         let invalid = check_host(&mut req)
-            .and_then(|()| normalize_target(&mut req, self.paths))
+            .and_then(|()| normalize_target(&mut req, live.paths))
             .err();
         if invalid.is_some() {
             self.metrics.outcome(Outcome::Rejected);
         }
         req.extensions_mut().insert(ClientAddr(peer));
-        if let Some(choice) = self.cert_tenant
+        if let Some(choice) = live.cert_tenant
             && let Some(principal) = slot.client_names().and_then(|n| choice.principal(n))
         {
             req.extensions_mut().insert(principal);
         }
-        let access = &self.access;
+        let access = &live.access;
         let removed = access.trusted_proxies.strip_untrusted(
             peer,
             req.headers_mut(),
@@ -76,16 +76,17 @@ impl Front {
         if removed > 0 {
             tracing::debug!(%peer, removed, "removed trusted headers a peer that is no trusted proxy sent");
         }
-        let id_header = &self.access.request_id_header;
+        let id_header = &access.request_id_header;
         let request_id = access::request_id(req.headers_mut(), id_header);
-        let entry = Entry::start(&self.access, &mut req, peer, request_id.clone());
+        let entry = Entry::start(access, &mut req, peer, request_id.clone());
         let id_header = id_header.clone();
         // A connection that becomes a WebSocket tunnel keeps its place under the cap
         // while the tunnel is open.
         if req.headers().contains_key(http::header::UPGRADE) {
             req.extensions_mut().insert(slot.clone());
         }
-        let svc = self.service.clone();
+        let svc = live.service.clone();
+        drop(live);
         let guard = self.metrics.in_flight_guard();
         let origin = cors::preflighted_origin(req.method(), req.headers());
         let grpc = idem_tower::is_grpc(req.headers());

@@ -57,6 +57,14 @@ impl Observer for SpanObserver {
         annotate_current(|| vec![KeyValue::new("idem.ambiguous", reason.as_str())]);
     }
 
+    fn tenant_keyed(&self, tenant: &idem_core::Tenant) {
+        self.inner.tenant_keyed(tenant);
+    }
+
+    fn tenant_limited(&self, tenant: &idem_core::Tenant, limit: &'static str) {
+        self.inner.tenant_limited(tenant, limit);
+    }
+
     fn wait_started(&self) {
         self.inner.wait_started();
     }
@@ -193,6 +201,14 @@ impl Store for TracedStore {
         self.inner.list(query).await
     }
 
+    async fn take_rate_token(
+        &self,
+        bucket: &str,
+        rate: &idem_core::KeyRate,
+    ) -> idem_core::Result<Option<bool>> {
+        self.inner.take_rate_token(bucket, rate).await
+    }
+
     async fn purge_expired(&self, limit: usize) -> idem_core::Result<usize> {
         self.inner.purge_expired(limit).await
     }
@@ -271,6 +287,12 @@ mod tests {
         fn ambiguous_outcome(&self, _: idem_core::Ambiguity, _: &str) {
             self.note("ambiguous_outcome");
         }
+        fn tenant_keyed(&self, _: &idem_core::Tenant) {
+            self.note("tenant_keyed");
+        }
+        fn tenant_limited(&self, _: &idem_core::Tenant, _: &'static str) {
+            self.note("tenant_limited");
+        }
         fn wait_started(&self) {
             self.note("wait_started");
         }
@@ -293,6 +315,8 @@ mod tests {
         traced.deferred_write_ended("complete", true);
         traced.upstream_failed(idem_tower::UpstreamFailure::Timeout);
         traced.ambiguous_outcome(idem_core::Ambiguity::Takeover, "digest");
+        traced.tenant_keyed(&idem_core::Tenant::anonymous());
+        traced.tenant_limited(&idem_core::Tenant::anonymous(), "key_rate");
         traced.wait_started();
         traced.wait_ended("replay");
         assert_eq!(
@@ -305,6 +329,8 @@ mod tests {
                 "deferred_write_ended",
                 "upstream_failed",
                 "ambiguous_outcome",
+                "tenant_keyed",
+                "tenant_limited",
                 "wait_started",
                 "wait_ended"
             ]

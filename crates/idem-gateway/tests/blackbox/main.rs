@@ -27,6 +27,7 @@ mod nginx;
 mod packaging;
 mod protocol;
 mod proxying;
+mod reload;
 mod sealing;
 mod shared;
 mod smuggling;

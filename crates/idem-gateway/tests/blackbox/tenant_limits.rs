@@ -1,10 +1,12 @@
-//! Limits per tenant (issue 39 §2, in part): `--tenant-max-in-flight` keeps one tenant
-//! from holding every lease and the upstream's capacity; the excess is a 429 that
-//! reserved nothing, other tenants are not held up, and the refused key runs on retry.
+//! Limits per tenant (issue 39 §2): `--tenant-max-in-flight` keeps one tenant from
+//! holding every lease and the upstream's capacity; the excess is a 429 that reserved
+//! nothing, other tenants are not held up, and the refused key runs on retry.
+//! `--tenant-key-rate` bounds a tenant's new keys, per instance on memory and shared by
+//! every instance on PostgreSQL and Redis.
 
 use std::time::Duration;
 
-use crate::common::{Gateway, Http, Upstream, new_key};
+use crate::common::{Gateway, Http, Upstream, metrics, new_key};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_over_its_cap_gets_429_and_others_are_not_held_up() {
@@ -56,4 +58,128 @@ async fn one_tenant_over_its_cap_gets_429_and_others_are_not_held_up() {
     assert_eq!(retry.status, 201, "{retry:?}");
     assert!(!retry.replayed());
     assert_eq!(up.started(&third), 1);
+}
+
+/// `--tenant-key-rate`: a tenant's new keys beyond its bucket are 429
+/// `key-rate-exceeded` with `Retry-After`, released and never forwarded; replays of its
+/// keys take no token; another tenant has its own bucket; `/metrics` counts the busiest
+/// tenants' requests and refusals by a digest prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_keys_beyond_a_tenants_rate_get_429_and_replays_are_free() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &["--tenant-key-rate", "2/min,2", "--admin", "127.0.0.1:0"],
+    )
+    .await;
+    let http = Http::new();
+    let url = gw.url("/v1/charges");
+    let alice = ("authorization", "Bearer sk_alice_rate");
+    let bob = ("authorization", "Bearer sk_bob_rate");
+    let (k1, k2, k3) = (new_key(), new_key(), new_key());
+    for k in [&k1, &k2] {
+        assert_eq!(http.post(&url, k, "{}", &[alice]).await.status, 201);
+    }
+    let refused = http.post(&url, &k3, "{}", &[alice]).await;
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert_eq!(
+        refused.problem_type(),
+        "https://idem.dev/problems/key-rate-exceeded"
+    );
+    assert_eq!(
+        refused.header("retry-after"),
+        Some("30"),
+        "one token in 30 s at 2/min"
+    );
+    assert_eq!(up.started(&k3), 0, "nothing was forwarded");
+    for _ in 0..3 {
+        let replay = http.post(&url, &k1, "{}", &[alice]).await;
+        assert!(replay.replayed(), "a replay takes no token: {replay:?}");
+    }
+    assert_eq!(http.post(&url, &new_key(), "{}", &[bob]).await.status, 201);
+    // The refused key was released: nothing holds it (a conflict would be 409).
+    let again = http.post(&url, &k3, "{}", &[alice]).await;
+    assert_eq!(
+        again.status, 429,
+        "still over the rate, not in progress: {again:?}"
+    );
+
+    let text = metrics(&http, &gw).await;
+    let limited: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("idem_tenant_limited_requests_total{") && l.contains("key_rate"))
+        .collect();
+    assert!(
+        limited.iter().any(|l| l.ends_with(" 2")),
+        "alice's two refusals: {text}"
+    );
+    let keyed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("idem_tenant_keyed_requests_total{tenant=\"hmac-sha256:"))
+        .collect();
+    assert_eq!(keyed.len(), 2, "alice and bob: {text}");
+    assert!(
+        keyed[0].ends_with(" 7"),
+        "alice's seven keyed requests first: {text}"
+    );
+}
+
+/// On a PostgreSQL or Redis store, one tenant's rate is shared by every gateway on the
+/// store: a tenant flooding two gateways with new keys gets the bucket's burst
+/// executed in all, and the rest refused, whichever gateway they reached.
+async fn the_rate_is_shared_by_every_gateway_on(store: Option<String>) {
+    let Some(url) = store else { return };
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = crate::shared::on_shared(&url, &["--tenant-key-rate", "5/min,5"]);
+    let a = Gateway::start(&up.url(), dir.path(), &args).await;
+    let b = Gateway::start(&up.url(), dir.path(), &args).await;
+    let http = Http::new();
+    // A tenant of this run only: buckets outlive a run by their refill time.
+    let token = format!("Bearer sk_flood_{}", new_key());
+    let flood: Vec<_> = (0..16)
+        .map(|i| {
+            let gw = if i % 2 == 0 { &a } else { &b };
+            let (http, url, key) = (http.clone(), gw.url("/v1/charges"), new_key());
+            let token = token.clone();
+            tokio::spawn(async move {
+                let answer = http
+                    .post(&url, &key, "{}", &[("authorization", &token)])
+                    .await;
+                (key, answer)
+            })
+        })
+        .collect();
+    let (mut executed, mut refused) = (0, 0);
+    for f in flood {
+        let (key, answer) = f.await.unwrap();
+        match answer.status {
+            201 => {
+                executed += 1;
+                assert_eq!(up.started(&key), 1);
+            }
+            429 => {
+                refused += 1;
+                assert_eq!(up.started(&key), 0, "a refused key is never forwarded");
+            }
+            other => panic!("unexpected {other}: {answer:?}"),
+        }
+    }
+    assert_eq!(
+        (executed, refused),
+        (5, 11),
+        "the burst of 5 across both gateways"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_is_shared_by_every_gateway_on_postgres() {
+    the_rate_is_shared_by_every_gateway_on(crate::shared::postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_is_shared_by_every_gateway_on_redis() {
+    the_rate_is_shared_by_every_gateway_on(crate::shared::redis().await).await;
 }

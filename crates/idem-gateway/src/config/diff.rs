@@ -1,0 +1,224 @@
+//! What differs between two configurations, setting by setting, and which of those
+//! differences a reload applies: `idem check-config --diff FILE` prints it, and a
+//! reload (SIGHUP, `POST /reload`) logs the settings it cannot apply.
+//!
+//! Both are read in the form [`GatewayConfig::to_toml`] writes, so every setting it
+//! prints is compared, a `[[route]]` or `[[tenant]]` table as a whole.
+
+use super::{GatewayConfig, ServeArgs};
+
+/// Settings a running gateway cannot change: its listeners and their TLS files
+/// (certificates are read again on SIGHUP, from the same paths), the store and how it
+/// is opened and sealed, the tenant secret and scope mode (changing either would make
+/// every retry of a stored key a new execution), the admin token, the trace exporter,
+/// and the limits fixed per connection. A reload that finds one changed keeps the
+/// running value and says so; a restart applies it.
+pub const RESTART_ONLY: &[&str] = &[
+    "listen",
+    "store",
+    "store_pool",
+    "store_namespace",
+    "migrate",
+    "admin",
+    "admin_token",
+    "admin_token_file",
+    "tenant_secret_file",
+    "record_key_file",
+    "read_unsealed_records",
+    "scope",
+    "response_limit",
+    "client_timeout",
+    "max_connections",
+    "sweep_interval",
+    "shutdown_timeout",
+    "otlp_endpoint",
+    "http2_max_concurrent_streams",
+    "http2_max_header_list_size",
+    "http2_keepalive_interval",
+    "http2_keepalive_timeout",
+    "http2_answer_budget",
+    "tls_client_ca",
+    "tls_cert",
+    "tls_key",
+    "admin_tls_cert",
+    "admin_tls_key",
+];
+
+/// One setting that differs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// The setting (`ttl`), or a table by its place (`route 2`, `tenant 1`).
+    pub setting: String,
+    /// Its value before, as the file writes it; `None` where it was not there.
+    pub before: Option<String>,
+    /// Its value after.
+    pub after: Option<String>,
+    /// Whether a reload applies it; otherwise it takes a restart.
+    pub live: bool,
+}
+
+/// The settings of a configuration in the file's form: `(name, value)` for each, a
+/// `# name: note` line as its note, a table as `route N` or `tenant N` with its lines.
+fn settings(toml: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut tables: std::collections::HashMap<String, usize> = Default::default();
+    let mut in_table = false;
+    for line in toml.lines() {
+        if let Some(kind) = line
+            .strip_prefix("[[")
+            .and_then(|rest| rest.strip_suffix("]]"))
+        {
+            let n = tables.entry(kind.to_owned()).or_insert(0);
+            *n += 1;
+            out.push((format!("{kind} {n}"), String::new()));
+            in_table = true;
+            continue;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        if in_table {
+            let (_, body) = out.last_mut().expect("a table was started");
+            body.push_str(line);
+            body.push('\n');
+            continue;
+        }
+        if let Some((name, value)) = line.split_once(" = ") {
+            out.push((name.to_owned(), value.to_owned()));
+        } else if let Some((name, note)) = line
+            .strip_prefix("# ")
+            .and_then(|rest| rest.split_once(": "))
+            && !name.contains(' ')
+        {
+            out.push((name.to_owned(), format!("# {note}")));
+        }
+    }
+    out
+}
+
+/// What changes from `before` to `after`, in the order `after` writes its settings
+/// (those only `before` has last).
+pub fn diff(
+    before: &GatewayConfig,
+    before_args: &ServeArgs,
+    after: &GatewayConfig,
+    after_args: &ServeArgs,
+) -> Vec<Change> {
+    diff_toml(&before.to_toml(before_args), &after.to_toml(after_args))
+}
+
+/// [`diff`] of two configurations already written in the file's form.
+pub fn diff_toml(before: &str, after: &str) -> Vec<Change> {
+    let (before, after) = (settings(before), settings(after));
+    let find = |list: &[(String, String)], name: &str| {
+        list.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+    };
+    let mut changes = Vec::new();
+    let live = |name: &str| !RESTART_ONLY.contains(&name);
+    for (name, value) in &after {
+        let was = find(&before, name);
+        if was.as_deref() != Some(value.as_str()) {
+            changes.push(Change {
+                setting: name.clone(),
+                before: was,
+                after: Some(value.clone()),
+                live: live(name),
+            });
+        }
+    }
+    for (name, value) in &before {
+        if find(&after, name).is_none() {
+            changes.push(Change {
+                setting: name.clone(),
+                before: Some(value.clone()),
+                after: None,
+                live: live(name),
+            });
+        }
+    }
+    changes
+}
+
+/// The changes as `check-config --diff` prints them: `- name = before` and
+/// `+ name = after` for each, a table's lines indented, and a last line naming those
+/// a reload does not apply.
+pub fn render(changes: &[Change]) -> String {
+    let mut out = String::new();
+    if changes.is_empty() {
+        out.push_str("# no setting differs: a reload would change nothing\n");
+        return out;
+    }
+    let side = |out: &mut String, sign: char, name: &str, value: &str| {
+        if value.contains('\n') {
+            out.push_str(&format!("{sign} [[{name}]]\n"));
+            for line in value.lines() {
+                out.push_str(&format!("{sign}     {line}\n"));
+            }
+        } else {
+            out.push_str(&format!("{sign} {name} = {value}\n"));
+        }
+    };
+    for c in changes {
+        if let Some(before) = &c.before {
+            side(&mut out, '-', &c.setting, before);
+        }
+        if let Some(after) = &c.after {
+            side(&mut out, '+', &c.setting, after);
+        }
+    }
+    let restart: Vec<&str> = changes
+        .iter()
+        .filter(|c| !c.live)
+        .map(|c| c.setting.as_str())
+        .collect();
+    if restart.is_empty() {
+        out.push_str("# a reload (SIGHUP or POST /reload) applies every change above\n");
+    } else {
+        out.push_str(&format!(
+            "# a reload applies the others; these take a restart: {}\n",
+            restart.join(", ")
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_notes_and_tables_are_compared_and_restart_only_ones_named() {
+        let before = "upstream = \"http://a\"\nttl = \"24h\"\nlisten = \"127.0.0.1:8080\"\n\
+                      # admin: off\n\n[[route]]\npath = \"/a\"\n";
+        let after = "upstream = \"http://a\"\nttl = \"1h\"\nlisten = \"127.0.0.1:9090\"\n\
+                     admin = \"127.0.0.1:9091\"\n\n[[route]]\npath = \"/b\"\n\n\
+                     [[tenant]]\nid = \"anonymous\"\n";
+        let changes = diff_toml(before, after);
+        let names: Vec<(&str, bool)> = changes
+            .iter()
+            .map(|c| (c.setting.as_str(), c.live))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("ttl", true),
+                ("listen", false),
+                ("admin", false),
+                ("route 1", true),
+                ("tenant 1", true)
+            ]
+        );
+        assert_eq!(changes[2].before.as_deref(), Some("# off"));
+        let text = render(&changes);
+        assert!(text.contains("- ttl = \"24h\"\n+ ttl = \"1h\"\n"), "{text}");
+        assert!(
+            text.contains("+ [[route 1]]\n+     path = \"/b\"\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("these take a restart: listen, admin\n"),
+            "{text}"
+        );
+        assert!(render(&diff_toml(before, before)).contains("would change nothing"));
+    }
+}
