@@ -195,6 +195,15 @@ pub struct GatewayConfig {
 }
 
 impl GatewayConfig {
+    /// Whether `source` names a tenant anywhere: in `tenant_from`, or a route's.
+    pub fn names_source(&self, source: TenantSource) -> bool {
+        self.tenant_from.contains(&source)
+            || self
+                .routes
+                .iter()
+                .any(|r| r.tenant_from.as_ref().is_some_and(|l| l.contains(&source)))
+    }
+
     /// Settings that work as written but probably do not do what was meant, each as a
     /// sentence; `serve` logs them as warnings at start, `check-config` prints them.
     /// The upstream's host is looked up (a name that does not resolve is one).
@@ -350,13 +359,6 @@ impl GatewayConfig {
             None => parse_tenant_headers(&[DEFAULT_TENANT_HEADER.to_owned()])?,
         };
         let tenant_from = jwt::parse_tenant_from(tenant_from.as_deref())?;
-        if tenant_from.contains(&TenantSource::Cert) && tls_client_ca.is_none() {
-            return Err(invalid(
-                "tenant_from",
-                "names cert, but tls_client_ca is not set, so no client certificate is asked \
-                 for",
-            ));
-        }
         let keyed_methods = match &keyed_methods {
             Some(list) => parse_methods(list, "keyed_methods")?,
             None => parse_methods(&DEFAULT_KEYED_METHODS.map(String::from), "keyed_methods")?,
@@ -379,6 +381,25 @@ impl GatewayConfig {
             None => Ok(RouteMatching::default()),
         }
         .map_err(|e| invalid("route_matching", e))?;
+        let routes = route
+            .into_iter()
+            .enumerate()
+            .map(|(i, rule)| compile_route(i, rule, path_normalization, route_matching))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Every source named anywhere: what must be verifiable.
+        let mut named = tenant_from.clone();
+        for r in &routes {
+            named.extend(r.tenant_from.iter().flatten().copied());
+        }
+        named.sort();
+        named.dedup();
+        if named.contains(&TenantSource::Cert) && tls_client_ca.is_none() {
+            return Err(invalid(
+                "tenant_from",
+                "names cert (globally or on a route), but tls_client_ca is not set, so no \
+                 client certificate is asked for",
+            ));
+        }
         let upstream_timeout = upstream_timeout.unwrap_or(DEFAULT_UPSTREAM_TIMEOUT);
         let upstream = Upstream::parse(&upstream)?;
         let upstream_tls = match (upstream.is_tls(), upstream_ca) {
@@ -428,7 +449,7 @@ impl GatewayConfig {
             require_tenant,
             tenant_key: tenant_key(tenant_secret.as_ref(), tenant_secret_file.as_deref(), None)?,
             jwt: jwt::resolve(
-                &tenant_from,
+                &named,
                 jwt::JwtArgs {
                     jwks_file: jwt_jwks_file.as_ref(),
                     jwks_url: jwt_jwks_url.as_ref(),
@@ -523,11 +544,7 @@ impl GatewayConfig {
                 None => crate::listener::CertName::Uri,
             },
             admin_tls: tls_files("admin_tls", admin_tls_cert, admin_tls_key)?,
-            routes: route
-                .into_iter()
-                .enumerate()
-                .map(|(i, rule)| compile_route(i, rule, path_normalization, route_matching))
-                .collect::<Result<Vec<_>, _>>()?,
+            routes,
         };
         for (setting, value) in [
             ("lease", config.lease),
@@ -684,6 +701,10 @@ fn compile_route(
         Some(list) => parse_key_headers(list).map_err(|e| invalid(&name, e))?,
         None => Vec::new(),
     };
+    let tenant_from = match &rule.tenant_from {
+        Some(list) => Some(jwt::parse_tenant_from(Some(list)).map_err(|e| invalid(&name, e))?),
+        None => None,
+    };
     let route = Route::new(
         method,
         template,
@@ -697,6 +718,7 @@ fn compile_route(
         route
             .retry_hints(rule.retry_hints)
             .require_tenant(rule.require_tenant)
+            .tenant_from(tenant_from)
             .key_headers(key_headers)
             .conflict_wait(rule.conflict_wait)
             .tombstone_ttl(rule.tombstone_ttl)

@@ -332,6 +332,9 @@ pub struct Route {
     pub require_key: Option<bool>,
     /// Overrides `--require-tenant` on this route (`false`: the tenant is optional).
     pub require_tenant: Option<bool>,
+    /// Overrides `--tenant-from` on this route: where its keyed requests' tenant
+    /// comes from, in order.
+    pub tenant_from: Option<Vec<crate::config::TenantSource>>,
     /// The headers the key may come in on this route, in order; empty for the
     /// layer's `Idempotency-Key`.
     pub key_headers: Vec<HeaderName>,
@@ -401,6 +404,7 @@ impl Route {
             release_statuses,
             grpc_release_codes: None,
             require_tenant: None,
+            tenant_from: None,
             key_headers: Vec::new(),
             tombstone_ttl: None,
             retry_hints: None,
@@ -433,6 +437,21 @@ impl Route {
         if let Some(required) = required {
             self.compiled = self.compiled.require_tenant(required);
         }
+        self
+    }
+
+    /// This rule, naming its keyed requests' tenant from `sources` (`None`: the
+    /// gateway's `--tenant-from`). The layer gets them once the gateway has made them
+    /// ([`with_tenant_sources`](Self::with_tenant_sources)).
+    pub fn tenant_from(mut self, sources: Option<Vec<crate::config::TenantSource>>) -> Route {
+        self.tenant_from = sources;
+        self
+    }
+
+    /// This rule, with the sources its `tenant_from` names made (a verifier holding
+    /// its key set) for the layer.
+    pub fn with_tenant_sources(mut self, sources: idem_tower::TenantSources) -> Route {
+        self.compiled = self.compiled.tenant_sources(sources);
         self
     }
 

@@ -169,7 +169,19 @@ pub fn idempotency_layer(
     tenant_key: Option<TenantKey>,
     metrics: Arc<Metrics>,
 ) -> IdempotencyLayer<Arc<dyn Store>> {
-    let routes: Arc<[Route]> = config.routes.clone().into();
+    layer_over_routes(store, config, config.routes.clone(), tenant_key, metrics)
+}
+
+/// [`idempotency_layer`] over `routes` in place of the configuration's (the same
+/// rules, with their tenant sources made).
+fn layer_over_routes(
+    store: Arc<dyn Store>,
+    config: &GatewayConfig,
+    routes: Vec<Route>,
+    tenant_key: Option<TenantKey>,
+    metrics: Arc<Metrics>,
+) -> IdempotencyLayer<Arc<dyn Store>> {
+    let routes: Arc<[Route]> = routes.into();
     let mut layer = IdempotencyLayer::new(store)
         .keyed_methods(config.keyed_methods.clone())
         .require_key(config.require_key)
@@ -489,8 +501,10 @@ async fn service(
                 Some(t) => t.store(store.clone()),
                 None => store.clone(),
             };
-            let mut layer = idempotency_layer(layer_store, config, tenant_key, metrics.clone());
-            if let Some(sources) = tenants::sources(config).await? {
+            let (sources, routes) = tenants::sources(config).await?;
+            let mut layer =
+                layer_over_routes(layer_store, config, routes, tenant_key, metrics.clone());
+            if let Some(sources) = sources {
                 layer = layer.tenant_sources(sources);
             }
             if let Some(t) = telemetry {

@@ -66,9 +66,10 @@ where
                     .tenant_key
                     .get_or_try_init(|| TenantKey::from_store(&*shared.store))
                     .await;
+                let sources = plan.sources.as_ref().or(config.sources.as_ref());
                 match key {
-                    Ok(key) if config.sources.is_some() => {
-                        match sources_tenant(config, key, &parts).await {
+                    Ok(key) if let Some(sources) = sources => {
+                        match sources_tenant(config, sources, key, &parts).await {
                             Ok(tenant) => tenant,
                             Err(problem) => {
                                 config.observer.outcome(Outcome::Rejected);
@@ -164,10 +165,10 @@ where
 /// [`TenantSources`]: crate::TenantSources
 async fn sources_tenant(
     config: &crate::config::Config,
+    sources: &crate::TenantSources,
     key: &TenantKey,
     parts: &Parts,
 ) -> Result<idem_core::Tenant, Problem> {
-    let sources = config.sources.as_ref().expect("called with sources");
     match sources.applying(parts, &config.tenant_headers) {
         #[cfg(feature = "jwt")]
         Some(Applying::Jwt(verifier, token)) => match verifier.verify(token).await {

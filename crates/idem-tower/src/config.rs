@@ -345,6 +345,7 @@ pub struct RouteConfig {
     pub(crate) keyed: Option<bool>,
     pub(crate) require_key: Option<bool>,
     pub(crate) require_tenant: Option<bool>,
+    pub(crate) tenant_sources: Option<crate::sources::TenantSources>,
     pub(crate) key_headers: Option<Vec<HeaderName>>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) lease: Option<Duration>,
@@ -470,6 +471,16 @@ impl RouteConfig {
     /// requires one here only.
     pub fn require_tenant(mut self, required: bool) -> RouteConfig {
         self.require_tenant = Some(required);
+        self
+    }
+
+    /// Where a keyed request on this route names its tenant, in place of the layer's
+    /// [`tenant_sources`](crate::IdempotencyLayer::tenant_sources) (or its tenant
+    /// headers): a route that machine clients reach with certificates and people with
+    /// tokens can say so. Only sources the layer can verify apply: a route naming a
+    /// bearer token needs a [`JwtVerifier`](crate::JwtVerifier) in its sources.
+    pub fn tenant_sources(mut self, sources: crate::sources::TenantSources) -> RouteConfig {
+        self.tenant_sources = Some(sources);
         self
     }
 

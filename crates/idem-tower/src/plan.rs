@@ -117,7 +117,7 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
         let headers_name_one = || config.tenant_headers.carried_by(&parts.headers);
         let named = match &tenant {
             Some(t) => t.as_str() != Tenant::ANONYMOUS,
-            None => match &config.sources {
+            None => match route.tenant_sources.as_ref().or(config.sources.as_ref()) {
                 Some(sources) => sources.applying(parts, &config.tenant_headers).is_some(),
                 None => headers_name_one(),
             },
@@ -168,8 +168,11 @@ fn key_from(headers: &http::HeaderMap, names: &[HeaderName]) -> Result<Option<Ke
 /// What a keyed request will be reserved and recorded as. The layer's settings stay in
 /// [`Config`]; a plan carries only what this request adds to them.
 pub(crate) struct Plan {
-    /// The tenant, when a caller's extractor named it; else the headers name it.
+    /// The tenant, when a caller's extractor named it; else the sources or the
+    /// headers name it.
     pub(crate) tenant: Option<Tenant>,
+    /// The route's tenant sources, which replace the layer's.
+    pub(crate) sources: Option<crate::sources::TenantSources>,
     pub(crate) endpoint: Endpoint,
     pub(crate) key: Key,
     pub(crate) ttl: Duration,
@@ -221,6 +224,7 @@ impl Plan {
         });
         Plan {
             tenant,
+            sources: route.tenant_sources,
             endpoint: endpoint(&parts.method, template),
             key,
             ttl: route.ttl.unwrap_or(config.ttl),

@@ -708,6 +708,10 @@ pub struct RouteRule {
     /// `false`: a keyed request on this route may name no tenant (keyed as
     /// `anonymous`) even with `require_tenant`; `true`: this route requires one.
     pub require_tenant: Option<bool>,
+    /// Where this route's keyed requests name their tenant, in place of the global
+    /// `tenant_from` (`jwt`, `cert`, `headers`, in that order).
+    #[serde(default, deserialize_with = "toml_form::list")]
+    pub tenant_from: Option<Vec<String>>,
     /// How long a duplicate of an in-progress request on this route waits for its
     /// answer when it sends no `Prefer: wait=N`.
     #[serde(default, deserialize_with = "toml_form::duration")]

@@ -365,6 +365,10 @@ impl GatewayConfig {
             "require_tenant",
             r.require_tenant.unwrap_or(self.require_tenant).to_string(),
         );
+        match &r.tenant_from {
+            Some(list) => t.set("tenant_from", strings(list.iter().map(|s| s.as_str()))),
+            None => t.note("tenant_from", "the global tenant_from"),
+        }
         if r.key_headers.is_empty() {
             t.note("key_header", "Idempotency-Key");
         } else {

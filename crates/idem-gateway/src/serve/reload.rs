@@ -87,8 +87,7 @@ impl Generation {
             }),
             paths: config.path_normalization,
             cert_tenant: config
-                .tenant_from
-                .contains(&TenantSource::Cert)
+                .names_source(TenantSource::Cert)
                 .then_some(config.tenant_cert_name),
             layer,
             config,

@@ -7,31 +7,48 @@ use std::time::Duration;
 
 use super::ServeError;
 use crate::config::{GatewayConfig, TenantSource};
+use crate::route::Route;
 
-/// The layer's tenant sources, or `None` for the headers alone (the layer's default).
+/// The sources `tenant_from` names, made: the layer's (`None` for the headers alone,
+/// the layer's default), and the routes with a `tenant_from` of their own given
+/// theirs. One bearer-token verifier, with its key set loaded, serves them all.
 pub(super) async fn sources(
     config: &GatewayConfig,
-) -> Result<Option<idem_tower::TenantSources>, ServeError> {
-    if config.tenant_from == [TenantSource::Headers] {
-        return Ok(None);
-    }
-    let mut sources = idem_tower::TenantSources::new();
-    for source in &config.tenant_from {
-        sources = match source {
-            TenantSource::Jwt => {
-                let jwt = config.jwt.as_ref().expect("jwt settings with jwt");
-                let verifier = Arc::new(jwt.verifier().await?);
-                if jwt.jwks_url.is_some() {
-                    spawn_jwks_refresh(Arc::downgrade(&verifier), jwt.jwks_refresh);
-                }
-                sources.jwt(verifier)
+) -> Result<(Option<idem_tower::TenantSources>, Vec<Route>), ServeError> {
+    let verifier = match &config.jwt {
+        Some(jwt) if config.names_source(TenantSource::Jwt) => {
+            let verifier = Arc::new(jwt.verifier().await?);
+            if jwt.jwks_url.is_some() {
+                spawn_jwks_refresh(Arc::downgrade(&verifier), jwt.jwks_refresh);
             }
-            // The front puts the certificate's principal in the extensions.
-            TenantSource::Cert => sources.principal(),
-            TenantSource::Headers => sources.headers(),
-        };
-    }
-    Ok(Some(sources))
+            Some(verifier)
+        }
+        _ => None,
+    };
+    let made = |list: &[TenantSource]| {
+        let mut sources = idem_tower::TenantSources::new();
+        for source in list {
+            sources = match source {
+                TenantSource::Jwt => {
+                    sources.jwt(verifier.clone().expect("a verifier wherever jwt is named"))
+                }
+                // The front puts the certificate's principal in the extensions.
+                TenantSource::Cert => sources.principal(),
+                TenantSource::Headers => sources.headers(),
+            };
+        }
+        sources
+    };
+    let global = (config.tenant_from != [TenantSource::Headers]).then(|| made(&config.tenant_from));
+    let routes = config
+        .routes
+        .iter()
+        .map(|r| match &r.tenant_from {
+            Some(list) => r.clone().with_tenant_sources(made(list)),
+            None => r.clone(),
+        })
+        .collect();
+    Ok((global, routes))
 }
 
 /// Fetches the JWKS URL again every `every`, until the verifier is dropped with the

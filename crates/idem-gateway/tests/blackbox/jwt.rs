@@ -387,3 +387,77 @@ async fn on_the_default_a_refreshed_token_is_another_tenant() {
     assert!(!api_key.replayed(), "another tenant, by its header digest");
     assert_eq!(up.started(&key), 2);
 }
+
+/// Sources per route: the gateway names tenants by their headers, but one route's
+/// `tenant_from = ["jwt", "headers"]` names them by a verified token there. On that
+/// route a retry after a refresh replays, and a forged token is 401; on the others the
+/// headers still decide (a refreshed token there is a new tenant), and no token is
+/// verified.
+#[tokio::test]
+async fn a_route_names_its_tenant_from_its_own_sources() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ed = Signer::ed25519("2026-12");
+    write_jwks(dir.path(), &[&ed]);
+    std::fs::write(
+        dir.path().join("idem.toml"),
+        "[[route]]\nmethod = \"POST\"\npath = \"/v1/payments\"\ntenant_from = [\"jwt\", \"headers\"]\n",
+    )
+    .unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &[
+            "--config",
+            "idem.toml",
+            "--jwt-jwks-file",
+            "jwks.json",
+            "--jwt-issuer",
+            ISSUER,
+            "--jwt-audience",
+            "payments",
+        ],
+    )
+    .await;
+    let http = Http::new();
+    let post = |path: &'static str, key: String, token: String| {
+        let (http, url) = (http.clone(), gw.url(path));
+        async move {
+            let bearer = format!("Bearer {token}");
+            http.post(&url, &key, "{}", &[("authorization", bearer.as_str())])
+                .await
+        }
+    };
+    let (t1, t2) = (
+        ed.sign(&claims("cus_route", "r1")),
+        ed.sign(&claims("cus_route", "r2")),
+    );
+
+    let key = new_key();
+    assert_eq!(
+        post("/v1/payments", key.clone(), t1.clone()).await.status,
+        201
+    );
+    let retry = post("/v1/payments", key.clone(), t2.clone()).await;
+    assert!(
+        retry.replayed(),
+        "the route's tenant is the token's sub: {retry:?}"
+    );
+    assert_eq!(up.started(&key), 1);
+    let forged = post("/v1/payments", new_key(), format!("{t1}x")).await;
+    assert_eq!(forged.status, 401, "{forged:?}");
+
+    let other = new_key();
+    assert_eq!(
+        post("/v1/charges", other.clone(), t1.clone()).await.status,
+        201
+    );
+    let refreshed = post("/v1/charges", other.clone(), t2).await;
+    assert!(
+        !refreshed.replayed(),
+        "the headers decide there: {refreshed:?}"
+    );
+    assert_eq!(up.started(&other), 2);
+    let unverified = post("/v1/charges", new_key(), format!("{t1}x")).await;
+    assert_eq!(unverified.status, 201, "no token is verified there");
+}
