@@ -66,7 +66,7 @@ where
                     .tenant_key
                     .get_or_try_init(|| TenantKey::from_store(&*shared.store))
                     .await;
-                let sources = plan.sources.as_ref().or(config.sources.as_ref());
+                let sources = plan.sources.as_deref().or(config.sources.as_ref());
                 match key {
                     Ok(key) if let Some(sources) = sources => {
                         match sources_tenant(config, sources, key, &parts).await {

@@ -345,7 +345,7 @@ pub struct RouteConfig {
     pub(crate) keyed: Option<bool>,
     pub(crate) require_key: Option<bool>,
     pub(crate) require_tenant: Option<bool>,
-    pub(crate) tenant_sources: Option<crate::sources::TenantSources>,
+    pub(crate) tenant_sources: Option<Arc<crate::sources::TenantSources>>,
     pub(crate) key_headers: Option<Vec<HeaderName>>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) lease: Option<Duration>,
@@ -480,7 +480,7 @@ impl RouteConfig {
     /// tokens can say so. Only sources the layer can verify apply: a route naming a
     /// bearer token needs a [`JwtVerifier`](crate::JwtVerifier) in its sources.
     pub fn tenant_sources(mut self, sources: crate::sources::TenantSources) -> RouteConfig {
-        self.tenant_sources = Some(sources);
+        self.tenant_sources = Some(Arc::new(sources));
         self
     }
 

@@ -117,7 +117,7 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
         let headers_name_one = || config.tenant_headers.carried_by(&parts.headers);
         let named = match &tenant {
             Some(t) => t.as_str() != Tenant::ANONYMOUS,
-            None => match route.tenant_sources.as_ref().or(config.sources.as_ref()) {
+            None => match route.tenant_sources.as_deref().or(config.sources.as_ref()) {
                 Some(sources) => sources.applying(parts, &config.tenant_headers).is_some(),
                 None => headers_name_one(),
             },
@@ -172,7 +172,7 @@ pub(crate) struct Plan {
     /// headers name it.
     pub(crate) tenant: Option<Tenant>,
     /// The route's tenant sources, which replace the layer's.
-    pub(crate) sources: Option<crate::sources::TenantSources>,
+    pub(crate) sources: Option<std::sync::Arc<crate::sources::TenantSources>>,
     pub(crate) endpoint: Endpoint,
     pub(crate) key: Key,
     pub(crate) ttl: Duration,
@@ -182,7 +182,7 @@ pub(crate) struct Plan {
     /// The route's fingerprint options, which replace the layer's.
     pub(crate) fingerprint: Option<FingerprintOptions>,
     /// The path the fingerprint covers in place of the request's.
-    pub(crate) fingerprint_path: Option<String>,
+    pub(crate) fingerprint_path: Option<Box<str>>,
     /// How the answer is recorded or released.
     pub(crate) answers: AnswerRules,
 }
@@ -231,7 +231,7 @@ impl Plan {
             lease,
             tombstone: route.tombstone.unwrap_or(config.tombstone),
             fingerprint: route.fingerprint,
-            fingerprint_path: route.fingerprint_path,
+            fingerprint_path: route.fingerprint_path.map(String::into_boxed_str),
             answers: AnswerRules {
                 extra_headers: route.stored_headers,
                 release_statuses: route

@@ -126,7 +126,7 @@ impl TenantLimits {
         overrides.retain(|(t, _)| *t != tenant);
         overrides.push((tenant, limits));
         // The longest (most precise) name first: it wins over a prefix of it.
-        overrides.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        overrides.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
     }
 
     /// The override that names `tenant`, if any.
@@ -214,6 +214,52 @@ impl Drop for TenantSlot {
     }
 }
 
+/// Whether `tenant` may execute one more new key at `rate`: a token from the store's
+/// bucket, shared by every instance, or from this layer's own where the store keeps
+/// none. A store that fails the call lets the key through, and says so in the log.
+pub(crate) async fn take_token<St: idem_core::Store + ?Sized>(
+    store: &St,
+    limits: &TenantLimits,
+    tenant: &Tenant,
+    rate: &KeyRate,
+) -> bool {
+    match store.take_rate_token(tenant.as_str(), rate).await {
+        Ok(Some(taken)) => taken,
+        Ok(None) => limits.take_local(tenant, rate, idem_core::Clock::now(&idem_core::SystemClock)),
+        Err(e) => {
+            tracing::warn!(error = %e, "the store could not count a new key against its tenant's rate; letting it through");
+            true
+        }
+    }
+}
+
+/// The answer to a new key over its tenant's rate: its reservation released (so that
+/// its retry may run), and 429 `key-rate-exceeded` with `Retry-After`.
+pub(crate) async fn refuse_new_key<St: idem_core::Store + ?Sized, B>(
+    store: &St,
+    observer: &dyn crate::Observer,
+    lease: idem_core::Lease,
+    rate: KeyRate,
+    grpc: bool,
+) -> http::Response<crate::IdempotencyBody<B>> {
+    observer.tenant_limited(lease.scope.tenant(), "key_rate");
+    if let Err(e) = crate::policy::timed(observer, "release", store.release(&lease)).await {
+        // The key stays in progress until its lease lapses; its retry then takes over.
+        tracing::warn!(error = %e, scope = %lease.scope.digest(), "could not release a key refused for its tenant's rate");
+    }
+    observer.outcome(crate::Outcome::Rejected);
+    let detail = format!(
+        "this tenant has started new keys faster than its rate of {rate} allows; the key \
+         was released and nothing was forwarded: retry with the same key after the \
+         Retry-After delay"
+    );
+    let problem = crate::problem::Problem::new(crate::ProblemKind::KeyRateExceeded, detail)
+        .retry_after(rate.retry_after());
+    let mut response = problem.answer(grpc).map(crate::IdempotencyBody::buffered);
+    crate::Handled::scoped(&mut response, &lease.scope);
+    response
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,50 +334,4 @@ mod tests {
         drop(held);
         assert!(after.try_enter(&t).unwrap().is_some());
     }
-}
-
-/// Whether `tenant` may execute one more new key at `rate`: a token from the store's
-/// bucket, shared by every instance, or from this layer's own where the store keeps
-/// none. A store that fails the call lets the key through, and says so in the log.
-pub(crate) async fn take_token<St: idem_core::Store + ?Sized>(
-    store: &St,
-    limits: &TenantLimits,
-    tenant: &Tenant,
-    rate: &KeyRate,
-) -> bool {
-    match store.take_rate_token(tenant.as_str(), rate).await {
-        Ok(Some(taken)) => taken,
-        Ok(None) => limits.take_local(tenant, rate, idem_core::Clock::now(&idem_core::SystemClock)),
-        Err(e) => {
-            tracing::warn!(error = %e, "the store could not count a new key against its tenant's rate; letting it through");
-            true
-        }
-    }
-}
-
-/// The answer to a new key over its tenant's rate: its reservation released (so that
-/// its retry may run), and 429 `key-rate-exceeded` with `Retry-After`.
-pub(crate) async fn refuse_new_key<St: idem_core::Store + ?Sized, B>(
-    store: &St,
-    observer: &dyn crate::Observer,
-    lease: idem_core::Lease,
-    rate: KeyRate,
-    grpc: bool,
-) -> http::Response<crate::IdempotencyBody<B>> {
-    observer.tenant_limited(lease.scope.tenant(), "key_rate");
-    if let Err(e) = crate::policy::timed(observer, "release", store.release(&lease)).await {
-        // The key stays in progress until its lease lapses; its retry then takes over.
-        tracing::warn!(error = %e, scope = %lease.scope.digest(), "could not release a key refused for its tenant's rate");
-    }
-    observer.outcome(crate::Outcome::Rejected);
-    let detail = format!(
-        "this tenant has started new keys faster than its rate of {rate} allows; the key \
-         was released and nothing was forwarded: retry with the same key after the \
-         Retry-After delay"
-    );
-    let problem = crate::problem::Problem::new(crate::ProblemKind::KeyRateExceeded, detail)
-        .retry_after(rate.retry_after());
-    let mut response = problem.answer(grpc).map(crate::IdempotencyBody::buffered);
-    crate::Handled::scoped(&mut response, &lease.scope);
-    response
 }

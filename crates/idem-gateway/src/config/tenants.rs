@@ -27,7 +27,7 @@ impl TenantLimits {
             Some("none") => Some(None),
             Some(rate) => {
                 Some(Some(rate.parse().map_err(|e| {
-                    invalid(&format!("[[tenant]] {id}: key_rate"), e)
+                    invalid(format!("[[tenant]] {id}: key_rate"), e)
                 })?))
             }
         };

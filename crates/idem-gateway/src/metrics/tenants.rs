@@ -61,7 +61,7 @@ impl TopTenants {
     pub(super) fn set_capacity(&self, capacity: usize) {
         self.capacity.store(capacity, Ordering::Relaxed);
         let mut rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
-        rows.sort_by(|a, b| b.keyed.cmp(&a.keyed));
+        rows.sort_by_key(|r| std::cmp::Reverse(r.keyed));
         rows.truncate(capacity);
     }
 

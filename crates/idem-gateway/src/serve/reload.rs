@@ -277,7 +277,7 @@ fn keep_restart_only(config: &mut GatewayConfig, running: &GatewayConfig) {
     config.sweep_interval = running.sweep_interval;
     config.shutdown_timeout = running.shutdown_timeout;
     config.otlp_endpoint = running.otlp_endpoint.clone();
-    config.http2 = running.http2.clone();
+    config.http2 = running.http2;
     config.tls = running.tls.clone();
     config.admin_tls = running.admin_tls.clone();
 }
