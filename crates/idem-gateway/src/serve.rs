@@ -10,7 +10,9 @@
 mod access;
 mod front;
 mod grpc;
+mod layer;
 mod reload;
+mod signals;
 mod tenants;
 
 use std::convert::Infallible;
@@ -21,29 +23,30 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
-use idem_core::{Store, StoreError, Sweeper, SweeperConfig, TenantKey};
-use idem_tower::{IdempotencyBody, IdempotencyLayer, InFlight};
+use idem_core::{Store, StoreError, Sweeper, SweeperConfig};
+use idem_tower::{IdempotencyLayer, InFlight};
 use tokio::time::Instant;
+use tower::BoxError;
 use tower::util::BoxCloneSyncService;
-use tower::{BoxError, Layer, ServiceExt};
 
 use self::front::Front;
+pub use self::layer::idempotency_layer;
+use self::layer::{service, tenant_key};
 use self::reload::{Generation, Parts};
 pub use self::reload::{ReloadError, Reloaded, Reloader};
+use self::signals::reload_on_sighup;
+pub use self::signals::shutdown_signal;
 pub use crate::access::{AccessLog, DEFAULT_REQUEST_ID_HEADER, MAX_REQUEST_ID_LEN, UpstreamTime};
 use crate::admin::{self, AdminState};
-use crate::budget::{self, AnswerBudget};
+use crate::budget::AnswerBudget;
 use crate::config::{ConfigError, GatewayConfig, ServeArgs};
 use crate::listener::{
     self, ADMIN_MAX_CONNECTIONS, ConnectionSlot, Connections, Listener, ListenerKind, Tls,
     default_max_connections,
 };
 use crate::metrics::Metrics;
-use crate::proxy::{Proxy, ProxyBody};
-use crate::route::{self, Route};
 use crate::store::{self, OpenError, redact};
 use crate::telemetry::{Telemetry, TelemetryError};
 use arc_swap::ArcSwap;
@@ -157,92 +160,6 @@ impl std::fmt::Debug for Gateway {
                 &self.admin.as_ref().and_then(|a| a.local_addr().ok()),
             )
             .finish_non_exhaustive()
-    }
-}
-
-/// The layer configured from the gateway's settings. Tenants are hashed under
-/// `tenant_key`, else under the store's own secret, which the layer fetches before it
-/// scopes the first keyed request.
-pub fn idempotency_layer(
-    store: Arc<dyn Store>,
-    config: &GatewayConfig,
-    tenant_key: Option<TenantKey>,
-    metrics: Arc<Metrics>,
-) -> IdempotencyLayer<Arc<dyn Store>> {
-    layer_over_routes(store, config, config.routes.clone(), tenant_key, metrics)
-}
-
-/// [`idempotency_layer`] over `routes` in place of the configuration's (the same
-/// rules, with their tenant sources made).
-fn layer_over_routes(
-    store: Arc<dyn Store>,
-    config: &GatewayConfig,
-    routes: Vec<Route>,
-    tenant_key: Option<TenantKey>,
-    metrics: Arc<Metrics>,
-) -> IdempotencyLayer<Arc<dyn Store>> {
-    let routes: Arc<[Route]> = routes.into();
-    let mut layer = IdempotencyLayer::new(store)
-        .keyed_methods(config.keyed_methods.clone())
-        .require_key(config.require_key)
-        .scope_mode(config.scope)
-        .body_limit(config.body_limit)
-        .response_limit(config.response_limit)
-        .ttl(config.ttl)
-        .tombstone_ttl(config.tombstone_ttl)
-        .lease(config.lease)
-        .max_wait(config.max_wait)
-        .max_waiters(config.max_waiters)
-        .release_statuses(config.release_statuses.iter())
-        .grpc_release_codes(config.grpc_release_codes.clone())
-        // The inner service is the proxy: a replay's `GET <reference>` goes upstream.
-        .render_references(true)
-        .tenant_headers(config.tenant_headers.iter().cloned())
-        .require_tenant(config.require_tenant)
-        .tenant_max_in_flight(config.tenant_max_in_flight)
-        .tenant_key_rate(config.tenant_key_rate)
-        .observer(metrics);
-    for tenant in &config.tenant_overrides {
-        layer = layer
-            .tenant_override(tenant.id.clone(), tenant.to_override())
-            .expect("checked when the configuration was read");
-    }
-    if let Some(key) = tenant_key {
-        layer = layer.tenant_key(key);
-    }
-    // The client timeout bounds a keyed body's arrival too: it is buffered whole before
-    // anything is reserved.
-    if let Some(timeout) = config.client_timeout {
-        layer = layer.body_timeout(timeout);
-    }
-    if !routes.is_empty() {
-        layer = layer.route_config(move |parts| {
-            let path = parts.uri.path();
-            route::find(&routes, &parts.method, path).map(|r| r.config_for(path))
-        });
-    }
-    layer
-}
-
-/// The one key the gateway names tenants by: the operator's secret, else the store's
-/// own (generated on its first use), read now so that a store holding an unusable one
-/// stops the start. A store not reached yet (a deferred PostgreSQL or Redis) leaves
-/// it to the layer, which reads it before it scopes the first keyed request; until
-/// then keyed requests get the 503 they get while the store is unreachable.
-async fn tenant_key(
-    config: &GatewayConfig,
-    store: &dyn Store,
-) -> Result<Option<TenantKey>, ServeError> {
-    if let Some(key) = &config.tenant_key {
-        return Ok(Some(key.clone()));
-    }
-    match TenantKey::from_store(store).await {
-        Ok(key) => Ok(Some(key)),
-        Err(StoreError::Unavailable(e)) => {
-            tracing::info!(error = %e, "the tenant secret will be read from the store once it is reached");
-            Ok(None)
-        }
-        Err(e) => Err(ServeError::TenantSecret(e)),
     }
 }
 
@@ -474,69 +391,6 @@ impl Gateway {
     }
 }
 
-/// The service behind the front of the proxy: the idempotency layer around the proxy
-/// (taking over from `earlier`'s, after a reload), or the proxy alone in pass-through
-/// mode; with the layer, the layer too.
-async fn service(
-    config: &GatewayConfig,
-    mode: Mode,
-    store: &Arc<dyn Store>,
-    metrics: &Arc<Metrics>,
-    telemetry: Option<&Telemetry>,
-    tenant_key: Option<TenantKey>,
-    earlier: Option<&IdempotencyLayer<Arc<dyn Store>>>,
-) -> Result<(GatewayService, Option<IdempotencyLayer<Arc<dyn Store>>>), ServeError> {
-    let proxy = Proxy::speaking(
-        config.upstream.clone(),
-        config.upstream_protocol,
-        config.upstream_tls.as_deref(),
-        config.upstream_timeout,
-        metrics.clone(),
-    );
-    Ok(match mode {
-        Mode::Idempotent => {
-            // With traces on, the layer's store calls and outcomes go through the
-            // telemetry, which passes them on to the store and the metrics.
-            let layer_store = match telemetry {
-                Some(t) => t.store(store.clone()),
-                None => store.clone(),
-            };
-            let (sources, routes) = tenants::sources(config).await?;
-            let mut layer =
-                layer_over_routes(layer_store, config, routes, tenant_key, metrics.clone());
-            if let Some(sources) = sources {
-                layer = layer.tenant_sources(sources);
-            }
-            if let Some(t) = telemetry {
-                layer = layer.observer(t.observer(metrics.clone()));
-            }
-            if let Some(earlier) = earlier {
-                layer = layer.take_over_from(earlier);
-            }
-            let svc = ServiceExt::<Request<Incoming>>::map_response(
-                layer.clone().layer(proxy),
-                |res: Response<IdempotencyBody<ProxyBody>>| {
-                    // The front charges what the layer holds whole to the connection.
-                    let buffered = res.body().is_buffered();
-                    let mut res = res.map(|b| b.map_err(Into::into).boxed_unsync());
-                    if buffered {
-                        res.extensions_mut().insert(budget::Buffered);
-                    }
-                    res
-                },
-            );
-            (BoxCloneSyncService::new(svc), Some(layer))
-        }
-        Mode::PassThrough => {
-            let svc =
-                ServiceExt::<Request<Incoming>>::map_response(proxy, |res: Response<ProxyBody>| {
-                    res
-                });
-            (BoxCloneSyncService::new(svc), None)
-        }
-    })
-}
-
 /// The proxy's listener and the admin one, if any, bound with their caps and client
 /// timeouts.
 fn listeners(
@@ -623,68 +477,6 @@ async fn close(store: &dyn Store, deadline: Instant) {
         .is_err()
     {
         tracing::warn!("the store had not closed by the shutdown deadline; stopping without it");
-    }
-}
-
-/// On every SIGHUP, reads each listener's certificate and key again (new connections
-/// get the new pair, open ones keep theirs, and a pair that cannot be used is logged
-/// and leaves the one in force), then the configuration, when the gateway is
-/// [reloadable](Gateway::reloadable) (see [`Reloader`]). SIGHUP never ends the process,
-/// as it would by default.
-async fn reload_on_sighup(tls: Vec<(&'static str, Tls)>, reloader: Arc<Reloader>) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hup = match signal(SignalKind::hangup()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGHUP; nothing will be reloaded on it");
-                return;
-            }
-        };
-        while hup.recv().await.is_some() {
-            for (listener, tls) in &tls {
-                let files = tls.files();
-                match tls.reload() {
-                    Ok(()) => tracing::info!(
-                        listener,
-                        cert = %files.cert.display(),
-                        "SIGHUP: TLS certificate reloaded; new connections use it"
-                    ),
-                    Err(e) => tracing::error!(
-                        listener,
-                        error = %e,
-                        "SIGHUP: the new TLS certificate cannot be used; keeping the one in force"
-                    ),
-                }
-            }
-            // Logged by the reloader, whatever came of it.
-            let _ = reloader.reload().await;
-        }
-    }
-    #[cfg(not(unix))]
-    drop((tls, reloader));
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("SIGINT received"),
-        () = term => tracing::info!("SIGTERM received"),
     }
 }
 

@@ -196,7 +196,7 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_TENANT_MAX_IN_FLIGHT", value_name = "N")]
     pub tenant_max_in_flight: Option<u64>,
 
-    /// At most this rate of new keys per tenant, RATE/UNIT[,BURST] (`10/s`,
+    /// At most this rate of new keys per tenant, `RATE/UNIT[,BURST]` (`10/s`,
     /// `600/min,50`); a new key beyond it is answered 429 `key-rate-exceeded` with
     /// Retry-After and released. Shared by every instance on a PostgreSQL or Redis store,
     /// per instance on memory and SQLite; replays are not counted [default: none].
