@@ -278,7 +278,10 @@ mod tests {
             Err(e) => panic!("{e}"),
         };
         assert_eq!(fresh.table, format!("{name}_records"));
-        assert_eq!((fresh.from, fresh.to), (None, 4));
+        assert_eq!(
+            (fresh.from, fresh.to),
+            (None, crate::schema::SCHEMA_VERSION as u32)
+        );
         // Planning made no table: opening without migrating finds none.
         let existing = StoreOptions {
             schema: idem_core::Schema::Existing,
@@ -298,7 +301,8 @@ mod tests {
         let store = PgStore::open(&url, &existing).await.unwrap();
         store.ping().await.unwrap();
         let current = PgStore::plan(&url, &options).await.unwrap().unwrap();
-        assert_eq!((current.from, current.to), (Some(4), 4));
+        let v = crate::schema::SCHEMA_VERSION as u32;
+        assert_eq!((current.from, current.to), (Some(v), v));
         assert!(current.is_current());
         schema::drop_table(store.pool(), store.table())
             .await
