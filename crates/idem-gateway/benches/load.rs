@@ -15,7 +15,9 @@
 //! time per request against what was spent.
 //! `IDEM_LOAD_ONLY=memory,sqlite` runs only those stores (and pass-through), and
 //! `IDEM_LOAD_EXTRA=name=URL,...` adds stores under names of one's own, to compare
-//! settings in one run (`sqlite-off=sqlite://off.db?synchronous=off`, say).
+//! settings in one run (`sqlite-off=sqlite://off.db?synchronous=off`, say); flags after
+//! the URL go to that gateway (`redis-rate=redis://127.0.0.1:6379 --tenant-key-rate
+//! 1000000/s`).
 //! `IDEM_LOAD_PROTOCOL=h1,h2,tls` runs the whole load once per protocol the driver speaks
 //! to the gateway (HTTP/1.1, the default; HTTP/2 with prior knowledge; HTTP/2 over TLS
 //! with a certificate made for the run), idem's configurations only beyond HTTP/1.1, and
@@ -405,10 +407,12 @@ fn main() {
             .split(',')
         {
             if let Some((name, url)) = extra.split_once('=') {
-                configs.push((
-                    name.trim().to_owned(),
-                    vec!["--store".into(), url.trim().to_owned()],
-                ));
+                // `name=URL --flag value ...`: the gateway's own flags after the URL.
+                let mut words = url.split_whitespace().map(str::to_owned);
+                let mut args = vec!["--store".into()];
+                args.extend(words.next());
+                args.extend(words);
+                configs.push((name.trim().to_owned(), args));
             }
         }
 

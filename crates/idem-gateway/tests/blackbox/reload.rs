@@ -400,3 +400,58 @@ fn check_config_diff_shows_what_a_reload_would_change() {
         String::from_utf8_lossy(&refused.stderr)
     );
 }
+
+/// Reloads under load: while clients send keyed requests (each key twice) on
+/// keep-alive connections, the rules are reloaded again and again. No request fails
+/// or is dropped, every key executes once and its duplicate replays, and the last
+/// generation is in force at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_under_load_drop_nothing_and_execute_each_key_once() {
+    const CLIENTS: usize = 4;
+    const KEYS: usize = 40;
+    const RELOADS: u64 = 6;
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.toml");
+    std::fs::write(&file, "ttl = \"1h\"\n").unwrap();
+    let gw = start(&up, dir.path(), &file, &[]).await;
+    let http = Http::new();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (http, url) = (http.clone(), gw.url("/v1/charges"));
+            tokio::spawn(async move {
+                let mut keys = Vec::new();
+                for i in 0..KEYS {
+                    let key = new_key();
+                    let body = format!("{{\"n\":{i}}}");
+                    let first = http.post(&url, &key, &body, &[]).await;
+                    assert_eq!(first.status, 201, "{first:?}");
+                    let again = http.post(&url, &key, &body, &[]).await;
+                    assert!(again.replayed(), "{again:?}");
+                    keys.push(key);
+                }
+                keys
+            })
+        })
+        .collect();
+    for n in 0..RELOADS {
+        // Each reload changes a live rule: the TTL, and a route's stored headers.
+        std::fs::write(
+            &file,
+            format!(
+                "ttl = \"{}h\"\n\n[[route]]\npath = \"/v1/refunds\"\nstore_headers = [\"x-n-{n}\"]\n",
+                n + 2
+            ),
+        )
+        .unwrap();
+        let done = post_reload(&http, &gw).await;
+        assert_eq!(done.status, 200, "{done:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for c in clients {
+        for key in c.await.unwrap() {
+            assert_eq!(up.started(&key), 1, "{key} ran once");
+        }
+    }
+    wait_for_generation(&http, &gw, RELOADS + 1).await;
+}
