@@ -18,6 +18,7 @@
 //! settings in one run (`sqlite-off=sqlite://off.db?synchronous=off`, say); flags after
 //! the URL go to that gateway (`redis-rate=redis://127.0.0.1:6379 --tenant-key-rate
 //! 1000000/s`).
+//! `IDEM_LOAD_TENANTS=N` spreads the connections over N tenants (default one).
 //! `IDEM_LOAD_PROTOCOL=h1,h2,tls` runs the whole load once per protocol the driver speaks
 //! to the gateway (HTTP/1.1, the default; HTTP/2 with prior knowledge; HTTP/2 over TLS
 //! with a certificate made for the run), idem's configurations only beyond HTTP/1.1, and
@@ -195,6 +196,7 @@ async fn connection(
     wire: Wire,
     addr: SocketAddr,
     prefix: String,
+    tenant: http::HeaderValue,
     warm: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
 ) -> (Vec<Duration>, usize) {
@@ -216,7 +218,7 @@ async fn connection(
         }
         let req = req
             .header("content-type", "application/json")
-            .header("authorization", "Bearer sk_load")
+            .header("authorization", tenant.clone())
             .header("idempotency-key", format!("{prefix}-{i}"))
             .body(Full::new(Bytes::from_static(BODY.as_bytes())))
             .unwrap();
@@ -252,12 +254,23 @@ async fn run(name: &str, gw: &Proxy, wire: &Wire, connections: usize, secs: u64)
     let warm = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let run_id = uuid::Uuid::new_v4().simple().to_string();
+    // IDEM_LOAD_TENANTS=N spreads the connections over N tenants (default 1).
+    let tenants: usize = std::env::var("IDEM_LOAD_TENANTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let tasks: Vec<_> = (0..connections)
         .map(|c| {
+            let tenant = match tenants {
+                1 => "Bearer sk_load".to_owned(),
+                n => format!("Bearer sk_load_{}", c % n),
+            };
             tokio::spawn(connection(
                 wire.clone(),
                 addr,
                 format!("{}-{c}", &run_id[..12]),
+                http::HeaderValue::try_from(tenant).expect("a header value"),
                 warm.clone(),
                 stop.clone(),
             ))

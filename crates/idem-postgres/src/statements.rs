@@ -86,6 +86,10 @@ pub(crate) struct Statements {
     pub(crate) get: Arc<str>,
     pub(crate) remove: Arc<str>,
     pub(crate) purge: Arc<str>,
+    /// Takes a token from a tenant's rate bucket (`TABLE_rate`, migration 5).
+    pub(crate) take_token: Arc<str>,
+    /// Deletes full rate buckets.
+    pub(crate) purge_buckets: Arc<str>,
 }
 
 /// The columns a record is read from, in the order both halves of `reserve` return them.
@@ -220,8 +224,29 @@ impl Statements {
             )
             SELECT (SELECT count(*) FROM compacted) + (SELECT count(*) FROM deleted)"
         );
+        // An insert of a full bucket less one token, or an update that refills the
+        // bucket and takes a token only where one is there: no row comes back when
+        // none is. $2 the burst, $3 tokens a second, $4 now, $5 when it is full again.
+        let rate = crate::schema::rate_table(t);
+        let refilled = "LEAST($2, r.tokens + GREATEST(0, $4 - r.at_ms) / 1000.0 * $3)";
+        let take_token = format!(
+            "INSERT INTO {rate} AS r (bucket, tokens, at_ms, keep_until_ms)
+             VALUES ($1, $2 - 1, $4, $5)
+             ON CONFLICT (bucket) DO UPDATE SET
+                 tokens = {refilled} - 1,
+                 at_ms = GREATEST($4, r.at_ms),
+                 keep_until_ms = $5
+             WHERE {refilled} >= 1
+             RETURNING 1"
+        );
+        let purge_buckets = format!(
+            "DELETE FROM {rate} WHERE bucket IN (
+                 SELECT bucket FROM {rate} WHERE keep_until_ms < $1 LIMIT $2)"
+        );
         Statements {
             table: t.to_owned(),
+            take_token: take_token.into(),
+            purge_buckets: purge_buckets.into(),
             reserve: reserve.into(),
             complete: complete.into(),
             completed_by: completed_by.into(),

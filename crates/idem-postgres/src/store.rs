@@ -626,54 +626,40 @@ impl Store for PgStore {
             })
             .await?;
         // Full rate buckets go too; they are no records, and not counted.
-        let rate = crate::schema::rate_table(&self.sql.table);
         self.bounded(async {
-            sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {rate} WHERE bucket IN (
-                     SELECT bucket FROM {rate} WHERE keep_until_ms < $1 LIMIT $2)"
-            )))
-            .bind(now.as_millis())
-            .bind(limit)
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)
+            sqlx::query(AssertSqlSafe(self.sql.purge_buckets.clone()))
+                .bind(now.as_millis())
+                .bind(limit)
+                .execute(&self.pool)
+                .await
+                .map_err(store_error)
         })
         .await?;
         Ok(usize::try_from(done).unwrap_or(0))
     }
 
-    /// One statement on `TABLE_rate` (migration 5) with the store's clock: an insert
+    /// One statement on `TABLE_rate` (migration 5), with the store's clock: an insert
     /// of a full bucket less one token, or an update that refills the bucket and takes
-    /// a token only where one is there (no row comes back when none is).
+    /// a token only where one is there. The table is unlogged, so the statement waits
+    /// for no WAL flush.
     async fn take_rate_token(
         &self,
         bucket: &str,
         rate: &idem_core::KeyRate,
     ) -> Result<Option<bool>, StoreError> {
-        let table = crate::schema::rate_table(&self.sql.table);
         let now = self.clock.now();
         let keep_until = now.plus(rate.refill()).plus(Duration::from_secs(1));
-        let refilled = "LEAST($2, r.tokens + GREATEST(0, $4 - r.at_ms) / 1000.0 * $3)";
         let taken: Option<i32> = self
             .bounded(async {
-                sqlx::query_scalar(AssertSqlSafe(format!(
-                    "INSERT INTO {table} AS r (bucket, tokens, at_ms, keep_until_ms)
-                     VALUES ($1, $2 - 1, $4, $5)
-                     ON CONFLICT (bucket) DO UPDATE SET
-                         tokens = {refilled} - 1,
-                         at_ms = GREATEST($4, r.at_ms),
-                         keep_until_ms = $5
-                     WHERE {refilled} >= 1
-                     RETURNING 1"
-                )))
-                .bind(bucket)
-                .bind(f64::from(rate.burst()))
-                .bind(rate.per_second())
-                .bind(now.as_millis())
-                .bind(keep_until.as_millis())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(store_error)
+                sqlx::query_scalar(AssertSqlSafe(self.sql.take_token.clone()))
+                    .bind(bucket)
+                    .bind(f64::from(rate.burst()))
+                    .bind(rate.per_second())
+                    .bind(now.as_millis())
+                    .bind(keep_until.as_millis())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(store_error)
             })
             .await?;
         Ok(Some(taken.is_some()))
