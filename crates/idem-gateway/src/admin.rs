@@ -64,7 +64,20 @@ pub struct AdminState {
     pub token: Option<Arc<str>>,
     /// What `POST /reload` reloads and `/readyz` reports the generation of; `None`
     /// serves no `/reload`.
-    pub reloader: Option<Arc<crate::serve::Reloader>>,
+    pub reloader: Option<Arc<dyn Reload>>,
+}
+
+/// What `POST /reload` and `/readyz` ask of the gateway's configuration (the gateway's
+/// is [`Reloader`](crate::serve::Reloader)).
+#[async_trait::async_trait]
+pub trait Reload: Send + Sync {
+    /// The configuration generation in force.
+    fn generation(&self) -> u64;
+    /// Why the last reload was refused, if the last one was.
+    fn last_error(&self) -> Option<String>;
+    /// Reads the configuration again and puts it in force: what changed, as the JSON
+    /// `POST /reload` answers, or why the configuration in force stays.
+    async fn reload(&self) -> Result<serde_json::Value, String>;
 }
 
 /// The admin listener, serving in a task of its own until stopped.
@@ -202,9 +215,9 @@ async fn ready(State(state): State<AdminState>) -> Response {
     }
 }
 
-/// `POST /reload`: the configuration read again and put in force (see
-/// [`Reloader`](crate::serve::Reloader)); the generation and what changed, or a
-/// 422 `reload-refused` saying why the configuration in force stays.
+/// `POST /reload`: the configuration read again and put in force (see [`Reload`]);
+/// the generation and what changed, or a 422 `reload-refused` saying why the
+/// configuration in force stays.
 async fn reload(State(state): State<AdminState>) -> Response {
     let Some(reloader) = &state.reloader else {
         return problem(
@@ -215,12 +228,7 @@ async fn reload(State(state): State<AdminState>) -> Response {
         );
     };
     match reloader.reload().await {
-        Ok(r) => Json(json!({
-            "generation": r.generation,
-            "applied": r.applied,
-            "restart_required": r.need_restart,
-        }))
-        .into_response(),
+        Ok(done) => Json(done).into_response(),
         Err(e) => problem(
             StatusCode::UNPROCESSABLE_ENTITY,
             "https://idem.dev/problems/reload-refused",

@@ -63,7 +63,7 @@ pub enum Command {
     /// Check whether an API's Idempotency-Key support holds: replays, concurrent
     /// duplicates, lost answers, payload mismatches, keys, tenants. It creates real
     /// resources: point it at staging.
-    Check(Box<crate::check::CheckArgs>),
+    Check(Box<idem_check::CheckArgs>),
     /// Run a naive demo payments API (no idempotency of its own) to try the gateway on.
     DemoUpstream {
         /// Address to listen on.

@@ -54,6 +54,7 @@ pub use self::tenants::TenantLimits;
 pub use self::upstream::{Upstream, UpstreamProtocol};
 pub(crate) use self::values::parse_tenant_headers;
 pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
+pub use crate::tls_client::tls_client_config;
 
 use self::error::invalid;
 use self::secrets::admin_token;
@@ -404,7 +405,7 @@ impl GatewayConfig {
         let upstream = Upstream::parse(&upstream)?;
         let upstream_tls = match (upstream.is_tls(), upstream_ca) {
             (true, ca) => Some(std::sync::Arc::new(
-                crate::proxy::tls_client_config(ca.as_deref())
+                crate::tls_client::tls_client_config(ca.as_deref())
                     .map_err(|e| invalid("upstream_ca", e))?,
             )),
             // A CA for an upstream that no TLS reaches is a mistake worth saying.

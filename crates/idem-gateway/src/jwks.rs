@@ -57,7 +57,7 @@ impl JwksUrl {
             }
             _ => return Err(format!("{url:?} is not an http(s):// URL")),
         }
-        let tls = crate::proxy::tls_client_config(ca)?;
+        let tls = crate::tls_client::tls_client_config(ca)?;
         let mut connector = HttpConnector::new();
         connector.enforce_http(false);
         connector.set_connect_timeout(Some(FETCH_TIMEOUT));

@@ -22,7 +22,8 @@
 //!   `idem demo`, that API straight and behind the gateway under faults, charges counted;
 //! - [`completions`] and [`man`]: `idem completions SHELL` and `idem man`, the shell
 //!   completions and manual pages an installation needs;
-//! - [`check`]: `idem check URL`, probes of any API's `Idempotency-Key` support;
+//! - `idem check URL`, probes of any API's `Idempotency-Key` support, is the
+//!   `idem-check` crate's, run by the binary;
 //! - [`trusted`]: `--trusted-proxies`, whose `X-Forwarded-For` names the client.
 //!
 //! # Examples
@@ -55,7 +56,6 @@
 pub mod access;
 pub mod admin;
 pub(crate) mod budget;
-pub mod check;
 pub mod cli;
 pub mod completions;
 pub mod config;
@@ -65,6 +65,7 @@ pub mod demo_run;
 pub mod error;
 pub mod exit;
 pub mod forwarded;
+mod inspect;
 pub mod jwks;
 pub mod keys;
 pub mod listener;
@@ -79,4 +80,6 @@ pub mod route;
 pub mod serve;
 pub mod store;
 pub mod telemetry;
+mod tenant_source;
+mod tls_client;
 pub mod trusted;

@@ -12,7 +12,7 @@ use idem_core::{
 use serde_json::{Value, json};
 
 use crate::cli::ListArgs;
-use crate::keys::millis_json;
+use crate::inspect::millis_json;
 
 /// The listing parameters an operator gives, by name (`state`, `older_than`,
 /// `ambiguous`, `limit`, `after`), as a query; an error names what is wrong.
@@ -121,7 +121,7 @@ async fn run_inner(args: ListArgs) -> Result<ExitCode, crate::exit::Failure> {
         .as_deref()
         .map(|c| ListCursor::parse(c).ok_or_else(|| format!("--after {c:?} is no cursor")))
         .transpose()?;
-    let store = crate::keys::open(args.store, args.store_namespace).await?;
+    let store = crate::inspect::open(args.store, args.store_namespace).await?;
     let result = print_pages(&*store, query, args.limit).await;
     store.close().await;
     result

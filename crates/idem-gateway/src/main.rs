@@ -86,7 +86,7 @@ async fn main() -> ExitCode {
         Command::Keys(cmd) => keys::run(cmd).await,
         Command::Migrate(args) => idem_gateway::migrate::run(args).await,
         Command::Demo(args) => idem_gateway::demo_run::run(args).await,
-        Command::Check(args) => idem_gateway::check::run(&args).await,
+        Command::Check(args) => idem_check::run(&args).await,
         Command::DemoUpstream { listen } => match demo::run(listen).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -75,7 +75,7 @@ mod preface;
 mod upgrade;
 
 use client::UpstreamClient;
-pub use client::{tls_client_config, tls_failure};
+pub use client::tls_failure;
 pub use headers::{REWRITE_HEADERS, add_forwarded, strip_hop_by_hop, strip_look_alikes};
 use upgrade::{requested_upgrade, switch_protocols, upgrades_to_websocket};
 
@@ -124,7 +124,7 @@ impl Proxy {
     }
 
     /// A proxy to `upstream` in `protocol`, over TLS with the client settings `tls`
-    /// (needed for an `https://` upstream: see [`tls_client_config`]), whose answers
+    /// (needed for an `https://` upstream: see [`tls_client_config`](crate::config::tls_client_config)), whose answers
     /// must have come whole within `timeout`.
     pub fn speaking(
         upstream: Upstream,

@@ -334,7 +334,7 @@ pub struct Route {
     pub require_tenant: Option<bool>,
     /// Overrides `--tenant-from` on this route: where its keyed requests' tenant
     /// comes from, in order.
-    pub tenant_from: Option<Vec<crate::config::TenantSource>>,
+    pub tenant_from: Option<Vec<crate::tenant_source::TenantSource>>,
     /// The headers the key may come in on this route, in order; empty for the
     /// layer's `Idempotency-Key`.
     pub key_headers: Vec<HeaderName>,
@@ -443,7 +443,10 @@ impl Route {
     /// This rule, naming its keyed requests' tenant from `sources` (`None`: the
     /// gateway's `--tenant-from`). The layer gets them once the gateway has made them
     /// ([`with_tenant_sources`](Self::with_tenant_sources)).
-    pub fn tenant_from(mut self, sources: Option<Vec<crate::config::TenantSource>>) -> Route {
+    pub fn tenant_from(
+        mut self,
+        sources: Option<Vec<crate::tenant_source::TenantSource>>,
+    ) -> Route {
         self.tenant_from = sources;
         self
     }

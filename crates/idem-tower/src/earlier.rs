@@ -40,7 +40,7 @@ pub(crate) async fn reserve_again<St: Store + ?Sized>(
                 .unwrap_or(&e.fingerprint);
             let path = route.as_ref().and_then(|r| r.fingerprint_path.as_deref());
             let fingerprint =
-                crate::buffer::fingerprint(parts, path, body, config.body_limit, options);
+                crate::fingerprint::fingerprint(parts, path, body, config.body_limit, options);
             (fingerprint == record.fingerprint).then_some(fingerprint)
         })?;
     request.fingerprint = rules;

@@ -253,6 +253,7 @@ mod drain;
 mod earlier;
 mod execute;
 mod execution;
+mod fingerprint;
 mod future;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

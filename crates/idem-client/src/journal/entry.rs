@@ -9,8 +9,8 @@ use idem_core::{Key, Timestamp};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use super::request::decode_header_map;
-use crate::{BusinessId, Error, Outcome, Result};
+use super::request::{corrupt, decode_header_map};
+use crate::{BusinessId, Outcome, Result};
 
 /// Where a journaled operation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,8 +126,4 @@ pub(super) fn parse_key(row: &SqliteRow) -> Result<Key> {
 
 pub(super) fn parse_method(row: &SqliteRow) -> Result<Method> {
     Method::from_str(&row.try_get::<String, _>("method")?).map_err(|e| corrupt(e.to_string()))
-}
-
-pub(super) fn corrupt(reason: String) -> Error {
-    Error::Journal(sqlx::Error::Decode(reason.into()))
 }

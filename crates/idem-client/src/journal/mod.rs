@@ -49,9 +49,9 @@ mod request;
 mod schema;
 
 pub use entry::{Entry, EntryState};
-use entry::{corrupt, entry, parse_key, parse_method, recorded_answer};
+use entry::{entry, parse_key, parse_method, recorded_answer};
 pub use operation::{JournaledOperation, Persisted};
-use request::{decode_header_map, encode_header_map, journalable, same_request};
+use request::{corrupt, decode_header_map, encode_header_map, journalable, same_request};
 use schema::{create_private, migrate};
 
 macro_rules! entry_select {

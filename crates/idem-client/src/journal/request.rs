@@ -10,7 +10,6 @@ use idem_core::codec::{decode_headers, encode_headers};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use super::entry::corrupt;
 use crate::{Error, Operation, Result};
 
 /// The operation's headers as the journal stores them, once it is known that they may
@@ -63,4 +62,9 @@ pub(super) fn refuse_credentials(headers: &HeaderMap) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A stored row that cannot be read back: the journal's decode error.
+pub(super) fn corrupt(reason: String) -> Error {
+    Error::Journal(sqlx::Error::Decode(reason.into()))
 }

@@ -6,28 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{ConfigError, invalid};
-
-/// Where a keyed request's tenant comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum TenantSource {
-    /// The verified bearer token.
-    Jwt,
-    /// The verified client certificate's name (`tls_client_ca`, `tenant_cert_name`).
-    Cert,
-    /// A keyed digest of the tenant headers.
-    Headers,
-}
-
-impl TenantSource {
-    /// As the setting spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TenantSource::Jwt => "jwt",
-            TenantSource::Cert => "cert",
-            TenantSource::Headers => "headers",
-        }
-    }
-}
+pub use crate::tenant_source::TenantSource;
 
 /// How bearer tokens are verified, when `tenant_from` names `jwt`.
 #[derive(Clone)]

@@ -20,8 +20,6 @@
 //! HTTP/2 connections are pooled like HTTP/1.1 ones: one per upstream, its streams
 //! shared by the requests in flight.
 
-use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::Request;
@@ -29,9 +27,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
-use rustls::{ClientConfig, RootCertStore};
+use rustls::ClientConfig;
 
 use super::ProxyBody;
 use super::preface::PrefaceCheck;
@@ -114,52 +110,6 @@ impl UpstreamClient {
             UpstreamClient::TlsHttp2(client) => client.request(req),
         }
     }
-}
-
-/// The TLS client settings for an `https://` upstream: TLS 1.2 and 1.3 with the ring
-/// provider, trusting the CA certificates in the PEM file `ca` when given, else the
-/// system's roots. ALPN is the connector's to set.
-pub fn tls_client_config(ca: Option<&Path>) -> Result<ClientConfig, String> {
-    let mut roots = RootCertStore::empty();
-    match ca {
-        Some(path) => {
-            let certs = CertificateDer::pem_file_iter(path)
-                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| format!("cannot read CA certificates from {}: {e}", path.display()))?;
-            if certs.is_empty() {
-                return Err(format!("{} holds no PEM certificate", path.display()));
-            }
-            for cert in certs {
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("{}: not a CA certificate: {e}", path.display()))?;
-            }
-        }
-        None => {
-            let found = rustls_native_certs::load_native_certs();
-            for e in &found.errors {
-                tracing::warn!(error = %e, "a system root certificate could not be read");
-            }
-            let (_, unusable) = roots.add_parsable_certificates(found.certs);
-            if unusable > 0 {
-                tracing::debug!(unusable, "system root certificates skipped");
-            }
-            if roots.is_empty() {
-                return Err(
-                    "no system root certificates were found for the https:// upstream; \
-                     install the system's CA certificates or give --upstream-ca FILE"
-                        .to_owned(),
-                );
-            }
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(config)
 }
 
 /// The TLS failure behind a failed connect, if that is what it was: rustls's reason

@@ -281,3 +281,27 @@ fn keep_restart_only(config: &mut GatewayConfig, running: &GatewayConfig) {
     config.tls = running.tls.clone();
     config.admin_tls = running.admin_tls.clone();
 }
+
+#[async_trait::async_trait]
+impl crate::admin::Reload for Reloader {
+    fn generation(&self) -> u64 {
+        Reloader::generation(self)
+    }
+
+    fn last_error(&self) -> Option<String> {
+        Reloader::last_error(self)
+    }
+
+    async fn reload(&self) -> Result<serde_json::Value, String> {
+        Reloader::reload(self)
+            .await
+            .map(|r| {
+                serde_json::json!({
+                    "generation": r.generation,
+                    "applied": r.applied,
+                    "restart_required": r.need_restart,
+                })
+            })
+            .map_err(|e| e.to_string())
+    }
+}

@@ -32,6 +32,13 @@
 //!
 //! Renewals, reads, removals, purges and [`complete_in`](PgStore::complete_in) (the
 //! caller's own transaction) run on their own, as before.
+//!
+//! This module and `store.rs` import each other on purpose: the batcher is
+//! [`PgStore`]'s own write path, written as `impl PgStore` blocks in files of their own
+//! (the queue here, the drain in `run.rs`), and the store hands its writes to it. One
+//! type split over three files, not two modules that could stand apart: separating
+//! them would mean passing the pool, the statements, the clock and the counters back
+//! and forth through a trait with one implementation.
 
 mod run;
 pub(crate) mod sql;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::testing::{test_fingerprint, test_scope};
+use super::fixtures::{test_fingerprint, test_scope};
 use crate::{
     Lease, ManualClock, Reservation, ReserveRequest, Scope, Store, StoreError, StoredResponse,
 };

@@ -439,8 +439,8 @@ fn seconds(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::client::{ShownRequest, ShownResponse};
-    use crate::check::probes::Check;
+    use crate::client::{ShownRequest, ShownResponse};
+    use crate::probes::Check;
 
     /// A report whose evidence holds everything the renderers must escape.
     fn hostile() -> Report {

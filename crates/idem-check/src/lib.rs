@@ -19,6 +19,10 @@
 //! Every probe uses keys of its own (`idem-check-` and 32 random hex digits), so a run
 //! creates resources: point it at a staging API. Only `http://` URLs are supported.
 //!
+//! This crate is `idem check`: the `idem` binary runs [`run`] with the [`CheckArgs`]
+//! it parsed. It shares nothing with the gateway but the protocol it checks, so it
+//! checks any API, idem or not.
+//!
 //! The exit status is [`EXIT_PASSED`] when every applicable probe passed,
 //! [`EXIT_FAILED`] when one failed, [`EXIT_USAGE`] for bad arguments and
 //! [`EXIT_UNREACHABLE`] when nothing listens at the URL.
@@ -40,7 +44,10 @@ pub use client::REDACTED;
 pub use probes::{Check, PROBES, ProbeReport, Status};
 pub use report::Report;
 
-use crate::config::parse_duration;
+/// Parses a duration as `idem serve` does (`500ms`, `2s`, `2m`).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (examples: 500ms, 2s, 2m)"))
+}
 
 /// Every applicable probe passed.
 pub const EXIT_PASSED: u8 = 0;

@@ -1,0 +1,43 @@
+//! A keyed request's fingerprint (SPEC S4), as the layer computes it: when it reads
+//! the body, and again by earlier rules on a mismatch (see `earlier.rs`).
+
+use http::header;
+use http::request::Parts;
+use idem_core::{Fingerprint, FingerprintOptions};
+
+/// The request's fingerprint (SPEC S4) over `METHOD request-target`: the concrete path
+/// and query, so that a key reused on `/orders/2/capture` is a mismatch, never order 1's
+/// replay. The method is upper-cased, as in the endpoint, so that `post` after `POST`
+/// replays rather than being a 422 (SPEC S14); `path`, when a route gives one
+/// ([`RouteConfig::fingerprint_path`](crate::RouteConfig::fingerprint_path)), stands
+/// for the request's path. A compressed body is fingerprinted by its content, up to
+/// `limit` bytes of it (see [`coding`](crate::coding)).
+pub(crate) fn fingerprint(
+    parts: &Parts,
+    path: Option<&str>,
+    body: &[u8],
+    limit: usize,
+    options: &FingerprintOptions,
+) -> Fingerprint {
+    let method = parts.method.as_str();
+    let path = path.unwrap_or_else(|| parts.uri.path());
+    let query = parts.uri.query();
+    let mut request_target =
+        String::with_capacity(method.len() + 2 + path.len() + query.map_or(0, str::len));
+    request_target.push_str(method);
+    request_target.make_ascii_uppercase();
+    request_target.push(' ');
+    request_target.push_str(path);
+    if let Some(query) = query {
+        request_target.push('?');
+        request_target.push_str(query);
+    }
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let content = crate::coding::decoded(&parts.headers, body, limit);
+    let body = content.as_deref().unwrap_or(body);
+    let method = &request_target[..method.len()];
+    Fingerprint::compute(method, &request_target, content_type, body, options)
+}
