@@ -29,8 +29,10 @@
 mod args;
 pub mod diff;
 mod error;
+mod file;
 mod jwt;
 mod print;
+mod routes;
 mod secrets;
 mod tenants;
 #[cfg(test)]
@@ -39,7 +41,7 @@ mod upstream;
 mod values;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
@@ -57,14 +59,16 @@ pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
 pub use crate::tls_client::tls_client_config;
 
 use self::error::invalid;
+use self::file::read_file;
+use self::routes::compile_route;
 use self::secrets::admin_token;
 use self::values::{
-    check_release_statuses, parse_grpc_release_codes, parse_key_headers, parse_listen_addr,
-    parse_methods, parse_release_statuses, parse_request_id_header,
+    parse_grpc_release_codes, parse_listen_addr, parse_methods, parse_release_statuses,
+    parse_request_id_header,
 };
 use crate::listener::{Http2Limits, TlsFiles};
 use crate::path::PathNormalization;
-use crate::route::{PathTemplate, Route, RouteMatching};
+use crate::route::{Route, RouteMatching};
 use crate::store::{Namespace, StoreOptions};
 
 /// The default listen address.
@@ -630,104 +634,5 @@ fn http2_limits(
             None => defaults.keepalive_interval,
         },
         keepalive_timeout,
-    })
-}
-
-/// The `--config` file's settings.
-fn read_file(path: &Path) -> Result<ServeArgs, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
-    toml::from_str(&text).map_err(|source| ConfigError::Parse {
-        path: path.display().to_string(),
-        hint: misspelled(source.message())
-            .map(|near| format!("did you mean `{near}`?"))
-            .unwrap_or_default(),
-        source: Box::new(source),
-    })
-}
-
-/// For serde's "unknown field `x`, expected one of `a`, `b`, …", the known name nearest
-/// `x`, if one is near enough to be what was meant.
-fn misspelled(message: &str) -> Option<String> {
-    let rest = message.strip_prefix("unknown field `")?;
-    let (unknown, rest) = rest.split_once('`')?;
-    let known = rest.split('`').skip(1).step_by(2);
-    known
-        .map(|name| (strsim::damerau_levenshtein(unknown, name), name))
-        .filter(|(distance, name)| *distance <= 2.max(name.len() / 4))
-        .min_by_key(|(distance, _)| *distance)
-        .map(|(_, name)| name.to_owned())
-}
-
-/// The `i`th `[[route]]` rule, checked and compiled for requests whose paths are
-/// normalised as `paths` says, to match them as `matching` says.
-fn compile_route(
-    i: usize,
-    rule: RouteRule,
-    paths: PathNormalization,
-    matching: RouteMatching,
-) -> Result<Route, ConfigError> {
-    let name = format!("route[{i}] ({})", rule.path);
-    let method = match rule.method.as_deref().map(str::trim) {
-        None | Some("*") | Some("") => None,
-        Some(m) => Some(parse_methods(&[m.to_owned()], &name)?.remove(0)),
-    };
-    let template = PathTemplate::parse(&rule.path).map_err(|e| invalid(&name, e))?;
-    // Rules see normalised paths only: a template in another spelling would never
-    // match, and its require_key would silently hold nowhere.
-    template
-        .check_normal(paths)
-        .map_err(|e| invalid(&name, e))?;
-    if rule.ttl.is_some_and(|t| t.is_zero()) {
-        return Err(invalid(&name, "ttl must be longer than zero"));
-    }
-    let store_headers = rule
-        .store_headers
-        .iter()
-        .map(|h| {
-            HeaderName::try_from(h.as_str()).map_err(|e| invalid(&name, format!("{h:?}: {e}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let release_statuses = rule
-        .release_statuses
-        .map(|codes| check_release_statuses(codes, &format!("{name} release_statuses")))
-        .transpose()?;
-    let grpc_release_codes = rule
-        .grpc_release_codes
-        .map(|codes| parse_grpc_release_codes(&codes, &format!("{name} grpc_release_codes")))
-        .transpose()?;
-    let key_headers = match &rule.key_header {
-        Some(list) => parse_key_headers(list).map_err(|e| invalid(&name, e))?,
-        None => Vec::new(),
-    };
-    let tenant_from = match &rule.tenant_from {
-        Some(list) => Some(jwt::parse_tenant_from(Some(list)).map_err(|e| invalid(&name, e))?),
-        None => None,
-    };
-    let route = Route::new(
-        method,
-        template,
-        rule.require_key,
-        rule.ttl,
-        rule.ignore,
-        store_headers,
-        release_statuses,
-    )
-    .map(|route| {
-        route
-            .retry_hints(rule.retry_hints)
-            .require_tenant(rule.require_tenant)
-            .tenant_from(tenant_from)
-            .key_headers(key_headers)
-            .conflict_wait(rule.conflict_wait)
-            .tombstone_ttl(rule.tombstone_ttl)
-            .matching(matching)
-    })
-    .map_err(|e| invalid(&name, e))?;
-    Ok(match grpc_release_codes {
-        Some(codes) => route.with_grpc_release_codes(codes),
-        None => route,
     })
 }
