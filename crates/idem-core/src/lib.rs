@@ -67,6 +67,7 @@ mod memory;
 mod multipart;
 mod namespace;
 pub mod open;
+pub mod private_file;
 mod rate;
 mod record;
 mod scope;

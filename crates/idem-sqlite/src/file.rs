@@ -57,22 +57,11 @@ pub(crate) fn database_files(db: &Path) -> [PathBuf; 3] {
 }
 
 fn warn_if_open_to_all(db: &Path) {
-    #[cfg(unix)]
     for file in database_files(db) {
-        use std::os::unix::fs::PermissionsExt;
-        let Ok(meta) = std::fs::metadata(&file) else {
-            continue;
-        };
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o007 != 0 {
-            tracing::warn!(
-                path = %file.display(),
-                mode = format_args!("{mode:o}"),
-                "every local user can read or write this file of idempotency records \
-                 (recorded answers, tenants' keys); chmod 600 it and its -wal and -shm"
-            );
-        }
+        idem_core::private_file::warn_if_exposed(
+            &file,
+            "idempotency records: recorded answers, tenants' keys; and its -wal and -shm",
+            idem_core::private_file::Exposure::Group,
+        );
     }
-    #[cfg(not(unix))]
-    let _ = db;
 }

@@ -48,7 +48,7 @@ pub(super) fn create_private(path: &Path) {
     }
     #[cfg(unix)]
     {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        use std::os::unix::fs::OpenOptionsExt;
         let created = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -57,16 +57,11 @@ pub(super) fn create_private(path: &Path) {
         if created.is_ok() {
             return;
         }
-        if let Ok(meta) = std::fs::metadata(path)
-            && meta.permissions().mode() & 0o007 != 0
-        {
-            tracing::warn!(
-                path = %path.display(),
-                mode = format_args!("{:o}", meta.permissions().mode() & 0o777),
-                "every local user can read or write this journal of operations (bodies \
-                 and keys); chmod 600 it and its -wal and -shm"
-            );
-        }
+        idem_core::private_file::warn_if_exposed(
+            path,
+            "a journal of operations: bodies and keys; and its -wal and -shm",
+            idem_core::private_file::Exposure::Group,
+        );
     }
     #[cfg(not(unix))]
     let _ = path;

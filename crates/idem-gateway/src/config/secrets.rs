@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use idem_core::private_file::Exposure;
 use idem_core::{RecordKeys, TenantKey};
 
 use super::error::{ConfigError, invalid};
@@ -85,20 +86,7 @@ pub(super) fn read_secret_file(
 /// A secret file that others may read lets them name every tenant (or forge tokens):
 /// a warning naming `what` and the file.
 fn warn_if_readable_by_others(path: &Path, what: &str) {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if let Ok(meta) = std::fs::metadata(path)
-            && meta.permissions().mode() & 0o077 != 0
-        {
-            tracing::warn!(
-                file = %path.display(),
-                "{what} is readable by others than its owner; chmod 600 it"
-            );
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = (path, what);
+    idem_core::private_file::warn_if_exposed(path, what, Exposure::Owner);
 }
 
 /// The admin bearer token, given as itself or as a file that holds it (one line; the
@@ -162,21 +150,7 @@ pub(crate) fn admin_token(
 /// A secret in a file that others may read is not much of a secret: say so, but start
 /// (the operator may know why, a group-readable file for a sidecar, say).
 fn warn_if_others_can_read(path: &Path) {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if let Ok(meta) = std::fs::metadata(path)
-            && meta.permissions().mode() & 0o004 != 0
-        {
-            tracing::warn!(
-                path = %path.display(),
-                mode = format_args!("{:o}", meta.permissions().mode() & 0o777),
-                "the admin token file is readable by every user; chmod 600 it"
-            );
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = path;
+    idem_core::private_file::warn_if_exposed(path, "the admin token", Exposure::Group);
 }
 
 /// The keys recorded answers are sealed with, from `--record-key-file` (SPEC S17):
@@ -191,32 +165,21 @@ pub fn record_keys(file: Option<&Path>) -> Result<Option<RecordKeys>, ConfigErro
     };
     let text = std::fs::read_to_string(path)
         .map_err(|e| invalid(SETTING, format!("cannot read {}: {e}", path.display())))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path)
-            .map_err(|e| invalid(SETTING, format!("cannot read {}: {e}", path.display())))?
-            .permissions()
-            .mode();
-        if mode & 0o007 != 0 {
-            return Err(invalid(
-                SETTING,
-                format!(
-                    "{} is open to every user (mode {:o}); the keys that seal the records \
-                     must not be: chmod 600 it",
-                    path.display(),
-                    mode & 0o777
-                ),
-            ));
-        }
-        if mode & 0o070 != 0 {
-            tracing::warn!(
-                path = %path.display(),
-                mode = format_args!("{:o}", mode & 0o777),
-                "the record key file is readable by its group; chmod 600 it unless a sidecar needs it"
-            );
-        }
+    if let Some((Exposure::Everyone, mode)) = idem_core::private_file::exposure(path) {
+        return Err(invalid(
+            SETTING,
+            format!(
+                "{} is open to every user (mode {mode:o}); the keys that seal the records \
+                 must not be: chmod 600 it",
+                path.display(),
+            ),
+        ));
     }
+    idem_core::private_file::warn_if_exposed(
+        path,
+        "the keys that seal the records; unless a sidecar needs them",
+        Exposure::Owner,
+    );
     RecordKeys::parse(&text)
         .map(Some)
         .map_err(|e| invalid(SETTING, format!("{}: {e}", path.display())))
