@@ -239,6 +239,9 @@ impl Reloader {
         let mut config = GatewayConfig::from_args(layered.clone())?;
         let changes = diff::diff(&current.config, &current.args, &config, &layered);
         keep_restart_only(&mut config, &current.config);
+        for warning in config.warnings().await {
+            tracing::warn!("reload: {warning}");
+        }
         let generation = Generation::build(
             current.number + 1,
             config,
