@@ -271,6 +271,15 @@ impl GatewayConfig {
         Ok(args.clone().over(file))
     }
 
+    /// [`layered`](Self::layered) and [`resolve`](Self::resolve) from one read of the
+    /// file: the settings as layered, for what names files (`check-config`'s output, a
+    /// reload's comparison), and the configuration they resolve to.
+    pub fn resolve_layered(args: &ServeArgs) -> Result<(ServeArgs, GatewayConfig), ConfigError> {
+        let layered = GatewayConfig::layered(args)?;
+        let config = GatewayConfig::from_args(layered.clone())?;
+        Ok((layered, config))
+    }
+
     /// Resolves the command line (and environment) over a file already read.
     pub fn merge(args: &ServeArgs, file: ServeArgs) -> Result<GatewayConfig, ConfigError> {
         GatewayConfig::from_args(args.clone().over(file))

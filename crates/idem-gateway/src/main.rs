@@ -23,8 +23,9 @@ async fn main() -> ExitCode {
     }
     match cli.command {
         Command::Serve(args) => {
-            let config = match GatewayConfig::resolve(&args) {
-                Ok(c) => c,
+            // The file is read once: what is served and what a reload is compared with.
+            let (layered, config) = match GatewayConfig::resolve_layered(&args) {
+                Ok(both) => both,
                 Err(e) => {
                     eprintln!("idem: {e}");
                     return ExitCode::from(idem_gateway::exit::CONFIG);
@@ -49,13 +50,7 @@ async fn main() -> ExitCode {
                 }
             };
             // SIGHUP and POST /reload read the configuration file again.
-            let gateway = match gateway.reloadable((*args).clone()) {
-                Ok(g) => g,
-                Err(e) => {
-                    eprintln!("idem: {e}");
-                    return ExitCode::from(idem_gateway::exit::CONFIG);
-                }
-            };
+            let gateway = gateway.reloadable((*args).clone(), layered);
             // One line on standard output per listener, for scripts and tests that start
             // the gateway on port 0.
             let scheme = |tls: bool| if tls { "https" } else { "http" };
@@ -143,11 +138,7 @@ fn warn_of_misspelt_env_vars() {
 /// `check-config --diff FILE`: what a reload with FILE in place of the `--config` file
 /// would change, setting by setting, and which of those changes take a restart.
 async fn check_diff(args: &ServeArgs, file: &std::path::Path) -> ExitCode {
-    let resolve = |args: &ServeArgs| {
-        GatewayConfig::layered(args)
-            .and_then(|layered| GatewayConfig::from_args(layered.clone()).map(|c| (layered, c)))
-    };
-    let (before_args, before) = match resolve(args) {
+    let (before_args, before) = match GatewayConfig::resolve_layered(args) {
         Ok(both) => both,
         Err(e) => {
             eprintln!("idem: the configuration in force: {e}");
@@ -156,7 +147,7 @@ async fn check_diff(args: &ServeArgs, file: &std::path::Path) -> ExitCode {
     };
     let mut next = args.clone();
     next.config = Some(file.to_owned());
-    let (after_args, after) = match resolve(&next) {
+    let (after_args, after) = match GatewayConfig::resolve_layered(&next) {
         Ok(both) => both,
         Err(e) => {
             eprintln!(
@@ -175,9 +166,7 @@ async fn check_diff(args: &ServeArgs, file: &std::path::Path) -> ExitCode {
 }
 
 async fn check(args: &ServeArgs) -> ExitCode {
-    let resolved = GatewayConfig::layered(args)
-        .and_then(|layered| GatewayConfig::from_args(layered.clone()).map(|c| (layered, c)));
-    let (layered, config) = match resolved {
+    let (layered, config) = match GatewayConfig::resolve_layered(args) {
         Ok(both) => both,
         Err(e) => {
             eprintln!("idem: {e}");

@@ -41,7 +41,7 @@ pub use self::signals::shutdown_signal;
 pub use crate::access::{AccessLog, DEFAULT_REQUEST_ID_HEADER, MAX_REQUEST_ID_LEN, UpstreamTime};
 use crate::admin::{self, AdminState};
 use crate::budget::AnswerBudget;
-use crate::config::{ConfigError, GatewayConfig, ServeArgs};
+use crate::config::{GatewayConfig, ServeArgs};
 use crate::listener::{
     self, ADMIN_MAX_CONNECTIONS, ConnectionSlot, Connections, Listener, ListenerKind, Tls,
     default_max_connections,
@@ -279,14 +279,15 @@ impl Gateway {
     /// Makes the gateway reload its configuration on SIGHUP and `POST /reload`: `cli`
     /// (the command line and environment it was resolved from) is resolved again over
     /// the `--config` file read anew, and what may change is put in force for new
-    /// requests (see [`Reloader`]). Without it, SIGHUP reloads the TLS certificates
+    /// requests (see [`Reloader`]). `layered` is what the configuration in force was
+    /// resolved from ([`GatewayConfig::layered`] of `cli`, as read at start), which the
+    /// first reload is compared with. Without it, SIGHUP reloads the TLS certificates
     /// only and `POST /reload` is refused.
-    pub fn reloadable(mut self, cli: ServeArgs) -> Result<Gateway, ConfigError> {
-        let layered = GatewayConfig::layered(&cli)?;
+    pub fn reloadable(mut self, cli: ServeArgs, layered: ServeArgs) -> Gateway {
         let first = self.live.load_full();
         self.live.store(Arc::new(first.with_args(layered)));
         self.cli = Some(cli);
-        Ok(self)
+        self
     }
 
     /// The proxy's bound address.

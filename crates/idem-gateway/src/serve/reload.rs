@@ -235,8 +235,7 @@ impl Reloader {
             return Err(ReloadError::NotReloadable);
         };
         let current = self.live.load_full();
-        let layered = GatewayConfig::layered(cli)?;
-        let mut config = GatewayConfig::from_args(layered.clone())?;
+        let (layered, mut config) = GatewayConfig::resolve_layered(cli)?;
         let changes = diff::diff(&current.config, &current.args, &config, &layered);
         keep_restart_only(&mut config, &current.config);
         for warning in config.warnings().await {

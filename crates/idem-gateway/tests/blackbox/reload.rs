@@ -5,26 +5,48 @@
 //! reserved under; settings that take a restart are named and kept;
 //! `check-config --diff` shows what a reload would change.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::common::{Gateway, Http, Upstream, check_config, new_key};
 
 const TOKEN: &str = "reload-test-admin-token-0123456789";
 
-/// Starts a gateway whose rules are `file`, with an admin listener and token.
-async fn start(up: &Upstream, dir: &Path, file: &Path, extra: &[&str]) -> Gateway {
-    let file = file.to_str().unwrap();
-    let mut args = vec![
-        "--config",
-        file,
-        "--admin",
-        "127.0.0.1:0",
-        "--admin-token",
-        TOKEN,
-    ];
-    args.extend_from_slice(extra);
-    Gateway::start(&up.url(), dir, &args).await
+/// A gateway whose `--config` file (kept in a directory of its own) the test rewrites,
+/// with an admin listener and token, its upstream, and a client.
+struct Rig {
+    up: Upstream,
+    file: PathBuf,
+    gw: Gateway,
+    http: Http,
+    /// Holds the file and the gateway's log until the test ends.
+    dir: tempfile::TempDir,
+}
+
+impl Rig {
+    /// The gateway started with `contents` as its configuration file.
+    async fn start(contents: &str) -> Rig {
+        let up = Upstream::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("idem.toml");
+        std::fs::write(&file, contents).unwrap();
+        let args = [
+            "--config",
+            file.to_str().unwrap(),
+            "--admin",
+            "127.0.0.1:0",
+            "--admin-token",
+            TOKEN,
+        ];
+        let gw = Gateway::start(&up.url(), dir.path(), &args).await;
+        Rig {
+            up,
+            file,
+            gw,
+            http: Http::new(),
+            dir,
+        }
+    }
 }
 
 /// Waits until `/readyz` names configuration generation `n`.
@@ -64,12 +86,13 @@ async fn post_reload(http: &Http, gw: &Gateway) -> crate::common::Answer {
 /// it came finishes under the rules it started with, on its open connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_applies_new_route_rules_and_drops_nothing_in_progress() {
-    let up = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("idem.toml");
-    std::fs::write(&file, "ttl = \"1h\"\n").unwrap();
-    let gw = start(&up, dir.path(), &file, &[]).await;
-    let http = Http::new();
+    let Rig {
+        up,
+        file,
+        gw,
+        http,
+        dir: _dir,
+    } = Rig::start("ttl = \"1h\"\n").await;
     let body = wait_for_generation(&http, &gw, 1).await;
     assert!(!body.contains("refused"), "{body}");
 
@@ -125,13 +148,14 @@ async fn sighup_applies_new_route_rules_and_drops_nothing_in_progress() {
 /// was refused, and the rules in force still apply. The reload after it is fixed works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_that_does_not_validate_keeps_the_rules_in_force() {
-    let up = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("idem.toml");
     let rules = "[[route]]\nmethod = \"POST\"\npath = \"/v1/orders\"\nrequire_key = true\n";
-    std::fs::write(&file, rules).unwrap();
-    let gw = start(&up, dir.path(), &file, &[]).await;
-    let http = Http::new();
+    let Rig {
+        up: _up,
+        file,
+        gw,
+        http,
+        dir: _dir,
+    } = Rig::start(rules).await;
 
     let unauthorised = http.send("POST", &gw.admin_url("/reload"), &[], "").await;
     assert_eq!(unauthorised.status, 401, "the admin token is required");
@@ -177,12 +201,13 @@ async fn a_file_that_does_not_validate_keeps_the_rules_in_force() {
 /// running values; the others in the same file are applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settings_that_take_a_restart_are_named_and_kept() {
-    let up = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("idem.toml");
-    std::fs::write(&file, "sweep_interval = \"1m\"\n").unwrap();
-    let gw = start(&up, dir.path(), &file, &[]).await;
-    let http = Http::new();
+    let Rig {
+        up: _up,
+        file,
+        gw,
+        http,
+        dir: _dir,
+    } = Rig::start("sweep_interval = \"1m\"\n").await;
     std::fs::write(
         &file,
         "sweep_interval = \"30s\"\nbody_limit = 10\nscope = \"internal\"\n",
@@ -223,13 +248,14 @@ async fn settings_that_take_a_restart_are_named_and_kept() {
 /// new rules.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_keeps_the_fingerprint_rules_it_was_reserved_under() {
-    let up = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("idem.toml");
     let route = "[[route]]\nmethod = \"POST\"\npath = \"/v1/charges\"\n";
-    std::fs::write(&file, route).unwrap();
-    let gw = start(&up, dir.path(), &file, &[]).await;
-    let http = Http::new();
+    let Rig {
+        up,
+        file,
+        gw,
+        http,
+        dir: _dir,
+    } = Rig::start(route).await;
     let url = gw.url("/v1/charges");
     let before = new_key();
     let first = http
@@ -280,13 +306,14 @@ async fn a_record_keeps_the_fingerprint_rules_it_was_reserved_under() {
 /// stays limited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_override_reloaded_lifts_that_tenant_only() {
-    let up = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("idem.toml");
     let global = "tenant_key_rate = \"1/min,1\"\n";
-    std::fs::write(&file, global).unwrap();
-    let gw = start(&up, dir.path(), &file, &[]).await;
-    let http = Http::new();
+    let Rig {
+        up: _up,
+        file,
+        gw,
+        http,
+        dir: _dir,
+    } = Rig::start(global).await;
     let url = gw.url("/v1/charges");
     let alice = ("authorization", "Bearer sk_alice_override");
     let bob = ("authorization", "Bearer sk_bob_override");
@@ -410,12 +437,13 @@ async fn reloads_under_load_drop_nothing_and_execute_each_key_once() {
     const CLIENTS: usize = 4;
     const KEYS: usize = 40;
     const RELOADS: u64 = 6;
-    let up = Upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("idem.toml");
-    std::fs::write(&file, "ttl = \"1h\"\n").unwrap();
-    let gw = start(&up, dir.path(), &file, &[]).await;
-    let http = Http::new();
+    let Rig {
+        up,
+        file,
+        gw,
+        http,
+        dir: _dir,
+    } = Rig::start("ttl = \"1h\"\n").await;
     let clients: Vec<_> = (0..CLIENTS)
         .map(|_| {
             let (http, url) = (http.clone(), gw.url("/v1/charges"));
