@@ -48,7 +48,7 @@ use http::{HeaderName, Method};
 use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, RecordKeys, ScopeMode, TenantKey};
 use idem_tower::{DEFAULT_RESPONSE_LIMIT, GrpcReleaseCodes, ReleaseStatuses};
 
-pub use self::args::{RouteRule, ScopeArg, ServeArgs, TenantRule};
+pub use self::args::{ProfileArg, RouteRule, ScopeArg, ServeArgs, TenantRule};
 pub use self::error::ConfigError;
 pub use self::jwt::{JwtSettings, JwtStartError, TenantSource};
 pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, record_keys, tenant_key};
@@ -157,6 +157,8 @@ pub struct GatewayConfig {
     pub read_unsealed_records: bool,
     /// The scope mode.
     pub scope: ScopeMode,
+    /// The dialect of the gateway's own answers; a route may name its own.
+    pub profile: idem_tower::Profile,
     /// The keyed methods.
     pub keyed_methods: Vec<Method>,
     /// Upstream statuses that release the key rather than being recorded.
@@ -330,6 +332,7 @@ impl GatewayConfig {
             record_key_file,
             read_unsealed_records,
             scope,
+            profile,
             keyed_methods,
             release_statuses,
             grpc_release_codes,
@@ -492,6 +495,7 @@ impl GatewayConfig {
             .unwrap_or(usize::MAX),
             record_keys: record_keys(record_key_file.as_deref())?,
             read_unsealed_records,
+            profile: profile.map(ProfileArg::profile).unwrap_or_default(),
             scope: match scope.unwrap_or(ScopeArg::Public) {
                 ScopeArg::Public => ScopeMode::Public,
                 ScopeArg::Internal => ScopeMode::Internal,

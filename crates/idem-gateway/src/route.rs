@@ -354,6 +354,8 @@ pub struct Route {
     /// Whether replays and conflicts carry retry hints on this route
     /// ([`RouteConfig::retry_hints`]); `None` leaves them off.
     pub retry_hints: Option<bool>,
+    /// Overrides `--profile` on this route ([`RouteConfig::profile`]).
+    pub profile: Option<idem_tower::Profile>,
     /// How its template matches paths (`--route-matching`).
     pub matching: RouteMatching,
     /// How long a duplicate of an in-progress request waits on this route without
@@ -408,6 +410,7 @@ impl Route {
             key_headers: Vec::new(),
             tombstone_ttl: None,
             retry_hints: None,
+            profile: None,
             conflict_wait: None,
             matching: RouteMatching::default(),
             fingerprint,
@@ -469,6 +472,15 @@ impl Route {
         self.retry_hints = hints;
         if let Some(hints) = hints {
             self.compiled = self.compiled.retry_hints(hints);
+        }
+        self
+    }
+
+    /// This rule, answering in `profile`'s dialect (`None`: the layer's).
+    pub fn profile(mut self, profile: Option<idem_tower::Profile>) -> Route {
+        self.profile = profile;
+        if let Some(profile) = profile {
+            self.compiled = self.compiled.profile(profile);
         }
         self
     }

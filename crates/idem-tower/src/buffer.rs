@@ -58,8 +58,50 @@ where
     ResBody::Error: Into<BoxError>,
 {
     async move {
+        // ACP's profile echoes the key on every answer to a keyed request.
+        let echo = plan
+            .answers
+            .profile
+            .echoes_key()
+            .then(|| http::HeaderValue::from_str(&plan.key.to_sf_string()).ok())
+            .flatten();
+        let mut answered = run_keyed(shared, inner, parts, body, plan).await;
+        if let (Some(echo), Ok(response)) = (echo, &mut answered) {
+            response.headers_mut().insert(ECHOED_KEY, echo);
+        }
+        answered
+    }
+}
+
+/// The header ACP's profile echoes the key in.
+const ECHOED_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
+
+/// [`keyed`] without the key's echo.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn would hold its arguments twice in its state"
+)]
+fn run_keyed<S, St, ReqBody, ResBody>(
+    shared: Arc<Shared<St>>,
+    inner: S,
+    parts: Parts,
+    body: ReqBody,
+    plan: Plan,
+) -> impl Future<Output = Result<Response<IdempotencyBody<ResBody>>, S::Error>> + Send + 'static
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    St: Store,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    async move {
         let config = &shared.config;
-        let grpc = plan.answers.grpc.is_some();
+        let dialect = plan.answers.dialect();
+        let grpc = dialect.grpc;
         let tenant = match plan.tenant {
             Some(tenant) => tenant,
             None => {
@@ -76,7 +118,7 @@ where
                                 config.observer.outcome(Outcome::Rejected);
                                 drain_body(&parts.headers, body);
                                 let mut response =
-                                    problem.answer(grpc).map(IdempotencyBody::buffered);
+                                    problem.answer(dialect).map(IdempotencyBody::buffered);
                                 Handled::mark(&mut response, Outcome::Rejected);
                                 return Ok(response);
                             }
@@ -87,7 +129,7 @@ where
                     // store outage.
                     Err(e) => {
                         let hints = plan.answers.retry_hints;
-                        return Ok(refuse(&*config.observer, Err(e), grpc, hints));
+                        return Ok(refuse(&*config.observer, Err(e), dialect, hints));
                     }
                 }
             }
@@ -105,7 +147,7 @@ where
                 );
                 let problem = Problem::new(ProblemKind::TooManyInFlight, detail)
                     .retry_after(Duration::from_secs(1));
-                let mut response = problem.answer(grpc).map(IdempotencyBody::buffered);
+                let mut response = problem.answer(dialect).map(IdempotencyBody::buffered);
                 Handled::mark(&mut response, Outcome::Rejected);
                 return Ok(response);
             }
@@ -115,7 +157,7 @@ where
             Ok(bytes) => bytes,
             Err(problem) => {
                 config.observer.outcome(Outcome::Rejected);
-                let mut response = problem.answer(grpc).map(IdempotencyBody::buffered);
+                let mut response = problem.answer(dialect).map(IdempotencyBody::buffered);
                 Handled::keyed(&mut response, Outcome::Rejected, &scope, None);
                 return Ok(response);
             }

@@ -220,6 +220,9 @@ pub(crate) struct Config {
     /// Whether the layer's own answers carry retry hints (see
     /// [`IdempotencyLayer::retry_hints`](crate::IdempotencyLayer::retry_hints)).
     pub(crate) retry_hints: bool,
+    /// The dialect of the layer's own answers (see
+    /// [`IdempotencyLayer::profile`](crate::IdempotencyLayer::profile)).
+    pub(crate) profile: crate::Profile,
     /// How long a duplicate of an in-progress attempt waits without `Prefer: wait`
     /// (SPEC S15); zero answers 409 at once.
     pub(crate) conflict_wait: Duration,
@@ -281,6 +284,7 @@ impl Default for Config {
             route_config: None,
             observer: Arc::new(NoopObserver),
             retry_hints: false,
+            profile: crate::Profile::Ietf,
             conflict_wait: Duration::ZERO,
             max_wait: crate::wait::DEFAULT_MAX_WAIT,
             waiters: crate::wait::Waiters::new(crate::wait::DEFAULT_MAX_WAITERS),
@@ -313,6 +317,7 @@ impl fmt::Debug for Config {
             .field("grpc_release_codes", &self.grpc_release_codes)
             .field("route_config", &self.route_config.is_some())
             .field("retry_hints", &self.retry_hints)
+            .field("profile", &self.profile)
             .field("conflict_wait", &self.conflict_wait)
             .field("max_wait", &self.max_wait)
             .field("waiters", &self.waiters)
@@ -355,6 +360,7 @@ pub struct RouteConfig {
     pub(crate) release_statuses: Option<ReleaseStatuses>,
     pub(crate) grpc_release_codes: Option<GrpcReleaseCodes>,
     pub(crate) retry_hints: Option<bool>,
+    pub(crate) profile: Option<crate::Profile>,
     pub(crate) conflict_wait: Option<Duration>,
     pub(crate) fingerprint_path: Option<String>,
 }
@@ -489,6 +495,13 @@ impl RouteConfig {
     /// [`IdempotencyLayer::retry_hints`](crate::IdempotencyLayer::retry_hints).
     pub fn retry_hints(mut self, hints: bool) -> RouteConfig {
         self.retry_hints = Some(hints);
+        self
+    }
+
+    /// The dialect this route's own answers are written in, in place of the layer's
+    /// ([`IdempotencyLayer::profile`](crate::IdempotencyLayer::profile)).
+    pub fn profile(mut self, profile: crate::Profile) -> RouteConfig {
+        self.profile = Some(profile);
         self
     }
 

@@ -28,6 +28,7 @@ use crate::in_flight::InFlightGuard;
 use crate::plan::AnswerRules;
 use crate::policy::{Disposition, Outcome, Proxied, ResourceReference, UpstreamFailure, timed};
 use crate::problem::{Problem, ProblemKind};
+use crate::profile::Dialect;
 use crate::replay::{refuse, rendered};
 use crate::settle::{KeyWrite, settle, stored_response};
 use crate::shared::Shared;
@@ -118,16 +119,16 @@ where
                     && !crate::tenant_limit::take_token(store, limits, lease.scope.tenant(), &rate)
                         .await
                 {
-                    let grpc = answers.grpc.is_some();
+                    let dialect = answers.dialect();
                     let refused =
-                        crate::tenant_limit::refuse_new_key(store, observer, lease, rate, grpc);
+                        crate::tenant_limit::refuse_new_key(store, observer, lease, rate, dialect);
                     return Box::pin(refused).await;
                 }
                 (lease, bytes)
             }
             (Ok(Reservation::Acquired(lease)), None) => {
-                let (grpc, hints) = (answers.grpc.is_some(), answers.retry_hints);
-                return hand_back(store, observer, lease, grpc, hints).await;
+                let (dialect, hints) = (answers.dialect(), answers.retry_hints);
+                return hand_back(store, observer, lease, dialect, hints).await;
             }
             (Ok(Reservation::Replay(stored)), _) if stored.reference().is_some() => {
                 // Boxed: a rare path, kept out of every keyed request's future.
@@ -137,8 +138,7 @@ where
             }
             (other, _) => {
                 let replay = matches!(other, Ok(Reservation::Replay(_)));
-                let mut response =
-                    refuse(observer, other, answers.grpc.is_some(), answers.retry_hints);
+                let mut response = refuse(observer, other, answers.dialect(), answers.retry_hints);
                 Handled::scoped(&mut response, &request.scope);
                 if let (true, Some(applied)) = (replay, applied) {
                     response.headers_mut().insert(PREFERENCE_APPLIED, applied);
@@ -159,6 +159,7 @@ where
             lease: lease_for,
             ..
         } = request;
+        let dialect = answers.dialect();
         let AnswerRules {
             extra_headers,
             release_statuses,
@@ -171,7 +172,6 @@ where
         restore_sent_method(&mut parts);
         let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
         req.extensions_mut().insert(context);
-        let grpc_call = grpc.is_some();
         let reading = Reading {
             release_statuses,
             grpc,
@@ -185,7 +185,7 @@ where
         // Stages 3–4.
         let answer = Answer {
             extra_headers: &extra_headers,
-            grpc: grpc_call,
+            dialect,
         };
         conclude(&shared, lease, lease_for, answer, ran, guard).await
     }
@@ -357,7 +357,7 @@ where
 
 /// Stages 3–4: settles the key as the handler's run says, and makes the answer the
 /// client gets.
-async fn conclude<St: Store, B>(
+async fn conclude<St: Store, B: Body<Data = Bytes>>(
     shared: &Arc<Shared<St>>,
     lease: Lease,
     lease_for: Duration,
@@ -369,7 +369,7 @@ async fn conclude<St: Store, B>(
     let observer = &*config.observer;
     let Answer {
         extra_headers,
-        grpc,
+        dialect,
     } = answer;
     let recorded = |(head, body, disposition)| (head, body, None, disposition);
     // Set when the run's outcome cannot be known: reported, and kept with the answer
@@ -378,21 +378,37 @@ async fn conclude<St: Store, B>(
     let (mut head, body, trailers, disposition) = match ran {
         Ok(Ok(Answered::Whole(head, body, trailers, disposition))) => {
             // A proxy inside the layer answers its own upstream failures (no answer by
-            // the deadline, a connection broken before the head) with their problem.
+            // the deadline, a connection broken before the head) with their problem,
+            // written here again in the route's dialect.
             ambiguous = head
                 .extensions
                 .get::<ProblemKind>()
                 .and_then(|kind| kind.upstream_failure())
                 .and_then(UpstreamFailure::ambiguity);
+            let (head, body) = in_dialect(head, body, dialect);
             (head, body, trailers, disposition)
         }
         Ok(Ok(Answered::Released(mut head, body))) => {
             observer.outcome(Outcome::Released);
             let handled = Handled::ran(Outcome::Released, &lease);
             settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
+            // A proxy's own answer to an upstream it could not reach (a small buffer),
+            // written again in the route's dialect.
+            let own = head.extensions.get::<ProblemKind>().is_some();
+            let body = match (own, dialect == Dialect::default()) {
+                (true, false) => match body.collect().await {
+                    Ok(collected) => {
+                        let bytes;
+                        (head, bytes) = in_dialect(head, collected.to_bytes(), dialect);
+                        IdempotencyBody::buffered(bytes)
+                    }
+                    Err(_) => IdempotencyBody::buffered(Bytes::new()),
+                },
+                _ => IdempotencyBody::stream(body),
+            };
             pass_on(&mut head.extensions, Disposition::Release);
             head.extensions.insert(handled);
-            return Response::from_parts(head, IdempotencyBody::stream(body));
+            return Response::from_parts(head, body);
         }
         Ok(Ok(Answered::Referenced(mut head, body, reference))) => {
             let stored = stored_response(config, extra_headers, &head, &Bytes::new(), None)
@@ -410,17 +426,17 @@ async fn conclude<St: Store, B>(
                 "the handler's answer is over the response limit; recording a 500 in its place"
             );
             ambiguous = Some(Ambiguity::AnswerTooLarge);
-            recorded(too_large_response(config.response_limit, grpc))
+            recorded(too_large_response(config.response_limit, dialect))
         }
         Ok(Err(Failed::Upstream(failure))) => {
             observer.upstream_failed(failure);
             ambiguous = failure.ambiguity();
-            recorded(upstream_response(failure, config.response_limit, grpc))
+            recorded(upstream_response(failure, config.response_limit, dialect))
         }
         Ok(Err(Failed::Handler(e))) => {
             tracing::error!(error = %e, "handler failed after it started; recording a 500");
             ambiguous = Some(Ambiguity::HandlerFailed);
-            recorded(failed_response(grpc))
+            recorded(failed_response(dialect))
         }
         Err(panic) => {
             tracing::error!(
@@ -428,7 +444,7 @@ async fn conclude<St: Store, B>(
                 "handler panicked; recording a 500"
             );
             ambiguous = Some(Ambiguity::HandlerFailed);
-            recorded(failed_response(grpc))
+            recorded(failed_response(dialect))
         }
     };
     if let Some(reason) = ambiguous {
@@ -465,11 +481,11 @@ async fn conclude<St: Store, B>(
     )
 }
 
-/// What an answer is recorded with: the route's extra headers, and whether the call is
-/// gRPC (whose problems are gRPC errors, SPEC S18).
+/// What an answer is recorded with: the route's extra headers, and the dialect of the
+/// layer's own answers (a gRPC call's problems are gRPC errors, SPEC S18).
 struct Answer<'a> {
     extra_headers: &'a [HeaderName],
-    grpc: bool,
+    dialect: Dialect,
 }
 
 /// Clears the extensions of an answer passed on to the client. A recorded answer keeps
@@ -478,40 +494,80 @@ struct Answer<'a> {
 /// (the idem gateway makes such answers readable across origins).
 fn pass_on(extensions: &mut http::Extensions, disposition: Disposition) {
     let kind = extensions.remove::<ProblemKind>();
+    let profile = extensions.remove::<crate::Profile>();
     extensions.clear();
     if let (Some(kind), Disposition::Release | Disposition::KeepInProgress) = (kind, disposition) {
         extensions.insert(kind);
+        if let Some(profile) = profile {
+            extensions.insert(profile);
+        }
     }
+}
+
+/// A proxy's own problem answer (`head` with a [`ProblemKind`], `body` its problem
+/// details) written again in `dialect`, its detail kept; any other answer as it is.
+fn in_dialect(
+    head: http::response::Parts,
+    body: Bytes,
+    dialect: Dialect,
+) -> (http::response::Parts, Bytes) {
+    let Some(&kind) = head.extensions.get::<ProblemKind>() else {
+        return (head, body);
+    };
+    if dialect == Dialect::default() {
+        return (head, body);
+    }
+    let detail = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["detail"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| kind.title().to_owned());
+    let mut problem = Problem::new(kind, detail);
+    if let Some(wait) = head
+        .headers
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    {
+        problem = problem.retry_after(Duration::from_secs(wait));
+    }
+    let (mut own, body) = problem.answer(dialect).into_parts();
+    // What the proxy said of the key stays with its answer.
+    if let Some(&disposition) = head.extensions.get::<Disposition>() {
+        own.extensions.insert(disposition);
+    }
+    (own, body)
 }
 
 /// A problem answer that stands for an execution that ran, recorded and replayed.
 fn recorded_problem(
     kind: ProblemKind,
     detail: String,
-    grpc: bool,
+    dialect: Dialect,
 ) -> (http::response::Parts, Bytes, Disposition) {
-    let (head, body) = Problem::new(kind, detail).answer(grpc).into_parts();
+    let (head, body) = Problem::new(kind, detail).answer(dialect).into_parts();
     (head, body, Disposition::Record)
 }
 
-fn failed_response(grpc: bool) -> (http::response::Parts, Bytes, Disposition) {
+fn failed_response(dialect: Dialect) -> (http::response::Parts, Bytes, Disposition) {
     recorded_problem(
         ProblemKind::HandlerFailed,
         "the request failed while it was being processed and may have had effects; \
          this answer is final for this key"
             .into(),
-        grpc,
+        dialect,
     )
 }
 
-fn too_large_response(limit: usize, grpc: bool) -> (http::response::Parts, Bytes, Disposition) {
+fn too_large_response(
+    limit: usize,
+    dialect: Dialect,
+) -> (http::response::Parts, Bytes, Disposition) {
     recorded_problem(
         ProblemKind::ResponseTooLarge,
         format!(
             "the request was executed, but its answer is over the {limit}-byte limit for \
              recorded answers and cannot be kept; this answer is final for this key"
         ),
-        grpc,
+        dialect,
     )
 }
 
@@ -519,7 +575,7 @@ fn too_large_response(limit: usize, grpc: bool) -> (http::response::Parts, Bytes
 fn upstream_response(
     failure: UpstreamFailure,
     limit: usize,
-    grpc: bool,
+    dialect: Dialect,
 ) -> (http::response::Parts, Bytes, Disposition) {
     match failure {
         UpstreamFailure::AnswerTooLarge => tracing::error!(
@@ -528,7 +584,7 @@ fn upstream_response(
         ),
         _ => tracing::warn!(?failure, "the upstream's answer could not be read whole"),
     }
-    let (head, body) = Problem::upstream(failure).answer(grpc).into_parts();
+    let (head, body) = Problem::upstream(failure).answer(dialect).into_parts();
     (head, body, failure.disposition())
 }
 

@@ -377,6 +377,18 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// The dialect of the layer's own answers (default [`Profile::Ietf`](crate::Profile::Ietf): RFC 9457
+    /// problem details): a key reused with another payload is 422 under `ietf`, a 400
+    /// `idempotency_error` in Stripe's error envelope under `stripe`, and so on (the
+    /// table at [`Profile`]). It changes how answers are written, never what becomes of
+    /// a key. A route may say otherwise ([`RouteConfig::profile`]).
+    ///
+    /// [`Profile`]: crate::Profile
+    pub fn profile(mut self, profile: crate::Profile) -> Self {
+        self.config().profile = profile;
+        self
+    }
+
     /// How long a duplicate that finds its key's first attempt in progress waits for
     /// that attempt's answer when it sends no `Prefer: wait=N` (default zero: 409 at
     /// once). A route may say otherwise ([`RouteConfig::conflict_wait`]). See

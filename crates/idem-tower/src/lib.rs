@@ -196,7 +196,12 @@
 //! # Problem types
 //!
 //! Every error answer is an RFC 9457 `application/problem+json` body with `type`,
-//! `title`, `status` and `detail`. The `type` URIs are stable:
+//! `title`, `status` and `detail`, unless a [`Profile`] other than the default says
+//! otherwise ([`IdempotencyLayer::profile`], [`RouteConfig::profile`]): under `stripe`,
+//! `acp` and `ucp` the same answers are written as those protocols' SDKs parse them (a
+//! key reused with another payload is a 400 `idempotency_error` in Stripe's envelope,
+//! a 422 `idempotency_conflict` under ACP, a 409 under UCP). The `type` URIs are
+//! stable:
 //!
 //! | status | `type`                                          | meaning                               |
 //! |--------|-------------------------------------------------|---------------------------------------|
@@ -270,6 +275,7 @@ mod plan;
 mod policy;
 mod principal;
 mod problem;
+mod profile;
 mod replay;
 mod service;
 mod settle;
@@ -301,6 +307,7 @@ pub use layer::IdempotencyLayer;
 pub use policy::{Disposition, Observer, Outcome, Proxied, ResourceReference, UpstreamFailure};
 pub use principal::Principal;
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
+pub use profile::{Profile, UnknownProfile};
 pub use replay::IDEMPOTENT_REPLAYED;
 pub use service::Idempotency;
 pub use sources::TenantSources;

@@ -10,6 +10,7 @@ use idem_core::{Endpoint, FingerprintOptions, Key, Tenant};
 use crate::config::{Config, ReleaseStatuses, RouteConfig};
 use crate::grpc::{GrpcReleaseCodes, is_grpc};
 use crate::problem::{Problem, ProblemKind};
+use crate::profile::{Dialect, Profile};
 use crate::spelling::{SentMethod, decided_method, look_alike, same_method};
 use crate::wait::{Wait, preferred_wait};
 
@@ -18,8 +19,9 @@ pub(crate) enum Admission {
     /// Not keyed (method, route, or no key where none is required): to the inner
     /// service untouched.
     PassThrough,
-    /// Answered with a problem before anything is reserved or forwarded.
-    Reject(Problem),
+    /// Answered with a problem, in the route's profile, before anything is reserved or
+    /// forwarded.
+    Reject(Problem, Profile),
     /// Keyed, to be reserved and recorded as the plan says.
     Keyed(Plan),
 }
@@ -42,7 +44,8 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
         }
         Err(detail) => {
             let detail = format!("{detail}; nothing was reserved or forwarded");
-            return Admission::Reject(Problem::new(ProblemKind::InvalidMethodOverride, detail));
+            let problem = Problem::new(ProblemKind::InvalidMethodOverride, detail);
+            return Admission::Reject(problem, config.profile);
         }
     }
 
@@ -60,6 +63,7 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
     if !keyed {
         return Admission::PassThrough;
     }
+    let profile = route.profile.unwrap_or(config.profile);
     let key_headers = route
         .key_headers
         .as_deref()
@@ -75,7 +79,7 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
              servers read as {meant}; send {meant} as it is spelt; nothing was reserved \
              or forwarded"
         );
-        return Admission::Reject(Problem::new(ProblemKind::AmbiguousHeader, detail));
+        return Admission::Reject(Problem::new(ProblemKind::AmbiguousHeader, detail), profile);
     }
 
     let key = match key_from(&parts.headers, key_headers) {
@@ -103,10 +107,10 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
                 parts.method,
                 parts.uri.path(),
             );
-            return Admission::Reject(Problem::new(ProblemKind::MissingKey, detail));
+            return Admission::Reject(Problem::new(ProblemKind::MissingKey, detail), profile);
         }
         Err(detail) => {
-            return Admission::Reject(Problem::new(ProblemKind::InvalidKey, detail));
+            return Admission::Reject(Problem::new(ProblemKind::InvalidKey, detail), profile);
         }
     };
 
@@ -133,7 +137,7 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
                 parts.method,
                 parts.uri.path()
             );
-            return Admission::Reject(Problem::new(ProblemKind::MissingTenant, detail));
+            return Admission::Reject(Problem::new(ProblemKind::MissingTenant, detail), profile);
         }
     }
     Admission::Keyed(Plan::new(config, route, parts, key, tenant))
@@ -198,8 +202,20 @@ pub(crate) struct AnswerRules {
     pub(crate) grpc: Option<GrpcReleaseCodes>,
     /// Whether the layer's own answers carry `Stripe-Should-Retry`/`X-Should-Retry`.
     pub(crate) retry_hints: bool,
+    /// The dialect of the layer's own answers.
+    pub(crate) profile: Profile,
     /// How long a duplicate may wait for an in-progress attempt (SPEC S15).
     pub(crate) wait: Option<Wait>,
+}
+
+impl AnswerRules {
+    /// How the layer's own answers to this request are written.
+    pub(crate) fn dialect(&self) -> Dialect {
+        Dialect {
+            grpc: self.grpc.is_some(),
+            profile: self.profile,
+        }
+    }
 }
 
 impl Plan {
@@ -239,6 +255,7 @@ impl Plan {
                     .unwrap_or_else(|| config.release_statuses.clone()),
                 grpc,
                 retry_hints: route.retry_hints.unwrap_or(config.retry_hints),
+                profile: route.profile.unwrap_or(config.profile),
                 wait: Wait::new(
                     // gRPC has no `Prefer`; a route's default wait applies to it.
                     if grpc_call {

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::policy::{Disposition, UpstreamFailure};
+use crate::profile::Profile;
 
 /// The media type of problem bodies.
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
@@ -391,7 +392,9 @@ impl Problem {
     /// The full response: status, `Content-Type`, `Retry-After` when set, body, and the
     /// [`ProblemKind`] as a response extension, by which layers outside can tell the
     /// layer's own answers from the handler's (the idem gateway adds CORS headers to
-    /// them). Problems the layer records in place of an answer (500s, and the 502 for
+    /// them). The layer's own answers carry the [`Profile`] they are written in as an
+    /// extension too, so that a proxy around it writes in its profile only the
+    /// problems no profile wrote. Problems the layer records in place of an answer (500s, and the 502 for
     /// an upstream answer too large) lose it with every other extension, so that the
     /// first answer and its replays look alike.
     ///
@@ -399,8 +402,15 @@ impl Problem {
     /// inside the layer answers with it and the layer settles the key as
     /// [`UpstreamFailure::disposition`] says.
     pub fn to_response(&self) -> Response<Bytes> {
-        let mut response = Response::new(self.body());
-        *response.status_mut() = self.status();
+        self.to_response_in(Profile::Ietf)
+    }
+
+    /// [`to_response`](Problem::to_response) in `profile`'s dialect: its status for
+    /// this kind and its body shape (see [`Profile`]).
+    pub fn to_response_in(&self, profile: Profile) -> Response<Bytes> {
+        let (content_type, body) = profile.body(self);
+        let mut response = Response::new(body);
+        *response.status_mut() = profile.status(self);
         response.extensions_mut().insert(self.kind);
         if let Some(failure) = self.kind.upstream_failure() {
             response
@@ -408,10 +418,7 @@ impl Problem {
                 .insert::<Disposition>(failure.disposition());
         }
         let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(PROBLEM_CONTENT_TYPE),
-        );
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
         if let Some(wait) = self.retry_after {
             let secs = wait.as_millis().div_ceil(1000).max(1);
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));

@@ -13,6 +13,7 @@ use crate::handled::Handled;
 use crate::hints::hint;
 use crate::policy::{Observer, Outcome};
 use crate::problem::{Problem, ProblemKind};
+use crate::profile::Dialect;
 use crate::{BoxError, IdempotencyBody};
 
 /// The header that marks a replayed answer.
@@ -25,10 +26,10 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 pub(crate) fn refuse<B>(
     observer: &dyn Observer,
     reserved: idem_core::Result<Reservation>,
-    grpc: bool,
+    dialect: Dialect,
     hints: bool,
 ) -> Response<IdempotencyBody<B>> {
-    let (outcome, mut response) = answer(reserved, grpc);
+    let (outcome, mut response) = answer(reserved, dialect);
     observer.outcome(outcome);
     Handled::mark(&mut response, outcome);
     if hints {
@@ -51,7 +52,7 @@ pub(crate) fn refuse<B>(
 /// The answer to `reserved`, and what it is.
 fn answer<B>(
     reserved: idem_core::Result<Reservation>,
-    grpc: bool,
+    dialect: Dialect,
 ) -> (Outcome, Response<IdempotencyBody<B>>) {
     let (outcome, problem) = match reserved {
         Err(StoreError::Sealed(why)) => {
@@ -104,7 +105,10 @@ fn answer<B>(
         }) => (Outcome::Expired, Problem::key_expired(completed_at, status)),
         Ok(Reservation::Acquired(_)) => unreachable!("an acquired key is executed, not refused"),
     };
-    (outcome, problem.answer(grpc).map(IdempotencyBody::buffered))
+    (
+        outcome,
+        problem.answer(dialect).map(IdempotencyBody::buffered),
+    )
 }
 
 /// The trailers recorded with an answer (a gRPC call's status), to send as trailers

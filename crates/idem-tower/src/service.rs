@@ -117,7 +117,9 @@ where
         let (mut parts, body) = request.into_parts();
         match admit(config, &mut parts) {
             Admission::PassThrough => pass_through(&mut inner, &*config.observer, parts, body),
-            Admission::Reject(problem) => reject(&*config.observer, problem, &parts, body),
+            Admission::Reject(problem, profile) => {
+                reject(&*config.observer, problem, profile, &parts, body)
+            }
             Admission::Keyed(plan) => ResponseFuture::new(keyed(shared, inner, parts, body, plan)),
         }
     }
@@ -148,6 +150,7 @@ where
 fn reject<B, E, ReqBody>(
     observer: &dyn Observer,
     problem: Problem,
+    profile: crate::Profile,
     parts: &Parts,
     body: ReqBody,
 ) -> ResponseFuture<B, E>
@@ -159,8 +162,11 @@ where
 {
     drain_body(&parts.headers, body);
     observer.outcome(Outcome::Rejected);
-    let grpc = crate::grpc::is_grpc(&parts.headers);
-    let mut response = problem.answer(grpc).map(IdempotencyBody::buffered);
+    let dialect = crate::profile::Dialect {
+        grpc: crate::grpc::is_grpc(&parts.headers),
+        profile,
+    };
+    let mut response = problem.answer(dialect).map(IdempotencyBody::buffered);
     Handled::mark(&mut response, Outcome::Rejected);
     ResponseFuture::new(std::future::ready(Ok(response)))
 }

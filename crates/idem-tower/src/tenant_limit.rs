@@ -240,7 +240,7 @@ pub(crate) async fn refuse_new_key<St: idem_core::Store + ?Sized, B>(
     observer: &dyn crate::Observer,
     lease: idem_core::Lease,
     rate: KeyRate,
-    grpc: bool,
+    dialect: crate::profile::Dialect,
 ) -> http::Response<crate::IdempotencyBody<B>> {
     observer.tenant_limited(lease.scope.tenant(), "key_rate");
     if let Err(e) = crate::policy::timed(observer, "release", store.release(&lease)).await {
@@ -255,7 +255,9 @@ pub(crate) async fn refuse_new_key<St: idem_core::Store + ?Sized, B>(
     );
     let problem = crate::problem::Problem::new(crate::ProblemKind::KeyRateExceeded, detail)
         .retry_after(rate.retry_after());
-    let mut response = problem.answer(grpc).map(crate::IdempotencyBody::buffered);
+    let mut response = problem
+        .answer(dialect)
+        .map(crate::IdempotencyBody::buffered);
     crate::Handled::scoped(&mut response, &lease.scope);
     response
 }

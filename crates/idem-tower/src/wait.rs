@@ -273,7 +273,7 @@ pub(crate) async fn hand_back<St: Store + ?Sized, B>(
     store: &St,
     observer: &dyn Observer,
     lease: Lease,
-    grpc: bool,
+    dialect: crate::profile::Dialect,
     hints: bool,
 ) -> http::Response<crate::IdempotencyBody<B>> {
     let handed = if lease.recovered() {
@@ -289,7 +289,7 @@ pub(crate) async fn hand_back<St: Store + ?Sized, B>(
             "a waiter could not hand back the key it acquired without its body"
         );
     }
-    waited_without_answer(observer, grpc, hints)
+    waited_without_answer(observer, dialect, hints)
 }
 
 /// The 409 a waiter gets when the attempt it waited for ended without an answer to
@@ -298,7 +298,7 @@ pub(crate) async fn hand_back<St: Store + ?Sized, B>(
 /// hint on routes with `hints`.
 pub(crate) fn waited_without_answer<B>(
     observer: &dyn Observer,
-    grpc: bool,
+    dialect: crate::profile::Dialect,
     hints: bool,
 ) -> http::Response<IdempotencyBody<B>> {
     observer.outcome(Outcome::Conflict);
@@ -309,7 +309,7 @@ pub(crate) fn waited_without_answer<B>(
          it again with the same key to execute it",
     )
     .retry_after(std::time::Duration::from_secs(1));
-    let mut response = problem.answer(grpc).map(IdempotencyBody::buffered);
+    let mut response = problem.answer(dialect).map(IdempotencyBody::buffered);
     Handled::mark(&mut response, Outcome::Conflict);
     if hints {
         hint(&mut response, true);

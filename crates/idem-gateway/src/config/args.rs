@@ -29,6 +29,32 @@ pub enum ScopeArg {
     Internal,
 }
 
+/// The dialect of the gateway's own answers ([`idem_tower::Profile`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProfileArg {
+    /// The IETF draft, with RFC 9457 problem details.
+    Ietf,
+    /// Stripe's error envelope (a reused key is a 400 `idempotency_error`).
+    Stripe,
+    /// The Agentic Commerce Protocol's flat errors.
+    Acp,
+    /// The Universal Commerce Protocol's errors (a reused key is a 409).
+    Ucp,
+}
+
+impl ProfileArg {
+    /// The layer's profile.
+    pub fn profile(self) -> idem_tower::Profile {
+        match self {
+            ProfileArg::Ietf => idem_tower::Profile::Ietf,
+            ProfileArg::Stripe => idem_tower::Profile::Stripe,
+            ProfileArg::Acp => idem_tower::Profile::Acp,
+            ProfileArg::Ucp => idem_tower::Profile::Ucp,
+        }
+    }
+}
+
 /// `idem serve`. Options left out here fall back to `--config`, then to the defaults.
 #[derive(Debug, Clone, Args, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -281,6 +307,13 @@ pub struct ServeArgs {
     /// [default: public].
     #[arg(long, env = "IDEM_SCOPE", value_enum)]
     pub scope: Option<ScopeArg>,
+
+    /// The dialect of the gateway's own answers (a key reused with another payload, a
+    /// request in progress, a missing key…): ietf (problem details, 422), stripe (400
+    /// idempotency_error), acp (422 idempotency_conflict) or ucp (409); a route may
+    /// name its own [default: ietf].
+    #[arg(long, env = "IDEM_PROFILE", value_enum)]
+    pub profile: Option<ProfileArg>,
 
     /// Methods that take an Idempotency-Key [default: POST,PATCH].
     #[arg(
@@ -550,6 +583,7 @@ impl ServeArgs {
             record_key_file,
             read_unsealed_records,
             scope,
+            profile,
             keyed_methods,
             release_statuses,
             grpc_release_codes,
@@ -620,6 +654,7 @@ impl ServeArgs {
             record_key_file: record_key_file.or(under.record_key_file),
             read_unsealed_records: read_unsealed_records || under.read_unsealed_records,
             scope: scope.or(under.scope),
+            profile: profile.or(under.profile),
             keyed_methods: keyed_methods.or(under.keyed_methods),
             release_statuses: release_statuses.or(under.release_statuses),
             grpc_release_codes: grpc_release_codes.or(under.grpc_release_codes),
@@ -716,6 +751,8 @@ pub struct RouteRule {
     /// answer when it sends no `Prefer: wait=N`.
     #[serde(default, deserialize_with = "toml_form::duration")]
     pub conflict_wait: Option<Duration>,
+    /// The dialect of this route's answers, in place of the global `profile`.
+    pub profile: Option<ProfileArg>,
 }
 
 /// The forms the TOML file writes values in, read into the types the command line

@@ -164,6 +164,7 @@ impl GatewayConfig {
             }
         }
         t.set("require_key", self.require_key.to_string());
+        t.set("profile", quoted(self.profile.as_str()));
         t.set("ttl", duration(self.ttl));
         t.set("tombstone_ttl", duration(self.tombstone_ttl));
         t.set("lease", duration(self.lease));
@@ -360,6 +361,10 @@ impl GatewayConfig {
         match r.retry_hints {
             Some(on) => t.set("retry_hints", on.to_string()),
             None => t.note("retry_hints", "off"),
+        }
+        match r.profile {
+            Some(profile) => t.set("profile", quoted(profile.as_str())),
+            None => t.note("profile", "the global profile"),
         }
         t.set(
             "require_tenant",

@@ -86,6 +86,7 @@ impl Front {
             req.extensions_mut().insert(slot.clone());
         }
         let svc = live.service.clone();
+        let profile = live.profile;
         drop(live);
         let guard = self.metrics.in_flight_guard();
         let origin = cors::preflighted_origin(req.method(), req.headers());
@@ -125,7 +126,7 @@ impl Front {
                 (res, _) => res,
             };
             let mut res = match res {
-                Ok(r) => Ok(super::grpc::own_answer(grpc, r).await),
+                Ok(r) => Ok(super::grpc::own_answer(grpc, profile, r).await),
                 Err(e) => Err(e),
             };
             if let (Some(origin), Ok(r)) = (origin, &mut res) {

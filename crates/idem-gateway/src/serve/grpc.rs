@@ -1,33 +1,55 @@
-//! The gateway's own answers to gRPC clients (SPEC S18): the problems the front and the
-//! proxy answer with outside the layer (an invalid path, an unreachable upstream for an
-//! unkeyed call) reach a gRPC client as gRPC errors, as the layer's own already do.
+//! The gateway's own answers (the problems the front and the proxy answer with outside
+//! the layer: an invalid path, an unreachable upstream for an unkeyed call): to a gRPC
+//! client as gRPC errors (SPEC S18), to any other in the gateway's profile, as the
+//! layer's own answers already are.
 
 use bytes::Bytes;
 use http::Response;
 use http_body_util::{BodyExt, Full};
-use idem_tower::{Problem, ProblemKind, is_grpc};
+use idem_tower::{Problem, ProblemKind, Profile, is_grpc};
 
 use crate::serve::ClientBody;
 
 /// `res` as a gRPC error when it is one of the gateway's own problems and the request
-/// was a gRPC call (`grpc`); else `res` as it is.
-pub(super) async fn own_answer(grpc: bool, res: Response<ClientBody>) -> Response<ClientBody> {
+/// was a gRPC call (`grpc`), in `profile`'s dialect when it is one written in no
+/// profile yet; else `res` as it is.
+pub(super) async fn own_answer(
+    grpc: bool,
+    profile: Profile,
+    res: Response<ClientBody>,
+) -> Response<ClientBody> {
     let Some(&kind) = res.extensions().get::<ProblemKind>() else {
         return res;
     };
-    if !grpc || is_grpc(res.headers()) {
+    if is_grpc(res.headers()) {
+        return res;
+    }
+    let written = res.extensions().get::<Profile>().copied();
+    if !grpc && (written.is_some() || profile == Profile::Ietf) {
         return res;
     }
     let (head, body) = res.into_parts();
-    // A problem body is a small buffer: its detail is the gRPC message's.
+    // A problem body is a small buffer: its detail is the answer's message.
     let detail = match body.collect().await {
         Ok(collected) => serde_json::from_slice::<serde_json::Value>(&collected.to_bytes())
             .ok()
             .and_then(|v| v["detail"].as_str().map(str::to_owned)),
         Err(_) => None,
     };
-    let problem = Problem::new(kind, detail.unwrap_or_else(|| kind.title().to_owned()));
-    let mut answer = problem.to_grpc_response();
+    let mut problem = Problem::new(kind, detail.unwrap_or_else(|| kind.title().to_owned()));
+    if let Some(wait) = head
+        .headers
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    {
+        problem = problem.retry_after(std::time::Duration::from_secs(wait));
+    }
+    let mut answer = if grpc {
+        problem.to_grpc_response()
+    } else {
+        problem.to_response_in(profile)
+    };
     *answer.extensions_mut() = head.extensions;
+    answer.extensions_mut().insert(profile);
     answer.map(|b: Bytes| Full::new(b).map_err(|never| match never {}).boxed_unsync())
 }

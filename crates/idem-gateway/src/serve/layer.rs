@@ -46,6 +46,7 @@ fn layer_over_routes(
         .keyed_methods(config.keyed_methods.clone())
         .require_key(config.require_key)
         .scope_mode(config.scope)
+        .profile(config.profile)
         .body_limit(config.body_limit)
         .response_limit(config.response_limit)
         .ttl(config.ttl)

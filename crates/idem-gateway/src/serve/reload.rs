@@ -36,6 +36,9 @@ pub(super) struct Generation {
     /// Which name of a verified client certificate names the tenant, with `cert` in
     /// `tenant_from`.
     pub(super) cert_tenant: Option<crate::listener::CertName>,
+    /// The dialect of the gateway's own answers outside the layer (an invalid path,
+    /// an unreachable upstream for an unkeyed request).
+    pub(super) profile: idem_tower::Profile,
     /// The layer, for the next generation to take over from.
     pub(super) layer: Option<IdempotencyLayer<Arc<dyn Store>>>,
     /// The configuration, and the settings it was resolved from (for the files it
@@ -89,6 +92,7 @@ impl Generation {
             cert_tenant: config
                 .names_source(TenantSource::Cert)
                 .then_some(config.tenant_cert_name),
+            profile: config.profile,
             layer,
             config,
             args,
@@ -105,6 +109,7 @@ impl Generation {
             access: self.access.clone(),
             paths: self.paths,
             cert_tenant: self.cert_tenant,
+            profile: self.profile,
             layer: self.layer.clone(),
             config: self.config.clone(),
             args,

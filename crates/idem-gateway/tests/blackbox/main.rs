@@ -25,6 +25,7 @@ mod migration;
 mod mtls;
 mod nginx;
 mod packaging;
+mod profiles;
 mod protocol;
 mod proxying;
 mod reload;

@@ -1,0 +1,356 @@
+//! Profiles: the dialect the layer's own answers are written in, so that each client
+//! reads them as its protocol's SDK expects (the IETF draft's problem details, Stripe's
+//! error envelope, the Agentic Commerce Protocol's and the Universal Commerce
+//! Protocol's flat errors).
+//!
+//! A profile changes how an answer is written, never what happens to the key: a key
+//! reused with another payload is refused under every profile, only its status and
+//! body differ.
+
+use std::fmt;
+use std::str::FromStr;
+
+use bytes::Bytes;
+use http::StatusCode;
+use serde_json::{Map, Value};
+
+use crate::problem::{Problem, ProblemKind};
+
+/// The dialect of the layer's own answers (see the guide's profiles table).
+///
+/// | situation | `ietf` (default) | `stripe` | `acp` | `ucp` |
+/// |---|---|---|---|---|
+/// | key reused with another payload | 422 | 400 `idempotency_error` | 422 `idempotency_conflict` | 409 `idempotency_conflict` |
+/// | request still in progress | 409 | 409 `idempotency_error` (`idempotency_key_in_use`) | 409 `idempotency_in_flight` | 409 `idempotency_in_flight` |
+/// | key missing where required | 400 | 400 `invalid_request_error` | 400 `idempotency_key_required` | 400 `idempotency_key_required` |
+/// | key malformed | 400 | 400 `invalid_request_error` | 400 `idempotency_key_invalid` | 400 `idempotency_key_invalid` |
+/// | key expired (tombstone) | 410 | 400 `idempotency_error` | 422 `idempotency_key_expired` | 409 `idempotency_key_expired` |
+/// | body | `application/problem+json` | `{"error": {"type", "code"?, "message", "doc_url"}}` | `{"type", "code", "message"}` | `{"code", "content"}` |
+///
+/// Every other answer of the layer (a store outage, a body too large, …) keeps its
+/// status and is written in the profile's body shape. Replays carry
+/// `Idempotent-Replayed: true` under every profile; under `acp` every answer to a
+/// keyed request also echoes its `Idempotency-Key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Profile {
+    /// The IETF draft (draft-ietf-httpapi-idempotency-key-header) with RFC 9457
+    /// problem details: today's answers.
+    #[default]
+    Ietf,
+    /// Stripe's API: a reused key is a 400 whose error `type` is `idempotency_error`,
+    /// which Stripe's SDKs raise as their idempotency error.
+    Stripe,
+    /// The Agentic Commerce Protocol's checkout API (its section on idempotency).
+    Acp,
+    /// Google's Universal Commerce Protocol's REST binding.
+    Ucp,
+}
+
+impl Profile {
+    /// Every profile, in the order the guide lists them.
+    pub const ALL: [Profile; 4] = [Profile::Ietf, Profile::Stripe, Profile::Acp, Profile::Ucp];
+
+    /// The name in settings: `ietf`, `stripe`, `acp` or `ucp`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Profile::Ietf => "ietf",
+            Profile::Stripe => "stripe",
+            Profile::Acp => "acp",
+            Profile::Ucp => "ucp",
+        }
+    }
+
+    /// Whether every answer to a keyed request echoes its key (ACP: "echo on all POST
+    /// responses").
+    pub fn echoes_key(self) -> bool {
+        self == Profile::Acp
+    }
+
+    /// The status `problem` is answered with under this profile.
+    pub(crate) fn status(self, problem: &Problem) -> StatusCode {
+        match (self, problem.kind()) {
+            (Profile::Stripe, ProblemKind::KeyReused | ProblemKind::KeyExpired) => {
+                StatusCode::BAD_REQUEST
+            }
+            (Profile::Acp, ProblemKind::KeyExpired) => StatusCode::UNPROCESSABLE_ENTITY,
+            (Profile::Ucp, ProblemKind::KeyReused | ProblemKind::KeyExpired) => {
+                StatusCode::CONFLICT
+            }
+            _ => problem.status(),
+        }
+    }
+
+    /// The body of `problem` under this profile, and its media type.
+    pub(crate) fn body(self, problem: &Problem) -> (&'static str, Bytes) {
+        let status = self.status(problem);
+        let kind = problem.kind();
+        let members = problem
+            .members
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()));
+        let body = match self {
+            Profile::Ietf => return (crate::PROBLEM_CONTENT_TYPE, problem.body()),
+            Profile::Stripe => {
+                let mut error = Map::new();
+                error.insert("type".into(), stripe_type(kind, status).into());
+                if kind == ProblemKind::RequestInProgress {
+                    error.insert("code".into(), "idempotency_key_in_use".into());
+                } else if status == StatusCode::TOO_MANY_REQUESTS {
+                    error.insert("code".into(), "rate_limit".into());
+                }
+                error.insert("message".into(), problem.detail().into());
+                error.insert("doc_url".into(), kind.type_uri().into());
+                error.extend(members);
+                serde_json::json!({ "error": error })
+            }
+            Profile::Acp => {
+                let mut error = Map::new();
+                error.insert("type".into(), acp_type(status).into());
+                error.insert("code".into(), code(kind).into());
+                error.insert("message".into(), problem.detail().into());
+                error.extend(members);
+                Value::Object(error)
+            }
+            Profile::Ucp => {
+                let mut error = Map::new();
+                error.insert("code".into(), code(kind).into());
+                error.insert("content".into(), problem.detail().into());
+                error.extend(members);
+                Value::Object(error)
+            }
+        };
+        ("application/json", Bytes::from(body.to_string()))
+    }
+}
+
+/// Stripe's error `type`: `idempotency_error` for a key's misuse, `api_error` for the
+/// server's failures, `invalid_request_error` for the rest.
+fn stripe_type(kind: ProblemKind, status: StatusCode) -> &'static str {
+    match kind {
+        ProblemKind::KeyReused | ProblemKind::KeyExpired | ProblemKind::RequestInProgress => {
+            "idempotency_error"
+        }
+        _ if status.is_server_error() => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// ACP's error `type`.
+fn acp_type(status: StatusCode) -> &'static str {
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        "service_unavailable"
+    } else if status.is_server_error() {
+        "processing_error"
+    } else {
+        "invalid_request"
+    }
+}
+
+/// The `code` of ACP's and UCP's errors: ACP's own for the idempotency answers, else
+/// the problem's slug with `_` (`body_too_large`).
+fn code(kind: ProblemKind) -> String {
+    match kind {
+        ProblemKind::KeyReused => "idempotency_conflict".to_owned(),
+        ProblemKind::RequestInProgress => "idempotency_in_flight".to_owned(),
+        ProblemKind::MissingKey => "idempotency_key_required".to_owned(),
+        ProblemKind::InvalidKey => "idempotency_key_invalid".to_owned(),
+        ProblemKind::KeyExpired => "idempotency_key_expired".to_owned(),
+        other => other
+            .type_uri()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .replace('-', "_"),
+    }
+}
+
+impl fmt::Display for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A profile name that is not one of [`Profile::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown profile {0:?}: one of ietf, stripe, acp, ucp")]
+pub struct UnknownProfile(String);
+
+impl FromStr for Profile {
+    type Err = UnknownProfile;
+
+    fn from_str(s: &str) -> Result<Profile, UnknownProfile> {
+        Profile::ALL
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| UnknownProfile(s.to_owned()))
+    }
+}
+
+/// How the layer's own answers to one request are written: as gRPC errors to a gRPC
+/// call (SPEC S18), else in the route's profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Dialect {
+    /// A gRPC call.
+    pub(crate) grpc: bool,
+    /// The route's profile.
+    pub(crate) profile: Profile,
+}
+
+#[cfg(test)]
+impl Dialect {
+    /// Plain HTTP in `profile`.
+    pub(crate) fn http(profile: Profile) -> Dialect {
+        Dialect {
+            grpc: false,
+            profile,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn answer(profile: Profile, problem: Problem) -> (StatusCode, http::HeaderMap, Value) {
+        let r = problem.answer(Dialect::http(profile));
+        let body = serde_json::from_slice(r.body()).unwrap();
+        (r.status(), r.headers().clone(), body)
+    }
+
+    fn reused() -> Problem {
+        Problem::new(ProblemKind::KeyReused, "another payload")
+    }
+
+    fn busy() -> Problem {
+        Problem::new(ProblemKind::RequestInProgress, "busy").retry_after(Duration::from_secs(2))
+    }
+
+    #[test]
+    fn names_round_trip_and_unknown_ones_list_the_choices() {
+        for p in Profile::ALL {
+            assert_eq!(p.as_str().parse::<Profile>(), Ok(p));
+        }
+        assert_eq!(" Stripe ".parse::<Profile>(), Ok(Profile::Stripe));
+        let e = "paypal".parse::<Profile>().unwrap_err().to_string();
+        assert!(e.contains("ietf, stripe, acp, ucp"), "{e}");
+        assert_eq!(Profile::default(), Profile::Ietf);
+    }
+
+    #[test]
+    fn ietf_is_todays_problem_details() {
+        let (status, headers, body) = answer(Profile::Ietf, reused());
+        assert_eq!(status, 422);
+        assert_eq!(headers["content-type"], "application/problem+json");
+        assert_eq!(body["type"], "https://idem.dev/problems/key-reused");
+    }
+
+    #[test]
+    fn stripe_answers_in_its_error_envelope() {
+        let (status, headers, body) = answer(Profile::Stripe, reused());
+        assert_eq!(status, 400);
+        assert_eq!(headers["content-type"], "application/json");
+        assert_eq!(body["error"]["type"], "idempotency_error");
+        assert_eq!(body["error"]["message"], "another payload");
+        assert_eq!(
+            body["error"]["doc_url"],
+            "https://idem.dev/problems/key-reused"
+        );
+        assert!(body["error"].get("code").is_none());
+
+        let (status, headers, body) = answer(Profile::Stripe, busy());
+        assert_eq!(status, 409);
+        assert_eq!(headers["retry-after"], "2");
+        assert_eq!(body["error"]["type"], "idempotency_error");
+        assert_eq!(body["error"]["code"], "idempotency_key_in_use");
+
+        let missing = Problem::new(ProblemKind::MissingKey, "send one");
+        let (status, _, body) = answer(Profile::Stripe, missing);
+        assert_eq!(status, 400);
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+
+        let down = Problem::new(ProblemKind::StoreUnavailable, "down");
+        let (status, _, body) = answer(Profile::Stripe, down);
+        assert_eq!(status, 503);
+        assert_eq!(body["error"]["type"], "api_error");
+
+        let expired = Problem::key_expired(idem_core::Timestamp::from_millis(0), 201);
+        let (status, _, body) = answer(Profile::Stripe, expired);
+        assert_eq!(status, 400);
+        assert_eq!(body["error"]["type"], "idempotency_error");
+        assert_eq!(body["error"]["completed_status"], 201);
+    }
+
+    #[test]
+    fn acp_answers_with_its_codes_and_flat_errors() {
+        let cases = [
+            (reused(), 422, "idempotency_conflict", "invalid_request"),
+            (busy(), 409, "idempotency_in_flight", "invalid_request"),
+            (
+                Problem::new(ProblemKind::MissingKey, "x"),
+                400,
+                "idempotency_key_required",
+                "invalid_request",
+            ),
+            (
+                Problem::new(ProblemKind::InvalidKey, "x"),
+                400,
+                "idempotency_key_invalid",
+                "invalid_request",
+            ),
+            (
+                Problem::key_expired(idem_core::Timestamp::from_millis(0), 200),
+                422,
+                "idempotency_key_expired",
+                "invalid_request",
+            ),
+            (
+                Problem::new(ProblemKind::StoreUnavailable, "x"),
+                503,
+                "store_unavailable",
+                "service_unavailable",
+            ),
+            (
+                Problem::new(ProblemKind::HandlerFailed, "x"),
+                500,
+                "handler_failed",
+                "processing_error",
+            ),
+        ];
+        for (problem, status, code, kind) in cases {
+            let (got, headers, body) = answer(Profile::Acp, problem);
+            assert_eq!(got, status, "{body}");
+            assert_eq!(headers["content-type"], "application/json");
+            assert_eq!(body["code"], code);
+            assert_eq!(body["type"], kind);
+            assert!(body["message"].is_string());
+        }
+        assert!(Profile::Acp.echoes_key());
+        assert!(!Profile::Stripe.echoes_key());
+    }
+
+    #[test]
+    fn ucp_answers_409_for_a_reused_key_with_code_and_content() {
+        let (status, _, body) = answer(Profile::Ucp, reused());
+        assert_eq!(status, 409);
+        assert_eq!(body["code"], "idempotency_conflict");
+        assert_eq!(body["content"], "another payload");
+        let (status, headers, body) = answer(Profile::Ucp, busy());
+        assert_eq!(status, 409);
+        assert_eq!(headers["retry-after"], "2");
+        assert_eq!(body["code"], "idempotency_in_flight");
+    }
+
+    #[test]
+    fn grpc_calls_get_grpc_errors_whatever_the_profile() {
+        for profile in Profile::ALL {
+            let r = reused().answer(Dialect {
+                grpc: true,
+                profile,
+            });
+            assert_eq!(r.status(), 200);
+            assert!(r.headers().contains_key("grpc-status"));
+        }
+    }
+}
