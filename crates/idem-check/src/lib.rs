@@ -93,7 +93,7 @@ pub struct CheckArgs {
 
     /// The request body: JSON, a form (a=1&b=2) or any text inline, or @FILE to read
     /// it from a file [default: {}].
-    #[arg(long, value_name = "JSON|@FILE")]
+    #[arg(long, value_name = "JSON|FORM|@FILE")]
     pub body: Option<String>,
 
     /// A header sent on every request, 'Name: value'; repeatable. Values of
