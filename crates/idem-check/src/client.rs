@@ -1,18 +1,26 @@
 //! The checker's HTTP side: one target, a request budget, a deadline, and the evidence
-//! (each request and answer, credentials redacted) that every probe reports.
+//! (each request and answer, credentials redacted, with when it was in flight) that
+//! every probe reports.
+//!
+//! Every request goes on a connection of its own, over TCP or (for `https://`) TLS.
+//! Most are sent by hyper; the probes that must control the bytes on the wire (a last
+//! byte held back until every parallel request is written, a hang-up before the answer)
+//! write theirs by hand and read the answer with [`raw`].
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde_json::Value;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+mod raw;
 
 /// How much of a body the evidence shows; comparisons use the whole body.
 const EVIDENCE_BODY_CHARS: usize = 2000;
@@ -33,21 +41,39 @@ const SECRET_HEADERS: &[&str] = &[
 /// Parts of header names that say the value is a credential.
 const SECRET_NAME_PARTS: &[&str] = &["token", "secret", "password", "api-key", "apikey"];
 
+/// The content type of a form body.
+pub const FORM: &str = "application/x-www-form-urlencoded";
+
+/// What the body is, which decides how the probes change it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BodyKind {
+    /// JSON, parsed.
+    Json(Value),
+    /// `application/x-www-form-urlencoded`.
+    Form,
+    /// Anything else: sent as given, never rewritten into an equivalent.
+    Other,
+}
+
 /// The API under test, as the command line described it.
 #[derive(Debug)]
 pub struct Target {
     /// The one URL every request goes to.
     pub uri: Uri,
-    /// `host:port` of the URL.
+    /// `host:port` of the URL, to connect to.
     pub authority: String,
+    /// The host, for TLS's server name.
+    pub host: String,
+    /// TLS settings for an `https://` URL.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
     /// The method of every request.
     pub method: Method,
     /// The `--header`s, in order.
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The request body.
     pub body: Bytes,
-    /// The body, when it is JSON.
-    pub json: Option<Value>,
+    /// What the body is.
+    pub kind: BodyKind,
     /// `--id-pointer`: where the resource id is in an answer's JSON body.
     pub id_pointer: Option<String>,
     /// `--other-tenant-header`: replaces the header of the same name in the tenants probe.
@@ -61,6 +87,12 @@ impl Target {
         SECRET_HEADERS.contains(&n)
             || (SECRET_NAME_PARTS.iter().any(|p| n.contains(p)) && n != "idempotency-key")
             || self.other_tenant.as_ref().is_some_and(|(o, _)| o == name)
+    }
+
+    fn typed(&self) -> bool {
+        self.headers
+            .iter()
+            .any(|(n, _)| n == http::header::CONTENT_TYPE)
     }
 }
 
@@ -123,10 +155,14 @@ impl Answer {
         (200..300).contains(&self.status)
     }
 
+    /// The body as JSON, if it is.
+    pub fn json(&self) -> Option<Value> {
+        serde_json::from_slice(&self.body).ok()
+    }
+
     /// The resource id at `pointer` in the JSON body, as text.
     pub fn id(&self, pointer: &str) -> Option<String> {
-        let v: Value = serde_json::from_slice(&self.body).ok()?;
-        match v.pointer(pointer)? {
+        match self.json()?.pointer(pointer)? {
             Value::String(s) => Some(s.clone()),
             Value::Null => None,
             other => Some(other.to_string()),
@@ -145,6 +181,27 @@ pub struct Exchange {
     pub response: Option<ShownResponse>,
     /// Why there is no answer.
     pub error: Option<String>,
+    /// When the request was in flight, if it was sent.
+    pub timing: Option<Timing>,
+}
+
+/// When a request was in flight, in microseconds since the run began: from its first
+/// byte sent until its answer's head was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Timing {
+    /// Its first byte was sent (or about to be).
+    pub sent_us: u64,
+    /// Its answer's head was read; `None` when no answer was read.
+    pub answered_us: Option<u64>,
+}
+
+impl Timing {
+    /// Whether two requests were in flight at one instant: their intervals intersect.
+    /// A request with no answer is in flight from its first byte on.
+    pub fn overlaps(&self, other: &Timing) -> bool {
+        let end = |t: &Timing| t.answered_us.unwrap_or(u64::MAX);
+        self.sent_us <= end(other) && other.sent_us <= end(self)
+    }
 }
 
 /// A request as shown: credentials redacted, the body cut at 2000 characters.
@@ -175,32 +232,57 @@ pub struct ShownResponse {
 #[derive(Debug, Clone)]
 pub struct Stop(pub String);
 
+/// A connection to the target: TCP, or TLS over it.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
 /// The requests of one run: shared budget, deadline and per-request timeout.
 pub struct Session {
-    client: Client<HttpConnector, Full<Bytes>>,
     /// The API under test.
     pub target: Target,
     sent: AtomicU32,
     max_requests: u32,
     timeout: Duration,
+    started: Instant,
     deadline: Instant,
     max_total: Duration,
+}
+
+/// A parallel request's arrival at the barrier: said once, when its partial request is
+/// written or when it cannot be, so that the others are never kept waiting for it.
+pub struct Arrival(Option<mpsc::UnboundedSender<()>>);
+
+impl Arrival {
+    /// An arrival reported on `tx`.
+    pub fn new(tx: mpsc::UnboundedSender<()>) -> Arrival {
+        Arrival(Some(tx))
+    }
+
+    fn arrive(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        self.arrive();
+    }
 }
 
 impl Session {
     /// A session against `target`, at most `max_requests` requests, each answered within
     /// `timeout`, all of them within `total`.
     pub fn new(target: Target, max_requests: u32, timeout: Duration, total: Duration) -> Session {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
-        connector.set_nodelay(true);
+        let now = Instant::now();
         Session {
-            client: Client::builder(TokioExecutor::new()).build(connector),
             target,
             sent: AtomicU32::new(0),
             max_requests,
             timeout,
-            deadline: Instant::now() + total,
+            started: now,
+            deadline: now + total,
             max_total: total,
         }
     }
@@ -208,6 +290,10 @@ impl Session {
     /// Requests sent (or begun) so far.
     pub fn sent(&self) -> u32 {
         self.sent.load(Ordering::SeqCst)
+    }
+
+    fn micros(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.started).as_micros()).unwrap_or(u64::MAX)
     }
 
     /// Takes one request from the budget, or says why not.
@@ -236,6 +322,32 @@ impl Session {
         tokio::time::sleep(d.min(remaining)).await;
     }
 
+    /// A new connection to the target, TLS for an `https://` URL.
+    pub async fn connect(&self) -> Result<Box<dyn Io>, String> {
+        let tcp = tokio::net::TcpStream::connect(&self.target.authority)
+            .await
+            .map_err(|e| format!("connecting to {}: {e}", self.target.authority))?;
+        let _ = tcp.set_nodelay(true);
+        let Some(config) = &self.target.tls else {
+            return Ok(Box::new(tcp));
+        };
+        let name = rustls::pki_types::ServerName::try_from(self.target.host.clone())
+            .map_err(|e| format!("{:?} is no TLS server name: {e}", self.target.host))?;
+        let tls = tokio_rustls::TlsConnector::from(config.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("the TLS handshake with {} failed: {e}", self.target.host))?;
+        Ok(Box::new(tls))
+    }
+
+    /// The `Host` of every request: the URL's authority as written.
+    fn host_header(&self) -> String {
+        self.target
+            .uri
+            .authority()
+            .map_or_else(|| self.target.authority.clone(), |a| a.to_string())
+    }
+
     /// The headers of `req`, in the order they are sent.
     fn headers(&self, req: &Req) -> Vec<(HeaderName, HeaderValue)> {
         let t = &self.target;
@@ -252,16 +364,15 @@ impl Session {
         {
             out.push((o.clone(), v.clone()));
         }
-        if t.json.is_some()
-            && !t
-                .headers
-                .iter()
-                .any(|(n, _)| n == http::header::CONTENT_TYPE)
-        {
-            out.push((
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            ));
+        if !t.typed() {
+            let content_type = match t.kind {
+                BodyKind::Json(_) => Some("application/json"),
+                BodyKind::Form => Some(FORM),
+                BodyKind::Other => None,
+            };
+            if let Some(ct) = content_type {
+                out.push((http::header::CONTENT_TYPE, HeaderValue::from_static(ct)));
+            }
         }
         for k in &req.keys {
             // The probes only build keys a header can carry (the control-character one
@@ -305,26 +416,59 @@ impl Session {
         }
     }
 
-    /// Sends `req` and reads the whole answer; the exchange is the evidence either way.
-    pub async fn send(&self, label: &str, req: &Req) -> (Exchange, Result<Answer, Stop>) {
+    fn exchange(
+        &self,
+        label: &str,
+        req: &Req,
+    ) -> (Exchange, Bytes, Vec<(HeaderName, HeaderValue)>) {
         let body = req.body.clone().unwrap_or_else(|| self.target.body.clone());
         let headers = self.headers(req);
-        let mut exchange = Exchange {
+        let exchange = Exchange {
             label: label.to_owned(),
             request: self.show_request(&headers, &body),
             response: None,
             error: None,
+            timing: None,
         };
-        let timeout = match self.take() {
-            Ok(t) => t,
+        (exchange, body, headers)
+    }
+
+    /// Records how an exchange ended: its answer, or why there is none.
+    fn ended(
+        &self,
+        mut exchange: Exchange,
+        sent: Option<Instant>,
+        result: Result<(Answer, Instant), Stop>,
+    ) -> (Exchange, Result<Answer, Stop>) {
+        let answered = result.as_ref().ok().map(|(_, head)| self.micros(*head));
+        exchange.timing = sent.map(|at| Timing {
+            sent_us: self.micros(at),
+            answered_us: answered,
+        });
+        match result {
+            Ok((answer, _)) => {
+                exchange.response = Some(self.show_answer(&answer));
+                (exchange, Ok(answer))
+            }
             Err(stop) => {
                 exchange.error = Some(stop.0.clone());
-                return (exchange, Err(stop));
+                (exchange, Err(stop))
             }
+        }
+    }
+
+    /// Sends `req` and reads the whole answer; the exchange is the evidence either way.
+    pub async fn send(&self, label: &str, req: &Req) -> (Exchange, Result<Answer, Stop>) {
+        let (exchange, body, headers) = self.exchange(label, req);
+        let timeout = match self.take() {
+            Ok(t) => t,
+            Err(stop) => return self.ended(exchange, None, Err(stop)),
         };
+        let path = self.target.uri.path_and_query().map_or("/", |p| p.as_str());
         let mut builder = http::Request::builder()
             .method(self.target.method.clone())
-            .uri(self.target.uri.clone());
+            .uri(path)
+            .header(http::header::HOST, self.host_header());
         for (n, v) in headers {
             builder = builder.header(n, v);
         }
@@ -332,67 +476,132 @@ impl Session {
             Ok(r) => r,
             Err(e) => {
                 let stop = Stop(format!("the request cannot be built: {e}"));
-                exchange.error = Some(stop.0.clone());
-                return (exchange, Err(stop));
+                return self.ended(exchange, None, Err(stop));
             }
         };
+        let sent = Instant::now();
         let read = async {
-            let res = self.client.request(request).await.map_err(|e| {
-                let mut msg = e.to_string();
-                let mut source = std::error::Error::source(&e);
-                while let Some(s) = source {
-                    msg.push_str(&format!(": {s}"));
-                    source = s.source();
-                }
-                msg
-            })?;
-            let status = res.status().as_u16();
-            let headers = res.headers().clone();
-            let body = res
-                .into_body()
-                .collect()
+            let io = self.connect().await?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
                 .await
-                .map_err(|e| format!("reading the answer's body: {e}"))?
-                .to_bytes();
-            Ok::<_, String>(Answer {
-                status,
-                headers,
-                body,
-                received: Instant::now(),
-            })
+                .map_err(|e| error_chain(&e))?;
+            let exchange = async move {
+                let res = sender
+                    .send_request(request)
+                    .await
+                    .map_err(|e| error_chain(&e))?;
+                let head = Instant::now();
+                let status = res.status().as_u16();
+                let headers = res.headers().clone();
+                let body = res
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| format!("reading the answer's body: {e}"))?
+                    .to_bytes();
+                // The one request is answered: dropping the sender lets the connection end.
+                drop(sender);
+                let answer = Answer {
+                    status,
+                    headers,
+                    body,
+                    received: Instant::now(),
+                };
+                Ok::<_, String>((answer, head))
+            };
+            let (answer, _) = futures_util::future::join(exchange, conn).await;
+            answer
         };
-        match tokio::time::timeout(timeout, read).await {
-            Ok(Ok(answer)) => {
-                exchange.response = Some(self.show_answer(&answer));
-                (exchange, Ok(answer))
-            }
-            Ok(Err(e)) => {
-                let stop = Stop(format!("the request failed: {e}"));
-                exchange.error = Some(stop.0.clone());
-                (exchange, Err(stop))
-            }
-            Err(_) => {
-                let stop = Stop(format!(
-                    "no answer within {}",
-                    humantime::format_duration(timeout)
-                ));
-                exchange.error = Some(stop.0.clone());
-                (exchange, Err(stop))
-            }
-        }
+        let result = match tokio::time::timeout(timeout, read).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(Stop(format!("the request failed: {e}"))),
+            Err(_) => Err(Stop(format!(
+                "no answer within {}",
+                humantime::format_duration(timeout)
+            ))),
+        };
+        self.ended(exchange, Some(sent), result)
     }
 
-    /// Writes `req` on a fresh TCP connection and closes it before reading anything: a
+    /// The bytes of `req` on the wire, written by hand: HTTP/1.1, `Connection: close`.
+    fn raw_request(&self, headers: &[(HeaderName, HeaderValue)], body: &Bytes) -> Vec<u8> {
+        let path = self.target.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut raw = format!(
+            "{} {path} HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\nconnection: close\r\n",
+            self.target.method,
+            self.host_header(),
+            body.len()
+        )
+        .into_bytes();
+        for (n, v) in headers {
+            raw.extend_from_slice(n.as_str().as_bytes());
+            raw.extend_from_slice(b": ");
+            raw.extend_from_slice(v.as_bytes());
+            raw.extend_from_slice(b"\r\n");
+        }
+        raw.extend_from_slice(b"\r\n");
+        raw.extend_from_slice(body);
+        raw
+    }
+
+    /// Sends `req` with its last byte held back: writes all the rest, reports its
+    /// `arrival`, waits until `go` says every parallel request has arrived, then writes
+    /// the last byte and reads the answer. The server cannot act on the request before
+    /// the release, so requests released together are in flight together.
+    pub async fn send_held(
+        &self,
+        label: &str,
+        req: &Req,
+        mut arrival: Arrival,
+        mut go: watch::Receiver<bool>,
+    ) -> (Exchange, Result<Answer, Stop>) {
+        let (exchange, body, headers) = self.exchange(label, req);
+        let timeout = match self.take() {
+            Ok(t) => t,
+            Err(stop) => return self.ended(exchange, None, Err(stop)),
+        };
+        let raw = self.raw_request(&headers, &body);
+        let (all_but_last, last) = raw.split_at(raw.len() - 1);
+        let mut sent = None;
+        let exchange_io = async {
+            let mut io = self.connect().await?;
+            sent = Some(Instant::now());
+            let write = async {
+                io.write_all(all_but_last).await?;
+                io.flush().await
+            };
+            write
+                .await
+                .map_err(|e| format!("writing the request: {e}"))?;
+            arrival.arrive();
+            go.wait_for(|released| *released)
+                .await
+                .map_err(|_| "the parallel requests were never released".to_owned())?;
+            let write = async {
+                io.write_all(last).await?;
+                io.flush().await
+            };
+            write
+                .await
+                .map_err(|e| format!("writing the request's last byte: {e}"))?;
+            raw::read_answer(&mut io, &self.target.method).await
+        };
+        let result = match tokio::time::timeout(timeout, exchange_io).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(Stop(format!("the request failed: {e}"))),
+            Err(_) => Err(Stop(format!(
+                "no answer within {}",
+                humantime::format_duration(timeout)
+            ))),
+        };
+        drop(arrival);
+        self.ended(exchange, sent, result)
+    }
+
+    /// Writes `req` on a fresh connection and closes it before reading anything: a
     /// client whose answer was lost.
     pub async fn send_and_hang_up(&self, label: &str, req: &Req) -> (Exchange, Result<(), Stop>) {
-        let body = req.body.clone().unwrap_or_else(|| self.target.body.clone());
-        let headers = self.headers(req);
-        let mut exchange = Exchange {
-            label: label.to_owned(),
-            request: self.show_request(&headers, &body),
-            response: None,
-            error: Some("the connection was closed before reading the answer".to_owned()),
-        };
+        let (mut exchange, body, headers) = self.exchange(label, req);
         let timeout = match self.take() {
             Ok(t) => t,
             Err(stop) => {
@@ -400,37 +609,29 @@ impl Session {
                 return (exchange, Err(stop));
             }
         };
-        let path = self
-            .target
-            .uri
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned();
-        let mut raw = format!(
-            "{} {path} HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\nconnection: close\r\n",
-            self.target.method,
-            self.target.authority,
-            body.len()
-        )
-        .into_bytes();
-        for (n, v) in &headers {
-            raw.extend_from_slice(n.as_str().as_bytes());
-            raw.extend_from_slice(b": ");
-            raw.extend_from_slice(v.as_bytes());
-            raw.extend_from_slice(b"\r\n");
-        }
-        raw.extend_from_slice(b"\r\n");
-        raw.extend_from_slice(&body);
+        let raw = self.raw_request(&headers, &body);
+        let sent = Instant::now();
         let write = async {
-            let mut stream = tokio::net::TcpStream::connect(&self.target.authority).await?;
-            stream.write_all(&raw).await?;
-            stream.flush().await?;
-            stream.shutdown().await?;
-            drop(stream);
-            Ok::<_, std::io::Error>(())
+            let mut io = self.connect().await?;
+            let write = async {
+                io.write_all(&raw).await?;
+                io.flush().await?;
+                io.shutdown().await
+            };
+            write.await.map_err(|e| e.to_string())?;
+            drop(io);
+            Ok::<_, String>(())
         };
+        exchange.timing = Some(Timing {
+            sent_us: self.micros(sent),
+            answered_us: None,
+        });
         match tokio::time::timeout(timeout, write).await {
-            Ok(Ok(())) => (exchange, Ok(())),
+            Ok(Ok(())) => {
+                exchange.error =
+                    Some("the connection was closed before reading the answer".to_owned());
+                (exchange, Ok(()))
+            }
             Ok(Err(e)) => {
                 let stop = Stop(format!("the raw request failed: {e}"));
                 exchange.error = Some(stop.0.clone());
@@ -443,6 +644,17 @@ impl Session {
             }
         }
     }
+}
+
+/// An error and its sources, as one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    msg
 }
 
 /// A body as the evidence shows it: text (lossy), cut at [`EVIDENCE_BODY_CHARS`].
@@ -470,4 +682,31 @@ pub fn new_key() -> String {
     }
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     format!("idem-check-{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(sent_us: u64, answered_us: Option<u64>) -> Timing {
+        Timing {
+            sent_us,
+            answered_us,
+        }
+    }
+
+    #[test]
+    fn requests_overlap_when_their_intervals_intersect() {
+        // One answered before the next was sent: not in flight together.
+        assert!(!t(0, Some(10)).overlaps(&t(11, Some(20))));
+        assert!(!t(11, Some(20)).overlaps(&t(0, Some(10))));
+        // Sent before the other's answer was read.
+        assert!(t(0, Some(10)).overlaps(&t(5, Some(20))));
+        assert!(t(5, Some(6)).overlaps(&t(0, Some(20))));
+        // An instant shared is an overlap.
+        assert!(t(0, Some(10)).overlaps(&t(10, Some(20))));
+        // No answer: in flight from its first byte on.
+        assert!(t(0, None).overlaps(&t(100, Some(200))));
+        assert!(!t(300, None).overlaps(&t(100, Some(200))));
+    }
 }

@@ -1,23 +1,31 @@
 //! `idem check URL`: does an API's `Idempotency-Key` support hold?
 //!
-//! The checker sends requests to that one URL, bounded in count (`--max-requests`) and
-//! time (`--timeout` per request, `--total-timeout` for the run), and reports eight
-//! probes, each pass, fail or not applicable, with the requests and answers behind the
-//! verdict (credential headers redacted):
+//! The checker sends requests to that one URL (`http://` or `https://`), bounded in
+//! count (`--max-requests`) and time (`--timeout` per request, `--total-timeout` for the
+//! run), and reports eight probes, each pass, fail or not applicable, with the requests
+//! and answers behind the verdict (credential headers redacted). The report starts with
+//! its bottom line in one plain sentence: the API ignores the key (a retry executed
+//! again), idempotency holds for every probe that applied, or which guarantee broke.
 //!
 //! | probe | passes when |
 //! |---|---|
 //! | `replay` | the same request with the same key gets the same status and body (and, with `--id-pointer`, the same resource id) |
-//! | `concurrent_duplicates` | `--concurrency` parallel requests with one key make one execution: one distinct id (or body) among the 2xx answers, the others 409 or the replay |
+//! | `concurrent_duplicates` | `--concurrency` requests with one key, in flight together, make one execution: one distinct id (or body) among the 2xx answers, the others 409 (in the profile's shape) or the replay. Each request is written but for its last byte, and the last bytes are released once all are written; the overlap is then measured (a request is in flight from its first byte sent until its answer's head is read). When no two were in flight together, the probe is not applicable ("not tested"), never a pass |
 //! | `lost_answer` | after a request whose connection closed before its answer was read, the retry with the same key gets the execution that happened (a follow-up replay agrees) |
-//! | `payload_mismatch` | the same key with a changed body is 422 |
-//! | `keys` | a 256-character key, a key with a control character and two `Idempotency-Key` fields are 400; the quoted (Structured Field) and bare forms are one key; with `--require-key`, no key is 400 |
-//! | `equivalent_json` | the body with its keys reordered and other whitespace is the same request (needs a JSON body) |
-//! | `tenants` | with `--other-tenant-header`, the same key under another tenant gets its own answer, never the first tenant's (nor a 409 or 422 from its record) |
-//! | `replayed_headers` | a replay a second later carries no recorded `Set-Cookie` or `Date`; `Idempotent-Replayed` is reported when present |
+//! | `payload_mismatch` | the same key with a changed body is refused as the `--profile` says (422 under `ietf`); a form stays a form, JSON stays JSON |
+//! | `keys` | a 256-character key, a key with a control character and two `Idempotency-Key` fields are 400 (in the profile's shape); the quoted (Structured Field) and bare forms are one key; with `--require-key`, no key is 400 |
+//! | `equivalent_json` | the same body in other bytes is the same request: JSON with its keys reordered and other whitespace, or a form with its parameters reordered and a character percent-encoded (the id stays `equivalent_json`, its name is "Equivalent body") |
+//! | `tenants` | with `--other-tenant-header`, the same key under another tenant gets its own answer, never the first tenant's (nor a 409 or a mismatch refusal from its record) |
+//! | `replayed_headers` | a replay a second later carries no recorded `Set-Cookie` or `Date`; `Idempotent-Replayed` is reported when present (and under `--profile acp`, an echoed `Idempotency-Key`) |
 //!
-//! Every probe uses keys of its own (`idem-check-` and 32 random hex digits), so a run
-//! creates resources: point it at a staging API. Only `http://` URLs are supported.
+//! When the replay probe sees the retry execute again, `equivalent_json`, `tenants` and
+//! `replayed_headers` are not applicable ("replay does not hold, so … cannot be
+//! judged"), and no check that a second execution would satisfy by chance (a matching
+//! status) reads as a pass.
+//!
+//! `--profile ietf|stripe|acp|ucp` says which dialect the API's refusals are judged by
+//! (see [`profile`]). Every probe uses keys of its own (`idem-check-` and 32 random hex
+//! digits), so a run creates resources: point it at a staging API.
 //!
 //! This crate is `idem check`: the `idem` binary runs [`run`] with the [`CheckArgs`]
 //! it parsed. It shares nothing with the gateway but the protocol it checks, so it
@@ -28,12 +36,15 @@
 //! [`EXIT_UNREACHABLE`] when nothing listens at the URL.
 
 mod client;
+mod form;
 mod probes;
+pub mod profile;
 pub mod report;
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -41,7 +52,8 @@ use clap::{Args, ValueEnum};
 use http::{HeaderName, HeaderValue, Method, Uri};
 
 pub use client::REDACTED;
-pub use probes::{Check, PROBES, ProbeReport, Status};
+pub use probes::{Check, PROBES, ProbeReport, Status, describe};
+pub use profile::Profile;
 pub use report::Report;
 
 /// Parses a duration as `idem serve` does (`500ms`, `2s`, `2m`).
@@ -61,17 +73,27 @@ pub const EXIT_UNREACHABLE: u8 = 3;
 /// `idem check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// The endpoint to check, e.g. http://127.0.0.1:8080/v1/charges (http:// only).
+    /// The endpoint to check, e.g. http://127.0.0.1:8080/v1/charges or https://….
     #[arg(value_name = "URL")]
     pub url: String,
+
+    /// PEM file of the CA certificates an https:// URL is trusted by (a private CA);
+    /// without it, the system's root certificates.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+
+    /// The dialect the API speaks, which decides what its refusals must look like:
+    /// ietf (422 problem+json, 409 with Retry-After), stripe, acp or ucp.
+    #[arg(long, value_enum, default_value = "ietf")]
+    pub profile: Profile,
 
     /// The method of every request.
     #[arg(long, default_value = "POST")]
     pub method: String,
 
-    /// The request body: JSON (or any text) inline, or @FILE to read it from a file
-    /// [default: {}].
-    #[arg(long, value_name = "JSON|@FILE")]
+    /// The request body: JSON, a form (a=1&b=2) or any text inline, or @FILE to read
+    /// it from a file [default: {}].
+    #[arg(long, value_name = "JSON|FORM|@FILE")]
     pub body: Option<String>,
 
     /// A header sent on every request, 'Name: value'; repeatable. Values of
@@ -118,12 +140,17 @@ pub struct CheckArgs {
     /// Write the report to FILE instead of standard output.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+
+    /// The text report shows every request and answer, not only the verdicts.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
 }
 
 /// How the report is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
-    /// A summary table, then the failed probes' evidence.
+    /// The bottom line, a line per probe, the failed checks (`--verbose`: every
+    /// exchange).
     Text,
     /// A Markdown report to paste into a pull request.
     Markdown,
@@ -173,35 +200,43 @@ fn parse_header(flag: &str, s: &str) -> Result<(HeaderName, HeaderValue), UsageE
 /// Resolves the arguments into a target.
 fn target(args: &CheckArgs) -> Result<client::Target, UsageError> {
     let lower = args.url.to_ascii_lowercase();
-    if lower.starts_with("https://") {
-        return Err(usage(
-            "https:// is not supported yet: idem check speaks plain http:// only (check a \
-             staging API over http://, or the gateway in front of it)",
-        ));
-    }
-    if !lower.starts_with("http://") {
+    let https = lower.starts_with("https://");
+    if !https && !lower.starts_with("http://") {
         return Err(usage(format!(
-            "{:?} is no http:// URL (e.g. http://127.0.0.1:8080/v1/charges)",
+            "{:?} is no http:// or https:// URL (e.g. http://127.0.0.1:8080/v1/charges)",
             args.url
         )));
+    }
+    if args.ca.is_some() && !https {
+        return Err(usage("--ca is for an https:// URL"));
     }
     let uri: Uri = args
         .url
         .parse()
         .map_err(|e| usage(format!("{:?} is no URL: {e}", args.url)))?;
-    let authority = uri
+    let auth = uri
         .authority()
         .ok_or_else(|| usage(format!("{:?} names no host", args.url)))?;
-    if authority.as_str().contains('@') {
+    if auth.as_str().contains('@') {
         return Err(usage(
             "credentials in the URL are not supported: send them with --header",
         ));
     }
     let authority = format!(
         "{}:{}",
-        authority.host(),
-        authority.port_u16().unwrap_or(80)
+        auth.host(),
+        auth.port_u16().unwrap_or(if https { 443 } else { 80 })
     );
+    let host = auth
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let tls = if https {
+        Some(Arc::new(tls_config(args.ca.as_deref())?))
+    } else {
+        None
+    };
     let method = Method::from_bytes(args.method.trim().to_ascii_uppercase().as_bytes())
         .map_err(|_| usage(format!("--method {:?} is no HTTP method", args.method)))?;
     let body = match args.body.as_deref() {
@@ -213,7 +248,6 @@ fn target(args: &CheckArgs) -> Result<client::Target, UsageError> {
             None => Bytes::from(b.to_owned()),
         },
     };
-    let json = serde_json::from_slice(&body).ok();
     let headers = args
         .headers
         .iter()
@@ -224,6 +258,7 @@ fn target(args: &CheckArgs) -> Result<client::Target, UsageError> {
         .as_deref()
         .map(|h| parse_header("--other-tenant-header", h))
         .transpose()?;
+    let kind = body_kind(&body, &headers);
     if let Some((name, value)) = &other_tenant
         && headers.iter().any(|(n, v)| n == name && v == value)
     {
@@ -256,36 +291,104 @@ fn target(args: &CheckArgs) -> Result<client::Target, UsageError> {
     Ok(client::Target {
         uri,
         authority,
+        host,
+        tls,
         method,
         headers,
         body,
-        json,
+        kind,
         id_pointer: args.id_pointer.clone(),
         other_tenant,
     })
 }
 
-/// What to say of a body that is not JSON sent without a `Content-Type` of the
-/// operator's: it goes without one (an API may refuse it, or read it as something else),
-/// and the probe that reorders JSON keys does not apply.
+/// What the body is: a form when its `--header` `Content-Type` says so, or when it is
+/// not JSON and reads as `a=1&b=2`; JSON when it parses; else other text.
+fn body_kind(body: &[u8], headers: &[(HeaderName, HeaderValue)]) -> client::BodyKind {
+    let content_type = headers
+        .iter()
+        .find(|(n, _)| n == http::header::CONTENT_TYPE)
+        .map(|(_, v)| String::from_utf8_lossy(v.as_bytes()).to_ascii_lowercase());
+    let json = serde_json::from_slice(body).ok();
+    match (content_type, json) {
+        (Some(ct), _) if ct.trim_start().starts_with(client::FORM) => client::BodyKind::Form,
+        (_, Some(v)) => client::BodyKind::Json(v),
+        (None, None) if form::looks_like_form(body) => client::BodyKind::Form,
+        _ => client::BodyKind::Other,
+    }
+}
+
+/// The TLS settings of an `https://` target: TLS 1.2 and 1.3 with the ring provider,
+/// trusting the CA certificates of `ca` when given, else the system's roots.
+fn tls_config(ca: Option<&Path>) -> Result<rustls::ClientConfig, UsageError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| usage(format!("--ca {}: {e}", path.display())))?;
+            if certs.is_empty() {
+                return Err(usage(format!(
+                    "--ca {}: no PEM certificate in it",
+                    path.display()
+                )));
+            }
+            for cert in certs {
+                roots.add(cert).map_err(|e| {
+                    usage(format!(
+                        "--ca {}: not a CA certificate: {e}",
+                        path.display()
+                    ))
+                })?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                return Err(usage(
+                    "no system root certificates were found to trust the https:// URL by: \
+                     give the CA that signed its certificate with --ca FILE (PEM)",
+                ));
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| usage(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    // The probes speak HTTP/1.1, some of them byte by byte.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// What to say of a body that is neither JSON nor a form, sent without a `Content-Type`
+/// of the operator's: it goes without one (an API may refuse it, or read it as something
+/// else), and the probe that rewrites a body into an equivalent one does not apply.
 fn body_warning(target: &client::Target) -> Option<String> {
     let typed = target
         .headers
         .iter()
         .any(|(name, _)| name == http::header::CONTENT_TYPE);
-    (target.json.is_none() && !typed).then(|| {
-        "the --body is not JSON and no --header gives its Content-Type, so it is sent \
-         without one: add -H 'Content-Type: …' if the API needs it (equivalent_json does \
-         not apply)"
+    (target.kind == client::BodyKind::Other && !typed).then(|| {
+        "the --body is neither JSON nor a form (a=1&b=2) and no --header gives its \
+         Content-Type, so it is sent without one: add -H 'Content-Type: …' if the API \
+         needs it (equivalent_json does not apply)"
             .to_owned()
     })
 }
 
 /// Runs the probes against an already resolved session and returns the report.
 async fn run_probes(session: &client::Session, args: &CheckArgs) -> Report {
-    let opts = probes::Options {
+    let mut opts = probes::Options {
         concurrency: args.concurrency,
         require_key: args.require_key,
+        profile: args.profile,
+        replay_holds: true,
     };
     let progress = std::io::stderr().is_terminal();
     let mut reports = Vec::new();
@@ -299,18 +402,24 @@ async fn run_probes(session: &client::Session, args: &CheckArgs) -> Report {
             );
             let _ = std::io::stderr().flush();
         }
-        reports.push(probes::run(id, name, session, opts).await);
+        let report = probes::run(id, name, session, opts).await;
+        if *id == "replay" && report.executed_again {
+            opts.replay_holds = false;
+        }
+        reports.push(report);
     }
     if progress {
         eprint!("\r\x1b[2K");
         let _ = std::io::stderr().flush();
     }
-    Report::new(
+    let mut report = Report::new(
         session.target.method.as_str(),
         &args.url,
         session.sent(),
         reports,
-    )
+    );
+    report.profile = args.profile.name();
+    report
 }
 
 /// `idem check`: prints the warning, runs the probes, writes the report; the exit status
@@ -347,7 +456,7 @@ pub async fn run(args: &CheckArgs) -> ExitCode {
     let session = client::Session::new(target, args.max_requests, args.timeout, args.total_timeout);
     let report = run_probes(&session, args).await;
     let rendered = match args.format {
-        Format::Text => report::text(&report),
+        Format::Text => report::text(&report, args.verbose),
         Format::Markdown => report::markdown(&report),
         Format::Json => report::json(&report),
         Format::Junit => report::junit(&report),
@@ -394,9 +503,11 @@ mod tests {
         };
         assert_eq!(body_warning(&parse(&[])), None, "the default {{}} is JSON");
         assert_eq!(body_warning(&parse(&["--body", "{\"a\":1}"])), None);
-        let warned = body_warning(&parse(&["--body", "amount=1"])).unwrap();
+        // A form is recognised, and sent as one.
+        assert_eq!(body_warning(&parse(&["--body", "amount=1"])), None);
+        let warned = body_warning(&parse(&["--body", "just some text"])).unwrap();
         assert!(
-            warned.contains("not JSON") && warned.contains("Content-Type"),
+            warned.contains("neither JSON nor a form") && warned.contains("Content-Type"),
             "{warned}"
         );
         assert_eq!(
@@ -427,9 +538,55 @@ mod tests {
     }
 
     #[test]
-    fn https_is_not_supported_yet() {
-        assert!(refusal(&["https://api.example/v1/charges"]).contains("not supported yet"));
-        assert!(refusal(&["ftp://x/"]).contains("no http:// URL"));
+    fn https_urls_take_a_ca_and_other_schemes_are_refused() {
+        assert!(refusal(&["ftp://x/"]).contains("no http:// or https:// URL"));
+        assert!(refusal(&["http://x/", "--ca", "ca.pem"]).contains("--ca is for an https://"));
+        let missing = refusal(&["https://127.0.0.1/", "--ca", "/nonexistent/ca.pem"]);
+        assert!(missing.starts_with("--ca /nonexistent/ca.pem"), "{missing}");
+        let dir = std::env::temp_dir().join(format!("idem-check-ca-{}", std::process::id()));
+        std::fs::write(&dir, "no certificate here").unwrap();
+        let empty = refusal(&["https://127.0.0.1/", "--ca", dir.to_str().unwrap()]);
+        std::fs::remove_file(&dir).unwrap();
+        assert!(empty.contains("no PEM certificate"), "{empty}");
+    }
+
+    #[test]
+    fn the_body_kind_follows_the_content_type_then_the_body() {
+        let kind = |extra: &[&str]| {
+            let mut argv = vec!["http://127.0.0.1:9/v1/charges"];
+            argv.extend_from_slice(extra);
+            target(&parse(&argv)).unwrap().kind
+        };
+        assert_eq!(
+            kind(&["--body", "amount=500&currency=eur"]),
+            client::BodyKind::Form
+        );
+        assert_eq!(
+            kind(&[
+                "--body",
+                "amount=500",
+                "-H",
+                "Content-Type: Application/X-WWW-Form-Urlencoded; charset=utf-8"
+            ]),
+            client::BodyKind::Form
+        );
+        assert!(matches!(
+            kind(&["--body", "{\"a\":1}"]),
+            client::BodyKind::Json(_)
+        ));
+        assert_eq!(kind(&["--body", "hello there"]), client::BodyKind::Other);
+    }
+
+    #[test]
+    fn the_profile_defaults_to_ietf() {
+        assert_eq!(parse(&["http://127.0.0.1:1/x"]).profile, Profile::Ietf);
+        assert_eq!(
+            parse(&["http://127.0.0.1:1/x", "--profile", "stripe"]).profile,
+            Profile::Stripe
+        );
+        assert!(
+            Cmd::try_parse_from(["check", "http://127.0.0.1:1/x", "--profile", "paypal"]).is_err()
+        );
     }
 
     #[test]
@@ -467,7 +624,7 @@ mod tests {
         let t = target(&a).unwrap();
         assert_eq!(t.authority, "127.0.0.1:1");
         assert_eq!(&t.body[..], b"{}");
-        assert!(t.json.is_some());
+        assert!(matches!(t.kind, client::BodyKind::Json(_)));
     }
 
     #[test]

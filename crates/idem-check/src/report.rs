@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::client::Exchange;
+use super::probes::probe::count;
 use super::probes::{ProbeReport, Status};
 
 /// The shape version of the JSON report; it changes only when a field is removed or
@@ -20,6 +21,10 @@ pub struct Report {
     pub warning: String,
     /// The method and URL checked.
     pub target: TargetShown,
+    /// The `--profile` the refusals were judged by.
+    pub profile: &'static str,
+    /// The verdict in one plain sentence (see [`bottom_line`]).
+    pub bottom_line: String,
     /// Whether every applicable probe passed (the exit status is 0 then).
     pub passed: bool,
     /// Requests sent in all, the hung-up one included.
@@ -68,6 +73,8 @@ impl Report {
                 method: method.to_owned(),
                 url: url.to_owned(),
             },
+            profile: "ietf",
+            bottom_line: bottom_line(&probes),
             passed: summary.fail == 0,
             requests_sent,
             summary,
@@ -77,14 +84,64 @@ impl Report {
 
     fn totals(&self) -> String {
         format!(
-            "{} probes: {} passed, {} failed, {} not applicable; {} requests sent",
-            self.probes.len(),
+            "{}: {} passed, {} failed, {} not applicable; {} sent",
+            count(self.probes.len(), "probe", "probes"),
             self.summary.pass,
             self.summary.fail,
             self.summary.not_applicable,
-            self.requests_sent
+            count(self.requests_sent as usize, "request", "requests")
         )
     }
+}
+
+/// The verdict in one plain sentence, for someone who has never heard of idempotency
+/// keys: the API ignores the key, or idempotency holds, or which guarantee broke.
+pub fn bottom_line(probes: &[ProbeReport]) -> String {
+    if probes.iter().any(|p| p.id == "replay" && p.executed_again) {
+        return "this API ignores `Idempotency-Key`: every retry creates a new resource".to_owned();
+    }
+    let failed: Vec<&ProbeReport> = probes.iter().filter(|p| p.status == Status::Fail).collect();
+    let Some(first) = failed.first() else {
+        return if probes.iter().any(|p| p.status == Status::Pass) {
+            "idempotency holds for every probe that applied".to_owned()
+        } else {
+            "nothing was tested: no probe applied".to_owned()
+        };
+    };
+    let finished = !first.checks.iter().any(|c| c.name == "probe completed");
+    let mut line = if finished {
+        match first.id {
+            "replay" => "a retry with the same key is not answered from the record".to_owned(),
+            "concurrent_duplicates" => {
+                "parallel requests with one key, in flight together, are not handled as one"
+                    .to_owned()
+            }
+            "lost_answer" => {
+                "a retry after a lost answer does not get the execution that happened".to_owned()
+            }
+            "payload_mismatch" => {
+                "a key reused with another payload is not refused as it should be".to_owned()
+            }
+            "keys" => "malformed or missing keys are not refused as they should be".to_owned(),
+            "equivalent_json" => {
+                "the same body in other bytes is taken for another request".to_owned()
+            }
+            "tenants" => "one tenant's key reaches another tenant's answer".to_owned(),
+            "replayed_headers" => {
+                "a replay carries headers it must not (Set-Cookie or Date)".to_owned()
+            }
+            other => format!("the {other} probe failed"),
+        }
+    } else {
+        format!("the {} probe could not finish", first.name)
+    };
+    if failed.len() > 1 {
+        line.push_str(&format!(
+            " (and {})",
+            count(failed.len() - 1, "more failed probe", "more failed probes")
+        ));
+    }
+    line
 }
 
 /// The warning a run starts with.
@@ -95,27 +152,28 @@ pub fn warning(url: &str) -> String {
     )
 }
 
-/// The `text` report: a summary table, then each failed probe's checks and evidence.
-pub fn text(r: &Report) -> String {
+/// The `text` report: the bottom line, a line per probe saying what it tests and its
+/// verdict, the failed probes' checks; with `verbose`, every probe's checks and every
+/// exchange.
+pub fn text(r: &Report, verbose: bool) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "idem check {} {}", r.target.method, r.target.url);
+    let _ = writeln!(out, "Bottom line: {}.", r.bottom_line);
     let _ = writeln!(out);
-    let width = r
-        .probes
-        .iter()
-        .map(|p| p.name.len())
-        .max()
-        .unwrap_or(5)
-        .max(5);
-    let _ = writeln!(out, "{:width$}  {:14}  SUMMARY", "PROBE", "RESULT");
+    let _ = writeln!(
+        out,
+        "idem check {} {} (--profile {})",
+        r.target.method, r.target.url, r.profile
+    );
+    let _ = writeln!(out);
     for p in &r.probes {
         let _ = writeln!(
             out,
-            "{:width$}  {:14}  {}",
+            "{:18}{} — {}",
+            format!("[{}]", p.status.label()),
             p.name,
-            p.status.label(),
-            one_line(&p.summary)
+            p.tests
         );
+        let _ = writeln!(out, "{:18}{}", "", one_line(&p.summary));
     }
     let _ = writeln!(out);
     let _ = writeln!(
@@ -124,9 +182,13 @@ pub fn text(r: &Report) -> String {
         if r.passed { "PASSED" } else { "FAILED" },
         r.totals()
     );
-    for p in r.probes.iter().filter(|p| p.status == Status::Fail) {
+    let shown = r
+        .probes
+        .iter()
+        .filter(|p| verbose || p.status == Status::Fail);
+    for p in shown {
         let _ = writeln!(out);
-        let _ = writeln!(out, "--- {} (fail)", p.name);
+        let _ = writeln!(out, "--- {} ({})", p.name, p.status.label());
         for c in &p.checks {
             let _ = writeln!(
                 out,
@@ -136,29 +198,49 @@ pub fn text(r: &Report) -> String {
                 one_line(&c.detail)
             );
         }
-        for e in p.exchanges.iter().take(TEXT_EXCHANGES) {
-            let _ = writeln!(out);
-            for line in exchange_lines(e) {
-                let _ = writeln!(out, "  {line}");
+        if verbose {
+            for e in &p.exchanges {
+                let _ = writeln!(out);
+                for line in exchange_lines(e) {
+                    let _ = writeln!(out, "  {line}");
+                }
             }
         }
-        if p.exchanges.len() > TEXT_EXCHANGES {
-            let _ = writeln!(
-                out,
-                "\n  … {} more exchanges (--format markdown or json shows them all)",
-                p.exchanges.len() - TEXT_EXCHANGES
-            );
-        }
+    }
+    let exchanges: usize = r.probes.iter().map(|p| p.exchanges.len()).sum();
+    if !verbose && exchanges > 0 {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "The {} behind these verdicts: --verbose, or --format markdown or json.",
+            count(
+                exchanges,
+                "request and its answer",
+                "requests and their answers"
+            )
+        );
     }
     out
 }
 
-/// Exchanges the `text` report shows per failed probe; the other formats show all.
-const TEXT_EXCHANGES: usize = 6;
-
 /// An exchange as lines: `> ` for the request, `< ` for the answer, `! ` for an error.
 fn exchange_lines(e: &Exchange) -> Vec<String> {
-    let mut lines = vec![format!("# {}", e.label)];
+    let mut lines = vec![match &e.timing {
+        Some(t) => match t.answered_us {
+            Some(a) => format!(
+                "# {} (in flight {:.1} ms to {:.1} ms)",
+                e.label,
+                t.sent_us as f64 / 1000.0,
+                a as f64 / 1000.0
+            ),
+            None => format!(
+                "# {} (sent at {:.1} ms)",
+                e.label,
+                t.sent_us as f64 / 1000.0
+            ),
+        },
+        None => format!("# {}", e.label),
+    }];
     lines.push(format!("> {} {}", e.request.method, e.request.url));
     for (n, v) in &e.request.headers {
         lines.push(format!("> {n}: {}", visible(v)));
@@ -214,6 +296,8 @@ pub fn markdown(r: &Report) -> String {
         md_inline(&format!("{} {}", r.target.method, r.target.url))
     );
     let _ = writeln!(out);
+    let _ = writeln!(out, "**Bottom line:** {}.", md_cell(&r.bottom_line));
+    let _ = writeln!(out);
     let _ = writeln!(out, "> **Warning:** {}", md_cell(&r.warning));
     let _ = writeln!(out);
     let _ = writeln!(out, "| Probe | Result | Summary |");
@@ -238,9 +322,10 @@ pub fn markdown(r: &Report) -> String {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "<details><summary>{}: {}</summary>",
+            "<details><summary>{}: {} — {}</summary>",
             html(p.name),
-            p.status.label()
+            p.status.label(),
+            html(p.tests)
         );
         let _ = writeln!(out);
         for c in &p.checks {
@@ -461,6 +546,10 @@ mod tests {
                 body: "<b>\"done\" & 'dusted'</b>\u{1}\u{1b}]]>````".to_owned(),
             }),
             error: None,
+            timing: Some(crate::client::Timing {
+                sent_us: 1500,
+                answered_us: Some(2500),
+            }),
         };
         let probe = ProbeReport {
             id: "replay",
@@ -474,6 +563,8 @@ mod tests {
             }],
             exchanges: vec![exchange],
             duration_ms: 1234,
+            tests: "the same request with the same key is answered from the record",
+            executed_again: false,
         };
         let skipped = ProbeReport {
             id: "tenants",
@@ -483,6 +574,8 @@ mod tests {
             checks: vec![],
             exchanges: vec![],
             duration_ms: 0,
+            tests: "another tenant",
+            executed_again: false,
         };
         Report::new(
             "POST",
@@ -565,12 +658,88 @@ mod tests {
     }
 
     #[test]
-    fn text_report_lists_every_probe_and_the_failures_evidence() {
-        let t = text(&hostile());
-        assert!(t.contains("Replay") && t.contains("fail"));
-        assert!(t.contains("Tenants") && t.contains("not applicable"));
-        assert!(t.contains("FAILED: 2 probes: 0 passed, 1 failed, 1 not applicable"));
-        assert!(t.contains("> idempotency-key: k\\tx"), "{t}");
-        assert!(t.contains("< 201"));
+    fn text_report_lists_every_probe_and_shows_the_evidence_when_verbose() {
+        let t = text(&hostile(), false);
+        assert!(
+            t.starts_with("Bottom line: a retry with the same key is not answered"),
+            "{t}"
+        );
+        assert!(
+            t.contains("[fail]            Replay — the same request with the same key"),
+            "{t}"
+        );
+        assert!(t.contains("[not applicable]  Tenants"), "{t}");
+        assert!(
+            t.contains("FAILED: 2 probes: 0 passed, 1 failed, 1 not applicable; 2 requests sent")
+        );
+        assert!(t.contains("[fail] replay: same body"), "{t}");
+        assert!(!t.contains("< 201"), "no exchange without --verbose: {t}");
+        assert!(
+            t.contains("The 1 request and its answer behind these verdicts"),
+            "{t}"
+        );
+        let v = text(&hostile(), true);
+        assert!(v.contains("> idempotency-key: k\\tx"), "{v}");
+        assert!(v.contains("< 201"));
+        assert!(
+            v.contains("# first request (in flight 1.5 ms to 2.5 ms)"),
+            "{v}"
+        );
+    }
+
+    fn probe(id: &'static str, status: Status, executed_again: bool) -> ProbeReport {
+        ProbeReport {
+            id,
+            name: id,
+            tests: "",
+            status,
+            summary: String::new(),
+            checks: vec![],
+            exchanges: vec![],
+            duration_ms: 0,
+            executed_again,
+        }
+    }
+
+    #[test]
+    fn the_bottom_line_says_what_broke_in_plain_words() {
+        use Status::*;
+        let ignored = [
+            probe("replay", Fail, true),
+            probe("concurrent_duplicates", Fail, false),
+            probe("tenants", NotApplicable, false),
+        ];
+        assert_eq!(
+            bottom_line(&ignored),
+            "this API ignores `Idempotency-Key`: every retry creates a new resource"
+        );
+        let holds = [
+            probe("replay", Pass, false),
+            probe("tenants", NotApplicable, false),
+        ];
+        assert_eq!(
+            bottom_line(&holds),
+            "idempotency holds for every probe that applied"
+        );
+        let mismatch = [
+            probe("replay", Pass, false),
+            probe("payload_mismatch", Fail, false),
+            probe("keys", Fail, false),
+        ];
+        assert_eq!(
+            bottom_line(&mismatch),
+            "a key reused with another payload is not refused as it should be (and 1 more \
+             failed probe)"
+        );
+        let race = [
+            probe("replay", Pass, false),
+            probe("concurrent_duplicates", Fail, true),
+        ];
+        assert!(bottom_line(&race).starts_with("parallel requests with one key"));
+        let nothing = [probe("tenants", NotApplicable, false)];
+        assert_eq!(
+            bottom_line(&nothing),
+            "nothing was tested: no probe applied"
+        );
     }
 }

@@ -3,9 +3,13 @@
 
 use bytes::Bytes;
 use serde_json::Value;
+use tokio::sync::{mpsc, watch};
 
-use super::super::client::{Req, Stop, new_key};
-use super::probe::{Probe, short};
+use super::super::client::{Answer, Arrival, BodyKind, Req, Stop, Timing, new_key};
+use super::super::form;
+use super::super::profile::Refusal;
+use super::Status;
+use super::probe::{Probe, count, short};
 
 /// The same request with the same key gets the same status and body (and id).
 pub(super) async fn replay(p: &mut Probe<'_>) -> Result<(), Stop> {
@@ -18,39 +22,72 @@ pub(super) async fn replay(p: &mut Probe<'_>) -> Result<(), Stop> {
     Ok(())
 }
 
-/// N parallel requests with one key: exactly one execution.
-pub(super) async fn concurrent_duplicates(p: &mut Probe<'_>, n: u32) -> Result<(), Stop> {
+/// N parallel requests with one key, made to overlap: exactly one execution.
+///
+/// Each request is written but for its last byte; once all N are written (or could not
+/// be), the last bytes are released together, so the server cannot act on any before
+/// all have reached it. Whether they overlapped is then measured, not assumed: from each
+/// exchange's own instants (in flight from its first byte sent until its answer's head
+/// was read), and from answers only a concurrent duplicate gets (a 409, or a replay
+/// answered while the first was still in flight). When no two overlapped, nothing was
+/// tested, and the probe says so instead of passing.
+pub(super) async fn concurrent_duplicates(p: &mut Probe<'_>) -> Result<(), Stop> {
+    let n = p.opts.concurrency;
     let key = new_key();
     let req = Req::keyed(&key);
     let s = p.s;
-    let sends = (0..n).map(|i| {
-        let req = req.clone();
-        async move { s.send(&format!("parallel request {}", i + 1), &req).await }
-    });
-    let results = futures_util::future::join_all(sends).await;
+    let (arrived_tx, mut arrived) = mpsc::unbounded_channel();
+    let (go_tx, go) = watch::channel(false);
+    let sends: Vec<_> = (0..n)
+        .map(|i| {
+            let req = req.clone();
+            let arrival = Arrival::new(arrived_tx.clone());
+            let go = go.clone();
+            async move {
+                s.send_held(&format!("parallel request {}", i + 1), &req, arrival, go)
+                    .await
+            }
+        })
+        .collect();
+    drop(arrived_tx);
+    let release = async move {
+        for _ in 0..n {
+            if arrived.recv().await.is_none() {
+                break;
+            }
+        }
+        let _ = go_tx.send(true);
+    };
+    let (results, ()) =
+        futures_util::future::join(futures_util::future::join_all(sends), release).await;
+
     let mut executions: Vec<String> = Vec::new();
-    let (mut conflicts, mut conflicts_with_retry_after) = (0, 0);
+    let mut first_execution: Option<Timing> = None;
+    let mut conflicts: Vec<Answer> = Vec::new();
+    let mut replays: Vec<Option<Timing>> = Vec::new();
     let mut others: Vec<String> = Vec::new();
     let mut stopped = None;
+    let mut timings = Vec::new();
     for (exchange, answer) in results {
+        let timing = exchange.timing;
+        // Only an answered request has an interval: one that failed proves no overlap.
+        if let Some(t) = timing.filter(|t| t.answered_us.is_some()) {
+            timings.push(t);
+        }
         p.exchanges.push(exchange);
         match answer {
             Ok(a) if a.accepted() => {
-                let identity = match p.id_of(&a) {
-                    Some(id) => format!("id {id}"),
-                    None if p.s.target.id_pointer.is_some() => "no id".to_owned(),
-                    None => format!("body {}", String::from_utf8_lossy(&a.body)),
-                };
+                if a.replay_marker() {
+                    replays.push(timing);
+                } else if first_execution.is_none() {
+                    first_execution = timing;
+                }
+                let identity = identity(p, &a);
                 if !executions.contains(&identity) {
                     executions.push(identity);
                 }
             }
-            Ok(a) if a.status == 409 => {
-                conflicts += 1;
-                if a.headers.contains_key("retry-after") {
-                    conflicts_with_retry_after += 1;
-                }
-            }
+            Ok(a) if a.status == 409 => conflicts.push(a),
             Ok(a) => others.push(a.status.to_string()),
             Err(e) => {
                 others.push(e.0.clone());
@@ -58,55 +95,147 @@ pub(super) async fn concurrent_duplicates(p: &mut Probe<'_>, n: u32) -> Result<(
             }
         }
     }
-    let what = if p.s.target.id_pointer.is_some() {
-        "resource ids"
-    } else {
-        "bodies (no --id-pointer)"
+    let overlapped = timings
+        .iter()
+        .enumerate()
+        .filter(|(i, t)| {
+            timings
+                .iter()
+                .enumerate()
+                .any(|(j, u)| j != *i && t.overlaps(u))
+        })
+        .count();
+    // Answers that only a duplicate in flight with the first gets.
+    let concurrent_replays = match first_execution {
+        Some(first) => replays
+            .iter()
+            .flatten()
+            .filter(|t| t.overlaps(&first))
+            .count(),
+        None => 0,
     };
+    let telling = conflicts.len() + concurrent_replays;
+    if overlapped < 2 && telling == 0 {
+        if let Some(stop) = stopped {
+            return Err(stop);
+        }
+        p.check(
+            "requests in flight together",
+            Status::NotApplicable,
+            "not tested: no two requests were in flight together",
+        );
+        p.check(
+            "requests in flight together",
+            Status::NotApplicable,
+            format!(
+                "{} sent with their last bytes held, then released at once, yet each was \
+                 answered before the next was sent: the API answers before reading a \
+                 whole request, or one at a time",
+                count(n as usize, "request was", "requests were")
+            ),
+        );
+        return Ok(());
+    }
+    let what = if p.s.target.id_pointer.is_some() {
+        ("distinct resource id", "distinct resource ids")
+    } else {
+        ("distinct body", "distinct bodies")
+    };
+    let mut overlap = format!("{} of {n} in flight together", overlapped);
+    if telling > 0 {
+        let mut evidence = Vec::new();
+        if !conflicts.is_empty() {
+            evidence.push(count(conflicts.len(), "409", "409s"));
+        }
+        if concurrent_replays > 0 {
+            evidence.push(count(
+                concurrent_replays,
+                "replay answered while the first was in flight",
+                "replays answered while the first was in flight",
+            ));
+        }
+        overlap.push_str(&format!(" ({})", evidence.join(", ")));
+    }
+    let many = executions.len() > 1;
     p.judge(
         "one execution",
-        executions.len() <= 1,
+        !many,
         format!(
-            "{n} parallel requests with one key: {} distinct {what} among the 2xx answers{}",
-            executions.len(),
-            if executions.len() > 1 {
+            "{} with one key, {overlap}: {} among the 2xx answers{}{}",
+            count(n as usize, "parallel request", "parallel requests"),
+            count(executions.len(), what.0, what.1),
+            if many {
                 format!(
                     " ({})",
                     executions
                         .iter()
                         .take(5)
-                        .cloned()
+                        .map(|e| short(e, 40))
                         .collect::<Vec<_>>()
                         .join(", ")
                 )
             } else {
                 String::new()
-            }
-        ),
-    );
-    p.judge(
-        "the others wait, get 409 or the replay",
-        others.is_empty(),
-        format!(
-            "{conflicts} answered 409 ({conflicts_with_retry_after} with Retry-After){}",
-            if others.is_empty() {
-                String::new()
+            },
+            if p.s.target.id_pointer.is_none() {
+                " (no --id-pointer)"
             } else {
-                format!("; other outcomes: {}", others.join(", "))
-            }
+                ""
+            },
         ),
     );
+    if many {
+        p.check(
+            "the others wait, get 409 or the replay",
+            Status::NotApplicable,
+            format!(
+                "not judged: the requests executed {}",
+                count(executions.len(), "time", "times")
+            ),
+        );
+    } else {
+        p.judge(
+            "the others wait, get 409 or the replay",
+            others.is_empty(),
+            format!(
+                "{} 409{}",
+                count(conflicts.len(), "answer was", "answers were"),
+                if others.is_empty() {
+                    String::new()
+                } else {
+                    format!("; other outcomes: {}", others.join(", "))
+                }
+            ),
+        );
+    }
+    match conflicts.iter().find_map(|a| {
+        let j = p.opts.profile.judge(Refusal::InProgress, a);
+        (!j.ok).then_some(j)
+    }) {
+        Some(j) => p.judge(
+            "a 409 is the profile's answer for a request in progress",
+            false,
+            j.detail,
+        ),
+        None if !conflicts.is_empty() => p.judge(
+            "a 409 is the profile's answer for a request in progress",
+            true,
+            format!(
+                "{} as --profile {} has it ({})",
+                count(conflicts.len(), "409 is", "409s are"),
+                p.opts.profile.name(),
+                p.opts.profile.expected(Refusal::InProgress)
+            ),
+        ),
+        None => {}
+    }
     if let Some(stop) = stopped {
         return Err(stop);
     }
     // Once the attempt is over, the key answers with the one execution.
-    if executions.len() <= 1 {
+    if !many {
         let after = p.settled("after the parallel requests", &req).await?;
-        let identity = match p.id_of(&after) {
-            Some(id) => format!("id {id}"),
-            None if p.s.target.id_pointer.is_some() => "no id".to_owned(),
-            None => format!("body {}", String::from_utf8_lossy(&after.body)),
-        };
+        let identity = identity(p, &after);
         let ok = after.accepted() && executions.first().is_none_or(|e| *e == identity);
         p.judge(
             "a later request gets that execution",
@@ -115,6 +244,15 @@ pub(super) async fn concurrent_duplicates(p: &mut Probe<'_>, n: u32) -> Result<(
         );
     }
     Ok(())
+}
+
+/// What tells one execution's answer from another's: its id, else its body.
+fn identity(p: &Probe<'_>, a: &Answer) -> String {
+    match p.id_of(a) {
+        Some(id) => format!("id {id}"),
+        None if p.s.target.id_pointer.is_some() => "no id".to_owned(),
+        None => format!("body {}", String::from_utf8_lossy(&a.body)),
+    }
 }
 
 /// The answer of a request is lost: the retry gets the execution that happened.
@@ -140,44 +278,52 @@ pub(super) async fn lost_answer(p: &mut Probe<'_>) -> Result<(), Stop> {
     Ok(())
 }
 
-/// The same key with another body: 422.
+/// The same key with another body: refused as the profile says (422 under ietf).
 pub(super) async fn payload_mismatch(p: &mut Probe<'_>) -> Result<(), Stop> {
     let key = new_key();
     let a = p.first(&key).await?;
-    let changed = changed_body(&p.s.target.body, p.s.target.json.as_ref());
+    let changed = changed_body(&p.s.target.body, &p.s.target.kind);
     let b = p
         .send(
             "the same key, a changed body",
             &Req::keyed(&key).with_body(changed),
         )
         .await?;
-    let mut detail = format!("answered {}", b.status);
-    if b.status != 422 {
-        detail.push_str(" instead of 422");
-        if b.accepted() {
-            match (p.id_of(&a), p.id_of(&b)) {
-                (Some(x), Some(y)) if x != y => {
-                    detail.push_str(&format!(": it executed again (id {x}, then {y})"))
-                }
-                _ if a.body != b.body => detail.push_str(": a new answer (it executed again?)"),
-                _ => detail.push_str(": the first answer, replayed for another payload"),
+    let profile = p.opts.profile;
+    let judged = profile.judge(Refusal::Mismatch, &b);
+    let mut detail = judged.detail;
+    if b.accepted() {
+        match (p.id_of(&a), p.id_of(&b)) {
+            (Some(x), Some(y)) if x != y => {
+                p.executed_again = true;
+                detail.push_str(&format!(": it executed again (id {x}, then {y})"));
             }
+            _ if a.body != b.body => detail.push_str(": a new answer (it executed again?)"),
+            _ => detail.push_str(": the first answer, replayed for another payload"),
         }
     }
-    p.judge("a changed body is 422", b.status == 422, detail);
+    p.judge(
+        &format!("a changed body is {}", profile.status(Refusal::Mismatch)),
+        judged.ok,
+        detail,
+    );
     Ok(())
 }
 
-/// A body that differs from `body` as a request, not only in spelling.
-pub(super) fn changed_body(body: &Bytes, json: Option<&Value>) -> Bytes {
-    match json {
-        Some(Value::Object(map)) => {
+/// A body that differs from `body` as a request, not only in spelling, and is still of
+/// its kind: JSON stays JSON, a form stays a form.
+pub(super) fn changed_body(body: &Bytes, kind: &BodyKind) -> Bytes {
+    match kind {
+        BodyKind::Json(Value::Object(map)) => {
             let mut map = map.clone();
             map.insert("idem_check_changed".to_owned(), Value::Bool(true));
             Bytes::from(Value::Object(map).to_string())
         }
-        Some(other) => Bytes::from(serde_json::json!([other, "idem-check: changed"]).to_string()),
-        None => {
+        BodyKind::Json(other) => {
+            Bytes::from(serde_json::json!([other, "idem-check: changed"]).to_string())
+        }
+        BodyKind::Form => Bytes::from(form::changed(body)),
+        BodyKind::Other => {
             let mut v = body.to_vec();
             v.extend_from_slice(b"\nidem-check: changed");
             Bytes::from(v)
@@ -192,9 +338,24 @@ mod tests {
     #[test]
     fn changed_body_differs_as_json() {
         let v: Value = serde_json::from_str(r#"{"amount":5}"#).unwrap();
-        let changed = changed_body(&Bytes::from_static(br#"{"amount":5}"#), Some(&v));
+        let changed = changed_body(
+            &Bytes::from_static(br#"{"amount":5}"#),
+            &BodyKind::Json(v.clone()),
+        );
         let back: Value = serde_json::from_slice(&changed).unwrap();
         assert_ne!(back, v);
         assert_eq!(back["amount"], 5);
+    }
+
+    #[test]
+    fn changed_body_of_a_form_is_a_form() {
+        let changed = changed_body(
+            &Bytes::from_static(b"amount=500&currency=eur"),
+            &BodyKind::Form,
+        );
+        assert_eq!(
+            &changed[..],
+            b"amount=500&currency=eur&idem_check_changed=1"
+        );
     }
 }

@@ -5,9 +5,10 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::client::{Exchange, Session, Stop};
+use super::profile::Profile;
 
 mod execution;
-mod probe;
+pub(crate) mod probe;
 mod requests;
 
 use execution::{concurrent_duplicates, lost_answer, payload_mismatch, replay};
@@ -56,6 +57,8 @@ pub struct ProbeReport {
     pub id: &'static str,
     /// A human name.
     pub name: &'static str,
+    /// What it tests, in one line.
+    pub tests: &'static str,
     /// The verdict: fail if any check failed, pass if any passed, else not applicable.
     pub status: Status,
     /// One line: the first failed check's detail, or what passed.
@@ -66,6 +69,8 @@ pub struct ProbeReport {
     pub exchanges: Vec<Exchange>,
     /// How long the probe took, in milliseconds.
     pub duration_ms: u64,
+    /// A request the API should have answered from its record executed again.
+    pub executed_again: bool,
 }
 
 /// The probes, in the order they run: `(id, name)`.
@@ -75,10 +80,32 @@ pub const PROBES: &[(&str, &str)] = &[
     ("lost_answer", "Lost answer"),
     ("payload_mismatch", "Payload mismatch"),
     ("keys", "Keys"),
-    ("equivalent_json", "Equivalent JSON"),
+    // The id stays `equivalent_json` (the JSON report's ids are stable); the probe
+    // covers form bodies too.
+    ("equivalent_json", "Equivalent body"),
     ("tenants", "Tenants"),
     ("replayed_headers", "Replayed headers"),
 ];
+
+/// What the probe `id` tests, in one line.
+pub fn describe(id: &str) -> &'static str {
+    match id {
+        "replay" => "the same request with the same key is answered from the record",
+        "concurrent_duplicates" => {
+            "parallel requests with one key, in flight together, make one execution"
+        }
+        "lost_answer" => "a retry after an answer lost on the way gets the execution that happened",
+        "payload_mismatch" => "the same key with another payload is refused",
+        "keys" => "malformed keys are refused; quoted and bare spellings are one key",
+        "equivalent_json" => {
+            "the same body in other bytes (JSON keys or form parameters reordered) is the \
+             same request"
+        }
+        "tenants" => "the same key under another tenant never gets this tenant's answer",
+        "replayed_headers" => "a replay carries no recorded Set-Cookie or Date",
+        _ => "",
+    }
+}
 
 /// What the probes are told beyond the target.
 #[derive(Debug, Clone, Copy)]
@@ -87,18 +114,24 @@ pub struct Options {
     pub concurrency: u32,
     /// Whether the route requires a key (`--require-key`).
     pub require_key: bool,
+    /// The dialect the API's refusals are judged by.
+    pub profile: Profile,
+    /// Whether a replay holds, as far as the probes run so far know: `false` once the
+    /// replay probe saw the retry execute again, so that the probes which presuppose
+    /// replay do not judge.
+    pub replay_holds: bool,
 }
 
 /// Runs the probe `id` against the session.
 pub async fn run(id: &'static str, name: &'static str, s: &Session, opts: Options) -> ProbeReport {
     let started = Instant::now();
-    let mut p = Probe::new(s);
+    let mut p = Probe::new(s, opts);
     let result = match id {
         "replay" => replay(&mut p).await,
-        "concurrent_duplicates" => concurrent_duplicates(&mut p, opts.concurrency).await,
+        "concurrent_duplicates" => concurrent_duplicates(&mut p).await,
         "lost_answer" => lost_answer(&mut p).await,
         "payload_mismatch" => payload_mismatch(&mut p).await,
-        "keys" => keys(&mut p, opts.require_key).await,
+        "keys" => keys(&mut p).await,
         "equivalent_json" => equivalent_json(&mut p).await,
         "tenants" => tenants(&mut p).await,
         "replayed_headers" => replayed_headers(&mut p).await,

@@ -4,21 +4,26 @@
 use std::time::{Duration, Instant};
 
 use super::super::client::{Answer, Exchange, Req, Session, Stop};
-use super::{Check, ProbeReport, Status};
+use super::{Check, Options, ProbeReport, Status};
 
 /// A probe at work: its checks and evidence so far.
 pub(super) struct Probe<'a> {
     pub(super) s: &'a Session,
+    pub(super) opts: Options,
     checks: Vec<Check>,
     pub(super) exchanges: Vec<Exchange>,
+    /// A request the API should have answered from its record executed again.
+    pub(super) executed_again: bool,
 }
 
 impl<'a> Probe<'a> {
-    pub(super) fn new(s: &'a Session) -> Probe<'a> {
+    pub(super) fn new(s: &'a Session, opts: Options) -> Probe<'a> {
         Probe {
             s,
+            opts,
             checks: Vec::new(),
             exchanges: Vec::new(),
+            executed_again: false,
         }
     }
 
@@ -79,37 +84,54 @@ impl<'a> Probe<'a> {
     }
 
     /// Checks that `b` is the answer of the same execution as `a`: same status and
-    /// body, and with `--id-pointer` the same resource id.
+    /// body, and with `--id-pointer` the same resource id. When it is another execution,
+    /// a status that happens to match proves nothing and is not reported as a pass.
     pub(super) fn same_execution(&mut self, name: &str, a: &Answer, b: &Answer) -> bool {
-        let mut ok = true;
+        let mut another = false;
+        let mut id_check = None;
         if let Some(pointer) = self.s.target.id_pointer.clone() {
             let (ia, ib) = (a.id(&pointer), b.id(&pointer));
             let same = ia.is_some() && ia == ib;
-            ok &= same;
-            self.judge(
-                &format!("{name}: same resource id"),
+            another |= ia.is_some() && ib.is_some() && !same;
+            id_check = Some((
                 same,
                 format!(
                     "{} then {}",
                     shown_id(&pointer, &ia),
                     shown_id(&pointer, &ib)
                 ),
-            );
+            ));
+        }
+        let same_body = a.body == b.body;
+        another |= !same_body && a.accepted() && b.accepted();
+        if another {
+            self.executed_again = true;
+        }
+        let mut ok = true;
+        if let Some((same, detail)) = id_check {
+            ok &= same;
+            self.judge(&format!("{name}: same resource id"), same, detail);
         }
         let same_status = a.status == b.status;
         ok &= same_status;
-        self.judge(
-            &format!("{name}: same status"),
-            same_status,
-            format!("{} then {}", a.status, b.status),
-        );
-        let same_body = a.body == b.body;
+        let statuses = format!("{} then {}", a.status, b.status);
+        if same_status && another {
+            self.check(
+                &format!("{name}: same status"),
+                Status::NotApplicable,
+                format!("{statuses}, but from another execution, so it proves nothing"),
+            );
+        } else {
+            self.judge(&format!("{name}: same status"), same_status, statuses);
+        }
         ok &= same_body;
         self.judge(
             &format!("{name}: same body"),
             same_body,
             if same_body {
-                format!("{} identical bytes", a.body.len())
+                count(a.body.len(), "identical byte", "identical bytes")
+            } else if another {
+                "the bodies differ: the request executed again (see the exchanges)".to_owned()
             } else {
                 "the bodies differ (see the exchanges)".to_owned()
             },
@@ -134,12 +156,19 @@ impl<'a> Probe<'a> {
         } else {
             Status::NotApplicable
         };
+        let failed = self.checks.iter().filter(|c| c.status == Status::Fail);
+        // A probe that could not finish says so first, then what it saw before.
+        let (stops, others): (Vec<&Check>, Vec<&Check>) =
+            failed.partition(|c| c.name == "probe completed");
         let summary = match status {
-            Status::Fail => self
-                .checks
-                .iter()
-                .find(|c| c.status == Status::Fail)
-                .map(|c| format!("{}: {}", c.name, c.detail)),
+            Status::Fail => {
+                let shown: Vec<String> = stops
+                    .iter()
+                    .chain(others.first())
+                    .map(|c| format!("{}: {}", c.name, c.detail))
+                    .collect();
+                Some(short(&shown.join("; "), 200))
+            }
             Status::Pass => {
                 let passed: Vec<&str> = self
                     .checks
@@ -149,14 +178,16 @@ impl<'a> Probe<'a> {
                     .collect();
                 Some(short(&passed.join("; "), 160))
             }
-            Status::NotApplicable => self.checks.first().map(|c| c.detail.clone()),
+            Status::NotApplicable => self.checks.first().map(|c| short(&c.detail, 160)),
         }
         .unwrap_or_default();
         ProbeReport {
             id,
             name,
+            tests: super::describe(id),
             status,
             summary,
+            executed_again: self.executed_again,
             checks: self.checks,
             exchanges: self.exchanges,
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -171,11 +202,75 @@ pub(super) fn shown_id(pointer: &str, id: &Option<String>) -> String {
     }
 }
 
-/// `s`, cut at `max` characters.
-pub(super) fn short(s: &str, max: usize) -> String {
-    if s.chars().count() > max {
-        format!("{}…", s.chars().take(max).collect::<String>())
+/// `s`, cut at `max` characters at most, on a word boundary (a space, or after a comma
+/// or semicolon, as in JSON), with `…` when cut.
+pub(crate) fn short(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    // Room for the ellipsis.
+    let head: String = s.chars().take(max.saturating_sub(1)).collect();
+    let next = s.chars().nth(head.chars().count());
+    let cut = if next.is_some_and(|c| c.is_whitespace() || c == ',' || c == ';') {
+        head.as_str()
     } else {
-        s.to_owned()
+        let boundary = head
+            .char_indices()
+            .filter(|(_, c)| c.is_whitespace() || *c == ',' || *c == ';')
+            .map(|(i, _)| i)
+            .next_back();
+        match boundary {
+            Some(i) if i > 0 => &head[..i],
+            // One word longer than the room: cut inside it rather than show nothing.
+            _ => head.as_str(),
+        }
+    };
+    format!(
+        "{}…",
+        cut.trim_end_matches(|c: char| c.is_whitespace() || c == ',' || c == ';' || c == ':')
+    )
+}
+
+/// `n` and the noun in its number: `1 distinct resource id`, `2 distinct resource ids`.
+pub(crate) fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_agree_with_their_nouns() {
+        assert_eq!(
+            count(1, "distinct resource id", "distinct resource ids"),
+            "1 distinct resource id"
+        );
+        assert_eq!(
+            count(2, "distinct resource id", "distinct resource ids"),
+            "2 distinct resource ids"
+        );
+        assert_eq!(count(0, "request", "requests"), "0 requests");
+    }
+
+    #[test]
+    fn short_cuts_on_a_word_boundary() {
+        assert_eq!(short("replay holds", 80), "replay holds");
+        let cut = short(
+            "the same request with the same key is answered from the record",
+            30,
+        );
+        assert_eq!(cut, "the same request with the…");
+        assert!(cut.chars().count() <= 30);
+        // A cut right before a space keeps the whole last word.
+        assert_eq!(short("abc def ghi", 8), "abc def…");
+        assert_eq!(short("abc, def ghi", 6), "abc…");
+        // One long word is cut inside, never dropped whole.
+        assert_eq!(short("abcdefghij", 5), "abcd…");
+        // JSON is cut after a member.
+        assert_eq!(
+            short(r#"body {"id":"ch_1","amount":500,"currency":"eur"}"#, 30),
+            r#"body {"id":"ch_1"…"#
+        );
     }
 }

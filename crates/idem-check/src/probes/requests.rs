@@ -5,12 +5,29 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::super::client::{Req, Stop, new_key};
+use super::super::client::{BodyKind, Req, Stop, new_key};
+use super::super::form;
+use super::super::profile::Refusal;
 use super::Status;
 use super::probe::Probe;
 
+/// When the replay probe saw a retry execute again, the probes that compare a request
+/// with its replay have nothing to compare: says so, and whether that is the case.
+fn without_replay(p: &mut Probe<'_>, check: &str, what: &str) -> bool {
+    if p.opts.replay_holds {
+        return false;
+    }
+    p.check(
+        check,
+        Status::NotApplicable,
+        format!("replay does not hold, so {what} cannot be judged (see the replay probe)"),
+    );
+    true
+}
+
 /// Malformed keys are 400; the quoted and bare forms are one key; a required key.
-pub(super) async fn keys(p: &mut Probe<'_>, require_key: bool) -> Result<(), Stop> {
+pub(super) async fn keys(p: &mut Probe<'_>) -> Result<(), Stop> {
+    let profile = p.opts.profile;
     let mut long = new_key();
     while long.len() < 256 {
         long.push('x');
@@ -42,11 +59,8 @@ pub(super) async fn keys(p: &mut Probe<'_>, require_key: bool) -> Result<(), Sto
                 },
             )
             .await?;
-        p.judge(
-            check,
-            a.status == 400,
-            format!("{label}: answered {}", a.status),
-        );
+        let judged = profile.judge(Refusal::MalformedKey, &a);
+        p.judge(check, judged.ok, format!("{label}: {}", judged.detail));
     }
     let key = new_key();
     let quoted = format!("\"{key}\"");
@@ -65,12 +79,13 @@ pub(super) async fn keys(p: &mut Probe<'_>, require_key: bool) -> Result<(), Sto
             format!("the quoted form \"K\" was answered {}", a.status),
         );
     }
-    if require_key {
+    if p.opts.require_key {
         let a = p.send("no Idempotency-Key", &Req::default()).await?;
+        let judged = profile.judge(Refusal::MissingKey, &a);
         p.judge(
             "a missing key is 400 (--require-key)",
-            a.status == 400,
-            format!("no key: answered {}", a.status),
+            judged.ok,
+            format!("no key: {}", judged.detail),
         );
     } else {
         p.check(
@@ -82,34 +97,49 @@ pub(super) async fn keys(p: &mut Probe<'_>, require_key: bool) -> Result<(), Sto
     Ok(())
 }
 
-/// Reordered keys and other whitespace are the same request.
+/// The same body in other bytes is the same request: JSON with its keys reordered and
+/// other whitespace, or a form with its parameters reordered and a character
+/// percent-encoded.
 pub(super) async fn equivalent_json(p: &mut Probe<'_>) -> Result<(), Stop> {
-    let Some(json) = p.s.target.json.clone() else {
-        p.check(
-            "equivalent JSON is the same request",
-            Status::NotApplicable,
-            "the body is not JSON",
-        );
-        return Ok(());
+    let (check, label, other) = match &p.s.target.kind {
+        BodyKind::Json(json) => {
+            let mut other = String::new();
+            write_reordered(json, 0, &mut other);
+            (
+                "equivalent JSON is the same request",
+                "the same JSON, keys reordered, other whitespace",
+                other.into_bytes(),
+            )
+        }
+        BodyKind::Form => (
+            "an equivalent form is the same request",
+            "the same form, parameters reordered, a character percent-encoded",
+            form::equivalent(&p.s.target.body),
+        ),
+        BodyKind::Other => {
+            p.check(
+                "an equivalent body is the same request",
+                Status::NotApplicable,
+                "the body is neither JSON nor a form",
+            );
+            return Ok(());
+        }
     };
+    if without_replay(p, check, "an equivalent body's replay") {
+        return Ok(());
+    }
     let key = new_key();
     let a = p.first(&key).await?;
-    let mut other = String::new();
-    write_reordered(&json, 0, &mut other);
-    let b = p
-        .settled(
-            "the same JSON, keys reordered, other whitespace",
-            &Req::keyed(&key).with_body(other),
-        )
-        .await?;
-    if b.status == 422 {
+    let b = p.settled(label, &Req::keyed(&key).with_body(other)).await?;
+    let mismatch = p.opts.profile.status(Refusal::Mismatch);
+    if b.status == mismatch && !b.accepted() {
         p.judge(
-            "equivalent JSON is the same request",
+            check,
             false,
-            "answered 422: the API compares the body's bytes, not its JSON",
+            format!("answered {mismatch}: the API compares the body's bytes, not what they mean"),
         );
     } else {
-        p.same_execution("equivalent JSON is the same request", &a, &b);
+        p.same_execution(check, &a, &b);
     }
     Ok(())
 }
@@ -124,6 +154,13 @@ pub(super) async fn tenants(p: &mut Probe<'_>) -> Result<(), Stop> {
         );
         return Ok(());
     };
+    if without_replay(
+        p,
+        "another tenant never gets this tenant's answer",
+        "whether another tenant gets this tenant's answer",
+    ) {
+        return Ok(());
+    }
     let key = new_key();
     let a = p.first(&key).await?;
     let b = p
@@ -152,7 +189,7 @@ pub(super) async fn tenants(p: &mut Probe<'_>) -> Result<(), Stop> {
                 }
             ),
         )
-    } else if b.status == 409 || b.status == 422 {
+    } else if b.status == 409 || b.status == p.opts.profile.status(Refusal::Mismatch) {
         (
             false,
             format!(
@@ -172,6 +209,9 @@ pub(super) async fn tenants(p: &mut Probe<'_>) -> Result<(), Stop> {
 
 /// A replay carries no recorded `Set-Cookie` or `Date`; the replay marker is reported.
 pub(super) async fn replayed_headers(p: &mut Probe<'_>) -> Result<(), Stop> {
+    if without_replay(p, "no replay to inspect", "the headers of a replay") {
+        return Ok(());
+    }
     let key = new_key();
     let a = p.first(&key).await?;
     // A replayed Date is only told from a fresh one once the clock's second has moved on.
@@ -234,6 +274,21 @@ pub(super) async fn replayed_headers(p: &mut Probe<'_>) -> Result<(), Stop> {
             Status::NotApplicable,
             "no Idempotent-Replayed header on the replay",
         );
+    }
+    // ACP echoes the key on its answers: reported, never required.
+    if p.opts.profile == super::super::profile::Profile::Acp {
+        match b.header("idempotency-key") {
+            Some(echo) if echo.trim().trim_matches('"') == key => p.check(
+                "Idempotency-Key echoed (acp)",
+                Status::Pass,
+                "the replay echoes the Idempotency-Key",
+            ),
+            _ => p.check(
+                "Idempotency-Key echoed (acp)",
+                Status::NotApplicable,
+                "the replay does not echo the Idempotency-Key (ACP APIs do; not required)",
+            ),
+        }
     }
     Ok(())
 }
