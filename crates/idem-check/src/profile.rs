@@ -117,6 +117,14 @@ impl Profile {
         parts.join(", ")
     }
 
+    /// Whether `a` is a 409 for a request still in progress, one worth sending again:
+    /// under a profile whose reused key is a 409 too (`ucp`), not one that is this
+    /// profile's answer to a reused key.
+    pub fn in_progress(self, a: &Answer) -> bool {
+        a.status == 409
+            && !(self.status(Refusal::Mismatch) == 409 && self.judge(Refusal::Mismatch, a).ok)
+    }
+
     /// Whether `a` is this profile's answer to `refusal`.
     pub fn judge(self, refusal: Refusal, a: &Answer) -> Judged {
         let (status, fields, retry_after) = self.expects(refusal);
@@ -331,6 +339,17 @@ mod tests {
     #[test]
     fn ucp_reuse_is_a_409_with_its_code() {
         let conflict = answer(409, &[], r#"{"code":"idempotency_conflict","content":"…"}"#);
+        assert!(
+            !Profile::Ucp.in_progress(&conflict),
+            "a reused key is final"
+        );
+        assert!(Profile::Ietf.in_progress(&conflict));
+        let busy = answer(
+            409,
+            &[],
+            r#"{"code":"idempotency_in_flight","content":"…"}"#,
+        );
+        assert!(Profile::Ucp.in_progress(&busy));
         assert!(Profile::Ucp.judge(Refusal::Mismatch, &conflict).ok);
         assert!(
             !Profile::Ucp

@@ -42,7 +42,7 @@ const MAX_EXPONENT_DIGITS: usize = 12;
 
 /// One parsed JSON value, borrowing from the body where it can.
 #[derive(Debug)]
-enum Node<'a> {
+pub(crate) enum Node<'a> {
     Null,
     Bool(bool),
     /// The number's text, checked against JSON's grammar.
@@ -57,15 +57,22 @@ enum Node<'a> {
 /// `ignored` pointers (each a list of unescaped reference tokens). Returns `false`, with
 /// `out` unchanged, when `body` is not JSON.
 pub(crate) fn canonicalize(body: &[u8], ignored: &[Vec<String>], out: &mut Vec<u8>) -> bool {
-    let mut parser = Parser { src: body, pos: 0 };
-    let Some(mut root) = parser.document() else {
+    let Some(mut root) = parse(body, ignored) else {
         return false;
     };
+    write(&mut root, out);
+    true
+}
+
+/// `body` parsed, the values at the `ignored` pointers left out; `None` when it is not
+/// JSON.
+pub(crate) fn parse<'a>(body: &'a [u8], ignored: &[Vec<String>]) -> Option<Node<'a>> {
+    let mut parser = Parser { src: body, pos: 0 };
+    let mut root = parser.document()?;
     for pointer in ignored {
         remove_pointer(&mut root, pointer);
     }
-    write(&mut root, out);
-    true
+    Some(root)
 }
 
 struct Parser<'a> {

@@ -18,6 +18,7 @@ pub struct Fingerprint([u8; 32]);
 #[derive(Debug, Clone, Default)]
 pub struct FingerprintOptions {
     pub(crate) ignored: Vec<Vec<String>>,
+    pub(crate) jcs: bool,
 }
 
 impl FingerprintOptions {
@@ -33,6 +34,23 @@ impl FingerprintOptions {
     /// Whether any pointer is ignored.
     pub fn ignores_anything(&self) -> bool {
         !self.ignored.is_empty()
+    }
+
+    /// Compares JSON bodies by their RFC 8785 (JCS) canonical form, as a protocol that
+    /// signs or hashes JSON that way asks (AdCP): every number read as an IEEE 754
+    /// double and written as ECMAScript writes it (`1E30` is `1e+30`, `4.50` is `4.5`),
+    /// members sorted by their names' UTF-16 code units, strings with JSON's minimal
+    /// escapes. Unlike the default form, numbers beyond a double's precision compare
+    /// as the double they round to (`0.1` and `0.10000000000000000001` match), as JCS
+    /// says; a number beyond a double's range makes the body raw bytes.
+    pub fn jcs(mut self) -> Self {
+        self.jcs = true;
+        self
+    }
+
+    /// Whether JSON bodies are compared by their JCS form ([`FingerprintOptions::jcs`]).
+    pub fn is_jcs(&self) -> bool {
+        self.jcs
     }
 }
 
@@ -123,14 +141,18 @@ impl Fingerprint {
         let mut canonical = Vec::new();
         let json = is_json(&essence) && {
             canonical.reserve(body.len());
-            crate::canonical::canonicalize(body, &options.ignored, &mut canonical)
+            if options.jcs {
+                crate::jcs::canonicalize(body, &options.ignored, &mut canonical)
+            } else {
+                crate::canonical::canonicalize(body, &options.ignored, &mut canonical)
+            }
         };
         let parts = || {
             let boundary = multipart::boundary(content_type?)?;
             multipart::parts(body, boundary)
         };
         if json {
-            h.update(b"json");
+            h.update(if options.jcs { &b"jcs"[..] } else { b"json" });
             h.update(&canonical);
         } else if let Some(params) = (essence == FORM)
             .then(|| crate::form::params(body))

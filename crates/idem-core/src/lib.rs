@@ -61,6 +61,7 @@ mod forward;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod jcs;
 mod key;
 mod list;
 mod memory;

@@ -338,6 +338,9 @@ pub struct Route {
     /// The headers the key may come in on this route, in order; empty for the
     /// layer's `Idempotency-Key`.
     pub key_headers: Vec<HeaderName>,
+    /// The JSON pointer into the body the key may come in on this route, after the
+    /// key headers ([`RouteConfig::key_pointer`]).
+    pub key_pointer: Option<String>,
     /// Overrides `--ttl` on this route.
     pub ttl: Option<Duration>,
     /// Overrides `--tombstone-ttl` on this route ([`RouteConfig::tombstone_ttl`]).
@@ -408,6 +411,7 @@ impl Route {
             require_tenant: None,
             tenant_from: None,
             key_headers: Vec::new(),
+            key_pointer: None,
             tombstone_ttl: None,
             retry_hints: None,
             profile: None,
@@ -432,6 +436,17 @@ impl Route {
         }
         self.key_headers = names;
         self
+    }
+
+    /// This rule, taking the key from the JSON pointer `pointer` into the body when no
+    /// key header carries one ([`RouteConfig::key_pointer`]); fails when the pointer is
+    /// not of RFC 6901's form.
+    pub fn key_pointer(mut self, pointer: Option<String>) -> Result<Route, PointerError> {
+        if let Some(pointer) = &pointer {
+            self.compiled = self.compiled.key_pointer(pointer)?;
+        }
+        self.key_pointer = pointer;
+        Ok(self)
     }
 
     /// This rule, requiring a tenant or not as `required` says (`None`: the layer's).
@@ -474,6 +489,21 @@ impl Route {
             self.compiled = self.compiled.retry_hints(hints);
         }
         self
+    }
+
+    /// This rule, comparing JSON bodies by their RFC 8785 (JCS) form when `jcs` says so
+    /// ([`FingerprintOptions::jcs`]).
+    pub fn jcs(mut self, jcs: bool) -> Route {
+        if jcs {
+            self.fingerprint = self.fingerprint.jcs();
+            self.compiled = self.compiled.fingerprint_options(self.fingerprint.clone());
+        }
+        self
+    }
+
+    /// Whether this rule compares JSON bodies by their JCS form.
+    pub fn is_jcs(&self) -> bool {
+        self.fingerprint.is_jcs()
     }
 
     /// This rule, answering in `profile`'s dialect (`None`: the layer's).

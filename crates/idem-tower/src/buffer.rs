@@ -15,12 +15,13 @@ use http_body_util::BodyExt;
 use idem_core::{ReserveRequest, Scope, Store, TenantKey};
 use tower::Service;
 
+use crate::body_key::{Incoming, Resolved};
 use crate::drain::{drain_body, drain_in_background};
 use crate::execute::execute;
 use crate::execution::Execution;
 use crate::fingerprint::fingerprint;
 use crate::handled::Handled;
-use crate::plan::Plan;
+use crate::plan::{Plan, PlanKey};
 use crate::policy::Outcome;
 use crate::problem::{Problem, ProblemKind};
 use crate::replay::refuse;
@@ -59,12 +60,13 @@ where
 {
     async move {
         // ACP's profile echoes the key on every answer to a keyed request.
-        let echo = plan
-            .answers
-            .profile
-            .echoes_key()
-            .then(|| http::HeaderValue::from_str(&plan.key.to_sf_string()).ok())
-            .flatten();
+        let sent = match &plan.key {
+            PlanKey::Known(key) => Some(key),
+            PlanKey::Pending(pending) => pending.header_key.as_ref(),
+        };
+        let echo = sent
+            .filter(|_| plan.answers.profile.echoes_key())
+            .and_then(|key| http::HeaderValue::from_str(&key.to_sf_string()).ok());
         let mut answered = run_keyed(shared, inner, parts, body, plan).await;
         if let (Some(echo), Ok(response)) = (echo, &mut answered) {
             response.headers_mut().insert(ECHOED_KEY, echo);
@@ -100,8 +102,27 @@ where
 {
     async move {
         let config = &shared.config;
+        let observer = &*config.observer;
         let dialect = plan.answers.dialect();
         let grpc = dialect.grpc;
+        let (key, incoming) = match plan.key {
+            PlanKey::Known(key) => (key, Incoming::Stream(body)),
+            PlanKey::Pending(pending) => {
+                // The key, if any, is in the body: read it first.
+                let bytes = match buffer(&parts, body, config.body_limit, config.body_timeout).await
+                {
+                    Ok(bytes) => bytes,
+                    Err(problem) => return Ok(rejected(observer, &problem, dialect)),
+                };
+                match pending.resolve(&parts.headers, &bytes) {
+                    Resolved::Key(key) => (key, Incoming::Read(bytes)),
+                    Resolved::Refused(problem) => return Ok(rejected(observer, &problem, dialect)),
+                    Resolved::Unkeyed => {
+                        return pass_through_read(inner, parts, bytes, observer).await;
+                    }
+                }
+            }
+        };
         let tenant = match plan.tenant {
             Some(tenant) => tenant,
             None => {
@@ -115,12 +136,8 @@ where
                         match sources_tenant(config, sources, key, &parts).await {
                             Ok(tenant) => tenant,
                             Err(problem) => {
-                                config.observer.outcome(Outcome::Rejected);
-                                drain_body(&parts.headers, body);
-                                let mut response =
-                                    problem.answer(dialect).map(IdempotencyBody::buffered);
-                                Handled::mark(&mut response, Outcome::Rejected);
-                                return Ok(response);
+                                incoming.drain(&parts.headers);
+                                return Ok(rejected(observer, &problem, dialect));
                             }
                         }
                     }
@@ -129,41 +146,44 @@ where
                     // store outage.
                     Err(e) => {
                         let hints = plan.answers.retry_hints;
-                        return Ok(refuse(&*config.observer, Err(e), dialect, hints));
+                        return Ok(refuse(observer, Err(e), dialect, hints));
                     }
                 }
             }
         };
-        config.observer.tenant_keyed(&tenant);
+        observer.tenant_keyed(&tenant);
         let slot = match config.tenant_limits.try_enter(&tenant) {
             Ok(slot) => slot,
             Err(max) => {
-                config.observer.outcome(Outcome::Rejected);
-                config.observer.tenant_limited(&tenant, "in_flight");
-                drain_body(&parts.headers, body);
+                observer.tenant_limited(&tenant, "in_flight");
+                incoming.drain(&parts.headers);
                 let detail = format!(
                     "this tenant has {max} keyed requests in progress, its most at once; \
                      nothing was reserved: retry once one of them has its answer"
                 );
                 let problem = Problem::new(ProblemKind::TooManyInFlight, detail)
                     .retry_after(Duration::from_secs(1));
-                let mut response = problem.answer(dialect).map(IdempotencyBody::buffered);
-                Handled::mark(&mut response, Outcome::Rejected);
-                return Ok(response);
+                return Ok(rejected(observer, &problem, dialect));
             }
         };
-        let scope = Scope::new(config.scope_mode, tenant, plan.endpoint, plan.key);
-        let bytes = match buffer(&parts, body, config.body_limit, config.body_timeout).await {
+        let scope = Scope::new(config.scope_mode, tenant, plan.endpoint, key);
+        let read = match incoming {
+            Incoming::Read(bytes) => Ok(bytes),
+            Incoming::Stream(body) => {
+                buffer(&parts, body, config.body_limit, config.body_timeout).await
+            }
+        };
+        let bytes = match read {
             Ok(bytes) => bytes,
             Err(problem) => {
-                config.observer.outcome(Outcome::Rejected);
+                observer.outcome(Outcome::Rejected);
                 let mut response = problem.answer(dialect).map(IdempotencyBody::buffered);
                 Handled::keyed(&mut response, Outcome::Rejected, &scope, None);
                 return Ok(response);
             }
         };
         if grpc && !crate::grpc::is_one_message(&bytes) {
-            config.observer.outcome(Outcome::Rejected);
+            observer.outcome(Outcome::Rejected);
             let mut response = crate::grpc::not_unary().map(IdempotencyBody::buffered);
             Handled::keyed(&mut response, Outcome::Rejected, &scope, None);
             return Ok(response);
@@ -199,6 +219,37 @@ where
         );
         Ok(execution.await)
     }
+}
+
+/// The answer `problem` to a request refused before anything was reserved.
+fn rejected<B>(
+    observer: &dyn crate::Observer,
+    problem: &Problem,
+    dialect: crate::profile::Dialect,
+) -> Response<IdempotencyBody<B>> {
+    observer.outcome(Outcome::Rejected);
+    let mut response = problem.answer(dialect).map(IdempotencyBody::buffered);
+    Handled::mark(&mut response, Outcome::Rejected);
+    response
+}
+
+/// A request read to find its key in the body, which names none on a route that does
+/// not require one: to the inner service untouched, its body as read.
+async fn pass_through_read<S, ReqBody, ResBody>(
+    mut inner: S,
+    mut parts: Parts,
+    bytes: Bytes,
+    observer: &dyn crate::Observer,
+) -> Result<Response<IdempotencyBody<ResBody>>, S::Error>
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
+{
+    observer.outcome(Outcome::PassedThrough);
+    crate::spelling::restore_sent_method(&mut parts);
+    let request = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
+    let mut response = inner.call(request).await?.map(IdempotencyBody::stream);
+    Handled::mark(&mut response, Outcome::PassedThrough);
+    Ok(response)
 }
 
 /// The tenant of a keyed request under a layer with [`TenantSources`]: the first

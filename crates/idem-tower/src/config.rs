@@ -352,6 +352,7 @@ pub struct RouteConfig {
     pub(crate) require_tenant: Option<bool>,
     pub(crate) tenant_sources: Option<Arc<crate::sources::TenantSources>>,
     pub(crate) key_headers: Option<Vec<HeaderName>>,
+    pub(crate) key_pointer: Option<Arc<str>>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) lease: Option<Duration>,
     pub(crate) tombstone: Option<Duration>,
@@ -469,6 +470,23 @@ impl RouteConfig {
         let names: Vec<HeaderName> = names.into_iter().collect();
         self.key_headers = (!names.is_empty()).then_some(names);
         self
+    }
+
+    /// Takes the key from a JSON pointer into the request's body (`/idempotency_key`,
+    /// RFC 6901) when none of the key headers carries one, for clients that send it
+    /// there (Square's, AdCP's). The field is left out of the route's fingerprint, so
+    /// the key itself never makes two attempts differ. A header and the body that carry
+    /// different keys are 400 `invalid-key`.
+    ///
+    /// A request on this route that carries no key header is read (up to the body
+    /// limit) before the layer knows whether it is keyed; one whose body names no key
+    /// then passes through, its body forwarded as read, unless the route requires a key.
+    ///
+    /// Returns an error when the pointer is not of RFC 6901's form.
+    pub fn key_pointer(mut self, pointer: &str) -> Result<RouteConfig, PointerError> {
+        FingerprintOptions::default().ignore_pointer(pointer)?;
+        self.key_pointer = Some(Arc::from(pointer));
+        Ok(self)
     }
 
     /// Whether a keyed request on this route must name a tenant, in place of the

@@ -250,6 +250,7 @@
 //!   from its head and streams through unread, at any size.
 
 mod body;
+mod body_key;
 mod buffer;
 mod coding;
 mod config;

@@ -82,32 +82,34 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
         return Admission::Reject(Problem::new(ProblemKind::AmbiguousHeader, detail), profile);
     }
 
-    let key = match key_from(&parts.headers, key_headers) {
-        Ok(Some(key)) => key,
+    let pointer = route.key_pointer.as_deref();
+    let mut key = match key_from(&parts.headers, key_headers) {
+        // The body may carry a key too, which must be the same.
+        Ok(Some(key)) if let Some(pointer) = &route.key_pointer => {
+            PlanKey::Pending(Box::new(PendingKey {
+                header_key: Some(key),
+                pointer: pointer.clone(),
+                missing: None,
+                refusal: None,
+            }))
+        }
+        Ok(Some(key)) => PlanKey::Known(key),
         Ok(None) => {
             let required = route
                 .require_key
                 .unwrap_or_else(|| (config.require_key)(parts));
-            if !required {
-                return Admission::PassThrough;
+            let missing = required.then(|| missing_key(parts, key_headers, pointer));
+            match (&route.key_pointer, missing) {
+                // Decided once the body is read.
+                (Some(pointer), missing) => PlanKey::Pending(Box::new(PendingKey {
+                    header_key: None,
+                    pointer: pointer.clone(),
+                    missing,
+                    refusal: None,
+                })),
+                (None, None) => return Admission::PassThrough,
+                (None, Some(missing)) => return Admission::Reject(missing, profile),
             }
-            let wanted = match key_headers {
-                [one] => format!("an {one} header"),
-                many => format!(
-                    "one of the headers {}",
-                    many.iter()
-                        .map(HeaderName::as_str)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            };
-            let detail = format!(
-                "{} {} requires {wanted}; generate one key per operation and send it \
-                 with every retry",
-                parts.method,
-                parts.uri.path(),
-            );
-            return Admission::Reject(Problem::new(ProblemKind::MissingKey, detail), profile);
         }
         Err(detail) => {
             return Admission::Reject(Problem::new(ProblemKind::InvalidKey, detail), profile);
@@ -137,10 +139,64 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
                 parts.method,
                 parts.uri.path()
             );
-            return Admission::Reject(Problem::new(ProblemKind::MissingTenant, detail), profile);
+            let refusal = Problem::new(ProblemKind::MissingTenant, detail);
+            match &mut key {
+                // Refused only if the body turns out to carry a key.
+                PlanKey::Pending(pending) => pending.refusal = Some(refusal),
+                PlanKey::Known(_) => return Admission::Reject(refusal, profile),
+            }
         }
     }
     Admission::Keyed(Plan::new(config, route, parts, key, tenant))
+}
+
+/// A keyed request's key, or how to find it in its body.
+pub(crate) enum PlanKey {
+    /// A header carried it.
+    Known(Key),
+    /// It is to be found in the body, once read.
+    Pending(Box<PendingKey>),
+}
+
+/// The 400 `missing-key` for a request on a route that requires a key and got none.
+fn missing_key(parts: &Parts, key_headers: &[HeaderName], pointer: Option<&str>) -> Problem {
+    let mut wanted = match key_headers {
+        [one] => format!("an {one} header"),
+        many => format!(
+            "one of the headers {}",
+            many.iter()
+                .map(HeaderName::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    if let Some(pointer) = pointer {
+        wanted.push_str(&format!(" or a key at {pointer} in its JSON body"));
+    }
+    let detail = format!(
+        "{} {} requires {wanted}; generate one key per operation and send it with every \
+         retry",
+        parts.method,
+        parts.uri.path(),
+    );
+    Problem::new(ProblemKind::MissingKey, detail)
+}
+
+/// A request on a route whose key may be in its body ([`RouteConfig::key_pointer`]):
+/// what becomes of it is decided once the body is read.
+///
+/// [`RouteConfig::key_pointer`]: crate::RouteConfig::key_pointer
+pub(crate) struct PendingKey {
+    /// The key a header carried, which the body must not contradict.
+    pub(crate) header_key: Option<Key>,
+    /// Where the key is in the body.
+    pub(crate) pointer: std::sync::Arc<str>,
+    /// The 400 `missing-key` when the route requires a key; without one, a body that
+    /// names none passes through.
+    pub(crate) missing: Option<Problem>,
+    /// The answer the request gets if its body names a key (a tenant it must name and
+    /// does not).
+    pub(crate) refusal: Option<Problem>,
 }
 
 /// The key `headers` carry in the first of `names` present. Several of them present
@@ -178,7 +234,8 @@ pub(crate) struct Plan {
     /// The route's tenant sources, which replace the layer's.
     pub(crate) sources: Option<std::sync::Arc<crate::sources::TenantSources>>,
     pub(crate) endpoint: Endpoint,
-    pub(crate) key: Key,
+    /// The key, or how to find it in the body.
+    pub(crate) key: PlanKey,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     /// How long a tombstone outlives the completed record (SPEC S16); zero for none.
@@ -223,7 +280,7 @@ impl Plan {
         config: &Config,
         route: RouteConfig,
         parts: &Parts,
-        key: Key,
+        key: PlanKey,
         tenant: Option<Tenant>,
     ) -> Plan {
         let template = route
@@ -246,7 +303,17 @@ impl Plan {
             ttl: route.ttl.unwrap_or(config.ttl),
             lease,
             tombstone: route.tombstone.unwrap_or(config.tombstone),
-            fingerprint: route.fingerprint,
+            // The key's own field never makes two attempts differ.
+            fingerprint: match &route.key_pointer {
+                Some(pointer) => Some(
+                    route
+                        .fingerprint
+                        .unwrap_or_else(|| config.fingerprint.clone())
+                        .ignore_pointer(pointer)
+                        .expect("checked by RouteConfig::key_pointer"),
+                ),
+                None => route.fingerprint,
+            },
             fingerprint_path: route.fingerprint_path.map(String::into_boxed_str),
             answers: AnswerRules {
                 extra_headers: route.stored_headers,

@@ -46,12 +46,12 @@ impl<'a> Probe<'a> {
         answer
     }
 
-    /// Sends `req` again while the answer is 409 (an attempt still in progress),
+    /// Sends `req` again while the answer is a 409 for an attempt still in progress,
     /// waiting as `Retry-After` says (at most a second at a time), at most 20 times.
     pub(super) async fn settled(&mut self, label: &str, req: &Req) -> Result<Answer, Stop> {
         let mut answer = self.send(label, req).await?;
         for _ in 0..20 {
-            if answer.status != 409 {
+            if !self.opts.profile.in_progress(&answer) {
                 break;
             }
             let wait = answer

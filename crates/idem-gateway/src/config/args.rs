@@ -720,6 +720,9 @@ pub struct RouteRule {
     /// `X-Idempotency-Key`, `PayPal-Request-Id`); a list or one comma-separated string.
     #[serde(default, deserialize_with = "toml_form::list")]
     pub key_header: Option<Vec<String>>,
+    /// A JSON pointer into the body the key may come in on this route
+    /// (`/idempotency_key`), when no key header carries one.
+    pub key_pointer: Option<String>,
     /// Record lifetime on this route.
     #[serde(default, deserialize_with = "toml_form::duration")]
     pub ttl: Option<Duration>,
@@ -753,6 +756,9 @@ pub struct RouteRule {
     pub conflict_wait: Option<Duration>,
     /// The dialect of this route's answers, in place of the global `profile`.
     pub profile: Option<ProfileArg>,
+    /// How this route's JSON bodies are compared: `idem` (every digit of a number
+    /// counts) or `jcs` (RFC 8785).
+    pub canonical_json: Option<String>,
 }
 
 /// The forms the TOML file writes values in, read into the types the command line

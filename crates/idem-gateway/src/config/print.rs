@@ -366,6 +366,11 @@ impl GatewayConfig {
             Some(profile) => t.set("profile", quoted(profile.as_str())),
             None => t.note("profile", "the global profile"),
         }
+        if r.is_jcs() {
+            t.set("canonical_json", quoted("jcs"));
+        } else {
+            t.note("canonical_json", "idem");
+        }
         t.set(
             "require_tenant",
             r.require_tenant.unwrap_or(self.require_tenant).to_string(),
@@ -381,6 +386,10 @@ impl GatewayConfig {
                 "key_header",
                 strings(r.key_headers.iter().map(|h| h.as_str())),
             );
+        }
+        match &r.key_pointer {
+            Some(pointer) => t.set("key_pointer", quoted(pointer)),
+            None => t.note("key_pointer", "none: the key comes in a header"),
         }
         match r.conflict_wait {
             Some(wait) => t.set("conflict_wait", duration(wait)),

@@ -56,6 +56,16 @@ pub(super) fn compile_route(
         Some(list) => Some(jwt::parse_tenant_from(Some(list)).map_err(|e| invalid(&name, e))?),
         None => None,
     };
+    let jcs = match rule.canonical_json.as_deref().map(str::trim) {
+        None | Some("idem") => false,
+        Some("jcs") => true,
+        Some(other) => {
+            return Err(invalid(
+                &name,
+                format!("canonical_json {other:?} is neither \"idem\" nor \"jcs\""),
+            ));
+        }
+    };
     let route = Route::new(
         method,
         template,
@@ -69,6 +79,7 @@ pub(super) fn compile_route(
         route
             .retry_hints(rule.retry_hints)
             .profile(rule.profile.map(super::ProfileArg::profile))
+            .jcs(jcs)
             .require_tenant(rule.require_tenant)
             .tenant_from(tenant_from)
             .key_headers(key_headers)
@@ -76,6 +87,7 @@ pub(super) fn compile_route(
             .tombstone_ttl(rule.tombstone_ttl)
             .matching(matching)
     })
+    .and_then(|route| route.key_pointer(rule.key_pointer))
     .map_err(|e| invalid(&name, e))?;
     Ok(match grpc_release_codes {
         Some(codes) => route.with_grpc_release_codes(codes),

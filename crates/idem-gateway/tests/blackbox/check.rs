@@ -209,6 +209,52 @@ async fn instant_api(form: bool) -> (String, Arc<AtomicU64>, tokio::task::JoinHa
     (format!("http://{addr}"), made, task)
 }
 
+/// Both sides of a profile agree: `idem check --profile P` passes every probe against
+/// the gateway serving `--profile P`, and fails the payload-mismatch probe against one
+/// that answers in another dialect.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_judges_each_profile_by_the_answers_the_gateway_gives_in_it() {
+    let (demo, _task) = demo_api().await;
+    for profile in ["stripe", "acp", "ucp"] {
+        let dir = tempfile::tempdir().unwrap();
+        let args = [
+            "--store",
+            "memory://",
+            "--require-key",
+            "--profile",
+            profile,
+        ];
+        let gw = Gateway::start(&demo, dir.path(), &args).await;
+        let url = gw.url("/v1/charges");
+        let mut args = full_args(&url);
+        args.extend(["--profile".to_owned(), profile.to_owned()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = check(&args).await;
+        let report = run.json();
+        assert_eq!(run.code, 0, "{profile}: {report:#}");
+        for id in PROBE_IDS {
+            assert_eq!(
+                probe(&report, id)["status"],
+                "pass",
+                "{profile} {id}: {report:#}"
+            );
+        }
+        assert_eq!(report["profile"], profile);
+    }
+    // The default dialect judged as Stripe's: the reused key's 422 is not Stripe's 400.
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(&demo, dir.path(), &["--store", "memory://"]).await;
+    let url = gw.url("/v1/charges");
+    let run = check(&[&url, "--profile", "stripe", "--format", "json"]).await;
+    let report = run.json();
+    assert_eq!(run.code, 1, "{report:#}");
+    assert_eq!(
+        probe(&report, "payload_mismatch")["status"],
+        "fail",
+        "{report:#}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn check_passes_every_probe_behind_the_gateway() {
     let dir = tempfile::tempdir().unwrap();

@@ -21,6 +21,7 @@ mod grpc;
 mod http2;
 mod inspection;
 mod jwt;
+mod key_sources;
 mod migration;
 mod mtls;
 mod nginx;
