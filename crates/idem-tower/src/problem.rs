@@ -8,7 +8,6 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::policy::{Disposition, UpstreamFailure};
-use crate::profile::Profile;
 
 /// The media type of problem bodies.
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
@@ -392,25 +391,29 @@ impl Problem {
     /// The full response: status, `Content-Type`, `Retry-After` when set, body, and the
     /// [`ProblemKind`] as a response extension, by which layers outside can tell the
     /// layer's own answers from the handler's (the idem gateway adds CORS headers to
-    /// them). The layer's own answers carry the [`Profile`] they are written in as an
+    /// them). The layer's own answers carry the [`Profile`](crate::Profile) they are written in as an
     /// extension too, so that a proxy around it writes in its profile only the
-    /// problems no profile wrote. Problems the layer records in place of an answer (500s, and the 502 for
-    /// an upstream answer too large) lose it with every other extension, so that the
-    /// first answer and its replays look alike.
+    /// problems no profile wrote. Problems the layer records in place of an answer
+    /// (500s, and the 502 for an upstream answer too large) lose them with every other
+    /// extension, so that the first answer and its replays look alike.
     ///
     /// An upstream failure's answer carries its [`Disposition`] too, so that a proxy
     /// inside the layer answers with it and the layer settles the key as
     /// [`UpstreamFailure::disposition`] says.
     pub fn to_response(&self) -> Response<Bytes> {
-        self.to_response_in(Profile::Ietf)
+        self.respond(self.status(), PROBLEM_CONTENT_TYPE, self.body())
     }
 
-    /// [`to_response`](Problem::to_response) in `profile`'s dialect: its status for
-    /// this kind and its body shape (see [`Profile`]).
-    pub fn to_response_in(&self, profile: Profile) -> Response<Bytes> {
-        let (content_type, body) = profile.body(self);
+    /// This problem's answer with `status` and `body` of `content_type`: its headers
+    /// (`Retry-After`, a challenge) and extensions, whatever the dialect.
+    pub(crate) fn respond(
+        &self,
+        status: StatusCode,
+        content_type: &'static str,
+        body: Bytes,
+    ) -> Response<Bytes> {
         let mut response = Response::new(body);
-        *response.status_mut() = profile.status(self);
+        *response.status_mut() = status;
         response.extensions_mut().insert(self.kind);
         if let Some(failure) = self.kind.upstream_failure() {
             response

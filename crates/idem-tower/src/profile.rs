@@ -124,6 +124,15 @@ impl Profile {
     }
 }
 
+impl Problem {
+    /// [`to_response`](Problem::to_response) in `profile`'s dialect: its status for
+    /// this kind and its body shape (see [`Profile`]).
+    pub fn to_response_in(&self, profile: Profile) -> http::Response<Bytes> {
+        let (content_type, body) = profile.body(self);
+        self.respond(profile.status(self), content_type, body)
+    }
+}
+
 /// Stripe's error `type`: `idempotency_error` for a key's misuse, `api_error` for the
 /// server's failures, `invalid_request_error` for the rest.
 fn stripe_type(kind: ProblemKind, status: StatusCode) -> &'static str {
