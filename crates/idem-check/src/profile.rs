@@ -226,13 +226,13 @@ mod tests {
         let problem = answer(
             422,
             &[("content-type", "application/problem+json")],
-            r#"{"type":"https://idem.dev/problems/mismatch","status":422}"#,
+            r#"{"type":"https://api.example/problems/key-reuse","status":422}"#,
         );
         let j = Profile::Ietf.judge(Refusal::Mismatch, &problem);
         assert!(j.ok, "{j:?}");
         assert!(
             j.detail
-                .contains("problem type https://idem.dev/problems/mismatch")
+                .contains("problem type https://api.example/problems/key-reuse")
         );
         assert!(
             Profile::Ietf
