@@ -51,6 +51,8 @@ async fn main() -> ExitCode {
             };
             // SIGHUP and POST /reload read the configuration file again.
             let gateway = gateway.reloadable((*args).clone(), layered);
+            // Listened for before the gateway says it listens.
+            let shutdown = shutdown_signal();
             // One line on standard output per listener, for scripts and tests that start
             // the gateway on port 0.
             let scheme = |tls: bool| if tls { "https" } else { "http" };
@@ -71,7 +73,7 @@ async fn main() -> ExitCode {
                     scheme(config.admin_tls.is_some())
                 );
             }
-            gateway.run(shutdown_signal()).await;
+            gateway.run(shutdown).await;
             ExitCode::SUCCESS
         }
         Command::CheckConfig(args) => match &args.diff {

@@ -149,6 +149,8 @@ pub struct Gateway {
     /// Bytes of buffered answers one HTTP/2 connection may hold, and the largest
     /// answer the layer buffers.
     answer_budget: (usize, usize),
+    /// SIGHUP, listened for since the gateway was bound.
+    hangup: signals::Hangup,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -273,6 +275,7 @@ impl Gateway {
             shutdown_timeout: config.shutdown_timeout,
             telemetry,
             answer_budget: (config.http2.answer_budget, config.response_limit),
+            hangup: signals::Hangup::listen(),
         })
     }
 
@@ -326,6 +329,7 @@ impl Gateway {
             shutdown_timeout,
             telemetry,
             answer_budget,
+            hangup,
         } = self;
         let reloader = Arc::new(Reloader::new(live.clone(), parts, cli));
         let tls: Vec<(&'static str, Tls)> = [
@@ -338,7 +342,7 @@ impl Gateway {
         .into_iter()
         .filter_map(|(name, tls)| tls.map(|t| (name, t)))
         .collect();
-        let reloads = tokio::spawn(reload_on_sighup(tls, reloader.clone()));
+        let reloads = tokio::spawn(reload_on_sighup(hangup, tls, reloader.clone()));
         let sweeper = sweep_interval.map(|every| {
             Sweeper::spawn(
                 store.clone(),

@@ -10,16 +10,15 @@ use crate::listener::Tls;
 /// and leaves the one in force), then the configuration, when the gateway is
 /// [reloadable](Gateway::reloadable) (see [`Reloader`]). SIGHUP never ends the process,
 /// as it would by default.
-pub(super) async fn reload_on_sighup(tls: Vec<(&'static str, Tls)>, reloader: Arc<Reloader>) {
+pub(super) async fn reload_on_sighup(
+    hangup: Hangup,
+    tls: Vec<(&'static str, Tls)>,
+    reloader: Arc<Reloader>,
+) {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hup = match signal(SignalKind::hangup()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGHUP; nothing will be reloaded on it");
-                return;
-            }
+        let Some(mut hup) = hangup.0 else {
+            return;
         };
         while hup.recv().await.is_some() {
             for (listener, tls) in &tls {
@@ -42,27 +41,69 @@ pub(super) async fn reload_on_sighup(tls: Vec<(&'static str, Tls)>, reloader: Ar
         }
     }
     #[cfg(not(unix))]
-    drop((tls, reloader));
+    drop((hangup, tls, reloader));
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// SIGHUP, listened for from the moment the gateway is bound: a SIGHUP that comes
+/// before [`Gateway::run`](super::Gateway::run) starts reloading is not the default
+/// action's end of the process.
+pub(super) struct Hangup(#[cfg(unix)] Option<tokio::signal::unix::Signal>);
+
+impl Hangup {
+    /// Listens for SIGHUP from now on.
+    pub(super) fn listen() -> Hangup {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            match signal(SignalKind::hangup()) {
+                Ok(s) => Hangup(Some(s)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGHUP; nothing will be reloaded on it");
+                    Hangup(None)
+                }
             }
-            Err(_) => std::future::pending::<()>().await,
         }
+        #[cfg(not(unix))]
+        Hangup()
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM. Both are listened for from the call on, before the
+/// future is first polled, so that a signal sent as soon as the gateway says it is
+/// listening stops it as it should, rather than as the default action does.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    let (mut int, mut term) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (
+            signal(SignalKind::interrupt()).ok(),
+            signal(SignalKind::terminate()).ok(),
+        )
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("SIGINT received"),
-        () = term => tracing::info!("SIGTERM received"),
+    async move {
+        #[cfg(unix)]
+        {
+            let int = async {
+                match &mut int {
+                    Some(s) => drop(s.recv().await),
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let term = async {
+                match &mut term {
+                    Some(s) => drop(s.recv().await),
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = int => tracing::info!("SIGINT received"),
+                () = term => tracing::info!("SIGTERM received"),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("SIGINT received");
+        }
     }
 }

@@ -1222,3 +1222,27 @@ async fn open_tunnels_do_not_hold_up_shutdown() {
     // Closed or reset: either way nothing more comes through.
     assert!(ended.map_or(true, |n| n == 0), "{rest:?}");
 }
+
+/// SIGHUP and SIGTERM are listened for before the gateway says it listens: a SIGHUP
+/// sent at once leaves it serving (not ended by the default action), and a SIGTERM sent
+/// at once is a clean stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_sent_as_soon_as_the_gateway_listens_are_handled() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", "memory://"]).await;
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &gw.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let a = Http::new()
+        .post(&gw.url("/v1/charges"), &new_key(), "{}", &[])
+        .await;
+    assert_eq!(a.status, 201, "still serving after SIGHUP");
+    assert!(gw.terminate().await.success());
+
+    let gw = Gateway::start(&up.url(), dir.path(), &["--store", "memory://"]).await;
+    let status = gw.terminate().await;
+    assert!(status.success(), "{status:?}");
+}
