@@ -357,7 +357,7 @@ where
 
 /// Stages 3–4: settles the key as the handler's run says, and makes the answer the
 /// client gets.
-async fn conclude<St: Store, B: Body<Data = Bytes>>(
+async fn conclude<St: Store, B>(
     shared: &Arc<Shared<St>>,
     lease: Lease,
     lease_for: Duration,
@@ -385,8 +385,10 @@ async fn conclude<St: Store, B: Body<Data = Bytes>>(
                 .get::<ProblemKind>()
                 .and_then(|kind| kind.upstream_failure())
                 .and_then(UpstreamFailure::ambiguity);
-            let (head, body) = in_dialect(head, body, dialect);
-            (head, body, trailers, disposition)
+            match in_dialect(&head, dialect) {
+                Some((own, bytes)) => (own, bytes, trailers, disposition),
+                None => (head, body, trailers, disposition),
+            }
         }
         Ok(Ok(Answered::Released(mut head, body))) => {
             observer.outcome(Outcome::Released);
@@ -394,17 +396,12 @@ async fn conclude<St: Store, B: Body<Data = Bytes>>(
             settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
             // A proxy's own answer to an upstream it could not reach (a small buffer),
             // written again in the route's dialect.
-            let own = head.extensions.get::<ProblemKind>().is_some();
-            let body = match (own, dialect == Dialect::default()) {
-                (true, false) => match body.collect().await {
-                    Ok(collected) => {
-                        let bytes;
-                        (head, bytes) = in_dialect(head, collected.to_bytes(), dialect);
-                        IdempotencyBody::buffered(bytes)
-                    }
-                    Err(_) => IdempotencyBody::buffered(Bytes::new()),
-                },
-                _ => IdempotencyBody::stream(body),
+            let body = match in_dialect(&head, dialect) {
+                Some((own, bytes)) => {
+                    head = own;
+                    IdempotencyBody::buffered(bytes)
+                }
+                None => IdempotencyBody::stream(body),
             };
             pass_on(&mut head.extensions, Disposition::Release);
             head.extensions.insert(handled);
@@ -494,47 +491,36 @@ struct Answer<'a> {
 /// (the idem gateway makes such answers readable across origins).
 fn pass_on(extensions: &mut http::Extensions, disposition: Disposition) {
     let kind = extensions.remove::<ProblemKind>();
+    let problem = extensions.remove::<Problem>();
     let profile = extensions.remove::<crate::Profile>();
     extensions.clear();
     if let (Some(kind), Disposition::Release | Disposition::KeepInProgress) = (kind, disposition) {
         extensions.insert(kind);
+        if let Some(problem) = problem {
+            extensions.insert(problem);
+        }
         if let Some(profile) = profile {
             extensions.insert(profile);
         }
     }
 }
 
-/// A proxy's own problem answer (`head` with a [`ProblemKind`], `body` its problem
-/// details) written again in `dialect`, its detail kept; any other answer as it is.
+/// A proxy's own problem answer (`head` carrying its [`Problem`]) written again in
+/// `dialect`; `None` for any other answer, or where the dialect is the proxy's.
 fn in_dialect(
-    head: http::response::Parts,
-    body: Bytes,
+    head: &http::response::Parts,
     dialect: Dialect,
-) -> (http::response::Parts, Bytes) {
-    let Some(&kind) = head.extensions.get::<ProblemKind>() else {
-        return (head, body);
-    };
+) -> Option<(http::response::Parts, Bytes)> {
     if dialect == Dialect::default() {
-        return (head, body);
+        return None;
     }
-    let detail = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["detail"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| kind.title().to_owned());
-    let mut problem = Problem::new(kind, detail);
-    if let Some(wait) = head
-        .headers
-        .get(http::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-    {
-        problem = problem.retry_after(Duration::from_secs(wait));
-    }
+    let problem = head.extensions.get::<Problem>()?;
     let (mut own, body) = problem.answer(dialect).into_parts();
     // What the proxy said of the key stays with its answer.
     if let Some(&disposition) = head.extensions.get::<Disposition>() {
         own.extensions.insert(disposition);
     }
-    (own, body)
+    Some((own, body))
 }
 
 /// A problem answer that stands for an execution that ran, recorded and replayed.

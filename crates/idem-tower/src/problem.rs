@@ -389,9 +389,10 @@ impl Problem {
     }
 
     /// The full response: status, `Content-Type`, `Retry-After` when set, body, and the
-    /// [`ProblemKind`] as a response extension, by which layers outside can tell the
-    /// layer's own answers from the handler's (the idem gateway adds CORS headers to
-    /// them). The layer's own answers carry the [`Profile`](crate::Profile) they are written in as an
+    /// [`ProblemKind`] and the `Problem` itself as response extensions, by which layers
+    /// outside can tell the layer's own answers from the handler's (the idem gateway
+    /// adds CORS headers to them) and write one again in another dialect without
+    /// parsing its body. The layer's own answers carry the [`Profile`](crate::Profile) they are written in as an
     /// extension too, so that a proxy around it writes in its profile only the
     /// problems no profile wrote. Problems the layer records in place of an answer
     /// (500s, and the 502 for an upstream answer too large) lose them with every other
@@ -415,6 +416,7 @@ impl Problem {
         let mut response = Response::new(body);
         *response.status_mut() = status;
         response.extensions_mut().insert(self.kind);
+        response.extensions_mut().insert(self.clone());
         if let Some(failure) = self.kind.upstream_failure() {
             response
                 .extensions_mut()

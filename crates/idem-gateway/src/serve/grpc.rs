@@ -28,22 +28,11 @@ pub(super) async fn own_answer(
     if !grpc && (written.is_some() || profile == Profile::Ietf) {
         return res;
     }
-    let (head, body) = res.into_parts();
-    // A problem body is a small buffer: its detail is the answer's message.
-    let detail = match body.collect().await {
-        Ok(collected) => serde_json::from_slice::<serde_json::Value>(&collected.to_bytes())
-            .ok()
-            .and_then(|v| v["detail"].as_str().map(str::to_owned)),
-        Err(_) => None,
+    let (head, _body) = res.into_parts();
+    let problem = match head.extensions.get::<Problem>() {
+        Some(problem) => problem.clone(),
+        None => Problem::new(kind, kind.title()),
     };
-    let mut problem = Problem::new(kind, detail.unwrap_or_else(|| kind.title().to_owned()));
-    if let Some(wait) = head
-        .headers
-        .get(http::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-    {
-        problem = problem.retry_after(std::time::Duration::from_secs(wait));
-    }
     let mut answer = if grpc {
         problem.to_grpc_response()
     } else {
