@@ -115,6 +115,22 @@ struct Inner {
     host: Option<HeaderValue>,
 }
 
+/// What the response phase of one forward needs to know of its request.
+struct Sending {
+    /// The client's HTTP version, which its answer goes back in.
+    client_version: Version,
+    /// Whether the layer keyed the request (its answer may be recorded).
+    keyed: bool,
+    /// The protocol the client asked to switch to, and its side of the connection.
+    upgrade: Option<(HeaderValue, hyper::upgrade::OnUpgrade)>,
+    /// The client connection's place under the cap, kept by a tunnel.
+    slot: Option<crate::listener::ConnectionSlot>,
+    /// Where the access log takes the upstream's time from.
+    upstream_time: Option<crate::access::UpstreamTime>,
+    /// Set when the client's body failed, so that the failure is the client's.
+    client_failed: Option<Arc<AtomicBool>>,
+}
+
 impl Proxy {
     /// A proxy to the `http://` `upstream` over HTTP/1.1 whose answers must have come
     /// whole within `timeout`: the head, and for an answer the idempotency layer
@@ -152,6 +168,38 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        let (mut up, sending) = match self.request_phase(req) {
+            Ok(outgoing) => outgoing,
+            Err(e) => return self.fail(e),
+        };
+        let sent = Instant::now();
+        let deadline = sent + self.inner.timeout;
+        let upstream_call = crate::telemetry::UpstreamCall::start(&mut up);
+        let res = match self
+            .call_upstream(up, deadline, sending.client_failed.as_deref())
+            .await
+        {
+            Ok(res) => res,
+            Err(e) => return self.fail(e),
+        };
+        upstream_call.answered(res.status());
+        if let Some(timer) = &sending.upstream_time {
+            timer.answered(sent.elapsed());
+        }
+        self.response_phase(res, sending, deadline)
+    }
+
+    /// The request phase: the upstream's request made from the client's (its URI, its
+    /// headers cleaned of hop-by-hop and look-alike fields, `Forwarded`, the attempt),
+    /// and what the response phase needs to know of it.
+    fn request_phase<B>(
+        &self,
+        req: Request<B>,
+    ) -> Result<(Request<ProxyBody>, Sending), ForwardError>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
         let this = &*self.inner;
         let (mut parts, body) = req.into_parts();
         // Going upstream, the request waits on the upstream, not on its connection's
@@ -159,21 +207,17 @@ impl Proxy {
         if let Some(reservation) = parts.extensions.remove::<crate::budget::Reservation>() {
             reservation.release();
         }
-        // The answer goes back in the client's HTTP version, not the upstream's: an
-        // HTTP/1.0 upstream must not turn an HTTP/1.1 client's answer into HTTP/1.0,
-        // which ends its keep-alive connection.
-        let client_version = parts.version;
         // Keyed requests carry the layer's context, with the attempt.
         let attempt = parts
             .extensions
             .remove::<IdempotencyContext>()
             .map(|c| c.attempt);
         let keyed = attempt.is_some();
-        let uri = match this.upstream.uri_for(&parts.uri) {
-            Ok(uri) => uri,
-            // The incoming URI already parsed, so only a base path could break it.
-            Err(_) => return self.fail(ForwardError::Upstream(UpstreamFailure::Unreachable)),
-        };
+        // The incoming URI already parsed, so only a base path could break it.
+        let uri = this
+            .upstream
+            .uri_for(&parts.uri)
+            .map_err(|_| ForwardError::Upstream(UpstreamFailure::Unreachable))?;
         let client = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
         let mut headers = parts.headers;
         let original_host = headers.get(header::HOST).cloned();
@@ -185,8 +229,6 @@ impl Proxy {
                 .map(|client_side| (protocol, client_side)),
             _ => None,
         };
-        let slot = parts.extensions.remove::<crate::listener::ConnectionSlot>();
-        let upstream_time = parts.extensions.remove::<crate::access::UpstreamTime>();
         // `TE: trailers` says the client takes trailers, which the gateway passes on;
         // gRPC servers refuse a call without it (SPEC S18).
         let te_trailers = headers
@@ -236,27 +278,43 @@ impl Proxy {
         *up.uri_mut() = uri;
         *up.version_mut() = Version::HTTP_11;
         *up.headers_mut() = headers;
-
-        let sent = Instant::now();
-        let deadline = sent + this.timeout;
-        let upstream_call = crate::telemetry::UpstreamCall::start(&mut up);
-        let res = match self
-            .call_upstream(up, deadline, client_failed.as_deref())
-            .await
-        {
-            Ok(res) => res,
-            Err(e) => return self.fail(e),
+        let sending = Sending {
+            // The answer goes back in the client's HTTP version, not the upstream's: an
+            // HTTP/1.0 upstream must not turn an HTTP/1.1 client's answer into
+            // HTTP/1.0, which ends its keep-alive connection.
+            client_version: parts.version,
+            keyed,
+            upgrade,
+            slot: parts.extensions.remove::<crate::listener::ConnectionSlot>(),
+            upstream_time: parts.extensions.remove::<crate::access::UpstreamTime>(),
+            client_failed,
         };
-        upstream_call.answered(res.status());
-        if let Some(timer) = &upstream_time {
-            timer.answered(sent.elapsed());
-        }
+        Ok((up, sending))
+    }
+
+    /// The response phase: the upstream's answer as the client gets it (in the
+    /// client's HTTP version, without hop-by-hop headers, its disposition and resource
+    /// reference taken out of the headers for the layer), or the tunnel a WebSocket
+    /// upgrade opens.
+    fn response_phase(
+        &self,
+        res: Response<hyper::body::Incoming>,
+        sending: Sending,
+        deadline: Instant,
+    ) -> Response<ProxyBody> {
+        let Sending {
+            client_version,
+            keyed,
+            upgrade,
+            slot,
+            ..
+        } = sending;
         if res.status() == StatusCode::SWITCHING_PROTOCOLS {
             return match upgrade {
                 // To WebSocket, as asked (RFC 6455 §4.1 has the answer name it too).
                 Some((_, client_side)) if upgrades_to_websocket(res.headers()) => {
                     // The tunnel keeps the client connection's place under the cap.
-                    let open = (this.metrics.tunnel_guard(), slot);
+                    let open = (self.inner.metrics.tunnel_guard(), slot);
                     switch_protocols(res, client_side, client_version, open)
                 }
                 // Nothing was asked to switch, or not to this: the upstream's answer is
@@ -417,144 +475,4 @@ pub fn take_disposition(headers: &mut HeaderMap) -> Option<Disposition> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn resource_header_is_read_and_stripped_and_must_be_one_path() {
-        let cases: [(&[&str], Option<&str>); 6] = [
-            (&["/v1/reports/42"], Some("/v1/reports/42")),
-            (
-                &["/v1/reports?id=42&f=csv"],
-                Some("/v1/reports?id=42&f=csv"),
-            ),
-            (&["https://elsewhere.example/x"], None),
-            (&["//elsewhere.example/x"], None),
-            (&["reports/42"], None),
-            (&["/a", "/b"], None),
-        ];
-        for (values, expected) in cases {
-            let mut h = HeaderMap::new();
-            for v in values {
-                h.append(RESOURCE_HEADER, HeaderValue::from_str(v).unwrap());
-            }
-            let got = take_reference(&mut h);
-            assert_eq!(got.as_ref().map(|r| r.as_str()), expected, "{values:?}");
-            assert!(h.is_empty(), "stripped: {values:?}");
-        }
-    }
-
-    #[test]
-    fn disposition_header_is_read_and_stripped() {
-        let mut h = HeaderMap::new();
-        h.insert(DISPOSITION_HEADER, HeaderValue::from_static("Release"));
-        assert_eq!(take_disposition(&mut h), Some(Disposition::Release));
-        assert!(h.get(DISPOSITION_HEADER).is_none());
-
-        h.insert(DISPOSITION_HEADER, HeaderValue::from_static("record"));
-        assert_eq!(take_disposition(&mut h), Some(Disposition::Record));
-
-        h.insert(DISPOSITION_HEADER, HeaderValue::from_static("maybe"));
-        assert_eq!(take_disposition(&mut h), None);
-        assert!(
-            h.get(DISPOSITION_HEADER).is_none(),
-            "stripped even when unknown"
-        );
-
-        assert_eq!(take_disposition(&mut h), None);
-    }
-
-    async fn upstream(delay: Duration, extra: Option<(&'static str, &'static str)>) -> String {
-        use axum::http::StatusCode;
-        let app = axum::Router::new().fallback(move || async move {
-            tokio::time::sleep(delay).await;
-            let mut res = axum::response::IntoResponse::into_response((
-                StatusCode::CREATED,
-                [("connection", "keep-alive"), ("keep-alive", "timeout=5")],
-                "made",
-            ));
-            if let Some((k, v)) = extra {
-                res.headers_mut().insert(k, HeaderValue::from_static(v));
-            }
-            res
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        format!("http://{addr}")
-    }
-
-    fn proxy(url: &str, timeout: Duration) -> Proxy {
-        Proxy::new(
-            Upstream::parse(url).unwrap(),
-            timeout,
-            Arc::new(Metrics::new()),
-        )
-    }
-
-    fn request() -> Request<Full<Bytes>> {
-        Request::post("/v1/x")
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap()
-    }
-
-    #[tokio::test]
-    async fn answer_streams_back_without_hop_by_hop_headers() {
-        let p = proxy(
-            &upstream(Duration::ZERO, None).await,
-            Duration::from_secs(5),
-        );
-        let res = p.forward(request()).await;
-        assert_eq!(res.status(), 201);
-        assert!(res.headers().get("keep-alive").is_none());
-        assert!(res.extensions().get::<Disposition>().is_none());
-        let body = res.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(&body[..], b"made");
-    }
-
-    #[tokio::test]
-    async fn disposition_header_becomes_the_extension() {
-        let url = upstream(Duration::ZERO, Some(("idempotency-disposition", "release"))).await;
-        let res = proxy(&url, Duration::from_secs(5)).forward(request()).await;
-        assert_eq!(
-            res.extensions().get::<Disposition>(),
-            Some(&Disposition::Release)
-        );
-        assert!(res.headers().get(DISPOSITION_HEADER).is_none());
-    }
-
-    #[tokio::test]
-    async fn refused_connection_is_502_release() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let p = proxy(&format!("http://127.0.0.1:{port}"), Duration::from_secs(5));
-        let res = p.forward(request()).await;
-        assert_eq!(res.status(), 502);
-        assert_eq!(
-            res.extensions().get::<Disposition>(),
-            Some(&Disposition::Release)
-        );
-        assert!(
-            p.inner
-                .metrics
-                .render()
-                .contains("idem_upstream_errors_total{kind=\"unreachable\"} 1")
-        );
-    }
-
-    #[tokio::test]
-    async fn slow_upstream_is_504_keep_in_progress() {
-        let url = upstream(Duration::from_secs(3), None).await;
-        let res = proxy(&url, Duration::from_millis(200))
-            .forward(request())
-            .await;
-        assert_eq!(res.status(), 504);
-        assert_eq!(
-            res.extensions().get::<Disposition>(),
-            Some(&Disposition::KeepInProgress)
-        );
-    }
-}
+mod tests;
