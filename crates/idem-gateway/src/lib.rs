@@ -2,29 +2,21 @@
 //! `Idempotency-Key` handling, and the `idem` binary that runs it.
 //!
 //! The idempotency flow itself (SPEC S2–S10) is `idem_tower::IdempotencyLayer`; this
-//! crate wraps it around a [`Proxy`](proxy::Proxy) to one upstream and adds what a
-//! deployable gateway needs:
+//! crate wraps it around a proxy to one upstream and adds what a deployable gateway
+//! needs: listeners, path normalisation, routes, tenants, the admin listener, metrics,
+//! traces, `idem keys`, `idem demo` and `idem check` (the `idem-check` crate's).
 //!
-//! - [`cli`] and [`config`]: flags, `IDEM_*` variables and the `--config` TOML file with
-//!   per-route rules ([`route`]);
-//! - [`store`]: the store a `--store` URL names (memory, SQLite, PostgreSQL, Redis);
-//! - [`proxy`]: forwarding, hop-by-hop stripping, `Forwarded` headers,
-//!   `Idempotency-Attempt`, `Idempotency-Disposition`, and what went wrong, by the side
-//!   it went wrong on ([`error`]); what each failure means for the key is the layer's;
-//! - [`path`]: path normalisation before any rule sees a request (SPEC S14);
-//! - [`cors`]: CORS headers on the gateway's own answers, for pages calling the API
-//!   from another origin;
-//! - [`admin`] and [`metrics`]: `/healthz`, `/readyz`, Prometheus `/metrics`, key
-//!   inspection and purge;
-//! - [`serve`]: the gateway's start, the sweeper and graceful shutdown; [`listener`]:
-//!   accepting connections, their cap and the client timeout; [`keys`]: `idem keys`;
-//!   [`demo`]: `idem demo-upstream`, a naive API to try the gateway on; [`demo_run`]:
-//!   `idem demo`, that API straight and behind the gateway under faults, charges counted;
-//! - [`completions`] and [`man`]: `idem completions SHELL` and `idem man`, the shell
-//!   completions and manual pages an installation needs;
-//! - `idem check URL`, probes of any API's `Idempotency-Key` support, is the
-//!   `idem-check` crate's, run by the binary;
-//! - [`trusted`]: `--trusted-proxies`, whose `X-Forwarded-For` names the client.
+//! What a program that embeds the gateway uses:
+//!
+//! - [`cli::ServeArgs`] and [`config`]: the settings as `idem serve` takes them (flags,
+//!   `IDEM_*` variables, the `--config` TOML file) and their resolved
+//!   [`GatewayConfig`](config::GatewayConfig);
+//! - [`serve`]: [`Gateway`](serve::Gateway), bound and run until a shutdown future
+//!   resolves;
+//! - [`metrics`]: what the gateway counts, as `/metrics` serves it.
+//!
+//! The other modules are the `idem` binary's and its tests'; they are hidden from these
+//! docs and may change in any release.
 //!
 //! # Examples
 //!
@@ -53,33 +45,55 @@
 //! # }
 //! ```
 
+#[doc(hidden)]
 pub mod access;
+#[doc(hidden)]
 pub mod admin;
 pub(crate) mod budget;
 pub mod cli;
+#[doc(hidden)]
 pub mod completions;
 pub mod config;
+#[doc(hidden)]
 pub mod cors;
+#[doc(hidden)]
 pub mod demo;
+#[doc(hidden)]
 pub mod demo_run;
+#[doc(hidden)]
 pub mod error;
+#[doc(hidden)]
 pub mod exit;
+#[doc(hidden)]
 pub mod forwarded;
 mod inspect;
+#[doc(hidden)]
 pub mod jwks;
+#[doc(hidden)]
 pub mod keys;
+#[doc(hidden)]
 pub mod listener;
+#[doc(hidden)]
 pub mod listing;
+#[doc(hidden)]
 pub mod logging;
+#[doc(hidden)]
 pub mod man;
 pub mod metrics;
+#[doc(hidden)]
 pub mod migrate;
+#[doc(hidden)]
 pub mod path;
+#[doc(hidden)]
 pub mod proxy;
+#[doc(hidden)]
 pub mod route;
 pub mod serve;
+#[doc(hidden)]
 pub mod store;
+#[doc(hidden)]
 pub mod telemetry;
 mod tenant_source;
 mod tls_client;
+#[doc(hidden)]
 pub mod trusted;
