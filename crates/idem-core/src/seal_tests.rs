@@ -1,15 +1,11 @@
 use super::*;
-use crate::{Endpoint, FingerprintOptions, Key, ReserveRequest, Tenant};
+use crate::{FingerprintOptions, ReserveRequest, Tenant};
 
 const K1: &str = "1111111111111111111111111111111111111111111111111111111111111111";
 const K2: &str = "2222222222222222222222222222222222222222222222222222222222222222";
 
 fn scope(key: &str) -> Scope {
-    Scope::from_parts(
-        Tenant::new("t"),
-        Some(Endpoint::new("POST", "/v1/charges")),
-        Key::new(key).unwrap(),
-    )
+    crate::testing::scope_of(Tenant::new("t"), "/v1/charges", key)
 }
 
 /// The lease of attempt `token` on `key`'s record, reserved for the body `body`.

@@ -9,19 +9,14 @@ use std::time::Duration;
 
 use idem_core::testing::{test_fingerprint, unique_namespace};
 use idem_core::{
-    Endpoint, Key, ManualClock, RecordState, Reservation, ReserveRequest, Scope, ScopeMode, Store,
-    StoreError, StoredResponse, Tenant,
+    ManualClock, RecordState, Reservation, ReserveRequest, Scope, Store, StoreError,
+    StoredResponse, Tenant,
 };
 use idem_postgres::{BatchStats, PgStore};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 fn scope(key: &str) -> Scope {
-    Scope::new(
-        ScopeMode::Public,
-        Tenant::new("batch"),
-        Endpoint::new("POST", "/v1/charges"),
-        Key::new(key).expect("key"),
-    )
+    idem_core::testing::scope_of(Tenant::new("batch"), "/v1/charges", key)
 }
 
 fn request(key: &str, body: &str) -> ReserveRequest {

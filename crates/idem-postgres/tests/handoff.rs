@@ -11,10 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idem_core::testing::{test_fingerprint, unique_namespace};
-use idem_core::{
-    Endpoint, Key, RecordState, Reservation, ReserveRequest, Scope, ScopeMode, Store,
-    StoredResponse, Tenant,
-};
+use idem_core::{RecordState, Reservation, ReserveRequest, Scope, Store, StoredResponse, Tenant};
 use idem_postgres::PgStore;
 use idem_test_support::figure;
 use sqlx::Connection;
@@ -22,12 +19,7 @@ use sqlx::Connection;
 const HANDOFFS: &str = "idem_postgres_connection_handoffs_total";
 
 fn scope(key: &str) -> Scope {
-    Scope::new(
-        ScopeMode::Public,
-        Tenant::new("handoff"),
-        Endpoint::new("POST", "/v1/charges"),
-        Key::new(key).expect("key"),
-    )
+    idem_core::testing::scope_of(Tenant::new("handoff"), "/v1/charges", key)
 }
 
 /// Reserves and completes a fresh key; panics unless both succeed.

@@ -10,10 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
-use idem_core::{
-    Endpoint, Key, MemoryStore, RecordState, Reservation, ReserveRequest, Scope, ScopeMode, Store,
-    Tenant,
-};
+use idem_core::{MemoryStore, RecordState, Reservation, ReserveRequest, Scope, Store, Tenant};
 use idem_test_support::{HookedStore, StoreHooks};
 use idem_tower::{IdempotencyBody, IdempotencyLayer};
 use tokio::sync::{Notify, Semaphore};
@@ -28,12 +25,7 @@ fn charge(key: &str) -> Request<Full<Bytes>> {
 }
 
 fn scope(key: &str) -> Scope {
-    Scope::new(
-        ScopeMode::Public,
-        Tenant::anonymous(),
-        Endpoint::new("POST", "/charges"),
-        Key::new(key).expect("key"),
-    )
+    idem_core::testing::scope_of(Tenant::anonymous(), "/charges", key)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,8 +10,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use idem_core::testing::sealing::{raw_answer, ring};
 use idem_core::{
-    Endpoint, Forward, Key, MemoryStore, Reservation, ReserveRequest, Scope, ScopeMode, Sealed,
-    Store, StoreError, Tenant,
+    Forward, MemoryStore, Reservation, ReserveRequest, Scope, Sealed, Store, StoreError, Tenant,
 };
 use idem_tower::{IdempotencyBody, IdempotencyLayer, RouteConfig};
 use tokio::sync::{Notify, Semaphore};
@@ -28,12 +27,7 @@ fn charge(key: &str) -> Request<Full<Bytes>> {
 }
 
 fn scope(key: &str) -> Scope {
-    Scope::new(
-        ScopeMode::Public,
-        Tenant::anonymous(),
-        Endpoint::new("POST", "/charges"),
-        Key::new(key).expect("key"),
-    )
+    idem_core::testing::scope_of(Tenant::anonymous(), "/charges", key)
 }
 
 type Handler = tower::util::BoxCloneSyncService<

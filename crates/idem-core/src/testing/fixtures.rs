@@ -23,9 +23,17 @@ pub fn unique_namespace(case: &str) -> String {
 /// A scope for tests: a fresh random tenant, so cases never collide even in one
 /// namespace.
 pub fn test_scope(endpoint: &str, key: &str) -> Scope {
+    let tenant = Tenant::new(format!("tenant-{:016x}", getrandom::u64().unwrap_or(0)));
+    scope_of(tenant, endpoint, key)
+}
+
+/// The public scope of `key` on `POST endpoint` for `tenant`: for tests that name the
+/// tenant a layer or a store will scope by (see [`test_scope`] for one that never
+/// collides).
+pub fn scope_of(tenant: Tenant, endpoint: &str, key: &str) -> Scope {
     Scope::new(
         ScopeMode::Public,
-        Tenant::new(format!("tenant-{:016x}", getrandom::u64().unwrap_or(0))),
+        tenant,
         Endpoint::new("POST", endpoint),
         Key::new(key).expect("test keys are valid"),
     )

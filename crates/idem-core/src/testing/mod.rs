@@ -22,7 +22,7 @@
 pub mod cases;
 mod fixtures;
 
-pub use fixtures::{test_fingerprint, test_scope, unique_namespace};
+pub use fixtures::{scope_of, test_fingerprint, test_scope, unique_namespace};
 #[cfg(feature = "seal")]
 pub mod sealing;
 
