@@ -12,7 +12,7 @@ use idem_core::{
 };
 
 use crate::grpc::GrpcReleaseCodes;
-use crate::policy::{NoopObserver, Observer};
+use crate::observer::{NoopObserver, Observer};
 use crate::tenant::TenantHeaders;
 
 /// The header that carries the key unless configured otherwise.

@@ -9,7 +9,7 @@ use http::request::Parts;
 use idem_core::{Reservation, ReserveRequest, Store};
 
 use crate::config::Config;
-use crate::policy::timed;
+use crate::observer::timed;
 
 /// What to answer a request whose reserve found a record with another fingerprint:
 /// `None` when no earlier rules apply (the mismatch stands), else the reservation made

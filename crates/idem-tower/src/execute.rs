@@ -20,13 +20,14 @@ use tower::Service;
 
 use crate::config::ReleaseStatuses;
 use crate::context::IdempotencyContext;
+use crate::disposition::{Disposition, Proxied, ResourceReference, UpstreamFailure};
 use crate::execution::panic_message;
 use crate::grpc::GrpcReleaseCodes;
 use crate::handled::Handled;
 use crate::heartbeat::with_heartbeat;
 use crate::in_flight::InFlightGuard;
+use crate::observer::{Outcome, timed};
 use crate::plan::AnswerRules;
-use crate::policy::{Disposition, Outcome, Proxied, ResourceReference, UpstreamFailure, timed};
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::Dialect;
 use crate::replay::{refuse, rendered};

@@ -4,7 +4,7 @@
 use http::Response;
 use idem_core::{Lease, Scope};
 
-use crate::policy::Outcome;
+use crate::observer::Outcome;
 
 /// What the layer did with one request, found in the extensions of every response the
 /// layer answers with: the [`Outcome`] it also reported to its [`Observer`](crate::Observer),

@@ -9,7 +9,7 @@ use futures_util::FutureExt;
 use futures_util::future::{Fuse, FusedFuture};
 use idem_core::{Lease, Store, StoreError};
 
-use crate::policy::{Observer, timed};
+use crate::observer::{Observer, timed};
 
 /// Awaits `handler` while renewing `lease` every third of its length (SPEC S7), so that
 /// only a dead worker's lease ever expires. A renewal runs alongside the handler and

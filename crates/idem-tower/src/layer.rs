@@ -11,7 +11,7 @@ use tower::Layer;
 
 use crate::config::{Config, References, ReleaseStatuses, RouteConfig, is_storable_header};
 use crate::in_flight::InFlight;
-use crate::policy::Observer;
+use crate::observer::Observer;
 use crate::service::Idempotency;
 use crate::shared::Shared;
 

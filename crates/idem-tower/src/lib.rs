@@ -255,6 +255,7 @@ mod buffer;
 mod coding;
 mod config;
 mod context;
+mod disposition;
 mod drain;
 mod earlier;
 mod execute;
@@ -272,8 +273,8 @@ mod in_flight;
 #[cfg(feature = "jwt")]
 pub mod jwt;
 mod layer;
+mod observer;
 mod plan;
-mod policy;
 mod principal;
 mod problem;
 mod profile;
@@ -293,6 +294,7 @@ pub use config::{
     NEVER_STORED_HEADERS, ReleaseStatuses, RouteConfig, is_storable_header,
 };
 pub use context::IdempotencyContext;
+pub use disposition::{Disposition, Proxied, ResourceReference, UpstreamFailure};
 pub use drain::{DRAIN_LIMIT, DRAIN_TIMEOUT, drain_body};
 pub use future::ResponseFuture;
 pub use grpc::{
@@ -305,7 +307,7 @@ pub use in_flight::InFlight;
 #[cfg(feature = "jwt")]
 pub use jwt::{JwksFile, JwksSource, JwtError, JwtVerifier, JwtVerifierBuilder};
 pub use layer::IdempotencyLayer;
-pub use policy::{Disposition, Observer, Outcome, Proxied, ResourceReference, UpstreamFailure};
+pub use observer::{Observer, Outcome};
 pub use principal::Principal;
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
 pub use profile::{Profile, UnknownProfile};

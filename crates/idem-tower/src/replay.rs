@@ -11,7 +11,7 @@ use tower::Service;
 use crate::config::{Config, References};
 use crate::handled::Handled;
 use crate::hints::hint;
-use crate::policy::{Observer, Outcome};
+use crate::observer::{Observer, Outcome};
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::Dialect;
 use crate::{BoxError, IdempotencyBody};

@@ -11,7 +11,7 @@ use idem_core::{Lease, Store, StoreError, StoredResponse};
 use crate::config::Config;
 use crate::grpc::{GRPC_STATUS_FIELDS, is_grpc};
 use crate::in_flight::InFlightGuard;
-use crate::policy::timed;
+use crate::observer::timed;
 use crate::shared::Shared;
 
 /// How often, and with what pauses, recording or releasing a key is tried before the

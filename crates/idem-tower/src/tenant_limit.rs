@@ -243,7 +243,7 @@ pub(crate) async fn refuse_new_key<St: idem_core::Store + ?Sized, B>(
     dialect: crate::profile::Dialect,
 ) -> http::Response<crate::IdempotencyBody<B>> {
     observer.tenant_limited(lease.scope.tenant(), "key_rate");
-    if let Err(e) = crate::policy::timed(observer, "release", store.release(&lease)).await {
+    if let Err(e) = crate::observer::timed(observer, "release", store.release(&lease)).await {
         // The key stays in progress until its lease lapses; its retry then takes over.
         tracing::warn!(error = %e, scope = %lease.scope.digest(), "could not release a key refused for its tenant's rate");
     }

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::IdempotencyBody;
 use crate::handled::Handled;
 use crate::hints::hint;
-use crate::policy::{Observer, Outcome, timed};
+use crate::observer::{Observer, Outcome, timed};
 use crate::problem::{Problem, ProblemKind};
 
 /// The header that says which preference was honoured (RFC 7240 §3).
