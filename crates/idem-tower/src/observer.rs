@@ -27,14 +27,14 @@ pub enum Outcome {
     /// The handler ran and its response released the key.
     Released,
     /// The handler ran and asked to keep the record in progress
-    /// ([`Disposition::KeepInProgress`]).
+    /// ([`Disposition::KeepInProgress`](crate::Disposition::KeepInProgress)).
     KeptInProgress,
     /// The request was refused before reserving: bad or missing key (400), body too large
     /// (413) or unreadable (400).
     Rejected,
     /// The store failed: 503, handler not called.
     StoreUnavailable,
-    /// The record's answer is a [`ResourceReference`], and rendering it again failed:
+    /// The record's answer is a [`ResourceReference`](crate::ResourceReference), and rendering it again failed:
     /// 503 `replay-unavailable`, handler not called.
     ReplayUnavailable,
     /// The request was not keyed (method, route, or no key on an optional route) and
@@ -123,7 +123,7 @@ pub trait Observer: Send + Sync + 'static {
         let _ = (op, settled);
     }
 
-    /// The layer found a [`Proxied`] answer unusable while it read the answer to record
+    /// The layer found a [`Proxied`](crate::Proxied) answer unusable while it read the answer to record
     /// it: too slow, broken off or too large. Failures a proxy finds before it has an
     /// answer (an unreachable upstream, say) are its own to report.
     fn upstream_failed(&self, failure: UpstreamFailure) {
