@@ -471,7 +471,17 @@ async fn conclude<St: Store, B: Body<Data = Bytes>>(
         Disposition::Release => {
             settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
         }
-        Disposition::KeepInProgress => drop(guard),
+        Disposition::KeepInProgress => {
+            // The upstream may still act: the record stays in progress until its lease
+            // lapses, and keeps why, so that the listing of ambiguous records names
+            // the reason at once.
+            if let Some(reason) = ambiguous
+                && let Err(e) = shared.store.mark_ambiguous(&lease, reason).await
+            {
+                tracing::warn!(error = %e, %reason, "keeping the ambiguity reason failed");
+            }
+            drop(guard);
+        }
     }
     pass_on(&mut head.extensions, disposition);
     head.extensions.insert(handled);
