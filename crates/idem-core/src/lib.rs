@@ -6,7 +6,9 @@
 //! that backends implement (S10), with an in-memory [`MemoryStore`]. A store keeps its
 //! records under a [`Namespace`], and opens itself from its URL through [`OpenStore`].
 //! [`Store::list`] pages through records for operators ([`ListQuery`]), by state, age
-//! and whether their outcome is ambiguous ([`Ambiguity`]).
+//! and whether their outcome is ambiguous ([`Ambiguity`]). A recorded answer
+//! ([`StoredResponse`]) keeps what the record knows about it besides its headers and
+//! body as typed [`ResponseMeta`], which each store maps at its boundary ([`codec`]).
 //! The `testing` feature adds the contract suite every store runs.
 //!
 //! # Examples

@@ -1,23 +1,12 @@
-//! The ambiguity reason at the row's boundary: the `ambiguity` column (migration 6),
-//! written with an answer ([`RowAnswer`]) or, for an attempt that leaves its record in
-//! progress, on its own ([`PgStore::mark_row`]).
+//! The `ambiguity` column (migration 6) written on its own, for an attempt that leaves
+//! its record in progress ([`PgStore::mark_row`]); an answer's reason is written with
+//! the answer (`statements::RowAnswer`).
 
 use idem_core::{Ambiguity, Lease, StoreError};
 use sqlx::AssertSqlSafe;
 
 use crate::error::store_error;
 use crate::store::{PgStore, fenced_unless_one};
-
-/// An answer as its row keeps it: the status, the header block
-/// (`idem_core::codec::encode_response_headers` without the ambiguity), the body, and
-/// the `ambiguity` column.
-#[derive(Clone, Copy)]
-pub(crate) struct RowAnswer<'a> {
-    pub(crate) status: i32,
-    pub(crate) headers: &'a [u8],
-    pub(crate) body: &'a [u8],
-    pub(crate) ambiguity: Option<&'a str>,
-}
 
 impl PgStore {
     /// [`Store::mark_ambiguous`](idem_core::Store::mark_ambiguous): the reason set on

@@ -19,6 +19,17 @@ pub(crate) fn attempt_from(row: &PgRow) -> Result<u32, StoreError> {
     u32::try_from(attempt).map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))
 }
 
+/// An answer as its row keeps it: the status, the header block
+/// (`idem_core::codec::encode_response_headers` without the ambiguity), the body, and
+/// the `ambiguity` column.
+#[derive(Clone, Copy)]
+pub(crate) struct RowAnswer<'a> {
+    pub(crate) status: i32,
+    pub(crate) headers: &'a [u8],
+    pub(crate) body: &'a [u8],
+    pub(crate) ambiguity: Option<&'a str>,
+}
+
 /// A record from the columns every query below selects.
 pub(crate) fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record, StoreError> {
     let ms = |col: &str| -> Result<Timestamp, StoreError> {

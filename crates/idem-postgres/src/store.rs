@@ -13,14 +13,13 @@ use idem_core::{
 };
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
-use crate::ambiguity::RowAnswer;
 use crate::batch::{BatchStats, Batcher, CompleteOp, Failure, Op, ReleaseOp, ReserveOp};
 use crate::durability::DurabilityRisk;
 use crate::error::{Error, store_error};
 use crate::handoff::Handoff;
 use crate::listen::Listener;
 use crate::schema;
-use crate::statements::{Statements, record_from_row};
+use crate::statements::{RowAnswer, Statements, record_from_row};
 
 /// How long `reserve` keeps retrying when its statement saw neither its own insert nor
 /// the existing row (a row committed by a concurrent transaction after the statement's

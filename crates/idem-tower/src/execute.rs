@@ -472,9 +472,7 @@ async fn conclude<St: Store, B: Body<Data = Bytes>>(
             settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
         }
         Disposition::KeepInProgress => {
-            // The upstream may still act: the record stays in progress until its lease
-            // lapses, and keeps why, so that the listing of ambiguous records names
-            // the reason at once.
+            // The upstream may still act: the record keeps why, for the listing.
             if let Some(reason) = ambiguous
                 && let Err(e) = shared.store.mark_ambiguous(&lease, reason).await
             {

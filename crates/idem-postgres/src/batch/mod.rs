@@ -97,8 +97,8 @@ pub(crate) struct CompleteOp {
 
 impl CompleteOp {
     /// The answer as the single-row statement writes it.
-    pub(crate) fn row_answer(&self) -> crate::ambiguity::RowAnswer<'_> {
-        crate::ambiguity::RowAnswer {
+    pub(crate) fn row_answer(&self) -> crate::statements::RowAnswer<'_> {
+        crate::statements::RowAnswer {
             status: self.status,
             headers: &self.headers,
             body: &self.body,
