@@ -89,7 +89,7 @@ pub async fn in_progress_ambiguity_is_kept_with_the_record<S: Store>(store: S, c
         marked.ambiguity(clock.now()),
         Some(Ambiguity::UpstreamTimeout)
     );
-    assert_eq!(listed(&store, &scope).await, [marked.clone()]);
+    assert_eq!(listed(&store, &scope).await, std::slice::from_ref(&marked));
     // The lease is untouched: a duplicate still waits.
     assert!(matches!(
         store.reserve(&req).await.expect("reserve"),
