@@ -114,6 +114,7 @@ fn bench(c: &mut Criterion) {
             completed_at: Timestamp::from_millis(1),
         },
         tombstone_until: None,
+        in_progress_ambiguity: None,
     };
     let now = Timestamp::from_millis(1_000);
     g.bench_function("decide_replay", |b| {

@@ -180,6 +180,7 @@ mod tests {
             token: FencingToken::from_u64(7),
             state,
             tombstone_until: None,
+            in_progress_ambiguity: None,
         }
     }
 

@@ -83,6 +83,10 @@ impl<F: Forward> Store for F {
         self.target()?.release(lease).await
     }
 
+    async fn mark_ambiguous(&self, lease: &Lease, reason: crate::Ambiguity) -> Result<()> {
+        self.target()?.mark_ambiguous(lease, reason).await
+    }
+
     async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
         self.target()?.get(scope).await
     }

@@ -6,7 +6,9 @@
 //! that backends implement (S10), with an in-memory [`MemoryStore`]. A store keeps its
 //! records under a [`Namespace`], and opens itself from its URL through [`OpenStore`].
 //! [`Store::list`] pages through records for operators ([`ListQuery`]), by state, age
-//! and whether their outcome is ambiguous ([`Ambiguity`]).
+//! and whether their outcome is ambiguous ([`Ambiguity`]). A recorded answer
+//! ([`StoredResponse`]) keeps what the record knows about it besides its headers and
+//! body as typed [`ResponseMeta`], which each store maps at its boundary ([`codec`]).
 //! The `testing` feature adds the contract suite every store runs.
 //!
 //! # Examples
@@ -65,6 +67,7 @@ mod jcs;
 mod key;
 mod list;
 mod memory;
+mod meta;
 mod multipart;
 mod namespace;
 pub mod open;
@@ -87,21 +90,22 @@ mod unconfirmed;
 mod watch;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp, duration_millis};
+pub use codec::{AMBIGUOUS_HEADER, REFERENCE_HEADER, TRAILER_PREFIX};
 pub use decision::{Decision, Reservation, decide};
 pub use fingerprint::{DEFAULT_BODY_LIMIT, Fingerprint, FingerprintOptions, PointerError};
 pub use forward::Forward;
 pub use key::{Key, KeyError, MAX_KEY_LEN};
 pub use list::{
-    AMBIGUOUS_HEADER, Ambiguity, DEFAULT_LIST_LIMIT, ListCursor, ListPage, ListQuery,
-    MAX_LIST_LIMIT, StateFilter,
+    Ambiguity, DEFAULT_LIST_LIMIT, ListCursor, ListPage, ListQuery, MAX_LIST_LIMIT, StateFilter,
 };
 pub use memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
+pub use meta::ResponseMeta;
 pub use namespace::{DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN, Namespace, NamespaceError};
 pub use open::{MigrationPlan, OpenError, OpenStore, Schema, StoreOptions, redact_url};
 pub use rate::{KeyRate, KeyRateError, LocalBucket};
 pub use record::{
-    DEFAULT_LEASE, DEFAULT_TTL, FencingToken, Lease, REFERENCE_HEADER, Record, RecordState,
-    ReserveRequest, StoredResponse, TRAILER_PREFIX,
+    DEFAULT_LEASE, DEFAULT_TTL, FencingToken, Lease, Record, RecordState, ReserveRequest,
+    StoredResponse,
 };
 pub use scope::{Endpoint, Scope, ScopeMode, Tenant};
 #[cfg(feature = "seal")]

@@ -5,11 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use bytes::Bytes;
-
-use crate::{
-    Endpoint, Key, Record, RecordState, Scope, StoreError, StoredResponse, Tenant, Timestamp,
-};
+use crate::{Endpoint, Key, Record, RecordState, Scope, StoreError, Tenant, Timestamp};
 
 /// The most records one [`Store::list`](crate::Store::list) call returns, whatever
 /// [`ListQuery::limit`] asks for.
@@ -17,11 +13,6 @@ pub const MAX_LIST_LIMIT: usize = 1000;
 
 /// The records one call returns unless [`ListQuery::limit`] says otherwise.
 pub const DEFAULT_LIST_LIMIT: usize = 100;
-
-/// The name under which [`StoredResponse::with_ambiguity`] keeps the reason among the
-/// stored headers: like [`REFERENCE_HEADER`](crate::REFERENCE_HEADER), no HTTP field
-/// name, so every store keeps it without a column and replays never send it.
-pub const AMBIGUOUS_HEADER: &str = ":ambiguous";
 
 /// Why a record's outcome is ambiguous: the request was sent on, and what it did is not
 /// known from the record alone.
@@ -86,32 +77,12 @@ impl fmt::Display for Ambiguity {
     }
 }
 
-impl StoredResponse {
-    /// Marks this answer as one whose outcome is ambiguous, for `reason`. Kept among
-    /// the headers under [`AMBIGUOUS_HEADER`], as a reference is kept, so every store
-    /// keeps it without a column of its own, and replays never send it.
-    pub fn with_ambiguity(self, reason: Ambiguity) -> StoredResponse {
-        self.with_header(
-            AMBIGUOUS_HEADER,
-            Bytes::from_static(reason.as_str().as_bytes()),
-        )
-    }
-
-    /// The reason recorded with [`with_ambiguity`](Self::with_ambiguity); `None` for an
-    /// answer recorded without one (or with a reason this build does not know).
-    pub fn ambiguity(&self) -> Option<Ambiguity> {
-        self.headers
-            .iter()
-            .find(|(name, _)| name == AMBIGUOUS_HEADER)
-            .and_then(|(_, value)| Ambiguity::parse(std::str::from_utf8(value).ok()?))
-    }
-}
-
 impl Record {
     /// Why this record's outcome is ambiguous at `now`, if it is: the reason its answer
-    /// was recorded with; else [`Ambiguity::Orphaned`] when it is in progress with a
-    /// lapsed lease; else [`Ambiguity::Takeover`] when it is a later attempt than the
-    /// first.
+    /// was recorded with; for one in progress, the reason its attempt left it so
+    /// ([`in_progress_ambiguity`](Record::in_progress_ambiguity)), else
+    /// [`Ambiguity::Orphaned`] when its lease has lapsed; else [`Ambiguity::Takeover`]
+    /// when it is a later attempt than the first.
     pub fn ambiguity(&self, now: Timestamp) -> Option<Ambiguity> {
         match &self.state {
             RecordState::Completed { response, .. } => {
@@ -119,10 +90,15 @@ impl Record {
                     return Some(reason);
                 }
             }
-            RecordState::InProgress { lease_until } if *lease_until <= now => {
-                return Some(Ambiguity::Orphaned);
+            RecordState::InProgress { lease_until } => {
+                if let Some(reason) = self.in_progress_ambiguity {
+                    return Some(reason);
+                }
+                if *lease_until <= now {
+                    return Some(Ambiguity::Orphaned);
+                }
             }
-            RecordState::InProgress { .. } | RecordState::Tombstone { .. } => {}
+            RecordState::Tombstone { .. } => {}
         }
         (self.attempt > 1).then_some(Ambiguity::Takeover)
     }
@@ -423,17 +399,6 @@ mod tests {
         for bad in ["", "zz", "00000005ab", "0000"] {
             assert!(ListCursor::parse(bad).is_none(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn ambiguity_is_kept_as_a_pseudo_header() {
-        let stored = StoredResponse::new(502, "too large")
-            .with_header("content-type", "application/problem+json")
-            .with_ambiguity(Ambiguity::AnswerTooLarge);
-        assert_eq!(stored.ambiguity(), Some(Ambiguity::AnswerTooLarge));
-        let http: Vec<&str> = stored.http_headers().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(http, ["content-type"]);
-        assert_eq!(StoredResponse::new(200, "").ambiguity(), None);
     }
 
     #[test]

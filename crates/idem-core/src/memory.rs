@@ -325,6 +325,7 @@ impl Store for MemoryStore {
                     token,
                     state: RecordState::InProgress { lease_until },
                     tombstone_until: None,
+                    in_progress_ambiguity: None,
                 });
                 Ok(Reservation::Acquired(req.lease_for(token, attempt)))
             }
@@ -353,6 +354,7 @@ impl Store for MemoryStore {
                 response: response.clone(),
                 completed_at: now,
             };
+            record.in_progress_ambiguity = None;
             let expires_at = lease.completed_expires_at(record.created_at, record.expires_at);
             record.tombstone_until = lease.tombstone_until(expires_at);
             inner.set_expiry(&lease.scope, expires_at);
@@ -385,6 +387,17 @@ impl Store for MemoryStore {
             inner.remove(&lease.scope);
         }
         self.changes.notify(&lease.scope);
+        Ok(())
+    }
+
+    async fn mark_ambiguous(&self, lease: &Lease, reason: crate::Ambiguity) -> Result<()> {
+        let now = self.clock.now();
+        let (mut inner, _) = self.lock(&lease.scope);
+        let record = inner.fenced(lease, now)?;
+        if record.is_completed() {
+            return Err(StoreError::Fenced);
+        }
+        record.in_progress_ambiguity = Some(reason);
         Ok(())
     }
 

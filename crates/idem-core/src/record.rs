@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::{Fingerprint, Scope, Timestamp};
+use crate::{Ambiguity, Fingerprint, ResponseMeta, Scope, Timestamp};
 
 /// Records expire this long after creation unless configured otherwise (SPEC S8).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -71,47 +71,32 @@ impl fmt::Debug for FencingToken {
     }
 }
 
-/// The pseudo-header a sealed answer names its sealing key under (SPEC S17); see
-/// `seal::SEALED_HEADER`.
-pub(crate) const SEALED_HEADER: &str = ":sealed";
-
-/// The pseudo-header under which a replay of a sealed answer carries the token of the
-/// attempt whose record holds it, as [`decide`](crate::decide) read it from the record.
-/// A sealed answer is bound to that token, so the sealing wrapper needs it to open the
-/// answer; the store's own copy of this header, if any, is never trusted.
-pub(crate) const SEALING_ATTEMPT_HEADER: &str = ":sealed-attempt";
-
 /// `response`, a completed record's answer, as its replay: a sealed one also names
-/// `token`, the record's attempt ([`SEALING_ATTEMPT_HEADER`]); any other as it is.
+/// `token`, the record's attempt ([`ResponseMeta`]'s sealing attempt), which the
+/// sealing wrapper needs to open it; any other as it is.
 pub(crate) fn name_sealing_attempt(
     mut response: StoredResponse,
     token: FencingToken,
 ) -> StoredResponse {
-    if response
-        .headers
-        .first()
-        .is_some_and(|(name, _)| name == SEALED_HEADER)
-    {
-        response
-            .headers
-            .retain(|(name, _)| name != SEALING_ATTEMPT_HEADER);
-        response.headers.push((
-            SEALING_ATTEMPT_HEADER.to_owned(),
-            Bytes::from(format!("{:016x}", token.as_u64())),
-        ));
+    if response.meta.sealed_by.is_some() {
+        response.meta.sealing_attempt = Some(token);
     }
     response
 }
 
-/// A recorded answer: status, allow-listed headers and body (SPEC S6).
+/// A recorded answer: status, allow-listed headers and body (SPEC S6), and what the
+/// record keeps about it besides ([`ResponseMeta`]: a reference, an ambiguity reason,
+/// trailers, a trace context, the sealing key's id).
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct StoredResponse {
     /// HTTP status code.
     pub status: u16,
-    /// Allow-listed headers, names in lower case, in their original order.
+    /// Allow-listed HTTP headers, names in lower case, in their original order.
     pub headers: Vec<(String, Bytes)>,
     /// The body.
     pub body: Bytes,
+    /// Everything else the record keeps about the answer, typed.
+    pub meta: ResponseMeta,
 }
 
 impl StoredResponse {
@@ -121,6 +106,7 @@ impl StoredResponse {
             status,
             headers: Vec::new(),
             body: body.into(),
+            meta: ResponseMeta::default(),
         }
     }
 
@@ -129,90 +115,7 @@ impl StoredResponse {
         self.headers.push((name.to_ascii_lowercase(), value.into()));
         self
     }
-
-    /// Records `reference`, a path on the same service (`/v1/reports/42`), as where
-    /// this answer's body is to be rendered from at replay time, instead of the body
-    /// itself (SPEC S6, for large answers). Stored among the headers under
-    /// [`REFERENCE_HEADER`], which no HTTP field name can equal, so every store keeps it
-    /// as it keeps headers.
-    pub fn with_reference(self, reference: &str) -> StoredResponse {
-        self.with_header(
-            REFERENCE_HEADER,
-            Bytes::copy_from_slice(reference.as_bytes()),
-        )
-    }
-
-    /// The reference this answer's body is to be rendered from, if it was recorded as
-    /// one ([`with_reference`](Self::with_reference)).
-    pub fn reference(&self) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(name, _)| name == REFERENCE_HEADER)
-            .and_then(|(_, value)| std::str::from_utf8(value).ok())
-    }
-
-    /// Records `traceparent`, the W3C trace context of the execution that produced this
-    /// answer (`00-<trace id>-<span id>-<flags>`), so that a replay's trace can link to
-    /// it. Kept among the headers under the pseudo-header name `:traceparent`, as a
-    /// reference is kept, so every store keeps it without a column of its own.
-    pub fn with_trace_parent(self, traceparent: &str) -> StoredResponse {
-        self.with_header(
-            TRACE_PARENT_HEADER,
-            Bytes::copy_from_slice(traceparent.as_bytes()),
-        )
-    }
-
-    /// The trace context recorded with [`with_trace_parent`](Self::with_trace_parent);
-    /// `None` for an answer recorded without one.
-    pub fn trace_parent(&self) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(name, _)| name == TRACE_PARENT_HEADER)
-            .and_then(|(_, value)| std::str::from_utf8(value).ok())
-    }
-
-    /// Records a trailer field of the answer (a gRPC call's `grpc-status`, say), to be
-    /// sent as a trailer again at replay. Kept among the headers under the pseudo-header
-    /// name `:trailer:<name>`, as a reference is kept, so every store keeps it without a
-    /// column of its own, and a build that does not know it skips it.
-    pub fn with_trailer(mut self, name: &str, value: impl Into<Bytes>) -> StoredResponse {
-        let mut key = String::with_capacity(TRAILER_PREFIX.len() + name.len());
-        key.push_str(TRAILER_PREFIX);
-        key.push_str(name);
-        key.make_ascii_lowercase();
-        self.headers.push((key, value.into()));
-        self
-    }
-
-    /// The trailers recorded with [`with_trailer`](Self::with_trailer): names (without
-    /// the prefix) and values, in their original order.
-    pub fn trailers(&self) -> impl Iterator<Item = (&str, &Bytes)> {
-        self.headers
-            .iter()
-            .filter_map(|(name, value)| Some((name.strip_prefix(TRAILER_PREFIX)?, value)))
-    }
-
-    /// The stored headers that are HTTP headers: all but the pseudo-headers (the
-    /// reference, the trace context), whose names start with a colon.
-    pub fn http_headers(&self) -> impl Iterator<Item = &(String, Bytes)> {
-        self.headers
-            .iter()
-            .filter(|(name, _)| !name.starts_with(':'))
-    }
 }
-
-/// The name under which [`StoredResponse::with_reference`] keeps a reference among the
-/// stored headers: a colon makes it an invalid HTTP field name, so it never collides
-/// with a real header, and a build that does not know it skips it at replay.
-pub const REFERENCE_HEADER: &str = ":reference";
-
-/// The name under which [`StoredResponse::with_trace_parent`] keeps the trace context
-/// among the stored headers: like [`REFERENCE_HEADER`], no HTTP field name.
-const TRACE_PARENT_HEADER: &str = ":traceparent";
-
-/// The prefix under which [`StoredResponse::with_trailer`] keeps a trailer among the
-/// stored headers: like [`REFERENCE_HEADER`], no HTTP field name.
-pub const TRAILER_PREFIX: &str = ":trailer:";
 
 /// Where a record stands.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -264,6 +167,13 @@ pub struct Record {
     /// this time the record is refused as a tombstone would be, whether or not a
     /// store has compacted it yet ([`Record::into_tombstone`]). `None` otherwise.
     pub tombstone_until: Option<Timestamp>,
+    /// For an in-progress record: why its attempt left it in progress without an
+    /// answer it could record (an upstream that sent no answer by the deadline, or
+    /// broke the connection, after the request was sent), as
+    /// [`Store::mark_ambiguous`](crate::Store::mark_ambiguous) recorded it. `None`
+    /// otherwise: a completed record's reason is its answer's
+    /// ([`StoredResponse::ambiguity`]), and a takeover clears it.
+    pub in_progress_ambiguity: Option<Ambiguity>,
 }
 
 impl Record {
@@ -448,22 +358,6 @@ impl ReserveRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pseudo_headers_are_kept_but_never_http_headers() {
-        let stored = StoredResponse::new(201, "ok")
-            .with_header("Location", "/v1/things/1")
-            .with_reference("/v1/things/1")
-            .with_trace_parent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
-        assert_eq!(stored.reference(), Some("/v1/things/1"));
-        assert_eq!(
-            stored.trace_parent(),
-            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
-        );
-        let http: Vec<&str> = stored.http_headers().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(http, ["location"]);
-        assert_eq!(StoredResponse::new(200, "").trace_parent(), None);
-    }
 
     #[test]
     fn generated_tokens_are_unique_and_never_zero() {

@@ -12,10 +12,19 @@
 //!
 //! - `status`: the recorded status, in plain text (the decision table and operators
 //!   read it; it is bound to the ciphertext, so it cannot be changed unnoticed);
-//! - `headers`: one pseudo-header, [`SEALED_HEADER`], whose value is the id of the key
-//!   that sealed it;
+//! - `headers`: none;
+//! - `meta`: [`sealed_by`](crate::ResponseMeta::sealed_by), the id of the key that
+//!   sealed it (kept under [`SEALED_HEADER`] in the store's header block), and the
+//!   [`ambiguity`](crate::ResponseMeta::ambiguity) reason, in plain text so that a
+//!   listing of ambiguous records finds sealed ones too: a label from a short fixed list
+//!   ([`Ambiguity::as_str`](crate::Ambiguity::as_str)), as telling as the plain status
+//!   beside it, and about the gateway's outcome, not the answer's content;
 //! - `body`: a version byte, a random 24-byte nonce, then the XChaCha20-Poly1305
-//!   ciphertext of the real headers and body, with its 16-byte tag.
+//!   ciphertext of the header block of the real headers and every metadata field
+//!   ([`codec`](crate::codec): the reference, the trace context, the trailers and the
+//!   ambiguity reason again) and of the body, with its 16-byte tag. On opening, every
+//!   field comes from the ciphertext: the plain ambiguity reason is an index, never
+//!   trusted.
 //!
 //! The associated data binds the ciphertext to the record it was recorded in
 //! ([`SealBinding`]): its scope (tenant, endpoint, key), the fingerprint of the request
@@ -36,13 +45,14 @@ use bytes::Bytes;
 use chacha20poly1305::aead::{AeadInOut, KeyInit};
 use chacha20poly1305::{Tag, XChaCha20Poly1305, XNonce};
 
-use crate::codec::{decode_headers, encode_headers};
-use crate::{FencingToken, Fingerprint, Lease, Record, Scope, StoreError, StoredResponse};
+use crate::codec::{decode_headers, encode_headers, header_list, split_header_list};
+use crate::{
+    FencingToken, Fingerprint, Lease, Record, ResponseMeta, Scope, StoreError, StoredResponse,
+};
 
-/// The pseudo-header under which a sealed answer names the key that sealed it. Like
-/// [`REFERENCE_HEADER`](crate::REFERENCE_HEADER) it is no HTTP field name, so it
-/// never collides with a real header.
-pub const SEALED_HEADER: &str = crate::record::SEALED_HEADER;
+/// The name under which a store's header block keeps the id of the key that sealed an
+/// answer ([`ResponseMeta::sealed_by`](crate::ResponseMeta::sealed_by)).
+pub const SEALED_HEADER: &str = crate::codec::SEALED_HEADER;
 
 /// The first byte of a sealed body: the format's version.
 const VERSION: u8 = 2;
@@ -257,7 +267,7 @@ impl RecordKeys {
             return response.clone();
         }
         let key = &self.keys[0];
-        let headers = encode_headers(&response.headers);
+        let headers = encode_headers(&header_list(response, true));
         let mut out = Vec::with_capacity(SEAL_OVERHEAD + headers.len() + response.body.len());
         out.push(VERSION);
         out.extend_from_slice(&random_nonce());
@@ -273,11 +283,13 @@ impl RecordKeys {
         out.extend_from_slice(&tag);
         StoredResponse {
             status: response.status,
-            headers: vec![(
-                SEALED_HEADER.to_owned(),
-                Bytes::copy_from_slice(key.id.as_bytes()),
-            )],
+            headers: Vec::new(),
             body: Bytes::from(out),
+            meta: ResponseMeta {
+                sealed_by: Some(key.id.clone()),
+                ambiguity: response.meta.ambiguity,
+                ..ResponseMeta::default()
+            },
         }
     }
 
@@ -301,11 +313,9 @@ impl RecordKeys {
         stored: StoredResponse,
         unbound: bool,
     ) -> Result<StoredResponse, StoreError> {
-        let Some(id) = sealed_by(&stored) else {
+        let Some(id) = stored.meta.sealed_by.as_deref() else {
             return Ok(stored);
         };
-        let id = std::str::from_utf8(id)
-            .map_err(|_| StoreError::Sealed("the sealing key id is not UTF-8".into()))?;
         let key = self.keys.iter().find(|k| k.id == id).ok_or_else(|| {
             StoreError::Sealed(format!(
                 "the answer is sealed with the key {id:?}, which the record key file lacks \
@@ -352,26 +362,22 @@ impl RecordKeys {
         if rest.len() < len {
             return Err(corrupt("its header block is truncated"));
         }
-        let headers = decode_headers(&rest[..len]).map_err(|e| corrupt(&e.to_string()))?;
+        let list = decode_headers(&rest[..len]).map_err(|e| corrupt(&e.to_string()))?;
+        let (headers, meta) = split_header_list(list);
         let body = Bytes::from(plain).slice(4 + len..);
         Ok(StoredResponse {
             status: stored.status,
             headers,
             body,
+            meta,
         })
     }
 }
 
-/// Whether `response` is sealed (carries [`SEALED_HEADER`]).
+/// Whether `response` is sealed (names the key that sealed it,
+/// [`ResponseMeta::sealed_by`](crate::ResponseMeta::sealed_by)).
 pub fn is_sealed(response: &StoredResponse) -> bool {
-    sealed_by(response).is_some()
-}
-
-fn sealed_by(response: &StoredResponse) -> Option<&[u8]> {
-    match response.headers.as_slice() {
-        [(name, id)] if name == SEALED_HEADER => Some(id),
-        _ => None,
-    }
+    response.meta.sealed_by.is_some()
 }
 
 /// What the tag covers besides the ciphertext: a label, the scope's parts and the key

@@ -1,4 +1,5 @@
 use super::*;
+use crate::codec::encode_response_headers;
 use crate::{FingerprintOptions, ReserveRequest, Tenant};
 
 const K1: &str = "1111111111111111111111111111111111111111111111111111111111111111";
@@ -71,7 +72,7 @@ fn sealing_hides_headers_and_body_and_opens_byte_for_byte() {
     assert_eq!(sealed.reference(), None, "the reference is sealed too");
     assert_eq!(
         sealed.body.len(),
-        SEAL_OVERHEAD + answer.body.len() + encode_headers(&answer.headers).len()
+        SEAL_OVERHEAD + answer.body.len() + encode_response_headers(&answer, true).len()
     );
     assert!(!sealed.body.windows(6).any(|w| w == b"secret"));
     assert_eq!(

@@ -4,10 +4,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::record::SEALING_ATTEMPT_HEADER;
 use crate::seal::SealBinding;
 use crate::{
-    AMBIGUOUS_HEADER, FencingToken, Lease, ListPage, ListQuery, Record, RecordKeys, RecordState,
+    Ambiguity, FencingToken, Lease, ListPage, ListQuery, Record, RecordKeys, RecordState,
     Reservation, ReserveRequest, Result, Scope, Store, StoreMetric, StoredResponse,
 };
 
@@ -27,9 +26,11 @@ use crate::{
 /// allows it while such answers age out.
 ///
 /// Everything else (status, fingerprint, scope, times) is the inner store's and stays
-/// in plain text there, and so does the reason an answer's outcome is ambiguous
-/// ([`StoredResponse::ambiguity`], a label such as `answer_too_large`), so that a
-/// listing of ambiguous records ([`Store::list`]) finds sealed ones too.
+/// in plain text there, and so do the id of the sealing key and the reason an answer's
+/// outcome is ambiguous ([`StoredResponse::ambiguity`], a label such as
+/// `answer_too_large`, kept sealed too), so that a listing of ambiguous records
+/// ([`Store::list`]) finds sealed ones by the store's index. The reference, the trace
+/// context and the trailers are sealed with the headers and the body.
 ///
 /// # Completing in the caller's transaction (SPEC S9)
 ///
@@ -114,27 +115,14 @@ impl<S: Store> Sealed<S> {
     /// records it: for a write this wrapper does not see (the SQL stores'
     /// `complete_in`).
     pub fn seal(&self, lease: &Lease, response: &StoredResponse) -> StoredResponse {
-        let sealed = self.keys.seal(SealBinding::of_lease(lease), response);
-        match response.ambiguity() {
-            Some(reason) => sealed.with_ambiguity(reason),
-            None => sealed,
-        }
+        self.keys.seal(SealBinding::of_lease(lease), response)
     }
 
     /// The answer `stored` holds for the record `binding` names, or the error (logged)
-    /// that it cannot be opened. The plain-text ambiguity label beside a sealed answer
-    /// is dropped first: the sealed headers hold it too.
-    fn open(&self, binding: SealBinding<'_>, mut stored: StoredResponse) -> Result<StoredResponse> {
+    /// that it cannot be opened. Every field of an opened answer comes from its
+    /// ciphertext: the plain ambiguity reason beside it is the store's index only.
+    fn open(&self, binding: SealBinding<'_>, stored: StoredResponse) -> Result<StoredResponse> {
         let scope = binding.scope;
-        if stored
-            .headers
-            .first()
-            .is_some_and(|(name, _)| name == crate::seal::SEALED_HEADER)
-        {
-            stored
-                .headers
-                .retain(|(name, _)| name != AMBIGUOUS_HEADER && name != SEALING_ATTEMPT_HEADER);
-        }
         let unsealed = !crate::seal::is_sealed(&stored);
         let opened = if unsealed && !self.read_unsealed {
             Err(crate::StoreError::Sealed(
@@ -170,18 +158,10 @@ impl<S: Store> Sealed<S> {
     }
 }
 
-/// The attempt a replay of a sealed answer names ([`SEALING_ATTEMPT_HEADER`]), as
-/// [`decide`](crate::decide) put it there.
+/// The attempt a replay of a sealed answer names, as [`decide`](crate::decide) put it
+/// there.
 fn sealing_attempt(stored: &StoredResponse) -> Option<FencingToken> {
-    let (_, value) = stored
-        .headers
-        .iter()
-        .rev()
-        .find(|(name, _)| name == SEALING_ATTEMPT_HEADER)?;
-    let hex = std::str::from_utf8(value).ok()?;
-    u64::from_str_radix(hex, 16)
-        .ok()
-        .map(FencingToken::from_u64)
+    stored.meta.sealing_attempt
 }
 
 #[async_trait]
@@ -218,6 +198,10 @@ impl<S: Store> Store for Sealed<S> {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.inner.release(lease).await
+    }
+
+    async fn mark_ambiguous(&self, lease: &Lease, reason: Ambiguity) -> Result<()> {
+        self.inner.mark_ambiguous(lease, reason).await
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>> {

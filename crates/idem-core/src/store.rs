@@ -137,6 +137,19 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes the in-progress record so the key may execute again (SPEC S6).
     async fn release(&self, lease: &Lease) -> Result<()>;
 
+    /// Records `reason` against the in-progress record `lease` holds, which its attempt
+    /// leaves in progress without an answer it could record (an upstream that sent no
+    /// answer by the deadline, or broke the connection, after the request was sent): a
+    /// listing of ambiguous records then names the reason
+    /// ([`Record::in_progress_ambiguity`]) instead of finding the record only once its
+    /// lease lapses, as [`Ambiguity::Orphaned`](crate::Ambiguity::Orphaned). The lease is
+    /// left as it is; a takeover clears the reason.
+    ///
+    /// Fenced as [`complete`](Self::complete) is: fails with [`StoreError::Fenced`]
+    /// unless `lease` is the current attempt's and the record is in progress. (No
+    /// default: a wrapper that forgot to pass it on would lose the reason unseen.)
+    async fn mark_ambiguous(&self, lease: &Lease, reason: crate::Ambiguity) -> Result<()>;
+
     /// The record for a scope, expired or not.
     async fn get(&self, scope: &Scope) -> Result<Option<Record>>;
 

@@ -66,11 +66,7 @@ pub fn record_json(record: &Record, now: Timestamp) -> Value {
                 // The id of the key the answer is sealed with (SPEC S17), when read
                 // without the keys (`idem keys show`): headers and body are then the
                 // ciphertext's. The admin listener reads through the keys.
-                "sealed_with": response
-                    .headers
-                    .iter()
-                    .find(|(n, _)| n == idem_core::seal::SEALED_HEADER)
-                    .map(|(_, id)| String::from_utf8_lossy(id).into_owned()),
+                "sealed_with": response.sealed_by(),
             },
             "tombstone_until": record.tombstone_until.map(millis_json),
         }),

@@ -73,6 +73,7 @@
 //! # Ok(()) }
 //! ```
 
+mod ambiguity;
 mod batch;
 mod durability;
 mod error;

@@ -2,10 +2,7 @@
 //! in primary-key order (the scope's columns are `COLLATE "C"`, so that order is the
 //! bytes'), so the cursor is the last row's key and every page a range scan.
 
-use idem_core::codec::encoded_header_name;
-use idem_core::{
-    AMBIGUOUS_HEADER, ListCursor, ListPage, ListQuery, Scope, StateFilter, StoreError,
-};
+use idem_core::{ListCursor, ListPage, ListQuery, Scope, StateFilter, StoreError};
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::error::store_error;
@@ -15,10 +12,8 @@ use crate::store::PgStore;
 /// The listing's statement for table `t`, resuming after a key when `after`.
 ///
 /// $1–$3 the cursor's key, $4 now, $5 the state or NULL, $6 the latest creation or
-/// NULL, $7 whether ambiguous records only, $8 the encoded ambiguity header name, $9 the
-/// row limit. The ambiguity test is the one `Record::ambiguity` makes, the header found
-/// by its bytes; `ListQuery::matches` then decides, since a header value could hold the
-/// same bytes.
+/// NULL, $7 whether ambiguous records only, $8 the row limit. The ambiguity test is the
+/// one `Record::ambiguity` makes, the stored reason read from its indexed column.
 fn statement(t: &str, after: bool) -> String {
     let resume = if after {
         "(tenant, endpoint, idem_key) > ($1::text, $2::text, $3::text) AND"
@@ -30,11 +25,10 @@ fn statement(t: &str, after: bool) -> String {
          WHERE {resume} expires_at > $4 AND state <> 'tombstone'
            AND ($5::text IS NULL OR state = $5::text)
            AND ($6::bigint IS NULL OR created_at <= $6::bigint)
-           AND (NOT $7::boolean OR attempt > 1
-                OR (state = 'in_progress' AND lease_until <= $4)
-                OR (state = 'completed' AND position($8::bytea IN headers) > 0))
+           AND (NOT $7::boolean OR ambiguity IS NOT NULL OR attempt > 1
+                OR (state = 'in_progress' AND lease_until <= $4))
          ORDER BY tenant, endpoint, idem_key
-         LIMIT $9"
+         LIMIT $8"
     )
 }
 
@@ -63,7 +57,6 @@ impl PgStore {
                     .bind(query.state.map(StateFilter::as_str))
                     .bind(query.created_by(now).map(|at| at.as_millis()))
                     .bind(query.ambiguous)
-                    .bind(encoded_header_name(AMBIGUOUS_HEADER))
                     .bind(limit as i64 + 1)
                     .fetch_all(&self.pool)
                     .await

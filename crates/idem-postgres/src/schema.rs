@@ -13,11 +13,16 @@
 //!   expired rows from the start of this index and stops after its batch, so a purge
 //!   costs O(log n + batch) instead of a scan of the table.
 //!
+//! - **`ambiguity`**, partial: only rows whose column is set (an answer recorded with an
+//!   ambiguity reason, or an attempt that left its record in progress with one). The
+//!   listing of ambiguous records (`/keys?ambiguous=true`) reads them from it; the rows
+//!   it holds are few, and a row without a reason never enters it.
+//!
 //! Nothing else is indexed: each extra index is one more write on every reserve, and
 //! neither the token nor the state is ever searched without the primary key. The table
 //! is created with `fillfactor = 90` so that `complete` (which changes no indexed
-//! column) can usually update its row in place on the same page (a HOT update),
-//! without touching either index.
+//! column, unless it records an ambiguity reason) can usually update its row in place
+//! on the same page (a HOT update), without touching any index.
 
 use idem_core::{Namespace, StoreError};
 use sqlx::{AssertSqlSafe, Executor, PgPool};
@@ -192,10 +197,37 @@ const MIGRATIONS: &[Migration] = &[
             )]
         },
     },
+    Migration {
+        version: 6,
+        description: "typed record metadata: an indexed ambiguity column",
+        statements: |t| {
+            // Why a record's outcome is ambiguous (`idem_core::Ambiguity::as_str`), where
+            // a listing finds it by an index. Answers recorded before kept the reason
+            // among their headers (`idem_core::codec::encoded_ambiguity`): it is carried
+            // into the column, one scan of the completed rows under the migration's
+            // lock, and such a row still reads as it did (the column wins when set).
+            let mut carry = String::new();
+            for reason in idem_core::Ambiguity::ALL {
+                let entry = hex::encode(idem_core::codec::encoded_ambiguity(reason));
+                carry.push_str(&format!(
+                    " WHEN position(decode('{entry}', 'hex') IN headers) > 0 THEN '{}'",
+                    reason.as_str()
+                ));
+            }
+            vec![
+                format!("ALTER TABLE {t} ADD COLUMN ambiguity TEXT"),
+                format!("CREATE INDEX {t}_ambig ON {t} (ambiguity) WHERE ambiguity IS NOT NULL"),
+                format!(
+                    "UPDATE {t} SET ambiguity = CASE{carry} END
+                      WHERE state = 'completed' AND headers IS NOT NULL"
+                ),
+            ]
+        },
+    },
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// The channel every store's table notifies on (migration 3): a payload is the table's
 /// name, a space, and the [`Scope::digest`](idem_core::Scope::digest) of a record that

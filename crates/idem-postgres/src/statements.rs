@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use idem_core::codec::decode_headers;
+use idem_core::codec::decode_response_headers;
 use idem_core::{
-    FencingToken, Fingerprint, Record, RecordState, Scope, StoreError, StoredResponse, Timestamp,
+    Ambiguity, FencingToken, Fingerprint, Record, RecordState, Scope, StoreError, StoredResponse,
+    Timestamp,
 };
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -16,6 +17,17 @@ use crate::error::store_error;
 pub(crate) fn attempt_from(row: &PgRow) -> Result<u32, StoreError> {
     let attempt: i32 = row.try_get("attempt").map_err(store_error)?;
     u32::try_from(attempt).map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))
+}
+
+/// An answer as its row keeps it: the status, the header block
+/// (`idem_core::codec::encode_response_headers` without the ambiguity), the body, and
+/// the `ambiguity` column.
+#[derive(Clone, Copy)]
+pub(crate) struct RowAnswer<'a> {
+    pub(crate) status: i32,
+    pub(crate) headers: &'a [u8],
+    pub(crate) body: &'a [u8],
+    pub(crate) ambiguity: Option<&'a str>,
 }
 
 /// A record from the columns every query below selects.
@@ -29,6 +41,11 @@ pub(crate) fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record, Stor
     let fingerprint = Fingerprint::from_slice(&fingerprint)
         .ok_or_else(|| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
     let state: String = row.try_get("state").map_err(store_error)?;
+    let ambiguity: Option<String> = row.try_get("ambiguity").map_err(store_error)?;
+    let in_progress_ambiguity = match state.as_str() {
+        "in_progress" => ambiguity.as_deref().and_then(Ambiguity::parse),
+        _ => None,
+    };
     let state = match state.as_str() {
         "in_progress" => RecordState::InProgress {
             lease_until: ms("lease_until")?,
@@ -46,11 +63,13 @@ pub(crate) fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record, Stor
             } else {
                 let headers: Vec<u8> = row.try_get("headers").map_err(store_error)?;
                 let body: Vec<u8> = row.try_get("body").map_err(store_error)?;
+                let (headers, meta) = decode_response_headers(&headers, ambiguity.as_deref())?;
                 RecordState::Completed {
                     response: StoredResponse {
                         status,
-                        headers: decode_headers(&headers)?,
+                        headers,
                         body: Bytes::from(body),
+                        meta,
                     },
                     completed_at,
                 }
@@ -70,6 +89,7 @@ pub(crate) fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record, Stor
             .try_get::<Option<i64>, _>("tombstone_until")
             .map_err(store_error)?
             .map(Timestamp::from_millis),
+        in_progress_ambiguity,
     })
 }
 
@@ -82,6 +102,7 @@ pub(crate) struct Statements {
     pub(crate) completed_by: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) release: Arc<str>,
+    pub(crate) mark: Arc<str>,
     pub(crate) release_unconfirmed: Arc<str>,
     pub(crate) get: Arc<str>,
     pub(crate) remove: Arc<str>,
@@ -94,7 +115,7 @@ pub(crate) struct Statements {
 
 /// The columns a record is read from, in the order both halves of `reserve` return them.
 pub(crate) const RECORD_COLUMNS: &str = "attempt, token, fingerprint, created_at, expires_at, state, \
-                              lease_until, status, headers, body, completed_at, tombstone_until";
+                              lease_until, status, headers, body, completed_at, tombstone_until, ambiguity";
 
 /// The `ON CONFLICT` clause of a reserve, the single-row one and the batched one
 /// alike: its `WHERE` is decide()'s Execute rows and nothing else (see
@@ -116,7 +137,8 @@ pub(crate) fn reserve_takes(now: &str) -> String {
                     headers      = NULL,
                     body         = NULL,
                     completed_at = NULL,
-                    tombstone_until = NULL
+                    tombstone_until = NULL,
+                    ambiguity    = NULL
                 WHERE (r.expires_at <= {now}
                        AND NOT (r.state = 'completed' AND COALESCE(r.tombstone_until, 0) > {now}))
                    OR (r.state = 'in_progress' AND r.lease_until <= {now}
@@ -171,13 +193,13 @@ impl Statements {
              WHERE {BY_SCOPE} AND NOT EXISTS (SELECT 1 FROM ins)"
         );
         // complete: $4 token, $5 now, $6 status, $7 headers, $8 body, $9 the TTL in ms,
-        // $10 the tombstone TTL in ms. A completed record expires at creation + TTL, as
+        // $10 the tombstone TTL in ms, $11 the answer's ambiguity or NULL. A completed record expires at creation + TTL, as
         // `Lease::completed_expires_at` says: the lease may have kept it alive longer
         // while in progress.
         let expiry = completed_expiry("r", "$9::BIGINT", "$10::BIGINT");
         let complete = format!(
             "UPDATE {t} AS r SET state = 'completed', lease_until = NULL, status = $6,
-                    headers = $7, body = $8, completed_at = $5, {expiry}
+                    headers = $7, body = $8, completed_at = $5, ambiguity = $11, {expiry}
               WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'in_progress'"
         );
         let completed_by = format!(
@@ -196,6 +218,11 @@ impl Statements {
         // A reservation whose reply was lost, if it is a first attempt: a takeover's
         // record must lapse instead, so that the next attempt runs as a recovered one.
         let release_unconfirmed = format!("{release} AND attempt = 1");
+        // mark: $6 the reason an attempt leaves its record in progress.
+        let mark = format!(
+            "UPDATE {t} SET ambiguity = $6
+              WHERE {BY_SCOPE} AND token = $4 AND expires_at > $5 AND state = 'in_progress'"
+        );
         let get = format!("SELECT {RECORD_COLUMNS} FROM {t} WHERE {BY_SCOPE}");
         let remove = format!("DELETE FROM {t} WHERE {BY_SCOPE}");
         // At most $2 rows of each kind, found through the expires_at index; rows
@@ -206,7 +233,7 @@ impl Statements {
         let purge = format!(
             "WITH compacted AS (
                 UPDATE {t} SET state = 'tombstone', headers = NULL, body = NULL,
-                       expires_at = tombstone_until
+                       ambiguity = NULL, expires_at = tombstone_until
                  WHERE ctid = ANY(ARRAY(
                            SELECT ctid FROM {t} WHERE expires_at <= $1
                               AND state = 'completed' AND tombstone_until > $1
@@ -252,6 +279,7 @@ impl Statements {
             completed_by: completed_by.into(),
             renew: renew.into(),
             release: release.into(),
+            mark: mark.into(),
             release_unconfirmed: release_unconfirmed.into(),
             get: get.into(),
             remove: remove.into(),
@@ -373,6 +401,7 @@ mod tests {
                 .bind(vec![1_u8])
                 .bind(86_400_000_i64)
                 .bind(0_i64)
+                .bind(None::<&str>)
                 .fetch_all(&store.pool)
                 .await?
                 .join("\n")

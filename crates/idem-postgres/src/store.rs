@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::codec::encode_headers;
+use idem_core::codec::encode_response_headers;
 use idem_core::{
-    FencingToken, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Scope,
-    SharedClock, Store, StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig, Timestamp,
-    Watch, duration_millis, release_unconfirmed_with,
+    Ambiguity, FencingToken, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest,
+    Scope, SharedClock, Store, StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig,
+    Timestamp, Watch, duration_millis, release_unconfirmed_with,
 };
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
@@ -19,7 +19,7 @@ use crate::error::{Error, store_error};
 use crate::handoff::Handoff;
 use crate::listen::Listener;
 use crate::schema;
-use crate::statements::{Statements, record_from_row};
+use crate::statements::{RowAnswer, Statements, record_from_row};
 
 /// How long `reserve` keeps retrying when its statement saw neither its own insert nor
 /// the existing row (a row committed by a concurrent transaction after the statement's
@@ -299,17 +299,15 @@ impl PgStore {
         lease: &Lease,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let headers = encode_headers(&response.headers);
-        let status = i32::from(response.status);
-        self.complete_row(
-            conn,
-            lease,
-            status,
-            &headers,
-            &response.body,
-            self.clock.now(),
-        )
-        .await
+        let headers = encode_response_headers(response, false);
+        let answer = RowAnswer {
+            status: i32::from(response.status),
+            headers: &headers,
+            body: &response.body,
+            ambiguity: response.ambiguity().map(|a| a.as_str()),
+        };
+        self.complete_row(conn, lease, answer, self.clock.now())
+            .await
     }
 
     /// The single-row completion of `lease` at `now`, its response encoded for the row.
@@ -317,15 +315,10 @@ impl PgStore {
         &self,
         conn: &mut PgConnection,
         lease: &Lease,
-        status: i32,
-        headers: &[u8],
-        body: &[u8],
+        answer: RowAnswer<'_>,
         now: Timestamp,
     ) -> Result<(), StoreError> {
-        if self
-            .complete_update(conn, lease, status, headers, body, now)
-            .await?
-        {
+        if self.complete_update(conn, lease, answer, now).await? {
             return Ok(());
         }
         self.completed_by(conn, lease, now).await
@@ -337,9 +330,7 @@ impl PgStore {
         &self,
         conn: &mut PgConnection,
         lease: &Lease,
-        status: i32,
-        headers: &[u8],
-        body: &[u8],
+        answer: RowAnswer<'_>,
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let scope = &lease.scope;
@@ -349,11 +340,12 @@ impl PgStore {
             .bind(scope.key().as_str())
             .bind(lease.token.as_i64())
             .bind(now.as_millis())
-            .bind(status)
-            .bind(headers)
-            .bind(body)
+            .bind(answer.status)
+            .bind(answer.headers)
+            .bind(answer.body)
             .bind(duration_millis(lease.ttl))
             .bind(duration_millis(lease.tombstone))
+            .bind(answer.ambiguity)
             .execute(&mut *conn)
             .await
             .map_err(store_error)?;
@@ -518,8 +510,9 @@ impl Store for PgStore {
                 Op::Complete(CompleteOp {
                     lease: lease.clone(),
                     status: i32::from(response.status),
-                    headers: encode_headers(&response.headers),
+                    headers: encode_response_headers(response, false),
                     body: response.body.clone(),
+                    ambiguity: response.ambiguity().map(|a| a.as_str()),
                     reply,
                 })
             };
@@ -572,6 +565,10 @@ impl Store for PgStore {
                 .await;
         }
         self.delete_in_progress(&self.sql.release, lease).await
+    }
+
+    async fn mark_ambiguous(&self, lease: &Lease, reason: Ambiguity) -> Result<(), StoreError> {
+        self.mark_row(lease, reason).await
     }
 
     /// Through the pool, in primary-key order: each page is one range scan.
@@ -759,7 +756,7 @@ impl Store for PgStore {
     }
 }
 
-fn fenced_unless_one(rows: u64) -> Result<(), StoreError> {
+pub(crate) fn fenced_unless_one(rows: u64) -> Result<(), StoreError> {
     if rows == 1 {
         Ok(())
     } else {

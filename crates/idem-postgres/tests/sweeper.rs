@@ -200,6 +200,7 @@ async fn a_version_3_table_with_records_migrates_to_tombstones() {
         format!("DROP TABLE {t}_rate"),
         format!("ALTER TABLE {t} DROP CONSTRAINT {t}_state"),
         format!("ALTER TABLE {t} DROP COLUMN tombstone_until"),
+        format!("ALTER TABLE {t} DROP COLUMN ambiguity"),
         format!(
             "ALTER TABLE {t} ADD CONSTRAINT {t}_state CHECK (
                 (state = 'in_progress' AND lease_until IS NOT NULL

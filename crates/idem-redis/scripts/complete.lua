@@ -38,8 +38,11 @@ end
 if string.sub(v, 27, 27) == 'C' then
   return 1
 end
--- completed_at and 'C' replace lease_until and 'P'; the answer follows the scope.
-local tail = ARGV[3] .. 'C' .. string.sub(v, 28) .. ARGV[4] .. ARGV[5]
+-- completed_at and 'C' replace lease_until and 'P'; the answer follows the scope, in
+-- place of the reason an in-progress record may keep after it (mark.lua).
+local scope_end = 83 + struct.unpack('>I4', v, 72) + struct.unpack('>I4', v, 76)
+  + struct.unpack('>I4', v, 80)
+local tail = ARGV[3] .. 'C' .. string.sub(v, 28, scope_end) .. ARGV[4] .. ARGV[5]
 local created_at = struct.unpack('>i8', v, 28)
 local ttl = tonumber(ARGV[6])
 local grace = tonumber(ARGV[7])
@@ -57,7 +60,7 @@ if tombstone > 0 then
   local tomb_until = math.min(completed_expiry + tombstone, 4611686018427387904)
   local px = math.min(math.max(1, tomb_until - now + grace), 3153600000000)
   redis.call('SET', KEYS[2], 'I1' .. string.sub(v, 3, 10) .. struct.pack('>i8', tomb_until)
-    .. ARGV[3] .. 'T' .. string.sub(v, 28) .. string.sub(ARGV[4], 1, 2), 'PX', px)
+    .. ARGV[3] .. 'T' .. string.sub(v, 28, scope_end) .. string.sub(ARGV[4], 1, 2), 'PX', px)
 end
 if ARGV[9] then
   redis.call('PUBLISH', ARGV[9], ARGV[10])

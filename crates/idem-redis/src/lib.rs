@@ -101,9 +101,13 @@
 //! |     71 |    12 | lengths of tenant, endpoint and key (`u32` each)                |
 //! |     83 |     … | tenant, endpoint (empty in internal mode), key, as text         |
 //!
-//! A completed record goes on with its answer: status (`u16`), the length of the
-//! headers (`u32`), the headers (`idem_core::codec`), and the body, which is the rest of
-//! the value. Every write a record can see changes its head (a new token on each
+//! An in-progress record may go on with one byte: why its attempt left it in progress
+//! (an upstream timeout or lost connection, `Store::mark_ambiguous`), the reason's place
+//! in `Ambiguity::ALL` plus one. A completed record goes on instead with its answer:
+//! status (`u16`), the length of the header block (`u32`), the header block (the
+//! headers and the answer's metadata, its ambiguity reason included:
+//! `idem_core::codec::encode_response_headers`), and the body, which is the rest of the
+//! value. A listing reads each record it scans, so the reason needs no index here. Every write a record can see changes its head (a new token on each
 //! reservation and takeover, the lease on renewal, the state on completion), which is
 //! what the takeover compares.
 //!

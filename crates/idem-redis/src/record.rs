@@ -6,14 +6,20 @@
 //! scope's parts and, once completed, the answer. The scripts in `scripts/` use those
 //! offsets (counting from 1, as Lua does); the tests below pin them.
 //!
-//! Completing keeps bytes 0..18 and 27.. of the in-progress record, writes
-//! `completed_at` and `C` over 18..27, and appends the answer.
+//! An in-progress record may keep one byte after the scope: why its attempt left it in
+//! progress ([`Record::in_progress_ambiguity`], as `mark.lua` writes it: the reason's
+//! place in [`Ambiguity::ALL`] plus one). Completing keeps bytes 0..18 and 27..the end
+//! of the scope of the in-progress record, writes `completed_at` and `C` over 18..27,
+//! and appends the answer: status, then the header block with the answer's metadata
+//! and its ambiguity reason (`idem_core::codec::encode_response_headers`), then the
+//! body. The listing reads every record it scans, so the reason needs no place of its
+//! own to be found.
 
 use bytes::Bytes;
-use idem_core::codec::{decode_headers, encode_headers};
+use idem_core::codec::{decode_response_headers, encode_response_headers};
 use idem_core::{
-    Endpoint, FencingToken, Fingerprint, Key, Record, RecordState, Result, Scope, StoredResponse,
-    Tenant, Timestamp,
+    Ambiguity, Endpoint, FencingToken, Fingerprint, Key, Record, RecordState, Result, Scope,
+    StoredResponse, Tenant, Timestamp,
 };
 
 use crate::error::corrupt;
@@ -75,7 +81,7 @@ impl InProgress<'_> {
 /// What completing appends before the body: status, then the headers with their
 /// length. The body follows as it is.
 pub(crate) fn encode_answer_head(response: &StoredResponse) -> Vec<u8> {
-    let headers = encode_headers(&response.headers);
+    let headers = encode_response_headers(response, true);
     let mut out = Vec::with_capacity(6 + headers.len());
     out.extend_from_slice(&response.status.to_be_bytes());
     out.extend_from_slice(&len_u32(headers.len()).to_be_bytes());
@@ -119,20 +125,28 @@ pub(crate) fn decode(value: Bytes) -> Result<Record> {
         (!endpoint.is_empty()).then(|| Endpoint::from_raw(endpoint)),
         key,
     );
+    let mut in_progress_ambiguity = None;
     let state = match state {
         IN_PROGRESS if r.at == value.len() => RecordState::InProgress {
             lease_until: lease_or_completed,
         },
+        IN_PROGRESS if r.at + 1 == value.len() => {
+            in_progress_ambiguity = ambiguity_of(value[r.at]);
+            RecordState::InProgress {
+                lease_until: lease_or_completed,
+            }
+        }
         IN_PROGRESS => return Err(corrupt("state", "an in-progress record with an answer")),
         COMPLETED => {
             let status = u16::from_be_bytes(r.array("status")?);
             let headers_len = u32::from_be_bytes(r.array("headers")?) as usize;
-            let headers = decode_headers(r.take(headers_len, "headers")?)?;
+            let (headers, meta) = decode_response_headers(r.take(headers_len, "headers")?, None)?;
             RecordState::Completed {
                 response: StoredResponse {
                     status,
                     headers,
                     body: value.slice(r.at..),
+                    meta,
                 },
                 completed_at: lease_or_completed,
             }
@@ -164,7 +178,21 @@ pub(crate) fn decode(value: Bytes) -> Result<Record> {
         token,
         state,
         tombstone_until,
+        in_progress_ambiguity,
     })
+}
+
+/// The byte `mark.lua` keeps after an in-progress record's scope for `reason`.
+pub(crate) fn ambiguity_byte(reason: Ambiguity) -> u8 {
+    let place = Ambiguity::ALL.iter().position(|a| *a == reason);
+    place.map_or(0, |p| p as u8 + 1)
+}
+
+/// The reason [`ambiguity_byte`] wrote; `None` for one this build does not know.
+fn ambiguity_of(byte: u8) -> Option<Ambiguity> {
+    Ambiguity::ALL
+        .get(usize::from(byte).checked_sub(1)?)
+        .copied()
 }
 
 /// Reads a value front to back.
@@ -306,8 +334,16 @@ mod tests {
             assert!(err(good[..cut].to_vec()).contains("ends before"), "{cut}");
         }
         let mut trailing = good.clone();
-        trailing.push(0);
+        trailing.extend([1, 0]);
         assert!(err(trailing).contains("state"));
+        // One byte after the scope is the reason `mark.lua` keeps.
+        let mut marked = good.clone();
+        marked.push(ambiguity_byte(Ambiguity::UpstreamTimeout));
+        let record = decode(marked.into()).unwrap();
+        assert_eq!(
+            record.in_progress_ambiguity,
+            Some(Ambiguity::UpstreamTimeout)
+        );
         let mut state = good.clone();
         state[26] = b'X';
         assert!(err(state).contains("unknown state 'X'"));

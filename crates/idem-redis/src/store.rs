@@ -53,6 +53,7 @@ pub(crate) static COMPLETE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/complete.lua")));
 static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/renew.lua")));
+static MARK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/mark.lua")));
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 pub(crate) static PURGE: LazyLock<Script> =
@@ -518,6 +519,16 @@ impl Store for RedisStore {
             .arg(lease_until.as_millis())
             .arg(native_ttl(self.ttl_grace_ms, lease_until, now));
         self.fenced(&RENEW, &cmd, &key).await
+    }
+
+    async fn mark_ambiguous(&self, lease: &Lease, reason: idem_core::Ambiguity) -> Result<()> {
+        let now = self.clock.now();
+        let key = self.record_key(&lease.scope);
+        let mut cmd = evalsha(&MARK, &key);
+        cmd.arg(&lease.token.as_u64().to_be_bytes())
+            .arg(now.as_millis())
+            .arg(&[record::ambiguity_byte(reason)][..]);
+        self.fenced(&MARK, &cmd, &key).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

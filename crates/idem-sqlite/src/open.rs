@@ -144,7 +144,7 @@ mod tests {
         let options = StoreOptions::default();
         let fresh = SqliteStore::plan(&url, &options).await.unwrap().unwrap();
         assert_eq!(fresh.table, crate::DEFAULT_TABLE);
-        assert_eq!((fresh.from, fresh.to), (None, 2));
+        assert_eq!((fresh.from, fresh.to), (None, 3));
         assert!(!fresh.is_current());
         let files = || {
             let mut names: Vec<String> = std::fs::read_dir(dir.path())
@@ -177,7 +177,7 @@ mod tests {
         store.ping().await.unwrap();
         store.close().await;
         let current = SqliteStore::plan(&url, &options).await.unwrap().unwrap();
-        assert_eq!((current.from, current.to), (Some(2), 2));
+        assert_eq!((current.from, current.to), (Some(3), 3));
         assert!(current.is_current());
         assert_eq!(files(), ["idem.db"]);
     }

@@ -3,9 +3,10 @@
 //! both decode here.
 
 use bytes::Bytes;
-use idem_core::codec::decode_headers;
+use idem_core::codec::decode_response_headers;
 use idem_core::{
-    FencingToken, Fingerprint, Record, RecordState, Scope, StoreError, StoredResponse, Timestamp,
+    Ambiguity, FencingToken, Fingerprint, Record, RecordState, Scope, StoreError, StoredResponse,
+    Timestamp,
 };
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
@@ -29,6 +30,7 @@ pub(crate) struct StoredRow {
     pub(crate) body: Option<Vec<u8>>,
     pub(crate) completed_at: Option<i64>,
     pub(crate) tombstone_until: Option<i64>,
+    pub(crate) ambiguity: Option<String>,
 }
 
 impl StoredRow {
@@ -47,6 +49,7 @@ impl StoredRow {
             body: row.get(9)?,
             completed_at: row.get(10)?,
             tombstone_until: row.get(11)?,
+            ambiguity: row.get(12)?,
         })
     }
 
@@ -74,6 +77,7 @@ impl StoredRow {
             body: row.try_get(at + 9)?,
             completed_at: row.try_get(at + 10)?,
             tombstone_until: row.try_get(at + 11)?,
+            ambiguity: row.try_get(at + 12)?,
         })
     }
 
@@ -81,6 +85,10 @@ impl StoredRow {
     pub(crate) fn into_record(self, scope: &Scope) -> idem_core::Result<Record> {
         let fingerprint = Fingerprint::from_slice(&self.fingerprint)
             .ok_or_else(|| corrupt("fingerprint length"))?;
+        let in_progress_ambiguity = match self.state.as_str() {
+            "in_progress" => self.ambiguity.as_deref().and_then(Ambiguity::parse),
+            _ => None,
+        };
         let state = match self.state.as_str() {
             "in_progress" => RecordState::InProgress {
                 lease_until: Timestamp::from_millis(
@@ -103,11 +111,16 @@ impl StoredRow {
                         status,
                     }
                 } else {
+                    let (headers, meta) = decode_response_headers(
+                        &self.headers.unwrap_or_default(),
+                        self.ambiguity.as_deref(),
+                    )?;
                     RecordState::Completed {
                         response: StoredResponse {
                             status,
-                            headers: decode_headers(&self.headers.unwrap_or_default())?,
+                            headers,
                             body: Bytes::from(self.body.unwrap_or_default()),
+                            meta,
                         },
                         completed_at,
                     }
@@ -124,6 +137,7 @@ impl StoredRow {
             token: FencingToken::from_i64(self.token),
             state,
             tombstone_until: self.tombstone_until.map(Timestamp::from_millis),
+            in_progress_ambiguity,
         })
     }
 }

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 pub const DEFAULT_TABLE: &str = "idem_records";
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The table that records, per records table, which schema version it has. One
 /// database may hold several records tables (one per service, say), so SQLite's single
@@ -86,6 +86,29 @@ fn v2(table: &str) -> String {
     )
 }
 
+/// Version 3: typed record metadata. An `ambiguity` column holds why a record's outcome
+/// is ambiguous ([`idem_core::Ambiguity::as_str`]): a completed answer's reason, or the
+/// reason an attempt left its record in progress; NULL otherwise. A partial index on it
+/// serves the listing of ambiguous records. The answers of older rows kept their reason
+/// among the headers (`idem_core::codec::encoded_ambiguity`): it is carried into the
+/// column here, and such a row still reads as it did (the column wins when set).
+fn v3(table: &str) -> String {
+    let mut carry = String::new();
+    for reason in idem_core::Ambiguity::ALL {
+        let entry = hex::encode(idem_core::codec::encoded_ambiguity(reason));
+        carry.push_str(&format!(
+            " WHEN instr(headers, X'{entry}') > 0 THEN '{}'",
+            reason.as_str()
+        ));
+    }
+    format!(
+        "ALTER TABLE {table} ADD COLUMN ambiguity TEXT;
+        CREATE INDEX {table}_ambiguity ON {table} (ambiguity) WHERE ambiguity IS NOT NULL;
+        UPDATE {table} SET ambiguity = CASE{carry} END
+         WHERE state = 'completed' AND headers IS NOT NULL;"
+    )
+}
+
 /// The table of `table`'s secrets ([`idem_core::Store::init_secret`]): `TABLE_meta`,
 /// one row per name, apart from the records, so that no purge or removal of records
 /// can reach it.
@@ -131,6 +154,11 @@ pub(crate) async fn migrate(conn: &mut SqliteConnection, table: &str) -> Result<
     }
     if found < 2 {
         sqlx::raw_sql(AssertSqlSafe(v2(table)))
+            .execute(&mut *tx)
+            .await?;
+    }
+    if found < 3 {
+        sqlx::raw_sql(AssertSqlSafe(v3(table)))
             .execute(&mut *tx)
             .await?;
     }
@@ -185,7 +213,10 @@ pub(crate) fn migration_sql(table: &str, from: i64) -> Vec<String> {
     if from < 1 {
         statements.push(v1(table));
     }
-    statements.push(v2(table));
+    if from < 2 {
+        statements.push(v2(table));
+    }
+    statements.push(v3(table));
     statements.push(format!(
         "INSERT INTO idem_schema_versions (table_name, version) VALUES ('{table}', {SCHEMA_VERSION})
              ON CONFLICT (table_name) DO UPDATE SET version = excluded.version"
@@ -233,6 +264,7 @@ pub(crate) struct Statements {
     pub completed_by: Arc<str>,
     pub renew: Arc<str>,
     pub release: Arc<str>,
+    pub mark: Arc<str>,
     pub remove: Arc<str>,
     pub expired: Arc<str>,
     pub compact: Arc<str>,
@@ -243,7 +275,7 @@ pub(crate) struct Statements {
 
 /// The columns [`Statements::select`] returns, in order.
 pub(crate) const RECORD_COLUMNS: &str = "fingerprint, created_at, expires_at, attempt, token, \
-     state, lease_until, status, headers, body, completed_at, tombstone_until";
+     state, lease_until, status, headers, body, completed_at, tombstone_until, ambiguity";
 
 impl Statements {
     pub(crate) fn new(t: &str) -> Statements {
@@ -294,7 +326,8 @@ impl Statements {
                      headers      = NULL,
                      body         = NULL,
                      completed_at = NULL,
-                     tombstone_until = NULL
+                     tombstone_until = NULL,
+                     ambiguity    = NULL
                  WHERE (expires_at <= ?5
                         AND NOT (state = 'completed' AND COALESCE(tombstone_until, 0) > ?5))
                     OR (state = 'in_progress' AND lease_until <= ?5 AND fingerprint = ?4)
@@ -303,13 +336,13 @@ impl Statements {
             .into(),
             select: format!("SELECT {RECORD_COLUMNS} FROM {t} WHERE {PK}").into(),
             // ?6 status, ?7 headers, ?8 body, ?9 the TTL in ms, ?10 the tombstone TTL
-            // in ms (0 for none). A completed record expires at creation + TTL, as
+            // in ms (0 for none), ?11 the answer's ambiguity or NULL. A completed record expires at creation + TTL, as
             // `Lease::completed_expires_at` says: the lease may have kept it alive
             // longer while in progress; its tombstone ends the tombstone TTL later
             // (`Lease::tombstone_until`). Written as CASEs so that no sum overflows.
             complete: format!(
                 "UPDATE {t} SET state = 'completed', status = ?6, headers = ?7, body = ?8,
-                     completed_at = ?5, lease_until = NULL,
+                     completed_at = ?5, lease_until = NULL, ambiguity = ?11,
                      expires_at = {COMPLETED_EXPIRY},
                      tombstone_until = CASE
                          WHEN ?10 = 0 THEN NULL
@@ -333,6 +366,11 @@ impl Statements {
             .into(),
             release: format!("DELETE FROM {t} WHERE {PK} AND {FENCE} AND state = 'in_progress'")
                 .into(),
+            // ?6 the reason the attempt leaves its record in progress.
+            mark: format!(
+                "UPDATE {t} SET ambiguity = ?6 WHERE {PK} AND {FENCE} AND state = 'in_progress'"
+            )
+            .into(),
             remove: format!("DELETE FROM {t} WHERE {PK}").into(),
             // ?1 now, ?2 limit: the first expired rows, through the expires_at index,
             // each with whether it is a completed record whose tombstone outlives it
@@ -346,7 +384,7 @@ impl Statements {
             .into(),
             compact: format!(
                 "UPDATE {t} SET state = 'tombstone', headers = NULL, body = NULL,
-                     expires_at = tombstone_until
+                     ambiguity = NULL, expires_at = tombstone_until
                  WHERE rowid = ?1"
             )
             .into(),

@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::codec::encode_headers;
+use idem_core::codec::encode_response_headers;
 use idem_core::{
-    ChangeHub, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Scope, SharedClock,
-    Store, StoreError, StoreMetric, StoredResponse, Watch, duration_millis,
+    Ambiguity, ChangeHub, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Scope,
+    SharedClock, Store, StoreError, StoreMetric, StoredResponse, Watch, duration_millis,
 };
 use sqlx::sqlite::SqlitePool;
 use sqlx::{AssertSqlSafe, SqliteConnection};
@@ -115,10 +115,11 @@ impl SqliteStore {
             .bind(lease.token.as_i64())
             .bind(now)
             .bind(i64::from(response.status))
-            .bind(encode_headers(&response.headers))
+            .bind(encode_response_headers(response, false))
             .bind(&response.body[..])
             .bind(duration_millis(lease.ttl))
             .bind(duration_millis(lease.tombstone))
+            .bind(response.ambiguity().map(|a| a.as_str()))
             .execute(&mut *conn)
             .await
             .map_err(store_error)?;
@@ -178,8 +179,9 @@ impl Store for SqliteStore {
         let op = Op::Complete(
             lease.clone(),
             response.status,
-            encode_headers(&response.headers),
+            encode_response_headers(response, false),
             response.body.clone(),
+            response.ambiguity().map(|a| a.as_str()),
         );
         self.writer.submit(op).await?;
         self.changes.notify(&lease.scope);
@@ -195,6 +197,11 @@ impl Store for SqliteStore {
         self.writer.submit(Op::Release(lease.clone())).await?;
         self.changes.notify(&lease.scope);
         Ok(())
+    }
+
+    async fn mark_ambiguous(&self, lease: &Lease, reason: Ambiguity) -> idem_core::Result<()> {
+        let op = Op::Mark(lease.clone(), reason.as_str());
+        self.writer.submit(op).await.map(drop)
     }
 
     async fn get(&self, scope: &Scope) -> idem_core::Result<Option<Record>> {

@@ -15,8 +15,11 @@ use crate::schema::Statements;
 #[derive(Debug)]
 pub(crate) enum Op {
     Reserve(ReserveRequest),
-    /// The response as the row keeps it: status, `encode_headers`, body.
-    Complete(Lease, u16, Vec<u8>, bytes::Bytes),
+    /// The response as the row keeps it: status, the header block
+    /// (`encode_response_headers` without the ambiguity), body, the ambiguity column.
+    Complete(Lease, u16, Vec<u8>, bytes::Bytes, Option<&'static str>),
+    /// The reason an attempt leaves its record in progress (`Store::mark_ambiguous`).
+    Mark(Lease, &'static str),
     Renew(Lease, Duration),
     Release(Lease),
     Remove(Scope),
@@ -62,8 +65,25 @@ pub(crate) fn execute(
 ) -> rusqlite::Result<idem_core::Result<Done>> {
     Ok(match op {
         Op::Reserve(req) => reserve(conn, sql, clock, &req)?.map(Done::Reserved),
-        Op::Complete(lease, status, headers, body) => {
-            complete(conn, sql, clock, &lease, status, &headers, &body)?.map(|()| Done::Unit)
+        Op::Complete(lease, status, headers, body, ambiguity) => {
+            let answer = (status, &headers[..], &body[..], ambiguity);
+            complete(conn, sql, clock, &lease, answer)?.map(|()| Done::Unit)
+        }
+        Op::Mark(lease, reason) => {
+            let scope = &lease.scope;
+            let changed = conn.prepare_cached(&sql.mark)?.execute(params![
+                scope.tenant().as_str(),
+                scope.endpoint_str(),
+                scope.key().as_str(),
+                lease.token.as_i64(),
+                clock.now().as_millis(),
+                reason,
+            ])?;
+            if changed == 1 {
+                Ok(Done::Unit)
+            } else {
+                Err(StoreError::Fenced)
+            }
         }
         Op::Renew(lease, lease_for) => {
             let until = clock.now().plus(lease_for);
@@ -179,9 +199,7 @@ fn complete(
     sql: &Statements,
     clock: &dyn Clock,
     lease: &Lease,
-    status: u16,
-    headers: &[u8],
-    body: &[u8],
+    (status, headers, body, ambiguity): (u16, &[u8], &[u8], Option<&str>),
 ) -> rusqlite::Result<idem_core::Result<()>> {
     let now = clock.now().as_millis();
     let scope = &lease.scope;
@@ -201,6 +219,7 @@ fn complete(
         body,
         duration_millis(lease.ttl),
         duration_millis(lease.tombstone),
+        ambiguity,
     ])?;
     if changed == 1 {
         return Ok(Ok(()));

@@ -76,7 +76,13 @@ async fn migration_is_idempotent_and_versioned_per_table() {
     .fetch_all(a.pool())
     .await
     .unwrap();
-    assert_eq!(indexes, vec!["idem_records_expires_at".to_owned()]);
+    assert_eq!(
+        indexes,
+        vec![
+            "idem_records_expires_at".to_owned(),
+            "idem_records_ambiguity".to_owned()
+        ]
+    );
 }
 
 /// A file written by a version-1 build: its records survive the version-2 rebuild
@@ -150,7 +156,13 @@ async fn a_version_1_file_is_migrated_with_its_records() {
     .fetch_all(store.pool())
     .await
     .unwrap();
-    assert_eq!(indexes, vec!["idem_records_expires_at".to_owned()]);
+    assert_eq!(
+        indexes,
+        vec![
+            "idem_records_expires_at".to_owned(),
+            "idem_records_ambiguity".to_owned()
+        ]
+    );
 }
 
 #[tokio::test]
@@ -254,7 +266,7 @@ async fn rows_follow_the_documented_schema() {
     assert_eq!(row.get::<i64, _>("status"), 201);
     assert_eq!(
         row.get::<Vec<u8>, _>("headers"),
-        encode_headers(&resp.headers)
+        idem_core::codec::encode_response_headers(&resp, false)
     );
     assert_eq!(row.get::<Vec<u8>, _>("body"), b"made");
     assert_eq!(row.get::<i64, _>("completed_at"), now);

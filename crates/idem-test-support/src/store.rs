@@ -94,6 +94,9 @@ impl<S: Store, H: StoreHooks<S>> Store for HookedStore<S, H> {
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.hooks.release(&self.inner, lease).await
     }
+    async fn mark_ambiguous(&self, lease: &Lease, reason: idem_core::Ambiguity) -> Result<()> {
+        self.inner.mark_ambiguous(lease, reason).await
+    }
     async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
         self.hooks.get(&self.inner, scope).await
     }

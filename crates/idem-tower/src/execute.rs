@@ -469,7 +469,15 @@ async fn conclude<St: Store, B>(
         Disposition::Release => {
             settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
         }
-        Disposition::KeepInProgress => drop(guard),
+        Disposition::KeepInProgress => {
+            // The upstream may still act: the record keeps why, for the listing.
+            if let Some(reason) = ambiguous
+                && let Err(e) = shared.store.mark_ambiguous(&lease, reason).await
+            {
+                tracing::warn!(error = %e, %reason, "keeping the ambiguity reason failed");
+            }
+            drop(guard);
+        }
     }
     pass_on(&mut head.extensions, disposition);
     head.extensions.insert(handled);

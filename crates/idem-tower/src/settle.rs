@@ -189,6 +189,7 @@ pub(crate) fn stored_response(
         // record's lifetime, making the connection allocate a new buffer for every
         // response.
         body: Bytes::copy_from_slice(body),
+        meta: Default::default(),
     };
     for (name, value) in trailers.into_iter().flatten() {
         if kept(name) || GRPC_STATUS_FIELDS.contains(&name.as_str()) {

@@ -1799,6 +1799,9 @@ impl Store for DownStore {
     async fn release(&self, _: &Lease) -> Result<()> {
         down()
     }
+    async fn mark_ambiguous(&self, _: &Lease, _: idem_core::Ambiguity) -> Result<()> {
+        down()
+    }
     async fn get(&self, _: &Scope) -> Result<Option<Record>> {
         down()
     }

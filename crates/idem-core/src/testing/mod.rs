@@ -24,6 +24,8 @@ mod fixtures;
 
 pub use fixtures::{scope_of, test_fingerprint, test_scope, unique_namespace};
 #[cfg(feature = "seal")]
+pub mod legacy;
+#[cfg(feature = "seal")]
 pub mod sealing;
 
 /// Runs every contract case as its own `#[tokio::test]`. See the [module docs](self).
@@ -36,6 +38,8 @@ macro_rules! store_contract_tests {
             replays_completed_response,
             large_binary_body_round_trips,
             referenced_answer_round_trips,
+            response_metadata_round_trips,
+            in_progress_ambiguity_is_kept_with_the_record,
             mismatched_payload_is_rejected,
             live_lease_is_in_progress_with_retry_after,
             expired_lease_is_taken_over_as_next_attempt,

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{test_fingerprint, test_scope};
-use crate::seal::SEALED_HEADER;
 use crate::{
     FencingToken, Lease, RecordKeys, RecordState, Reservation, ReserveRequest, Scope, Sealed,
     Store, StoreError, StoredResponse,
@@ -81,6 +80,7 @@ fn refused(reservation: crate::Result<Reservation>, what: &str) {
 /// Every case below, in turn.
 pub async fn all<S: Store>(inner: Arc<S>) {
     answers_are_sealed_and_replayed(inner.clone()).await;
+    metadata_is_sealed_and_the_ambiguity_listed(inner.clone()).await;
     keys_rotate_without_downtime(inner.clone()).await;
     unknown_or_wrong_keys_never_open(inner.clone()).await;
     changed_bytes_status_or_scope_never_open(inner.clone()).await;
@@ -94,10 +94,8 @@ pub async fn answers_are_sealed_and_replayed<S: Store>(inner: Arc<S>) {
     let request = record_known_answer(&store).await;
     let raw = raw_answer(&*inner, &request.scope).await;
     assert_eq!(raw.status, 201, "the status stays plain");
-    assert_eq!(
-        raw.headers,
-        [(SEALED_HEADER.to_owned(), Bytes::from_static(b"k1"))]
-    );
+    assert!(raw.headers.is_empty(), "no header is left in plain text");
+    assert_eq!(raw.sealed_by(), Some("k1"));
     assert!(!contains(&raw.body, KNOWN_BODY) && !contains(&raw.body, b"4242"));
     assert!(!contains(&raw.body, KNOWN_HEADER));
     assert_eq!(replayed(store.reserve(&request).await), known_answer());
@@ -108,6 +106,48 @@ pub async fn answers_are_sealed_and_replayed<S: Store>(inner: Arc<S>) {
         .expect("record");
     match shown.state {
         RecordState::Completed { response, .. } => assert_eq!(response, known_answer()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// An answer's metadata is sealed with it, but for the sealing key's id and the
+/// ambiguity reason, which the inner store keeps in plain text (its listing of ambiguous
+/// records finds the record by them); the wrapper replays, shows and lists every field.
+pub async fn metadata_is_sealed_and_the_ambiguity_listed<S: Store>(inner: Arc<S>) {
+    use crate::Ambiguity;
+    use crate::testing::cases::meta::{annotated, listed};
+
+    let store = Sealed::new(inner.clone(), ring("k1", 1));
+    let scope = test_scope("/v1/exports", "sealed-meta");
+    let request = ReserveRequest::new(scope.clone(), test_fingerprint("{}"));
+    let lease = acquire(&store, &request).await;
+    let answer = annotated(Ambiguity::UpstreamConnectionLost);
+    store.complete(&lease, &answer).await.expect("complete");
+
+    let raw = raw_answer(&*inner, &scope).await;
+    assert_eq!(raw.sealed_by(), Some("k1"));
+    assert_eq!(raw.ambiguity(), Some(Ambiguity::UpstreamConnectionLost));
+    assert!(raw.headers.is_empty());
+    assert_eq!(
+        (raw.reference(), raw.trace_parent(), raw.trailers().count()),
+        (None, None, 0),
+        "sealed with the answer"
+    );
+    assert!(!contains(&raw.body, b"/v1/reports/7") && !contains(&raw.body, b"as%20told"));
+    let inner_listed = listed(&*inner, &scope).await;
+    assert_eq!(
+        inner_listed.len(),
+        1,
+        "the inner store lists it as ambiguous"
+    );
+
+    assert_eq!(replayed(store.reserve(&request).await), answer);
+    let shown = listed(&store, &scope).await;
+    match &shown[..] {
+        [record] => match &record.state {
+            RecordState::Completed { response, .. } => assert_eq!(*response, answer),
+            other => panic!("{other:?}"),
+        },
         other => panic!("{other:?}"),
     }
 }
@@ -124,7 +164,7 @@ pub async fn keys_rotate_without_downtime<S: Store>(inner: Arc<S>) {
     assert_eq!(replayed(rotated.reserve(&old).await), known_answer());
     let new = record_known_answer(&rotated).await;
     let raw = raw_answer(&*inner, &new.scope).await;
-    assert_eq!(raw.headers[0].1, "k2", "new answers use the first key");
+    assert_eq!(raw.sealed_by(), Some("k2"), "new answers use the first key");
     assert_eq!(replayed(rotated.reserve(&new).await), known_answer());
     // An instance not yet given the new ring reads the old answers, and refuses the new.
     assert_eq!(replayed(before.reserve(&old).await), known_answer());

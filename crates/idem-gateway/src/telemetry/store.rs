@@ -189,6 +189,17 @@ impl Store for TracedStore {
         released
     }
 
+    async fn mark_ambiguous(
+        &self,
+        lease: &Lease,
+        reason: idem_core::Ambiguity,
+    ) -> idem_core::Result<()> {
+        let span = self.span("mark_ambiguous");
+        let marked = self.inner.mark_ambiguous(lease, reason).await;
+        finish(span, &marked);
+        marked
+    }
+
     async fn get(&self, scope: &Scope) -> idem_core::Result<Option<Record>> {
         self.inner.get(scope).await
     }

@@ -126,13 +126,14 @@ async fn upstream_timeout_is_counted_logged_by_digest_and_listed() {
     let old = lines(&old.body);
     assert_eq!(old.len(), 1, "{old:?}");
     assert_eq!(old[0]["scope"], digest.as_str());
-    // The lease has lapsed: nobody finished it, nobody retried.
+    // The lease has lapsed: nobody finished it, nobody retried. The record kept why it
+    // was left in progress, and is listed with that reason, not as merely orphaned.
     let ambiguous = http
         .send("GET", &gw.admin_url("/keys?ambiguous=true"), &[], "")
         .await;
     let ambiguous = lines(&ambiguous.body);
     assert_eq!(ambiguous.len(), 1, "{ambiguous:?}");
-    assert_eq!(ambiguous[0]["ambiguous"], "orphaned");
+    assert_eq!(ambiguous[0]["ambiguous"], "upstream_timeout");
 
     // The retry takes it over as attempt 2: counted as a takeover, and listed so.
     let b = http

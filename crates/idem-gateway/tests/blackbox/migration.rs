@@ -76,7 +76,7 @@ async fn a_dry_run_writes_nothing_and_migrate_makes_what_no_migrate_opens() {
     let lines: Vec<&str> = script.lines().collect();
     assert!(
         lines[0].starts_with("-- idem migrate --dry-run: table idem_records at sqlite://idem.db")
-            && lines[0].contains("none (no table yet) to 2"),
+            && lines[0].contains("none (no table yet) to 3"),
         "{script}"
     );
     assert!(lines.contains(&"BEGIN IMMEDIATE;"), "{script}");
@@ -100,7 +100,7 @@ async fn a_dry_run_writes_nothing_and_migrate_makes_what_no_migrate_opens() {
     assert_eq!(
         stdout(&done),
         "migrated table idem_records at sqlite://idem.db from schema version none (no table \
-         yet) to 2\n"
+         yet) to 3\n"
     );
     assert_eq!(names(dir.path()), ["idem.db"]);
     assert_eq!(serve_without_migrating(dir.path(), &store).await, None);
@@ -111,7 +111,7 @@ async fn a_dry_run_writes_nothing_and_migrate_makes_what_no_migrate_opens() {
     assert_eq!(again.status.code(), Some(0));
     assert_eq!(
         stdout(&again),
-        "table idem_records at sqlite://idem.db is at schema version 2: nothing to migrate\n"
+        "table idem_records at sqlite://idem.db is at schema version 3: nothing to migrate\n"
     );
     assert_eq!(names(dir.path()), ["idem.db"], "no -wal or -shm left");
 }
@@ -157,7 +157,7 @@ async fn an_old_postgres_schema_is_refused_by_no_migrate_and_brought_up_by_migra
     assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains(&format!(
-            "table {ns}_records has schema version 3; this build needs 5: run `idem migrate`"
+            "table {ns}_records has schema version 3; this build needs 6: run `idem migrate`"
         )),
         "{err}"
     );
@@ -167,7 +167,8 @@ async fn an_old_postgres_schema_is_refused_by_no_migrate_and_brought_up_by_migra
     );
     assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
     let script = stdout(&dry);
-    assert!(script.contains("schema version 3 to 5"), "{script}");
+    assert!(script.contains("schema version 3 to 6"), "{script}");
+    assert!(script.contains("ADD COLUMN ambiguity"), "{script}");
     assert!(script.contains("ADD COLUMN tombstone_until"), "{script}");
     assert!(
         !script.contains(&format!("CREATE TABLE {ns}_records")),
@@ -176,7 +177,7 @@ async fn an_old_postgres_schema_is_refused_by_no_migrate_and_brought_up_by_migra
     let done = idem_in(dir.path(), &[&["migrate"][..], &store].concat());
     assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
     assert!(
-        stdout(&done).contains("from schema version 3 to 5"),
+        stdout(&done).contains("from schema version 3 to 6"),
         "{}",
         stdout(&done)
     );

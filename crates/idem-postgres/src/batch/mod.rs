@@ -91,7 +91,20 @@ pub(crate) struct CompleteOp {
     pub(crate) status: i32,
     pub(crate) headers: Vec<u8>,
     pub(crate) body: Bytes,
+    pub(crate) ambiguity: Option<&'static str>,
     pub(crate) reply: oneshot::Sender<Answer<()>>,
+}
+
+impl CompleteOp {
+    /// The answer as the single-row statement writes it.
+    pub(crate) fn row_answer(&self) -> crate::statements::RowAnswer<'_> {
+        crate::statements::RowAnswer {
+            status: self.status,
+            headers: &self.headers,
+            body: &self.body,
+            ambiguity: self.ambiguity,
+        }
+    }
 }
 
 /// A release.

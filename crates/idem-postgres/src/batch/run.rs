@@ -446,6 +446,7 @@ impl PgStore {
         let statuses: Vec<i32> = ops.iter().map(|op| op.status).collect();
         let headers: Vec<&[u8]> = ops.iter().map(|op| &op.headers[..]).collect();
         let bodies: Vec<&[u8]> = ops.iter().map(|op| &op.body[..]).collect();
+        let ambiguities: Vec<Option<&str>> = ops.iter().map(|op| op.ambiguity).collect();
         let ttls: Vec<i64> = ops.iter().map(|op| duration_millis(op.lease.ttl)).collect();
         let tombstones: Vec<i64> = ops
             .iter()
@@ -462,6 +463,7 @@ impl PgStore {
             .bind(ttls)
             .bind(now.as_millis())
             .bind(tombstones)
+            .bind(ambiguities)
             .fetch_all(&mut *conn)
             .await?;
         Ok(marked(ops.len(), rows))
@@ -478,7 +480,7 @@ impl PgStore {
             let now = self.clock.now();
             b.count_statement();
             let answer = match self
-                .complete_update(conn, &op.lease, op.status, &op.headers, &op.body, now)
+                .complete_update(conn, &op.lease, op.row_answer(), now)
                 .await
             {
                 Ok(true) => Ok(()),

@@ -68,17 +68,19 @@ impl BatchStatements {
                    AND ins.endpoint = input.endpoint AND ins.idem_key = input.idem_key)"
         );
         // complete: $1..$3 the scopes, $4 tokens, $5 statuses, $6 headers, $7 bodies,
-        // $8 TTLs in ms; $9 now; $10 tombstone TTLs in ms. As the single-row complete:
+        // $8 TTLs in ms; $9 now; $10 tombstone TTLs in ms; $11 ambiguity reasons (or
+        // NULLs). As the single-row complete:
         // the expiry becomes creation + TTL, never later than it was, and the
         // tombstone ends the tombstone TTL after it.
         let expiry = crate::statements::completed_expiry("r", "i.ttl", "i.tombstone");
         let complete = format!(
             "UPDATE {t} AS r SET state = 'completed', lease_until = NULL, status = i.status,
-                    headers = i.headers, body = i.body, completed_at = $9::BIGINT, {expiry}
+                    headers = i.headers, body = i.body, completed_at = $9::BIGINT,
+                    ambiguity = i.ambiguity, {expiry}
                FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::INT4[],
-                           $6::BYTEA[], $7::BYTEA[], $8::BIGINT[], $10::BIGINT[])
+                           $6::BYTEA[], $7::BYTEA[], $8::BIGINT[], $10::BIGINT[], $11::TEXT[])
                     WITH ORDINALITY AS i(tenant, endpoint, idem_key, token, status, headers,
-                                         body, ttl, tombstone, n)
+                                         body, ttl, tombstone, ambiguity, n)
               WHERE r.tenant = i.tenant AND r.endpoint = i.endpoint
                 AND r.idem_key = i.idem_key AND r.token = i.token
                 AND r.expires_at > $9 AND r.state = 'in_progress'

@@ -11,6 +11,7 @@ use crate::{
 mod expiry;
 mod lease;
 mod list;
+pub(crate) mod meta;
 mod race;
 mod records;
 mod replay;
@@ -30,6 +31,7 @@ pub use list::{
     list_filters_by_state_age_and_ambiguity, list_limit_is_bounded,
     list_pages_return_each_record_exactly_once,
 };
+pub use meta::{in_progress_ambiguity_is_kept_with_the_record, response_metadata_round_trips};
 pub use race::{concurrent_reservers_exactly_one_wins, concurrent_takeover_exactly_one_wins};
 pub use records::{
     get_and_remove_show_and_delete_records, rate_buckets_give_their_burst_then_their_rate,

@@ -32,6 +32,7 @@ pub async fn large_binary_body_round_trips<S: Store>(store: S, _clock: ManualClo
         status: 200,
         headers: vec![("x-bin".into(), Bytes::from_static(&[0, 0xff, b'\r', b'\n']))],
         body: Bytes::from(body),
+        meta: Default::default(),
     };
     store.complete(&lease, &resp).await.expect("complete");
     assert_eq!(
