@@ -42,8 +42,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use idem_core::{SharedClock, StoredResponse, SystemClock};
-use idem_sqlite::{SqlitePool, SqliteStore};
 use idem_outbox::{Destination, Message, Outbox, SqliteOutbox};
+use idem_sqlite::{SqlitePool, SqliteStore};
 use idem_tower::{Disposition, IdempotencyContext, IdempotencyLayer, InFlight, Observer};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -99,6 +99,9 @@ pub struct Settings {
     pub lease: Duration,
     /// Told every request's outcome (metrics, tests).
     pub observer: Option<Arc<dyn Observer>>,
+    /// The subject (NATS) or queue (RabbitMQ, through the default exchange) of the
+    /// `order.created` events ([`ORDER_CREATED`]).
+    pub events_subject: String,
     /// For demonstrations and tests of SPEC S9: the process exits with
     /// [`CRASH_EXIT_CODE`], as a power cut would stop it, after creating an order and
     /// completing its key inside their transaction and before the `COMMIT`. Never set
@@ -115,6 +118,7 @@ impl Default for Settings {
             key_ttl: DEFAULT_KEY_TTL,
             lease: DEFAULT_LEASE,
             observer: None,
+            events_subject: ORDER_CREATED.to_owned(),
             crash_before_commit: false,
         }
     }
@@ -149,7 +153,7 @@ pub fn outbox(pool: &SqlitePool) -> SqliteOutbox {
 /// The `order.created` event a new order stages: its id is the consumers'
 /// de-duplication id, and the order's id its ordering key (the events of one order stay
 /// in order).
-fn order_created(tenant: &str, order: &Order) -> Message {
+fn order_created(subject: &str, tenant: &str, order: &Order) -> Message {
     let body = json!({
         "order_id": order.id,
         "tenant": tenant,
@@ -160,7 +164,7 @@ fn order_created(tenant: &str, order: &Order) -> Message {
     });
     Message::with_id(
         format!("order-{}.created", order.id),
-        Destination::subject(ORDER_CREATED),
+        Destination::subject(subject),
         body.to_string(),
     )
     .header("content-type", "application/json")
@@ -216,6 +220,7 @@ impl Order {
 struct Orders {
     store: SqliteStore,
     outbox: SqliteOutbox,
+    events_subject: Arc<str>,
     crash_before_commit: bool,
 }
 
@@ -237,6 +242,7 @@ pub fn app(store: SqliteStore, settings: Settings) -> (Router, InFlight) {
         .route("/v1/orders/{id}/capture", post(capture_order))
         .with_state(Orders {
             outbox: outbox(store.pool()),
+            events_subject: settings.events_subject.into(),
             store,
             crash_before_commit: settings.crash_before_commit,
         })
@@ -324,7 +330,10 @@ async fn insert_order(
     if status == StatusCode::CREATED {
         orders
             .outbox
-            .stage(&mut tx, &order_created(tenant, &order))
+            .stage(
+                &mut tx,
+                &order_created(&orders.events_subject, tenant, &order),
+            )
             .await?;
     }
     let (stored, response) = order_response(status, &order);

@@ -188,11 +188,17 @@ async fn a_new_order_its_key_and_its_event_commit_together_and_a_replay_stages_n
         idem_outbox::Destination::subject(orders_api::ORDER_CREATED)
     );
     let body: Value = serde_json::from_slice(&event.body).unwrap();
-    assert_eq!((body["order_id"].clone(), body["amount_cents"].clone()), (json!(1), json!(1200)));
+    assert_eq!(
+        (body["order_id"].clone(), body["amount_cents"].clone()),
+        (json!(1), json!(1200))
+    );
     // The replay and a duplicate under another key (the order number answers it) stage
     // nothing more.
     assert!(api.create(Some("k-ev"), &tea("A-1001")).await.replayed);
-    assert_eq!(api.create(Some("k-ev2"), &tea("A-1001")).await.status, StatusCode::OK);
+    assert_eq!(
+        api.create(Some("k-ev2"), &tea("A-1001")).await.status,
+        StatusCode::OK
+    );
     assert_eq!(api.events().await, 1);
 }
 
