@@ -16,10 +16,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use sqlx::SqlitePool;
 
 fn rabbit_url() -> String {
-    idem_test_support::service_url(
-        "IDEM_TEST_RABBITMQ_URL",
-        "amqp://guest:guest@127.0.0.1:5672/%2f",
-    )
+    idem_test_support::services::rabbitmq_url()
 }
 
 /// A queue with a name unique to the test, its publishing channel and a ledger.

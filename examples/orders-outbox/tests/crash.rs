@@ -42,9 +42,6 @@ async fn orders_survive_kill_9_anywhere_through_jetstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn orders_survive_kill_9_anywhere_through_rabbitmq() {
-    let url = idem_test_support::service_url(
-        "IDEM_TEST_RABBITMQ_URL",
-        "amqp://guest:guest@127.0.0.1:5672/%2f",
-    );
+    let url = idem_test_support::services::rabbitmq_url();
     scenario(Broker::RabbitMq, url, 5672).await;
 }

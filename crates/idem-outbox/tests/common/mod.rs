@@ -103,10 +103,7 @@ pub async fn pg_pool(max_connections: u32) -> Option<sqlx::PgPool> {
 
 /// The RabbitMQ URL: `IDEM_TEST_RABBITMQ_URL`, else the local server.
 pub fn rabbitmq_url() -> String {
-    idem_test_support::service_url(
-        "IDEM_TEST_RABBITMQ_URL",
-        "amqp://guest:guest@127.0.0.1:5672/%2f",
-    )
+    idem_test_support::services::rabbitmq_url()
 }
 
 /// A table name unique to this test run (at most 36 bytes).
