@@ -63,7 +63,10 @@ impl Destination {
 /// A message to stage: its id (the consumer's de-duplication id, sent as `Nats-Msg-Id`
 /// or the AMQP `message-id`), its destination, headers and body, and optionally an
 /// ordering key: messages with the same key are published in the order they were
-/// staged, each only after the broker confirmed the one before.
+/// staged, each only after the broker confirmed the one before. (Two transactions that
+/// stage under one key at the same time are ordered by their commits: the relay sees a
+/// message once its transaction committed. Writes to one aggregate usually lock its row,
+/// which orders them anyway.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     /// The message id, unique per outbox table.

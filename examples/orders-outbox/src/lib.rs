@@ -114,6 +114,7 @@ pub async fn serve() -> Result<(), BoxError> {
 }
 
 /// The relay: the orders file's outbox to the broker, until killed.
+// ANCHOR: relay (the user guide shows a relay from here)
 pub async fn relay() -> Result<(), BoxError> {
     let pool = sqlite(&var(env::ORDERS_DB)?).await?;
     // A short lease: the relay that replaces a killed one takes the file over soon.
@@ -141,6 +142,7 @@ pub async fn relay() -> Result<(), BoxError> {
     }
     Ok(())
 }
+// ANCHOR_END: relay
 
 /// The ledger table: no unique constraint, so that a double credit would show.
 const LEDGER: &str = "CREATE TABLE IF NOT EXISTS ledger (message_id TEXT NOT NULL, \
@@ -192,6 +194,7 @@ pub async fn consume() -> Result<(), BoxError> {
                 )
                 .await?;
         }
+        // ANCHOR: rabbit_consumer (the user guide shows a RabbitInbox from here)
         Broker::RabbitMq => {
             let options = RabbitOptions {
                 requeue_delay: Duration::from_millis(100),
@@ -205,7 +208,7 @@ pub async fn consume() -> Result<(), BoxError> {
                     std::future::pending::<()>(),
                 )
                 .await?;
-        }
+        } // ANCHOR_END: rabbit_consumer
     }
     Ok(())
 }
