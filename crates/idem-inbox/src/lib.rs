@@ -19,7 +19,10 @@
 //!
 //! [`JetStreamInbox`] (feature `nats`) drives a NATS JetStream pull consumer through an
 //! inbox and acks each message only after its transaction committed; [`Publisher`] sets
-//! `Nats-Msg-Id` so JetStream's own duplicate window applies too. Rows are kept for a
+//! `Nats-Msg-Id` so JetStream's own duplicate window applies too. [`RabbitInbox`]
+//! (feature `rabbitmq`) does the same for a RabbitMQ queue (classic or quorum): manual
+//! acks after commit, a prefetch, redeliveries de-duplicated on the AMQP `message-id`,
+//! reconnection. Rows are kept for a
 //! retention ([`DEFAULT_RETENTION`], 7 days), purged in bounded batches
 //! ([`Inbox::purge`], [`Purger`]); [`Inbox::check_retention`] and
 //! [`JetStreamInbox::check_retention`] warn when the broker may redeliver a message
@@ -74,6 +77,8 @@ mod inbox;
 mod nats;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "rabbitmq")]
+mod rabbit;
 #[cfg(feature = "redis")]
 mod redis;
 mod retention;
@@ -92,6 +97,8 @@ pub use nats::{
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PgInbox;
+#[cfg(feature = "rabbitmq")]
+pub use rabbit::{QueueType, RabbitDelivery, RabbitInbox, RabbitOptions, RabbitStats};
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_IN_FLIGHT_LEASE, RedisInbox};
 pub use retention::{DEFAULT_RETENTION, PurgeConfig, Purger, RetentionWarning, check_retention};

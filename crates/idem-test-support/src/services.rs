@@ -1,7 +1,8 @@
 //! The services tests run against, and what to do when one cannot be reached.
 //!
-//! Tests needing PostgreSQL, Redis or NATS read its URL from `IDEM_TEST_POSTGRES_URL`,
-//! `IDEM_TEST_REDIS_URL` or `IDEM_TEST_NATS_URL`, else use the local server. When the
+//! Tests needing PostgreSQL, Redis, NATS or RabbitMQ read its URL from
+//! `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_REDIS_URL`, `IDEM_TEST_NATS_URL` or
+//! `IDEM_TEST_RABBITMQ_URL`, else use the local server. When the
 //! server cannot be reached they skip with a loud notice, unless
 //! `IDEM_REQUIRE_SERVICES=1` (set in CI), where unreachable is a failure: see
 //! [`service_unavailable`].
@@ -19,6 +20,11 @@ pub const NATS_ENV: &str = "IDEM_TEST_NATS_URL";
 /// The NATS server used when [`NATS_ENV`] is unset.
 pub const NATS_DEFAULT: &str = "nats://127.0.0.1:4222";
 
+/// The variable naming the RabbitMQ server's URL.
+pub const RABBITMQ_ENV: &str = "IDEM_TEST_RABBITMQ_URL";
+/// The RabbitMQ server used when [`RABBITMQ_ENV`] is unset.
+pub const RABBITMQ_DEFAULT: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
 /// The PostgreSQL server's URL: [`POSTGRES_ENV`], else the local server.
 pub fn postgres_url() -> String {
     service_url(POSTGRES_ENV, POSTGRES_DEFAULT)
@@ -32,6 +38,11 @@ pub fn redis_url() -> String {
 /// The NATS server's URL: [`NATS_ENV`], else the local server.
 pub fn nats_url() -> String {
     service_url(NATS_ENV, NATS_DEFAULT)
+}
+
+/// The RabbitMQ server's URL: [`RABBITMQ_ENV`], else the local server.
+pub fn rabbitmq_url() -> String {
+    service_url(RABBITMQ_ENV, RABBITMQ_DEFAULT)
 }
 
 /// Whether CI demands that every service be reachable (`IDEM_REQUIRE_SERVICES=1`).

@@ -11,10 +11,12 @@
 //!    constraint and the handler answers `200 OK` with the order that exists, never a
 //!    second order and never a 500.
 //!
-//! The order insert and the key's completion commit in one transaction (SPEC S9,
-//! [`SqliteStore::complete_in`] with the lease from the request's
-//! [`IdempotencyContext`]): there is no moment at which the order exists and the key is
-//! still open, or the key is completed without the order. If a step before the commit
+//! The order insert, the key's completion and the order's `order.created` event commit
+//! in one transaction (SPEC S9, [`SqliteStore::complete_in`] with the lease from the
+//! request's [`IdempotencyContext`], and [`Outbox::stage`] of `idem-outbox`): there is no
+//! moment at which the order exists and the key is still open or its event unsent, or
+//! the key is completed or the event staged without the order. A relay
+//! ([`idem_outbox::Relay`]) publishes the staged events to a broker afterwards. If a step before the commit
 //! fails, neither is written, and the handler answers 503 and releases the key so that
 //! the retry runs cleanly; if the process dies there, the key stays in progress until
 //! its lease lapses and the retry then takes it over. (A handler that panics is
@@ -40,6 +42,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use idem_core::{SharedClock, StoredResponse, SystemClock};
+use idem_outbox::{Destination, Message, Outbox, SqliteOutbox};
 use idem_sqlite::{SqlitePool, SqliteStore};
 use idem_tower::{Disposition, IdempotencyContext, IdempotencyLayer, InFlight, Observer};
 use serde::{Deserialize, Serialize};
@@ -61,6 +64,9 @@ pub const DECLINE_OVER_CENTS: u64 = 100_000;
 
 /// The longest `order_number` accepted, in bytes.
 pub const MAX_ORDER_NUMBER_LEN: usize = 64;
+
+/// The subject (NATS) or queue (RabbitMQ) of the `order.created` events.
+pub const ORDER_CREATED: &str = "orders.created";
 
 /// The problem type of a 409 for an order number that names a different order.
 pub const ORDER_NUMBER_TAKEN: &str = "/problems/order-number-taken";
@@ -93,6 +99,9 @@ pub struct Settings {
     pub lease: Duration,
     /// Told every request's outcome (metrics, tests).
     pub observer: Option<Arc<dyn Observer>>,
+    /// The subject (NATS) or queue (RabbitMQ, through the default exchange) of the
+    /// `order.created` events ([`ORDER_CREATED`]).
+    pub events_subject: String,
     /// For demonstrations and tests of SPEC S9: the process exits with
     /// [`CRASH_EXIT_CODE`], as a power cut would stop it, after creating an order and
     /// completing its key inside their transaction and before the `COMMIT`. Never set
@@ -109,6 +118,7 @@ impl Default for Settings {
             key_ttl: DEFAULT_KEY_TTL,
             lease: DEFAULT_LEASE,
             observer: None,
+            events_subject: ORDER_CREATED.to_owned(),
             crash_before_commit: false,
         }
     }
@@ -120,7 +130,7 @@ pub fn system_clock() -> SharedClock {
 }
 
 /// Opens (creating if missing) the SQLite database at `url` (`sqlite://orders.db`) with
-/// the idempotency records and the `orders` table in it. The store reads the time
+/// the idempotency records, the `orders` table and the event outbox in it. The store reads the time
 /// from `clock`, so tests move it by hand.
 pub async fn open(url: &str, clock: SharedClock) -> Result<SqliteStore, BoxError> {
     let store = SqliteStore::builder().clock(clock).connect(url).await?;
@@ -128,10 +138,37 @@ pub async fn open(url: &str, clock: SharedClock) -> Result<SqliteStore, BoxError
     Ok(store)
 }
 
-/// Creates the `orders` table if it is missing.
+/// Creates the `orders` table and the outbox table if they are missing.
 pub async fn migrate(pool: &SqlitePool) -> Result<(), BoxError> {
     sqlx::query(ORDERS_SCHEMA).execute(pool).await?;
+    outbox(pool).migrate().await?;
     Ok(())
+}
+
+/// The outbox the handlers stage events in: the default table, in the store's file.
+pub fn outbox(pool: &SqlitePool) -> SqliteOutbox {
+    SqliteOutbox::new(pool.clone())
+}
+
+/// The `order.created` event a new order stages: its id is the consumers'
+/// de-duplication id, and the order's id its ordering key (the events of one order stay
+/// in order).
+fn order_created(subject: &str, tenant: &str, order: &Order) -> Message {
+    let body = json!({
+        "order_id": order.id,
+        "tenant": tenant,
+        "order_number": order.order_number,
+        "sku": order.sku,
+        "qty": order.qty,
+        "amount_cents": order.amount_cents,
+    });
+    Message::with_id(
+        format!("order-{}.created", order.id),
+        Destination::subject(subject),
+        body.to_string(),
+    )
+    .header("content-type", "application/json")
+    .ordering_key(format!("order-{}", order.id))
 }
 
 /// What a client sends to create an order.
@@ -182,6 +219,8 @@ impl Order {
 #[derive(Clone)]
 struct Orders {
     store: SqliteStore,
+    outbox: SqliteOutbox,
+    events_subject: Arc<str>,
     crash_before_commit: bool,
 }
 
@@ -202,6 +241,8 @@ pub fn app(store: SqliteStore, settings: Settings) -> (Router, InFlight) {
         .route("/v1/orders/{id}", get(get_order))
         .route("/v1/orders/{id}/capture", post(capture_order))
         .with_state(Orders {
+            outbox: outbox(store.pool()),
+            events_subject: settings.events_subject.into(),
             store,
             crash_before_commit: settings.crash_before_commit,
         })
@@ -236,8 +277,9 @@ async fn create_order(
 }
 
 // ANCHOR: insert_order (the user guide shows the same-transaction completion from here)
-/// Inserts the order, or finds the one its number names, and completes the key with
-/// the answer in the same transaction. Nothing is written unless the whole commits.
+/// Inserts the order, or finds the one its number names, stages a new order's
+/// `order.created` event, and completes the key with the answer, all in the same
+/// transaction. Nothing is written unless the whole commits.
 async fn insert_order(
     orders: &Orders,
     ctx: &IdempotencyContext,
@@ -285,8 +327,18 @@ async fn insert_order(
             (StatusCode::OK, existing)
         }
     };
+    if status == StatusCode::CREATED {
+        orders
+            .outbox
+            .stage(
+                &mut tx,
+                &order_created(&orders.events_subject, tenant, &order),
+            )
+            .await?;
+    }
     let (stored, response) = order_response(status, &order);
-    // Fenced if another attempt took the key over: dropping `tx` rolls the order back.
+    // Fenced if another attempt took the key over: dropping `tx` rolls the order and
+    // its event back.
     store.complete_in(&mut tx, &ctx.lease, &stored).await?;
     if orders.crash_before_commit && status == StatusCode::CREATED {
         eprintln!("orders-api: exiting before COMMIT, as crash_before_commit asks");

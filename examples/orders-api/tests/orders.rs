@@ -14,6 +14,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use idem_core::ManualClock;
+use idem_outbox::Outbox;
 use idem_sqlite::SqliteStore;
 use idem_tower::{Observer, Outcome};
 use orders_api::{CRASH_EXIT_CODE, DEFAULT_KEY_TTL, DEFAULT_LEASE, ORDER_NUMBER_TAKEN, Settings};
@@ -139,6 +140,11 @@ impl Api {
         self.scalar("SELECT count(*) FROM orders").await
     }
 
+    /// `order.created` events staged in the outbox.
+    async fn events(&self) -> i64 {
+        self.scalar("SELECT count(*) FROM idem_outbox").await
+    }
+
     /// Key records in the file, live or not.
     async fn key_records(&self) -> i64 {
         self.scalar("SELECT count(*) FROM idem_records").await
@@ -162,6 +168,38 @@ fn order_request(key: Option<&str>, authorization: Option<&str>, order: &Value) 
 
 fn tea(order_number: &str) -> Value {
     json!({ "order_number": order_number, "sku": "tea", "qty": 2, "amount_cents": 1200 })
+}
+
+#[tokio::test]
+async fn a_new_order_its_key_and_its_event_commit_together_and_a_replay_stages_nothing() {
+    let api = Api::new().await;
+    let first = api.create(Some("k-ev"), &tea("A-1001")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let staged = orders_api::outbox(api.store.pool())
+        .claim("test", 10)
+        .await
+        .unwrap()
+        .1;
+    assert_eq!(staged.len(), 1);
+    let event = &staged[0].message;
+    assert_eq!(event.id, "order-1.created");
+    assert_eq!(
+        event.destination,
+        idem_outbox::Destination::subject(orders_api::ORDER_CREATED)
+    );
+    let body: Value = serde_json::from_slice(&event.body).unwrap();
+    assert_eq!(
+        (body["order_id"].clone(), body["amount_cents"].clone()),
+        (json!(1), json!(1200))
+    );
+    // The replay and a duplicate under another key (the order number answers it) stage
+    // nothing more.
+    assert!(api.create(Some("k-ev"), &tea("A-1001")).await.replayed);
+    assert_eq!(
+        api.create(Some("k-ev2"), &tea("A-1001")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(api.events().await, 1);
 }
 
 #[tokio::test]
@@ -210,6 +248,7 @@ async fn reused_key_with_another_order_number_is_422_while_the_key_lives() {
     assert_eq!(reused.body["type"], "https://idem.dev/problems/key-reused");
     assert_eq!(api.orders().await, 1);
     assert_eq!(api.outcomes.handler_runs(), 1);
+    assert_eq!(api.events().await, 1);
 }
 
 #[tokio::test]
@@ -532,6 +571,7 @@ async fn crash_between_insert_and_commit_leaves_no_order_and_the_key_in_progress
     // The service restarts on the same file.
     let api = Api::on(dir).await;
     assert_eq!(api.orders().await, 0, "the order never committed");
+    assert_eq!(api.events().await, 0, "nor its event");
     assert_eq!(
         api.scalar("SELECT count(*) FROM idem_records WHERE state = 'in_progress' AND attempt = 1")
             .await,
@@ -564,4 +604,5 @@ async fn crash_between_insert_and_commit_leaves_no_order_and_the_key_in_progress
         (StatusCode::CREATED, true)
     );
     assert_eq!(api.outcomes.handler_runs(), 1);
+    assert_eq!(api.events().await, 1);
 }
