@@ -14,9 +14,11 @@
 //!   costs O(log n + batch) instead of a scan of the table.
 //!
 //! - **`ambiguity`**, partial: only rows whose column is set (an answer recorded with an
-//!   ambiguity reason, or an attempt that left its record in progress with one). The
-//!   listing of ambiguous records (`/keys?ambiguous=true`) reads them from it; the rows
-//!   it holds are few, and a row without a reason never enters it.
+//!   ambiguity reason, or an attempt that left its record in progress with one), few,
+//!   for a query on the reason alone. The listing of ambiguous records
+//!   (`/keys?ambiguous=true`), which also lists records by their attempt and lease,
+//!   pages in primary-key order and tests the column on each row, where it used to
+//!   search the headers' bytes.
 //!
 //! Nothing else is indexed: each extra index is one more write on every reserve, and
 //! neither the token nor the state is ever searched without the primary key. The table
