@@ -230,5 +230,16 @@ fn is_json(essence: &str) -> bool {
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
+/// Whether `content_type` names JSON (`application/json`, `application/*+json`, any
+/// case, any parameters): the bodies [`Fingerprint::compute`] reads as JSON.
+///
+/// ```
+/// assert!(idem_core::is_json_content_type("application/vnd.api+json; charset=utf-8"));
+/// assert!(!idem_core::is_json_content_type("text/plain"));
+/// ```
+pub fn is_json_content_type(content_type: &str) -> bool {
+    is_json(&essence(content_type))
+}
+
 #[cfg(test)]
 mod tests;

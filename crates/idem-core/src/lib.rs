@@ -92,7 +92,9 @@ mod watch;
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp, duration_millis};
 pub use codec::{AMBIGUOUS_HEADER, REFERENCE_HEADER, TRAILER_PREFIX};
 pub use decision::{Decision, Reservation, decide};
-pub use fingerprint::{DEFAULT_BODY_LIMIT, Fingerprint, FingerprintOptions, PointerError};
+pub use fingerprint::{
+    DEFAULT_BODY_LIMIT, Fingerprint, FingerprintOptions, PointerError, is_json_content_type,
+};
 pub use forward::Forward;
 pub use key::{Key, KeyError, MAX_KEY_LEN};
 pub use list::{

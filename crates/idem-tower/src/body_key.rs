@@ -21,16 +21,7 @@ pub(crate) fn key_in_body(
     let json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .map(|t| {
-            t.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .is_some_and(|t| {
-            t == "application/json" || (t.starts_with("application/") && t.ends_with("+json"))
-        });
+        .is_some_and(idem_core::is_json_content_type);
     if !json {
         return Ok(None);
     }
