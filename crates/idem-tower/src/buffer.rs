@@ -222,7 +222,7 @@ where
 }
 
 /// The answer `problem` to a request refused before anything was reserved.
-fn rejected<B>(
+pub(crate) fn rejected<B>(
     observer: &dyn crate::Observer,
     problem: &Problem,
     dialect: crate::profile::Dialect,

@@ -161,12 +161,10 @@ where
     ReqBody::Data: Send,
 {
     drain_body(&parts.headers, body);
-    observer.outcome(Outcome::Rejected);
     let dialect = crate::profile::Dialect {
         grpc: crate::grpc::is_grpc(&parts.headers),
         profile,
     };
-    let mut response = problem.answer(dialect).map(IdempotencyBody::buffered);
-    Handled::mark(&mut response, Outcome::Rejected);
+    let response = crate::buffer::rejected(observer, &problem, dialect);
     ResponseFuture::new(std::future::ready(Ok(response)))
 }
