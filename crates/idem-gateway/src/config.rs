@@ -21,36 +21,41 @@
 //! ```
 //!
 //! A new setting is declared once, as a field of [`ServeArgs`]: its flag, variable,
-//! TOML key, type and help text together. The compiler then asks for the two lines
-//! that use it, since both take `ServeArgs` apart in full: how it layers
-//! ([`ServeArgs::over`]), and what it resolves to ([`GatewayConfig::from_args`], into
-//! a field of [`GatewayConfig`]).
+//! TOML key, type and help text together. How it layers ([`ServeArgs::over`]) follows
+//! from its type; the compiler then asks for the one line that resolves it
+//! ([`GatewayConfig::from_args`] takes `ServeArgs` apart in full), into a field of
+//! [`GatewayConfig`], and tests ask for its line in `check-config` and the guide.
 
 mod args;
+mod choices;
 pub mod diff;
 mod error;
 mod file;
 mod jwt;
+mod listeners;
 mod print;
 mod routes;
+mod rules;
 mod secrets;
 mod tenants;
 #[cfg(test)]
 mod tests;
+mod toml_form;
 mod upstream;
 mod values;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
 use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, RecordKeys, ScopeMode, TenantKey};
 use idem_tower::{DEFAULT_RESPONSE_LIMIT, GrpcReleaseCodes, ReleaseStatuses};
 
-pub use self::args::{ProfileArg, RouteRule, ScopeArg, ServeArgs, TenantRule};
+pub use self::args::ServeArgs;
+pub use self::choices::{ProfileArg, ScopeArg};
 pub use self::error::ConfigError;
 pub use self::jwt::{JwtSettings, JwtStartError, TenantSource};
+pub use self::rules::{RouteRule, TenantRule};
 pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, record_keys, tenant_key};
 pub use self::tenants::TenantLimits;
 pub use self::upstream::{Upstream, UpstreamProtocol};
@@ -60,6 +65,7 @@ pub use crate::tls_client::tls_client_config;
 
 use self::error::invalid;
 use self::file::read_file;
+use self::listeners::{http2_limits, tls_files};
 use self::routes::compile_route;
 use self::secrets::admin_token;
 use self::values::{
@@ -579,73 +585,4 @@ impl GatewayConfig {
         }
         Ok(config)
     }
-}
-
-/// A listener's certificate and key: both or neither.
-fn tls_files(
-    setting: &str,
-    cert: Option<PathBuf>,
-    key: Option<PathBuf>,
-) -> Result<Option<TlsFiles>, ConfigError> {
-    match (cert, key) {
-        (Some(cert), Some(key)) => Ok(Some(TlsFiles {
-            cert,
-            key,
-            client_ca: None,
-        })),
-        (None, None) => Ok(None),
-        (Some(_), None) => Err(invalid(
-            format!("{setting}_key"),
-            format!("required with {setting}_cert"),
-        )),
-        (None, Some(_)) => Err(invalid(
-            format!("{setting}_cert"),
-            format!("required with {setting}_key"),
-        )),
-    }
-}
-
-/// The HTTP/2 limits given, over the defaults.
-fn http2_limits(
-    max_concurrent_streams: Option<u32>,
-    max_header_list_size: Option<usize>,
-    keepalive_interval: Option<Duration>,
-    keepalive_timeout: Option<Duration>,
-    answer_budget: Option<usize>,
-) -> Result<Http2Limits, ConfigError> {
-    let defaults = Http2Limits::default();
-    let max_header_list_size = match max_header_list_size {
-        None => defaults.max_header_list_size,
-        Some(n) => match u32::try_from(n) {
-            Ok(n) if n > 0 => n,
-            _ => {
-                return Err(invalid(
-                    "http2_max_header_list_size",
-                    "must be more than zero and less than 4GiB",
-                ));
-            }
-        },
-    };
-    let keepalive_timeout = keepalive_timeout.unwrap_or(defaults.keepalive_timeout);
-    if keepalive_timeout.is_zero() {
-        return Err(invalid(
-            "http2_keepalive_timeout",
-            "must be longer than zero; --http2-keepalive-interval 0s turns the pings off",
-        ));
-    }
-    let answer_budget = answer_budget.unwrap_or(defaults.answer_budget);
-    if answer_budget == 0 {
-        return Err(invalid("http2_answer_budget", "must be more than zero"));
-    }
-    Ok(Http2Limits {
-        answer_budget,
-        max_concurrent_streams: max_concurrent_streams.unwrap_or(defaults.max_concurrent_streams),
-        max_header_list_size,
-        keepalive_interval: match keepalive_interval {
-            Some(t) if t.is_zero() => None,
-            Some(t) => Some(t),
-            None => defaults.keepalive_interval,
-        },
-        keepalive_timeout,
-    })
 }

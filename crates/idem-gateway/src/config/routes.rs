@@ -2,9 +2,9 @@
 
 use http::HeaderName;
 
-use super::args::RouteRule;
 use super::error::{ConfigError, invalid};
 use super::jwt;
+use super::rules::RouteRule;
 use super::values::{
     check_release_statuses, parse_grpc_release_codes, parse_key_headers, parse_methods,
 };

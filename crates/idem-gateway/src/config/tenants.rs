@@ -1,7 +1,7 @@
 //! `[[tenant]]` tables: one tenant's limits in place of the global ones.
 
-use super::args::TenantRule;
 use super::error::{ConfigError, invalid};
+use super::rules::TenantRule;
 
 /// One `[[tenant]]` table, checked: a tenant's limits in place of the global ones.
 #[derive(Debug, Clone, PartialEq)]

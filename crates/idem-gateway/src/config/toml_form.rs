@@ -1,0 +1,64 @@
+//! The forms the TOML file writes values in, read into the types the command line
+//! parses them to.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::{Deserializer, Error};
+
+use super::values::{parse_byte_size, parse_duration};
+
+/// `migrate = false` as the switch that is on when it is false.
+pub(super) fn inverted<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(!bool::deserialize(d)?)
+}
+
+/// `"24h"`, parsed as the command line parses it.
+pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    Option::<String>::deserialize(d)?
+        .map(|s| parse_duration(&s).map_err(D::Error::custom))
+        .transpose()
+}
+
+/// A number of bytes, or a string with a unit (`"1MiB"`).
+pub(super) fn bytes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum ByteSize {
+        Bytes(u64),
+        Text(String),
+    }
+    match Option::<ByteSize>::deserialize(d)? {
+        None => Ok(None),
+        Some(ByteSize::Bytes(n)) => usize::try_from(n)
+            .map(Some)
+            .map_err(|_| D::Error::custom("too large")),
+        Some(ByteSize::Text(s)) => parse_byte_size(&s).map(Some).map_err(D::Error::custom),
+    }
+}
+
+/// An array of strings, or one comma-separated string, as the command line's list.
+pub(super) fn list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum List {
+        Many(Vec<String>),
+        One(String),
+    }
+    Ok(Option::<List>::deserialize(d)?.map(|list| match list {
+        List::Many(items) => items,
+        List::One(text) => text.split(',').map(str::to_owned).collect(),
+    }))
+}
+
+/// Status codes as numbers, `[]` for none: the command line's list, where none is
+/// spelt `none`.
+pub(super) fn statuses<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    Ok(Option::<Vec<u16>>::deserialize(d)?.map(|codes| {
+        if codes.is_empty() {
+            vec!["none".to_owned()]
+        } else {
+            codes.iter().map(u16::to_string).collect()
+        }
+    }))
+}
