@@ -59,7 +59,6 @@ pub mod codec;
 mod decision;
 mod fingerprint;
 mod form;
-mod forward;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -77,8 +76,6 @@ mod record;
 mod scope;
 #[cfg(feature = "seal")]
 pub mod seal;
-#[cfg(feature = "seal")]
-mod sealed;
 mod store;
 #[cfg(feature = "sweeper")]
 mod sweeper;
@@ -88,6 +85,7 @@ pub mod testing;
 #[cfg(feature = "tokio")]
 mod unconfirmed;
 mod watch;
+mod wrapper;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp, duration_millis};
 pub use codec::{AMBIGUOUS_HEADER, REFERENCE_HEADER, TRAILER_PREFIX};
@@ -95,7 +93,6 @@ pub use decision::{Decision, Reservation, decide};
 pub use fingerprint::{
     DEFAULT_BODY_LIMIT, Fingerprint, FingerprintOptions, PointerError, is_json_content_type,
 };
-pub use forward::Forward;
 pub use key::{Key, KeyError, MAX_KEY_LEN};
 pub use list::{
     Ambiguity, DEFAULT_LIST_LIMIT, ListCursor, ListPage, ListQuery, MAX_LIST_LIMIT, StateFilter,
@@ -111,9 +108,9 @@ pub use record::{
 };
 pub use scope::{Endpoint, Scope, ScopeMode, Tenant};
 #[cfg(feature = "seal")]
-pub use seal::{RecordKeyError, RecordKeys};
+pub use seal::Sealed;
 #[cfg(feature = "seal")]
-pub use sealed::Sealed;
+pub use seal::{RecordKeyError, RecordKeys};
 pub use store::{MetricKind, Result, Store, StoreError, StoreMetric};
 #[cfg(feature = "sweeper")]
 pub use sweeper::{Sweeper, SweeperConfig, sweep_once};
@@ -127,3 +124,4 @@ pub use unconfirmed::{
     release_unconfirmed_with,
 };
 pub use watch::{ChangeHub, Watch};
+pub use wrapper::Forward;

@@ -69,6 +69,12 @@ impl Endpoint {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The method part, upper-cased as it was joined (`POST`); all of it when the
+    /// endpoint was made from a raw form without a space.
+    pub fn method(&self) -> &str {
+        self.0.split_once(' ').map_or(&self.0, |(method, _)| method)
+    }
 }
 
 impl fmt::Display for Endpoint {

@@ -61,8 +61,6 @@ pub mod demo;
 #[doc(hidden)]
 pub mod demo_run;
 #[doc(hidden)]
-pub mod error;
-#[doc(hidden)]
 pub mod exit;
 #[doc(hidden)]
 pub mod forwarded;

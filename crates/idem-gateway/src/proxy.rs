@@ -66,16 +66,17 @@ use tokio::time::Instant;
 use tower::Service;
 
 use crate::config::{Upstream, UpstreamProtocol};
-use crate::error::ForwardError;
 use crate::metrics::Metrics;
 
 mod client;
+pub mod failure;
 mod headers;
 mod preface;
 mod upgrade;
 
 use client::UpstreamClient;
 pub use client::tls_failure;
+use failure::ForwardError;
 pub use headers::{REWRITE_HEADERS, add_forwarded, strip_hop_by_hop, strip_look_alikes};
 use upgrade::{requested_upgrade, switch_protocols, upgrades_to_websocket};
 

@@ -536,3 +536,38 @@ fn every_cited_spec_section_is_on_the_contract_page() {
         "cited but not on the page: {missing:#?}"
     );
 }
+
+/// The contract and architecture pages name the files that implement and test each
+/// part (`crates/idem-tower/src/plan.rs`, or `idem-tower/src/plan.rs` under
+/// `crates/`): every one of them exists, so a file moved or renamed is a failing test,
+/// not a stale page.
+#[test]
+fn the_reference_pages_name_files_that_exist() {
+    let mut named = 0;
+    let mut missing = Vec::new();
+    for page in ["spec.md", "architecture.md"] {
+        let text = read(&workspace().join("docs/src/reference").join(page));
+        for quoted in text.split('`').skip(1).step_by(2) {
+            let path = if quoted.starts_with("crates/") || quoted.starts_with("examples/") {
+                quoted.to_owned()
+            } else if quoted.starts_with("idem-") && quoted.contains('/') {
+                format!("crates/{quoted}")
+            } else {
+                continue;
+            };
+            // A path with a `::` test name or a glob is not a file name.
+            if path.contains(char::is_whitespace) || path.contains("::") || path.contains('*') {
+                continue;
+            }
+            named += 1;
+            if !workspace().join(&path).exists() {
+                missing.push(format!("{page}: {path}"));
+            }
+        }
+    }
+    assert!(named > 50, "only {named} paths found: is the scan right?");
+    assert!(
+        missing.is_empty(),
+        "named but not in the tree: {missing:#?}"
+    );
+}

@@ -16,9 +16,9 @@ use idem_core::{ReserveRequest, Scope, Store, TenantKey};
 use tower::Service;
 
 use crate::body_key::{Incoming, Resolved};
+use crate::detach::Execution;
 use crate::drain::{drain_body, drain_in_background};
 use crate::execute::execute;
-use crate::execution::Execution;
 use crate::fingerprint::fingerprint;
 use crate::handled::Handled;
 use crate::observer::Outcome;
@@ -105,6 +105,9 @@ where
         let observer = &*config.observer;
         let dialect = plan.answers.dialect();
         let grpc = dialect.grpc;
+        // The method it is decided on, as the endpoint names it (its scope may not).
+        let method = http::Method::from_bytes(plan.endpoint.method().as_bytes())
+            .unwrap_or_else(|_| parts.method.clone());
         let (key, incoming) = match plan.key {
             PlanKey::Known(key) => (key, Incoming::Stream(body)),
             PlanKey::Pending(pending) => {
@@ -133,7 +136,7 @@ where
                 let sources = plan.sources.as_deref().or(config.sources.as_ref());
                 match key {
                     Ok(key) if let Some(sources) = sources => {
-                        match sources_tenant(config, sources, key, &parts).await {
+                        match sources_tenant(config, sources, key, &method, &parts).await {
                             Ok(tenant) => tenant,
                             Err(problem) => {
                                 incoming.drain(&parts.headers);
@@ -193,7 +196,14 @@ where
             crate::grpc::fingerprint(&parts, &bytes, options)
         } else {
             let path = plan.fingerprint_path.as_deref();
-            fingerprint(&parts, path, &bytes, config.body_limit, options)
+            fingerprint(
+                &parts,
+                method.as_str(),
+                path,
+                &bytes,
+                config.body_limit,
+                options,
+            )
         };
         let request = ReserveRequest::new(scope, fingerprint)
             .ttl(plan.ttl)
@@ -208,6 +218,7 @@ where
             execute(
                 shared,
                 inner,
+                method,
                 parts,
                 bytes,
                 request,
@@ -237,7 +248,7 @@ pub(crate) fn rejected<B>(
 /// not require one: to the inner service untouched, its body as read.
 async fn pass_through_read<S, ReqBody, ResBody>(
     mut inner: S,
-    mut parts: Parts,
+    parts: Parts,
     bytes: Bytes,
     observer: &dyn crate::Observer,
 ) -> Result<Response<IdempotencyBody<ResBody>>, S::Error>
@@ -245,7 +256,6 @@ where
     S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
 {
     observer.outcome(Outcome::PassedThrough);
-    crate::spelling::restore_sent_method(&mut parts);
     let request = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
     let mut response = inner.call(request).await?.map(IdempotencyBody::stream);
     Handled::mark(&mut response, Outcome::PassedThrough);
@@ -261,6 +271,7 @@ async fn sources_tenant(
     config: &crate::config::Config,
     sources: &crate::TenantSources,
     key: &TenantKey,
+    #[cfg_attr(not(feature = "jwt"), allow(unused_variables))] method: &http::Method,
     parts: &Parts,
 ) -> Result<idem_core::Tenant, Problem> {
     match sources.applying(parts, &config.tenant_headers) {
@@ -271,7 +282,7 @@ async fn sources_tenant(
                 let detail = format!(
                     "{} {} is keyed, and its bearer token was not accepted: {e}; nothing \
                      was reserved or forwarded",
-                    parts.method,
+                    method,
                     parts.uri.path()
                 );
                 Err(Problem::new(ProblemKind::InvalidCredential, detail))

@@ -136,9 +136,9 @@ pub fn is_storable_header(name: &HeaderName) -> bool {
     !NEVER_STORED_HEADERS.contains(&name) && !name.starts_with("x-b3-")
 }
 
-pub(crate) type PartsPredicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
+pub(crate) type PartsPredicate = Arc<dyn Fn(&Method, &Parts) -> bool + Send + Sync>;
 pub(crate) type TenantExtractor = Arc<dyn Fn(&Parts) -> Tenant + Send + Sync>;
-pub(crate) type RouteConfigFn = Arc<dyn Fn(&Parts) -> Option<RouteConfig> + Send + Sync>;
+pub(crate) type RouteConfigFn = Arc<dyn Fn(&Method, &Parts) -> Option<RouteConfig> + Send + Sync>;
 /// Renders a [`crate::ResourceReference`] again: `GET <reference>` in, the resource out.
 pub(crate) type Renderer = Arc<
     dyn Fn(
@@ -256,11 +256,11 @@ impl Default for Config {
         Config {
             header_name: DEFAULT_HEADER_NAME,
             keyed_methods: vec![Method::POST, Method::PATCH],
-            method_override_headers: crate::spelling::DEFAULT_METHOD_OVERRIDE_HEADERS
+            method_override_headers: crate::method_override::DEFAULT_METHOD_OVERRIDE_HEADERS
                 .iter()
                 .map(|h| HeaderName::from_static(h))
                 .collect(),
-            require_key: Arc::new(|_| false),
+            require_key: Arc::new(|_, _| false),
             scope_mode: ScopeMode::Public,
             tenant_headers: TenantHeaders::default(),
             tenant_key: Arc::default(),

@@ -5,6 +5,7 @@
 //!
 //! [`IdempotencyLayer::take_over_from`]: crate::IdempotencyLayer::take_over_from
 
+use http::Method;
 use http::request::Parts;
 use idem_core::{Reservation, ReserveRequest, Store};
 
@@ -19,6 +20,7 @@ use crate::observer::timed;
 pub(crate) async fn reserve_again<St: Store + ?Sized>(
     store: &St,
     config: &Config,
+    method: &Method,
     parts: &Parts,
     body: &[u8],
     request: &mut ReserveRequest,
@@ -33,14 +35,20 @@ pub(crate) async fn reserve_again<St: Store + ?Sized>(
         .iter()
         .filter(|e| record.created_at < e.until)
         .find_map(|e| {
-            let route = e.route_config.as_ref().and_then(|f| f(parts));
+            let route = e.route_config.as_ref().and_then(|f| f(method, parts));
             let options = route
                 .as_ref()
                 .and_then(|r| r.fingerprint.as_ref())
                 .unwrap_or(&e.fingerprint);
             let path = route.as_ref().and_then(|r| r.fingerprint_path.as_deref());
-            let fingerprint =
-                crate::fingerprint::fingerprint(parts, path, body, config.body_limit, options);
+            let fingerprint = crate::fingerprint::fingerprint(
+                parts,
+                method.as_str(),
+                path,
+                body,
+                config.body_limit,
+                options,
+            );
             (fingerprint == record.fingerprint).then_some(fingerprint)
         })?;
     request.fingerprint = rules;

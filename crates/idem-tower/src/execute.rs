@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, Request, Response};
+use http::{HeaderMap, HeaderName, Method, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{Ambiguity, Lease, Reservation, ReserveRequest, Store};
@@ -20,8 +20,8 @@ use tower::Service;
 
 use crate::config::ReleaseStatuses;
 use crate::context::IdempotencyContext;
+use crate::detach::panic_message;
 use crate::disposition::{Disposition, Proxied, ResourceReference, UpstreamFailure};
-use crate::execution::panic_message;
 use crate::grpc::GrpcReleaseCodes;
 use crate::handled::Handled;
 use crate::heartbeat::with_heartbeat;
@@ -33,7 +33,6 @@ use crate::profile::Dialect;
 use crate::replay::{refuse, rendered};
 use crate::settle::{KeyWrite, settle, stored_response};
 use crate::shared::Shared;
-use crate::spelling::restore_sent_method;
 use crate::wait::{Observed, PREFERENCE_APPLIED, hand_back, wait_for};
 use crate::{BoxError, IdempotencyBody};
 
@@ -54,6 +53,7 @@ use crate::{BoxError, IdempotencyBody};
 pub(crate) fn execute<S, St, ReqBody, ResBody>(
     shared: Arc<Shared<St>>,
     inner: S,
+    method: Method,
     parts: Parts,
     bytes: Bytes,
     mut request: ReserveRequest,
@@ -81,7 +81,8 @@ where
             && !config.earlier.is_empty()
             && answers.grpc.is_none()
         {
-            let again = crate::earlier::reserve_again(store, config, &parts, &bytes, &mut request);
+            let again =
+                crate::earlier::reserve_again(store, config, &method, &parts, &bytes, &mut request);
             if let Some(again) = Box::pin(again).await {
                 reserved = again;
             }
@@ -169,8 +170,6 @@ where
         } = answers;
         let context =
             IdempotencyContext::new(scope, lease.clone(), fingerprint, release_statuses.clone());
-        let mut parts = parts;
-        restore_sent_method(&mut parts);
         let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
         req.extensions_mut().insert(context);
         let reading = Reading {

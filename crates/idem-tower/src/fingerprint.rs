@@ -5,7 +5,9 @@ use http::header;
 use http::request::Parts;
 use idem_core::{Fingerprint, FingerprintOptions};
 
-/// The request's fingerprint (SPEC S4) over `METHOD request-target`: the concrete path
+/// The request's fingerprint (SPEC S4) over `METHOD request-target`, `method` being
+/// the one the request is decided on (a method-override header's, where it must be;
+/// see [`Endpoint::method`](idem_core::Endpoint::method)): the concrete path
 /// and query, so that a key reused on `/orders/2/capture` is a mismatch, never order 1's
 /// replay. The method is upper-cased, as in the endpoint, so that `post` after `POST`
 /// replays rather than being a 422 (SPEC S14); `path`, when a route gives one
@@ -14,12 +16,12 @@ use idem_core::{Fingerprint, FingerprintOptions};
 /// `limit` bytes of it (see [`coding`](crate::coding)).
 pub(crate) fn fingerprint(
     parts: &Parts,
+    method: &str,
     path: Option<&str>,
     body: &[u8],
     limit: usize,
     options: &FingerprintOptions,
 ) -> Fingerprint {
-    let method = parts.method.as_str();
     let path = path.unwrap_or_else(|| parts.uri.path());
     let query = parts.uri.query();
     let mut request_target =

@@ -22,5 +22,5 @@ pub fn fingerprint(
     limit: usize,
     options: &FingerprintOptions,
 ) -> Fingerprint {
-    crate::fingerprint::fingerprint(parts, None, body, limit, options)
+    crate::fingerprint::fingerprint(parts, parts.method.as_str(), None, body, limit, options)
 }

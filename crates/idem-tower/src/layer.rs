@@ -117,14 +117,17 @@ impl<St> IdempotencyLayer<St> {
     /// Whether every keyed request must carry a key (default `false`: requests without
     /// one pass through). A missing key on a required route is answered 400.
     pub fn require_key(mut self, required: bool) -> Self {
-        self.config().require_key = Arc::new(move |_| required);
+        self.config().require_key = Arc::new(move |_, _| required);
         self
     }
 
-    /// Requires a key on the keyed requests for which `predicate` holds.
+    /// Requires a key on the keyed requests for which `predicate` holds. It is given
+    /// the method the request is decided on (a method-override header's, where it must
+    /// be; see [`method_override_headers`](Self::method_override_headers)) and the head
+    /// as sent.
     pub fn require_key_if<F>(mut self, predicate: F) -> Self
     where
-        F: Fn(&Parts) -> bool + Send + Sync + 'static,
+        F: Fn(&Method, &Parts) -> bool + Send + Sync + 'static,
     {
         self.config().require_key = Arc::new(predicate);
         self
@@ -503,10 +506,14 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
-    /// Per-route overrides: called once per request; `None` keeps the layer's settings.
+    /// Per-route overrides: called once per request with the method it is decided on
+    /// (a method-override header's, where it must be; see
+    /// [`method_override_headers`](Self::method_override_headers)) and its head as sent;
+    /// `None` keeps the layer's settings. Match routes on that method, not on
+    /// `parts.method`, so that an override cannot pick another route's rules.
     pub fn route_config<F>(mut self, f: F) -> Self
     where
-        F: Fn(&Parts) -> Option<RouteConfig> + Send + Sync + 'static,
+        F: Fn(&Method, &Parts) -> Option<RouteConfig> + Send + Sync + 'static,
     {
         self.config().route_config = Some(Arc::new(f));
         self

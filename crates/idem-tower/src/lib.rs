@@ -45,14 +45,14 @@
 //!
 //! let layer = IdempotencyLayer::new(MemoryStore::new())
 //!     .keyed_methods([Method::POST, Method::PATCH])
-//!     .require_key_if(|parts| parts.uri.path().starts_with("/v1/charges"))
+//!     .require_key_if(|_method, parts| parts.uri.path().starts_with("/v1/charges"))
 //!     .scope_mode(ScopeMode::Public)
 //!     .fingerprint_options(FingerprintOptions::default().ignore_pointer("/sent_at").unwrap())
 //!     .body_limit(256 * 1024)
 //!     .ttl(Duration::from_secs(24 * 3600))
 //!     .lease(Duration::from_secs(60))
 //!     .store_headers([HeaderName::from_static("x-order-version")])
-//!     .route_config(|parts| {
+//!     .route_config(|_method, parts| {
 //!         parts.uri.path().ends_with("/capture").then(|| {
 //!             RouteConfig::new().endpoint("/v1/orders/{id}/capture").require_key(true)
 //!         })
@@ -255,11 +255,11 @@ mod buffer;
 mod coding;
 mod config;
 mod context;
+mod detach;
 mod disposition;
 mod drain;
 mod earlier;
 mod execute;
-mod execution;
 mod fingerprint;
 mod future;
 #[cfg(feature = "fuzzing")]
@@ -273,6 +273,8 @@ mod in_flight;
 #[cfg(feature = "jwt")]
 pub mod jwt;
 mod layer;
+mod look_alike;
+mod method_override;
 mod observer;
 mod plan;
 mod principal;
@@ -283,7 +285,6 @@ mod service;
 mod settle;
 mod shared;
 mod sources;
-mod spelling;
 mod tenant;
 mod tenant_limit;
 mod wait;
@@ -307,6 +308,7 @@ pub use in_flight::InFlight;
 #[cfg(feature = "jwt")]
 pub use jwt::{JwksFile, JwksSource, JwtError, JwtVerifier, JwtVerifierBuilder};
 pub use layer::IdempotencyLayer;
+pub use method_override::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use observer::{Observer, Outcome};
 pub use principal::Principal;
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
@@ -314,7 +316,6 @@ pub use profile::{Profile, UnknownProfile};
 pub use replay::IDEMPOTENT_REPLAYED;
 pub use service::Idempotency;
 pub use sources::TenantSources;
-pub use spelling::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use tenant::TenantHeaders;
 pub use tenant_limit::{MIN_TENANT_PREFIX, TenantNameError, TenantOverride, check_tenant_name};
 pub use wait::{DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS, PREFERENCE_APPLIED};

@@ -9,9 +9,10 @@ use idem_core::{Endpoint, FingerprintOptions, Key, Tenant};
 
 use crate::config::{Config, ReleaseStatuses, RouteConfig};
 use crate::grpc::{GrpcReleaseCodes, is_grpc};
+use crate::look_alike::look_alike;
+use crate::method_override::{decided_method, same_method};
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::{Dialect, Profile};
-use crate::spelling::{SentMethod, decided_method, look_alike, same_method};
 use crate::wait::{Wait, preferred_wait};
 
 /// What becomes of a request, decided from its head.
@@ -26,40 +27,33 @@ pub(crate) enum Admission {
     Keyed(Plan),
 }
 
-/// Decides what becomes of the request with head `parts`. The method it is decided on
-/// (a method-override header's, where it must be) replaces `parts.method`, the one sent
-/// kept in a [`SentMethod`] extension to be restored before it is forwarded.
-pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
-    // Decided on the method the upstream will act on (SPEC S14): a method-override
-    // header's, where it must be; forwarded as sent.
-    match decided_method(
+/// Decides what becomes of the request with head `parts`, on the method the upstream
+/// will act on (SPEC S14): a method-override header's, where it must be. The request
+/// is forwarded as sent; the decided method is what the route hook, the key
+/// requirement, the endpoint and the fingerprint see.
+pub(crate) fn admit(config: &Config, parts: &Parts) -> Admission {
+    let method = match decided_method(
         &config.keyed_methods,
         &config.method_override_headers,
         parts,
     ) {
-        Ok(None) => {}
-        Ok(Some(method)) => {
-            let sent = std::mem::replace(&mut parts.method, method);
-            parts.extensions.insert(SentMethod(sent));
-        }
+        Ok(None) => parts.method.clone(),
+        Ok(Some(method)) => method,
         Err(detail) => {
             let detail = format!("{detail}; nothing was reserved or forwarded");
             let problem = Problem::new(ProblemKind::InvalidMethodOverride, detail);
             return Admission::Reject(problem, config.profile);
         }
-    }
+    };
 
     let route = config
         .route_config
         .as_ref()
-        .and_then(|f| f(parts))
+        .and_then(|f| f(&method, parts))
         .unwrap_or_default();
-    let keyed = route.keyed.unwrap_or_else(|| {
-        config
-            .keyed_methods
-            .iter()
-            .any(|m| same_method(m, &parts.method))
-    });
+    let keyed = route
+        .keyed
+        .unwrap_or_else(|| config.keyed_methods.iter().any(|m| same_method(m, &method)));
     if !keyed {
         return Admission::PassThrough;
     }
@@ -97,8 +91,8 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
         Ok(None) => {
             let required = route
                 .require_key
-                .unwrap_or_else(|| (config.require_key)(parts));
-            let missing = required.then(|| missing_key(parts, key_headers, pointer));
+                .unwrap_or_else(|| (config.require_key)(&method, parts));
+            let missing = required.then(|| missing_key(&method, parts, key_headers, pointer));
             match (&route.key_pointer, missing) {
                 // Decided once the body is read.
                 (Some(pointer), missing) => PlanKey::Pending(Box::new(PendingKey {
@@ -136,7 +130,7 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
             let detail = format!(
                 "{} {} is keyed, and a keyed request must name its tenant: send {wanted}; \
                  nothing was reserved",
-                parts.method,
+                method,
                 parts.uri.path()
             );
             let refusal = Problem::new(ProblemKind::MissingTenant, detail);
@@ -147,7 +141,7 @@ pub(crate) fn admit(config: &Config, parts: &mut Parts) -> Admission {
             }
         }
     }
-    Admission::Keyed(Plan::new(config, route, parts, key, tenant))
+    Admission::Keyed(Plan::new(config, route, parts, &method, key, tenant))
 }
 
 /// A keyed request's key, or how to find it in its body.
@@ -159,7 +153,12 @@ pub(crate) enum PlanKey {
 }
 
 /// The 400 `missing-key` for a request on a route that requires a key and got none.
-fn missing_key(parts: &Parts, key_headers: &[HeaderName], pointer: Option<&str>) -> Problem {
+fn missing_key(
+    method: &Method,
+    parts: &Parts,
+    key_headers: &[HeaderName],
+    pointer: Option<&str>,
+) -> Problem {
     let mut wanted = match key_headers {
         [one] => format!("an {one} header"),
         many => format!(
@@ -176,7 +175,7 @@ fn missing_key(parts: &Parts, key_headers: &[HeaderName], pointer: Option<&str>)
     let detail = format!(
         "{} {} requires {wanted}; generate one key per operation and send it with every \
          retry",
-        parts.method,
+        method,
         parts.uri.path(),
     );
     Problem::new(ProblemKind::MissingKey, detail)
@@ -233,6 +232,9 @@ pub(crate) struct Plan {
     pub(crate) tenant: Option<Tenant>,
     /// The route's tenant sources, which replace the layer's.
     pub(crate) sources: Option<std::sync::Arc<crate::sources::TenantSources>>,
+    /// `METHOD template`, the method being the one the request is decided on (a
+    /// method-override header's, where it must be), which may not be the one it is
+    /// forwarded with.
     pub(crate) endpoint: Endpoint,
     /// The key, or how to find it in the body.
     pub(crate) key: PlanKey,
@@ -280,6 +282,7 @@ impl Plan {
         config: &Config,
         route: RouteConfig,
         parts: &Parts,
+        method: &Method,
         key: PlanKey,
         tenant: Option<Tenant>,
     ) -> Plan {
@@ -298,7 +301,7 @@ impl Plan {
         Plan {
             tenant,
             sources: route.tenant_sources,
-            endpoint: endpoint(&parts.method, template),
+            endpoint: endpoint(method, template),
             key,
             ttl: route.ttl.unwrap_or(config.ttl),
             lease,
@@ -372,6 +375,10 @@ mod tests {
                 endpoint(&method, "/v1/orders/{id}"),
                 Endpoint::new(method.as_str(), "/v1/orders/{id}"),
             );
+            // The method the request was decided on comes back out of it, upper-cased.
+            let built = endpoint(&method, "/v1/orders/{id}");
+            assert_eq!(built.method(), method.as_str().to_ascii_uppercase());
         }
+        assert_eq!(Endpoint::from_raw("POST").method(), "POST");
     }
 }

@@ -24,7 +24,6 @@ use crate::observer::{Observer, Outcome};
 use crate::plan::{Admission, admit};
 use crate::problem::Problem;
 use crate::shared::Shared;
-use crate::spelling::restore_sent_method;
 use crate::{BoxError, IdempotencyBody};
 
 /// Idempotency-Key handling around an inner service; made by [`IdempotencyLayer`].
@@ -114,8 +113,8 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
         let config = &shared.config;
-        let (mut parts, body) = request.into_parts();
-        match admit(config, &mut parts) {
+        let (parts, body) = request.into_parts();
+        match admit(config, &parts) {
             Admission::PassThrough => pass_through(&mut inner, &*config.observer, parts, body),
             Admission::Reject(problem, profile) => {
                 reject(&*config.observer, problem, profile, &parts, body)
@@ -128,7 +127,7 @@ where
 fn pass_through<S, ReqBody, ResBody>(
     inner: &mut S,
     observer: &dyn Observer,
-    mut parts: Parts,
+    parts: Parts,
     body: ReqBody,
 ) -> ResponseFuture<ResBody, S::Error>
 where
@@ -136,7 +135,6 @@ where
     S::Future: Send + 'static,
 {
     observer.outcome(Outcome::PassedThrough);
-    restore_sent_method(&mut parts);
     let future = inner.call(Request::from_parts(parts, IdempotencyBody::stream(body)));
     ResponseFuture::new(async move {
         let mut response = future.await?.map(IdempotencyBody::stream);

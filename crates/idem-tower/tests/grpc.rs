@@ -259,7 +259,7 @@ async fn configured_release_codes_replace_the_defaults_and_a_route_may_replace_t
     let handler = Handler::new(Shape::Trailers, 13);
     let layer = IdempotencyLayer::new(MemoryStore::new())
         .grpc_release_codes(GrpcReleaseCodes::parse(["INTERNAL"]).unwrap())
-        .route_config(|parts| {
+        .route_config(|_method, parts| {
             (parts.uri.path() == "/shop.Orders/Cancel").then(|| {
                 RouteConfig::new().grpc_release_codes(GrpcReleaseCodes::parse(["5"]).unwrap())
             })

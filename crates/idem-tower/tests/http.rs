@@ -188,7 +188,7 @@ async fn quoted_and_bare_forms_name_one_key(kind: StoreKind) {
 }
 
 async fn missing_key_on_required_route_is_400(kind: StoreKind) {
-    let app = App::start_with(kind, |l| l.require_key_if(|p| p.uri.path() == "/orders")).await;
+    let app = App::start_with(kind, |l| l.require_key_if(|_, p| p.uri.path() == "/orders")).await;
     let reply = app.post("/orders").json(ORDER).send().await;
     let body = reply.assert_problem(400, "missing-key");
     assert!(body["detail"].as_str().unwrap().contains("idempotency-key"));
@@ -822,7 +822,7 @@ async fn endpoint_is_route_template_and_path_is_fingerprinted(kind: StoreKind) {
 
 async fn route_config_overrides_endpoint_and_requirement(kind: StoreKind) {
     let app = App::start_with(kind, |l| {
-        l.route_config(|parts| {
+        l.route_config(|_method, parts| {
             (parts.uri.path() == "/orders").then(|| {
                 RouteConfig::new()
                     .endpoint("/v1/orders")
@@ -908,7 +908,7 @@ async fn route_release_statuses_replace_the_layers(kind: StoreKind) {
     // route keeps the layer's set.
     let app = App::start_with(kind, |l| {
         let statuses = ReleaseStatuses::new([StatusCode::INTERNAL_SERVER_ERROR]);
-        l.route_config(move |parts| {
+        l.route_config(move |_method, parts| {
             (parts.uri.path() == "/status")
                 .then(|| RouteConfig::new().release_statuses(statuses.clone()))
         })

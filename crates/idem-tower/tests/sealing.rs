@@ -243,7 +243,7 @@ async fn retry_hints_are_off_by_default_and_a_route_may_turn_them_on() {
     .await;
     assert_eq!(hints(&down), (None, None));
 
-    let routed = IdempotencyLayer::from_arc(store).route_config(|parts| {
+    let routed = IdempotencyLayer::from_arc(store).route_config(|_method, parts| {
         (parts.uri.path() == "/charges").then(|| RouteConfig::new().retry_hints(true))
     });
     let replay = send(&routed, handler(StatusCode::BAD_GATEWAY, &runs), "r-1").await;

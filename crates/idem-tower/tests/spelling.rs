@@ -130,6 +130,44 @@ async fn required_key_holds_for_a_get_overridden_to_post() {
     assert_eq!(call(&svc, Method::GET, &[]).await.status, 201);
 }
 
+/// The route hook and a key-requiring predicate are given the method the request is
+/// decided on, beside the head as sent: a route rule for `POST` applies to a `GET`
+/// overridden to `POST`, so an override cannot pick another route's rules (here, the
+/// rule that requires a key), and the request still reaches the service as sent.
+#[tokio::test]
+async fn hooks_see_the_decided_method_and_the_head_as_sent() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (svc, runs) = echo({
+        let seen = seen.clone();
+        move |l| {
+            l.route_config(move |method, parts| {
+                seen.lock()
+                    .unwrap()
+                    .push(format!("{method} {}", parts.method));
+                (method == Method::POST).then(|| idem_tower::RouteConfig::new().require_key(true))
+            })
+            .require_key_if(|method, parts| method == Method::PATCH && parts.method == Method::POST)
+        }
+    });
+    let answer = call(&svc, Method::GET, &[(OVERRIDE, "POST")]).await;
+    assert_eq!(answer.status, 400, "the POST route's rule applies");
+    assert_eq!(
+        answer.problem_type(),
+        "https://idem.dev/problems/missing-key"
+    );
+    // A POST overridden to PATCH: no route rule, the predicate sees PATCH over POST.
+    let answer = call(&svc, Method::POST, &[(OVERRIDE, "PATCH")]).await;
+    assert_eq!(answer.status, 400, "the predicate held");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let keyed = call(&svc, Method::GET, &[(KEY, "k-hooks"), (OVERRIDE, "POST")]).await;
+    assert_eq!((keyed.status, keyed.body.as_str()), (201, "GET POST #1"));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["POST GET", "PATCH POST", "POST GET"],
+        "the decided method, then the method as sent"
+    );
+}
+
 /// A `POST` overridden to `PATCH` is scoped and fingerprinted as the `PATCH` the
 /// upstream runs: a plain `PATCH` under its key replays it.
 #[tokio::test]

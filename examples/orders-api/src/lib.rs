@@ -229,7 +229,7 @@ struct Orders {
 // ANCHOR: app (the user guide shows the layer's set-up from here)
 pub fn app(store: SqliteStore, settings: Settings) -> (Router, InFlight) {
     let mut layer = IdempotencyLayer::new(store.clone())
-        .require_key_if(|parts| parts.method == Method::POST)
+        .require_key_if(|method, _| method == Method::POST)
         .ttl(settings.key_ttl)
         .lease(settings.lease);
     if let Some(observer) = settings.observer {

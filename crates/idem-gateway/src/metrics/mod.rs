@@ -389,7 +389,7 @@ impl Observer for Metrics {
     }
 
     fn upstream_failed(&self, failure: idem_tower::UpstreamFailure) {
-        self.count_upstream_error(crate::error::upstream_error_label(failure));
+        self.count_upstream_error(crate::proxy::failure::upstream_error_label(failure));
     }
 
     fn tenant_keyed(&self, tenant: &idem_core::Tenant) {

@@ -77,9 +77,9 @@ fn layer_over_routes(
         layer = layer.body_timeout(timeout);
     }
     if !routes.is_empty() {
-        layer = layer.route_config(move |parts| {
+        layer = layer.route_config(move |method, parts| {
             let path = parts.uri.path();
-            route::find(&routes, &parts.method, path).map(|r| r.config_for(path))
+            route::find(&routes, method, path).map(|r| r.config_for(path))
         });
     }
     layer

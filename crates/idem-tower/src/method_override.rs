@@ -1,9 +1,8 @@
-//! What a request says in spellings that upstream stacks read differently from the
-//! method line and the header names (SPEC S14): method-override headers, and header
-//! names that differ from the key's or a tenant's only by `_` for `-`.
+//! Method-override headers (SPEC S14): the method many frameworks run a request as,
+//! whatever its method line says.
 //!
-//! The layer decides on what the handler will act on, so that no spelling sidesteps
-//! the key, and forwards the request as sent.
+//! The layer decides on the method the handler will act on, so that no override
+//! sidesteps the key, and forwards the request as sent.
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, Method};
@@ -81,41 +80,6 @@ pub(crate) fn decided_method(
         return Ok(None);
     }
     Ok(Some(over))
-}
-
-/// The method a request was sent with, kept in its extensions while the layer decides
-/// it as another (see [`decided_method`]), and put back before it is forwarded.
-#[derive(Clone, Debug)]
-pub(crate) struct SentMethod(pub(crate) Method);
-
-/// Puts back the method the request was sent with, if the layer decided it as another.
-pub(crate) fn restore_sent_method(parts: &mut Parts) {
-    if let Some(SentMethod(method)) = parts.extensions.remove::<SentMethod>() {
-        parts.method = method;
-    }
-}
-
-/// The first header whose name is not one of `names` but would be read as one by a
-/// stack that folds `_` into `-` (CGI and WSGI servers, nginx with
-/// `underscores_in_headers`): `Idempotency_Key` for `Idempotency-Key`. Such a stack
-/// would see a key or a tenant the layer never read.
-pub(crate) fn look_alike<'a>(
-    headers: &'a HeaderMap,
-    names: &[&'a HeaderName],
-) -> Option<(&'a HeaderName, &'a HeaderName)> {
-    headers
-        .keys()
-        .filter(|sent| sent.as_str().contains('_'))
-        .find_map(|sent| {
-            let folded = sent
-                .as_str()
-                .bytes()
-                .map(|b| if b == b'_' { b'-' } else { b });
-            names
-                .iter()
-                .find(|name| name.as_str().bytes().eq(folded.clone()))
-                .map(|name| (sent, *name))
-        })
 }
 
 #[cfg(test)]
@@ -222,18 +186,5 @@ mod tests {
             .unwrap()
             .into_parts();
         assert_eq!(decided_method(&keyed, &[], &parts), Ok(None));
-    }
-
-    #[test]
-    fn underscore_spellings_of_a_name_are_found() {
-        let key = HeaderName::from_static("idempotency-key");
-        let tenant = HeaderName::from_static("x-api-key");
-        let names = [&key, &tenant];
-        let h = headers(&[("idempotency_key", "k")]);
-        assert_eq!(look_alike(&h, &names).map(|(_, n)| n), Some(&key));
-        let h = headers(&[("x_api-key", "t"), ("content-type", "a/b")]);
-        assert_eq!(look_alike(&h, &names).map(|(_, n)| n), Some(&tenant));
-        let h = headers(&[("idempotency-key", "k"), ("x_other", "1")]);
-        assert_eq!(look_alike(&h, &names), None);
     }
 }

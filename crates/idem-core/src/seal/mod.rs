@@ -38,6 +38,10 @@
 //! Version 1 of the format (bound to scope, status and key id only) opens only where a
 //! migration setting allows it ([`Sealed::read_unsealed`](crate::Sealed::read_unsealed)).
 
+mod store;
+
+pub use store::Sealed;
+
 use std::fmt;
 use std::sync::Arc;
 
@@ -416,5 +420,4 @@ fn random_nonce() -> [u8; NONCE_LEN] {
 }
 
 #[cfg(test)]
-#[path = "seal_tests.rs"]
 mod tests;
