@@ -86,6 +86,7 @@ pub mod schema;
 mod statements;
 mod store;
 mod tls;
+mod write;
 
 pub use batch::{BatchStats, DEFAULT_MAX_BATCH};
 pub use durability::DurabilityRisk;

@@ -192,6 +192,7 @@ mod open;
 mod purge;
 mod record;
 mod replication;
+mod reserve;
 mod store;
 mod subscribe;
 mod target;
