@@ -78,6 +78,8 @@ mod relay;
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod table;
 
 pub use error::{Error, Result};
 pub use message::{Destination, MAX_ID_LEN, Message, ParkedMessage, StagedMessage};
@@ -94,9 +96,11 @@ pub use relay::{Relay, RelayOptions, RoundReport};
 #[cfg(feature = "sqlite")]
 pub use sql::SQLITE_RELAY_LEASE;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use sql::{DEFAULT_TABLE, SqlDatabase, SqlOutbox};
+pub use sql::{SqlDatabase, SqlOutbox};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteOutbox;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use table::DEFAULT_TABLE;
 
 /// The README's examples, compiled as doctests so that they cannot rot.
 #[cfg(doctest)]
