@@ -14,7 +14,7 @@ use sqlx::{Connection, PgConnection, PgPool};
 use crate::batch::{BatchConfig, Batcher, DEFAULT_MAX_BATCH};
 use crate::durability::durability_risk;
 use crate::error::Error;
-use crate::listen::Listener;
+use crate::listen;
 use crate::schema::{self, DEFAULT_TABLE};
 use crate::statements::Statements;
 use crate::store::PgStore;
@@ -206,7 +206,7 @@ impl PgStoreOptions {
         });
         let listener = tokio::runtime::Handle::try_current()
             .is_ok()
-            .then(|| Arc::new(Listener::spawn(&pool, table.as_str())));
+            .then(|| Arc::new(listen::spawn(&pool, table.as_str())));
         Ok(PgStore {
             listener,
             batch,

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::codec::encode_response_headers;
 use idem_core::{
-    Ambiguity, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Scope, SharedClock,
-    Store, StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig, Watch,
+    Ambiguity, ChangeFeed, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Scope,
+    SharedClock, Store, StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig, Watch,
 };
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
@@ -16,7 +16,6 @@ use crate::batch::{BatchStats, Batcher, CompleteOp, Op, ReleaseOp};
 use crate::durability::DurabilityRisk;
 use crate::error::{Error, fenced_unless_one, store_error};
 use crate::handoff::Handoff;
-use crate::listen::Listener;
 use crate::schema;
 use crate::statements::{Statements, record_from_row};
 
@@ -41,7 +40,7 @@ pub struct PgStore {
     pub(crate) batch: Option<Arc<Batcher>>,
     /// The `LISTEN` connection that tells waiting duplicates of completions and
     /// releases (SPEC S15); `None` when the store was built outside a tokio runtime.
-    pub(crate) listener: Option<Arc<Listener>>,
+    pub(crate) listener: Option<Arc<ChangeFeed>>,
 }
 
 impl fmt::Debug for PgStore {
@@ -323,7 +322,7 @@ impl Store for PgStore {
     /// [`Watch::poll`].
     fn watch(&self, scope: &Scope) -> Watch {
         match &self.listener {
-            Some(listener) => listener.hub.watch(scope),
+            Some(listener) => listener.hub().watch(scope),
             None => Watch::poll(),
         }
     }

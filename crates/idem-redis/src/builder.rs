@@ -136,7 +136,7 @@ impl RedisStoreBuilder {
         };
         let eviction = eviction_risk(&conn).await.map(Arc::new);
         if let Some(subscriber) = &subscriber {
-            subscriber.ready(self.timeout).await;
+            subscriber.feed.ready(self.timeout).await;
         }
         Ok(RedisStore {
             subscriber,

@@ -186,7 +186,7 @@ impl RedisStore {
     /// on a Redis Cluster).
     pub async fn listening(&self, within: Duration) -> bool {
         match &self.subscriber {
-            Some(subscriber) => subscriber.ready(within).await,
+            Some(subscriber) => subscriber.feed.ready(within).await,
             None => false,
         }
     }
@@ -438,7 +438,7 @@ impl Store for RedisStore {
     /// subscriber is disconnected, [`Watch::poll`].
     fn watch(&self, scope: &Scope) -> Watch {
         match &self.subscriber {
-            Some(subscriber) => subscriber.hub.watch(scope),
+            Some(subscriber) => subscriber.feed.hub().watch(scope),
             None => Watch::poll(),
         }
     }
@@ -446,7 +446,7 @@ impl Store for RedisStore {
     /// Stops the subscriber; the shared connection closes with the last clone.
     async fn close(&self) {
         if let Some(subscriber) = &self.subscriber {
-            subscriber.stop();
+            subscriber.feed.stop();
         }
     }
 
