@@ -66,8 +66,8 @@ impl PgStore {
 
     /// The server's settings if, when the store connected, they let a crash lose
     /// acknowledged records (see [`DurabilityRisk`]); `None` when they did not, could
-    /// not be read, or were not read ([`connect_lazy`](crate::PgStoreOptions::connect_lazy),
-    /// or [`from_pool`](crate::PgStoreOptions::from_pool) with the migration off). The store
+    /// not be read, or were not read ([`connect_lazy`](crate::PgStoreBuilder::connect_lazy),
+    /// or [`from_pool`](crate::PgStoreBuilder::from_pool) with the migration off). The store
     /// logs a warning when it finds them.
     pub fn durability_risk(&self) -> Option<&DurabilityRisk> {
         self.durability.as_deref()

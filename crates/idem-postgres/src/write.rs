@@ -395,7 +395,7 @@ mod tests {
         );
         let clock = idem_core::ManualClock::starting_now();
         let table = format!("idem_records_{}", unique_namespace("unconfirmed"));
-        let store = match PgStore::options()
+        let store = match PgStore::builder()
             .table(&table)
             .clock(Arc::new(clock.clone()))
             .connect(&url)
