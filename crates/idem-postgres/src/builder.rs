@@ -278,6 +278,13 @@ impl PgStore {
 mod tests {
     use super::*;
 
+    #[test]
+    #[allow(deprecated)]
+    fn the_former_builder_names_still_build() {
+        let options: PgStoreOptions = PgStore::options().max_connections(3);
+        assert_eq!(options.max_connections, 3);
+    }
+
     #[tokio::test]
     async fn bad_table_name_or_url_is_rejected_before_connecting() {
         let url = "postgres://postgres@127.0.0.1:5432/test";
