@@ -96,8 +96,12 @@ impl FeedSession {
     }
 }
 
-/// A store's change notifications, heard on a connection that a background task keeps
-/// up: see the [module](self) docs. Stops when dropped or [stopped](Self::stop).
+/// A store's change notifications (SPEC S15), heard on a connection of its own that a
+/// background task keeps up. The task runs the connection's session (connect,
+/// subscribe, serve until it fails); when a session ends it marks the hub not live,
+/// which wakes every waiter to look again for what it may have missed, pauses
+/// ([`Backoff`], with jitter) and connects again. While the hub is not live new watches
+/// poll. Stops when dropped or [stopped](Self::stop).
 #[derive(Debug)]
 pub struct ChangeFeed {
     hub: ChangeHub,
