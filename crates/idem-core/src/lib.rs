@@ -57,6 +57,8 @@ mod canonical;
 mod clock;
 pub mod codec;
 mod decision;
+#[cfg(feature = "tokio")]
+mod feed;
 mod fingerprint;
 mod form;
 #[cfg(feature = "fuzzing")]
@@ -90,6 +92,8 @@ mod wrapper;
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp, duration_millis};
 pub use codec::{AMBIGUOUS_HEADER, REFERENCE_HEADER, TRAILER_PREFIX};
 pub use decision::{Decision, Reservation, decide};
+#[cfg(feature = "tokio")]
+pub use feed::{Backoff, ChangeFeed, FEED_FIRST_BACKOFF, FEED_MAX_BACKOFF, FeedSession};
 pub use fingerprint::{
     DEFAULT_BODY_LIMIT, Fingerprint, FingerprintOptions, PointerError, is_json_content_type,
 };

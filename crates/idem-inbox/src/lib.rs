@@ -13,6 +13,9 @@
 //! | [`PgInbox`] | `postgres` | exactly once, effects in the same PostgreSQL transaction, many consumers |
 //! | [`RedisInbox`] | `redis` | effects outside any transaction: at least once across crashes (see its docs) |
 //!
+//! [`SqliteInbox`] and [`PgInbox`] are one implementation, [`SqlInbox`], over the
+//! sqlx database named by [`SqlDatabase`].
+//!
 //! The PostgreSQL pool and the Redis client a caller hands in may use TLS: the
 //! `postgres` and `redis` features build sqlx and redis-rs with rustls on the ring
 //! provider (`sslmode=verify-full&sslrootcert=FILE`, `rediss://`).
@@ -103,7 +106,7 @@ pub use rabbit::{QueueType, RabbitDelivery, RabbitInbox, RabbitOptions, RabbitSt
 pub use redis::{DEFAULT_IN_FLIGHT_LEASE, RedisInbox};
 pub use retention::{DEFAULT_RETENTION, PurgeConfig, Purger, RetentionWarning, check_retention};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use sql::DEFAULT_TABLE;
+pub use sql::{DEFAULT_TABLE, SqlDatabase, SqlInbox};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteInbox;
 

@@ -1,19 +1,13 @@
 //! `PgInbox`: the processed-message table in PostgreSQL.
 
-use std::sync::Arc;
-use std::time::Duration;
+use sqlx::Postgres;
 
-use futures_util::future::BoxFuture;
-use idem_core::SharedClock;
-use sqlx::{AssertSqlSafe, PgPool, Postgres, Transaction};
+use crate::SqlInbox;
+use crate::sql::{SqlDatabase, sealed};
 
-use crate::inbox::validate_id;
-use crate::sql::{SqlSettings, affected, limit, validate_table};
-use crate::{Error, Inbox, Outcome, Result};
-
-/// An [`Inbox`] whose processed-message table lives in PostgreSQL, next to the
-/// consumer's own tables: the effects run inside the transaction that records the
-/// message, so both commit or neither does. Any number of consumer processes on any
+/// An [`Inbox`](crate::Inbox) whose processed-message table lives in PostgreSQL, next
+/// to the consumer's own tables: the effects run inside the transaction that records
+/// the message, so both commit or neither does. Any number of consumer processes on any
 /// number of machines may share one table.
 ///
 /// A delivery whose message is being processed by another transaction waits on that
@@ -40,173 +34,16 @@ use crate::{Error, Inbox, Outcome, Result};
 /// assert_eq!(outcome, Outcome::Processed(()));
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
-pub struct PgInbox {
-    pool: PgPool,
-    settings: SqlSettings,
-    sql: Arc<Statements>,
-}
+pub type PgInbox = SqlInbox<Postgres>;
 
-#[derive(Debug)]
-struct Statements {
-    create: Vec<Arc<str>>,
-    insert: Arc<str>,
-    contains: Arc<str>,
-    purge: Arc<str>,
-}
+impl sealed::Sealed for Postgres {}
 
-impl Statements {
-    fn new(t: &str) -> Statements {
-        Statements {
-            create: vec![
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\
-                     consumer TEXT NOT NULL, \
-                     message_id TEXT NOT NULL, \
-                     processed_at BIGINT NOT NULL, \
-                     PRIMARY KEY (consumer, message_id))"
-                )
-                .into(),
-                format!(
-                    "CREATE INDEX IF NOT EXISTS {t}_processed_at ON {t} (consumer, processed_at)"
-                )
-                .into(),
-            ],
-            insert: format!(
-                "INSERT INTO {t} (consumer, message_id, processed_at) VALUES ($1, $2, $3) \
-                 ON CONFLICT (consumer, message_id) DO NOTHING"
-            )
-            .into(),
-            contains: format!("SELECT 1 FROM {t} WHERE consumer = $1 AND message_id = $2").into(),
-            purge: format!(
-                "DELETE FROM {t} WHERE (consumer, message_id) IN (SELECT consumer, message_id \
-                 FROM {t} WHERE consumer = $1 AND processed_at < $2 LIMIT $3)"
-            )
-            .into(),
-        }
-    }
-}
+impl SqlDatabase for Postgres {
+    const MILLIS: &'static str = "BIGINT";
+    const TABLE_OPTIONS: &'static str = "";
+    const MIGRATION_LOCK: Option<&'static str> = Some("SELECT pg_advisory_xact_lock(hashtext($1))");
 
-impl PgInbox {
-    /// An inbox for `consumer` on `pool`, with the default table
-    /// ([`DEFAULT_TABLE`](crate::DEFAULT_TABLE)), retention
-    /// ([`DEFAULT_RETENTION`](crate::DEFAULT_RETENTION)) and the system clock. Call
-    /// [`migrate`](Self::migrate) once before use.
-    pub fn new(pool: PgPool, consumer: impl Into<String>) -> Result<PgInbox> {
-        let settings = SqlSettings::new(consumer.into())?;
-        let sql = Arc::new(Statements::new(&settings.table));
-        Ok(PgInbox {
-            pool,
-            settings,
-            sql,
-        })
-    }
-
-    /// Uses the table `table` (a plain SQL identifier).
-    pub fn with_table(mut self, table: &str) -> Result<PgInbox> {
-        validate_table(table)?;
-        self.settings.table = table.into();
-        self.sql = Arc::new(Statements::new(table));
-        Ok(self)
-    }
-
-    /// Keeps processed-message rows for `retention`.
-    pub fn with_retention(mut self, retention: Duration) -> PgInbox {
-        self.settings.retention = retention;
-        self
-    }
-
-    /// Reads the time from `clock` (tests use a `ManualClock`).
-    pub fn with_clock(mut self, clock: SharedClock) -> PgInbox {
-        self.settings.clock = clock;
-        self
-    }
-
-    /// The pool.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// The processed-message table's name.
-    pub fn table(&self) -> &str {
-        &self.settings.table
-    }
-
-    /// Creates the processed-message table and its index if they do not exist.
-    /// Consumers starting together serialise on an advisory lock, since concurrent
-    /// `CREATE TABLE IF NOT EXISTS` can still collide in PostgreSQL's catalog.
-    pub async fn migrate(&self) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(format!("idem-inbox:{}", self.settings.table))
-            .execute(&mut *tx)
-            .await?;
-        for stmt in &self.sql.create {
-            sqlx::query(AssertSqlSafe(stmt.clone()))
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-}
-
-impl Inbox for PgInbox {
-    type Tx = Transaction<'static, Postgres>;
-
-    fn consumer(&self) -> &str {
-        &self.settings.consumer
-    }
-
-    fn retention(&self) -> Duration {
-        self.settings.retention
-    }
-
-    async fn process<T, E, F>(&self, message_id: &str, effects: F) -> Result<Outcome<T>, E>
-    where
-        T: Send,
-        E: From<Error> + Send,
-        F: for<'t> FnOnce(&'t mut Self::Tx) -> BoxFuture<'t, Result<T, E>> + Send,
-    {
-        validate_id("message id", message_id)?;
-        let mut tx = self.pool.begin().await.map_err(Error::from)?;
-        // The insert decides: of any number of deliveries, the one whose row lands
-        // runs the effects; the others block on its uncommitted row, then see it
-        // (DO NOTHING) or, if it rolled back, insert their own.
-        let inserted = sqlx::query(AssertSqlSafe(self.sql.insert.clone()))
-            .bind(&*self.settings.consumer)
-            .bind(message_id)
-            .bind(self.settings.clock.now().as_millis())
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::from)?
-            .rows_affected();
-        if inserted == 0 {
-            tx.rollback().await.map_err(Error::from)?;
-            return Ok(Outcome::Duplicate);
-        }
-        // An error here drops `tx`, which rolls back the row with the effects.
-        let value = effects(&mut tx).await?;
-        tx.commit().await.map_err(Error::from)?;
-        Ok(Outcome::Processed(value))
-    }
-
-    async fn contains(&self, message_id: &str) -> Result<bool> {
-        let row = sqlx::query(AssertSqlSafe(self.sql.contains.clone()))
-            .bind(&*self.settings.consumer)
-            .bind(message_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.is_some())
-    }
-
-    async fn purge_expired(&self, batch: usize) -> Result<usize> {
-        let done = sqlx::query(AssertSqlSafe(self.sql.purge.clone()))
-            .bind(&*self.settings.consumer)
-            .bind(self.settings.cutoff())
-            .bind(limit(batch))
-            .execute(&self.pool)
-            .await?;
-        Ok(affected(done.rows_affected()))
+    fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
+        result.rows_affected()
     }
 }

@@ -16,6 +16,9 @@
 //! | [`NatsPublisher`] | `nats` | JetStream publish with `Nats-Msg-Id` = message id, the stream's ack awaited |
 //! | [`RabbitPublisher`] | `rabbitmq` | AMQP publish with publisher confirms, persistent delivery, `message-id` = message id, `mandatory` |
 //!
+//! [`SqliteOutbox`] and [`PgOutbox`] are one implementation, [`SqlOutbox`], over the
+//! sqlx database named by [`SqlDatabase`].
+//!
 //! Delivery is at least once and never loses a committed message: a relay killed
 //! between the broker's confirmation and its mark publishes the message again, so the
 //! consumer de-duplicates on the message id (`idem-inbox`). Messages sharing an
@@ -75,6 +78,8 @@ mod relay;
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod table;
 
 pub use error::{Error, Result};
 pub use message::{Destination, MAX_ID_LEN, Message, ParkedMessage, StagedMessage};
@@ -88,10 +93,14 @@ pub use publish::{Publish, PublishError};
 #[cfg(feature = "rabbitmq")]
 pub use rabbit::RabbitPublisher;
 pub use relay::{Relay, RelayOptions, RoundReport};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use sql::DEFAULT_TABLE;
 #[cfg(feature = "sqlite")]
-pub use sqlite::{SQLITE_RELAY_LEASE, SqliteOutbox};
+pub use sql::SQLITE_RELAY_LEASE;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sql::{SqlDatabase, SqlOutbox};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteOutbox;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use table::DEFAULT_TABLE;
 
 /// The README's examples, compiled as doctests so that they cannot rot.
 #[cfg(doctest)]

@@ -124,20 +124,3 @@ pub(crate) fn now_ms() -> i64 {
 pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
-
-/// Builds [`OutboxStats`] from the counts the backends read.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn stats(
-    unpublished: i64,
-    oldest_staged_ms: Option<i64>,
-    parked: i64,
-    published: i64,
-) -> OutboxStats {
-    let age = oldest_staged_ms.map_or(0, |t| now_ms().saturating_sub(t).max(0));
-    OutboxStats {
-        unpublished: crate::sql::count(unpublished),
-        parked: crate::sql::count(parked),
-        published: crate::sql::count(published),
-        oldest_unpublished_age: Duration::from_millis(u64::try_from(age).unwrap_or(0)),
-    }
-}

@@ -1,144 +1,445 @@
-//! What the SQL outboxes share: table names and reading a claimed row.
+//! [`SqlOutbox`]: the outbox table over sqlx, one implementation for SQLite and
+//! PostgreSQL. What differs between the two (column types, how a relay claims and is
+//! woken, how a list of `seq`s binds) is a [`SqlDatabase`]'s few items, in `sqlite.rs`
+//! and `postgres.rs`; the rows are read in `table.rs`.
 
-use crate::{Destination, Error, Message, ParkedMessage, Result, StagedMessage};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
 
-/// The outbox table's default name.
-pub const DEFAULT_TABLE: &str = "idem_outbox";
+use sqlx::query::Query;
+use sqlx::{
+    AssertSqlSafe, Database, Encode, Executor, FromRow, IntoArguments, Pool, Transaction, Type,
+};
 
-/// The longest table name: room is left for the suffixes of the indexes and the relay
-/// lease table within PostgreSQL's 63-byte identifiers.
-const MAX_TABLE_LEN: usize = 40;
+use crate::outbox::{ms, now_ms};
+use crate::table::{
+    CLAIM_COLUMNS, ClaimRow, DEFAULT_TABLE, PARKED_COLUMNS, ParkedRow, affected, limit, parked,
+    staged, stats, validate_table,
+};
+use crate::{Message, Outbox, OutboxStats, ParkedMessage, Result, Settlement, StagedMessage};
 
-/// Table names are spliced into SQL, so only plain identifiers are accepted.
-pub(crate) fn validate_table(name: &str) -> Result<()> {
-    let mut chars = name.chars();
-    let first_ok = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    if first_ok
-        && name.len() <= MAX_TABLE_LEN
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-    {
-        Ok(())
-    } else {
-        Err(Error::invalid(
-            "table name",
-            format!(
-                "{name:?}: 1 to {MAX_TABLE_LEN} ASCII letters, digits or '_', not starting with a digit"
-            ),
-        ))
+/// A sqlx database a [`SqlOutbox`] can keep its table in: `sqlx::Sqlite` (feature
+/// `sqlite`) or `sqlx::Postgres` (feature `postgres`). Sealed: its items are the places
+/// where the two dialects differ.
+pub trait SqlDatabase: Database<Arguments: IntoArguments<Self>> + sealed::Sealed {
+    /// A claimed batch ([`Outbox::Batch`]).
+    #[doc(hidden)]
+    type Batch: Send;
+    /// What a relay waits on ([`Outbox::Listener`]).
+    #[doc(hidden)]
+    type Listener: Send;
+    /// Statements of this dialect alone.
+    #[doc(hidden)]
+    type Extra: fmt::Debug + Send + Sync;
+    /// The `seq` column's type and key.
+    #[doc(hidden)]
+    const SEQ: &'static str;
+    /// The column type of a body.
+    #[doc(hidden)]
+    const BYTES: &'static str;
+    /// The column type of a timestamp or a count.
+    #[doc(hidden)]
+    const INTEGER: &'static str;
+    /// What follows `WITH c AS` in the claim, before its query.
+    #[doc(hidden)]
+    const CLAIM_CTE: &'static str;
+    /// What ends the claim's choice of rows.
+    #[doc(hidden)]
+    const CLAIM_LOCK: &'static str;
+    /// How `seq` is matched against `$2`, the published list as
+    /// [`bind_seqs`](SqlDatabase::bind_seqs) binds it.
+    #[doc(hidden)]
+    const SEQ_IN: &'static str;
+    /// A statement taking the lock name as `$1` that serialises concurrent
+    /// migrations until the transaction ends, where the catalog needs it.
+    #[doc(hidden)]
+    const MIGRATION_LOCK: Option<&'static str>;
+    /// Whether the staging statement also takes the table's name as `$8`.
+    #[doc(hidden)]
+    const STAGE_TAKES_CHANNEL: bool;
+    /// The staging statement around the plain insert `insert`; it reports one row
+    /// affected when it inserted.
+    #[doc(hidden)]
+    fn stage_statement(insert: String) -> String;
+    /// Tables beside the outbox table.
+    #[doc(hidden)]
+    fn extra_tables(table: &str) -> Vec<String>;
+    /// This dialect's own statements.
+    #[doc(hidden)]
+    fn extra(table: &str) -> Self::Extra;
+    /// The rows a statement touched.
+    #[doc(hidden)]
+    fn rows_affected(result: &Self::QueryResult) -> u64;
+    /// Binds the published messages' `seq`s as [`SEQ_IN`](SqlDatabase::SEQ_IN) reads
+    /// them.
+    #[doc(hidden)]
+    fn bind_seqs(
+        query: Query<'_, Self, Self::Arguments>,
+        seqs: Vec<i64>,
+    ) -> Query<'_, Self, Self::Arguments>;
+    /// [`Outbox::claim`].
+    #[doc(hidden)]
+    fn claim(
+        outbox: &SqlOutbox<Self>,
+        relay: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<(Self::Batch, Vec<StagedMessage>)>> + Send;
+    /// The transaction that settles `batch`: its own, or a new one; `None` when the
+    /// batch holds nothing.
+    #[doc(hidden)]
+    fn settling(
+        pool: &Pool<Self>,
+        batch: Self::Batch,
+    ) -> impl Future<Output = Result<Option<Transaction<'static, Self>>>> + Send;
+    /// [`Outbox::listen`].
+    #[doc(hidden)]
+    fn listen(outbox: &SqlOutbox<Self>) -> impl Future<Output = Result<Self::Listener>> + Send;
+    /// [`Outbox::wait_for_work`].
+    #[doc(hidden)]
+    fn wait_for_work(
+        outbox: &SqlOutbox<Self>,
+        listener: &mut Self::Listener,
+        timeout: Duration,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+pub(crate) mod sealed {
+    /// Keeps [`SqlDatabase`](super::SqlDatabase) to the databases this crate knows.
+    pub trait Sealed {}
+}
+
+/// An [`Outbox`] whose table lives in a SQL database next to the business tables:
+/// [`stage`](Outbox::stage) runs in the caller's transaction. Used through its aliases,
+/// [`SqliteOutbox`](crate::SqliteOutbox) and [`PgOutbox`](crate::PgOutbox).
+#[derive(Debug)]
+pub struct SqlOutbox<DB: SqlDatabase> {
+    pub(crate) pool: Pool<DB>,
+    pub(crate) table: Arc<str>,
+    pub(crate) sql: Arc<Statements<DB>>,
+    /// How long a SQLite relay's claim on the file lasts without renewal.
+    pub(crate) relay_lease: Duration,
+}
+
+impl<DB: SqlDatabase> Clone for SqlOutbox<DB> {
+    fn clone(&self) -> Self {
+        SqlOutbox {
+            pool: self.pool.clone(),
+            table: self.table.clone(),
+            sql: self.sql.clone(),
+            relay_lease: self.relay_lease,
+        }
     }
 }
 
-/// The columns a claim reads, in this order.
-pub(crate) const CLAIM_COLUMNS: &str = "o.seq, o.id, o.destination, o.routing_key, o.headers, o.body, o.ordering_key, o.staged_at, o.attempts";
-
-/// A claimed row as sqlx decodes it.
-pub(crate) type ClaimRow = (
-    i64,
-    String,
-    String,
-    Option<String>,
-    String,
-    Vec<u8>,
-    Option<String>,
-    i64,
-    i64,
-);
-
-pub(crate) fn staged(row: ClaimRow) -> Result<StagedMessage> {
-    let (seq, id, destination, routing_key, headers, body, ordering_key, staged_at, attempts) = row;
-    Ok(StagedMessage {
-        seq,
-        message: Message {
-            id,
-            destination: Destination::from_columns(destination, routing_key),
-            headers: Message::headers_from_json(&headers)?,
-            body,
-            ordering_key,
-        },
-        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-        staged_at_ms: staged_at,
-    })
+#[derive(Debug)]
+pub(crate) struct Statements<DB: SqlDatabase> {
+    create: Vec<String>,
+    stage: String,
+    pub(crate) claim: String,
+    published: String,
+    retry: String,
+    park: String,
+    unpublished: String,
+    parked_count: String,
+    published_count: String,
+    purge: String,
+    parked: String,
+    requeue: String,
+    #[cfg_attr(
+        not(feature = "sqlite"),
+        expect(dead_code, reason = "only SQLite has statements of its own")
+    )]
+    pub(crate) extra: DB::Extra,
 }
 
-/// The columns [`parked`] reads, in this order.
-pub(crate) const PARKED_COLUMNS: &str = "o.seq, o.id, o.destination, o.routing_key, o.headers, o.body, o.ordering_key, o.staged_at, o.attempts, o.last_error, o.parked_at";
-
-/// A parked row as sqlx decodes it: a claimed row, the error and the parking time.
-pub(crate) type ParkedRow = (
-    i64,
-    String,
-    String,
-    Option<String>,
-    String,
-    Vec<u8>,
-    Option<String>,
-    i64,
-    i64,
-    Option<String>,
-    i64,
-);
-
-pub(crate) fn parked(row: ParkedRow) -> Result<ParkedMessage> {
-    let (
-        seq,
-        id,
-        destination,
-        routing_key,
-        headers,
-        body,
-        key,
-        staged_at,
-        attempts,
-        error,
-        parked_at,
-    ) = row;
-    let staged = staged((
-        seq,
-        id,
-        destination,
-        routing_key,
-        headers,
-        body,
-        key,
-        staged_at,
-        attempts,
-    ))?;
-    Ok(ParkedMessage {
-        message: staged.message,
-        error: error.unwrap_or_default(),
-        attempts: staged.attempts,
-        parked_at_ms: parked_at,
-    })
-}
-
-/// Rows affected, as `usize`.
-pub(crate) fn affected(n: u64) -> usize {
-    usize::try_from(n).unwrap_or(usize::MAX)
-}
-
-/// A limit as the `i64` SQL binds.
-pub(crate) fn limit(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-/// A count as `u64`.
-pub(crate) fn count(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_names_must_be_plain_identifiers() {
-        for good in ["idem_outbox", "_x", "Outbox2", &"t".repeat(MAX_TABLE_LEN)] {
-            assert!(validate_table(good).is_ok(), "{good}");
+impl<DB: SqlDatabase> Statements<DB> {
+    fn new(t: &str) -> Statements<DB> {
+        let pending = "published_at IS NULL AND parked_at IS NULL";
+        let (seq, bytes, int) = (DB::SEQ, DB::BYTES, DB::INTEGER);
+        let mut create = vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                 seq {seq}, \
+                 id TEXT NOT NULL UNIQUE, \
+                 destination TEXT NOT NULL, \
+                 routing_key TEXT, \
+                 headers TEXT NOT NULL, \
+                 body {bytes} NOT NULL, \
+                 ordering_key TEXT, \
+                 staged_at {int} NOT NULL, \
+                 attempts {int} NOT NULL DEFAULT 0, \
+                 next_attempt_at {int} NOT NULL, \
+                 published_at {int}, \
+                 parked_at {int}, \
+                 last_error TEXT)"
+            ),
+            format!("CREATE INDEX IF NOT EXISTS {t}_pending ON {t} (seq) WHERE {pending}"),
+            format!(
+                "CREATE INDEX IF NOT EXISTS {t}_ordering ON {t} (ordering_key, seq) WHERE {pending}"
+            ),
+            format!(
+                "CREATE INDEX IF NOT EXISTS {t}_published ON {t} (published_at) \
+                 WHERE published_at IS NOT NULL"
+            ),
+        ];
+        create.extend(DB::extra_tables(t));
+        let (cte, lock, seq_in) = (DB::CLAIM_CTE, DB::CLAIM_LOCK, DB::SEQ_IN);
+        Statements {
+            create,
+            stage: DB::stage_statement(format!(
+                "INSERT INTO {t} (id, destination, routing_key, headers, body, ordering_key, \
+                 staged_at, next_attempt_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7) \
+                 ON CONFLICT (id) DO NOTHING"
+            )),
+            // The CTE takes the due rows (in PostgreSQL, the ones no other relay holds,
+            // locked); a message then waits for every earlier unfinished message of its
+            // ordering key outside this batch (another relay's, or one in backoff).
+            claim: format!(
+                "WITH c AS{cte} (SELECT seq FROM {t} WHERE {pending} \
+                 AND next_attempt_at <= $1 ORDER BY seq LIMIT $2{lock}) \
+                 SELECT {CLAIM_COLUMNS} FROM {t} o JOIN c ON c.seq = o.seq \
+                 WHERE o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {t} e \
+                 WHERE e.ordering_key = o.ordering_key AND e.seq < o.seq \
+                 AND e.published_at IS NULL AND e.parked_at IS NULL \
+                 AND e.seq NOT IN (SELECT seq FROM c)) ORDER BY o.seq"
+            ),
+            published: format!("UPDATE {t} SET published_at = $1 WHERE seq {seq_in}"),
+            retry: format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = $2, next_attempt_at = $3 \
+                 WHERE seq = $1"
+            ),
+            park: format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = $2, parked_at = $3 \
+                 WHERE seq = $1"
+            ),
+            unpublished: format!("SELECT count(*), min(staged_at) FROM {t} WHERE {pending}"),
+            parked_count: format!("SELECT count(*) FROM {t} WHERE parked_at IS NOT NULL"),
+            published_count: format!("SELECT count(*) FROM {t} WHERE published_at IS NOT NULL"),
+            purge: format!(
+                "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} \
+                 WHERE published_at IS NOT NULL AND published_at < $1 LIMIT $2)"
+            ),
+            parked: format!(
+                "SELECT {PARKED_COLUMNS} FROM {t} o WHERE o.parked_at IS NOT NULL \
+                 ORDER BY o.seq LIMIT $1"
+            ),
+            requeue: format!(
+                "UPDATE {t} SET parked_at = NULL, attempts = 0, next_attempt_at = $2 \
+                 WHERE id = $1 AND parked_at IS NOT NULL"
+            ),
+            extra: DB::extra(t),
         }
-        for bad in ["", "1abc", "a-b", "a;drop table x", "s.t", &"t".repeat(41)] {
-            assert!(validate_table(bad).is_err(), "{bad}");
+    }
+}
+
+/// How long a SQLite relay's claim on the file lasts without renewal, unless
+/// [`SqliteOutbox::with_relay_lease`](crate::SqliteOutbox) says otherwise: another relay
+/// (a second process on the same file) waits that long after the first one died.
+pub const SQLITE_RELAY_LEASE: Duration = Duration::from_secs(15);
+
+impl<DB: SqlDatabase> SqlOutbox<DB> {
+    /// An outbox on `pool` with the table [`DEFAULT_TABLE`]. Call
+    /// [`migrate`](Self::migrate) once before use.
+    pub fn new(pool: Pool<DB>) -> SqlOutbox<DB> {
+        SqlOutbox {
+            pool,
+            table: DEFAULT_TABLE.into(),
+            sql: Arc::new(Statements::new(DEFAULT_TABLE)),
+            relay_lease: SQLITE_RELAY_LEASE,
         }
+    }
+
+    /// Uses the table `table` (a plain SQL identifier of at most 40 bytes). In
+    /// PostgreSQL its name is also the notification channel.
+    pub fn with_table(mut self, table: &str) -> Result<SqlOutbox<DB>> {
+        validate_table(table)?;
+        self.table = table.into();
+        self.sql = Arc::new(Statements::new(table));
+        Ok(self)
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.pool
+    }
+
+    /// The outbox table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+}
+
+impl<DB: SqlDatabase> SqlOutbox<DB>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+{
+    /// Creates the outbox table, its indexes and, for SQLite, the relay lease table if
+    /// they do not exist. In PostgreSQL, services starting together serialise on an
+    /// advisory lock, since concurrent `CREATE TABLE IF NOT EXISTS` can still collide in
+    /// its catalog.
+    pub async fn migrate(&self) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        if let Some(lock) = DB::MIGRATION_LOCK {
+            let name = format!("idem-outbox:{}", self.table);
+            sqlx::query(lock)
+                .bind(name.as_str())
+                .execute(&mut *tx)
+                .await?;
+        }
+        for stmt in &self.sql.create {
+            sqlx::query(AssertSqlSafe(stmt.as_str()))
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Claims the due rows with the statement `claim` through `executor`.
+pub(crate) async fn claim_rows<'c, DB, E>(
+    claim: &str,
+    executor: E,
+    now: i64,
+    max: usize,
+) -> Result<Vec<StagedMessage>>
+where
+    DB: SqlDatabase,
+    E: Executor<'c, Database = DB>,
+    for<'a> i64: Encode<'a, DB> + Type<DB>,
+    ClaimRow: for<'r> FromRow<'r, DB::Row>,
+{
+    let rows: Vec<ClaimRow> = sqlx::query_as(AssertSqlSafe(claim))
+        .bind(now)
+        .bind(limit(max))
+        .fetch_all(executor)
+        .await?;
+    rows.into_iter().map(staged).collect()
+}
+
+fn q<DB: SqlDatabase>(sql: &str) -> Query<'_, DB, DB::Arguments> {
+    sqlx::query(AssertSqlSafe(sql))
+}
+
+impl<DB: SqlDatabase> Outbox for SqlOutbox<DB>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    for<'a> Option<&'a str>: Encode<'a, DB> + Type<DB>,
+    for<'a> &'a [u8]: Encode<'a, DB> + Type<DB>,
+    for<'a> i64: Encode<'a, DB> + Type<DB>,
+    (i64,): for<'r> FromRow<'r, DB::Row>,
+    (i64, Option<i64>): for<'r> FromRow<'r, DB::Row>,
+    ParkedRow: for<'r> FromRow<'r, DB::Row>,
+{
+    type Tx = Transaction<'static, DB>;
+    type Batch = DB::Batch;
+    type Listener = DB::Listener;
+
+    async fn stage(&self, tx: &mut Self::Tx, message: &Message) -> Result<bool> {
+        message.validate()?;
+        let (destination, routing_key) = message.destination.columns();
+        let headers = message.headers_json();
+        let mut query = q(&self.sql.stage)
+            .bind(message.id.as_str())
+            .bind(destination)
+            .bind(routing_key)
+            .bind(headers.as_str())
+            .bind(message.body.as_slice())
+            .bind(message.ordering_key.as_deref())
+            .bind(now_ms());
+        if DB::STAGE_TAKES_CHANNEL {
+            query = query.bind(&*self.table);
+        }
+        let done = query.execute(&mut **tx).await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn claim(&self, relay: &str, limit: usize) -> Result<(DB::Batch, Vec<StagedMessage>)> {
+        DB::claim(self, relay, limit).await
+    }
+
+    async fn settle(&self, batch: DB::Batch, outcomes: Vec<(i64, Settlement)>) -> Result<()> {
+        let Some(mut tx) = DB::settling(&self.pool, batch).await? else {
+            return Ok(());
+        };
+        let now = now_ms();
+        let published: Vec<i64> = outcomes
+            .iter()
+            .filter(|(_, s)| *s == Settlement::Published)
+            .map(|(seq, _)| *seq)
+            .collect();
+        if !published.is_empty() {
+            DB::bind_seqs(q(&self.sql.published).bind(now), published)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for (seq, settlement) in &outcomes {
+            let (statement, error, at) = match settlement {
+                Settlement::Retry { error, after } => {
+                    (&self.sql.retry, error, now.saturating_add(ms(*after)))
+                }
+                Settlement::Park { error } => (&self.sql.park, error, now),
+                Settlement::Published | Settlement::Untouched => continue,
+            };
+            q(statement)
+                .bind(*seq)
+                .bind(error.as_str())
+                .bind(at)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn listen(&self) -> Result<DB::Listener> {
+        DB::listen(self).await
+    }
+
+    async fn wait_for_work(&self, listener: &mut DB::Listener, timeout: Duration) {
+        DB::wait_for_work(self, listener, timeout).await;
+    }
+
+    async fn stats(&self) -> Result<OutboxStats> {
+        let (unpublished, oldest): (i64, Option<i64>) =
+            sqlx::query_as(AssertSqlSafe(self.sql.unpublished.as_str()))
+                .fetch_one(&self.pool)
+                .await?;
+        let parked: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql.parked_count.as_str()))
+            .fetch_one(&self.pool)
+            .await?;
+        let published: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql.published_count.as_str()))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(stats(unpublished, oldest, parked, published))
+    }
+
+    async fn purge_published(&self, retention: Duration, max: usize) -> Result<usize> {
+        let done = q(&self.sql.purge)
+            .bind(now_ms().saturating_sub(ms(retention)))
+            .bind(limit(max))
+            .execute(&self.pool)
+            .await?;
+        Ok(affected(DB::rows_affected(&done)))
+    }
+
+    async fn parked(&self, max: usize) -> Result<Vec<ParkedMessage>> {
+        let rows: Vec<ParkedRow> = sqlx::query_as(AssertSqlSafe(self.sql.parked.as_str()))
+            .bind(limit(max))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter().map(parked).collect()
+    }
+
+    async fn requeue(&self, id: &str) -> Result<bool> {
+        let done = q(&self.sql.requeue)
+            .bind(id)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
     }
 }

@@ -43,7 +43,7 @@ async fn run() {
     let raw_table = format!("idem_bench_raw_{suffix}");
 
     // Both tables come from the same migration: same columns, same indexes.
-    let admin = match PgStore::options()
+    let admin = match PgStore::builder()
         .table(&store_table)
         .max_connections(2)
         .connect(&url)
@@ -55,7 +55,7 @@ async fn run() {
             return;
         }
     };
-    let raw = PgStore::options()
+    let raw = PgStore::builder()
         .table(&raw_table)
         .max_connections(1)
         .connect(&url)
@@ -83,7 +83,7 @@ async fn run() {
     for callers in CALLERS {
         let mut figures = [0.0; 2];
         for (figure, batching) in figures.iter_mut().zip([true, false]) {
-            let store = PgStore::options()
+            let store = PgStore::builder()
                 .table(&store_table)
                 .max_connections(callers as u32)
                 .acquire_timeout(Duration::from_secs(30))

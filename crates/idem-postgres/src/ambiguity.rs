@@ -5,8 +5,8 @@
 use idem_core::{Ambiguity, Lease, StoreError};
 use sqlx::AssertSqlSafe;
 
-use crate::error::store_error;
-use crate::store::{PgStore, fenced_unless_one};
+use crate::error::{fenced_unless_one, store_error};
+use crate::store::PgStore;
 
 impl PgStore {
     /// [`Store::mark_ambiguous`](idem_core::Store::mark_ambiguous): the reason set on

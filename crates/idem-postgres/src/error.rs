@@ -45,3 +45,13 @@ pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
         other => StoreError::unavailable(other),
     }
 }
+
+/// A fenced write's outcome from the rows it changed: one, or the lease is not the
+/// record's current attempt ([`StoreError::Fenced`]).
+pub(crate) fn fenced_unless_one(rows: u64) -> Result<(), StoreError> {
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::Fenced)
+    }
+}

@@ -9,7 +9,7 @@
 //!   are being written go to the server together, one statement (one round trip, one
 //!   synced commit) per kind of operation for the whole batch, with exactly the
 //!   single-row semantics; a lone operation is written at once
-//!   ([`PgStoreOptions::batching`], [`PgStore::batch_stats`]).
+//!   ([`PgStoreBuilder::batching`], [`PgStore::batch_stats`]).
 //! - **Fenced writes.** `complete`, `renew` and `release` are single statements that
 //!   match the attempt's fencing token (SPEC S7).
 //! - **Same-transaction completion.** [`PgStore::complete_in`] completes the record on
@@ -75,22 +75,25 @@
 
 mod ambiguity;
 mod batch;
+mod builder;
 mod durability;
 mod error;
 mod handoff;
 mod list;
 mod listen;
 mod open;
-mod options;
 pub mod schema;
 mod statements;
 mod store;
 mod tls;
+mod write;
 
 pub use batch::{BatchStats, DEFAULT_MAX_BATCH};
+#[allow(deprecated)]
+pub use builder::PgStoreOptions;
+pub use builder::{DEFAULT_MAX_CONNECTIONS, PgStoreBuilder};
 pub use durability::DurabilityRisk;
 pub use error::{Error, Result};
-pub use options::{DEFAULT_MAX_CONNECTIONS, PgStoreOptions};
 pub use schema::DEFAULT_TABLE;
 pub use store::PgStore;
 

@@ -7,8 +7,8 @@ use idem_core::open::tls::handshake_failure;
 use idem_core::{MigrationPlan, OpenError, OpenStore, StoreOptions};
 use sqlx::{Connection, PgConnection};
 
+use crate::builder::DEFAULT_MAX_CONNECTIONS;
 use crate::durability::durability_risk;
-use crate::options::DEFAULT_MAX_CONNECTIONS;
 use crate::tls;
 use crate::{Error, PgStore};
 
@@ -56,7 +56,7 @@ async fn connect(url: &str, options: &StoreOptions) -> Result<PgStore, OpenError
     let kind = PgStore::KIND;
     refuse_unknown_parameters(url, PARAMETERS)
         .map_err(|reason| OpenError::invalid_url(kind, url, reason))?;
-    let mut builder = PgStore::options();
+    let mut builder = PgStore::builder();
     if let Some(n) = options.pool {
         builder = builder.max_connections(n);
     }

@@ -308,7 +308,7 @@ mod tests {
             "postgres://postgres@127.0.0.1:5432/test",
         );
         let table = format!("idem_records_{}", unique_namespace("plans"));
-        let store = match PgStore::options().table(&table).connect(&url).await {
+        let store = match PgStore::builder().table(&table).connect(&url).await {
             Ok(s) => s,
             Err(Error::Store(StoreError::Unavailable(e))) => {
                 return service_unavailable("PostgreSQL", &url, &e).unwrap_or(());

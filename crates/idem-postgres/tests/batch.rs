@@ -27,7 +27,7 @@ fn request(key: &str, body: &str) -> ReserveRequest {
 /// in the next one.
 async fn store(case: &str) -> Option<common::TempStore> {
     let clock = ManualClock::starting_now();
-    let options = PgStore::options()
+    let options = PgStore::builder()
         .clock(Arc::new(clock))
         .batches_in_flight(1)
         .acquire_timeout(Duration::from_secs(10))

@@ -15,7 +15,7 @@ idem_core::store_contract_tests!(|clock: ManualClock, ns: String| async move {
 #[tokio::test]
 async fn metrics_report_the_pool() {
     let ns = unique_namespace("metrics");
-    let Some(store) = common::connect(PgStore::options().max_connections(3), &ns).await else {
+    let Some(store) = common::connect(PgStore::builder().max_connections(3), &ns).await else {
         return;
     };
     let request = ReserveRequest::new(test_scope("/v1/charges", "k"), test_fingerprint("{}"));
@@ -40,10 +40,10 @@ async fn metrics_report_the_pool() {
 #[tokio::test]
 async fn secrets_are_shared_by_instances_and_survive_reconnecting() {
     let ns = unique_namespace("secret");
-    let Some(a) = common::connect(PgStore::options(), &ns).await else {
+    let Some(a) = common::connect(PgStore::builder(), &ns).await else {
         return;
     };
-    let b = PgStore::options()
+    let b = PgStore::builder()
         .table(common::table_for(&ns))
         .connect(&common::pg_url())
         .await
@@ -55,7 +55,7 @@ async fn secrets_are_shared_by_instances_and_survive_reconnecting() {
     assert_eq!(from_a, from_b);
     assert!(from_a == [1; 32] || from_a == [2; 32], "{from_a:?}");
     b.close().await;
-    let c = PgStore::options()
+    let c = PgStore::builder()
         .table(common::table_for(&ns))
         .connect(&common::pg_url())
         .await

@@ -102,7 +102,7 @@ impl Drop for Instance {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_instance_each_key_wins_exactly_once() {
-    let Some(store) = common::connect(PgStore::options(), &unique_namespace("cross")).await else {
+    let Some(store) = common::connect(PgStore::builder(), &unique_namespace("cross")).await else {
         return;
     };
     let tenant = format!("cross-{:016x}", FencingToken::generate().as_u64());
@@ -171,7 +171,7 @@ async fn cross_instance_each_key_wins_exactly_once() {
 async fn cross_instance_child() {
     let table = std::env::var(CHILD_TABLE).expect("started by the cross-instance test");
     let tenant = std::env::var(CHILD_TENANT).expect("started by the cross-instance test");
-    let store = PgStore::options()
+    let store = PgStore::builder()
         .table(table)
         .max_connections(8)
         .acquire_timeout(Duration::from_secs(30))

@@ -21,7 +21,7 @@ fn with_session_setting(url: &str, setting: &str) -> String {
 #[tokio::test]
 async fn the_store_says_when_the_server_may_lose_acknowledged_records() {
     let ns = unique_namespace("durability");
-    let Some(temp) = common::connect(PgStore::options(), &ns).await else {
+    let Some(temp) = common::connect(PgStore::builder(), &ns).await else {
         return;
     };
     // As the server is set up (both settings on, on the test server).
@@ -41,7 +41,7 @@ async fn the_store_says_when_the_server_may_lose_acknowledged_records() {
 
     // The URL turns synchronous commit off for the store's sessions.
     let url = with_session_setting(&common::pg_url(), "synchronous_commit=off");
-    let relaxed = PgStore::options()
+    let relaxed = PgStore::builder()
         .table(common::table_for(&ns))
         .connect(&url)
         .await

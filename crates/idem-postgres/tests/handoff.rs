@@ -38,7 +38,7 @@ async fn connections_pass_from_operation_to_operation_under_load() {
     const CALLERS: usize = 24;
     const KEYS_EACH: usize = 20;
     let ns = unique_namespace("handoff");
-    let options = PgStore::options().max_connections(2).batching(false);
+    let options = PgStore::builder().max_connections(2).batching(false);
     let Some(store) = common::connect(options, &ns).await else {
         return;
     };
@@ -108,7 +108,7 @@ async fn application_served_under_load(batching: bool, busy: &str) {
     // Bounds the run should the application's turns never come.
     const MAX_KEYS_EACH: usize = 2_000;
     let ns = unique_namespace("handoff_app");
-    let options = PgStore::options()
+    let options = PgStore::builder()
         .max_connections(2)
         .batching(batching)
         .acquire_timeout(Duration::from_secs(10));
@@ -174,7 +174,7 @@ async fn waiting_for_a_connection_is_bounded_by_the_acquire_timeout() {
     // The acquire timeout is long enough for the first reserve to get the one
     // connection on a loaded machine, and far enough below the operation timeout that
     // which of the two ended the wait is plain.
-    let options = PgStore::options()
+    let options = PgStore::builder()
         .max_connections(1)
         .acquire_timeout(Duration::from_secs(3))
         .operation_timeout(Duration::from_secs(30));

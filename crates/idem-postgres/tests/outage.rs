@@ -28,7 +28,7 @@ async fn store_via(relay: &Relay, clock: &ManualClock, ns: &str) -> Option<commo
     // Create the table directly, so that the relayed store starts on a migrated table
     // and the table is dropped at the end whatever the relay's state.
     let direct = common::store_with_clock(clock, ns).await?;
-    let via = PgStore::options()
+    let via = PgStore::builder()
         .table(direct.table())
         .clock(Arc::new(clock.clone()))
         .acquire_timeout(Duration::from_secs(3))
@@ -136,7 +136,7 @@ async fn wrong_port_is_unavailable() {
         l.local_addr().expect("addr").port()
     };
     let url = format!("postgres://postgres@127.0.0.1:{port}/test");
-    match PgStore::options()
+    match PgStore::builder()
         .acquire_timeout(Duration::from_millis(500))
         .connect(&url)
         .await
@@ -145,7 +145,7 @@ async fn wrong_port_is_unavailable() {
         other => panic!("connecting to a closed port must be Unavailable, got {other:?}"),
     }
     // A lazily built store starts, then fails closed on every operation.
-    let store = PgStore::options()
+    let store = PgStore::builder()
         .acquire_timeout(Duration::from_millis(500))
         .connect_lazy(&url)
         .expect("lazy store");
@@ -221,7 +221,7 @@ async fn a_reserve_whose_reply_was_lost_does_not_hold_its_key() {
     let relay = relay().await;
     // One connection, so the reserve below runs on the warmed one: the statement is
     // prepared already, and its one reply is the one lost.
-    let store = PgStore::options()
+    let store = PgStore::builder()
         .table(direct.table())
         .clock(Arc::new(clock.clone()))
         .max_connections(1)

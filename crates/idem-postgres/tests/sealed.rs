@@ -35,7 +35,7 @@ async fn row_bytes(store: &common::TempStore, ns: &str, scope: &Scope) -> Vec<u8
 #[tokio::test]
 async fn the_table_holds_no_sealed_body_or_header() {
     let ns = unique_namespace("sealed_raw");
-    let Some(inner) = common::connect(PgStore::options(), &ns).await else {
+    let Some(inner) = common::connect(PgStore::builder(), &ns).await else {
         return;
     };
     let inner = Arc::new(inner);
@@ -62,7 +62,7 @@ async fn the_table_holds_no_sealed_body_or_header() {
 #[tokio::test]
 async fn sealing_cases_hold_over_postgres() {
     let ns = unique_namespace("sealed_cases");
-    let Some(inner) = common::connect(PgStore::options(), &ns).await else {
+    let Some(inner) = common::connect(PgStore::builder(), &ns).await else {
         return;
     };
     sealing::all(Arc::new(inner)).await;
@@ -71,7 +71,7 @@ async fn sealing_cases_hold_over_postgres() {
 #[tokio::test]
 async fn a_sealed_answer_completes_in_the_handlers_transaction() {
     let ns = unique_namespace("sealed_tx");
-    let Some(inner) = common::connect(PgStore::options(), &ns).await else {
+    let Some(inner) = common::connect(PgStore::builder(), &ns).await else {
         return;
     };
     let inner = Arc::new(inner);
@@ -186,7 +186,7 @@ fn refused(reservation: idem_core::Result<Reservation>, what: &str) {
 #[tokio::test]
 async fn answers_edited_into_rows_of_the_table_never_open() {
     let ns = unique_namespace("sealed_edit");
-    let Some(inner) = common::connect(PgStore::options(), &ns).await else {
+    let Some(inner) = common::connect(PgStore::builder(), &ns).await else {
         return;
     };
     let table = common::table_for(&ns);

@@ -137,7 +137,7 @@ async fn purge_skips_rows_another_transaction_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_migrations_of_a_new_table_all_succeed() {
     let ns = unique_namespace("migrate");
-    let Some(first) = common::connect(PgStore::options().migrate(false), &ns).await else {
+    let Some(first) = common::connect(PgStore::builder().migrate(false), &ns).await else {
         return;
     };
     // Instances starting together all migrate the same new table.
@@ -146,7 +146,7 @@ async fn concurrent_migrations_of_a_new_table_all_succeed() {
         .map(|_| {
             let table = table.clone();
             tokio::spawn(async move {
-                PgStore::options()
+                PgStore::builder()
                     .table(table)
                     .max_connections(1)
                     .connect(&common::pg_url())

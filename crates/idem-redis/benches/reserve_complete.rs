@@ -213,9 +213,9 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let prefix = format!("idem-bench:{}:", unique_namespace("reserve_complete"));
-        let store = match RedisStore::builder(url.as_str())
+        let store = match RedisStore::builder()
             .key_prefix(&prefix)
-            .connect()
+            .connect(&url)
             .await
         {
             Ok(s) => s,

@@ -21,10 +21,10 @@ const ROUNDS: usize = 6;
 const PER_ROUND: usize = 500;
 
 async fn connect(url: &str, prefix: &str) -> RedisStore {
-    RedisStore::builder(url)
+    RedisStore::builder()
         .key_prefix(prefix)
         .timeout(Duration::from_secs(5))
-        .connect()
+        .connect(url)
         .await
         .unwrap_or_else(|e| panic!("{url}: {e}"))
 }

@@ -16,10 +16,10 @@ use crate::eviction::eviction_risk;
 use crate::store::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, RedisStore};
 use crate::target::{Replication, Target};
 
-/// Options for a [`RedisStore`]; [`connect`](RedisStoreBuilder::connect) opens it.
+/// Settings for a [`RedisStore`]; start from [`RedisStore::builder`], and
+/// [`connect`](RedisStoreBuilder::connect) opens it.
 #[derive(Debug, Clone)]
 pub struct RedisStoreBuilder {
-    pub(crate) url: String,
     pub(crate) clock: SharedClock,
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
@@ -67,16 +67,21 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects, failing with [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) when the URL is invalid or the
-    /// server cannot be reached.
-    pub async fn connect(self) -> Result<RedisStore> {
-        self.connect_or_redis_error().await.map_err(from_redis)
+    /// Connects to `url`: `redis://[user:password@]host:port[/db]` for one server,
+    /// `redis+cluster://[user:password@]host:port[?seeds=host:port,…]` for a Redis
+    /// Cluster, `rediss://…` and `rediss+cluster://…` for either over TLS (`cacert`,
+    /// `cert`, `key`, `insecure=true`; the crate docs say more); all take `wait=N` and
+    /// `wait_timeout=DURATION` ([`wait`](RedisStoreBuilder::wait)). Fails with
+    /// [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) when the URL is
+    /// invalid or the server cannot be reached.
+    pub async fn connect(self, url: &str) -> Result<RedisStore> {
+        self.connect_or_redis_error(url).await.map_err(from_redis)
     }
 
     /// [`connect`](Self::connect), with Redis's own error for a caller that tells the
     /// failures apart.
-    pub(crate) async fn connect_or_redis_error(self) -> RedisResult<RedisStore> {
-        let target = Target::parse(&self.url).map_err(|why| {
+    pub(crate) async fn connect_or_redis_error(self, url: &str) -> RedisResult<RedisStore> {
+        let target = Target::parse(url).map_err(|why| {
             RedisError::from((ErrorKind::InvalidClientConfig, "invalid URL", why))
         })?;
         let certificates = match &target.tls {
@@ -136,7 +141,7 @@ impl RedisStoreBuilder {
         };
         let eviction = eviction_risk(&conn).await.map(Arc::new);
         if let Some(subscriber) = &subscriber {
-            subscriber.ready(self.timeout).await;
+            subscriber.feed.ready(self.timeout).await;
         }
         Ok(RedisStore {
             subscriber,
@@ -154,14 +159,9 @@ impl RedisStoreBuilder {
 }
 
 impl RedisStore {
-    /// Options for a store at `url`: `redis://[user:password@]host:port[/db]` for one
-    /// server, `redis+cluster://[user:password@]host:port[?seeds=host:port,…]` for a
-    /// Redis Cluster, `rediss://…` and `rediss+cluster://…` for either over TLS
-    /// (`cacert`, `cert`, `key`, `insecure=true`; the crate docs say more); all take
-    /// `wait=N` and `wait_timeout=DURATION` ([`wait`](RedisStoreBuilder::wait)).
-    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+    /// Default settings, to adjust before [connecting](RedisStoreBuilder::connect).
+    pub fn builder() -> RedisStoreBuilder {
         RedisStoreBuilder {
-            url: url.into(),
             clock: Arc::new(SystemClock),
             prefix: DEFAULT_KEY_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
@@ -172,7 +172,7 @@ impl RedisStore {
 
     /// A store at `url` with the default options.
     pub async fn connect(url: &str) -> Result<RedisStore> {
-        RedisStore::builder(url).connect().await
+        RedisStore::builder().connect(url).await
     }
 }
 

@@ -156,9 +156,9 @@
 //! use idem_core::*;
 //! use idem_redis::RedisStore;
 //!
-//! let store = RedisStore::builder("redis://127.0.0.1:6379")
+//! let store = RedisStore::builder()
 //!     .key_prefix("payments:idem:")
-//!     .connect()
+//!     .connect("redis://127.0.0.1:6379")
 //!     .await?;
 //!
 //! // The tenant: an HMAC of the credential under the secret the store keeps.
@@ -192,6 +192,7 @@ mod open;
 mod purge;
 mod record;
 mod replication;
+mod reserve;
 mod store;
 mod subscribe;
 mod target;

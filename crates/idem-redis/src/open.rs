@@ -40,12 +40,12 @@ impl OpenStore for RedisStore {
         for node in &target.nodes {
             redis::Client::open(node.as_str()).map_err(|e| invalid(e.to_string()))?;
         }
-        let mut builder = RedisStore::builder(url);
+        let mut builder = RedisStore::builder();
         if let Some(namespace) = &options.namespace {
             builder = builder.key_prefix(format!("{namespace}:"));
         }
         builder
-            .connect_or_redis_error()
+            .connect_or_redis_error(url)
             .await
             .map_err(|e| classify(url, e))
     }

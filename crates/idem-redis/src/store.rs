@@ -9,16 +9,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{
-    Decision, FencingToken, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest,
-    Result, Scope, SharedClock, Store, StoreError, StoreMetric, StoredResponse, Timestamp, Watch,
-    decide, duration_millis, release_unconfirmed,
+    Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Result, Scope, SharedClock,
+    Store, StoreError, StoreMetric, StoredResponse, Timestamp, Watch, duration_millis,
 };
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script};
 
 use crate::conn::Conn;
 use crate::error::from_redis;
 use crate::eviction::EvictionRisk;
-use crate::record::{self, FENCED_LEN, InProgress};
+use crate::record;
 use crate::subscribe::Subscriber;
 use crate::target::Replication;
 
@@ -41,14 +40,6 @@ pub(crate) const SCAN_COUNT: usize = 1_000;
 /// are still deleted by Redis after a century, and `PX` never overflows.
 const MAX_NATIVE_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 
-/// Reserve rounds before giving up when every takeover found the record changed since
-/// it was read. Each lost round means another caller wrote the record in between, and
-/// the next round reads what it wrote (a live lease or an answer, almost always), so
-/// more than two rounds take a storm of writes to one key.
-const RESERVE_ROUNDS: usize = 3;
-
-pub(crate) static TAKE_OVER: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/take_over.lua")));
 pub(crate) static COMPLETE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/complete.lua")));
 static RENEW: LazyLock<Script> =
@@ -60,9 +51,6 @@ pub(crate) static PURGE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/purge.lua")));
 static TAKE_TOKEN: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/take_token.lua")));
-static RESERVE_TOMBSTONED: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/reserve_tombstoned.lua")));
-
 /// A [`Store`] on Redis, shared by any number of instances.
 ///
 /// Each record is one string at `prefix + "{" + Scope::digest() + "}"`: a fixed-width
@@ -124,7 +112,7 @@ pub(crate) struct Counters {
     /// Scripts loaded again after the server answered `NOSCRIPT`.
     pub(crate) script_loads: AtomicU64,
     /// First reservations whose reply never came, released in the background.
-    unconfirmed_reservations: AtomicU64,
+    pub(crate) unconfirmed_reservations: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64) {
@@ -198,7 +186,7 @@ impl RedisStore {
     /// on a Redis Cluster).
     pub async fn listening(&self, within: Duration) -> bool {
         match &self.subscriber {
-            Some(subscriber) => subscriber.ready(within).await,
+            Some(subscriber) => subscriber.feed.ready(within).await,
             None => false,
         }
     }
@@ -233,29 +221,6 @@ impl RedisStore {
         }
     }
 
-    /// `reply` to a command that writes the reservation `token` for `req`, as the
-    /// store's result. When the error leaves open whether the server ran the command
-    /// (the connection dropped or timed out after it was sent) and the reservation is a
-    /// first attempt, first starts releasing what it may have written, so that the key
-    /// is not held for a lease that no one has (see [`release_unconfirmed`]). A
-    /// takeover's record is left to lapse: deleting it would hide from the next attempt
-    /// that an earlier one may have acted.
-    fn confirmed<T>(
-        &self,
-        reply: RedisResult<T>,
-        req: &ReserveRequest,
-        token: FencingToken,
-        attempt: u32,
-    ) -> Result<T> {
-        reply.map_err(|e| {
-            if releases_after(&e, attempt) {
-                bump(&self.counters.unconfirmed_reservations);
-                release_unconfirmed(self, req.lease_for(token, attempt));
-            }
-            self.failed(e)
-        })
-    }
-
     /// Runs a fenced script whose reply is 1 (done), 0 (fenced) or -1 (the key holds
     /// something that is not a record).
     async fn fenced(&self, script: &Script, cmd: &Cmd, key: &str) -> Result<()> {
@@ -265,34 +230,6 @@ impl RedisStore {
             _ => Err(StoreError::Fenced),
         }
     }
-
-    /// Replaces the record at `key` with `new` if its head is still `head`; whether it
-    /// did, and how many replicas acknowledged when replication is set.
-    async fn take_over(
-        &self,
-        key: &str,
-        head: &[u8],
-        new: &[u8],
-        native_ttl: Option<i64>,
-    ) -> RedisResult<(bool, Option<i64>)> {
-        let mut cmd = evalsha(&TAKE_OVER, key);
-        cmd.arg(head).arg(new);
-        match native_ttl {
-            Some(ms) => cmd.arg(ms),
-            None => cmd.arg(""),
-        };
-        let (won, acked) = self.with_wait::<i64>(&cmd, Some(&TAKE_OVER), key).await?;
-        Ok((won == 1, acked))
-    }
-}
-
-/// Whether a reserve of `attempt` that failed with `e` may have written a reservation to
-/// release: only a first attempt (a takeover's record must lapse), and only after an
-/// I/O failure other than a refused connection (the command was sent, and the reply
-/// never came). Server errors mean it did not run; a refused connection means it was
-/// never sent.
-fn releases_after(e: &RedisError, attempt: u32) -> bool {
-    attempt == 1 && e.is_io_error() && !e.is_connection_refusal()
 }
 
 /// `EVALSHA` of `script` on the one key `key`, for the caller to add the arguments: the
@@ -306,7 +243,7 @@ pub(crate) fn evalsha(script: &Script, key: impl redis::ToRedisArgs) -> Cmd {
 
 /// [`evalsha`] of a script that also reads or writes the record's tombstone (SPEC
 /// S16): the record's key, then its tombstone's, in the same hash slot.
-fn evalsha_with_tombstone(script: &Script, key: &str, tombstone_key: &str) -> Cmd {
+pub(crate) fn evalsha_with_tombstone(script: &Script, key: &str, tombstone_key: &str) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash())
         .arg(2)
@@ -329,16 +266,11 @@ fn not_a_record(key: &str) -> StoreError {
     StoreError::Corrupt(format!("the value at {key} is not a record of this store"))
 }
 
-/// The lease of a reservation this caller won.
-fn acquired(req: &ReserveRequest, token: FencingToken, attempt: u32) -> Reservation {
-    Reservation::Acquired(req.lease_for(token, attempt))
-}
-
 /// A `PX` argument for a record that logically lives until `until`: relative to
 /// `now` on the injected clock, so the native TTL agrees with the scripts' expiry check
 /// whatever the skew between that clock and the server's, plus the grace; at least
 /// 1 ms and at most [`MAX_NATIVE_TTL_MS`].
-fn native_ttl(grace_ms: i64, until: Timestamp, now: Timestamp) -> i64 {
+pub(crate) fn native_ttl(grace_ms: i64, until: Timestamp, now: Timestamp) -> i64 {
     until
         .as_millis()
         .saturating_sub(now.as_millis())
@@ -368,115 +300,7 @@ pub(crate) fn scan_pattern(prefix: &str) -> String {
 #[async_trait]
 impl Store for RedisStore {
     async fn reserve(&self, req: &ReserveRequest) -> Result<Reservation> {
-        let key = self.record_key(&req.scope);
-        for _ in 0..RESERVE_ROUNDS {
-            let now = self.clock.now();
-            let token = FencingToken::generate();
-            let lease_until = now.plus(req.lease);
-            let expires_at = req.expires_at(now);
-            let fresh = InProgress {
-                scope: &req.scope,
-                fingerprint: &req.fingerprint,
-                token,
-                created_at: now,
-                expires_at,
-                lease_until,
-                attempt: 1,
-            };
-            let fresh_ttl = native_ttl(self.ttl_grace_ms, expires_at, now);
-            // Writes the record if the key is free, else returns what holds it: with
-            // tombstones, a live tombstone of an expired record too.
-            let fresh_value = fresh.encode();
-            let reply = if req.tombstone.is_zero() {
-                let mut set = redis::cmd("SET");
-                set.arg(&key)
-                    .arg(&fresh_value)
-                    .arg("NX")
-                    .arg("GET")
-                    .arg("PX")
-                    .arg(fresh_ttl);
-                self.with_wait::<Option<Vec<u8>>>(&set, None, &key).await
-            } else {
-                let mut cmd = evalsha_with_tombstone(
-                    &RESERVE_TOMBSTONED,
-                    &key,
-                    &self.tombstone_key(&req.scope),
-                );
-                cmd.arg(&fresh_value).arg(fresh_ttl).arg(now.as_millis());
-                self.with_wait::<Option<Vec<u8>>>(&cmd, Some(&RESERVE_TOMBSTONED), &key)
-                    .await
-            };
-            let (existing, acked) = self.confirmed(reply, req, token, 1)?;
-            let Some(existing) = existing else {
-                self.replicated(acked, req, token, 1).await?;
-                return Ok(acquired(req, token, 1));
-            };
-            let existing = Bytes::from(existing);
-            let record = decode(&key, existing.clone())?;
-            if record.token == token {
-                // This very command, sent again by the cluster client after the
-                // connection to the node dropped: the first one wrote the record.
-                self.replicated(acked, req, token, 1).await?;
-                return Ok(acquired(req, token, 1));
-            }
-            // The digest makes another scope's record unreachable; checking costs
-            // nothing and keeps one tenant's answer from ever reaching another.
-            if record.scope != req.scope {
-                return Err(StoreError::Corrupt(format!(
-                    "the record at {key} belongs to another scope"
-                )));
-            }
-            let expired = record.is_expired(now);
-            let (created_at, old_expiry) = (record.created_at, record.expires_at);
-            let attempt = match decide(Some(record), &req.fingerprint, now) {
-                Decision::Execute { attempt } => attempt,
-                Decision::Replay(response) => return Ok(Reservation::Replay(response)),
-                Decision::InProgress { retry_after } => {
-                    return Ok(Reservation::InProgress { retry_after });
-                }
-                Decision::Mismatch => return Ok(Reservation::Mismatch),
-                Decision::Gone {
-                    completed_at,
-                    status,
-                } => {
-                    return Ok(Reservation::Gone {
-                        completed_at,
-                        status,
-                    });
-                }
-            };
-            // The head the decision was made on (a decoded record is longer).
-            let head = &existing[..FENCED_LEN];
-            let (won, acked) = if expired {
-                // Replaced whole: nothing of the old record (its answer) survives.
-                let reply = self
-                    .take_over(&key, head, &fresh_value, Some(fresh_ttl))
-                    .await;
-                self.confirmed(reply, req, token, attempt)?
-            } else {
-                // A lapsed lease of the same payload: attempt n+1 keeps created_at, and
-                // the record lives at least as long as the new lease.
-                let expires_at = old_expiry.max(lease_until);
-                let next = InProgress {
-                    created_at,
-                    expires_at,
-                    attempt,
-                    ..fresh
-                };
-                let ttl = (expires_at > old_expiry)
-                    .then(|| native_ttl(self.ttl_grace_ms, expires_at, now));
-                let reply = self.take_over(&key, head, &next.encode(), ttl).await;
-                self.confirmed(reply, req, token, attempt)?
-            };
-            if won {
-                self.replicated(acked, req, token, attempt).await?;
-                return Ok(acquired(req, token, attempt));
-            }
-        }
-        Err(StoreError::unavailable(format!(
-            "the record at {key} changed under each of {RESERVE_ROUNDS} attempts to take it \
-             over"
-        )))
+        self.reserve_record(req).await
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<()> {
@@ -614,7 +438,7 @@ impl Store for RedisStore {
     /// subscriber is disconnected, [`Watch::poll`].
     fn watch(&self, scope: &Scope) -> Watch {
         match &self.subscriber {
-            Some(subscriber) => subscriber.hub.watch(scope),
+            Some(subscriber) => subscriber.feed.hub().watch(scope),
             None => Watch::poll(),
         }
     }
@@ -622,7 +446,7 @@ impl Store for RedisStore {
     /// Stops the subscriber; the shared connection closes with the last clone.
     async fn close(&self) {
         if let Some(subscriber) = &self.subscriber {
-            subscriber.stop();
+            subscriber.feed.stop();
         }
     }
 

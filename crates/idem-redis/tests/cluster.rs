@@ -29,11 +29,11 @@ fn with(url: &str, param: &str) -> String {
 }
 
 async fn connect(url: &str, clock: ManualClock, prefix: &str) -> RedisStore {
-    RedisStore::builder(url)
+    RedisStore::builder()
         .clock(Arc::new(clock))
         .key_prefix(prefix)
         .timeout(Duration::from_secs(5))
-        .connect()
+        .connect(url)
         .await
         .unwrap_or_else(|e| panic!("the cluster at {url}: {e}"))
 }

@@ -10,13 +10,13 @@ use idem_test_support::services::redis_url;
 
 async fn store(clock: ManualClock, ns: String) -> Option<RedisStore> {
     let url = redis_url();
-    match RedisStore::builder(url.as_str())
+    match RedisStore::builder()
         .clock(Arc::new(clock))
         .key_prefix(format!("idem-test:{ns}:"))
         // Five times the default response timeout, so that a loaded machine does not
         // turn a slow answer into an outage.
         .timeout(Duration::from_secs(5))
-        .connect()
+        .connect(&url)
         .await
     {
         Ok(store) => Some(store),

@@ -76,10 +76,10 @@ fn race(url: String, service: &str, timeout: Duration) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let prefix = format!("idem-test:{}:", unique_namespace("cross_instance"));
     let verifier = match rt.block_on(
-        RedisStore::builder(url.as_str())
+        RedisStore::builder()
             .key_prefix(&prefix)
             .timeout(Duration::from_secs(5))
-            .connect(),
+            .connect(&url),
     ) {
         Ok(store) => store,
         Err(e) => return service_unavailable::<()>(service, &url, &e).unwrap_or(()),
@@ -232,12 +232,12 @@ fn race_worker() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let store = Arc::new(
         rt.block_on(
-            RedisStore::builder(redis_url())
+            RedisStore::builder()
                 .key_prefix(prefix)
                 .timeout(Duration::from_secs(
                     std::env::var("IDEM_RACE_TIMEOUT_S").map_or(5, |s| s.parse().unwrap()),
                 ))
-                .connect(),
+                .connect(&redis_url()),
         )
         .expect("worker connects"),
     );

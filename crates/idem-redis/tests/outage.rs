@@ -28,10 +28,10 @@ const HANG_GUARD: Duration = Duration::from_secs(15);
 async fn setup(case: &str) -> Option<(Relay, RedisStore, RedisStore)> {
     let url = redis_url();
     let prefix = format!("idem-test:{}:", unique_namespace(case));
-    let direct = match RedisStore::builder(url.as_str())
+    let direct = match RedisStore::builder()
         .key_prefix(&prefix)
         .timeout(Duration::from_secs(5))
-        .connect()
+        .connect(&url)
         .await
     {
         Ok(s) => s,
@@ -41,10 +41,10 @@ async fn setup(case: &str) -> Option<(Relay, RedisStore, RedisStore)> {
     let relay = Relay::start(upstream).await;
     // Three times the default timeout: a stall still fails each operation well within
     // the hang guard, and a loaded machine's answers still come in time.
-    let proxied = RedisStore::builder(url_via(&url, relay.addr()))
+    let proxied = RedisStore::builder()
         .key_prefix(&prefix)
         .timeout(Duration::from_secs(3))
-        .connect()
+        .connect(&url_via(&url, relay.addr()))
         .await
         .expect("connect through the relay");
     Some((relay, proxied, direct))

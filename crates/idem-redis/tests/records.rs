@@ -25,13 +25,13 @@ struct Fixture {
 async fn fixture(case: &str) -> Option<Fixture> {
     let url = redis_url();
     let clock = ManualClock::starting_now();
-    let store = match RedisStore::builder(url.as_str())
+    let store = match RedisStore::builder()
         .clock(Arc::new(clock.clone()))
         .key_prefix(format!("idem-test:{}:", unique_namespace(case)))
         // Five times the default response timeout, so that a loaded machine does not
         // turn a slow answer into an outage.
         .timeout(Duration::from_secs(5))
-        .connect()
+        .connect(&url)
         .await
     {
         Ok(s) => s,

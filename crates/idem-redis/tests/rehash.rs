@@ -101,11 +101,11 @@ impl Pourer {
 }
 
 async fn connect(url: &str, ns: &str) -> RedisStore {
-    RedisStore::builder(url)
+    RedisStore::builder()
         .clock(Arc::new(ManualClock::starting_now()))
         .key_prefix(format!("idem-test:{ns}:"))
         .timeout(Duration::from_secs(5))
-        .connect()
+        .connect(url)
         .await
         .unwrap_or_else(|e| panic!("the server at {url}: {e}"))
 }

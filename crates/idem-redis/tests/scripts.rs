@@ -20,13 +20,13 @@ use idem_test_support::{figure, service_unavailable};
 async fn script_reloads_are_counted_and_a_fence_is_no_failure() {
     let url = redis_url();
     let clock = ManualClock::starting_now();
-    let store = match RedisStore::builder(url.as_str())
+    let store = match RedisStore::builder()
         .clock(Arc::new(clock.clone()))
         .key_prefix(format!("idem-test:{}:", unique_namespace("scripts")))
         // Five times the default response timeout, so that a loaded machine does not
         // turn a slow answer into an outage.
         .timeout(Duration::from_secs(5))
-        .connect()
+        .connect(&url)
         .await
     {
         Ok(s) => s,

@@ -12,9 +12,9 @@ use idem_test_support::services::redis_url;
 
 async fn store(ns: &str) -> Option<Arc<RedisStore>> {
     let url = redis_url();
-    match RedisStore::builder(url.as_str())
+    match RedisStore::builder()
         .key_prefix(format!("idem-test:{ns}:"))
-        .connect()
+        .connect(&url)
         .await
     {
         Ok(store) => Some(Arc::new(store)),

@@ -14,11 +14,11 @@ use idem_redis::RedisStore;
 use idem_test_support::{RedisCluster, service_unavailable};
 
 async fn connect(url: &str) -> RedisStore {
-    RedisStore::builder(url)
+    RedisStore::builder()
         .clock(Arc::new(ManualClock::starting_now()))
         .key_prefix(format!("idem-test:{}:", unique_namespace("wait")))
         .timeout(Duration::from_secs(5))
-        .connect()
+        .connect(url)
         .await
         .unwrap_or_else(|e| panic!("{url}: {e}"))
 }
@@ -56,9 +56,9 @@ async fn a_reservation_waits_for_the_replica_and_is_released_when_it_is_gone() {
     }
 
     servers.kill(servers.ports()[1]);
-    let impatient = RedisStore::builder(format!("{url}/?wait=1&wait_timeout=100ms"))
+    let impatient = RedisStore::builder()
         .key_prefix(waiting.key_prefix())
-        .connect()
+        .connect(&format!("{url}/?wait=1&wait_timeout=100ms"))
         .await
         .unwrap();
     let req = request(100);

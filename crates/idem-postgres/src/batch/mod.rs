@@ -1,4 +1,4 @@
-//! Shared commits: the reserves, completions and releases of a [`PgStore`] that queue
+//! Shared commits: the reserves, completions and releases of a [`PgStore`](crate::PgStore) that queue
 //! while others are being written go to PostgreSQL together, one statement (and so one
 //! synced commit) per kind of operation for the whole batch.
 //!
@@ -30,28 +30,27 @@
 //!   that gives up before its operation is taken is skipped; one whose reserve was
 //!   written after it gave up has it released.
 //!
-//! Renewals, reads, removals, purges and [`complete_in`](PgStore::complete_in) (the
+//! Renewals, reads, removals, purges and [`complete_in`](crate::PgStore::complete_in) (the
 //! caller's own transaction) run on their own, as before.
 //!
-//! This module and `store.rs` import each other on purpose: the batcher is
-//! [`PgStore`]'s own write path, written as `impl PgStore` blocks in files of their own
-//! (the queue here, the drain in `run.rs`), and the store hands its writes to it. One
-//! type split over three files, not two modules that could stand apart: separating
-//! them would mean passing the pool, the statements, the clock and the counters back
-//! and forth through a trait with one implementation.
+//! The batcher is [`PgStore`](crate::PgStore)'s own write path: the queue is here, and
+//! the drain is written as `impl PgStore` blocks in files of their own (`run.rs` the
+//! loop and the queueing, `reserve.rs` and `complete.rs` the statements). This file
+//! knows nothing of the store, so that the store can hold a [`Batcher`] without the two
+//! importing each other.
 
+mod complete;
+mod reserve;
 mod run;
 pub(crate) mod sql;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use idem_core::{FencingToken, Lease, Reservation, ReserveRequest, StoreError, StoreMetric};
 use tokio::sync::oneshot;
-
-use crate::store::PgStore;
 
 /// The most operations one batch statement carries, unless configured otherwise.
 pub const DEFAULT_MAX_BATCH: usize = 64;
@@ -317,38 +316,5 @@ impl Batcher {
                 self.queue().pending.len() as u64,
             ),
         ]
-    }
-}
-
-/// The drainer stopped without answering (it panicked, or its runtime shut down).
-fn unanswered() -> Failure {
-    Failure {
-        error: StoreError::unavailable("the PostgreSQL store's batch was not answered"),
-        may_have_run: true,
-    }
-}
-
-impl PgStore {
-    /// Queues the operation `make` builds around its reply channel, starts a drainer
-    /// if one may start, and waits for the answer. Gives up, unwritten, when no drainer
-    /// took it within the pool's acquire timeout.
-    pub(crate) async fn submit<T>(
-        &self,
-        batcher: &Arc<Batcher>,
-        make: impl FnOnce(oneshot::Sender<Answer<T>>) -> Op,
-    ) -> Answer<T> {
-        let (reply, mut answer) = oneshot::channel();
-        let (id, start) = batcher.push(make(reply));
-        if start {
-            tokio::spawn(self.clone().drain(batcher.clone()));
-        }
-        let patience = self.pool.options().get_acquire_timeout();
-        match tokio::time::timeout(patience, &mut answer).await {
-            Ok(answered) => answered.unwrap_or_else(|_| Err(unanswered())),
-            Err(_) if batcher.withdraw(id) => Err(Failure::not_written(crate::error::store_error(
-                sqlx::Error::PoolTimedOut,
-            ))),
-            Err(_) => answer.await.unwrap_or_else(|_| Err(unanswered())),
-        }
     }
 }

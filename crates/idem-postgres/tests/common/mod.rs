@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{ManualClock, StoreError};
-use idem_postgres::{Error, PgStore, PgStoreOptions};
+use idem_postgres::{Error, PgStore, PgStoreBuilder};
 pub use idem_test_support::services::postgres_url as pg_url;
 use idem_test_support::{HookedStore, StoreHooks, service_unavailable};
 
@@ -17,7 +17,7 @@ pub fn table_for(ns: &str) -> String {
 
 /// Connects `options` on a fresh table for `ns`, or reports the server unreachable
 /// (loudly; a failure under `IDEM_REQUIRE_SERVICES=1`).
-pub async fn connect(options: PgStoreOptions, ns: &str) -> Option<TempStore> {
+pub async fn connect(options: PgStoreBuilder, ns: &str) -> Option<TempStore> {
     let url = pg_url();
     let table = table_for(ns);
     match options.table(&table).connect(&url).await {
@@ -34,7 +34,7 @@ pub async fn connect(options: PgStoreOptions, ns: &str) -> Option<TempStore> {
 /// a few connections, still gets through on a loaded machine; none of these tests is
 /// about the timeouts themselves.
 pub async fn store_with_clock(clock: &ManualClock, ns: &str) -> Option<TempStore> {
-    let options = PgStore::options()
+    let options = PgStore::builder()
         .clock(Arc::new(clock.clone()))
         .acquire_timeout(Duration::from_secs(10))
         .operation_timeout(Duration::from_secs(30));

@@ -1,4 +1,5 @@
 use super::*;
+use crate::reserve::releases_after;
 use std::io;
 
 #[test]

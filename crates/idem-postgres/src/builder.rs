@@ -1,4 +1,4 @@
-//! [`PgStoreOptions`]: the settings a [`PgStore`] is built with, and its pool's.
+//! [`PgStoreBuilder`]: the settings a [`PgStore`] is built with, and its pool's.
 
 use std::fmt;
 use std::pin::Pin;
@@ -14,18 +14,22 @@ use sqlx::{Connection, PgConnection, PgPool};
 use crate::batch::{BatchConfig, Batcher, DEFAULT_MAX_BATCH};
 use crate::durability::durability_risk;
 use crate::error::Error;
-use crate::listen::Listener;
+use crate::listen;
 use crate::schema::{self, DEFAULT_TABLE};
 use crate::statements::Statements;
 use crate::store::PgStore;
 use crate::tls;
 
+/// The former name of [`PgStoreBuilder`].
+#[deprecated(since = "0.1.0", note = "renamed `PgStoreBuilder`")]
+pub type PgStoreOptions = PgStoreBuilder;
+
 /// Connections in the pool a [`PgStore`] builds unless configured otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 
-/// Settings for a [`PgStore`]; start from [`PgStore::options`].
+/// Settings for a [`PgStore`]; start from [`PgStore::builder`].
 #[derive(Clone)]
-pub struct PgStoreOptions {
+pub struct PgStoreBuilder {
     table: String,
     clock: SharedClock,
     acquire_timeout: Duration,
@@ -37,9 +41,9 @@ pub struct PgStoreOptions {
     batches_in_flight: Option<usize>,
 }
 
-impl fmt::Debug for PgStoreOptions {
+impl fmt::Debug for PgStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgStoreOptions")
+        f.debug_struct("PgStoreBuilder")
             .field("table", &self.table)
             .field("clock", &self.clock)
             .field("acquire_timeout", &self.acquire_timeout)
@@ -53,9 +57,9 @@ impl fmt::Debug for PgStoreOptions {
     }
 }
 
-impl Default for PgStoreOptions {
+impl Default for PgStoreBuilder {
     fn default() -> Self {
-        PgStoreOptions {
+        PgStoreBuilder {
             table: DEFAULT_TABLE.to_owned(),
             clock: Arc::new(SystemClock),
             acquire_timeout: Duration::from_secs(2),
@@ -69,7 +73,7 @@ impl Default for PgStoreOptions {
     }
 }
 
-impl PgStoreOptions {
+impl PgStoreBuilder {
     /// The table records live in (default `idem_records`). Checked when the store is
     /// built, by [`schema::table_name`].
     pub fn table(mut self, name: impl Into<String>) -> Self {
@@ -206,7 +210,7 @@ impl PgStoreOptions {
         });
         let listener = tokio::runtime::Handle::try_current()
             .is_ok()
-            .then(|| Arc::new(Listener::spawn(&pool, table.as_str())));
+            .then(|| Arc::new(listen::spawn(&pool, table.as_str())));
         Ok(PgStore {
             listener,
             batch,
@@ -248,19 +252,25 @@ fn parse_url(url: &str) -> Result<PgConnectOptions, Error> {
 }
 
 impl PgStore {
-    /// Default settings, to adjust before connecting.
-    pub fn options() -> PgStoreOptions {
-        PgStoreOptions::default()
+    /// Default settings, to adjust before [connecting](PgStoreBuilder::connect).
+    pub fn builder() -> PgStoreBuilder {
+        PgStoreBuilder::default()
+    }
+
+    /// The former name of [`builder`](Self::builder).
+    #[deprecated(since = "0.1.0", note = "renamed `PgStore::builder`")]
+    pub fn options() -> PgStoreBuilder {
+        PgStore::builder()
     }
 
     /// Connects with default settings and runs the migration.
     pub async fn connect(url: &str) -> Result<PgStore, Error> {
-        PgStore::options().connect(url).await
+        PgStore::builder().connect(url).await
     }
 
     /// Uses `pool` with default settings and runs the migration.
     pub async fn from_pool(pool: PgPool) -> Result<PgStore, Error> {
-        PgStore::options().from_pool(pool).await
+        PgStore::builder().from_pool(pool).await
     }
 }
 
@@ -268,10 +278,17 @@ impl PgStore {
 mod tests {
     use super::*;
 
+    #[test]
+    #[allow(deprecated)]
+    fn the_former_builder_names_still_build() {
+        let options: PgStoreOptions = PgStore::options().max_connections(3);
+        assert_eq!(options.max_connections, 3);
+    }
+
     #[tokio::test]
     async fn bad_table_name_or_url_is_rejected_before_connecting() {
         let url = "postgres://postgres@127.0.0.1:5432/test";
-        match PgStore::options()
+        match PgStore::builder()
             .table("orders; DROP TABLE x")
             .connect_lazy(url)
         {
@@ -280,11 +297,11 @@ mod tests {
             }
             other => panic!("expected InvalidTableName, got {other:?}"),
         }
-        match PgStore::options().connect_lazy("postgres://host:notaport/db") {
+        match PgStore::builder().connect_lazy("postgres://host:notaport/db") {
             Err(Error::Config(_)) => {}
             other => panic!("expected Config, got {other:?}"),
         }
-        let store = PgStore::options()
+        let store = PgStore::builder()
             .table("idem_records_custom")
             .connect_lazy(url)
             .expect("a valid name and URL need no server");
