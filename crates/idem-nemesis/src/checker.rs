@@ -10,7 +10,9 @@
 //!   it was taken over), the change is counted as listed; otherwise, or when an answer
 //!   is none of the key's executions, as silent.
 //! - **Nothing acknowledged is lost.** No execution of a key starts after a client
-//!   received the key's answer.
+//!   received the key's answer. Where one does as a listed double (the answer the
+//!   client got could not be recorded before the lease lapsed), it is counted as
+//!   listed; otherwise as silent.
 //! - **Progress.** Every key has its final answer by `healed + bound`.
 
 use std::collections::{HashMap, HashSet};
@@ -66,7 +68,12 @@ pub struct Report {
     /// Keys whose clients got answers that differ without a listed double, or an
     /// answer that is none of the key's executions (a violation).
     pub changed_silent: usize,
-    /// Keys executed again after a client received their answer (a violation).
+    /// Keys executed again after a client received their answer, as a listed double
+    /// (the answer could not be recorded before the lease lapsed, and the gateway said
+    /// so).
+    pub lost_listed: usize,
+    /// Keys executed again after a client received their answer, silently (a
+    /// violation).
     pub lost: usize,
     /// Keys without a final answer in time (a violation).
     pub unfinished: usize,
@@ -89,12 +96,12 @@ impl Report {
     }
 
     /// The header of [`row`](Self::row)'s table, in Markdown.
-    pub const TABLE_HEAD: &str = "| store | nemesis | keys | operations | executions | doubles listed / silent | answers changed listed / silent | lost | unfinished |\n|---|---|---:|---:|---:|---:|---:|---:|---:|";
+    pub const TABLE_HEAD: &str = "| store | nemesis | keys | operations | executions | doubles listed / silent | answers changed listed / silent | lost listed / silent | unfinished |\n|---|---|---:|---:|---:|---:|---:|---:|---:|";
 
     /// One Markdown table row of this report.
     pub fn row(&self, store: &str, nemesis: &str) -> String {
         format!(
-            "| {store} | {nemesis} | {} | {} | {} | {} / {} | {} / {} | {} | {} |",
+            "| {store} | {nemesis} | {} | {} | {} | {} / {} | {} / {} | {} / {} | {} |",
             self.keys,
             self.operations,
             self.executions,
@@ -102,6 +109,7 @@ impl Report {
             self.doubles_silent,
             self.changed_listed,
             self.changed_silent,
+            self.lost_listed,
             self.lost,
             self.unfinished
         )
@@ -113,7 +121,7 @@ impl fmt::Display for Report {
         write!(
             f,
             "{} keys, {} operations, {} executions; doubles {} listed / {} silent; answers \
-             changed {} listed / {} silent; {} lost; {} unfinished",
+             changed {} listed / {} silent; lost {} listed / {} silent; {} unfinished",
             self.keys,
             self.operations,
             self.executions,
@@ -121,6 +129,7 @@ impl fmt::Display for Report {
             self.doubles_silent,
             self.changed_listed,
             self.changed_silent,
+            self.lost_listed,
             self.lost,
             self.unfinished
         )?;
@@ -218,14 +227,17 @@ pub fn check(history: &History) -> Report {
                 .filter(|e| e.started > acknowledged)
                 .map(|e| e.started)
                 .collect();
-            if !later.is_empty() {
+            if !later.is_empty() && double_listed {
+                report.lost_listed += 1;
+            } else if !later.is_empty() {
                 report.lost += 1;
                 report.findings.push(Finding {
                     violation: Violation::Lost,
                     key: key.clone(),
                     detail: format!(
-                        "answered at {acknowledged:?}, executed again at {later:?} \
-                         (listed as {:?})",
+                        "answered at {acknowledged:?}, executed again at {later:?}, attempts \
+                         {:?}, listed as {:?}",
+                        executions.iter().map(|e| e.attempt).collect::<Vec<_>>(),
                         listed.get(key.as_str())
                     ),
                 });
