@@ -31,7 +31,7 @@ use crate::plan::AnswerRules;
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::Dialect;
 use crate::replay::{refuse, rendered};
-use crate::settle::{KeyWrite, settle, stored_response};
+use crate::settle::{KeyWrite, Settled, settle, stored_response};
 use crate::shared::Shared;
 use crate::spelling::restore_sent_method;
 use crate::wait::{Observed, PREFERENCE_APPLIED, hand_back, wait_for};
@@ -161,6 +161,7 @@ where
             ..
         } = request;
         let dialect = answers.dialect();
+        let hints = answers.retry_hints;
         let AnswerRules {
             extra_headers,
             release_statuses,
@@ -187,6 +188,7 @@ where
         let answer = Answer {
             extra_headers: &extra_headers,
             dialect,
+            hints,
         };
         conclude(&shared, lease, lease_for, answer, ran, guard).await
     }
@@ -371,6 +373,7 @@ async fn conclude<St: Store, B>(
     let Answer {
         extra_headers,
         dialect,
+        hints,
     } = answer;
     let recorded = |(head, body, disposition)| (head, body, None, disposition);
     // Set when the run's outcome cannot be known: reported, and kept with the answer
@@ -462,7 +465,13 @@ async fn conclude<St: Store, B>(
             if let Some(reason) = ambiguous {
                 stored = stored.with_ambiguity(reason);
             }
-            settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
+            let scope = lease.scope.clone();
+            let settled = settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
+            if settled == Settled::Fenced
+                && let Some(superseded) = superseded(shared, &scope, dialect, hints).await
+            {
+                return superseded;
+            }
         }
         // Released answers left the handler early, streaming; none of the recorded
         // problems releases. Kept total all the same.
@@ -487,11 +496,52 @@ async fn conclude<St: Store, B>(
     )
 }
 
+/// The answer for a client whose attempt was taken over before it could record its own
+/// (its completion fenced, SPEC S7): the key's answer is the other attempt's, so this
+/// client gets what a retry would, the recorded answer replayed, or 409 while the other
+/// attempt still runs, never an answer the key's record contradicts. `None` (the
+/// attempt's own answer is passed on) when the record cannot be read, or its answer is
+/// a reference to render.
+async fn superseded<St: Store, B>(
+    shared: &Shared<St>,
+    scope: &idem_core::Scope,
+    dialect: Dialect,
+    hints: bool,
+) -> Option<Response<IdempotencyBody<B>>> {
+    let record = match shared.store.get(scope).await {
+        Ok(record) => record?,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the record that took this attempt over failed");
+            return None;
+        }
+    };
+    let reservation = match record.state {
+        // Judged as of its creation: it was taken over moments ago, so it is live, and
+        // its age must not make it look expired to a clock that is not the store's.
+        idem_core::RecordState::Completed { .. } => {
+            let (fingerprint, created_at) = (record.fingerprint.clone(), record.created_at);
+            Reservation::from_existing(record, &fingerprint, created_at)?
+        }
+        idem_core::RecordState::InProgress { .. } => Reservation::InProgress {
+            retry_after: Duration::from_secs(1),
+        },
+        idem_core::RecordState::Tombstone { .. } => return None,
+    };
+    if matches!(&reservation, Reservation::Replay(stored) if stored.reference().is_some()) {
+        return None;
+    }
+    let mut response = refuse(&*shared.config.observer, Ok(reservation), dialect, hints);
+    Handled::scoped(&mut response, scope);
+    Some(response)
+}
+
 /// What an answer is recorded with: the route's extra headers, and the dialect of the
 /// layer's own answers (a gRPC call's problems are gRPC errors, SPEC S18).
 struct Answer<'a> {
     extra_headers: &'a [HeaderName],
     dialect: Dialect,
+    /// Whether the route's own answers carry retry hints.
+    hints: bool,
 }
 
 /// Clears the extensions of an answer passed on to the client. A recorded answer keeps

@@ -240,7 +240,10 @@ fn the_table_row_has_every_figure() {
     h.executions.push(execution("b", Some(2), 40, 3));
     h.listed.push(listed("b", "takeover", 2));
     let row = check(&h).row("redis", "pause");
-    assert_eq!(row, "| redis | pause | 2 | 6 | 3 | 1 / 0 | 0 / 0 | 0 / 0 | 0 |");
+    assert_eq!(
+        row,
+        "| redis | pause | 2 | 6 | 3 | 1 / 0 | 0 / 0 | 0 / 0 | 0 |"
+    );
     assert_eq!(
         Report::TABLE_HEAD
             .lines()
