@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -116,7 +116,17 @@ pub async fn run(config: &Config) -> Result<Vec<Result<Phase, String>>, Unavaila
     let mut phases = Vec::new();
     for (i, &nemesis) in config.nemeses.iter().enumerate() {
         let seed = config.seed.wrapping_add(i as u64 * 0x1000_0000);
-        phases.push(phase(&world, config, nemesis, seed).await);
+        let done = phase(&world, config, nemesis, seed).await;
+        match &done {
+            Ok(p) => eprintln!(
+                "{} under {}: {}",
+                config.store.name(),
+                nemesis.name(),
+                p.report
+            ),
+            Err(e) => eprintln!("{} under {}: {e}", config.store.name(), nemesis.name()),
+        }
+        phases.push(done);
     }
     Ok(phases)
 }
@@ -181,7 +191,7 @@ async fn phase(
     let mut history = recorder.history(&keys);
     history.healed = healed;
     history.bound = bound;
-    history.listed = feed(world, &keys).await?;
+    history.listed = feed(world, &keys, &config.binary).await?;
     let report = check(&history);
     Ok(Phase {
         nemesis,
@@ -240,8 +250,88 @@ impl Client {
 }
 
 /// The ambiguous-outcome feed's records of `keys`, read page by page from the first
-/// gateway whose admin listener answers.
-async fn feed(world: &World, keys: &[String]) -> Result<Vec<Listed>, String> {
+/// gateway whose admin listener answers, trying again for up to a minute while none
+/// does (a store still recovering from the last fault); every failure is said on
+/// standard error.
+async fn feed(world: &World, keys: &[String], binary: &Path) -> Result<Vec<Listed>, String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match feed_once(world, keys).await {
+            Ok(listed) => return Ok(listed),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                eprintln!("reading the feed failed, trying again: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => {
+                // The same feed, read by a new process straight from the store: tells
+                // a gateway whose store connection is stuck from a store that cannot
+                // list.
+                let listed = keys_list(binary, world.store_url(), keys).await;
+                eprintln!(
+                    "the gateways' feed failed ({e}); `idem keys list --ambiguous` from \
+                     outside: {}",
+                    match &listed {
+                        Ok(l) => format!("{} records", l.len()),
+                        Err(e) => e.clone(),
+                    }
+                );
+                return listed.map_err(|l| format!("{e}; and idem keys list: {l}"));
+            }
+        }
+    }
+}
+
+/// `idem keys list --ambiguous` on `store`, run from the root namespace: the records of
+/// `keys` it lists.
+async fn keys_list(binary: &Path, store: &str, keys: &[String]) -> Result<Vec<Listed>, String> {
+    let mine: HashSet<&str> = keys.iter().map(String::as_str).collect();
+    let mut cmd = tokio::process::Command::new(binary);
+    cmd.args([
+        "keys",
+        "list",
+        "--ambiguous",
+        "--limit",
+        "1000",
+        "--store",
+        store,
+    ]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IDEM_") {
+            cmd.env_remove(k);
+        }
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .map_err(|_| "idem keys list took over 60 s".to_owned())?
+        .map_err(|e| format!("idem keys list: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "idem keys list: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    lines(&out.stdout, &mine)
+}
+
+/// The feed's JSON lines of `mine`.
+fn lines(body: &[u8], mine: &HashSet<&str>) -> Result<Vec<Listed>, String> {
+    let mut listed = Vec::new();
+    for line in String::from_utf8_lossy(body).lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("{e}: {line}"))?;
+        let key = v["key"].as_str().unwrap_or_default();
+        if mine.contains(key) {
+            listed.push(Listed {
+                key: key.to_owned(),
+                reason: v["ambiguous"].as_str().unwrap_or_default().to_owned(),
+                attempt: v["attempt"].as_u64().unwrap_or(0) as u32,
+            });
+        }
+    }
+    Ok(listed)
+}
+
+async fn feed_once(world: &World, keys: &[String]) -> Result<Vec<Listed>, String> {
     let mine: HashSet<&str> = keys.iter().map(String::as_str).collect();
     let mut errors = Vec::new();
     for g in 0..world.gateways() {
@@ -252,24 +342,20 @@ async fn feed(world: &World, keys: &[String]) -> Result<Vec<Listed>, String> {
                 Some(c) => format!("/keys?ambiguous=true&limit=1000&after={c}"),
                 None => "/keys?ambiguous=true&limit=1000".to_owned(),
             };
-            let Some((200, headers, body)) =
-                client::get(world.admin(g), &path, Duration::from_secs(10)).await
-            else {
-                errors.push(format!("gateway {g}: no listing"));
-                break false;
-            };
-            for line in String::from_utf8_lossy(&body).lines() {
-                let v: serde_json::Value =
-                    serde_json::from_str(line).map_err(|e| format!("{e}: {line}"))?;
-                let key = v["key"].as_str().unwrap_or_default();
-                if mine.contains(key) {
-                    listed.push(Listed {
-                        key: key.to_owned(),
-                        reason: v["ambiguous"].as_str().unwrap_or_default().to_owned(),
-                        attempt: v["attempt"].as_u64().unwrap_or(0) as u32,
-                    });
-                }
-            }
+            let (headers, body) =
+                match client::get(world.admin(g), &path, Duration::from_secs(30)).await {
+                    Some((200, headers, body)) => (headers, body),
+                    Some((status, _, body)) => {
+                        let body = String::from_utf8_lossy(&body).into_owned();
+                        errors.push(format!("gateway {g}: {status} {body}"));
+                        break false;
+                    }
+                    None => {
+                        errors.push(format!("gateway {g}: no answer in 30 s"));
+                        break false;
+                    }
+                };
+            listed.extend(lines(&body, &mine)?);
             match headers.iter().find(|(n, _)| n == "idem-next-cursor") {
                 Some((_, c)) => after = Some(c.clone()),
                 None => break true,

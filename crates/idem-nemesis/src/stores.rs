@@ -160,7 +160,10 @@ impl Store {
                 }
                 cluster.wait_ok(Duration::from_secs(30))?;
                 cluster.restart(victim, NODE_TIMEOUT)?;
-                cluster.wait_ok(Duration::from_secs(30))
+                cluster.wait_ok(Duration::from_secs(30))?;
+                // The next failover must find every master with a replica in sync: the
+                // restarted node is the promoted one's.
+                cluster.wait_replicated(1, Duration::from_secs(30))
             }
         }
     }

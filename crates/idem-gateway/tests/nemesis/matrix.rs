@@ -147,8 +147,14 @@ async fn long_run() {
     };
     let mut rows = Vec::new();
     for kind in stores {
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = Config::small(binary(), kind, seed(kind), dir.path().join("logs"));
+        // Kept for a person to read: the gateways' logs of a long run.
+        let dir = tempfile::tempdir().unwrap().keep();
+        eprintln!(
+            "{}: the gateways' logs are in {}",
+            kind.name(),
+            dir.display()
+        );
+        let mut config = Config::small(binary(), kind, seed(kind), dir.join("logs"));
         config.keys = number("IDEM_NEMESIS_KEYS", 200);
         config.cycles = number("IDEM_NEMESIS_CYCLES", 3);
         config.nemeses = nemeses.clone();
