@@ -200,7 +200,7 @@ pub fn check(history: &History) -> Report {
         let distinct: HashSet<(u16, &Bytes)> = answers.iter().map(|(s, b, _)| (*s, *b)).collect();
         let foreign: Vec<&(u16, &Bytes)> = distinct
             .iter()
-            .filter(|(_, body)| !executions.iter().any(|e| &e.body == *body))
+            .filter(|(_, body)| !executions.iter().any(|e| e.body == *body))
             .collect();
         if !foreign.is_empty() || (distinct.len() > 1 && !double_listed) {
             report.changed_silent += 1;

@@ -83,8 +83,11 @@ fn parse(raw: &[u8]) -> Option<Outcome> {
     })
 }
 
+/// An answer as [`get`] returns it: its status, headers (names lower-cased) and body.
+pub type RawAnswer = (u16, Vec<(String, String)>, Bytes);
+
 /// An answer's status, headers (names lower-cased) and body; `None` when cut short.
-fn parse_full(raw: &[u8]) -> Option<(u16, Vec<(String, String)>, Bytes)> {
+fn parse_full(raw: &[u8]) -> Option<RawAnswer> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut response = httparse::Response::new(&mut headers);
     let httparse::Status::Complete(head) = response.parse(raw).ok()? else {
@@ -118,11 +121,7 @@ fn parse_full(raw: &[u8]) -> Option<(u16, Vec<(String, String)>, Bytes)> {
 
 /// `GET path` on a fresh connection to `addr`: the answer's status, headers (names
 /// lower-cased) and body; `None` when none came whole within `timeout`.
-pub async fn get(
-    addr: SocketAddr,
-    path: &str,
-    timeout: Duration,
-) -> Option<(u16, Vec<(String, String)>, Bytes)> {
+pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<RawAnswer> {
     let request = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await.ok()?;

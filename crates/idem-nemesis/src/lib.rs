@@ -1,7 +1,7 @@
 //! A nemesis harness for the `idem` gateway, and a checker that judges what it
 //! recorded, in the spirit of the published analyses of distributed databases.
 //!
-//! The harness ([`run`]) makes hosts out of Linux network namespaces ([`net`]), one
+//! The harness ([`run()`]) makes hosts out of Linux network namespaces ([`net`]), one
 //! per gateway, each behind a veth link; it starts a private store ([`stores`]), a
 //! recording upstream ([`upstream`]), userspace links that carry faults ([`link`]),
 //! and an `idem serve` in each host ([`gateway`]). Clients ([`client`]) send every key

@@ -134,7 +134,7 @@ pub(crate) async fn superseded<St: Store, B>(
         // Judged as of its creation: it was taken over moments ago, so it is live, and
         // its age must not make it look expired to a clock that is not the store's.
         idem_core::RecordState::Completed { .. } => {
-            let (fingerprint, created_at) = (record.fingerprint.clone(), record.created_at);
+            let (fingerprint, created_at) = (record.fingerprint, record.created_at);
             Reservation::from_existing(record, &fingerprint, created_at)?
         }
         idem_core::RecordState::InProgress { .. } => Reservation::InProgress {
