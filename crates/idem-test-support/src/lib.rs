@@ -29,6 +29,7 @@ pub mod cluster;
 mod cpu;
 mod eventually;
 pub mod jwt;
+mod pg;
 mod relay;
 pub mod services;
 mod store;

@@ -24,7 +24,7 @@ use rcgen::{
 };
 
 /// How long a server may take to accept connections.
-const START_DEADLINE: Duration = Duration::from_secs(60);
+pub(crate) const START_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The role a client certificate logs in as: its common name.
 pub const CERT_USER: &str = "idem_cert";
@@ -175,7 +175,7 @@ fn free_port() -> Result<u16, String> {
 /// A shell that, once this process is gone, stops `pid` if any (`SIGINT`, then
 /// `SIGKILL`) and deletes `dir`: a killed test never runs `Drop`, and statics never
 /// drop.
-fn watchdog(pid: Option<u32>, dir: &Path) -> Result<Child, String> {
+pub(crate) fn watchdog(pid: Option<u32>, dir: &Path) -> Result<Child, String> {
     let stop = pid.map_or(String::new(), |pid| {
         format!("kill -INT {pid} 2>/dev/null; sleep 3; kill -9 {pid} 2>/dev/null; ")
     });
@@ -211,7 +211,12 @@ fn stop(child: &mut Child) {
 }
 
 /// Waits until something accepts connections on `127.0.0.1:port`, or `child` exits.
-fn wait_listening(child: &mut Child, port: u16, what: &str, log: &Path) -> Result<(), String> {
+pub(crate) fn wait_listening(
+    child: &mut Child,
+    port: u16,
+    what: &str,
+    log: &Path,
+) -> Result<(), String> {
     let start = Instant::now();
     loop {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -229,7 +234,7 @@ fn wait_listening(child: &mut Child, port: u16, what: &str, log: &Path) -> Resul
 }
 
 /// The newest PostgreSQL server binaries on the machine (Debian's layout), or why not.
-fn postgres_bin() -> Result<PathBuf, String> {
+pub(crate) fn postgres_bin() -> Result<PathBuf, String> {
     let root = Path::new("/usr/lib/postgresql");
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir(root)
         .map_err(|e| format!("no PostgreSQL server binaries ({}: {e})", root.display()))?
@@ -249,7 +254,7 @@ fn postgres_bin() -> Result<PathBuf, String> {
 
 /// The uid and gid the server runs as: `postgres`'s when this process is root (which
 /// PostgreSQL refuses to run as), else this process's own.
-fn server_user() -> Result<Option<(u32, u32)>, String> {
+pub(crate) fn server_user() -> Result<Option<(u32, u32)>, String> {
     let id = |flag: &str, user: Option<&str>| -> Result<u32, String> {
         let out = Command::new("id")
             .arg(flag)
@@ -291,7 +296,7 @@ fn run_as(mut cmd: Command, user: Option<(u32, u32)>, what: &str) -> Result<(), 
 }
 
 /// Hands `path` (recursively) to `user`.
-fn chown(path: &Path, user: Option<(u32, u32)>) -> Result<(), String> {
+pub(crate) fn chown(path: &Path, user: Option<(u32, u32)>) -> Result<(), String> {
     let Some((uid, gid)) = user else {
         return Ok(());
     };
@@ -330,10 +335,10 @@ fn template() -> Result<&'static Path, String> {
 /// A private PostgreSQL server on 127.0.0.1, stopped when dropped.
 #[derive(Debug)]
 pub struct PgServer {
-    port: u16,
-    dir: PathBuf,
-    server: Child,
-    watchdog: Child,
+    pub(crate) port: u16,
+    pub(crate) dir: PathBuf,
+    pub(crate) server: Child,
+    pub(crate) watchdog: Child,
 }
 
 impl PgServer {
@@ -409,19 +414,7 @@ impl PgServer {
             run_as(chmod, None, "chmod")?;
         }
         let log = dir.join("postgres.log");
-        let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-        chown(&log, user)?;
-        let mut cmd = Command::new(bin.join("postgres"));
-        cmd.arg("-D").arg(&data).current_dir(&dir);
-        if let Some((uid, gid)) = user {
-            cmd.uid(uid).gid(gid);
-        }
-        let mut server = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .map_err(|e| format!("postgres: {e}"))?;
+        let mut server = crate::pg::spawn_postgres(&bin, &dir, user)?;
         let watchdog = match watchdog(Some(server.id()), &dir) {
             Ok(w) => w,
             Err(e) => {

@@ -30,8 +30,8 @@ use crate::observer::{Outcome, timed};
 use crate::plan::AnswerRules;
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::Dialect;
-use crate::replay::{refuse, rendered};
-use crate::settle::{KeyWrite, settle, stored_response};
+use crate::replay::{refuse, rendered, superseded};
+use crate::settle::{KeyWrite, Settled, settle, stored_response};
 use crate::shared::Shared;
 use crate::wait::{Observed, PREFERENCE_APPLIED, hand_back, wait_for};
 use crate::{BoxError, IdempotencyBody};
@@ -162,6 +162,7 @@ where
             ..
         } = request;
         let dialect = answers.dialect();
+        let hints = answers.retry_hints;
         let AnswerRules {
             extra_headers,
             release_statuses,
@@ -186,6 +187,7 @@ where
         let answer = Answer {
             extra_headers: &extra_headers,
             dialect,
+            hints,
         };
         conclude(&shared, lease, lease_for, answer, ran, guard).await
     }
@@ -370,6 +372,7 @@ async fn conclude<St: Store, B>(
     let Answer {
         extra_headers,
         dialect,
+        hints,
     } = answer;
     let recorded = |(head, body, disposition)| (head, body, None, disposition);
     // Set when the run's outcome cannot be known: reported, and kept with the answer
@@ -461,7 +464,13 @@ async fn conclude<St: Store, B>(
             if let Some(reason) = ambiguous {
                 stored = stored.with_ambiguity(reason);
             }
-            settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
+            let scope = lease.scope.clone();
+            let settled = settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
+            if settled == Settled::Fenced
+                && let Some(superseded) = superseded(shared, &scope, dialect, hints).await
+            {
+                return superseded;
+            }
         }
         // Released answers left the handler early, streaming; none of the recorded
         // problems releases. Kept total all the same.
@@ -491,6 +500,8 @@ async fn conclude<St: Store, B>(
 struct Answer<'a> {
     extra_headers: &'a [HeaderName],
     dialect: Dialect,
+    /// Whether the route's own answers carry retry hints.
+    hints: bool,
 }
 
 /// Clears the extensions of an answer passed on to the client. A recorded answer keeps

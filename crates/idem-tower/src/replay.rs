@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
-use idem_core::{Reservation, StoreError, StoredResponse};
+use idem_core::{Reservation, Store, StoreError, StoredResponse};
 use tower::Service;
 
 use crate::config::{Config, References};
@@ -109,6 +109,45 @@ fn answer<B>(
         outcome,
         problem.answer(dialect).map(IdempotencyBody::buffered),
     )
+}
+
+/// The answer for a client whose attempt was taken over before it could record its own
+/// (its completion fenced, SPEC S7): the key's answer is the other attempt's, so this
+/// client gets what a retry would, the recorded answer replayed, or 409 while the other
+/// attempt still runs, never an answer the key's record contradicts. `None` (the
+/// attempt's own answer is passed on) when the record cannot be read, or its answer is
+/// a reference to render.
+pub(crate) async fn superseded<St: Store, B>(
+    shared: &crate::shared::Shared<St>,
+    scope: &idem_core::Scope,
+    dialect: Dialect,
+    hints: bool,
+) -> Option<Response<IdempotencyBody<B>>> {
+    let record = match shared.store.get(scope).await {
+        Ok(record) => record?,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the record that took this attempt over failed");
+            return None;
+        }
+    };
+    let reservation = match record.state {
+        // Judged as of its creation: it was taken over moments ago, so it is live, and
+        // its age must not make it look expired to a clock that is not the store's.
+        idem_core::RecordState::Completed { .. } => {
+            let (fingerprint, created_at) = (record.fingerprint, record.created_at);
+            Reservation::from_existing(record, &fingerprint, created_at)?
+        }
+        idem_core::RecordState::InProgress { .. } => Reservation::InProgress {
+            retry_after: std::time::Duration::from_secs(1),
+        },
+        idem_core::RecordState::Tombstone { .. } => return None,
+    };
+    if matches!(&reservation, Reservation::Replay(stored) if stored.reference().is_some()) {
+        return None;
+    }
+    let mut response = refuse(&*shared.config.observer, Ok(reservation), dialect, hints);
+    Handled::scoped(&mut response, scope);
+    Some(response)
 }
 
 /// The trailers recorded with an answer (a gRPC call's status), to send as trailers

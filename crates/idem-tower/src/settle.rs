@@ -46,6 +46,18 @@ impl KeyWrite {
     }
 }
 
+/// How a key was settled before the caller gets its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// Written.
+    Written,
+    /// Refused: another attempt took the record over (SPEC S7); this attempt's answer
+    /// is not the key's.
+    Fenced,
+    /// Not written yet: the store failed every time, and [`settle_later`] goes on.
+    Deferred,
+}
+
 /// Settles the key: `write` is tried as [`WRITE_BACKOFF`] says before the caller gets
 /// its answer. If the store failed every time (it is down, say), the caller gets the
 /// answer anyway and [`settle_later`] goes on in the background, the request counted in
@@ -56,15 +68,18 @@ pub(crate) async fn settle<St: Store>(
     lease_for: Duration,
     write: KeyWrite,
     guard: InFlightGuard,
-) {
+) -> Settled {
     let observer = &*shared.config.observer;
     for pause in WRITE_BACKOFF {
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }
         match timed(observer, write.op(), write.run(&*shared.store, &lease)).await {
-            Ok(()) => return,
-            Err(StoreError::Fenced) => return fenced(&lease, &write),
+            Ok(()) => return Settled::Written,
+            Err(StoreError::Fenced) => {
+                fenced(&lease, &write);
+                return Settled::Fenced;
+            }
             Err(e) => tracing::warn!(error = %e, op = write.op(), "settling the key failed"),
         }
     }
@@ -78,6 +93,7 @@ pub(crate) async fn settle<St: Store>(
             .deferred_write_ended(write.op(), settled);
         drop(guard);
     });
+    Settled::Deferred
 }
 
 fn fenced(lease: &Lease, write: &KeyWrite) {

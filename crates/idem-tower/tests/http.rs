@@ -76,6 +76,7 @@ for_each_store!(
     prefer_wait_duplicate_gets_the_replay_once_the_attempt_completes,
     waiter_finding_a_lapsed_lease_gets_409_and_its_retry_takes_over_as_recovered,
     expired_lease_is_taken_over_as_recovered_attempt,
+    an_attempt_taken_over_while_it_ran_answers_with_the_record,
     expired_record_executes_again,
     // S3: scope
     same_key_two_tenants_execute_twice,
@@ -662,6 +663,52 @@ async fn expired_lease_is_taken_over_as_recovered_attempt(kind: StoreKind) {
     assert!(retry.is_replay());
     assert_eq!(retry.body, taken.body);
     assert_eq!(count(&app.counters.orders), 1);
+}
+
+/// An attempt that was taken over while it ran (its worker paused past its lease, say)
+/// cannot record its answer; nor does its client get that answer, which the key's
+/// record contradicts: it gets what a retry would, 409 while the other attempt runs,
+/// then the recorded answer replayed (SPEC S7: answers never change).
+async fn an_attempt_taken_over_while_it_ran_answers_with_the_record(kind: StoreKind) {
+    let app = Arc::new(App::start(kind).await);
+    let lease_for = Duration::from_secs(60);
+    for theirs in [None, Some("theirs")] {
+        let key = format!("k-paused-{}", theirs.is_some());
+        let request = support::reserve_request("/slow", &key, ORDER, lease_for);
+        let first = tokio::spawn({
+            let (app, key) = (app.clone(), key.clone());
+            async move { app.post("/slow").key(&key).json(ORDER).send().await }
+        });
+        eventually("the first attempt runs", WAIT, async || {
+            app.counters.slow_started.load(Ordering::SeqCst) == usize::from(theirs.is_some()) + 1
+        })
+        .await;
+        // Its lease lapses; another attempt takes the key over, and records its
+        // answer or is still running.
+        app.clock.advance(lease_for + Duration::from_millis(1));
+        let Reservation::Acquired(second) = app.store.reserve(&request).await.unwrap() else {
+            panic!("the takeover acquires");
+        };
+        assert_eq!(second.attempt, 2);
+        if let Some(theirs) = theirs {
+            app.store
+                .complete(&second, &StoredResponse::new(201, theirs))
+                .await
+                .unwrap();
+        }
+        app.open_gate(1);
+        let late = first.await.unwrap();
+        match theirs {
+            None => {
+                late.assert_problem(409, "request-in-progress");
+            }
+            Some(theirs) => {
+                assert!(late.is_replay(), "{late:?}");
+                assert_eq!((late.status, late.body.as_ref()), (201, theirs.as_bytes()));
+            }
+        }
+    }
+    assert_eq!(app.counters.slow_finished.load(Ordering::SeqCst), 2);
 }
 
 async fn expired_record_executes_again(kind: StoreKind) {
@@ -1292,15 +1339,16 @@ async fn stale_attempt_cannot_overwrite_takeover(kind: StoreKind) {
     })
     .await;
     // The gate is first come, first served: the stalled attempt finishes first and its
-    // completion is fenced; then the takeover completes.
+    // completion is fenced, so its client gets what a retry would, 409 while the
+    // takeover runs (never its own answer, which the record will contradict); then the
+    // takeover completes.
     app.open_gate(1);
-    eventually("one handler finished", WAIT, async || {
-        count(&app.counters.slow_finished) == 1
-    })
-    .await;
+    let stalled = stalled.await.unwrap();
+    stalled.assert_problem(409, "request-in-progress");
+    assert_eq!(count(&app.counters.slow_finished), 1);
     app.open_gate(1);
-    let (stalled, taker) = (stalled.await.unwrap(), taker.await.unwrap());
-    assert_eq!((stalled.status, taker.status), (201, 201));
+    let taker = taker.await.unwrap();
+    assert_eq!(taker.status, 201);
     app.in_flight.wait().await;
     let record = app
         .store
@@ -1312,7 +1360,6 @@ async fn stale_attempt_cannot_overwrite_takeover(kind: StoreKind) {
     let RecordState::Completed { response, .. } = record.state else {
         panic!("not completed")
     };
-    assert_eq!(stalled.body, "slow 1 done");
     assert_eq!(taker.body, "slow 2 done");
     assert_eq!(
         response.body, taker.body,
