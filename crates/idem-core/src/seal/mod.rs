@@ -2,7 +2,7 @@
 //! id, so that a copy of the store (a SQLite file, a PostgreSQL dump, a Redis RDB)
 //! holds no body and no header in plain text.
 //!
-//! [`RecordKeys`] is the key ring; [`Sealed`](crate::Sealed) is the store wrapper that
+//! [`RecordKeys`] is the key ring; [`Sealed`] is the store wrapper that
 //! seals every answer it records and opens every answer it reads.
 //!
 //! # What a sealed answer looks like in the store
