@@ -65,20 +65,23 @@ impl Activity {
         Open(self.0.clone())
     }
 
-    /// Resolves once the connection has had no request open for `timeout`: the timer
-    /// fires when that would be so, and while requests are open, every `timeout`.
+    /// Resolves once the connection has had no request open for `timeout`, counted
+    /// from the call at the earliest: the timer fires when that would be so, and while
+    /// requests are open, every `timeout`.
     pub(super) async fn idle_for(&self, timeout: Duration) {
-        let mut deadline = self.0.borrow().idle_since + timeout;
+        let called = Instant::now();
+        let idle_until = |count: &Count| count.idle_since.max(called) + timeout;
+        let mut deadline = idle_until(&self.0.borrow());
         loop {
             tokio::time::sleep_until(deadline).await;
             let now = Instant::now();
             let count = *self.0.borrow();
             if count.open > 0 {
                 deadline = now + timeout;
-            } else if count.idle_since + timeout <= now {
+            } else if idle_until(&count) <= now {
                 return;
             } else {
-                deadline = count.idle_since + timeout;
+                deadline = idle_until(&count);
             }
         }
     }
