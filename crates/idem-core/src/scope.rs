@@ -198,7 +198,11 @@ impl Scope {
     /// length-prefixed parts. Stores that need one string per record (Redis) use it; it
     /// reveals neither the tenant nor the key.
     pub fn digest(&self) -> String {
-        self.parts.digest.0.get_or_init(|| self.make_digest()).clone()
+        self.parts
+            .digest
+            .0
+            .get_or_init(|| self.make_digest())
+            .clone()
     }
 
     fn make_digest(&self) -> String {

@@ -67,7 +67,10 @@ pub async fn count(configs: &[(String, Launch)], upstream: SocketAddr, settings:
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let keep = settings.keep.clone().unwrap_or_else(|| dir.path().to_owned());
+    let keep = settings
+        .keep
+        .clone()
+        .unwrap_or_else(|| dir.path().to_owned());
     std::fs::create_dir_all(&keep).unwrap();
     println!(
         "instructions per request (callgrind): ({} + {}) requests less {}, divided by {}, \
@@ -77,12 +80,20 @@ pub async fn count(configs: &[(String, Launch)], upstream: SocketAddr, settings:
     let mut rows = Vec::new();
     for (name, launch) in configs {
         // nginx is counted once, as one process serving.
-        if matches!(launch, Launch::Nginx(_, w) if *w != 1) || matches!(launch, Launch::Floor(_))
-        {
+        if matches!(launch, Launch::Nginx(_, w) if *w != 1) || matches!(launch, Launch::Floor(_)) {
             continue;
         }
         let started = Instant::now();
-        let warm_total = one(name, launch, upstream, settings.warm, settings, &keep, "warm").await;
+        let warm_total = one(
+            name,
+            launch,
+            upstream,
+            settings.warm,
+            settings,
+            &keep,
+            "warm",
+        )
+        .await;
         let all_total = one(
             name,
             launch,
@@ -275,10 +286,10 @@ async fn drive(addr: SocketAddr, prefix: String, requests: usize) -> usize {
 /// The `totals:` (or `summary:`) line of a callgrind file: every thread's instructions.
 fn totals(path: &Path) -> Option<u64> {
     let text = std::fs::read_to_string(path).ok()?;
-    let line = text
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("totals:").or_else(|| l.strip_prefix("summary:")))?;
+    let line = text.lines().rev().find_map(|l| {
+        l.strip_prefix("totals:")
+            .or_else(|| l.strip_prefix("summary:"))
+    })?;
     line.split_whitespace().next()?.parse().ok()
 }
 
