@@ -114,6 +114,38 @@ struct ScopeParts {
     tenant: Tenant,
     endpoint: Option<Endpoint>,
     key: Key,
+    /// [`Scope::digest`], made on its first use: a store names the record by it several
+    /// times per operation, and the logs and waiters by it too.
+    digest: DigestCache,
+}
+
+/// The cached digest of a scope: made from the other parts, so it takes no part in
+/// comparing, ordering or hashing scopes.
+#[derive(Default)]
+struct DigestCache(std::sync::OnceLock<String>);
+
+impl PartialEq for DigestCache {
+    fn eq(&self, _: &DigestCache) -> bool {
+        true
+    }
+}
+
+impl Eq for DigestCache {}
+
+impl PartialOrd for DigestCache {
+    fn partial_cmp(&self, other: &DigestCache) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for DigestCache {
+    fn cmp(&self, _: &DigestCache) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+
+impl std::hash::Hash for DigestCache {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
 }
 
 impl fmt::Debug for Scope {
@@ -143,6 +175,7 @@ impl Scope {
                 tenant,
                 endpoint,
                 key,
+                digest: DigestCache::default(),
             }),
         }
     }
@@ -171,6 +204,14 @@ impl Scope {
     /// length-prefixed parts. Stores that need one string per record (Redis) use it; it
     /// reveals neither the tenant nor the key.
     pub fn digest(&self) -> String {
+        self.parts
+            .digest
+            .0
+            .get_or_init(|| self.make_digest())
+            .clone()
+    }
+
+    fn make_digest(&self) -> String {
         let mut h = Sha256::new();
         for part in [
             self.tenant().as_str(),

@@ -42,9 +42,15 @@
 //! worker and two (upstream keep-alive pool, no access log), and idem's pass-through as
 //! a ratio to it.
 //!
+//! `IDEM_LOAD_CALLGRIND=1` first counts the instructions per request of each proxy
+//! under callgrind (`=only`: nothing else; see `load/callgrind.rs`), which do not
+//! depend on what else the machine runs.
+//!
 //! The driver, the upstream and the gateway share the machine's cores, so absolute
 //! figures understate a dedicated gateway; the ratios are the point.
 
+#[path = "load/callgrind.rs"]
+mod callgrind;
 #[path = "load/others.rs"]
 mod others;
 #[path = "load/wire.rs"]
@@ -446,6 +452,15 @@ fn main() {
             };
             if wanted {
                 configs.push((name, launch));
+            }
+        }
+
+        // IDEM_LOAD_CALLGRIND=1: instructions per request first (=only: nothing else).
+        if let Ok(mode) = std::env::var("IDEM_LOAD_CALLGRIND") {
+            let up = upstream(Duration::ZERO).await;
+            callgrind::count(&configs, up, &callgrind::Settings::from_env()).await;
+            if mode == "only" {
+                return;
             }
         }
 

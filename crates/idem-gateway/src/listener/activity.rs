@@ -20,15 +20,17 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::window::Watch;
 
-/// Requests open on one connection, how many have started in all, and how many of the
-/// open ones wait on the client's window.
-#[derive(Debug, Clone, Copy, Default)]
+/// Requests open on one connection, since when none has been, and how many of the open
+/// ones wait on the client's window.
+#[derive(Debug, Clone, Copy)]
 struct Count {
     open: usize,
-    started: u64,
+    /// When the last request open ended (or the connection began).
+    idle_since: Instant,
     /// Open HTTP/2 streams whose answer waits for room in the client's window.
     waiting: usize,
     /// A stream was reset for waiting the client timeout while every other stream
@@ -37,37 +39,49 @@ struct Count {
 }
 
 /// One connection's count of open requests.
+///
+/// Opening and ending a request wakes nobody: HTTP/1.1 does both on every request, and
+/// a wake-up there costs a poll of the whole connection. The idle timer reads the count
+/// when it fires instead; only `abandoned`, which is rare, is told at once.
 #[derive(Debug, Clone)]
 pub(super) struct Activity(watch::Sender<Count>);
 
 impl Activity {
     pub(super) fn new() -> Activity {
-        Activity(watch::Sender::new(Count::default()))
+        Activity(watch::Sender::new(Count {
+            open: 0,
+            idle_since: Instant::now(),
+            waiting: 0,
+            abandoned: false,
+        }))
     }
 
     /// One more request open, until the guard is dropped.
     fn start(&self) -> Open {
-        self.0.send_modify(|c| {
+        self.0.send_if_modified(|c| {
             c.open += 1;
-            c.started += 1;
+            false
         });
         Open(self.0.clone())
     }
 
-    /// Resolves once the connection has had no request open for `timeout`.
+    /// Resolves once the connection has had no request open for `timeout`, counted
+    /// from the call at the earliest: the timer fires when that would be so, and while
+    /// requests are open, every `timeout`.
     pub(super) async fn idle_for(&self, timeout: Duration) {
-        let mut rx = self.0.subscribe();
+        let called = Instant::now();
+        let idle_until = |count: &Count| count.idle_since.max(called) + timeout;
+        let mut deadline = idle_until(&self.0.borrow());
         loop {
-            let started = rx.wait_for(|c| c.open == 0).await.map(|c| c.started);
-            // An error means the sender is gone; `self` holds it.
-            let Ok(started) = started else {
-                return std::future::pending().await;
-            };
-            let busy = async {
-                let _ = rx.wait_for(|c| c.open > 0 || c.started != started).await;
-            };
-            if tokio::time::timeout(timeout, busy).await.is_err() {
+            tokio::time::sleep_until(deadline).await;
+            let now = Instant::now();
+            let count = *self.0.borrow();
+            if count.open > 0 {
+                deadline = now + timeout;
+            } else if idle_until(&count) <= now {
                 return;
+            } else {
+                deadline = idle_until(&count);
             }
         }
     }
@@ -99,7 +113,13 @@ struct Open(watch::Sender<Count>);
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.send_modify(|c| c.open -= 1);
+        self.0.send_if_modified(|c| {
+            c.open -= 1;
+            if c.open == 0 {
+                c.idle_since = Instant::now();
+            }
+            false
+        });
     }
 }
 
@@ -210,13 +230,15 @@ impl<B> Drop for TrackedBody<B> {
     fn drop(&mut self) {
         let cut = self.watch.as_ref().is_some_and(|w| w.was_cut());
         let waiting = self.waiting;
-        // Before `open` counts this request closed, which tells the waiters.
+        // Before `open` counts this request closed; the abandoned connection's waiter
+        // is told.
         self.open.0.send_if_modified(|c| {
             if waiting {
                 c.waiting -= 1;
             }
-            if cut && c.open - 1 == c.waiting {
+            if cut && c.open - 1 == c.waiting && !c.abandoned {
                 c.abandoned = true;
+                return true;
             }
             false
         });

@@ -6,19 +6,27 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-/// Headers that concern one connection, never forwarded (RFC 9110 §7.6.1, plus the
-/// non-standard `proxy-connection` and `keep-alive` that old clients send).
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
+/// Whether `name` is a header that concerns one connection, never forwarded (RFC 9110
+/// §7.6.1, plus the non-standard `proxy-connection` and `keep-alive` that old clients
+/// send).
+///
+/// A match on the name, not a `const` array of `HeaderName`s: each use of such a
+/// constant builds the array and drops it again, which on every header of every
+/// message cost more than the comparisons.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
 
 /// Request headers by which some upstream stacks take the path from the header rather
 /// than the request line (IIS's URL rewriting, Symfony and Zend before they stopped).
@@ -71,12 +79,12 @@ pub(super) fn connection_options(headers: &HeaderMap) -> impl Iterator<Item = &s
 /// Removes hop-by-hop headers, including those the `Connection` header names.
 ///
 /// Twice per forwarded request, and most messages carry none of them: one pass over
-/// the names present (comparing standard names is comparing tags) finds what to
-/// remove, rather than a hashed removal for each of the nine names.
+/// the names present finds what to remove, rather than a hashed removal for each of
+/// the nine names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let mut present: Vec<HeaderName> = headers
         .keys()
-        .filter(|name| HOP_BY_HOP.contains(name))
+        .filter(|name| is_hop_by_hop(name))
         .cloned()
         .collect();
     if present.contains(&header::CONNECTION) {

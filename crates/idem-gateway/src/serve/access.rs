@@ -78,8 +78,14 @@ pub(super) fn request_id(headers: &mut HeaderMap, header: &HeaderName) -> Header
                 .as_nanos()
                 .to_be_bytes();
         }
-        let text: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-        HeaderValue::from_str(&text).expect("hex is a header value")
+        // Written in place: on every request without an id of its own.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut text = [0u8; 32];
+        for (pair, b) in text.chunks_exact_mut(2).zip(raw) {
+            pair[0] = HEX[usize::from(b >> 4)];
+            pair[1] = HEX[usize::from(b & 0xf)];
+        }
+        HeaderValue::from_bytes(&text).expect("hex is a header value")
     });
     headers.insert(header.clone(), id.clone());
     id

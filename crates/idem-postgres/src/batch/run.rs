@@ -217,7 +217,10 @@ impl PgStore {
         let (reply, mut answer) = oneshot::channel();
         let (id, start) = batcher.push(make(reply));
         if start {
-            tokio::spawn(self.clone().drain(batcher.clone()));
+            // Boxed: the drainer's state is tens of kilobytes, which spawning it
+            // unboxed copied several times over (into the task, and again when it
+            // finished), once per lone operation.
+            tokio::spawn(Box::pin(self.clone().drain(batcher.clone())));
         }
         let patience = self.pool.options().get_acquire_timeout();
         match tokio::time::timeout(patience, &mut answer).await {
