@@ -10,6 +10,7 @@ use redis::cluster::ClusterClient;
 use crate::subscribe::{self, Subscriber};
 use redis::{Client, ErrorKind, RedisError, RedisResult};
 
+use crate::cluster::Cluster;
 use crate::conn::Conn;
 use crate::error::from_redis;
 use crate::eviction::eviction_risk;
@@ -109,7 +110,8 @@ impl RedisStoreBuilder {
                 .max_retry_wait(250)
                 .build()?;
             match client.get_async_connection().await {
-                Ok(conn) => Conn::Cluster(conn),
+                // Made afresh after a timeout, at most once per timeout.
+                Ok(conn) => Conn::Cluster(Arc::new(Cluster::new(client, conn, response_timeout))),
                 Err(e) => {
                     return Err(
                         seed_failure(&target.nodes[0], certificates, self.timeout, e).await,

@@ -1,9 +1,12 @@
 //! [`Conn`]: the store's connection, to one server or to a Redis Cluster.
 
+use std::sync::Arc;
+
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+use crate::cluster::Cluster;
 
 /// One multiplexed, reconnecting connection: a [`ConnectionManager`] to one server, or
 /// the cluster client, which discovers the slots from the seed nodes, follows `MOVED`
@@ -11,20 +14,28 @@ use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 /// clones. Every command the store sends names one record key (or none), so the
 /// cluster client sends it to the master of that key's slot; a pipeline goes whole to
 /// the slot of its first keyed command, which is how `WAIT` reaches the node that
-/// took the write.
+/// took the write. A cluster command that times out also has the connection made
+/// afresh (see [`Cluster`]).
 #[derive(Clone)]
 pub(crate) enum Conn {
     /// One server.
     Single(ConnectionManager),
     /// A Redis Cluster.
-    Cluster(ClusterConnection),
+    Cluster(Arc<Cluster>),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => {
+                let cluster = Arc::clone(c);
+                Box::pin(async move {
+                    let outcome = cluster.conn().req_packed_command(cmd).await;
+                    cluster.observe(&outcome);
+                    outcome
+                })
+            }
         }
     }
 
@@ -36,14 +47,24 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => {
+                let cluster = Arc::clone(c);
+                Box::pin(async move {
+                    let outcome = cluster
+                        .conn()
+                        .req_packed_commands(pipeline, offset, count)
+                        .await;
+                    cluster.observe(&outcome);
+                    outcome
+                })
+            }
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster(c) => c.conn().get_db(),
         }
     }
 }
@@ -54,6 +75,15 @@ impl Conn {
         matches!(self, Conn::Cluster(_))
     }
 
+    /// How many times a cluster's connection was made afresh after a timeout (0 for
+    /// one server, whose connection manager reconnects by itself).
+    pub(crate) fn renewed(&self) -> u64 {
+        match self {
+            Conn::Single(_) => 0,
+            Conn::Cluster(c) => c.renewed(),
+        }
+    }
+
     /// Sends a keyless command to one node: the server, or any master of the cluster
     /// (the cluster client would send `INFO` to every master and merge the answers).
     pub(crate) async fn one_node(&self, cmd: &Cmd) -> RedisResult<Value> {
@@ -61,7 +91,9 @@ impl Conn {
             Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
             Conn::Cluster(c) => {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
-                c.clone().route_command(cmd.clone(), routing).await
+                let outcome = c.conn().route_command(cmd.clone(), routing).await;
+                c.observe(&outcome);
+                outcome
             }
         }
     }
@@ -88,7 +120,9 @@ impl Conn {
                     host: node.0.clone(),
                     port: node.1,
                 });
-                c.clone().route_command(cmd.clone(), routing).await
+                let outcome = c.conn().route_command(cmd.clone(), routing).await;
+                c.observe(&outcome);
+                outcome
             }
         }
     }

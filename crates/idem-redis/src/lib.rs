@@ -184,6 +184,7 @@
 //! ```
 
 mod builder;
+mod cluster;
 mod conn;
 mod error;
 mod eviction;

@@ -544,6 +544,12 @@ impl Store for RedisStore {
                 "First reservations whose reply never came, released in the background.",
                 read(&c.unconfirmed_reservations),
             ),
+            StoreMetric::counter(
+                "idem_redis_cluster_reconnects_total",
+                "Times the Redis Cluster connection was made afresh from the seed nodes \
+                 because a node timed out (as after a master failed over while silent).",
+                self.conn.renewed(),
+            ),
             StoreMetric::gauge(
                 "idem_redis_server_may_evict",
                 "1 when, as the store connected, the server's maxmemory policy let it evict \

@@ -1,6 +1,7 @@
 //! The store on a real Redis Cluster (three masters, a replica each, started by
 //! idem-test-support or named by `IDEM_TEST_REDIS_CLUSTER_URL`): the whole store
-//! contract, shared secrets, records spread over every master, and `wait`.
+//! contract, shared secrets, records spread over every master, `wait`, and a master
+//! that goes silent and is failed over.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use idem_core::{
     StoredResponse, Tenant,
 };
 use idem_redis::RedisStore;
-use idem_test_support::{redis_cluster_url, service_unavailable};
+use idem_test_support::{RedisCluster, redis_cluster_url, service_unavailable};
 
 /// The shared cluster's URL, or `None` said loudly (a panic under
 /// `IDEM_REQUIRE_SERVICES=1`).
@@ -178,4 +179,74 @@ async fn too_few_replicas_refuse_the_reservation_and_release_it() {
             .await,
         Err(StoreError::Unavailable(_))
     ));
+}
+
+/// A master that stops answering without closing its connections (paused here; a
+/// frozen machine, or a link cut mid-connection, does the same) is failed over by the
+/// cluster. Its commands time out; the timeout has the store connect afresh from the
+/// seeds, which finds the promoted replica, and every key is served again, not only
+/// after the process restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_master_failed_over_is_found_again() {
+    const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
+    let mut cluster = match tokio::task::spawn_blocking(|| RedisCluster::start(3, 1, NODE_TIMEOUT))
+        .await
+        .unwrap()
+    {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            service_unavailable::<()>("Redis Cluster", "127.0.0.1", &e);
+            return;
+        }
+    };
+    let s = RedisStore::builder()
+        .clock(Arc::new(ManualClock::starting_now()))
+        .key_prefix("idem-test:silent:")
+        .timeout(Duration::from_millis(300))
+        .connect(&cluster.url())
+        .await
+        .unwrap();
+    // Records on every master first: the store holds a connection to each.
+    for i in 0..32 {
+        let req = ReserveRequest::new(scope(i), test_fingerprint("silent"));
+        assert!(matches!(
+            s.reserve(&req).await.unwrap(),
+            Reservation::Acquired(_)
+        ));
+    }
+    let victim = cluster.master_ports()[0];
+    cluster.pause(victim).unwrap();
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster
+            .wait_failed_over(victim, 3, Duration::from_secs(30))
+            .map(|()| cluster)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    // Every key, the failed master's included, is served within a bound: a few
+    // timeouts of 300 ms and one fresh connection, not forever.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    for i in 32..96 {
+        let req = ReserveRequest::new(scope(i), test_fingerprint("silent"));
+        loop {
+            match s.reserve(&req).await {
+                Ok(Reservation::Acquired(_)) => break,
+                Ok(other) => panic!("key {i} was fresh: {other:?}"),
+                Err(StoreError::Unavailable(e)) => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "key {i} still unavailable 30 s after the failover: {e}"
+                ),
+                Err(e) => panic!("key {i}: {e}"),
+            }
+        }
+    }
+    let reconnects = s
+        .metrics()
+        .into_iter()
+        .find(|m| m.name == "idem_redis_cluster_reconnects_total")
+        .expect("the metric is listed")
+        .value;
+    assert!(reconnects >= 1, "connected afresh {reconnects} times");
+    drop(cluster);
 }

@@ -260,6 +260,82 @@ impl RedisCluster {
         }
     }
 
+    /// Pauses the node on `port` (`SIGSTOP`): its connections stay open and nothing
+    /// on them is answered, as a frozen machine or a cut link would do; the cluster
+    /// fails it over once the node timeout passes. [`resume`](Self::resume) undoes it;
+    /// dropping the cluster kills it all the same.
+    pub fn pause(&mut self, port: u16) -> Result<(), String> {
+        self.signal(port, "STOP")
+    }
+
+    /// Resumes a node [`pause`](Self::pause)d (`SIGCONT`).
+    pub fn resume(&mut self, port: u16) -> Result<(), String> {
+        self.signal(port, "CONT")
+    }
+
+    fn signal(&mut self, port: u16, signal: &str) -> Result<(), String> {
+        let i = self
+            .ports
+            .iter()
+            .position(|&p| p == port)
+            .ok_or_else(|| format!("no node on {port}"))?;
+        let status = Command::new("kill")
+            .args([format!("-{signal}"), self.nodes[i].id().to_string()])
+            .status()
+            .map_err(|e| format!("kill: {e}"))?;
+        status
+            .success()
+            .then_some(())
+            .ok_or_else(|| format!("kill -{signal} of the node on {port}: {status}"))
+    }
+
+    /// Waits until the other nodes see the node on `port` failed and `masters`
+    /// masters serve the slots without it (asking only the other nodes, so it works
+    /// while that one is paused).
+    pub fn wait_failed_over(
+        &self,
+        port: u16,
+        masters: usize,
+        deadline: Duration,
+    ) -> Result<(), String> {
+        let start = Instant::now();
+        let others: Vec<u16> = self.ports.iter().copied().filter(|&p| p != port).collect();
+        let address = format!("127.0.0.1:{port}@");
+        loop {
+            let nodes = self
+                .cli(others[0], &["CLUSTER", "NODES"])
+                .unwrap_or_default();
+            let failed = nodes.lines().any(|l| {
+                l.contains(&address)
+                    && l.split_whitespace()
+                        .nth(2)
+                        .is_some_and(|f| f.split(',').any(|f| f == "fail"))
+            });
+            let serving = nodes
+                .lines()
+                .filter(|l| {
+                    let flags = l.split_whitespace().nth(2).unwrap_or("");
+                    flags.split(',').any(|f| f == "master")
+                        && !flags.contains("fail")
+                        && !l.contains(&address)
+                })
+                .count();
+            let ok = others.iter().all(|&p| {
+                self.cli(p, &["CLUSTER", "INFO"])
+                    .is_ok_and(|info| info.contains("cluster_state:ok"))
+            });
+            if failed && serving >= masters && ok {
+                return Ok(());
+            }
+            if start.elapsed() > deadline {
+                return Err(format!(
+                    "the node on {port} was not failed over after {deadline:?}:\n{nodes}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Starts the node on `port` again after [`kill`](Self::kill), with its
     /// directory (a cluster node keeps its identity there, and rejoins as a replica
     /// if it was failed over); watched like the others.
