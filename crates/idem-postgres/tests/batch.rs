@@ -69,6 +69,11 @@ impl Gate {
                 store.reserve(&req).await.expect("the gated reserve");
             }
         });
+        // Watched from a connection of its own: inside the gate's transaction,
+        // pg_stat_activity is a snapshot taken at its first read and kept until the
+        // transaction ends, so a read made before the reserve blocked would be seen
+        // again and again.
+        let mut watch = PgConnection::connect(&common::pg_url()).await.unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
             // This store's reserve (a lone one: its single-row statement), waiting for the row.
@@ -78,7 +83,7 @@ impl Gate {
                     AND position($1 in query) > 0",
             )
             .bind(store.table())
-            .fetch_one(&mut conn)
+            .fetch_one(&mut watch)
             .await
             .unwrap();
             if waiting > 0 {
