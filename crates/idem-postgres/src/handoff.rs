@@ -134,8 +134,9 @@ impl Handoff {
                 Err(_) => return Err(timed_out()),
             },
         };
-        // Dropping `slot` on failure passes it on.
-        let conn = match tokio::time::timeout_at(deadline, pool.acquire()).await {
+        // Dropping `slot` on failure passes it on. sqlx's acquire is a 4 KiB future:
+        // boxed, it is written once, not copied into each future that awaits this one.
+        let conn = match tokio::time::timeout_at(deadline, Box::pin(pool.acquire())).await {
             Ok(acquired) => acquired.map_err(store_error)?,
             Err(_) => return Err(timed_out()),
         };

@@ -175,7 +175,9 @@ impl Store for PgStore {
                 .bounded(async { self.submit(batch, op).await.map_err(|f| f.error) })
                 .await;
         }
-        self.bounded(async {
+        // Boxed, as the unbatched reserve: its kilobytes of state would otherwise be
+        // carried and copied by the batched path above.
+        self.bounded(Box::pin(async {
             let mut conn = self.handoff.acquire(&self.pool).await?;
             let completed = self.complete_on(&mut conn.conn, lease, response).await;
             // Fenced is an answer: the statements ran to the end.
@@ -183,7 +185,7 @@ impl Store for PgStore {
                 self.handoff.release(conn);
             }
             completed
-        })
+        }))
         .await
     }
 

@@ -31,7 +31,9 @@ impl PgStore {
         if let Some(batch) = &self.batch {
             return self.bounded(self.reserve_batched(batch, req)).await;
         }
-        self.bounded(async {
+        // Boxed: this path's state (a pooled connection's acquire, the statement) is
+        // kilobytes that the batched path above would otherwise carry and copy.
+        self.bounded(Box::pin(async {
             for _ in 0..RESERVE_ROUNDS {
                 if let Some(r) = self.reserve_once(req).await? {
                     return Ok(r);
@@ -40,7 +42,7 @@ impl PgStore {
             Err(StoreError::unavailable(
                 "reserve kept racing concurrent writers; try again",
             ))
-        })
+        }))
         .await
     }
 
