@@ -2,6 +2,7 @@
 //! alone.
 
 use std::fmt;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -109,43 +110,61 @@ pub struct Scope {
     parts: Arc<ScopeParts>,
 }
 
-#[derive(PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
 struct ScopeParts {
     tenant: Tenant,
     endpoint: Option<Endpoint>,
     key: Key,
-    /// [`Scope::digest`], made on its first use: a store names the record by it several
-    /// times per operation, and the logs and waiters by it too.
-    digest: DigestCache,
+    /// What is made from the parts on first use.
+    derived: Derived,
 }
 
-/// The cached digest of a scope: made from the other parts, so it takes no part in
-/// comparing, ordering or hashing scopes.
-#[derive(Default)]
-struct DigestCache(std::sync::OnceLock<String>);
+/// Hashes the cached keyed hash ([`Derived::hash`]): equal parts have equal hashes.
+impl std::hash::Hash for ScopeParts {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(*self.derived.hash.get_or_init(|| {
+            static KEY: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+            KEY.get_or_init(std::hash::RandomState::new).hash_one((
+                &self.tenant,
+                &self.endpoint,
+                &self.key,
+            ))
+        }));
+    }
+}
 
-impl PartialEq for DigestCache {
-    fn eq(&self, _: &DigestCache) -> bool {
+/// What a scope's parts give, each made on its first use. Made from the other parts,
+/// they take no part in comparing or ordering scopes.
+#[derive(Default)]
+struct Derived {
+    /// [`Scope::digest`]: a store names the record by it several times per operation,
+    /// and the logs and waiters by it too.
+    digest: std::sync::OnceLock<String>,
+    /// The parts' hash under this process's random key: a scope is looked up in several
+    /// maps per operation (a store's shard and records, waiters, a batch's scopes), and
+    /// each then hashes eight bytes, not three strings. The key, random per process,
+    /// keeps a client from choosing keys that collide.
+    hash: std::sync::OnceLock<u64>,
+}
+
+impl PartialEq for Derived {
+    fn eq(&self, _: &Derived) -> bool {
         true
     }
 }
 
-impl Eq for DigestCache {}
+impl Eq for Derived {}
 
-impl PartialOrd for DigestCache {
-    fn partial_cmp(&self, other: &DigestCache) -> Option<std::cmp::Ordering> {
+impl PartialOrd for Derived {
+    fn partial_cmp(&self, other: &Derived) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl Ord for DigestCache {
-    fn cmp(&self, _: &DigestCache) -> std::cmp::Ordering {
+impl Ord for Derived {
+    fn cmp(&self, _: &Derived) -> std::cmp::Ordering {
         std::cmp::Ordering::Equal
     }
-}
-
-impl std::hash::Hash for DigestCache {
-    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
 }
 
 impl fmt::Debug for Scope {
@@ -175,7 +194,7 @@ impl Scope {
                 tenant,
                 endpoint,
                 key,
-                digest: DigestCache::default(),
+                derived: Derived::default(),
             }),
         }
     }
@@ -205,8 +224,8 @@ impl Scope {
     /// reveals neither the tenant nor the key.
     pub fn digest(&self) -> String {
         self.parts
+            .derived
             .digest
-            .0
             .get_or_init(|| self.make_digest())
             .clone()
     }
@@ -311,6 +330,33 @@ mod tests {
             anonymous.digest(),
             "195bd0c3161baf3dabc8d1e54a6e1c4aa703710b7327c5517fa5d2eece47b318"
         );
+    }
+
+    #[test]
+    fn equal_scopes_hash_alike_whichever_hashed_first() {
+        use std::collections::HashMap;
+        let make = |key: &str| {
+            Scope::new(
+                ScopeMode::Public,
+                Tenant::new("t"),
+                Endpoint::new("POST", "/v1/charges"),
+                Key::new(key).unwrap(),
+            )
+        };
+        let mut map = HashMap::new();
+        for i in 0..100 {
+            map.insert(make(&format!("k{i}")), i);
+        }
+        // Fresh scopes (nothing cached yet) find the entries of equal ones.
+        for i in 0..100 {
+            assert_eq!(map.get(&make(&format!("k{i}"))), Some(&i));
+        }
+        assert_eq!(map.get(&make("k100")), None);
+        // The cached hash takes no part in equality.
+        let (a, b) = (make("same"), make("same"));
+        let _ = map.get(&a);
+        assert_eq!(a, b);
+        assert_eq!(a.cmp(&b), std::cmp::Ordering::Equal);
     }
 
     #[test]
