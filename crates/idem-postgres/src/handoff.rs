@@ -175,6 +175,12 @@ impl Handoff {
         // Dropped outside the lock: the slot takes it again.
     }
 
+    /// Whether an operation waits here for a connection (one that gave up waiting may
+    /// still be counted).
+    pub(crate) fn has_waiters(&self) -> bool {
+        !self.state().waiting.is_empty()
+    }
+
     /// Connections handed from one operation to the next so far.
     pub(crate) fn handed(&self) -> u64 {
         self.handed.load(Ordering::Relaxed)

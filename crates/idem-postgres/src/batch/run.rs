@@ -9,9 +9,17 @@ use tokio::sync::oneshot;
 use idem_core::{Reservation, Scope, StoreError, release_unconfirmed_with};
 use sqlx::PgConnection;
 
-use super::{Answer, Batcher, Failure, Op, ReserveOp};
+use super::{Answer, Batcher, Empty, Failure, Op, ReserveOp};
 use crate::handoff::Conn;
 use crate::store::PgStore;
+
+/// How long a drainer whose queue ran empty keeps its connection and waits for the
+/// next operation before it stops. A request's completion follows its reservation by
+/// the upstream's answer time, and a client's next request follows that: a drainer
+/// still there writes them with no connection taken from the pool, and so none given
+/// back (sqlx pings each one it gets back, a round trip and a spawned task), nor a
+/// drainer spawned. Short, so that a connection held for nothing returns soon.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Batches a drainer writes on one connection before it hands the connection on (to
 /// an operation waiting for one, or back to the pool), so that others sharing the pool
@@ -74,14 +82,20 @@ pub(super) fn first_per_scope<T>(items: Vec<T>, scope: impl Fn(&T) -> &Scope) ->
 }
 
 impl PgStore {
-    /// Writes batches until the queue is empty.
+    /// Writes batches until the queue stays empty for [`LINGER`].
     pub(crate) async fn drain(self, batcher: Arc<Batcher>) {
         let mut held: Option<Conn> = None;
         let mut written = 0;
         loop {
             let batch = batcher.take();
             if batch.is_empty() {
-                break;
+                let linger = held.is_some() && !self.handoff.has_waiters();
+                match batcher.empty(linger) {
+                    Empty::TakeAgain => continue,
+                    Empty::Stop => break,
+                    Empty::Linger if batcher.woken(LINGER).await => continue,
+                    Empty::Linger => break,
+                }
             }
             let mut conn = match held.take() {
                 Some(conn) => conn,
