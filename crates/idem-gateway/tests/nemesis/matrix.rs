@@ -6,15 +6,16 @@
 //!
 //! - never a silent double execution, a silently changed answer or an unfinished key,
 //!   but where a failover loses writes Redis had not yet replicated (`redis` without
-//!   `?wait=1`): a reservation lost with its master lets a retry execute again as a
-//!   first attempt;
+//!   `?wait=1`): a reservation or a completion lost with its master lets a retry
+//!   execute again as a first attempt, and its client may then get that execution's
+//!   answer (a change, silent, on that same key and no other);
 //! - a double execution listed in the feed where a fault outlasted the lease (a pause,
 //!   a partition, a kill), and the paused attempt's own answer reaching its client
 //!   (a listed change);
 //! - an acknowledged key executed again (`lost`) only where the store could not record
 //!   the answer the client got for longer than the lease: listed in the feed.
 
-use idem_nemesis::{Config, Nemesis, Phase, StoreKind, Unavailable, run};
+use idem_nemesis::{Config, Nemesis, Phase, StoreKind, Unavailable, Violation, run};
 use idem_test_support::{service_unavailable, services_required};
 
 use crate::binary;
@@ -54,8 +55,9 @@ async fn phases(config: &Config) -> Option<Vec<Phase>> {
     }
 }
 
-/// Whether `phase` may show silent doubles: Redis without `wait` loses the writes a
-/// failover's dead master had not yet replicated.
+/// Whether `phase` may show silent doubles and losses, and changed answers on those
+/// keys: Redis without `wait` loses the writes a failover's dead master had not yet
+/// replicated.
 fn may_lose_writes(kind: StoreKind, nemesis: Nemesis) -> bool {
     kind == StoreKind::Redis && nemesis == Nemesis::Failover
 }
@@ -75,8 +77,20 @@ fn judge(kind: StoreKind, phases: &[Phase], logs: &std::path::Path) {
             logs.display()
         );
         assert_eq!(r.unfinished, 0, "{what}");
-        assert_eq!(r.changed_silent, 0, "{what}");
-        if !may_lose_writes(kind, p.nemesis) {
+        if may_lose_writes(kind, p.nemesis) {
+            // A lost write re-executes its key: a change is allowed only there.
+            let doubled = |key: &str| {
+                r.findings
+                    .iter()
+                    .any(|f| f.violation == Violation::SilentDouble && f.key == key)
+            };
+            for f in &r.findings {
+                if f.violation == Violation::ChangedAnswer {
+                    assert!(doubled(&f.key), "a change without a lost write: {what}");
+                }
+            }
+        } else {
+            assert_eq!(r.changed_silent, 0, "{what}");
             assert_eq!(r.doubles_silent, 0, "{what}");
             assert_eq!(r.lost, 0, "{what}");
         }
@@ -171,4 +185,68 @@ async fn long_run() {
     for row in rows {
         println!("{row}");
     }
+}
+
+/// A Redis failover's phase whose findings are `findings` (violation, key).
+fn failover_phase(findings: &[(Violation, &str)]) -> Phase {
+    let count = |v: Violation| findings.iter().filter(|(f, _)| *f == v).count();
+    Phase {
+        nemesis: Nemesis::Failover,
+        report: idem_nemesis::Report {
+            keys: 2,
+            operations: 6,
+            executions: 3,
+            doubles_silent: count(Violation::SilentDouble),
+            changed_silent: count(Violation::ChangedAnswer),
+            lost: count(Violation::Lost),
+            findings: findings
+                .iter()
+                .map(|(violation, key)| idem_nemesis::Finding {
+                    violation: *violation,
+                    key: (*key).to_owned(),
+                    detail: String::new(),
+                })
+                .collect(),
+            ..Default::default()
+        },
+        history: Default::default(),
+    }
+}
+
+#[test]
+fn a_write_redis_lost_in_a_failover_may_change_its_own_keys_answer() {
+    let lost_write = [
+        (Violation::SilentDouble, "k1"),
+        (Violation::ChangedAnswer, "k1"),
+        (Violation::Lost, "k1"),
+    ];
+    judge(
+        StoreKind::Redis,
+        &[failover_phase(&lost_write)],
+        std::path::Path::new("-"),
+    );
+}
+
+#[test]
+#[should_panic(expected = "a change without a lost write")]
+fn a_changed_answer_on_a_key_no_lost_write_touched_fails_even_there() {
+    let findings = [
+        (Violation::SilentDouble, "k1"),
+        (Violation::ChangedAnswer, "k2"),
+    ];
+    judge(
+        StoreKind::Redis,
+        &[failover_phase(&findings)],
+        std::path::Path::new("-"),
+    );
+}
+
+#[test]
+#[should_panic]
+fn with_wait_a_silent_double_fails_a_failover() {
+    judge(
+        StoreKind::RedisWait,
+        &[failover_phase(&[(Violation::SilentDouble, "k1")])],
+        std::path::Path::new("-"),
+    );
 }
