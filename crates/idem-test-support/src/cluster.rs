@@ -20,6 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::process;
 use crate::tls::{CertFiles, TestPki};
 
 /// The variable naming a Redis Cluster's URL (`redis+cluster://HOST:PORT`) for the
@@ -279,14 +280,7 @@ impl RedisCluster {
             .iter()
             .position(|&p| p == port)
             .ok_or_else(|| format!("no node on {port}"))?;
-        let status = Command::new("kill")
-            .args([format!("-{signal}"), self.nodes[i].id().to_string()])
-            .status()
-            .map_err(|e| format!("kill: {e}"))?;
-        status
-            .success()
-            .then_some(())
-            .ok_or_else(|| format!("kill -{signal} of the node on {port}: {status}"))
+        process::signal(self.nodes[i].id(), signal).map_err(|e| format!("the node on {port}: {e}"))
     }
 
     /// Waits until the other nodes see the node on `port` failed and `masters`
@@ -483,20 +477,11 @@ impl RedisCluster {
             .iter_mut()
             .filter_map(|c| matches!(c.try_wait(), Ok(None)).then(|| c.id().to_string()))
             .collect();
-        let script = format!(
-            "while kill -0 {parent} 2>/dev/null; do sleep 1; done; kill -9 {pids} 2>/dev/null; \
-             rm -rf '{dir}'",
-            parent = std::process::id(),
+        process::once_gone(&format!(
+            "kill -9 {pids} 2>/dev/null; rm -rf '{dir}'",
             pids = pids.join(" "),
             dir = self.dir.display()
-        );
-        Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("sh: {e}"))
+        ))
     }
 }
 

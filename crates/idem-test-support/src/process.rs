@@ -23,10 +23,14 @@ pub(crate) fn watchdog(pid: Option<u32>, dir: &Path) -> Result<Child, String> {
     let stop = pid.map_or(String::new(), |pid| {
         format!("kill -INT {pid} 2>/dev/null; sleep 3; kill -9 {pid} 2>/dev/null; ")
     });
+    once_gone(&format!("{stop}rm -rf '{}'", dir.display()))
+}
+
+/// A shell that runs `script` once this process is gone.
+pub(crate) fn once_gone(script: &str) -> Result<Child, String> {
     let script = format!(
-        "while kill -0 {parent} 2>/dev/null; do sleep 1; done; {stop}rm -rf '{dir}'",
+        "while kill -0 {parent} 2>/dev/null; do sleep 1; done; {script}",
         parent = std::process::id(),
-        dir = dir.display()
     );
     Command::new("sh")
         .args(["-c", &script])
@@ -37,12 +41,22 @@ pub(crate) fn watchdog(pid: Option<u32>, dir: &Path) -> Result<Child, String> {
         .map_err(|e| format!("sh: {e}"))
 }
 
+/// Sends `signal` (`INT`, `STOP`, `CONT`…) to `pid` with `kill`.
+pub(crate) fn signal(pid: u32, signal: &str) -> Result<(), String> {
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .map_err(|e| format!("kill: {e}"))?;
+    status
+        .success()
+        .then_some(())
+        .ok_or_else(|| format!("kill -{signal} {pid}: {status}"))
+}
+
 /// Stops `child` with `SIGINT` (PostgreSQL's fast shutdown), waiting a bounded time
 /// before killing it.
 pub(crate) fn stop(child: &mut Child) {
-    let _ = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status();
+    let _ = signal(child.id(), "INT");
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
         if matches!(child.try_wait(), Ok(Some(_))) {
