@@ -65,6 +65,17 @@ impl Cluster {
         self.renewed.load(Ordering::Relaxed)
     }
 
+    /// Sends `cmd` where `routing` says, looking at the outcome.
+    pub(crate) async fn route(
+        self: &Arc<Self>,
+        cmd: &redis::Cmd,
+        routing: redis::cluster_routing::RoutingInfo,
+    ) -> RedisResult<redis::Value> {
+        let outcome = self.conn().route_command(cmd.clone(), routing).await;
+        self.observe(&outcome);
+        outcome
+    }
+
     /// Looks at a command's outcome: a timeout starts a fresh connection.
     pub(crate) fn observe<T>(self: &Arc<Self>, outcome: &RedisResult<T>) {
         if outcome.as_ref().is_err_and(|e| e.is_timeout()) {

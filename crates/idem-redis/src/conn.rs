@@ -91,9 +91,7 @@ impl Conn {
             Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
             Conn::Cluster(c) => {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
-                let outcome = c.conn().route_command(cmd.clone(), routing).await;
-                c.observe(&outcome);
-                outcome
+                c.route(cmd, routing).await
             }
         }
     }
@@ -120,9 +118,7 @@ impl Conn {
                     host: node.0.clone(),
                     port: node.1,
                 });
-                let outcome = c.conn().route_command(cmd.clone(), routing).await;
-                c.observe(&outcome);
-                outcome
+                c.route(cmd, routing).await
             }
         }
     }
