@@ -313,34 +313,6 @@ async fn accepting(addr: SocketAddr) -> bool {
 /// nginx as the timed run has it (an upstream keep-alive pool, no access log), but one
 /// process serving, so that callgrind sees all of its work; the configuration's path.
 fn nginx_conf(dir: &Path, name: &str, addr: SocketAddr, upstream: SocketAddr) -> PathBuf {
-    let prefix = dir.join(name);
-    std::fs::create_dir_all(prefix.join("tmp")).unwrap();
-    let p = prefix.display();
-    let conf = format!(
-        "master_process off;
-worker_processes 1;
-daemon off;
-pid {p}/nginx.pid;
-error_log {p}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {p}/tmp/body;
-    proxy_temp_path {p}/tmp/proxy;
-    upstream api {{ server {upstream}; keepalive 128; }}
-    keepalive_requests 1000000000;
-    server {{
-        listen {addr};
-        location / {{
-            proxy_pass http://api;
-            proxy_http_version 1.1;
-            proxy_set_header Connection \"\";
-        }}
-    }}
-}}
-"
-    );
-    let path = prefix.join("nginx.conf");
-    std::fs::write(&path, conf).unwrap();
-    path
+    let one_process = "master_process off;\nworker_processes 1;";
+    crate::others::nginx_conf(&dir.join(name), one_process, addr, upstream)
 }

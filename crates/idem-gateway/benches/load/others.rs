@@ -176,35 +176,12 @@ pub async fn peer(bin: &Path, redis: Option<&str>, upstream: SocketAddr) -> Prox
 pub async fn nginx(bin: &Path, workers: usize, upstream: SocketAddr, dir: &Path) -> Proxy {
     let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let prefix = dir.join(format!("nginx-{workers}"));
-    std::fs::create_dir_all(prefix.join("tmp")).unwrap();
-    let p = prefix.display();
-    let conf = format!(
-        "worker_processes {workers};
-daemon off;
-pid {p}/nginx.pid;
-error_log {p}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {p}/tmp/body;
-    proxy_temp_path {p}/tmp/proxy;
-    upstream api {{ server {upstream}; keepalive 128; }}
-    # A client connection is never closed for its number of requests (the default
-    # closes it after 1000), as idem never closes one.
-    keepalive_requests 1000000000;
-    server {{
-        listen {addr};
-        location / {{
-            proxy_pass http://api;
-            proxy_http_version 1.1;
-            proxy_set_header Connection \"\";
-        }}
-    }}
-}}
-"
+    let path = nginx_conf(
+        &prefix,
+        &format!("worker_processes {workers};"),
+        addr,
+        upstream,
     );
-    let path = prefix.join("nginx.conf");
-    std::fs::write(&path, conf).unwrap();
     let child = Command::new(bin)
         .arg("-p")
         .arg(&prefix)
@@ -335,4 +312,45 @@ fn parse_duration(stdout: &[u8]) -> Option<f64> {
     text.lines()
         .find_map(|l| l.trim().strip_prefix("duration:"))
         .and_then(|d| d.trim().trim_end_matches('s').trim().parse().ok())
+}
+
+/// Writes nginx's configuration under `prefix` (made if missing) and returns its path:
+/// `processes` (how many, and how they run), then in the foreground, an upstream
+/// keep-alive pool, HTTP/1.1 to it, no access log, listening on `addr`.
+pub fn nginx_conf(
+    prefix: &Path,
+    processes: &str,
+    addr: SocketAddr,
+    upstream: SocketAddr,
+) -> PathBuf {
+    std::fs::create_dir_all(prefix.join("tmp")).unwrap();
+    let p = prefix.display();
+    let conf = format!(
+        "{processes}
+daemon off;
+pid {p}/nginx.pid;
+error_log {p}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {p}/tmp/body;
+    proxy_temp_path {p}/tmp/proxy;
+    upstream api {{ server {upstream}; keepalive 128; }}
+    # A client connection is never closed for its number of requests (the default
+    # closes it after 1000), as idem never closes one.
+    keepalive_requests 1000000000;
+    server {{
+        listen {addr};
+        location / {{
+            proxy_pass http://api;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+        }}
+    }}
+}}
+"
+    );
+    let path = prefix.join("nginx.conf");
+    std::fs::write(&path, conf).unwrap();
+    path
 }
