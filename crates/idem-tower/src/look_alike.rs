@@ -27,11 +27,12 @@ pub(crate) fn look_alike<'a>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use http::HeaderValue;
 
-    fn headers(fields: &[(&str, &str)]) -> HeaderMap {
+    /// A header map of `fields`, in order, repeated names appended.
+    pub(crate) fn headers(fields: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in fields {
             h.append(

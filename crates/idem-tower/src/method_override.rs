@@ -85,7 +85,7 @@ pub(crate) fn decided_method(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use crate::look_alike::tests::headers;
 
     /// Header fields as sent.
     type Fields = &'static [(&'static str, &'static str)];
@@ -95,17 +95,6 @@ mod tests {
             .iter()
             .map(|n| HeaderName::from_static(n))
             .collect()
-    }
-
-    fn headers(fields: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in fields {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
     }
 
     #[test]
