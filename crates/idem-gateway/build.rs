@@ -60,8 +60,8 @@ fn from_env() -> Option<String> {
 /// packaged from a git checkout: `{"git": {"sha1": "…", "dirty": true}, …}`.
 fn from_vcs_info(manifest_dir: &Path) -> Option<String> {
     let path = manifest_dir.join(".cargo_vcs_info.json");
-    println!("cargo:rerun-if-changed={}", path.display());
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = std::fs::read_to_string(&path).ok()?;
+    watch(&path);
     let sha1 = json_string_after(&text, "\"sha1\"")?;
     if sha1.len() < SHORT || !sha1.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
@@ -98,6 +98,10 @@ fn from_git(manifest_dir: &Path) -> Option<String> {
             .arg("-C")
             .arg(manifest_dir)
             .args(args)
+            // `git status` would otherwise refresh the index as it reads it: a file
+            // written while this script runs is newer than the run, and cargo would
+            // run the script (and rebuild the crate) again on the next build.
+            .env("GIT_OPTIONAL_LOCKS", "0")
             .output()
             .ok()?;
         out.status
@@ -106,28 +110,30 @@ fn from_git(manifest_dir: &Path) -> Option<String> {
     };
     git(&["ls-files", "--error-unmatch", "Cargo.toml"])?;
     let commit = git(&["rev-parse", &format!("--short={SHORT}"), "HEAD"])?;
-    // Run again when HEAD moves (a commit, a checkout) or the index changes (git add, a
-    // commit, and any git status that refreshes it), so the commit and -dirty keep up.
-    for path in ["HEAD", "index", "packed-refs"] {
-        if let Some(p) = git(&["rev-parse", "--git-path", path]) {
-            println!("cargo:rerun-if-changed={}", manifest_dir.join(p).display());
+    // Run again when HEAD moves: a checkout rewrites HEAD, a commit rewrites the ref HEAD
+    // names (loose, or in packed-refs once packed). Only paths that exist are watched,
+    // since cargo takes a missing one as changed on every build. The index is not
+    // watched: any `git status` rewrites it, which would rebuild the crate for nothing.
+    let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+    watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+    for name in &watched {
+        if let Some(p) = git(&["rev-parse", "--git-path", name]) {
+            watch(&manifest_dir.join(p));
         }
     }
-    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"])
-        && let Some(p) = git(&["rev-parse", "--git-path", &branch])
-    {
-        println!("cargo:rerun-if-changed={}", manifest_dir.join(p).display());
-    }
-    // This crate's own files too: an edit here is the change most likely to matter.
-    println!(
-        "cargo:rerun-if-changed={}",
-        manifest_dir.join("src").display()
-    );
-    println!(
-        "cargo:rerun-if-changed={}",
-        manifest_dir.join("Cargo.toml").display()
-    );
+    // This crate's own files too: `-dirty` follows an edit here, the change most likely
+    // to matter (an edit elsewhere shows once one of these or HEAD moves).
+    watch(&manifest_dir.join("src"));
+    watch(&manifest_dir.join("Cargo.toml"));
     let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
         .is_some_and(|changes| !changes.is_empty());
     Some(format!("{commit}{}", if dirty { "-dirty" } else { "" }))
+}
+
+/// Asks cargo to run this script again when `path` changes, if it exists: cargo takes a
+/// watched path that is missing as changed, and would rebuild the crate on every build.
+fn watch(path: &Path) {
+    if path.exists() {
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
 }

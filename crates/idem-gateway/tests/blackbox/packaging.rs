@@ -139,6 +139,42 @@ fn version_names_the_version_and_the_checkouts_commit() {
     );
 }
 
+/// Cargo runs a build script again, and rebuilds its crate, when a path the script
+/// watches is newer than its last run or is missing. Watching a file a checkout never
+/// has (`.cargo_vcs_info.json`) or one every `git status` rewrites (the index) made every
+/// `cargo run --release -- serve` compile the gateway anew.
+#[test]
+fn the_version_script_watches_only_paths_that_exist_and_stay_put() {
+    // The script's printed lines, kept by cargo beside its `OUT_DIR`.
+    let output = Path::new(env!("OUT_DIR"))
+        .parent()
+        .unwrap()
+        .join("output");
+    let lines = std::fs::read_to_string(&output)
+        .unwrap_or_else(|e| panic!("the build script's output {}: {e}", output.display()));
+    let watched: Vec<&str> = lines
+        .lines()
+        .filter_map(|line| {
+            line.strip_prefix("cargo:rerun-if-changed=")
+                .or_else(|| line.strip_prefix("cargo::rerun-if-changed="))
+        })
+        .collect();
+    assert!(
+        watched.iter().any(|p| p.ends_with("build.rs")),
+        "the script watches itself: {watched:?}"
+    );
+    for path in &watched {
+        assert!(
+            Path::new(path).exists(),
+            "{path} is watched but missing, so cargo rebuilds the gateway on every build"
+        );
+        assert!(
+            !path.ends_with("/index"),
+            "{path}: git rewrites the index on any `git status`"
+        );
+    }
+}
+
 #[test]
 fn completions_for_each_shell_name_the_subcommands_and_flags() {
     let dir = tempfile::tempdir().unwrap();
