@@ -42,4 +42,5 @@ mod tls;
 mod tombstones;
 mod upstreams;
 mod wait;
+mod walkthrough;
 mod window;

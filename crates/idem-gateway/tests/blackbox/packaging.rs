@@ -146,10 +146,7 @@ fn version_names_the_version_and_the_checkouts_commit() {
 #[test]
 fn the_version_script_watches_only_paths_that_exist_and_stay_put() {
     // The script's printed lines, kept by cargo beside its `OUT_DIR`.
-    let output = Path::new(env!("OUT_DIR"))
-        .parent()
-        .unwrap()
-        .join("output");
+    let output = Path::new(env!("OUT_DIR")).parent().unwrap().join("output");
     let lines = std::fs::read_to_string(&output)
         .unwrap_or_else(|e| panic!("the build script's output {}: {e}", output.display()));
     let watched: Vec<&str> = lines
