@@ -23,12 +23,15 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[non_exhaustive]
 pub enum OpenError {
     /// No store answers to the URL's scheme.
-    #[error("unsupported store URL {url:?}: use {expected}")]
+    #[error("unsupported store URL {url:?}: {}use {expected}", did_you_mean(*near))]
     Unsupported {
         /// The URL.
         url: String,
         /// The URLs that would be understood, for the message.
         expected: &'static str,
+        /// A scheme that is understood and near the URL's (`postgres` for
+        /// `postgress://`), for a misspelt one.
+        near: Option<&'static str>,
     },
     /// The URL names a store but cannot be used as written: it does not parse, asks
     /// for what this build cannot do, or carries a parameter the store would not read
@@ -98,6 +101,12 @@ pub enum OpenError {
         #[source]
         source: BoxError,
     },
+}
+
+/// The start of [`OpenError::Unsupported`]'s advice, for a scheme near a known one.
+fn did_you_mean(near: Option<&str>) -> String {
+    near.map(|scheme| format!("did you mean {scheme}://? Else "))
+        .unwrap_or_default()
 }
 
 impl OpenError {
