@@ -134,14 +134,13 @@ impl OpenStore for PgStore {
             let supported = crate::schema::SCHEMA_VERSION;
             match found {
                 None => {
-                    return Err(OpenError::no_schema(
-                        kind,
-                        url,
-                        format!(
-                            "this database has no idem table {table} (check the database \
-                             and --store-namespace, or run `idem migrate`)"
-                        ),
-                    ));
+                    let namespace = options
+                        .namespace
+                        .as_ref()
+                        .map_or(idem_core::DEFAULT_NAMESPACE, |n| n.as_str());
+                    let missing = format!("this database has no table {table}");
+                    store.pool().close().await;
+                    return Err(OpenError::never_opened(kind, url, namespace, missing, true));
                 }
                 Some(v) if v != supported => {
                     return Err(OpenError::failed(
