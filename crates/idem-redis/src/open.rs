@@ -274,10 +274,7 @@ mod tests {
             .await
             .unwrap();
         for options in [checks::namespaced(&name), inspecting(&name)] {
-            let e = RedisStore::open(&url, &options)
-                .await
-                .err()
-                .expect("refused");
+            let e = RedisStore::open(&url, &options).await.expect_err("refused");
             assert!(matches!(e, OpenError::Failed { .. }), "{e:?}");
             assert!(
                 e.to_string().contains(&format!("schema version {later}")),

@@ -266,8 +266,7 @@ async fn a_namespace_never_opened_is_told_from_an_empty_one_on_a_cluster() {
     };
     let e = RedisStore::open(&url, &inspecting)
         .await
-        .err()
-        .expect("a namespace never opened was opened");
+        .expect_err("a namespace never opened was opened");
     assert!(matches!(e, OpenError::NoSchema { .. }), "{e:?}");
     assert!(
         e.to_string()
@@ -277,8 +276,7 @@ async fn a_namespace_never_opened_is_told_from_an_empty_one_on_a_cluster() {
     // Opening to inspect wrote no marker: a second look finds none either.
     let again = RedisStore::open(&url, &inspecting)
         .await
-        .err()
-        .expect("still none");
+        .expect_err("still none");
     assert!(matches!(again, OpenError::NoSchema { .. }), "{again:?}");
 
     let serving = RedisStore::open(&url, &namespaced(&ns)).await.unwrap();
