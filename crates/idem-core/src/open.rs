@@ -7,6 +7,7 @@
 //! opens stores by URL (the gateway) keeps a table from scheme to
 //! [`OpenStore::open`] and nothing else.
 
+use std::fmt;
 use std::future::Future;
 
 use crate::{DEFAULT_MAX_ENTRIES, MemoryStore, Namespace, NamespaceError, Store};
@@ -23,12 +24,15 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[non_exhaustive]
 pub enum OpenError {
     /// No store answers to the URL's scheme.
-    #[error("unsupported store URL {url:?}: use {expected}")]
+    #[error("unsupported store URL {url:?}: {}use {expected}", did_you_mean(*near))]
     Unsupported {
         /// The URL.
         url: String,
         /// The URLs that would be understood, for the message.
         expected: &'static str,
+        /// A scheme that is understood and near the URL's (`postgres` for
+        /// `postgress://`), for a misspelt one.
+        near: Option<&'static str>,
     },
     /// The URL names a store but cannot be used as written: it does not parse, asks
     /// for what this build cannot do, or carries a parameter the store would not read
@@ -100,6 +104,12 @@ pub enum OpenError {
     },
 }
 
+/// The start of [`OpenError::Unsupported`]'s advice, for a scheme near a known one.
+fn did_you_mean(near: Option<&str>) -> String {
+    near.map(|scheme| format!("did you mean {scheme}://? Else "))
+        .unwrap_or_default()
+}
+
 impl OpenError {
     /// An invalid URL of the store `kind`.
     pub fn invalid_url(kind: &'static str, url: &str, reason: impl Into<String>) -> OpenError {
@@ -135,6 +145,35 @@ impl OpenError {
             url: redact_url(url),
             detail: detail.into(),
         }
+    }
+
+    /// A namespace of the store `kind` that no gateway ever opened (a mistyped
+    /// `--store-namespace`, URL or file, as a rule), found by [`Schema::Existing`]:
+    /// [`OpenError::NoSchema`] in the one shape every store gives it, so that an operator
+    /// reads "never opened" alike on each and never takes it for "no records now".
+    /// `missing` is what the store looked for and did not find (`no table x_records`,
+    /// `no key x:meta:schema`); `migrate` says whether `idem migrate` can make it.
+    pub fn never_opened(
+        kind: &'static str,
+        url: &str,
+        namespace: &str,
+        missing: impl fmt::Display,
+        migrate: bool,
+    ) -> OpenError {
+        let or_migrate = if migrate {
+            ", or `idem migrate` does"
+        } else {
+            ""
+        };
+        OpenError::no_schema(
+            kind,
+            url,
+            format!(
+                "namespace {namespace} was never opened by idem ({missing}). Check the store \
+                 URL and --store-namespace: a gateway makes the namespace when it first \
+                 opens it{or_migrate}"
+            ),
+        )
     }
 
     /// A store `kind` that could not be opened for another reason.

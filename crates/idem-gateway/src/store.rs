@@ -96,6 +96,7 @@ fn opener(url: &str) -> Result<&'static Opener, OpenError> {
     let unsupported = || OpenError::Unsupported {
         url: redact(url),
         expected: EXPECTED,
+        near: near_scheme(url),
     };
     let (scheme, _) = url.split_once("://").ok_or_else(unsupported)?;
     let scheme = scheme.to_ascii_lowercase();
@@ -103,6 +104,29 @@ fn opener(url: &str) -> Result<&'static Opener, OpenError> {
         .iter()
         .find(|opener| opener.schemes.contains(&scheme.as_str()))
         .ok_or_else(unsupported)
+}
+
+/// For a URL no store answers to, the scheme it most likely meant, as flags and TOML
+/// keys get theirs: a known one near its scheme (`postgress://`), or its own when
+/// only the `//` is missing (`sqlite:idem.db`).
+fn near_scheme(url: &str) -> Option<&'static str> {
+    let schemes = || {
+        OPENERS
+            .iter()
+            .flat_map(|opener| opener.schemes.iter().copied())
+    };
+    if let Some((scheme, _)) = url.split_once("://") {
+        return crate::config::nearest(&scheme.to_ascii_lowercase(), schemes());
+    }
+    let (scheme, _) = url.split_once(':')?;
+    let scheme = scheme.to_ascii_lowercase();
+    schemes().find(|known| *known == scheme)
+}
+
+/// Whether some store answers to `url`'s scheme, without opening it: the error
+/// opening it would give when none does, naming the scheme it most likely meant.
+pub(crate) fn check_scheme(url: &str) -> Result<(), OpenError> {
+    opener(url.trim()).map(|_| ())
 }
 
 /// Which store `url` names (`memory`, `sqlite`, `postgres`, `redis`), if any, without
@@ -358,6 +382,30 @@ mod tests {
             assert_eq!(kind(url), None);
         }
         assert!(open("sqlite://").await.is_err());
+    }
+
+    /// A misspelt scheme gets the one it most likely meant, as flags and TOML keys
+    /// do, besides the list; one that is near none gets the list alone.
+    #[tokio::test]
+    async fn a_misspelt_scheme_gets_the_nearest_one() {
+        for (url, near) in [
+            ("postgress://u:secret@127.0.0.1/test", Some("postgres")),
+            ("Postgress://127.0.0.1/test", Some("postgres")),
+            ("sqlite3://idem.db", Some("sqlite")),
+            ("redis-cluster://127.0.0.1:7000", Some("redis+cluster")),
+            ("reddis://127.0.0.1", Some("redis")),
+            ("sqlite:idem.db", Some("sqlite")),
+            ("mysql://x", None),
+            ("idem.db", None),
+        ] {
+            let e = open(url).await.err().expect(url).to_string();
+            match near {
+                Some(near) => assert!(e.contains(&format!("did you mean {near}://?")), "{e}"),
+                None => assert!(!e.contains("did you mean"), "{e}"),
+            }
+            assert!(e.contains("use memory://, sqlite://FILE"), "{e}");
+            assert!(!e.contains("secret"), "{e}");
+        }
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@ use idem_core::{ChangeFeed, FeedSession};
 use sqlx::PgPool;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 
+use crate::error::ServerError;
 use crate::schema::NOTIFY_CHANNEL;
 
 /// Starts listening for `table`'s notifications on a connection of its own, made with
@@ -26,7 +27,8 @@ pub(crate) fn spawn(pool: &PgPool, table: &str) -> ChangeFeed {
         .connect_lazy_with((*pool.connect_options()).clone());
     let prefix = format!("{table} ");
     ChangeFeed::spawn("the PostgreSQL store's LISTEN connection", move |session| {
-        serve(own.clone(), prefix.clone(), session)
+        let serving = serve(own.clone(), prefix.clone(), session);
+        async move { serving.await.map_err(ServerError) }
     })
 }
 

@@ -9,6 +9,7 @@ use sqlx::{Connection, PgConnection};
 
 use crate::builder::DEFAULT_MAX_CONNECTIONS;
 use crate::durability::durability_risk;
+use crate::error::ServerError;
 use crate::tls;
 use crate::{Error, PgStore};
 
@@ -82,7 +83,7 @@ async fn connect(url: &str, options: &StoreOptions) -> Result<PgStore, OpenError
         }
         Ok(Err(e)) => {
             return Err(match e {
-                sqlx::Error::Database(_) => OpenError::refused(kind, url, e),
+                sqlx::Error::Database(_) => OpenError::refused(kind, url, ServerError(e)),
                 // A server that offers no TLS, or whose certificate does not verify, was
                 // reached: like a wrong password, it may be put right on the server.
                 sqlx::Error::Tls(e) => tls_refused(&store, url, &*e),
@@ -133,14 +134,13 @@ impl OpenStore for PgStore {
             let supported = crate::schema::SCHEMA_VERSION;
             match found {
                 None => {
-                    return Err(OpenError::no_schema(
-                        kind,
-                        url,
-                        format!(
-                            "this database has no idem table {table} (check the database \
-                             and --store-namespace, or run `idem migrate`)"
-                        ),
-                    ));
+                    let namespace = options
+                        .namespace
+                        .as_ref()
+                        .map_or(idem_core::DEFAULT_NAMESPACE, |n| n.as_str());
+                    let missing = format!("this database has no table {table}");
+                    store.pool().close().await;
+                    return Err(OpenError::never_opened(kind, url, namespace, missing, true));
                 }
                 Some(v) if v != supported => {
                     return Err(OpenError::failed(
@@ -228,6 +228,69 @@ mod tests {
     async fn a_closed_port_is_unreachable_and_may_pass() {
         let url = |port| format!("postgres://postgres:secret@127.0.0.1:{port}/test");
         checks::unreachable_at_a_closed_port("postgres", url, open).await;
+    }
+
+    /// `url` with its user (and password) replaced by `user`.
+    fn as_user(url: &str, user: &str) -> String {
+        let (scheme, rest) = url.split_once("://").expect("a URL");
+        let rest = rest.split_once('@').map_or(rest, |(_, host)| host);
+        format!("{scheme}://{user}@{rest}")
+    }
+
+    /// PostgreSQL's refusal reads as the server's message and SQLSTATE, without the
+    /// line of the server's C source that sqlx's text ends with ("at line 768"), which
+    /// would read as a line of the user's configuration.
+    #[tokio::test]
+    async fn a_refusal_names_no_line_of_the_servers_source() {
+        let url = service_url(
+            "IDEM_TEST_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        );
+        let role = unique_namespace("no_such_role");
+        let e = match open(as_user(&url, &role)).await {
+            Err(e @ OpenError::Unreachable { .. }) => {
+                return service_unavailable("PostgreSQL", &url, &e).unwrap_or(());
+            }
+            Err(e) => e,
+            Ok(_) => panic!("role {role} was let in"),
+        };
+        let text = e.to_string();
+        assert!(matches!(e, OpenError::Refused { .. }), "{e:?}");
+        assert!(
+            text.contains(&format!("role \"{role}\" does not exist")),
+            "{text}"
+        );
+        assert!(text.contains("SQLSTATE 28000"), "{text}");
+        assert!(!text.contains(" at line "), "{text}");
+    }
+
+    /// The same for a server error met after connecting, as the store reports it.
+    #[tokio::test]
+    async fn a_server_error_after_connecting_names_no_source_line() {
+        let url = service_url(
+            "IDEM_TEST_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        );
+        let pool = match sqlx::PgPool::connect(&url).await {
+            Ok(pool) => pool,
+            Err(e) => return service_unavailable("PostgreSQL", &url, &e).unwrap_or(()),
+        };
+        let table = unique_namespace("no_such_table");
+        let failed = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT * FROM {table}")))
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        // sqlx's own text carries the line: the case this guards against.
+        assert!(failed.to_string().contains(" at line "), "{failed}");
+        let text = crate::error::store_error(failed).to_string();
+        assert!(
+            text.contains(&format!(
+                "relation \"{table}\" does not exist (SQLSTATE 42P01)"
+            )),
+            "{text}"
+        );
+        assert!(!text.contains(" at line "), "{text}");
+        pool.close().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

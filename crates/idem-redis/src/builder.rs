@@ -27,6 +27,10 @@ pub struct RedisStoreBuilder {
     pub(crate) ttl_grace: Duration,
     /// Set by [`wait`](RedisStoreBuilder::wait); else the URL's `wait`, if any.
     pub(crate) replication: Option<Option<Replication>>,
+    /// Whether connecting writes the namespace's marker where it is missing (see
+    /// [`RedisStore::marker_key`]); off only for opening to inspect, which writes
+    /// nothing.
+    pub(crate) mark: bool,
 }
 
 impl RedisStoreBuilder {
@@ -80,7 +84,8 @@ impl RedisStoreBuilder {
     }
 
     /// [`connect`](Self::connect), with Redis's own error for a caller that tells the
-    /// failures apart.
+    /// failures apart. Connecting writes the namespace's marker where it is missing,
+    /// unless [`mark`](Self::mark) is off, and refuses a namespace a later build marked.
     pub(crate) async fn connect_or_redis_error(self, url: &str) -> RedisResult<RedisStore> {
         let target = Target::parse(url).map_err(|why| {
             RedisError::from((ErrorKind::InvalidClientConfig, "invalid URL", why))
@@ -145,7 +150,7 @@ impl RedisStoreBuilder {
         if let Some(subscriber) = &subscriber {
             subscriber.feed.ready(self.timeout).await;
         }
-        Ok(RedisStore {
+        let store = RedisStore {
             subscriber,
             conn,
             clock: self.clock,
@@ -156,7 +161,29 @@ impl RedisStoreBuilder {
             node_cursor: Arc::default(),
             counters: Arc::default(),
             eviction,
-        })
+        };
+        if self.mark {
+            let marked = store.mark_namespace().await;
+            let refusal = match marked {
+                Ok(None) => None,
+                Ok(Some(found)) => store.check_version(url, &found).err().map(|e| {
+                    RedisError::from((ErrorKind::Client, "namespace marker", e.to_string()))
+                }),
+                Err(e) => Some(e),
+            };
+            if let Some(e) = refusal {
+                // Dropping the store stops its subscriber.
+                return Err(e);
+            }
+        }
+        Ok(store)
+    }
+
+    /// Whether connecting writes the namespace's marker where it is missing (default
+    /// on): off only for opening to inspect, which must write nothing.
+    pub(crate) fn mark(mut self, mark: bool) -> RedisStoreBuilder {
+        self.mark = mark;
+        self
     }
 }
 
@@ -169,6 +196,7 @@ impl RedisStore {
             timeout: DEFAULT_TIMEOUT,
             ttl_grace: DEFAULT_TTL_GRACE,
             replication: None,
+            mark: true,
         }
     }
 

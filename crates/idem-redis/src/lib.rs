@@ -130,6 +130,18 @@
 //! reaches it.
 //! An `allkeys-*` eviction policy could evict it, as it could records.
 //!
+//! **The namespace's marker.** Connecting writes `prefix + "meta:schema"`
+//! ([`RedisStore::marker_key`]) where it is missing, holding [`SCHEMA_VERSION`], without
+//! TTL (`SET … NX GET`, one round trip at start). Records expire natively, so without
+//! it a namespace whose records have all expired and a mistyped one would look alike:
+//! `idem keys` opens the store without writing (`Schema::Existing`) and reads the
+//! marker, and a namespace without it (nor a tenant secret, which gateways from before
+//! the marker left) is "never opened by idem", exit 1, as a SQL store without its table
+//! is. A namespace marked with a later version than this build's is refused. The
+//! `SCAN` of listing and purge never matches it; like the secret, an `allkeys-*`
+//! eviction policy or a `FLUSHDB` can remove it, and the next gateway to start writes it
+//! again.
+//!
 //! **Inspecting a record.** `idem keys show` (or the gateway's admin `GET /keys`) decodes
 //! it through [`Store::get`](idem_core::Store::get). By hand: `PTTL key` for the native
 //! TTL; `redis-cli --no-raw GET key` prints the value with its bytes escaped, where the
@@ -194,12 +206,14 @@ mod purge;
 mod record;
 mod replication;
 mod reserve;
+mod schema;
 mod store;
 mod subscribe;
 mod target;
 
 pub use builder::RedisStoreBuilder;
 pub use eviction::EvictionRisk;
+pub use schema::SCHEMA_VERSION;
 pub use store::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, RedisStore};
 pub use target::{DEFAULT_WAIT_TIMEOUT, Replication};
 

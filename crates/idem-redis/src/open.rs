@@ -40,19 +40,34 @@ impl OpenStore for RedisStore {
         for node in &target.nodes {
             redis::Client::open(node.as_str()).map_err(|e| invalid(e.to_string()))?;
         }
-        let mut builder = RedisStore::builder();
-        if let Some(namespace) = &options.namespace {
-            builder = builder.key_prefix(format!("{namespace}:"));
-        }
-        builder
+        let namespace = options
+            .namespace
+            .as_ref()
+            .map_or(idem_core::DEFAULT_NAMESPACE, |n| n.as_str());
+        // The marker is handled here rather than by connecting, so that each of its
+        // failures is the open error it is.
+        let store = RedisStore::builder()
+            .key_prefix(format!("{namespace}:"))
+            .mark(false)
             .connect_or_redis_error(url)
             .await
-            .map_err(|e| classify(url, e))
+            .map_err(|e| classify(url, e))?;
+        match options.schema {
+            // Inspection writes nothing, the marker included: it reads it.
+            idem_core::Schema::Existing => store.check_marker(url, namespace).await?,
+            idem_core::Schema::Migrate => {
+                let found = store.mark_namespace().await.map_err(|e| classify(url, e))?;
+                if let Some(found) = found {
+                    store.check_version(url, &found)?;
+                }
+            }
+        }
+        Ok(store)
     }
 }
 
 /// Whether the server was not there (or went away), or answered and refused.
-fn classify(url: &str, e: RedisError) -> OpenError {
+pub(crate) fn classify(url: &str, e: RedisError) -> OpenError {
     // A server that speaks no TLS, or whose certificate does not verify, was reached.
     if let Some(tls) = handshake_failure(&e) {
         let why = format!("TLS failed: {tls}");
@@ -151,6 +166,153 @@ mod tests {
         checks::unreachable_at_a_closed_port("redis", url, open).await;
     }
 
+    /// A raw connection to the server at `url`, for looking at what the store wrote.
+    async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// The keys under `prefix` on the server.
+    async fn keys_under(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) -> Vec<String> {
+        redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query_async(conn)
+            .await
+            .unwrap()
+    }
+
+    fn inspecting(name: &str) -> StoreOptions {
+        StoreOptions {
+            schema: idem_core::Schema::Existing,
+            ..checks::namespaced(name)
+        }
+    }
+
+    /// Inspecting a namespace no gateway opened fails as "never opened", in the shape
+    /// the SQL stores give, and writes nothing; once a store has connected for serving,
+    /// its marker (the schema version, no TTL) makes the same namespace, still without
+    /// a record, open and list nothing.
+    #[tokio::test]
+    async fn a_namespace_never_opened_is_told_from_an_empty_one() {
+        let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+        let name = unique_namespace("never_opened");
+        let e = match RedisStore::open(&url, &inspecting(&name)).await {
+            Err(e @ OpenError::Unreachable { .. }) => {
+                return service_unavailable("Redis", &url, &e).unwrap_or(());
+            }
+            Err(e) => e,
+            Ok(_) => panic!("a namespace never opened was opened"),
+        };
+        assert!(matches!(e, OpenError::NoSchema { .. }), "{e:?}");
+        assert!(!e.may_pass() && !e.is_configuration(), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!(
+                "namespace {name} was never opened by idem (no key {name}:meta:schema"
+            )),
+            "{text}"
+        );
+        let mut conn = raw(&url).await;
+        assert_eq!(
+            keys_under(&mut conn, &format!("{name}:")).await,
+            Vec::<String>::new()
+        );
+
+        let serving = RedisStore::open(&url, &checks::namespaced(&name))
+            .await
+            .unwrap();
+        let marker = serving.marker_key();
+        assert_eq!(marker, format!("{name}:meta:schema"));
+        let version: String = redis::cmd("GET")
+            .arg(&marker)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(version, crate::SCHEMA_VERSION.to_string());
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&marker)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(ttl, -1, "the marker has no TTL");
+        serving.close().await;
+
+        let inspected = RedisStore::open(&url, &inspecting(&name)).await.unwrap();
+        let page = inspected.list(&idem_core::ListQuery::new()).await.unwrap();
+        assert!(page.records.is_empty(), "{page:?}");
+        inspected.close().await;
+        let _: i64 = redis::cmd("DEL")
+            .arg(&marker)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    /// A namespace a later build marked is refused, for serving and inspecting alike,
+    /// and left as it is; a tenant secret an older gateway left counts as its marker.
+    #[tokio::test]
+    async fn a_later_marker_is_refused_and_an_older_gateways_secret_counts() {
+        let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+        let name = unique_namespace("later_marker");
+        let marker = format!("{name}:meta:schema");
+        let mut conn = match redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+        {
+            Ok(conn) => conn,
+            Err(e) => return service_unavailable("Redis", &url, &e).unwrap_or(()),
+        };
+        let later = (crate::SCHEMA_VERSION + 1).to_string();
+        let _: () = redis::cmd("SET")
+            .arg(&marker)
+            .arg(&later)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        for options in [checks::namespaced(&name), inspecting(&name)] {
+            let e = RedisStore::open(&url, &options).await.expect_err("refused");
+            assert!(matches!(e, OpenError::Failed { .. }), "{e:?}");
+            assert!(
+                e.to_string().contains(&format!("schema version {later}")),
+                "{e}"
+            );
+        }
+        let kept: String = redis::cmd("GET")
+            .arg(&marker)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(kept, later);
+        let _: i64 = redis::cmd("DEL")
+            .arg(&marker)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+
+        let secret = format!("{name}:meta:{}", idem_core::TENANT_SECRET_NAME);
+        let _: () = redis::cmd("SET")
+            .arg(&secret)
+            .arg("s")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let inspected = RedisStore::open(&url, &inspecting(&name)).await.unwrap();
+        inspected.close().await;
+        assert_eq!(
+            keys_under(&mut conn, &format!("{name}:")).await,
+            vec![secret.clone()]
+        );
+        let _: i64 = redis::cmd("DEL")
+            .arg(&secret)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+
     #[tokio::test]
     async fn a_namespace_is_a_key_prefix_and_records_expire_natively() {
         let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
@@ -170,5 +332,12 @@ mod tests {
         let default = open(url.clone()).await.unwrap();
         assert_eq!(default.key_prefix(), crate::DEFAULT_KEY_PREFIX);
         assert_eq!(RedisStore::descriptors(&options), 2);
+        // The marker opening wrote, on a server that may hold other data.
+        let mut conn = raw(&url).await;
+        let _: i64 = redis::cmd("DEL")
+            .arg(store.marker_key())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
     }
 }

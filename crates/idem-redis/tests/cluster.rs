@@ -250,3 +250,39 @@ async fn a_silent_master_failed_over_is_found_again() {
     assert!(reconnects >= 1, "connected afresh {reconnects} times");
     drop(cluster);
 }
+
+/// On a cluster as on one server: inspecting a namespace no gateway opened is "never
+/// opened" and writes nothing; a store connected for serving marks it (one key, on its
+/// own slot's master), and inspecting it then opens and lists nothing.
+#[tokio::test]
+async fn a_namespace_never_opened_is_told_from_an_empty_one_on_a_cluster() {
+    use idem_core::open::checks::namespaced;
+    use idem_core::{ListQuery, OpenError, OpenStore, Schema, StoreOptions};
+    let Some(url) = cluster() else { return };
+    let ns = unique_namespace("cluster_marker");
+    let inspecting = StoreOptions {
+        schema: Schema::Existing,
+        ..namespaced(&ns)
+    };
+    let e = RedisStore::open(&url, &inspecting)
+        .await
+        .expect_err("a namespace never opened was opened");
+    assert!(matches!(e, OpenError::NoSchema { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains(&format!("namespace {ns} was never opened by idem")),
+        "{e}"
+    );
+    // Opening to inspect wrote no marker: a second look finds none either.
+    let again = RedisStore::open(&url, &inspecting)
+        .await
+        .expect_err("still none");
+    assert!(matches!(again, OpenError::NoSchema { .. }), "{again:?}");
+
+    let serving = RedisStore::open(&url, &namespaced(&ns)).await.unwrap();
+    serving.close().await;
+    let inspected = RedisStore::open(&url, &inspecting).await.unwrap();
+    let page = inspected.list(&ListQuery::new()).await.unwrap();
+    assert!(page.records.is_empty(), "{page:?}");
+    inspected.close().await;
+}

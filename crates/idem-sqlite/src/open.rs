@@ -24,12 +24,12 @@ impl OpenStore for SqliteStore {
             .migrate(options.schema == idem_core::Schema::Migrate)
             .connect(url)
             .await
-            .map_err(|e| open_error(url, e))
+            .map_err(|e| open_error(url, options, e))
     }
 
     async fn plan(url: &str, options: &StoreOptions) -> Result<Option<MigrationPlan>, OpenError> {
         let plan = builder(url, options)?.migration_plan(url).await;
-        plan.map(Some).map_err(|e| open_error(url, e))
+        plan.map(Some).map_err(|e| open_error(url, options, e))
     }
 }
 
@@ -53,11 +53,23 @@ fn builder(url: &str, options: &StoreOptions) -> Result<SqliteStoreBuilder, Open
     Ok(builder)
 }
 
-/// What a failure to open `url` is, for the caller.
-fn open_error(url: &str, e: Error) -> OpenError {
+/// What a failure to open `url` with `options` is, for the caller.
+fn open_error(url: &str, options: &StoreOptions, e: Error) -> OpenError {
     let kind = SqliteStore::KIND;
     match e {
-        Error::NoSchema { .. } => OpenError::no_schema(kind, url, e.to_string()),
+        // No file, or none of this namespace's tables in it: never opened by idem.
+        Error::NoSchema { path, table } => {
+            let missing = if std::path::Path::new(&path).is_file() {
+                format!("{path} has no table {table}")
+            } else {
+                format!("no file {path}")
+            };
+            let namespace = options
+                .namespace
+                .as_ref()
+                .map_or(idem_core::DEFAULT_NAMESPACE, |n| n.as_str());
+            OpenError::never_opened(kind, url, namespace, missing, true)
+        }
         Error::InvalidPageSize(_) | Error::NoDirectory { .. } => {
             OpenError::invalid_url(kind, url, e.to_string())
         }

@@ -13,11 +13,28 @@ pub(super) fn inverted<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error
     Ok(!bool::deserialize(d)?)
 }
 
-/// `"24h"`, parsed as the command line parses it.
+/// `"24h"`, parsed as the command line parses it. A bare number (`ttl = 3600`) is
+/// refused with the way to write it, rather than serde's "invalid type: integer,
+/// expected a string": its unit is not for the gateway to guess.
 pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    Option::<String>::deserialize(d)?
-        .map(|s| parse_duration(&s).map_err(D::Error::custom))
-        .transpose()
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum DurationForm {
+        Text(String),
+        Integer(i64),
+        Float(f64),
+    }
+    let bare = |n: String| {
+        D::Error::custom(format!(
+            "{n} is a bare number; a duration is a string with its unit: \"{n}s\", \"1h\", \"500ms\""
+        ))
+    };
+    match Option::<DurationForm>::deserialize(d)? {
+        None => Ok(None),
+        Some(DurationForm::Text(s)) => parse_duration(&s).map(Some).map_err(D::Error::custom),
+        Some(DurationForm::Integer(n)) => Err(bare(n.to_string())),
+        Some(DurationForm::Float(n)) => Err(bare(n.to_string())),
+    }
 }
 
 /// A number of bytes, or a string with a unit (`"1MiB"`).

@@ -157,16 +157,8 @@ enum Read {
 
 /// Runs `idem demo`; exit 0 when it showed what it claims (see the crate README).
 pub async fn run(args: DemoArgs) -> ExitCode {
-    if let Some(url) = args
-        .store
-        .as_deref()
-        .filter(|url| crate::store::kind(url).is_none())
-    {
-        eprintln!(
-            "idem demo: --store {}: no store answers to it; use {}",
-            crate::store::redact(url),
-            crate::store::EXPECTED
-        );
+    if let Some(Err(e)) = args.store.as_deref().map(crate::store::check_scheme) {
+        eprintln!("idem demo: --store: {e}");
         return ExitCode::from(crate::exit::CONFIG);
     }
     match demo(&args).await {

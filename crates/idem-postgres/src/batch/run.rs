@@ -10,6 +10,7 @@ use idem_core::{Reservation, Scope, StoreError, release_unconfirmed_with};
 use sqlx::PgConnection;
 
 use super::{Answer, Batcher, Empty, Failure, Op, ReserveOp};
+use crate::error::ServerError;
 use crate::handoff::Conn;
 use crate::store::PgStore;
 
@@ -36,7 +37,9 @@ pub(super) fn survivable(e: &sqlx::Error) -> bool {
 pub(super) fn breaks(e: &StoreError) -> bool {
     match e {
         StoreError::Unavailable(source) => source
-            .downcast_ref::<sqlx::Error>()
+            .downcast_ref::<ServerError>()
+            .map(ServerError::sqlx)
+            .or_else(|| source.downcast_ref::<sqlx::Error>())
             .is_none_or(|e| !survivable(e)),
         _ => false,
     }

@@ -354,6 +354,39 @@ fn a_misspelled_key_in_the_file_gets_the_nearest_name() {
     }
 }
 
+/// `ttl = 3600` in the file is refused with how durations are written, not serde's
+/// "invalid type: integer, expected a string"; the quoted form reads.
+#[test]
+fn a_bare_number_for_a_duration_says_how_durations_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.toml");
+    for (text, number) in [
+        ("upstream = \"http://127.0.0.1:1\"\nttl = 3600\n", "3600"),
+        ("upstream = \"http://127.0.0.1:1\"\nlease = 1.5\n", "1.5"),
+        (
+            "upstream = \"http://127.0.0.1:1\"\n[[route]]\npath = \"/v1\"\nttl = 60\n",
+            "60",
+        ),
+    ] {
+        std::fs::write(&path, text).unwrap();
+        let e = read_file(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "{number} is a bare number; a duration is a string with its unit: \"{number}s\", \"1h\""
+            )),
+            "{e}"
+        );
+        assert!(!e.contains("invalid type"), "{e}");
+    }
+    std::fs::write(
+        &path,
+        "upstream = \"http://127.0.0.1:1\"\nttl = \"3600s\"\n",
+    )
+    .unwrap();
+    let file = read_file(&path).unwrap();
+    assert_eq!(file.ttl, Some(std::time::Duration::from_secs(3600)));
+}
+
 #[tokio::test]
 async fn settings_that_defeat_themselves_are_warned_of() {
     let args = |extra: &str| -> ServeArgs {
