@@ -74,6 +74,7 @@ for_each_store!(
     first_request_executes_and_records,
     replays_completed_response,
     mismatched_payload_is_422,
+    another_query_string_is_422_naming_the_query,
     in_progress_is_409_with_retry_after,
     prefer_wait_duplicate_gets_the_replay_once_the_attempt_completes,
     waiter_finding_a_lapsed_lease_gets_409_and_its_retry_takes_over_as_recovered,
@@ -549,6 +550,33 @@ async fn replays_completed_response(kind: StoreKind) {
         );
         assert_eq!(retry.body, first.body);
     }
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+/// A retry whose query string differs is another request (SPEC S4: the fingerprint
+/// covers the request target), and the 422 says the query string may be what changed.
+async fn another_query_string_is_422_naming_the_query(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let first = app
+        .post("/orders?expand=customer")
+        .key("k-query")
+        .json(ORDER)
+        .send()
+        .await;
+    assert_eq!(first.status, 201);
+    let retry = app
+        .post("/orders?expand=invoice")
+        .key("k-query")
+        .json(ORDER)
+        .send()
+        .await;
+    let problem = retry.assert_problem(422, "key-reused");
+    assert_eq!(
+        problem["detail"],
+        "this key was already used for a request with a different method, path, query \
+         string or body; use a new key for a new operation"
+    );
+    assert!(!retry.is_replay());
     assert_eq!(count(&app.counters.orders), 1);
 }
 
