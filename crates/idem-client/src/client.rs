@@ -127,6 +127,9 @@ pub struct ClientBuilder {
     sleeper: Option<Arc<dyn Sleep>>,
     clock: Option<SharedClock>,
     seed: Option<u64>,
+    /// PEM certificates trusted beyond the system's roots.
+    #[cfg(feature = "rustls")]
+    roots: Vec<Vec<u8>>,
 }
 
 impl fmt::Debug for ClientBuilder {
@@ -145,7 +148,13 @@ impl ClientBuilder {
     ///
     /// Without it the client is reqwest's default with redirects off: a redirected
     /// `POST` would be re-sent elsewhere or turned into a `GET`, neither of which is
-    /// the operation; the 3xx answer is returned instead.
+    /// the operation; the 3xx answer is returned instead. With the `rustls` feature
+    /// (the default) its TLS is rustls on ring, trusting the system's roots and those
+    /// of [`add_root_certificate_pem`](Self::add_root_certificate_pem).
+    ///
+    /// A client given here that speaks TLS needs a rustls configuration of its own
+    /// (`reqwest::ClientBuilder::tls_backend_preconfigured`), or a rustls crypto
+    /// provider installed for the process, since idem-client brings none to reqwest.
     pub fn http(mut self, http: reqwest::Client) -> ClientBuilder {
         self.http = Some(http);
         self
@@ -190,14 +199,27 @@ impl ClientBuilder {
         self
     }
 
+    /// Trusts the CA certificates in `pem` (one or more PEM blocks) for `https://`
+    /// URLs besides the system's roots: a private CA in front of an internal API. A
+    /// `pem` that holds no certificate fails [`build`](Self::build). Ignored when
+    /// [`http`](Self::http) gives the HTTP client.
+    #[cfg(feature = "rustls")]
+    pub fn add_root_certificate_pem(mut self, pem: impl Into<Vec<u8>>) -> ClientBuilder {
+        self.roots.push(pem.into());
+        self
+    }
+
     /// Builds the client.
     pub fn build(self) -> Result<Client> {
         let http = match self.http {
             Some(http) => http,
-            None => reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .map_err(|e| Error::Build(format!("the HTTP client failed to start: {e}")))?,
+            None => {
+                let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
+                #[cfg(feature = "rustls")]
+                let http = http.tls_backend_preconfigured(crate::tls::client_config(&self.roots)?);
+                http.build()
+                    .map_err(|e| Error::Build(format!("the HTTP client failed to start: {e}")))?
+            }
         };
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         Ok(Client {

@@ -27,10 +27,11 @@
 //! # Features
 //!
 //! * `journal` (default): the SQLite [`Journal`] and the `idem-client-journal` tool.
-//! * `rustls`: TLS for `https://` URLs, through reqwest's rustls support. Off by
-//!   default to keep the workspace build lean; a payments client talks TLS in
-//!   production and turns it on. Without it an `https://` URL fails with
-//!   [`Error::TlsDisabled`] before anything is sent.
+//! * `rustls` (default): TLS for `https://` URLs, rustls on the ring provider,
+//!   trusting the system's roots and those given to
+//!   [`ClientBuilder::add_root_certificate_pem`]. Without it (`default-features =
+//!   false`) an `https://` URL fails with [`Error::TlsDisabled`] before anything is
+//!   sent.
 //!
 //! # Examples
 //!
@@ -73,6 +74,8 @@ mod operation;
 mod outcome;
 mod policy;
 mod sleep;
+#[cfg(feature = "rustls")]
+mod tls;
 
 pub use budget::{BudgetStats, RetryBudget};
 pub use classify::{Classify, DefaultClassifier, Retryable, http_date, retry_after};

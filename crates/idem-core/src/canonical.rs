@@ -21,6 +21,12 @@
 //!
 //! It also allocates less: strings without escapes are borrowed from the body.
 //!
+//! Because every object's entries are sorted here anyway, the parser also tells
+//! whether a name repeats within one object, after unescaping (`"a"` and `"\u0061"`
+//! are one name): I-JSON (RFC 7493 §2.3) forbids it, since parsers disagree on which
+//! entry counts, and the layer refuses such a keyed body. Sorting while parsing costs
+//! what sorting while writing did; the check is one comparison per entry.
+//!
 //! Everything else is written as a `Value` with sorted keys writes it, because that is
 //! what the fingerprints that stores already hold were computed from: they still
 //! match, except for the bodies above and integral values from 2^53 to 10^19 written
@@ -53,31 +59,51 @@ pub(crate) enum Node<'a> {
     Object(Vec<(Cow<'a, str>, Node<'a>)>),
 }
 
-/// Appends the canonical form of `body` to `out`, leaving out the values at the
-/// `ignored` pointers (each a list of unescaped reference tokens). Returns `false`, with
-/// `out` unchanged, when `body` is not JSON.
-pub(crate) fn canonicalize(body: &[u8], ignored: &[Vec<String>], out: &mut Vec<u8>) -> bool {
-    let Some(mut root) = parse(body, ignored) else {
-        return false;
-    };
-    write(&mut root, out);
-    true
+/// A JSON body as parsed: its values (each object's entries sorted by name) and the
+/// first name found repeated within one object, if any.
+#[derive(Debug)]
+pub(crate) struct Document<'a> {
+    pub(crate) root: Node<'a>,
+    pub(crate) duplicate: Option<Cow<'a, str>>,
 }
 
-/// `body` parsed, the values at the `ignored` pointers left out; `None` when it is not
-/// JSON.
-pub(crate) fn parse<'a>(body: &'a [u8], ignored: &[Vec<String>]) -> Option<Node<'a>> {
-    let mut parser = Parser { src: body, pos: 0 };
+/// Appends the canonical form of `body` to `out`, leaving out the values at the
+/// `ignored` pointers (each a list of unescaped reference tokens). Returns the name
+/// repeated within an object (`Some(None)` when none is), or `None`, with `out`
+/// unchanged, when `body` is not JSON.
+pub(crate) fn canonicalize(
+    body: &[u8],
+    ignored: &[Vec<String>],
+    out: &mut Vec<u8>,
+) -> Option<Option<String>> {
+    let Document { root, duplicate } = parse(body, ignored)?;
+    write(&root, out);
+    Some(duplicate.map(Cow::into_owned))
+}
+
+/// `body` parsed, the values at the `ignored` pointers left out (a repeated name is
+/// found before they are); `None` when it is not JSON.
+pub(crate) fn parse<'a>(body: &'a [u8], ignored: &[Vec<String>]) -> Option<Document<'a>> {
+    let mut parser = Parser {
+        src: body,
+        pos: 0,
+        duplicate: None,
+    };
     let mut root = parser.document()?;
     for pointer in ignored {
         remove_pointer(&mut root, pointer);
     }
-    Some(root)
+    Some(Document {
+        root,
+        duplicate: parser.duplicate,
+    })
 }
 
 struct Parser<'a> {
     src: &'a [u8],
     pos: usize,
+    /// The first name seen twice in one object.
+    duplicate: Option<Cow<'a, str>>,
 }
 
 impl<'a> Parser<'a> {
@@ -167,6 +193,15 @@ impl<'a> Parser<'a> {
                 b',' => self.pos += 1,
                 b'}' => {
                     self.pos += 1;
+                    // By the names' UTF-8 bytes, the canonical order; stable, so a
+                    // repeated name keeps its entries in the body's order, and they
+                    // end up side by side.
+                    entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                    if self.duplicate.is_none()
+                        && let Some(pair) = entries.windows(2).find(|w| w[0].0 == w[1].0)
+                    {
+                        self.duplicate = Some(pair[0].0.clone());
+                    }
                     return Some(Node::Object(entries));
                 }
                 _ => return None,
@@ -336,7 +371,7 @@ fn remove_pointer(node: &mut Node<'_>, pointer: &[String]) {
     }
 }
 
-fn write(node: &mut Node<'_>, out: &mut Vec<u8>) {
+fn write(node: &Node<'_>, out: &mut Vec<u8>) {
     match node {
         Node::Null => out.extend_from_slice(b"null"),
         Node::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
@@ -344,7 +379,7 @@ fn write(node: &mut Node<'_>, out: &mut Vec<u8>) {
         Node::String(s) => write_string(s, out),
         Node::Array(items) => {
             out.push(b'[');
-            for (i, item) in items.iter_mut().enumerate() {
+            for (i, item) in items.iter().enumerate() {
                 if i > 0 {
                     out.push(b',');
                 }
@@ -353,11 +388,9 @@ fn write(node: &mut Node<'_>, out: &mut Vec<u8>) {
             out.push(b']');
         }
         Node::Object(entries) => {
-            // Sorted by the keys' UTF-8 bytes; a stable sort keeps repeated keys in
-            // the body's order.
-            entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            // Sorted by the parser already (and left so by ignored pointers' removal).
             out.push(b'{');
-            for (i, (k, v)) in entries.iter_mut().enumerate() {
+            for (i, (k, v)) in entries.iter().enumerate() {
                 if i > 0 {
                     out.push(b',');
                 }
@@ -464,7 +497,7 @@ mod tests {
 
     fn canonical(body: &str) -> Option<String> {
         let mut out = Vec::new();
-        canonicalize(body.as_bytes(), &[], &mut out).then(|| String::from_utf8(out).unwrap())
+        canonicalize(body.as_bytes(), &[], &mut out).map(|_| String::from_utf8(out).unwrap())
     }
 
     #[test]
@@ -524,8 +557,36 @@ mod tests {
         let mut out = Vec::new();
         let ignored = [vec!["a".to_owned()], vec!["c".to_owned(), "x".to_owned()]];
         let body = br#"{"a":1,"c":{"x":1,"y":2},"a":2,"c":{"x":3}}"#;
-        assert!(canonicalize(body, &ignored, &mut out));
+        assert_eq!(
+            canonicalize(body, &ignored, &mut out),
+            Some(Some("a".to_owned()))
+        );
         assert_eq!(out, br#"{"c":{"y":2},"c":{}}"#);
+    }
+
+    #[test]
+    fn a_name_repeated_in_one_object_is_found_after_unescaping() {
+        let duplicate = |body: &str| {
+            let mut out = Vec::new();
+            canonicalize(body.as_bytes(), &[], &mut out).expect(body)
+        };
+        assert_eq!(
+            duplicate(r#"{"amount":100,"amount":1}"#).as_deref(),
+            Some("amount")
+        );
+        assert_eq!(duplicate(r#"{"a":1,"\u0061":2}"#).as_deref(), Some("a"));
+        assert_eq!(
+            duplicate(r#"{"x":[{"k":{"b":1,"c":2,"b":3}}]}"#).as_deref(),
+            Some("b")
+        );
+        // The same name in different objects is no repetition.
+        assert_eq!(duplicate(r#"{"a":{"a":1},"b":[{"a":1},{"a":2}]}"#), None);
+        assert_eq!(duplicate(r#"{"a":1,"A":2,"a ":3}"#), None);
+        // An ignored pointer does not hide it: the upstream still reads the body.
+        let mut out = Vec::new();
+        let ignored = [vec!["sent_at".to_owned()]];
+        let found = canonicalize(br#"{"sent_at":1,"sent_at":2}"#, &ignored, &mut out);
+        assert_eq!(found, Some(Some("sent_at".to_owned())));
     }
 
     #[test]
@@ -564,7 +625,7 @@ mod tests {
             assert_eq!(canonical(body), None, "{body:?}");
         }
         let mut out = Vec::new();
-        assert!(!canonicalize(b"\"\xff\"", &[], &mut out));
+        assert!(canonicalize(b"\"\xff\"", &[], &mut out).is_none());
         assert!(out.is_empty(), "nothing is written for a refused body");
     }
 

@@ -54,6 +54,21 @@ impl FingerprintOptions {
     }
 }
 
+/// A JSON body names a member twice in one object (RFC 7493 §2.3 forbids it): see
+/// [`Fingerprint::compute_checked`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the JSON body names the member {name:?} twice in one object")]
+pub struct DuplicateMember {
+    name: String,
+}
+
+impl DuplicateMember {
+    /// The repeated name, unescaped (the first one found, where several repeat).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
 /// A JSON pointer that is not of RFC 6901's form.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid JSON pointer {pointer:?}: {reason}")]
@@ -132,6 +147,48 @@ impl Fingerprint {
         body: &[u8],
         options: &FingerprintOptions,
     ) -> Fingerprint {
+        Fingerprint::hash(method, endpoint, content_type, body, options).0
+    }
+
+    /// [`Fingerprint::compute`], telling as well whether a JSON body names a member
+    /// twice in one object (`{"amount":100,"amount":1}`, at any depth, names compared
+    /// after unescaping): `Err` with the repeated name. RFC 7493
+    /// (I-JSON) forbids such a text because parsers disagree on which member counts,
+    /// so a service may act on another payload than the one fingerprinted; a caller
+    /// that forwards the body refuses it. The body is parsed once for both.
+    ///
+    /// ```
+    /// use idem_core::{Fingerprint, FingerprintOptions};
+    /// let opts = FingerprintOptions::default();
+    /// let json = Some("application/json");
+    /// let twice = br#"{"amount": 100, "amount": 1}"#;
+    /// let repeated = Fingerprint::compute_checked("POST", "POST /v1/charges", json,
+    ///     twice, &opts).unwrap_err();
+    /// assert_eq!(repeated.name(), "amount");
+    /// assert!(Fingerprint::compute_checked("POST", "POST /v1/charges", json,
+    ///     br#"{"amount": 100}"#, &opts).is_ok());
+    /// ```
+    pub fn compute_checked(
+        method: &str,
+        endpoint: &str,
+        content_type: Option<&str>,
+        body: &[u8],
+        options: &FingerprintOptions,
+    ) -> Result<Fingerprint, DuplicateMember> {
+        match Fingerprint::hash(method, endpoint, content_type, body, options) {
+            (fingerprint, None) => Ok(fingerprint),
+            (_, Some(name)) => Err(DuplicateMember { name }),
+        }
+    }
+
+    /// The fingerprint, and the name a JSON body repeats within an object.
+    fn hash(
+        method: &str,
+        endpoint: &str,
+        content_type: Option<&str>,
+        body: &[u8],
+        options: &FingerprintOptions,
+    ) -> (Fingerprint, Option<String>) {
         let mut h = Sha256::new();
         for part in [method.as_bytes(), endpoint.as_bytes()] {
             h.update((part.len() as u64).to_be_bytes());
@@ -139,13 +196,15 @@ impl Fingerprint {
         }
         let essence = content_type.map(essence).unwrap_or_default();
         let mut canonical = Vec::new();
+        let mut duplicate = None;
         let json = is_json(&essence) && {
             canonical.reserve(body.len());
-            if options.jcs {
+            let read = if options.jcs {
                 crate::jcs::canonicalize(body, &options.ignored, &mut canonical)
             } else {
                 crate::canonical::canonicalize(body, &options.ignored, &mut canonical)
-            }
+            };
+            read.map(|found| duplicate = found).is_some()
         };
         let parts = || {
             let boundary = multipart::boundary(content_type?)?;
@@ -182,7 +241,7 @@ impl Fingerprint {
             h.update(b"raw");
             h.update(body);
         }
-        Fingerprint(h.finalize().into())
+        (Fingerprint(h.finalize().into()), duplicate)
     }
 
     /// The digest's bytes.

@@ -14,7 +14,7 @@ use crate::FingerprintOptions;
 /// [`Fingerprint::compute`]: crate::Fingerprint::compute
 pub fn canonical_json(body: &[u8], options: &FingerprintOptions) -> Option<Vec<u8>> {
     let mut out = Vec::new();
-    crate::canonical::canonicalize(body, &options.ignored, &mut out).then_some(out)
+    crate::canonical::canonicalize(body, &options.ignored, &mut out).map(|_| out)
 }
 
 /// The boundary a `multipart/*` content type names, as the fingerprint reads it.

@@ -5,21 +5,30 @@
 //! how it is written: numbers as IEEE 754 doubles in ECMAScript's notation, members
 //! sorted by their names' UTF-16 code units, strings with only the escapes JSON needs.
 
-use crate::canonical::{Node, parse};
+use std::borrow::Cow;
+
+use crate::canonical::{Document, Node, parse};
 
 /// Appends the JCS form of `body` to `out`, leaving out the values at the `ignored`
-/// pointers. Returns `false`, with `out` unchanged, when `body` is not JSON or holds a
-/// number beyond a double's range (JCS has no spelling for it).
-pub(crate) fn canonicalize(body: &[u8], ignored: &[Vec<String>], out: &mut Vec<u8>) -> bool {
-    let Some(mut root) = parse(body, ignored) else {
-        return false;
-    };
+/// pointers. Returns the name repeated within an object, as
+/// [`canonical::canonicalize`](crate::canonical::canonicalize) does, or `None`, with
+/// `out` unchanged, when `body` is not JSON or holds a number beyond a double's range
+/// (JCS has no spelling for it).
+pub(crate) fn canonicalize(
+    body: &[u8],
+    ignored: &[Vec<String>],
+    out: &mut Vec<u8>,
+) -> Option<Option<String>> {
+    let Document {
+        mut root,
+        duplicate,
+    } = parse(body, ignored)?;
     let start = out.len();
     if write(&mut root, out) {
-        true
+        Some(duplicate.map(Cow::into_owned))
     } else {
         out.truncate(start);
-        false
+        None
     }
 }
 
@@ -175,7 +184,10 @@ mod tests {
 
     fn jcs(body: &str) -> String {
         let mut out = Vec::new();
-        assert!(canonicalize(body.as_bytes(), &[], &mut out), "{body}");
+        assert!(
+            canonicalize(body.as_bytes(), &[], &mut out).is_some(),
+            "{body}"
+        );
         String::from_utf8(out).unwrap()
     }
 
@@ -256,20 +268,16 @@ mod tests {
     #[test]
     fn numbers_beyond_a_double_are_no_jcs_and_the_output_is_left_as_it_was() {
         let mut out = b"kept".to_vec();
-        assert!(!canonicalize(b"[1, 1e400]", &[], &mut out));
+        assert!(canonicalize(b"[1, 1e400]", &[], &mut out).is_none());
         assert_eq!(out, b"kept");
-        assert!(!canonicalize(b"not json", &[], &mut out));
+        assert!(canonicalize(b"not json", &[], &mut out).is_none());
     }
 
     #[test]
     fn ignored_pointers_are_left_out() {
         let mut out = Vec::new();
         let ignored = vec![vec!["sent_at".to_owned()]];
-        assert!(canonicalize(
-            br#"{"b":1,"sent_at":"x","a":2}"#,
-            &ignored,
-            &mut out
-        ));
+        assert!(canonicalize(br#"{"b":1,"sent_at":"x","a":2}"#, &ignored, &mut out).is_some());
         assert_eq!(out, br#"{"a":2,"b":1}"#);
     }
 

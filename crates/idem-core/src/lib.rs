@@ -95,7 +95,8 @@ pub use decision::{Decision, Reservation, decide};
 #[cfg(feature = "tokio")]
 pub use feed::{Backoff, ChangeFeed, FEED_FIRST_BACKOFF, FEED_MAX_BACKOFF, FeedSession};
 pub use fingerprint::{
-    DEFAULT_BODY_LIMIT, Fingerprint, FingerprintOptions, PointerError, is_json_content_type,
+    DEFAULT_BODY_LIMIT, DuplicateMember, Fingerprint, FingerprintOptions, PointerError,
+    is_json_content_type,
 };
 pub use key::{Key, KeyError, MAX_KEY_LEN};
 pub use list::{

@@ -129,8 +129,13 @@ fn encoded(headers: &HeaderMap, coding: &str, content: &[u8], limit: usize, bare
     );
 }
 
-/// The fingerprint the layer takes of a JSON `POST` with `headers` and `body`.
-fn request_fingerprint(headers: &HeaderMap, body: &[u8], limit: usize) -> idem_core::Fingerprint {
+/// The fingerprint the layer takes of a JSON `POST` with `headers` and `body` (or the
+/// member it finds repeated, for which it refuses the request).
+fn request_fingerprint(
+    headers: &HeaderMap,
+    body: &[u8],
+    limit: usize,
+) -> Result<idem_core::Fingerprint, idem_core::DuplicateMember> {
     let mut parts = head();
     parts.headers = headers.clone();
     parts

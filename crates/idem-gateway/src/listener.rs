@@ -15,6 +15,14 @@
 //! listener, capped at [`ADMIN_MAX_CONNECTIONS`], can never starve the proxy. A
 //! connection that became a WebSocket tunnel keeps its place until the tunnel closes.
 //!
+//! **Reclaiming idle places.** The admin listener does not wait at its cap while its
+//! places are held by idle sockets (a leaky scraper, a noisy neighbour): a connection
+//! that arrives then is accepted, and the connection idle the longest (one with no
+//! request in progress) is closed to make its room, as nginx reuses idle keep-alive
+//! connections under `worker_connections` pressure. So an orchestrator's probe is
+//! answered at once, not after the idle sockets' timeout. When every place has a
+//! request in progress, it waits as the proxy does (see `reclaim.rs`).
+//!
 //! **The proxy's default cap** is derived from the file-descriptor limit, which `idem
 //! serve` first raises from its soft value to the hard one ([`raise_fd_limit`]): see
 //! [`default_max_connections`].
@@ -57,6 +65,7 @@ mod handler;
 mod http2;
 mod limits;
 mod plain;
+mod reclaim;
 mod shutdown;
 mod tls;
 mod window;
@@ -73,6 +82,7 @@ pub use self::http2::{
 pub use self::limits::{
     ADMIN_MAX_CONNECTIONS, SPARE_DESCRIPTORS, default_max_connections, fd_limit, raise_fd_limit,
 };
+use self::reclaim::Reclaim;
 pub(crate) use self::shutdown::Connections;
 pub use self::tls::{Tls, TlsError, TlsFiles};
 pub use crate::metrics::ListenerKind;
@@ -92,6 +102,11 @@ const ACCEPT_PAUSE_MIN: Duration = Duration::from_millis(50);
 
 /// The longest pause after an `accept` that failed.
 const ACCEPT_PAUSE_MAX: Duration = Duration::from_secs(1);
+
+/// How often a listener that reclaims idle places, holding an arrival while every
+/// place has a request in progress, looks again for one that has gone idle (a
+/// connection going idle tells nobody: that would cost every request a wake-up).
+const RECLAIM_RECHECK: Duration = Duration::from_millis(50);
 
 /// A connection's place under its listener's cap: held by the connection's task, and by
 /// a WebSocket tunnel the connection became, until the last of them ends. The proxy
@@ -129,6 +144,8 @@ pub(crate) struct Listener {
     builders: Arc<Builders>,
     tls: Option<Tls>,
     metrics: Arc<Metrics>,
+    /// Where idle connections are found to close for room at the cap, if it does.
+    reclaim: Option<Arc<Reclaim>>,
 }
 
 impl Listener {
@@ -153,7 +170,15 @@ impl Listener {
             builders: Arc::new(Builders::new(header_read_timeout, &Http2Limits::default())),
             tls: None,
             metrics,
+            reclaim: None,
         }
+    }
+
+    /// Closing the longest-idle connection to admit a new one at the cap, rather than
+    /// holding the new one until a connection closes (see the module's docs).
+    pub(crate) fn reclaim_idle(mut self) -> Listener {
+        self.reclaim = Some(Arc::default());
+        self
     }
 
     /// With `limits` on its HTTP/2 connections.
@@ -204,14 +229,9 @@ impl Listener {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut pause = ACCEPT_PAUSE_MIN;
         loop {
-            // A place under the cap first: at the cap, nothing is accepted.
-            let permit = tokio::select! {
+            let (permit, stream, peer) = tokio::select! {
                 () = &mut shutdown => break,
-                permit = self.place() => permit,
-            };
-            let (stream, peer) = tokio::select! {
-                () = &mut shutdown => break,
-                accepted = self.accept(&mut pause) => accepted,
+                admitted = self.admit(&mut pause) => admitted,
             };
             let slot = ConnectionSlot(Arc::new(Slot {
                 _permit: permit,
@@ -226,10 +246,49 @@ impl Listener {
                 tls: self.tls.clone(),
                 slot,
                 shutdown: connections.shutdown(),
+                reclaim: self.reclaim.clone(),
             }
             .spawn();
         }
         connections
+    }
+
+    /// The next connection and its place under the cap. Without reclaiming, the place
+    /// comes first: at the cap, nothing is accepted until a connection closes.
+    async fn admit(&self, pause: &mut Duration) -> (OwnedSemaphorePermit, TcpStream, SocketAddr) {
+        let Some(reclaim) = &self.reclaim else {
+            let permit = self.place().await;
+            let (stream, peer) = self.accept(pause).await;
+            return (permit, stream, peer);
+        };
+        // Reclaiming: at the cap, an arrival is accepted (one descriptor beyond the
+        // cap, for a moment) and makes room by closing the longest-idle connection.
+        let (stream, peer) = match self.slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let (stream, peer) = self.accept(pause).await;
+                return (permit, stream, peer);
+            }
+            Err(_) => tokio::select! {
+                permit = self.place() => {
+                    let (stream, peer) = self.accept(pause).await;
+                    return (permit, stream, peer);
+                }
+                accepted = self.accept(pause) => accepted,
+            },
+        };
+        loop {
+            if reclaim.close_longest_idle() {
+                tracing::debug!(
+                    listener = self.kind.as_str(),
+                    max = self.max,
+                    "at the connection cap; closing the longest-idle connection for a new one"
+                );
+            }
+            let place = self.slots.clone().acquire_owned();
+            if let Ok(permit) = tokio::time::timeout(RECLAIM_RECHECK, place).await {
+                return (permit.expect("the semaphore is never closed"), stream, peer);
+            }
+        }
     }
 
     /// A place under the cap, once one is free.
@@ -294,6 +353,102 @@ pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// At its cap, a listener that reclaims idle places admits a newcomer by closing
+    /// its idle connection, never the older one whose request is still in progress.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn at_the_cap_the_idle_connection_makes_room_and_a_busy_one_never_does() {
+        use http_body_util::Full;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        const BOUND: Duration = Duration::from_secs(10);
+        let tcp = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        // A client timeout far beyond the test: only reclaiming can make room.
+        let listener = Listener::new(
+            tcp,
+            ListenerKind::Admin,
+            2,
+            Some(Duration::from_secs(600)),
+            metrics,
+        )
+        .reclaim_idle();
+        let release = Arc::new(Semaphore::new(0));
+        let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (release_, entered_tx_) = (release.clone(), entered_tx.clone());
+        let server = tokio::spawn(async move {
+            let service_for = move |_, _: &ConnectionSlot| {
+                let (release, entered) = (release_.clone(), entered_tx_.clone());
+                hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (release, entered) = (release.clone(), entered.clone());
+                    async move {
+                        if req.uri().path() == "/slow" {
+                            let _ = entered.send(());
+                            let _permit = release.acquire().await;
+                        }
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(
+                            bytes::Bytes::from_static(b"ok"),
+                        )))
+                    }
+                })
+            };
+            let connections = listener
+                .run(service_for, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            connections
+                .finish(tokio::time::Instant::now() + BOUND)
+                .await;
+        });
+        drop(entered_tx);
+
+        async fn get(stream: &mut TcpStream, path: &str) {
+            let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+            stream.write_all(request.as_bytes()).await.unwrap();
+        }
+        async fn answer(stream: &mut TcpStream) -> String {
+            let mut buf = vec![0; 1024];
+            let n = tokio::time::timeout(BOUND, stream.read(&mut buf))
+                .await
+                .expect("an answer within the bound")
+                .unwrap();
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        }
+
+        // The older connection has a request in progress.
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        get(&mut busy, "/slow").await;
+        tokio::time::timeout(BOUND, entered.recv())
+            .await
+            .expect("the slow request reaches the service");
+        // The younger one was answered and is idle, kept alive.
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        get(&mut idle, "/fast").await;
+        assert!(answer(&mut idle).await.starts_with("HTTP/1.1 200"));
+
+        // Both places are taken: the newcomer is admitted in the idle one's place.
+        let mut newcomer = TcpStream::connect(addr).await.unwrap();
+        get(&mut newcomer, "/fast").await;
+        assert!(answer(&mut newcomer).await.starts_with("HTTP/1.1 200"));
+        assert_eq!(
+            answer(&mut idle).await,
+            "",
+            "the idle connection was closed"
+        );
+
+        // The busy one was never closed: its answer comes once the service gives it.
+        release.add_permits(1);
+        assert!(answer(&mut busy).await.starts_with("HTTP/1.1 200"));
+
+        let _ = stop.send(());
+        tokio::time::timeout(BOUND, server)
+            .await
+            .expect("the listener stops")
+            .unwrap();
+    }
 
     #[tokio::test]
     async fn listeners_have_a_backlog_beyond_the_usual_128() {

@@ -449,6 +449,7 @@ fn listeners(
         )
         .http2_limits(&config.http2)
         .tls(admin_tls.clone())
+        .reclaim_idle()
     });
     Ok((proxy, admin))
 }

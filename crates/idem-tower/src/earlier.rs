@@ -41,6 +41,7 @@ pub(crate) async fn reserve_again<St: Store + ?Sized>(
                 .and_then(|r| r.fingerprint.as_ref())
                 .unwrap_or(&e.fingerprint);
             let path = route.as_ref().and_then(|r| r.fingerprint_path.as_deref());
+            // A body refused for a repeated member never gets this far.
             let fingerprint = crate::fingerprint::fingerprint(
                 parts,
                 method.as_str(),
@@ -48,7 +49,8 @@ pub(crate) async fn reserve_again<St: Store + ?Sized>(
                 body,
                 config.body_limit,
                 options,
-            );
+            )
+            .ok()?;
             (fingerprint == record.fingerprint).then_some(fingerprint)
         })?;
     request.fingerprint = rules;

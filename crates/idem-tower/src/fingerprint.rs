@@ -3,7 +3,7 @@
 
 use http::header;
 use http::request::Parts;
-use idem_core::{Fingerprint, FingerprintOptions};
+use idem_core::{DuplicateMember, Fingerprint, FingerprintOptions};
 
 /// The request's fingerprint (SPEC S4) over `METHOD request-target`, `method` being
 /// the one the request is decided on (a method-override header's, where it must be;
@@ -14,6 +14,10 @@ use idem_core::{Fingerprint, FingerprintOptions};
 /// ([`RouteConfig::fingerprint_path`](crate::RouteConfig::fingerprint_path)), stands
 /// for the request's path. A compressed body is fingerprinted by its content, up to
 /// `limit` bytes of it (see [`coding`](crate::coding)).
+///
+/// A JSON body that names a member twice in one object is `Err`: the layer refuses
+/// it, since the upstream's parser may read another member than the fingerprint did
+/// (see [`Fingerprint::compute_checked`], which finds it in the same parse).
 pub(crate) fn fingerprint(
     parts: &Parts,
     method: &str,
@@ -21,7 +25,7 @@ pub(crate) fn fingerprint(
     body: &[u8],
     limit: usize,
     options: &FingerprintOptions,
-) -> Fingerprint {
+) -> Result<Fingerprint, DuplicateMember> {
     let path = path.unwrap_or_else(|| parts.uri.path());
     let query = parts.uri.query();
     let mut request_target =
@@ -41,5 +45,5 @@ pub(crate) fn fingerprint(
     let content = crate::coding::decoded(&parts.headers, body, limit);
     let body = content.as_deref().unwrap_or(body);
     let method = &request_target[..method.len()];
-    Fingerprint::compute(method, &request_target, content_type, body, options)
+    Fingerprint::compute_checked(method, &request_target, content_type, body, options)
 }

@@ -251,7 +251,8 @@ impl ProblemKind {
             | ProblemKind::InvalidPath
             | ProblemKind::InvalidHost
             | ProblemKind::InvalidMethodOverride
-            | ProblemKind::AmbiguousHeader => INVALID_ARGUMENT,
+            | ProblemKind::AmbiguousHeader
+            | ProblemKind::DuplicateJsonMember => INVALID_ARGUMENT,
             // The client's own stream broke off; nothing was reserved.
             ProblemKind::BodyUnreadable => CANCELLED,
             ProblemKind::MissingTenant | ProblemKind::InvalidCredential => UNAUTHENTICATED,

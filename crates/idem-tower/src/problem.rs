@@ -57,6 +57,12 @@ pub enum ProblemKind {
     /// with `underscores_in_headers`, read as that header: the upstream would see a key
     /// or a tenant the layer never read. Nothing was reserved or forwarded (SPEC S14).
     AmbiguousHeader,
+    /// 400: a keyed request's JSON body names a member twice in one object
+    /// (`{"amount":100,"amount":1}`, at any depth, names compared after unescaping),
+    /// which RFC 7493 (I-JSON) forbids: parsers disagree on which member counts, so the
+    /// upstream could act on another payload than the one fingerprinted, or another
+    /// key than the one read. Nothing was reserved or forwarded (SPEC S4).
+    DuplicateJsonMember,
     /// 413: the body is over the limit; nothing was reserved (SPEC S4).
     BodyTooLarge,
     /// 408: the body did not arrive within the layer's body timeout; nothing was
@@ -114,7 +120,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 24] = [
+    pub const ALL: [ProblemKind; 25] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
@@ -124,6 +130,7 @@ impl ProblemKind {
         ProblemKind::InvalidHost,
         ProblemKind::InvalidMethodOverride,
         ProblemKind::AmbiguousHeader,
+        ProblemKind::DuplicateJsonMember,
         ProblemKind::BodyTooLarge,
         ProblemKind::BodyTimeout,
         ProblemKind::TooManyInFlight,
@@ -157,6 +164,7 @@ impl ProblemKind {
                 "https://idem.dev/problems/invalid-method-override"
             }
             ProblemKind::AmbiguousHeader => "https://idem.dev/problems/ambiguous-header",
+            ProblemKind::DuplicateJsonMember => "https://idem.dev/problems/duplicate-json-member",
             ProblemKind::BodyTooLarge => "https://idem.dev/problems/body-too-large",
             ProblemKind::BodyTimeout => "https://idem.dev/problems/body-timeout",
             ProblemKind::RequestInProgress => "https://idem.dev/problems/request-in-progress",
@@ -186,7 +194,8 @@ impl ProblemKind {
             | ProblemKind::InvalidPath
             | ProblemKind::InvalidHost
             | ProblemKind::InvalidMethodOverride
-            | ProblemKind::AmbiguousHeader => StatusCode::BAD_REQUEST,
+            | ProblemKind::AmbiguousHeader
+            | ProblemKind::DuplicateJsonMember => StatusCode::BAD_REQUEST,
             ProblemKind::MissingTenant | ProblemKind::InvalidCredential => StatusCode::UNAUTHORIZED,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -225,6 +234,7 @@ impl ProblemKind {
             ProblemKind::InvalidHost => "Invalid Host header",
             ProblemKind::InvalidMethodOverride => "Conflicting method override",
             ProblemKind::AmbiguousHeader => "Ambiguous header name",
+            ProblemKind::DuplicateJsonMember => "Duplicate member name in JSON body",
             ProblemKind::BodyTooLarge => "Request body too large",
             ProblemKind::BodyTimeout => "Request body too slow",
             ProblemKind::RequestInProgress => "Request in progress",

@@ -352,6 +352,38 @@ mod tests {
     }
 
     #[test]
+    fn a_duplicate_json_member_is_a_400_in_every_dialect() {
+        let twice = || Problem::new(ProblemKind::DuplicateJsonMember, "twice");
+        let (status, headers, body) = answer(Profile::Ietf, twice());
+        assert_eq!(status, 400);
+        assert_eq!(headers["content-type"], "application/problem+json");
+        assert_eq!(
+            body["type"],
+            "https://idem.dev/problems/duplicate-json-member"
+        );
+        let (status, _, body) = answer(Profile::Stripe, twice());
+        assert_eq!(status, 400);
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(
+            body["error"]["doc_url"],
+            "https://idem.dev/problems/duplicate-json-member"
+        );
+        let (status, _, body) = answer(Profile::Acp, twice());
+        assert_eq!(status, 400);
+        assert_eq!(body["type"], "invalid_request");
+        assert_eq!(body["code"], "duplicate_json_member");
+        let (status, _, body) = answer(Profile::Ucp, twice());
+        assert_eq!(status, 400);
+        assert_eq!(body["code"], "duplicate_json_member");
+        assert_eq!(body["content"], "twice");
+        let grpc = twice().answer(Dialect {
+            grpc: true,
+            profile: Profile::Ietf,
+        });
+        assert_eq!(grpc.headers()["grpc-status"], "3", "INVALID_ARGUMENT");
+    }
+
+    #[test]
     fn grpc_calls_get_grpc_errors_whatever_the_profile() {
         for profile in Profile::ALL {
             let r = reused().answer(Dialect {

@@ -19,6 +19,10 @@ use crate::{BoxError, IdempotencyBody};
 /// The header that marks a replayed answer.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// The detail of the 422 `key-reused`.
+const KEY_REUSED_DETAIL: &str = "this key was already used for a request with a \
+     different method, path, query string or body; use a new key for a new operation";
+
 /// The answer to a reservation that did not acquire the key: stage 5's replay, or a
 /// problem (a gRPC error to a gRPC call, SPEC S18). With `hints` (the route's retry
 /// hints), a replayed 5xx says a retry is useless, and a 409 in progress and a 503 for
@@ -93,11 +97,10 @@ fn answer<B>(
         ),
         Ok(Reservation::Mismatch) => (
             Outcome::Mismatch,
-            Problem::new(
-                ProblemKind::KeyReused,
-                "this key was already used for a request with a different method, path or body; \
-                 use a new key for a new operation",
-            ),
+            // The fingerprint is one digest over all four (SPEC S4), so which of them
+            // differed cannot be told; each is named, the query string too, since a
+            // changed query is as much another request as a changed body.
+            Problem::new(ProblemKind::KeyReused, KEY_REUSED_DETAIL),
         ),
         Ok(Reservation::Gone {
             completed_at,

@@ -68,10 +68,13 @@ for_each_store!(
     changed_amount_is_422,
     compressed_bodies_are_fingerprinted_by_content,
     ignored_json_pointer_is_left_out,
+    duplicate_json_member_is_400_and_nothing_reserved,
+    duplicate_key_member_on_a_key_pointer_route_is_400,
     // S5: the decision table
     first_request_executes_and_records,
     replays_completed_response,
     mismatched_payload_is_422,
+    another_query_string_is_422_naming_the_query,
     in_progress_is_409_with_retry_after,
     prefer_wait_duplicate_gets_the_replay_once_the_attempt_completes,
     waiter_finding_a_lapsed_lease_gets_409_and_its_retry_takes_over_as_recovered,
@@ -231,6 +234,92 @@ async fn unkeyed_method_passes_through_with_key(kind: StoreKind) {
 }
 
 // ---------------------------------------------------------------- S4: fingerprint
+
+/// The detail of the 400 `duplicate-json-member` for a body that repeats `name`.
+fn duplicate_detail(name: &str) -> String {
+    format!(
+        "the JSON body names the member \"{name}\" twice in one object; JSON parsers \
+         disagree on which of the two counts, so the upstream could act on another \
+         payload than the one this key is checked against; send each member once; \
+         nothing was reserved or forwarded"
+    )
+}
+
+/// RFC 7493 (I-JSON): a keyed JSON body that repeats a member name anywhere (names
+/// equal once unescaped included) is refused before anything is reserved; the same
+/// body unkeyed passes untouched.
+async fn duplicate_json_member_is_400_and_nothing_reserved(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let cases = [
+        (r#"{"amount":100,"amount":1}"#, "amount"),
+        (r#"{"sku":"tea","items":[{"qty":2,"qty":20}]}"#, "qty"),
+        (r#"{"a":100,"\u0061":1}"#, "a"),
+    ];
+    for (n, (body, name)) in cases.into_iter().enumerate() {
+        let key = format!("k-dup-{n}");
+        let reply = app.post("/orders").key(&key).json(body).send().await;
+        let problem = reply.assert_problem(400, "duplicate-json-member");
+        assert_eq!(problem["detail"], duplicate_detail(name), "{body}");
+        assert!(!reply.is_replay());
+        assert!(
+            !app.has_record("/orders", &key).await,
+            "{body}: nothing stored"
+        );
+    }
+    assert_eq!(count(&app.counters.orders), 0, "the handler must not run");
+    // The same key with the body sent once each is a clean first attempt.
+    let ok = app.post("/orders").key("k-dup-0").json(ORDER).send().await;
+    assert_eq!(ok.status, 201);
+    assert_eq!(count(&app.counters.orders), 1);
+    // Unkeyed, the body is none of the layer's business.
+    let unkeyed = app.post("/orders").json(cases[0].0).send().await;
+    assert_eq!(unkeyed.status, 201);
+    assert_eq!(count(&app.counters.orders), 2);
+}
+
+/// A key carried in the body twice (`KA` and `KB`) names no one operation: refused,
+/// nothing reserved under either key, whether or not a header carries a key too.
+async fn duplicate_key_member_on_a_key_pointer_route_is_400(kind: StoreKind) {
+    let app = App::start_with(kind, |l| {
+        l.route_config(|_, _| Some(RouteConfig::new().key_pointer("/idempotency_key").unwrap()))
+    })
+    .await;
+    let twice = r#"{"idempotency_key":"KA","amount":100,"idempotency_key":"KB"}"#;
+    let reply = app.post("/orders").json(twice).send().await;
+    let problem = reply.assert_problem(400, "duplicate-json-member");
+    assert_eq!(problem["detail"], duplicate_detail("idempotency_key"));
+    // A second reading finding a key where the first finds none is as ambiguous.
+    let null = r#"{"idempotency_key":"KA","idempotency_key":null}"#;
+    let reply = app.post("/orders").json(null).send().await;
+    reply.assert_problem(400, "duplicate-json-member");
+    let header = app.post("/orders").key("KA").json(twice).send().await;
+    header.assert_problem(400, "duplicate-json-member");
+    let elsewhere = r#"{"idempotency_key":"KC","amount":100,"amount":1}"#;
+    let reply = app.post("/orders").json(elsewhere).send().await;
+    reply.assert_problem(400, "duplicate-json-member");
+    assert_eq!(count(&app.counters.orders), 0, "the handler must not run");
+    for key in ["KA", "KB", "KC"] {
+        assert!(
+            !app.has_record("/orders", key).await,
+            "{key}: nothing stored"
+        );
+    }
+    // A body that names no key anywhere stays unkeyed, repeated member or not.
+    let unkeyed = app
+        .post("/orders")
+        .json(r#"{"amount":1,"amount":2}"#)
+        .send()
+        .await;
+    assert_eq!(unkeyed.status, 201);
+    let keyed = app
+        .post("/orders")
+        .json(r#"{"idempotency_key":"KA"}"#)
+        .send()
+        .await;
+    assert_eq!(keyed.status, 201);
+    assert_eq!(count(&app.counters.orders), 2);
+    assert!(app.has_record("/orders", "KA").await);
+}
 
 async fn body_over_limit_is_413_and_nothing_reserved(kind: StoreKind) {
     let app = App::start_with(kind, |l| l.body_limit(64)).await;
@@ -461,6 +550,33 @@ async fn replays_completed_response(kind: StoreKind) {
         );
         assert_eq!(retry.body, first.body);
     }
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+/// A retry whose query string differs is another request (SPEC S4: the fingerprint
+/// covers the request target), and the 422 says the query string may be what changed.
+async fn another_query_string_is_422_naming_the_query(kind: StoreKind) {
+    let app = App::start(kind).await;
+    let first = app
+        .post("/orders?expand=customer")
+        .key("k-query")
+        .json(ORDER)
+        .send()
+        .await;
+    assert_eq!(first.status, 201);
+    let retry = app
+        .post("/orders?expand=invoice")
+        .key("k-query")
+        .json(ORDER)
+        .send()
+        .await;
+    let problem = retry.assert_problem(422, "key-reused");
+    assert_eq!(
+        problem["detail"],
+        "this key was already used for a request with a different method, path, query \
+         string or body; use a new key for a new operation"
+    );
+    assert!(!retry.is_replay());
     assert_eq!(count(&app.counters.orders), 1);
 }
 

@@ -109,7 +109,7 @@ fn reference(body: &[u8], ignored: &[Vec<String>]) -> Option<Vec<u8>> {
 
 fn canonical(body: &[u8], ignored: &[Vec<String>]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
-    crate::canonical::canonicalize(body, ignored, &mut out).then_some(out)
+    crate::canonical::canonicalize(body, ignored, &mut out).map(|_| out)
 }
 
 /// JSON values whose numbers a double holds exactly and whose objects never repeat

@@ -57,12 +57,18 @@ impl Activity {
     }
 
     /// One more request open, until the guard is dropped.
-    fn start(&self) -> Open {
+    pub(super) fn start(&self) -> Open {
         self.0.send_if_modified(|c| {
             c.open += 1;
             false
         });
         Open(self.0.clone())
+    }
+
+    /// Since when the connection has had no request open; `None` while one is.
+    pub(super) fn idle_since(&self) -> Option<tokio::time::Instant> {
+        let count = self.0.borrow();
+        (count.open == 0).then_some(count.idle_since)
     }
 
     /// Resolves once the connection has had no request open for `timeout`, counted
@@ -109,7 +115,7 @@ impl Activity {
 
 /// A request counted open; dropped when its answer is done.
 #[derive(Debug)]
-struct Open(watch::Sender<Count>);
+pub(super) struct Open(watch::Sender<Count>);
 
 impl Drop for Open {
     fn drop(&mut self) {

@@ -19,6 +19,7 @@ use tower::BoxError;
 use super::activity::Activity;
 use super::http2::Builders;
 use super::plain;
+use super::reclaim::{Reclaim, Registration, asked_to_close};
 use super::shutdown::Shutdown;
 use super::tls::Tls;
 use super::window::StreamExecutor;
@@ -37,6 +38,8 @@ pub(super) struct Handler<S> {
     pub(super) tls: Option<Tls>,
     pub(super) slot: ConnectionSlot,
     pub(super) shutdown: Shutdown,
+    /// The listener's register, where it closes idle connections for room.
+    pub(super) reclaim: Option<Arc<Reclaim>>,
 }
 
 impl<S, B> Handler<S>
@@ -62,7 +65,12 @@ where
             tls,
             slot,
             mut shutdown,
+            reclaim,
         } = self;
+        // Idle from the start: a connection that sends nothing may be closed for room.
+        let activity = Activity::new();
+        let registration = reclaim.as_ref().map(|r| r.register(&activity));
+        let registration = registration.as_ref();
         let _ = stream.set_nodelay(true);
         if let Err(e) = keep_alive(&stream) {
             tracing::debug!(error = %e, "TCP keepalive could not be set on a connection");
@@ -70,7 +78,12 @@ where
         match tls {
             None => {
                 let stream = WriteStall::new(stream, timeout);
-                serve(stream, &builders.auto, service, timeout, &mut shutdown).await;
+                let ends = Ends {
+                    timeout,
+                    shutdown: &mut shutdown,
+                    registration,
+                };
+                serve(stream, &builders.auto, service, activity, ends).await;
             }
             Some(tls) => {
                 // Plain HTTP to this port gets a 400 saying so, not a TLS alert. The
@@ -88,6 +101,7 @@ where
                 let first = tokio::select! {
                     first = first => first,
                     () = shutdown.recv() => return,
+                    () = asked_to_close(registration) => return,
                 };
                 match first {
                     Some(false) => {}
@@ -118,6 +132,7 @@ where
                 let stream = tokio::select! {
                     accepted = handshake => accepted,
                     () = shutdown.recv() => return,
+                    () = asked_to_close(registration) => return,
                 };
                 match stream {
                     Ok(stream) => {
@@ -134,7 +149,12 @@ where
                             Some(b"http/1.1") => &builders.http1,
                             _ => &builders.auto,
                         };
-                        serve(stream, builder, service, timeout, &mut shutdown).await;
+                        let ends = Ends {
+                            timeout,
+                            shutdown: &mut shutdown,
+                            registration,
+                        };
+                        serve(stream, builder, service, activity, ends).await;
                     }
                     Err(e) => tracing::debug!(error = %e, "TLS handshake failed"),
                 }
@@ -147,6 +167,14 @@ where
     }
 }
 
+/// What ends a connection besides its client: the client timeout, shutdown, and its
+/// listener asking for its place.
+struct Ends<'a> {
+    timeout: Option<Duration>,
+    shutdown: &'a mut Shutdown,
+    registration: Option<&'a Registration>,
+}
+
 /// Serves `io` with `builder` until the connection ends. A client that sends no
 /// complete HTTP/1.1 request head in time (a slow or stalled one, or an idle keep-alive
 /// connection), keeps a connection with no request open for the timeout (an HTTP/2
@@ -154,12 +182,14 @@ where
 /// stream's window shut for it is disconnected, so it cannot hold a connection and its
 /// buffers without limit. With upgrades, so that the
 /// proxy can hand a switched HTTP/1.1 connection (a WebSocket) over to its tunnel.
+/// A connection its listener asks to close for room is closed at once if it has no
+/// request open (it was chosen for that), else once its requests are answered.
 async fn serve<I, S, B>(
     io: I,
     builder: &auto::Builder<StreamExecutor>,
     service: S,
-    timeout: Option<Duration>,
-    shutdown: &mut Shutdown,
+    activity: Activity,
+    ends: Ends<'_>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
@@ -169,7 +199,11 @@ async fn serve<I, S, B>(
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    let activity = Activity::new();
+    let Ends {
+        timeout,
+        shutdown,
+        registration,
+    } = ends;
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), activity.track(service));
     let mut conn = std::pin::pin!(conn);
     let idle = async {
@@ -189,6 +223,16 @@ async fn serve<I, S, B>(
             // Finish the requests in progress, if any, then close.
             conn.as_mut().graceful_shutdown();
             conn.await
+        }
+        () = asked_to_close(registration) => {
+            if activity.idle_since().is_some() {
+                tracing::debug!("closing the longest-idle connection to make room for a new one");
+                Ok(())
+            } else {
+                // A request arrived since it was chosen: answer it, then close.
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
         }
         () = idle => {
             tracing::debug!("closing a connection that had no request open for the client timeout");

@@ -172,6 +172,36 @@ async fn idle_admin_connections_do_not_lock_out_the_probes() {
     drop(idle);
 }
 
+/// Issue 54: 48 idle sockets on the admin port (a leaky scraper, a noisy neighbour),
+/// more than its places, used to hold `/healthz` off until their timeout (4.7 s), past
+/// Kubernetes' 1 s probe timeout. At its cap the admin listener now closes its
+/// longest-idle connection to admit a new one, so the probe is answered within 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_within_a_second_with_48_idle_admin_connections() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &["--store", "memory://", "--admin", "0"],
+    )
+    .await;
+    let admin = gw.admin.unwrap();
+    let mut idle = Vec::new();
+    for _ in 0..48 {
+        idle.push(TcpStream::connect(admin).await.unwrap());
+    }
+    let http = Http::new();
+    let probe = tokio::time::timeout(
+        Duration::from_secs(1),
+        http.send("GET", &gw.admin_url("/healthz"), &[], ""),
+    )
+    .await
+    .expect("/healthz answers within Kubernetes' 1 s probe timeout");
+    assert_eq!(probe.status, 200, "{probe:?}");
+    drop(idle);
+}
+
 /// `--max-connections 4`: a fifth connection is not accepted while four are open; it
 /// is served once one of them closes, and `/metrics` shows the cap and the wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

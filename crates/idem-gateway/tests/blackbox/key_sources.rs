@@ -156,3 +156,46 @@ async fn a_jcs_route_compares_json_by_its_rfc_8785_form() {
     let other = replays("/adcp/media_buys", r#"{"rate": 0.1}"#, r#"{"rate": 0.2}"#).await;
     assert_eq!(other.status, 422);
 }
+
+/// RFC 7493 (I-JSON): a keyed JSON body that repeats a member name — a payload field
+/// under a header's key, or the key itself on a `key_pointer` route — is a 400
+/// `duplicate-json-member` that reaches nobody; the same body unkeyed is forwarded.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keyed_json_body_that_repeats_a_member_is_400_and_reaches_nobody() {
+    let r = rig(ROUTES).await;
+    let key = new_key();
+    let amount = r#"{"amount":100,"amount":1}"#;
+    let answers = [
+        r.post("/v1/orders", Some(&key), amount.into()).await,
+        r.post(
+            "/v2/payments",
+            None,
+            r#"{"idempotency_key":"KA","idempotency_key":"KB"}"#.into(),
+        )
+        .await,
+    ];
+    for answer in &answers {
+        assert_eq!(answer.status, 400, "{answer:?}");
+        assert_eq!(
+            answer.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(
+            answer.json()["type"],
+            "https://idem.dev/problems/duplicate-json-member",
+            "{answer:?}"
+        );
+    }
+    assert_eq!(r.up.total(), 0, "nothing was forwarded");
+    // Nothing was reserved: the key with the body sent right executes.
+    let fixed = r
+        .post("/v1/orders", Some(&key), r#"{"amount":100}"#.into())
+        .await;
+    assert_eq!(fixed.status, 201, "{fixed:?}");
+    assert!(!fixed.replayed());
+    // Unkeyed traffic is none of the gateway's business.
+    let unkeyed = r.post("/v1/orders", None, amount.into()).await;
+    assert_eq!(unkeyed.status, 201, "{unkeyed:?}");
+    assert_eq!(r.up.total(), 2);
+    assert_eq!(r.up.seen()[1].body.as_ref(), amount.as_bytes());
+}
