@@ -7,22 +7,24 @@ use std::sync::Arc;
 
 use crate::principal::Principal;
 
-/// A principal verified from a credential, or why the credential is not believed.
-pub(crate) type Verified<'a> = Pin<Box<dyn Future<Output = Result<Principal, String>> + Send + 'a>>;
+/// What [`Credential::principal`] comes to: the principal, or why the credential is
+/// not believed (the 401's `detail`).
+pub type Verified<'a> = Pin<Box<dyn Future<Output = Result<Principal, String>> + Send + 'a>>;
 
-/// A credential a request carries that names its principal once verified (a bearer
-/// JWT: see `jwt`, feature `jwt`). The layer asks only whether a request carries one and
-/// whom it names; what it is and how it is checked is the credential's own business.
-pub(crate) trait Credential: Send + Sync + 'static {
+/// A credential a request carries that names its principal once verified, for
+/// [`TenantSources::credential`]: a bearer JWT (the `idem-jwt` crate's `JwtVerifier`),
+/// or one of your own. The layer asks only whether a keyed request carries one and
+/// whom it names; what it is and how it is checked is the credential's business.
+pub trait Credential: Send + Sync + 'static {
     /// The credential `headers` carry, if they carry one of this kind.
     fn find<'a>(&self, headers: &'a http::HeaderMap) -> Option<&'a str>;
 
-    /// The principal `credential` names, or why it is not believed (the 401's detail).
+    /// The principal `credential` names, or why it is not believed.
     fn principal<'a>(&'a self, credential: &'a str) -> Verified<'a>;
 }
 
 /// Where a layer names a keyed request's tenant from, tried in this order, the first
-/// that applies winning: a verified bearer token (feature `jwt`), then a [`Principal`]
+/// that applies winning: a verified [`Credential`] (a bearer token), then a [`Principal`]
 /// in the request's extensions, then the tenant headers. None that applies names the
 /// `anonymous` tenant (or a 401 `missing-tenant` with
 /// [`require_tenant`](crate::IdempotencyLayer::require_tenant)).
@@ -46,6 +48,14 @@ impl TenantSources {
     /// No source: every request is `anonymous` until one is added.
     pub fn new() -> TenantSources {
         TenantSources::default()
+    }
+
+    /// A verified [`Credential`] (a bearer JWT, with the `idem-jwt` crate). A keyed
+    /// request whose credential does not verify is answered 401 `invalid-credential`;
+    /// one without such a credential goes on to the next source.
+    pub fn credential(mut self, credential: Arc<dyn Credential>) -> TenantSources {
+        self.credential = Some(credential);
+        self
     }
 
     /// A [`Principal`] in the request's extensions.

@@ -1,7 +1,8 @@
-//! A verified JSON Web Token as a request's tenant (SPEC S3): the principal a token
-//! names stays the same when the token is refreshed, where a digest of the
-//! `Authorization` header changes with every new token and would let a retry after a
-//! refresh execute again.
+//! Bearer JSON Web Tokens verified into an idempotency tenant, for
+//! [`idem_tower::TenantSources::credential`] (SPEC S3): the principal a token names
+//! stays the same when the token is refreshed, where a digest of the `Authorization`
+//! header changes with every new token and would let a retry after a refresh execute
+//! again.
 //!
 //! [`JwtVerifier`] checks a `Bearer` token (RFC 7519, compact JWS of RFC 7515) with
 //! the `jsonwebtoken` crate, its signatures on ring, before its claims are believed:
@@ -20,17 +21,35 @@
 //! A token whose `kid` is not in the key set makes the verifier load the set again
 //! (at most once a second), so a rotated key is picked up without a restart.
 //!
-//! The token's `iss` and the configured claims' values are then its [`Principal`],
-//! whose tenant is an HMAC under the layer's key (`sub` by default; a claim
-//! name, or a JSON pointer such as `/org/id`): never the token, and never a claim in
-//! clear. [`TenantSources::jwt`] hands the layer that principal.
+//! The token's `iss` and the configured claims' values are then its
+//! [`Principal`](idem_tower::Principal), whose tenant is an HMAC under the layer's key
+//! (`sub` by default; a claim name, or a JSON pointer such as `/org/id`): never the
+//! token, and never a claim in clear.
 //!
 //! `jsonwebtoken` verifies with its process-wide crypto provider: the verifier
 //! installs ring as that provider unless the process has one already (an
 //! application's own, or one its `jsonwebtoken` features name), which then verifies
 //! these tokens too.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use idem_jwt::{JwksFile, JwtVerifier};
+//! use idem_tower::{IdempotencyLayer, TenantSources};
+//!
+//! # async fn layer(store: idem_core::MemoryStore) -> Result<(), String> {
+//! let verifier = JwtVerifier::builder()
+//!     .jwks(JwksFile("/etc/idem/jwks.json".into()))
+//!     .issuer("https://auth.example.com/")
+//!     .audience("payments-api")
+//!     .build()
+//!     .await?;
+//! let _layer = IdempotencyLayer::new(store)
+//!     .tenant_sources(TenantSources::new().credential(Arc::new(verifier)).headers());
+//! # Ok(()) }
+//! ```
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
@@ -40,9 +59,7 @@ use jsonwebtoken::errors::{Error, ErrorKind};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::Value;
 
-use crate::TenantSources;
-use crate::principal::Principal;
-use crate::sources::{Credential, Verified};
+use idem_tower::{Credential, Principal, Verified};
 
 mod keys;
 mod provider;
@@ -396,16 +413,9 @@ impl JwtVerifier {
     }
 }
 
-impl TenantSources {
-    /// A verified `Authorization: Bearer` JWT (see [`JwtVerifier`]). A keyed
-    /// request whose token does not verify is answered 401 `invalid-credential`; one
-    /// without a bearer JWT goes on to the next source.
-    pub fn jwt(mut self, verifier: Arc<JwtVerifier>) -> TenantSources {
-        self.credential = Some(verifier);
-        self
-    }
-}
-
+/// A bearer JWT as a tenant source: a keyed request whose token does not verify is
+/// answered 401 `invalid-credential`; one without a bearer JWT goes on to the next
+/// source.
 impl Credential for JwtVerifier {
     fn find<'a>(&self, headers: &'a HeaderMap) -> Option<&'a str> {
         bearer_jwt(headers)
@@ -433,3 +443,8 @@ pub fn bearer_jwt(headers: &HeaderMap) -> Option<&str> {
 
 #[cfg(test)]
 mod tests;
+
+/// The README's examples, compiled as doctests so that they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
