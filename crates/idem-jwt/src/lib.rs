@@ -22,7 +22,7 @@
 //! (at most once a second), so a rotated key is picked up without a restart.
 //!
 //! The token's `iss` and the configured claims' values are then its
-//! [`Principal`](idem_tower::Principal), whose tenant is an HMAC under the layer's key
+//! [`Principal`], whose tenant is an HMAC under the layer's key
 //! (`sub` by default; a claim name, or a JSON pointer such as `/org/id`): never the
 //! token, and never a claim in clear.
 //!
