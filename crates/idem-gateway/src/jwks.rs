@@ -1,6 +1,6 @@
 //! `--jwt-jwks-url`: a JWKS document fetched over HTTPS (plain HTTP only from a
 //! loopback address), for the tenants named by verified bearer tokens
-//! ([`idem_tower::JwtVerifier`]).
+//! ([`idem_jwt::JwtVerifier`]).
 //!
 //! A fetch has 5 seconds, reads at most 1 MiB, wants a 200, and is tried three times
 //! (after 250 ms, then 500 ms) before it fails. The verifier fetches the document at
@@ -19,7 +19,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_tower::JwksSource;
+use idem_jwt::JwksSource;
 
 /// The largest JWKS document read.
 const MAX_JWKS: usize = 1024 * 1024;

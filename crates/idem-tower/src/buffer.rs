@@ -298,12 +298,11 @@ async fn sources_tenant(
     config: &crate::config::Config,
     sources: &crate::TenantSources,
     key: &TenantKey,
-    #[cfg_attr(not(feature = "jwt"), allow(unused_variables))] method: &http::Method,
+    method: &http::Method,
     parts: &Parts,
 ) -> Result<idem_core::Tenant, Problem> {
     match sources.applying(parts, &config.tenant_headers) {
-        #[cfg(feature = "jwt")]
-        Some(Applying::Jwt(verifier, token)) => match verifier.verify(token).await {
+        Some(Applying::Credential(credential, found)) => match credential.principal(found).await {
             Ok(principal) => Ok(principal.tenant(key)),
             Err(e) => {
                 let detail = format!(

@@ -502,7 +502,7 @@ impl RouteConfig {
     /// [`tenant_sources`](crate::IdempotencyLayer::tenant_sources) (or its tenant
     /// headers): a route that machine clients reach with certificates and people with
     /// tokens can say so. Only sources the layer can verify apply: a route naming a
-    /// bearer token needs a [`JwtVerifier`](crate::JwtVerifier) in its sources.
+    /// bearer token needs its [`Credential`](crate::Credential) in its sources.
     pub fn tenant_sources(mut self, sources: crate::sources::TenantSources) -> RouteConfig {
         self.tenant_sources = Some(Arc::new(sources));
         self

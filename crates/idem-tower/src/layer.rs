@@ -184,8 +184,9 @@ impl<St> IdempotencyLayer<St> {
     }
 
     /// Names a keyed request's tenant from `sources`, in their order (see
-    /// [`TenantSources`](crate::TenantSources)): a verified bearer token (feature
-    /// `jwt`; a refreshed token for the same principal names the same tenant, so a
+    /// [`TenantSources`](crate::TenantSources)): a verified bearer token (a
+    /// [`Credential`](crate::Credential), such as the `idem-jwt` crate's verifier of
+    /// JWTs; a refreshed token for the same principal names the same tenant, so a
     /// retry after a refresh replays instead of executing again), a
     /// [`Principal`](crate::Principal) your authentication middleware put in the
     /// extensions, the tenant headers. A keyed request whose bearer token does not

@@ -271,8 +271,6 @@ mod handled;
 mod heartbeat;
 mod hints;
 mod in_flight;
-#[cfg(feature = "jwt")]
-pub mod jwt;
 mod layer;
 mod look_alike;
 mod method_override;
@@ -306,8 +304,6 @@ pub use grpc::{
 pub use handled::Handled;
 pub use hints::{STRIPE_SHOULD_RETRY, X_SHOULD_RETRY};
 pub use in_flight::InFlight;
-#[cfg(feature = "jwt")]
-pub use jwt::{JwksFile, JwksSource, JwtError, JwtVerifier, JwtVerifierBuilder};
 pub use layer::IdempotencyLayer;
 pub use method_override::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use observer::{Observer, Outcome};
@@ -316,7 +312,7 @@ pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_
 pub use profile::{Profile, UnknownProfile};
 pub use replay::IDEMPOTENT_REPLAYED;
 pub use service::Idempotency;
-pub use sources::TenantSources;
+pub use sources::{Credential, TenantSources, Verified};
 pub use tenant::TenantHeaders;
 pub use tenant_limit::{MIN_TENANT_PREFIX, TenantNameError, TenantOverride, check_tenant_name};
 pub use wait::{DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS, PREFERENCE_APPLIED};

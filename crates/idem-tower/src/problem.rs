@@ -32,11 +32,11 @@ pub enum ProblemKind {
     /// reserved or forwarded (SPEC S3).
     MissingTenant,
     /// 401 + `WWW-Authenticate: Bearer error="invalid_token"`: the layer names tenants
-    /// by a verified bearer token ([`TenantSources::jwt`]) and the keyed
+    /// by a verified bearer token ([`TenantSources::credential`]) and the keyed
     /// request's token does not verify (a bad signature, an expired token, another
     /// issuer or audience); nothing was reserved or forwarded (SPEC S3).
     ///
-    /// [`TenantSources::jwt`]: crate::TenantSources
+    /// [`TenantSources::credential`]: crate::TenantSources::credential
     InvalidCredential,
     /// 400: the request's path cannot be normalised (SPEC S14): a `..` above the root,
     /// a broken percent-escape, an escaped control character. Nothing was reserved or

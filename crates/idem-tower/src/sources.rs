@@ -1,10 +1,30 @@
 //! The sources a layer names a keyed request's tenant from, in their order
 //! ([`TenantSources`]).
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
 use crate::principal::Principal;
 
+/// What [`Credential::principal`] comes to: the principal, or why the credential is
+/// not believed (the 401's `detail`).
+pub type Verified<'a> = Pin<Box<dyn Future<Output = Result<Principal, String>> + Send + 'a>>;
+
+/// A credential a request carries that names its principal once verified, for
+/// [`TenantSources::credential`]: a bearer JWT (the `idem-jwt` crate's `JwtVerifier`),
+/// or one of your own. The layer asks only whether a keyed request carries one and
+/// whom it names; what it is and how it is checked is the credential's business.
+pub trait Credential: Send + Sync + 'static {
+    /// The credential `headers` carry, if they carry one of this kind.
+    fn find<'a>(&self, headers: &'a http::HeaderMap) -> Option<&'a str>;
+
+    /// The principal `credential` names, or why it is not believed.
+    fn principal<'a>(&'a self, credential: &'a str) -> Verified<'a>;
+}
+
 /// Where a layer names a keyed request's tenant from, tried in this order, the first
-/// that applies winning: a verified bearer token (feature `jwt`), then a [`Principal`]
+/// that applies winning: a verified [`Credential`] (a bearer token), then a [`Principal`]
 /// in the request's extensions, then the tenant headers. None that applies names the
 /// `anonymous` tenant (or a 401 `missing-tenant` with
 /// [`require_tenant`](crate::IdempotencyLayer::require_tenant)).
@@ -19,8 +39,7 @@ use crate::principal::Principal;
 /// ```
 #[derive(Clone, Default)]
 pub struct TenantSources {
-    #[cfg(feature = "jwt")]
-    pub(crate) jwt: Option<std::sync::Arc<crate::jwt::JwtVerifier>>,
+    pub(crate) credential: Option<Arc<dyn Credential>>,
     pub(crate) principal: bool,
     pub(crate) headers: bool,
 }
@@ -31,12 +50,11 @@ impl TenantSources {
         TenantSources::default()
     }
 
-    /// A verified `Authorization: Bearer` JWT (see [`crate::JwtVerifier`]). A keyed
-    /// request whose token does not verify is answered 401 `invalid-credential`; one
-    /// without a bearer JWT goes on to the next source.
-    #[cfg(feature = "jwt")]
-    pub fn jwt(mut self, verifier: std::sync::Arc<crate::jwt::JwtVerifier>) -> TenantSources {
-        self.jwt = Some(verifier);
+    /// A verified [`Credential`] (a bearer JWT, with the `idem-jwt` crate). A keyed
+    /// request whose credential does not verify is answered 401 `invalid-credential`;
+    /// one without such a credential goes on to the next source.
+    pub fn credential(mut self, credential: Arc<dyn Credential>) -> TenantSources {
+        self.credential = Some(credential);
         self
     }
 
@@ -54,25 +72,17 @@ impl TenantSources {
         self
     }
 
-    fn has_jwt(&self) -> bool {
-        #[cfg(feature = "jwt")]
-        return self.jwt.is_some();
-        #[cfg(not(feature = "jwt"))]
-        return false;
-    }
-
-    /// The first source that applies to a request with these parts, if any: a bearer
-    /// JWT, a [`Principal`] in the extensions, or one of the tenant headers.
+    /// The first source that applies to a request with these parts, if any: a
+    /// credential, a [`Principal`] in the extensions, or one of the tenant headers.
     pub(crate) fn applying<'a>(
         &'a self,
         parts: &'a http::request::Parts,
         headers: &crate::TenantHeaders,
     ) -> Option<Applying<'a>> {
-        #[cfg(feature = "jwt")]
-        if let Some(verifier) = &self.jwt
-            && let Some(token) = crate::jwt::bearer_jwt(&parts.headers)
+        if let Some(credential) = &self.credential
+            && let Some(found) = credential.find(&parts.headers)
         {
-            return Some(Applying::Jwt(verifier, token));
+            return Some(Applying::Credential(credential.as_ref(), found));
         }
         if self.principal
             && let Some(principal) = parts.extensions.get::<Principal>()
@@ -85,9 +95,8 @@ impl TenantSources {
 
 /// The source that names a request's tenant (see [`TenantSources::applying`]).
 pub(crate) enum Applying<'a> {
-    /// A bearer JWT, to verify with this verifier.
-    #[cfg(feature = "jwt")]
-    Jwt(&'a crate::jwt::JwtVerifier, &'a str),
+    /// A credential, to verify.
+    Credential(&'a dyn Credential, &'a str),
     /// A principal an authentication in front of the layer named.
     Principal(&'a Principal),
     /// The tenant headers.
@@ -97,7 +106,7 @@ pub(crate) enum Applying<'a> {
 impl std::fmt::Debug for TenantSources {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TenantSources")
-            .field("jwt", &self.has_jwt())
+            .field("credential", &self.credential.is_some())
             .field("principal", &self.principal)
             .field("headers", &self.headers)
             .finish()

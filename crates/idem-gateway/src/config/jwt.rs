@@ -1,5 +1,5 @@
 //! `tenant_from` and the `jwt_*` settings: a keyed request's tenant from its verified
-//! bearer token (see [`idem_tower::JwtVerifier`]), resolved and checked before the
+//! bearer token (see [`idem_jwt::JwtVerifier`]), resolved and checked before the
 //! gateway starts.
 
 use std::path::PathBuf;
@@ -61,11 +61,11 @@ pub struct JwtStartError {
 impl JwtSettings {
     /// The verifier these settings describe, its key set loaded now (the URL fetched
     /// with its retries).
-    pub async fn verifier(&self) -> Result<idem_tower::JwtVerifier, JwtStartError> {
-        let mut b = idem_tower::JwtVerifier::builder().leeway(self.leeway);
+    pub async fn verifier(&self) -> Result<idem_jwt::JwtVerifier, JwtStartError> {
+        let mut b = idem_jwt::JwtVerifier::builder().leeway(self.leeway);
         let setting = match (&self.jwks_file, &self.jwks_url) {
             (Some(file), _) => {
-                b = b.jwks(idem_tower::JwksFile(file.clone()));
+                b = b.jwks(idem_jwt::JwksFile(file.clone()));
                 "jwt_jwks_file"
             }
             (None, Some(url)) => {
@@ -198,7 +198,7 @@ pub(super) fn resolve(
         Some(path) => {
             let setting = "jwt_hs256_secret_file";
             let secret = super::secrets::read_secret_file(setting, path, "the HS256 secret file")?;
-            idem_tower::jwt::check_hs256_secret(&secret)
+            idem_jwt::check_hs256_secret(&secret)
                 .map_err(|e| invalid(setting, format!("{}: {e}", path.display())))?;
             Some(secret)
         }
@@ -209,7 +209,7 @@ pub(super) fn resolve(
         None => vec!["sub".to_owned()],
     };
     for claim in &claims {
-        idem_tower::jwt::check_claim(claim).map_err(|e| invalid("jwt_claims", e))?;
+        idem_jwt::check_claim(claim).map_err(|e| invalid("jwt_claims", e))?;
     }
     if claims.is_empty() {
         return Err(invalid("jwt_claims", "names no claim"));
@@ -233,6 +233,6 @@ pub(super) fn resolve(
             })
             .unwrap_or_default(),
         claims,
-        leeway: args.leeway.unwrap_or(idem_tower::jwt::DEFAULT_JWT_LEEWAY),
+        leeway: args.leeway.unwrap_or(idem_jwt::DEFAULT_JWT_LEEWAY),
     }))
 }

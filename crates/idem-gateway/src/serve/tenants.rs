@@ -30,7 +30,7 @@ pub(super) async fn sources(
         for source in list {
             sources = match source {
                 TenantSource::Jwt => {
-                    sources.jwt(verifier.clone().expect("a verifier wherever jwt is named"))
+                    sources.credential(verifier.clone().expect("a verifier wherever jwt is named"))
                 }
                 // The front puts the certificate's principal in the extensions.
                 TenantSource::Cert => sources.principal(),
@@ -53,7 +53,7 @@ pub(super) async fn sources(
 
 /// Fetches the JWKS URL again every `every`, until the verifier is dropped with the
 /// gateway. A fetch that fails keeps the keys held, and says so.
-fn spawn_jwks_refresh(verifier: std::sync::Weak<idem_tower::JwtVerifier>, every: Duration) {
+fn spawn_jwks_refresh(verifier: std::sync::Weak<idem_jwt::JwtVerifier>, every: Duration) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -146,6 +146,48 @@ async fn forged_and_expired_tokens_are_401_and_never_reach_the_upstream() {
     assert_eq!(up.total(), 2);
 }
 
+/// An unsigned token (`alg: none`) and the algorithm confusion (an HS256 token whose
+/// secret is the issuer's published public key) are 401 and reach nobody, though the
+/// gateway holds an HS256 secret of its own beside the key set.
+#[tokio::test]
+async fn alg_none_and_a_public_key_as_an_hs256_secret_are_401() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ed = Signer::ed25519("k1");
+    write_jwks(dir.path(), &[&ed]);
+    std::fs::write(dir.path().join("secret"), [b'k'; 40]).unwrap();
+    let gw = gateway(&up, dir.path(), &["--jwt-hs256-secret-file", "secret"]).await;
+    let http = Http::new();
+    let body = claims("cus_alice", "t1");
+    let none = ed.sign_with_header(&json!({"alg": "none", "kid": "k1"}), &body);
+    let unsigned = format!("{}.", none.rsplit_once('.').unwrap().0);
+    let jwk = ed.jwk();
+    let confused = |secret: &[u8]| Signer::hs256("k1", secret).sign(&body);
+    for (what, token) in [
+        ("alg none, signed", none.clone()),
+        ("alg none, unsigned", unsigned),
+        (
+            "the public key as the secret",
+            confused(jwk["x"].as_str().unwrap().as_bytes()),
+        ),
+        (
+            "the JWK as the secret",
+            confused(jwk.to_string().as_bytes()),
+        ),
+    ] {
+        let answer = charge(&http, &gw, &new_key(), &token).await;
+        assert_eq!(answer.status, 401, "{what}: {answer:?}");
+        assert_eq!(
+            answer.problem_type(),
+            "https://idem.dev/problems/invalid-credential",
+            "{what}"
+        );
+    }
+    assert_eq!(up.total(), 0, "no refused token reached the upstream");
+    let hs = Signer::hs256("any", &[b'k'; 40]).sign(&body);
+    assert_eq!(charge(&http, &gw, &new_key(), &hs).await.status, 201);
+}
+
 #[tokio::test]
 async fn a_rotated_key_in_the_jwks_file_is_used_without_a_restart() {
     let up = Upstream::start().await;

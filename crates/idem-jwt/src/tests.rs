@@ -147,6 +147,52 @@ async fn algorithms_must_fit_their_keys() {
     }
 }
 
+/// The algorithm confusion (a public key's bytes as an `HS256` secret) and `none`,
+/// where the verifier holds an `HS256` secret beside the key set.
+#[tokio::test]
+async fn alg_none_and_a_public_key_as_an_hs256_secret_are_refused() {
+    let ed = Signer::ed25519("ed-1");
+    let file = jwks_file(&[&ed]);
+    let v = JwtVerifier::builder()
+        .jwks(JwksFile(file.path().to_owned()))
+        .hs256_secret([7u8; 32].to_vec())
+        .build()
+        .await
+        .unwrap();
+    let body = claims("cus_1");
+    // An HS256 token meets the secret alone: the key's bytes, its base64url text or
+    // its whole JWK as the secret, all fail.
+    let x = ed.jwk()["x"].as_str().unwrap().to_owned();
+    let ed_key = DecodingKey::from_ed_components(&x).unwrap();
+    for secret in [
+        URL_SAFE_NO_PAD.decode(&x).unwrap(),
+        x.into_bytes(),
+        ed.jwk().to_string().into_bytes(),
+    ] {
+        let confused = Signer::hs256("ed-1", &secret).sign(&body);
+        assert_eq!(v.verify(&confused).await.unwrap_err(), JwtError::Signature);
+    }
+    // `none`, with no signature or with a real key's.
+    let signed = ed.sign_with_header(&json!({"alg": "none", "kid": "ed-1"}), &body);
+    let unsigned = format!("{}.", signed.rsplit_once('.').unwrap().0);
+    for token in [signed, unsigned] {
+        assert_eq!(
+            v.verify(&token).await.unwrap_err(),
+            JwtError::Algorithm("none".into())
+        );
+    }
+    // Under the verifier, the crypto takes no RSA or Ed25519 public key as an HMAC
+    // secret, and no secret as a public key.
+    let rsa_key = DecodingKey::from_rsa_components("AQAB", "AQAB").unwrap();
+    for key in [&rsa_key, &ed_key] {
+        assert!(provider::verifier_factory(&Algorithm::HS256, key).is_err());
+    }
+    let secret = DecodingKey::from_secret(&[7; 32]).unwrap();
+    for alg in [Algorithm::RS256, Algorithm::ES256, Algorithm::EdDSA] {
+        assert!(provider::verifier_factory(&alg, &secret).is_err());
+    }
+}
+
 #[tokio::test]
 async fn hs256_from_a_secret_and_claims_by_pointer() {
     let secret = [7u8; 32];

@@ -1,10 +1,11 @@
-//! A verified JSON Web Token as a request's tenant (SPEC S3): the principal a token
-//! names stays the same when the token is refreshed, where a digest of the
-//! `Authorization` header changes with every new token and would let a retry after a
-//! refresh execute again.
+//! Bearer JSON Web Tokens verified into an idempotency tenant, for
+//! [`idem_tower::TenantSources::credential`] (SPEC S3): the principal a token names
+//! stays the same when the token is refreshed, where a digest of the `Authorization`
+//! header changes with every new token and would let a retry after a refresh execute
+//! again.
 //!
-//! [`JwtVerifier`] checks a `Bearer` token (RFC 7519, compact JWS of RFC 7515) before
-//! its claims are believed:
+//! [`JwtVerifier`] checks a `Bearer` token (RFC 7519, compact JWS of RFC 7515) with
+//! the `jsonwebtoken` crate, its signatures on ring, before its claims are believed:
 //!
 //! - **signature**: `RS256`, `ES256` and `EdDSA` (Ed25519) against the keys of a JWKS
 //!   document ([`JwksSource`]: a file, or anything that fetches one), `HS256` against
@@ -20,27 +21,53 @@
 //! A token whose `kid` is not in the key set makes the verifier load the set again
 //! (at most once a second), so a rotated key is picked up without a restart.
 //!
-//! The token's `iss` and the configured claims' values are then its [`Principal`],
-//! whose tenant is an HMAC under the layer's key (`sub` by default; a claim
-//! name, or a JSON pointer such as `/org/id`): never the token, and never a claim in
-//! clear.
+//! The token's `iss` and the configured claims' values are then its
+//! [`Principal`], whose tenant is an HMAC under the layer's key
+//! (`sub` by default; a claim name, or a JSON pointer such as `/org/id`): never the
+//! token, and never a claim in clear.
+//!
+//! `jsonwebtoken` verifies with its process-wide crypto provider: the verifier
+//! installs ring as that provider unless the process has one already (an
+//! application's own, or one its `jsonwebtoken` features name), which then verifies
+//! these tokens too.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use idem_jwt::{JwksFile, JwtVerifier};
+//! use idem_tower::{IdempotencyLayer, TenantSources};
+//!
+//! # async fn layer(store: idem_core::MemoryStore) -> Result<(), String> {
+//! let verifier = JwtVerifier::builder()
+//!     .jwks(JwksFile("/etc/idem/jwks.json".into()))
+//!     .issuer("https://auth.example.com/")
+//!     .audience("payments-api")
+//!     .build()
+//!     .await?;
+//! let _layer = IdempotencyLayer::new(store)
+//!     .tenant_sources(TenantSources::new().credential(Arc::new(verifier)).headers());
+//! # Ok(()) }
+//! ```
 
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use http::HeaderMap;
+use jsonwebtoken::errors::{Error, ErrorKind};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::Value;
 
-use crate::principal::Principal;
+use idem_tower::{Credential, Principal, Verified};
 
 mod keys;
+mod provider;
 
 #[cfg(test)]
 use keys::parse_jwks;
-use keys::{Alg, KeyRing};
 pub use keys::{JwksFile, JwksSource};
+use keys::{KeyRing, accepted};
 
 /// The default leeway for `exp` and `nbf`.
 pub const DEFAULT_JWT_LEEWAY: Duration = Duration::from_secs(60);
@@ -85,6 +112,56 @@ pub enum JwtError {
     Claim(String),
 }
 
+impl JwtError {
+    /// What `jsonwebtoken` refused, as the verifier names it.
+    fn refused(e: &Error, alg: &'static str) -> JwtError {
+        let claim = |name: &str| match name {
+            "exp" => JwtError::Expired,
+            "nbf" => JwtError::NotYetValid,
+            "iss" => JwtError::Issuer,
+            "aud" => JwtError::Audience,
+            _ => JwtError::Claim(name.to_owned()),
+        };
+        match e.kind() {
+            ErrorKind::ExpiredSignature => JwtError::Expired,
+            ErrorKind::ImmatureSignature => JwtError::NotYetValid,
+            ErrorKind::InvalidIssuer => JwtError::Issuer,
+            ErrorKind::InvalidAudience => JwtError::Audience,
+            ErrorKind::MissingRequiredClaim(name) | ErrorKind::InvalidClaimFormat(name) => {
+                claim(name)
+            }
+            ErrorKind::InvalidAlgorithm | ErrorKind::UnsupportedAlgorithm => {
+                JwtError::Algorithm(alg.into())
+            }
+            ErrorKind::InvalidToken => JwtError::Malformed("not a compact JWS"),
+            ErrorKind::Base64(_) => JwtError::Malformed("a segment is not base64url"),
+            ErrorKind::Json(_) | ErrorKind::Utf8(_) => {
+                JwtError::Malformed("the payload is not base64url JSON")
+            }
+            _ => JwtError::Signature,
+        }
+    }
+
+    /// Why a header was refused: an algorithm `jsonwebtoken` does not know (`none`) is
+    /// named; anything else is malformed.
+    fn header(token: &str, e: &Error) -> JwtError {
+        let alg = token
+            .split('.')
+            .next()
+            .and_then(|h| URL_SAFE_NO_PAD.decode(h).ok())
+            .and_then(|h| serde_json::from_slice::<Value>(&h).ok())
+            .and_then(|h| Some(h.get("alg")?.as_str()?.to_owned()));
+        match alg {
+            Some(alg)
+                if matches!(e.kind(), ErrorKind::Json(_)) && alg.parse::<Algorithm>().is_err() =>
+            {
+                JwtError::Algorithm(alg)
+            }
+            _ => JwtError::Malformed("the header is not base64url JSON"),
+        }
+    }
+}
+
 /// The shortest `HS256` secret accepted, in bytes: as long as the hash.
 pub const MIN_HS256_SECRET: usize = 32;
 
@@ -126,10 +203,9 @@ impl Claim {
 /// Verifies bearer tokens and names their tenant (see the [module](self)).
 pub struct JwtVerifier {
     keys: Option<KeyRing>,
-    hs256: Option<ring::hmac::Key>,
-    issuer: Option<String>,
-    audiences: Vec<String>,
-    leeway: Duration,
+    hs256: Option<DecodingKey>,
+    /// The registered claims' checks; the algorithm is the token's, once its key fits.
+    validation: Validation,
     claims: Vec<Claim>,
 }
 
@@ -138,9 +214,9 @@ impl std::fmt::Debug for JwtVerifier {
         f.debug_struct("JwtVerifier")
             .field("jwks", &self.keys.as_ref().map(|k| k.source.describe()))
             .field("hs256", &self.hs256.is_some())
-            .field("issuer", &self.issuer)
-            .field("audiences", &self.audiences)
-            .field("leeway", &self.leeway)
+            .field("issuer", &self.validation.iss)
+            .field("audiences", &self.validation.aud)
+            .field("leeway", &self.validation.leeway)
             .field("claims", &self.claims)
             .finish()
     }
@@ -182,7 +258,8 @@ impl JwtVerifierBuilder {
         self
     }
 
-    /// The leeway for `exp` and `nbf` (default [`DEFAULT_JWT_LEEWAY`]).
+    /// The leeway for `exp` and `nbf` (default [`DEFAULT_JWT_LEEWAY`]), in whole
+    /// seconds (a fraction counts as one more).
     pub fn leeway(mut self, leeway: Duration) -> Self {
         self.leeway = Some(leeway);
         self
@@ -201,19 +278,20 @@ impl JwtVerifierBuilder {
         if self.jwks.is_none() && self.hs256.is_none() {
             return Err("give a JWKS (public keys) or an HS256 secret".into());
         }
-        if let Some(secret) = &self.hs256 {
-            check_hs256_secret(secret)?;
-        }
+        let hs256 = match &self.hs256 {
+            Some(secret) => {
+                check_hs256_secret(secret)?;
+                Some(DecodingKey::from_secret(secret).map_err(|e| e.to_string())?)
+            }
+            None => None,
+        };
         for claim in &self.claims {
             check_claim(claim)?;
         }
+        provider::install();
         let keys = match self.jwks {
             Some(source) => {
-                let ring = KeyRing {
-                    source,
-                    keys: RwLock::new(Arc::new(Vec::new())),
-                    loaded: tokio::sync::Mutex::new(None),
-                };
+                let ring = KeyRing::new(source);
                 let n = ring
                     .reload()
                     .await
@@ -233,14 +311,25 @@ impl JwtVerifierBuilder {
         } else {
             self.claims.into_iter().map(Claim).collect()
         };
+        let leeway = self.leeway.unwrap_or(DEFAULT_JWT_LEEWAY);
+        let mut validation = Validation::new(Algorithm::HS256);
+        // Bounded, since it is taken from the time now in whole seconds.
+        validation.leeway = (leeway.as_secs() + u64::from(leeway.subsec_nanos() > 0)).min(1 << 30);
+        validation.validate_nbf = true;
+        if let Some(issuer) = &self.issuer {
+            validation.set_issuer(&[issuer]);
+            validation.required_spec_claims.insert("iss".into());
+        }
+        // Without audiences, any `aud` will do (jsonwebtoken would refuse them all).
+        validation.validate_aud = !self.audiences.is_empty();
+        if validation.validate_aud {
+            validation.set_audience(&self.audiences);
+            validation.required_spec_claims.insert("aud".into());
+        }
         Ok(JwtVerifier {
             keys,
-            hs256: self
-                .hs256
-                .map(|s| ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &s)),
-            issuer: self.issuer,
-            audiences: self.audiences,
-            leeway: self.leeway.unwrap_or(DEFAULT_JWT_LEEWAY),
+            hs256,
+            validation,
             claims,
         })
     }
@@ -263,105 +352,77 @@ impl JwtVerifier {
 
     /// Verifies `token` now.
     pub async fn verify(&self, token: &str) -> Result<Principal, JwtError> {
-        self.verify_at(token, SystemTime::now()).await
-    }
-
-    /// Verifies `token` as of `now`.
-    pub async fn verify_at(&self, token: &str, now: SystemTime) -> Result<Principal, JwtError> {
         if token.len() > MAX_TOKEN_LEN {
             return Err(JwtError::Malformed("longer than 16 KiB"));
         }
-        let mut parts = token.split('.');
-        let (Some(h), Some(p), Some(s), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(JwtError::Malformed("not three segments"));
-        };
-        let decode = |seg: &str| URL_SAFE_NO_PAD.decode(seg);
-        let header: Value = decode(h)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .filter(Value::is_object)
-            .ok_or(JwtError::Malformed("the header is not base64url JSON"))?;
-        let sig = decode(s).map_err(|_| JwtError::Malformed("the signature is not base64url"))?;
-        let alg_name = header.get("alg").and_then(Value::as_str).unwrap_or("");
-        let alg = Alg::parse(alg_name).ok_or_else(|| JwtError::Algorithm(alg_name.into()))?;
-        if header.get("crit").is_some() {
+        let header = jsonwebtoken::decode_header(token).map_err(|e| JwtError::header(token, &e))?;
+        let alg = header.alg;
+        let name = accepted(alg).ok_or_else(|| JwtError::Algorithm(format!("{alg:?}")))?;
+        if header.crit.is_some() {
             return Err(JwtError::Critical);
         }
-        let kid = header.get("kid").and_then(Value::as_str);
-        let message = &token.as_bytes()[..h.len() + 1 + p.len()];
-        match alg {
-            Alg::Hs256 => {
-                let key = self
-                    .hs256
-                    .as_ref()
-                    .ok_or_else(|| JwtError::Algorithm(alg_name.into()))?;
-                ring::hmac::verify(key, message, &sig).map_err(|_| JwtError::Signature)?;
-            }
-            _ => {
-                let ring = self
-                    .keys
-                    .as_ref()
-                    .ok_or_else(|| JwtError::Algorithm(alg_name.into()))?;
-                ring.verify(kid, alg, message, &sig).await?;
-            }
+        // The key is chosen by the token's algorithm, so an `HS256` token meets the
+        // secret alone, never a public key.
+        let public;
+        let key = match alg {
+            Algorithm::HS256 => self.hs256.as_ref(),
+            _ => match &self.keys {
+                Some(ring) => {
+                    public = ring.find(header.kid.as_deref(), alg).await?;
+                    Some(&public.key)
+                }
+                None => None,
+            },
         }
-        // Only a signed payload is read.
-        let claims: Value = decode(p)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .filter(Value::is_object)
-            .ok_or(JwtError::Malformed("the payload is not base64url JSON"))?;
-        self.check(&claims, now)?;
-        let mut named = Vec::with_capacity(self.claims.len());
-        for claim in &self.claims {
-            let value = match claim.find(&claims) {
-                Some(Value::String(s)) if !s.is_empty() => s.clone(),
-                Some(Value::Number(n)) => n.to_string(),
-                _ => return Err(JwtError::Claim(claim.0.clone())),
-            };
-            named.push((claim.0.clone(), value));
+        .ok_or_else(|| JwtError::Algorithm(name.into()))?;
+        let mut validation = self.validation.clone();
+        validation.algorithms = vec![alg];
+        let claims = match jsonwebtoken::decode::<Value>(token, key, &validation) {
+            Ok(data) => data.claims,
+            // A payload jsonwebtoken cannot read as claims (a `sub` that is an object):
+            // refused either way, it is read only to say which claim is at fault.
+            Err(e) if matches!(e.kind(), ErrorKind::Json(_)) => {
+                let claims = jsonwebtoken::dangerous::insecure_decode_claims(token);
+                let named = claims.map(|c| self.named(&c));
+                return Err(match named {
+                    Ok(Err(e)) => e,
+                    _ => JwtError::Malformed("the payload is not base64url JSON"),
+                });
+            }
+            Err(e) => return Err(JwtError::refused(&e, name)),
+        };
+        if !claims.is_object() {
+            return Err(JwtError::Malformed("the payload is not base64url JSON"));
         }
         let issuer = claims.get("iss").and_then(Value::as_str).map(str::to_owned);
-        Ok(Principal::new(issuer, named))
-    }
-
-    /// The registered claims: times, issuer, audience.
-    fn check(&self, claims: &Value, now: SystemTime) -> Result<(), JwtError> {
-        let now = now
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs_f64();
-        let leeway = self.leeway.as_secs_f64();
-        let time = |name: &str| claims.get(name).and_then(Value::as_f64);
-        match time("exp") {
-            Some(exp) if now <= exp + leeway => {}
-            _ => return Err(JwtError::Expired),
-        }
-        if claims.get("nbf").is_some() {
-            match time("nbf") {
-                Some(nbf) if nbf <= now + leeway => {}
-                _ => return Err(JwtError::NotYetValid),
-            }
-        }
-        if let Some(issuer) = &self.issuer
-            && claims.get("iss").and_then(Value::as_str) != Some(issuer.as_str())
-        {
+        // jsonwebtoken takes a list of issuers as naming the issuer too; one must be it.
+        if self.validation.iss.is_some() && issuer.is_none() {
             return Err(JwtError::Issuer);
         }
-        if !self.audiences.is_empty() {
-            let names = |v: &Value| self.audiences.iter().any(|a| v.as_str() == Some(a));
-            let ok = match claims.get("aud") {
-                Some(Value::Array(list)) => list.iter().any(names),
-                Some(one) => names(one),
-                None => false,
-            };
-            if !ok {
-                return Err(JwtError::Audience);
-            }
-        }
-        Ok(())
+        Ok(Principal::new(issuer, self.named(&claims)?))
+    }
+
+    /// The values of the claims that name the tenant, in order.
+    fn named(&self, claims: &Value) -> Result<Vec<(String, String)>, JwtError> {
+        let name = |claim: &Claim| match claim.find(claims) {
+            Some(Value::String(s)) if !s.is_empty() => Ok((claim.0.clone(), s.clone())),
+            Some(Value::Number(n)) => Ok((claim.0.clone(), n.to_string())),
+            _ => Err(JwtError::Claim(claim.0.clone())),
+        };
+        self.claims.iter().map(name).collect()
+    }
+}
+
+/// A bearer JWT as a tenant source: a keyed request whose token does not verify is
+/// answered 401 `invalid-credential`; one without a bearer JWT goes on to the next
+/// source.
+impl Credential for JwtVerifier {
+    fn find<'a>(&self, headers: &'a HeaderMap) -> Option<&'a str> {
+        bearer_jwt(headers)
+    }
+
+    fn principal<'a>(&'a self, token: &'a str) -> Verified<'a> {
+        Box::pin(async move { self.verify(token).await.map_err(|e| e.to_string()) })
     }
 }
 
@@ -382,3 +443,8 @@ pub fn bearer_jwt(headers: &HeaderMap) -> Option<&str> {
 
 #[cfg(test)]
 mod tests;
+
+/// The README's examples, compiled as doctests so that they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
