@@ -233,7 +233,10 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, Failure> {
 async fn show(store: &dyn Store, scope: &Scope) -> Result<ExitCode, Failure> {
     match store.get(scope).await.map_err(Failure::runtime)? {
         Some(record) => {
-            let v = record_json(&record, SystemClock.now());
+            let mut v = record_json(&record, SystemClock.now());
+            // The name the access log (`scope=`) and `idem keys list` give the record:
+            // what an operator greps the logs for, from a customer's key.
+            v["scope"] = Value::String(record.scope.digest());
             println!("{}", serde_json::to_string_pretty(&v).expect("json"));
             Ok(ExitCode::SUCCESS)
         }
