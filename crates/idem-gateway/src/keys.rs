@@ -83,6 +83,9 @@ pub fn record_json(record: &Record, now: Timestamp) -> Value {
     };
     json!({
         "key": record.scope.key().as_str(),
+        // The name the access log (`scope=`) and `idem keys list` give the record:
+        // what an operator searches the logs for, from a customer's key.
+        "scope": record.scope.digest(),
         "tenant": record.scope.tenant().as_str(),
         "endpoint": record.scope.endpoint().map(Endpoint::as_str),
         "fingerprint": record.fingerprint.to_hex(),
@@ -233,10 +236,7 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, Failure> {
 async fn show(store: &dyn Store, scope: &Scope) -> Result<ExitCode, Failure> {
     match store.get(scope).await.map_err(Failure::runtime)? {
         Some(record) => {
-            let mut v = record_json(&record, SystemClock.now());
-            // The name the access log (`scope=`) and `idem keys list` give the record:
-            // what an operator greps the logs for, from a customer's key.
-            v["scope"] = Value::String(record.scope.digest());
+            let v = record_json(&record, SystemClock.now());
             println!("{}", serde_json::to_string_pretty(&v).expect("json"));
             Ok(ExitCode::SUCCESS)
         }

@@ -5,8 +5,8 @@
 //! `idem_gateway=debug`), `info` by default; the access log is the target
 //! `idem::access` (see [`crate::serve`]'s access module). Nothing logs credentials or
 //! bodies; idempotency keys appear only at debug level: one `keyed request` line per
-//! answered keyed request, under the target `idem_gateway::keys`, carries the key, its
-//! endpoint, the scope digest the access log names and the request id.
+//! answered keyed request (see [`crate::serve`]'s front) carries the key, its endpoint,
+//! the scope digest the access log names and the request id.
 //!
 //! Lines are not written by the thread that logs them: each goes into a bounded queue
 //! (`--log-buffer-lines`) that a thread of its own writes to standard error. When the
@@ -22,8 +22,11 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tracing::Dispatch;
 use tracing_appender::non_blocking::{ErrorCounter, NonBlocking, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::cli::LogFormat;
 
@@ -52,7 +55,7 @@ struct Dropped {
     queues: OnceLock<[ErrorCounter; 2]>,
     /// Lines taken off a queue whose write failed.
     failed: AtomicU64,
-    /// The total the last "dropped" warning accounted for.
+    /// The total the last "dropped" warning written accounted for.
     reported: AtomicU64,
 }
 
@@ -111,23 +114,34 @@ impl Logs {
 /// Installs the global subscriber, its lines queued for standard error with room for
 /// `buffer_lines` of them. Call once, first thing.
 pub fn init(format: LogFormat, buffer_lines: usize) -> Logs {
-    let (stderr, stderr_guard) = queue(buffer_lines, "idem-log-stderr", Pipe::stderr());
+    let (stderr, stderr_guard) = queue(buffer_lines, "idem-log-stderr", Pipe::stderr(format));
     let (stdout, stdout_guard) = queue(STDOUT_BUFFER_LINES, "idem-log-stdout", Pipe::stdout());
     let _ = DROPPED
         .queues
         .set([stderr.error_counter(), stdout.error_counter()]);
-    let filter = EnvFilter::try_from_env("IDEM_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(stderr)
-        .with_ansi(false);
-    let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
+    let _ = subscriber(format, stderr).try_init();
     Logs {
         stdout,
         guards: [stderr_guard, stdout_guard],
+    }
+}
+
+/// The subscriber of the log: `IDEM_LOG`'s filter, `format`, lines to `writer`.
+fn subscriber<W>(format: LogFormat, writer: W) -> Dispatch
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let filter = EnvFilter::try_from_env("IDEM_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .with_ansi(false)
+        // A line that cannot be written is counted, not said on standard error (the
+        // very stream that failed).
+        .log_internal_errors(false);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).finish().into(),
+        LogFormat::Text => builder.finish().into(),
     }
 }
 
@@ -144,45 +158,67 @@ fn queue(lines: usize, thread: &str, pipe: Pipe) -> (NonBlocking, WorkerGuard) {
 /// the rest of its batch on one).
 struct Pipe {
     out: Box<dyn Write + Send>,
-    /// Standard error's writer says when lines were dropped; standard output carries
-    /// only the listening lines.
-    reports: bool,
+    /// Standard error's writer says when lines were dropped, in the log's format
+    /// (standard output carries only the listening lines).
+    reports: Option<LogFormat>,
 }
 
 impl Pipe {
-    fn stderr() -> Pipe {
+    fn stderr(format: LogFormat) -> Pipe {
         Pipe {
             out: Box::new(io::stderr()),
-            reports: true,
+            reports: Some(format),
         }
     }
 
     fn stdout() -> Pipe {
         Pipe {
             out: Box::new(io::stdout()),
-            reports: false,
+            reports: None,
         }
     }
 
-    /// After a line got through: warns of the lines dropped since the last warning.
-    /// The warning is logged like any line, into the queue this thread is emptying,
-    /// which never blocks (a full queue drops it, and it is counted in turn).
-    fn report_dropped(&self) {
+    /// After a line got through: warns of the lines dropped since the last warning
+    /// written. Written here, straight after that line, rather than logged: through
+    /// the queue, the warning would meet the backlog it reports and be dropped too.
+    /// Only this thread reports, so the count is read and set without a race.
+    fn report_dropped(&mut self) {
+        let Some(format) = self.reports else {
+            return;
+        };
         let total = dropped_lines();
         let reported = DROPPED.reported.load(Ordering::Relaxed);
-        if total > reported
-            && DROPPED
-                .reported
-                .compare_exchange(reported, total, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            tracing::warn!(
-                dropped = total - reported,
-                dropped_total = total,
-                "log lines were dropped: the log's reader was too slow or gone \
-                 (idem_log_lines_dropped_total counts them)"
-            );
+        if total <= reported {
+            return;
         }
+        let line = dropped_warning(format, total - reported, total);
+        // A warning that could not be written is said at the next line that can.
+        if self.out.write_all(line.as_bytes()).is_ok() {
+            DROPPED.reported.store(total, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The warning that `dropped` lines (`total` since start) were dropped, as the log's
+/// subscriber would write a `warn!` event of this module in `format`.
+fn dropped_warning(format: LogFormat, dropped: u64, total: u64) -> String {
+    use tracing_subscriber::fmt::format::Writer;
+    use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+    const TARGET: &str = "idem_gateway::logging";
+    const MESSAGE: &str = "log lines were dropped: the log's reader was too slow or gone \
+                           (idem_log_lines_dropped_total counts them)";
+    let mut now = String::new();
+    let _ = SystemTime.format_time(&mut Writer::new(&mut now));
+    match format {
+        LogFormat::Text => {
+            format!("{now}  WARN {TARGET}: {MESSAGE} dropped={dropped} dropped_total={total}\n")
+        }
+        LogFormat::Json => format!(
+            "{{\"timestamp\":{},\"level\":\"WARN\",\"message\":{},\"dropped\":{dropped},\
+             \"dropped_total\":{total},\"target\":\"{TARGET}\"}}\n",
+            serde_json::Value::from(now),
+            serde_json::Value::from(MESSAGE),
+        ),
     }
 }
 
@@ -191,11 +227,7 @@ impl Write for Pipe {
         // Standard output is line-buffered and standard error not: flushed here, so
         // that a failure is this line's.
         match self.out.write_all(line).and_then(|()| self.out.flush()) {
-            Ok(()) => {
-                if self.reports {
-                    self.report_dropped();
-                }
-            }
+            Ok(()) => self.report_dropped(),
             Err(_) => {
                 DROPPED.failed.fetch_add(1, Ordering::Relaxed);
             }

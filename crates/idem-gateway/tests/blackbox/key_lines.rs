@@ -43,7 +43,10 @@ async fn keys_show_prints_the_scope_the_access_log_and_the_debug_line_name() {
     })
     .await;
     let scope = quoted(&access, "scope").expect("the access line names the scope");
-    assert!(!access.contains(&key), "the access line never carries the key");
+    assert!(
+        !access.contains(&key),
+        "the access line never carries the key"
+    );
 
     let debug = line(&gw, |l| l.contains("keyed request") && l.contains(&key)).await;
     assert!(debug.contains(" DEBUG "), "{debug}");
@@ -64,8 +67,7 @@ async fn keys_show_prints_the_scope_the_access_log_and_the_debug_line_name() {
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["key"], key.as_str());
     assert_eq!(
-        shown["scope"],
-        scope,
+        shown["scope"], scope,
         "keys show prints the digest the access log names"
     );
     gw.terminate().await;
