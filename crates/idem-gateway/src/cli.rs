@@ -41,6 +41,19 @@ pub struct Cli {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+
+    /// Log lines held for standard error while its reader is behind; past them, lines
+    /// are dropped and counted in `idem_log_lines_dropped_total` rather than stall
+    /// serving.
+    #[arg(
+        long,
+        env = "IDEM_LOG_BUFFER_LINES",
+        global = true,
+        value_name = "N",
+        default_value_t = crate::logging::DEFAULT_BUFFER_LINES,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_048_576)
+    )]
+    pub log_buffer_lines: usize,
 }
 
 /// The subcommands.

@@ -83,6 +83,9 @@ pub fn record_json(record: &Record, now: Timestamp) -> Value {
     };
     json!({
         "key": record.scope.key().as_str(),
+        // The name the access log (`scope=`) and `idem keys list` give the record:
+        // what an operator searches the logs for, from a customer's key.
+        "scope": record.scope.digest(),
         "tenant": record.scope.tenant().as_str(),
         "endpoint": record.scope.endpoint().map(Endpoint::as_str),
         "fingerprint": record.fingerprint.to_hex(),

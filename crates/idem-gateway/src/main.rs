@@ -17,7 +17,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse_args();
-    logging::init(cli.log_format);
+    let logs = logging::init(cli.log_format, cli.log_buffer_lines);
+    let code = run(cli, &logs).await;
+    logs.finish();
+    code
+}
+
+async fn run(cli: Cli, logs: &logging::Logs) -> ExitCode {
     if matches!(cli.command, Command::Serve(_) | Command::CheckConfig(_)) {
         warn_of_misspelt_env_vars();
     }
@@ -54,13 +60,14 @@ async fn main() -> ExitCode {
             // Listened for before the gateway says it listens.
             let shutdown = shutdown_signal();
             // One line on standard output per listener, for scripts and tests that start
-            // the gateway on port 0.
+            // the gateway on port 0; queued like the log, so that a reader that went
+            // away (`| head -1`) or stopped reading never stops the gateway.
             let scheme = |tls: bool| if tls { "https" } else { "http" };
-            println!(
+            logs.stdout_line(&format!(
                 "idem listening on {}://{}",
                 scheme(config.tls.is_some()),
                 gateway.local_addr()
-            );
+            ));
             tracing::info!(
                 listen = %gateway.local_addr(),
                 tls = config.tls.is_some(),
@@ -68,10 +75,10 @@ async fn main() -> ExitCode {
                 "listening"
             );
             if let Some(admin) = gateway.admin_addr() {
-                println!(
+                logs.stdout_line(&format!(
                     "idem admin on {}://{admin}",
                     scheme(config.admin_tls.is_some())
-                );
+                ));
             }
             gateway.run(shutdown).await;
             ExitCode::SUCCESS

@@ -47,3 +47,23 @@ impl Collector for StoreFigures {
         Ok(())
     }
 }
+
+/// The log lines dropped because their reader was too slow or gone
+/// ([`crate::logging::dropped_lines`]), read at each scrape: the log is the process's,
+/// not one gateway's.
+#[derive(Debug)]
+pub(super) struct LogFigures;
+
+impl Collector for LogFigures {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let counter = ConstCounter::new(crate::logging::dropped_lines());
+        counter.encode(encoder.encode_descriptor(
+            "idem_log_lines_dropped",
+            "Log lines dropped, not written, because their reader (a pipe, a log collector) \
+             was too slow or gone; serving goes on, and a warning line says how many once \
+             lines are written again",
+            None,
+            counter.metric_type(),
+        )?)
+    }
+}

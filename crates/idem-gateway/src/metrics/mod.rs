@@ -236,6 +236,7 @@ impl Metrics {
              the next retry runs the upstream again",
             self.abandoned_writes.clone(),
         );
+        r.register_collector(Box::new(figures::LogFigures));
         self
     }
 

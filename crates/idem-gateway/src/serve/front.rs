@@ -137,6 +137,7 @@ impl Front {
                 other => other,
             };
             let res = res.map(|mut r| {
+                log_key(&r, &request_id);
                 r.headers_mut().insert(id_header, request_id);
                 match entry {
                     Some(entry) => entry.finish(r),
@@ -147,6 +148,36 @@ impl Front {
             res
         })
     }
+}
+
+/// At debug level, the line that leads from a client's key to its other lines: the
+/// key, the scope's digest (the access log's `scope`, what `idem keys show` and `idem keys list`
+/// print as `scope`) and the request id, once the layer has answered a keyed request.
+/// The only line that carries a key, so that `info` logs never do; the tenant is its
+/// stored form, never the credential.
+fn log_key<B>(res: &Response<B>, request_id: &http::HeaderValue) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let Some(handled) = res.extensions().get::<idem_tower::Handled>() else {
+        return;
+    };
+    let Some(scope) = &handled.scope else {
+        return;
+    };
+    // Written as the access log writes it (a string), so that one search finds both.
+    let digest = scope.digest();
+    tracing::debug!(
+        key = scope.key().as_str(),
+        tenant = scope.tenant().as_str(),
+        endpoint = scope.endpoint().map(idem_core::Endpoint::as_str),
+        scope = digest.as_str(),
+        outcome = handled.outcome.as_str(),
+        attempt = handled.attempt,
+        status = res.status().as_u16(),
+        request_id = request_id.to_str().unwrap_or_default(),
+        "keyed request"
+    );
 }
 
 /// Joins the `Cookie` fields an HTTP/2 client may split a cookie list into (RFC 9113
