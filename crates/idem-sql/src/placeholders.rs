@@ -38,7 +38,9 @@ impl Placeholders {
                 (Some(q), _) if c == q => quote = None,
                 (None, '\'' | '"' | '`') => quote = Some(c),
                 (None, '$') if rest.starts_with(|d: char| d.is_ascii_digit()) => {
-                    let digits = rest.find(|d: char| !d.is_ascii_digit()).unwrap_or(rest.len());
+                    let digits = rest
+                        .find(|d: char| !d.is_ascii_digit())
+                        .unwrap_or(rest.len());
                     let (number, after) = rest.split_at(digits);
                     rest = after;
                     if self == Placeholders::Positional {
@@ -67,7 +69,8 @@ impl Placeholders {
 mod tests {
     use super::Placeholders::{Dollar, Numbered, Positional};
 
-    const TEMPLATE: &str = "UPDATE t SET a = $1, b = '$2 stays', \"c$3\" = $2 WHERE d = $3 AND e = $$";
+    const TEMPLATE: &str =
+        "UPDATE t SET a = $1, b = '$2 stays', \"c$3\" = $2 WHERE d = $3 AND e = $$";
 
     #[test]
     fn numbered_keeps_the_numbers_outside_quotes() {

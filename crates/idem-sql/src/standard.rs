@@ -7,8 +7,14 @@ pub(crate) fn insert_if_absent(insert: &str, key: &str) -> String {
 }
 
 pub(crate) fn upsert(insert: &str, key: &str, columns: &[&str]) -> String {
-    let set: Vec<String> = columns.iter().map(|c| format!("{c} = excluded.{c}")).collect();
-    format!("{insert} ON CONFLICT ({key}) DO UPDATE SET {}", set.join(", "))
+    let set: Vec<String> = columns
+        .iter()
+        .map(|c| format!("{c} = excluded.{c}"))
+        .collect();
+    format!(
+        "{insert} ON CONFLICT ({key}) DO UPDATE SET {}",
+        set.join(", ")
+    )
 }
 
 pub(crate) fn delete_limited(table: &str, key: &str, filter: &str, limit: &str) -> String {
