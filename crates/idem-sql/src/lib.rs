@@ -144,9 +144,9 @@ pub trait SqlDatabase: Database<Arguments: IntoArguments<Self>> + sealed::Sealed
     /// A statement that creates the index `name` of `table` on `columns`, if it does
     /// not exist, over the rows matching `filter` only where one is given.
     /// PostgreSQL and SQLite: a partial index, `CREATE INDEX IF NOT EXISTS … WHERE`.
-    /// MySQL has neither partial indexes nor (before MariaDB's) `IF NOT EXISTS` on
-    /// an index: it indexes every row, and a migration creates an index once, checking
-    /// the catalog or its version table first.
+    /// MySQL and MariaDB have no partial indexes: theirs index every row. MariaDB takes
+    /// `IF NOT EXISTS` on an index, MySQL 8 does not: there a migration checks the
+    /// catalog (or its version table) before creating one.
     fn create_index(name: &str, table: &str, columns: &str, filter: Option<&str>) -> String;
 
     /// The rows an `INSERT`, `UPDATE` or `DELETE` touched (sqlx has no trait for it).

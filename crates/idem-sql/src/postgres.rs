@@ -1,7 +1,5 @@
 //! PostgreSQL's dialect.
 
-use std::future::Future;
-
 use sqlx::postgres::{PgConnection, PgQueryResult};
 use sqlx::{Executor, Postgres};
 
@@ -40,20 +38,18 @@ impl SqlDatabase for Postgres {
         result.rows_affected()
     }
 
-    fn lock_migrations<'c>(
+    async fn lock_migrations<'c>(
         conn: &'c mut PgConnection,
         lock: MigrationLock<'c>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
-        async move {
-            let query = match lock {
-                MigrationLock::Named(name) => {
-                    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))").bind(name)
-                }
-                MigrationLock::Numbered(key) => {
-                    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(key)
-                }
-            };
-            conn.execute(query).await.map(drop)
-        }
+    ) -> Result<(), sqlx::Error> {
+        let query = match lock {
+            MigrationLock::Named(name) => {
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))").bind(name)
+            }
+            MigrationLock::Numbered(key) => {
+                sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(key)
+            }
+        };
+        conn.execute(query).await.map(drop)
     }
 }

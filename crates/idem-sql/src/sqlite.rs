@@ -1,7 +1,5 @@
 //! SQLite's dialect.
 
-use std::future::Future;
-
 use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnection, SqliteQueryResult};
 
@@ -41,10 +39,10 @@ impl SqlDatabase for Sqlite {
     }
 
     /// Nothing: SQLite's writers take turns on the database's write lock already.
-    fn lock_migrations<'c>(
+    async fn lock_migrations<'c>(
         _: &'c mut SqliteConnection,
         _: MigrationLock<'c>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c {
-        async { Ok(()) }
+    ) -> Result<(), sqlx::Error> {
+        Ok(())
     }
 }
