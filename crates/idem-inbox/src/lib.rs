@@ -14,7 +14,7 @@
 //! | [`RedisInbox`] | `redis` | effects outside any transaction: at least once across crashes (see its docs) |
 //!
 //! [`SqliteInbox`] and [`PgInbox`] are one implementation, [`SqlInbox`], over the
-//! sqlx database named by [`SqlDatabase`].
+//! sqlx database named by [`SqlDatabase`], whose dialect `idem-sql` keeps.
 //!
 //! The PostgreSQL pool and the Redis client a caller hands in may use TLS: the
 //! `postgres` and `redis` features build sqlx and redis-rs with rustls on the ring
@@ -92,6 +92,8 @@ mod sqlite;
 
 pub use error::{Error, Result};
 pub use futures_util::future::BoxFuture;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use idem_sql::SqlDatabase;
 pub use inbox::{Inbox, MAX_ID_LEN, Outcome};
 #[cfg(feature = "nats")]
 pub use nats::{
@@ -106,7 +108,7 @@ pub use rabbit::{QueueType, RabbitDelivery, RabbitInbox, RabbitOptions, RabbitSt
 pub use redis::{DEFAULT_IN_FLIGHT_LEASE, RedisInbox};
 pub use retention::{DEFAULT_RETENTION, PurgeConfig, Purger, RetentionWarning, check_retention};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use sql::{DEFAULT_TABLE, SqlDatabase, SqlInbox};
+pub use sql::{DEFAULT_TABLE, SqlInbox};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteInbox;
 

@@ -3,7 +3,6 @@
 use sqlx::Postgres;
 
 use crate::SqlInbox;
-use crate::sql::{SqlDatabase, sealed};
 
 /// An [`Inbox`](crate::Inbox) whose processed-message table lives in PostgreSQL, next
 /// to the consumer's own tables: the effects run inside the transaction that records
@@ -35,15 +34,3 @@ use crate::sql::{SqlDatabase, sealed};
 /// # Ok(()) }
 /// ```
 pub type PgInbox = SqlInbox<Postgres>;
-
-impl sealed::Sealed for Postgres {}
-
-impl SqlDatabase for Postgres {
-    const MILLIS: &'static str = "BIGINT";
-    const TABLE_OPTIONS: &'static str = "";
-    const MIGRATION_LOCK: Option<&'static str> = Some("SELECT pg_advisory_xact_lock(hashtext($1))");
-
-    fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
-        result.rows_affected()
-    }
-}

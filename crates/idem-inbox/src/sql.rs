@@ -1,14 +1,14 @@
 //! [`SqlInbox`]: the processed-message table over sqlx, one implementation for SQLite
 //! and PostgreSQL. What differs between them (a column type, a table option, the
-//! migration lock) is a [`SqlDatabase`]'s few constants, in `sqlite.rs` and
-//! `postgres.rs`.
+//! placeholders, the migration lock) is their dialect, [`SqlDatabase`] (`idem-sql`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use idem_core::{Namespace, SharedClock, SystemClock};
-use sqlx::{AssertSqlSafe, Database, Encode, Executor, IntoArguments, Pool, Transaction, Type};
+use idem_sql::{MigrationLock, SqlDatabase};
+use sqlx::{AssertSqlSafe, Encode, Executor, Pool, Transaction, Type};
 
 use crate::inbox::validate_id;
 use crate::retention::DEFAULT_RETENTION;
@@ -16,30 +16,6 @@ use crate::{Error, Inbox, Outcome, Result};
 
 /// The processed-message table's default name.
 pub const DEFAULT_TABLE: &str = "idem_inbox";
-
-/// A sqlx database a [`SqlInbox`] can keep its table in: `sqlx::Sqlite` (feature
-/// `sqlite`) or `sqlx::Postgres` (feature `postgres`). Sealed: its items are the few
-/// places where the two dialects differ.
-pub trait SqlDatabase: Database<Arguments: IntoArguments<Self>> + sealed::Sealed {
-    /// The column type of a millisecond timestamp.
-    #[doc(hidden)]
-    const MILLIS: &'static str;
-    /// What follows the processed-message table's column list.
-    #[doc(hidden)]
-    const TABLE_OPTIONS: &'static str;
-    /// A statement taking the lock name as `$1` that serialises concurrent
-    /// migrations until the transaction ends, where the catalog needs it.
-    #[doc(hidden)]
-    const MIGRATION_LOCK: Option<&'static str>;
-    /// The rows an `INSERT` or `DELETE` touched.
-    #[doc(hidden)]
-    fn rows_affected(result: &Self::QueryResult) -> u64;
-}
-
-pub(crate) mod sealed {
-    /// Keeps [`SqlDatabase`](super::SqlDatabase) to the databases this crate knows.
-    pub trait Sealed {}
-}
 
 /// An [`Inbox`] whose processed-message table lives in a SQL database next to the
 /// consumer's own tables: the effects run inside the transaction that records the
@@ -89,29 +65,36 @@ struct Statements {
 
 impl Statements {
     fn new<DB: SqlDatabase>(t: &str) -> Statements {
-        let (millis, options) = (DB::MILLIS, DB::TABLE_OPTIONS);
+        let (text, millis) = (DB::KEY_TEXT, DB::INTEGER);
+        let insert =
+            format!("INSERT INTO {t} (consumer, message_id, processed_at) VALUES ($1, $2, $3)");
         Statements {
             create: [
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t} (\
-                     consumer TEXT NOT NULL, \
-                     message_id TEXT NOT NULL, \
+                     consumer {text} NOT NULL, \
+                     message_id {text} NOT NULL, \
                      processed_at {millis} NOT NULL, \
-                     PRIMARY KEY (consumer, message_id)){options}"
+                     PRIMARY KEY (consumer, message_id)){}",
+                    DB::KEYED_TABLE
                 ),
-                format!(
-                    "CREATE INDEX IF NOT EXISTS {t}{INDEX_SUFFIX} ON {t} (consumer, processed_at)"
+                DB::create_index(
+                    &format!("{t}{INDEX_SUFFIX}"),
+                    t,
+                    "consumer, processed_at",
+                    None,
                 ),
             ],
-            insert: format!(
-                "INSERT INTO {t} (consumer, message_id, processed_at) VALUES ($1, $2, $3) \
-                 ON CONFLICT (consumer, message_id) DO NOTHING"
-            ),
-            contains: format!("SELECT 1 FROM {t} WHERE consumer = $1 AND message_id = $2"),
-            purge: format!(
-                "DELETE FROM {t} WHERE (consumer, message_id) IN (SELECT consumer, message_id \
-                 FROM {t} WHERE consumer = $1 AND processed_at < $2 LIMIT $3)"
-            ),
+            insert: DB::insert_if_absent(&DB::statement(&insert), "consumer, message_id"),
+            contains: DB::statement(&format!(
+                "SELECT 1 FROM {t} WHERE consumer = $1 AND message_id = $2"
+            )),
+            purge: DB::statement(&DB::delete_limited(
+                t,
+                "(consumer, message_id)",
+                "consumer = $1 AND processed_at < $2",
+                "$3",
+            )),
         }
     }
 }
@@ -177,20 +160,8 @@ where
     /// PostgreSQL, consumers starting together serialise on an advisory lock, since
     /// concurrent `CREATE TABLE IF NOT EXISTS` can still collide in its catalog.
     pub async fn migrate(&self) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
-        if let Some(lock) = DB::MIGRATION_LOCK {
-            let name = format!("idem-inbox:{}", self.settings.table);
-            sqlx::query(lock)
-                .bind(name.as_str())
-                .execute(&mut *tx)
-                .await?;
-        }
-        for stmt in &self.sql.create {
-            sqlx::query(AssertSqlSafe(stmt.as_str()))
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
+        let lock = format!("idem-inbox:{}", self.settings.table);
+        idem_sql::migrate(&self.pool, MigrationLock::Named(&lock), &self.sql.create).await?;
         Ok(())
     }
 }

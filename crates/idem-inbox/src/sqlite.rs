@@ -3,7 +3,6 @@
 use sqlx::Sqlite;
 
 use crate::SqlInbox;
-use crate::sql::{SqlDatabase, sealed};
 
 /// An [`Inbox`](crate::Inbox) whose processed-message table lives in SQLite, next to
 /// the consumer's own tables: the effects run inside the transaction that records the
@@ -34,16 +33,3 @@ use crate::sql::{SqlDatabase, sealed};
 /// # Ok(()) }
 /// ```
 pub type SqliteInbox = SqlInbox<Sqlite>;
-
-impl sealed::Sealed for Sqlite {}
-
-impl SqlDatabase for Sqlite {
-    const MILLIS: &'static str = "INTEGER";
-    const TABLE_OPTIONS: &'static str = " WITHOUT ROWID";
-    // SQLite's writes are serialised by its write lock already.
-    const MIGRATION_LOCK: Option<&'static str> = None;
-
-    fn rows_affected(result: &sqlx::sqlite::SqliteQueryResult) -> u64 {
-        result.rows_affected()
-    }
-}

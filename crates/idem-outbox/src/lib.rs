@@ -17,7 +17,8 @@
 //! | [`RabbitPublisher`] | `rabbitmq` | AMQP publish with publisher confirms, persistent delivery, `message-id` = message id, `mandatory` |
 //!
 //! [`SqliteOutbox`] and [`PgOutbox`] are one implementation, [`SqlOutbox`], over the
-//! sqlx database named by [`SqlDatabase`].
+//! sqlx database named by [`OutboxDatabase`], whose dialect ([`SqlDatabase`])
+//! `idem-sql` keeps.
 //!
 //! Delivery is at least once and never loses a committed message: a relay killed
 //! between the broker's confirmation and its mark publishes the message again, so the
@@ -82,6 +83,8 @@ mod sqlite;
 mod table;
 
 pub use error::{Error, Result};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use idem_sql::SqlDatabase;
 pub use message::{Destination, MAX_ID_LEN, Message, ParkedMessage, StagedMessage};
 pub use metrics::{MetricsSnapshot, RelayMetrics};
 #[cfg(feature = "nats")]
@@ -96,7 +99,7 @@ pub use relay::{Relay, RelayOptions, RoundReport};
 #[cfg(feature = "sqlite")]
 pub use sql::SQLITE_RELAY_LEASE;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use sql::{SqlDatabase, SqlOutbox};
+pub use sql::{OutboxDatabase, SqlOutbox};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteOutbox;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

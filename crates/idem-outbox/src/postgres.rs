@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgArguments, PgListener, PgQueryResult};
+use sqlx::postgres::{PgArguments, PgListener};
 use sqlx::query::Query;
 use sqlx::{Pool, Postgres, Transaction};
 
 use crate::outbox::now_ms;
-use crate::sql::{SqlDatabase, SqlOutbox, claim_rows, sealed};
+use crate::sql::{OutboxDatabase, SqlOutbox, claim_rows, sealed};
 use crate::{Result, StagedMessage};
 
 /// An [`Outbox`](crate::Outbox) whose table lives in PostgreSQL, next to the business
@@ -39,24 +39,17 @@ pub type PgOutbox = SqlOutbox<Postgres>;
 
 impl sealed::Sealed for Postgres {}
 
-impl SqlDatabase for Postgres {
+impl OutboxDatabase for Postgres {
     type Batch = Option<Transaction<'static, Postgres>>;
     type Listener = Option<PgListener>;
     type Extra = ();
-    const SEQ: &'static str = "BIGSERIAL PRIMARY KEY";
-    const BYTES: &'static str = "BYTEA";
-    const INTEGER: &'static str = "BIGINT";
-    // Materialized, so that the rows it locked are the batch.
-    const CLAIM_CTE: &'static str = " MATERIALIZED";
-    const CLAIM_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
     const SEQ_IN: &'static str = "= ANY($2)";
-    const MIGRATION_LOCK: Option<&'static str> = Some("SELECT pg_advisory_xact_lock(hashtext($1))");
     const STAGE_TAKES_CHANNEL: bool = true;
 
     /// One round trip: the insert, and the notification the commit delivers; a row
     /// (one affected) only when it inserted.
     fn stage_statement(insert: String) -> String {
-        format!("WITH ins AS ({insert} RETURNING seq) SELECT pg_notify($8, '') FROM ins")
+        format!("WITH ins AS ({insert} RETURNING seq) SELECT pg_notify($9, '') FROM ins")
     }
 
     fn extra_tables(_: &str) -> Vec<String> {
@@ -64,10 +57,6 @@ impl SqlDatabase for Postgres {
     }
 
     fn extra(_: &str) {}
-
-    fn rows_affected(result: &PgQueryResult) -> u64 {
-        result.rows_affected()
-    }
 
     fn bind_seqs(
         query: Query<'_, Postgres, PgArguments>,

@@ -1,16 +1,16 @@
 //! [`SqlOutbox`]: the outbox table over sqlx, one implementation for SQLite and
-//! PostgreSQL. What differs between the two (column types, how a relay claims and is
-//! woken, how a list of `seq`s binds) is a [`SqlDatabase`]'s few items, in `sqlite.rs`
-//! and `postgres.rs`; the rows are read in `table.rs`.
+//! PostgreSQL. Their dialects (column types, placeholders, row locks, the migration
+//! lock) are `idem-sql`'s [`SqlDatabase`]; what else differs (how a relay claims and is
+//! woken, how a list of `seq`s binds) is an [`OutboxDatabase`]'s few items, in
+//! `sqlite.rs` and `postgres.rs`; the rows are read in `table.rs`.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_sql::{MigrationLock, SqlDatabase};
 use sqlx::query::Query;
-use sqlx::{
-    AssertSqlSafe, Database, Encode, Executor, FromRow, IntoArguments, Pool, Transaction, Type,
-};
+use sqlx::{AssertSqlSafe, Encode, Executor, FromRow, Pool, Transaction, Type};
 
 use crate::outbox::{ms, now_ms};
 use crate::table::{
@@ -20,9 +20,10 @@ use crate::table::{
 use crate::{Message, Outbox, OutboxStats, ParkedMessage, Result, Settlement, StagedMessage};
 
 /// A sqlx database a [`SqlOutbox`] can keep its table in: `sqlx::Sqlite` (feature
-/// `sqlite`) or `sqlx::Postgres` (feature `postgres`). Sealed: its items are the places
-/// where the two dialects differ.
-pub trait SqlDatabase: Database<Arguments: IntoArguments<Self>> + sealed::Sealed {
+/// `sqlite`) or `sqlx::Postgres` (feature `postgres`). Sealed: its items are how the
+/// two differ as an outbox (claiming, waking a relay); how they differ as SQL is their
+/// [`SqlDatabase`].
+pub trait OutboxDatabase: SqlDatabase + sealed::Sealed {
     /// A claimed batch ([`Outbox::Batch`]).
     #[doc(hidden)]
     type Batch: Send;
@@ -32,30 +33,11 @@ pub trait SqlDatabase: Database<Arguments: IntoArguments<Self>> + sealed::Sealed
     /// Statements of this dialect alone.
     #[doc(hidden)]
     type Extra: fmt::Debug + Send + Sync;
-    /// The `seq` column's type and key.
-    #[doc(hidden)]
-    const SEQ: &'static str;
-    /// The column type of a body.
-    #[doc(hidden)]
-    const BYTES: &'static str;
-    /// The column type of a timestamp or a count.
-    #[doc(hidden)]
-    const INTEGER: &'static str;
-    /// What follows `WITH c AS` in the claim, before its query.
-    #[doc(hidden)]
-    const CLAIM_CTE: &'static str;
-    /// What ends the claim's choice of rows.
-    #[doc(hidden)]
-    const CLAIM_LOCK: &'static str;
     /// How `seq` is matched against `$2`, the published list as
-    /// [`bind_seqs`](SqlDatabase::bind_seqs) binds it.
+    /// [`bind_seqs`](OutboxDatabase::bind_seqs) binds it.
     #[doc(hidden)]
     const SEQ_IN: &'static str;
-    /// A statement taking the lock name as `$1` that serialises concurrent
-    /// migrations until the transaction ends, where the catalog needs it.
-    #[doc(hidden)]
-    const MIGRATION_LOCK: Option<&'static str>;
-    /// Whether the staging statement also takes the table's name as `$8`.
+    /// Whether the staging statement also takes the table's name as `$9`.
     #[doc(hidden)]
     const STAGE_TAKES_CHANNEL: bool;
     /// The staging statement around the plain insert `insert`; it reports one row
@@ -68,10 +50,7 @@ pub trait SqlDatabase: Database<Arguments: IntoArguments<Self>> + sealed::Sealed
     /// This dialect's own statements.
     #[doc(hidden)]
     fn extra(table: &str) -> Self::Extra;
-    /// The rows a statement touched.
-    #[doc(hidden)]
-    fn rows_affected(result: &Self::QueryResult) -> u64;
-    /// Binds the published messages' `seq`s as [`SEQ_IN`](SqlDatabase::SEQ_IN) reads
+    /// Binds the published messages' `seq`s as [`SEQ_IN`](OutboxDatabase::SEQ_IN) reads
     /// them.
     #[doc(hidden)]
     fn bind_seqs(
@@ -105,7 +84,7 @@ pub trait SqlDatabase: Database<Arguments: IntoArguments<Self>> + sealed::Sealed
 }
 
 pub(crate) mod sealed {
-    /// Keeps [`SqlDatabase`](super::SqlDatabase) to the databases this crate knows.
+    /// Keeps [`OutboxDatabase`](super::OutboxDatabase) to the databases this crate knows.
     pub trait Sealed {}
 }
 
@@ -113,7 +92,7 @@ pub(crate) mod sealed {
 /// [`stage`](Outbox::stage) runs in the caller's transaction. Used through its aliases,
 /// [`SqliteOutbox`](crate::SqliteOutbox) and [`PgOutbox`](crate::PgOutbox).
 #[derive(Debug)]
-pub struct SqlOutbox<DB: SqlDatabase> {
+pub struct SqlOutbox<DB: OutboxDatabase> {
     pub(crate) pool: Pool<DB>,
     pub(crate) table: Arc<str>,
     pub(crate) sql: Arc<Statements<DB>>,
@@ -121,7 +100,7 @@ pub struct SqlOutbox<DB: SqlDatabase> {
     pub(crate) relay_lease: Duration,
 }
 
-impl<DB: SqlDatabase> Clone for SqlOutbox<DB> {
+impl<DB: OutboxDatabase> Clone for SqlOutbox<DB> {
     fn clone(&self) -> Self {
         SqlOutbox {
             pool: self.pool.clone(),
@@ -133,7 +112,7 @@ impl<DB: SqlDatabase> Clone for SqlOutbox<DB> {
 }
 
 #[derive(Debug)]
-pub(crate) struct Statements<DB: SqlDatabase> {
+pub(crate) struct Statements<DB: OutboxDatabase> {
     create: Vec<String>,
     stage: String,
     pub(crate) claim: String,
@@ -153,15 +132,18 @@ pub(crate) struct Statements<DB: SqlDatabase> {
     pub(crate) extra: DB::Extra,
 }
 
-impl<DB: SqlDatabase> Statements<DB> {
+impl<DB: OutboxDatabase> Statements<DB> {
     fn new(t: &str) -> Statements<DB> {
         let pending = "published_at IS NULL AND parked_at IS NULL";
-        let (seq, bytes, int) = (DB::SEQ, DB::BYTES, DB::INTEGER);
+        let (seq, text, bytes, int) = (DB::SERIAL_KEY, DB::KEY_TEXT, DB::BYTES, DB::INTEGER);
+        let index = |name: &str, columns, filter| {
+            DB::create_index(&format!("{t}_{name}"), t, columns, Some(filter))
+        };
         let mut create = vec![
             format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
                  seq {seq}, \
-                 id TEXT NOT NULL UNIQUE, \
+                 id {text} NOT NULL UNIQUE, \
                  destination TEXT NOT NULL, \
                  routing_key TEXT, \
                  headers TEXT NOT NULL, \
@@ -174,28 +156,24 @@ impl<DB: SqlDatabase> Statements<DB> {
                  parked_at {int}, \
                  last_error TEXT)"
             ),
-            format!("CREATE INDEX IF NOT EXISTS {t}_pending ON {t} (seq) WHERE {pending}"),
-            format!(
-                "CREATE INDEX IF NOT EXISTS {t}_ordering ON {t} (ordering_key, seq) WHERE {pending}"
-            ),
-            format!(
-                "CREATE INDEX IF NOT EXISTS {t}_published ON {t} (published_at) \
-                 WHERE published_at IS NOT NULL"
-            ),
+            index("pending", "seq", pending),
+            index("ordering", "ordering_key, seq", pending),
+            index("published", "published_at", "published_at IS NOT NULL"),
         ];
         create.extend(DB::extra_tables(t));
-        let (cte, lock, seq_in) = (DB::CLAIM_CTE, DB::CLAIM_LOCK, DB::SEQ_IN);
+        let sql = |template: String| DB::statement(&template);
+        let insert = format!(
+            "INSERT INTO {t} (id, destination, routing_key, headers, body, ordering_key, \
+             staged_at, next_attempt_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        );
+        let (cte, lock, seq_in) = (DB::MATERIALIZED, DB::SKIP_LOCKED, DB::SEQ_IN);
         Statements {
             create,
-            stage: DB::stage_statement(format!(
-                "INSERT INTO {t} (id, destination, routing_key, headers, body, ordering_key, \
-                 staged_at, next_attempt_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7) \
-                 ON CONFLICT (id) DO NOTHING"
-            )),
+            stage: DB::stage_statement(DB::insert_if_absent(&sql(insert), "id")),
             // The CTE takes the due rows (in PostgreSQL, the ones no other relay holds,
             // locked); a message then waits for every earlier unfinished message of its
             // ordering key outside this batch (another relay's, or one in backoff).
-            claim: format!(
+            claim: sql(format!(
                 "WITH c AS{cte} (SELECT seq FROM {t} WHERE {pending} \
                  AND next_attempt_at <= $1 ORDER BY seq LIMIT $2{lock}) \
                  SELECT {CLAIM_COLUMNS} FROM {t} o JOIN c ON c.seq = o.seq \
@@ -203,31 +181,35 @@ impl<DB: SqlDatabase> Statements<DB> {
                  WHERE e.ordering_key = o.ordering_key AND e.seq < o.seq \
                  AND e.published_at IS NULL AND e.parked_at IS NULL \
                  AND e.seq NOT IN (SELECT seq FROM c)) ORDER BY o.seq"
-            ),
-            published: format!("UPDATE {t} SET published_at = $1 WHERE seq {seq_in}"),
-            retry: format!(
-                "UPDATE {t} SET attempts = attempts + 1, last_error = $2, next_attempt_at = $3 \
-                 WHERE seq = $1"
-            ),
-            park: format!(
-                "UPDATE {t} SET attempts = attempts + 1, last_error = $2, parked_at = $3 \
-                 WHERE seq = $1"
-            ),
+            )),
+            published: sql(format!(
+                "UPDATE {t} SET published_at = $1 WHERE seq {seq_in}"
+            )),
+            retry: sql(format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = $1, next_attempt_at = $2 \
+                 WHERE seq = $3"
+            )),
+            park: sql(format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = $1, parked_at = $2 \
+                 WHERE seq = $3"
+            )),
             unpublished: format!("SELECT count(*), min(staged_at) FROM {t} WHERE {pending}"),
             parked_count: format!("SELECT count(*) FROM {t} WHERE parked_at IS NOT NULL"),
             published_count: format!("SELECT count(*) FROM {t} WHERE published_at IS NOT NULL"),
-            purge: format!(
-                "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} \
-                 WHERE published_at IS NOT NULL AND published_at < $1 LIMIT $2)"
-            ),
-            parked: format!(
+            purge: sql(DB::delete_limited(
+                t,
+                "seq",
+                "published_at IS NOT NULL AND published_at < $1",
+                "$2",
+            )),
+            parked: sql(format!(
                 "SELECT {PARKED_COLUMNS} FROM {t} o WHERE o.parked_at IS NOT NULL \
                  ORDER BY o.seq LIMIT $1"
-            ),
-            requeue: format!(
-                "UPDATE {t} SET parked_at = NULL, attempts = 0, next_attempt_at = $2 \
-                 WHERE id = $1 AND parked_at IS NOT NULL"
-            ),
+            )),
+            requeue: sql(format!(
+                "UPDATE {t} SET parked_at = NULL, attempts = 0, next_attempt_at = $1 \
+                 WHERE id = $2 AND parked_at IS NOT NULL"
+            )),
             extra: DB::extra(t),
         }
     }
@@ -238,7 +220,7 @@ impl<DB: SqlDatabase> Statements<DB> {
 /// (a second process on the same file) waits that long after the first one died.
 pub const SQLITE_RELAY_LEASE: Duration = Duration::from_secs(15);
 
-impl<DB: SqlDatabase> SqlOutbox<DB> {
+impl<DB: OutboxDatabase> SqlOutbox<DB> {
     /// An outbox on `pool` with the table [`DEFAULT_TABLE`]. Call
     /// [`migrate`](Self::migrate) once before use.
     pub fn new(pool: Pool<DB>) -> SqlOutbox<DB> {
@@ -270,30 +252,17 @@ impl<DB: SqlDatabase> SqlOutbox<DB> {
     }
 }
 
-impl<DB: SqlDatabase> SqlOutbox<DB>
+impl<DB: OutboxDatabase> SqlOutbox<DB>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
 {
     /// Creates the outbox table, its indexes and, for SQLite, the relay lease table if
     /// they do not exist. In PostgreSQL, services starting together serialise on an
     /// advisory lock, since concurrent `CREATE TABLE IF NOT EXISTS` can still collide in
     /// its catalog.
     pub async fn migrate(&self) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
-        if let Some(lock) = DB::MIGRATION_LOCK {
-            let name = format!("idem-outbox:{}", self.table);
-            sqlx::query(lock)
-                .bind(name.as_str())
-                .execute(&mut *tx)
-                .await?;
-        }
-        for stmt in &self.sql.create {
-            sqlx::query(AssertSqlSafe(stmt.as_str()))
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
+        let lock = format!("idem-outbox:{}", self.table);
+        idem_sql::migrate(&self.pool, MigrationLock::Named(&lock), &self.sql.create).await?;
         Ok(())
     }
 }
@@ -306,7 +275,7 @@ pub(crate) async fn claim_rows<'c, DB, E>(
     max: usize,
 ) -> Result<Vec<StagedMessage>>
 where
-    DB: SqlDatabase,
+    DB: OutboxDatabase,
     E: Executor<'c, Database = DB>,
     for<'a> i64: Encode<'a, DB> + Type<DB>,
     ClaimRow: for<'r> FromRow<'r, DB::Row>,
@@ -319,11 +288,11 @@ where
     rows.into_iter().map(staged).collect()
 }
 
-fn q<DB: SqlDatabase>(sql: &str) -> Query<'_, DB, DB::Arguments> {
+fn q<DB: OutboxDatabase>(sql: &str) -> Query<'_, DB, DB::Arguments> {
     sqlx::query(AssertSqlSafe(sql))
 }
 
-impl<DB: SqlDatabase> Outbox for SqlOutbox<DB>
+impl<DB: OutboxDatabase> Outbox for SqlOutbox<DB>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'a> &'a str: Encode<'a, DB> + Type<DB>,
@@ -342,6 +311,7 @@ where
         message.validate()?;
         let (destination, routing_key) = message.destination.columns();
         let headers = message.headers_json();
+        let now = now_ms();
         let mut query = q(&self.sql.stage)
             .bind(message.id.as_str())
             .bind(destination)
@@ -349,7 +319,8 @@ where
             .bind(headers.as_str())
             .bind(message.body.as_slice())
             .bind(message.ordering_key.as_deref())
-            .bind(now_ms());
+            .bind(now)
+            .bind(now);
         if DB::STAGE_TAKES_CHANNEL {
             query = query.bind(&*self.table);
         }
@@ -385,9 +356,9 @@ where
                 Settlement::Published | Settlement::Untouched => continue,
             };
             q(statement)
-                .bind(*seq)
                 .bind(error.as_str())
                 .bind(at)
+                .bind(*seq)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -436,8 +407,8 @@ where
 
     async fn requeue(&self, id: &str) -> Result<bool> {
         let done = q(&self.sql.requeue)
-            .bind(id)
             .bind(now_ms())
+            .bind(id)
             .execute(&self.pool)
             .await?;
         Ok(DB::rows_affected(&done) == 1)

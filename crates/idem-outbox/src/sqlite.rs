@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use sqlx::query::Query;
-use sqlx::sqlite::{SqliteArguments, SqliteQueryResult};
+use sqlx::sqlite::SqliteArguments;
 use sqlx::{AssertSqlSafe, Pool, Sqlite, Transaction};
 
 use crate::outbox::{ms, now_ms};
-use crate::sql::{SqlDatabase, SqlOutbox, claim_rows, sealed};
+use crate::sql::{OutboxDatabase, SqlOutbox, claim_rows, sealed};
 use crate::{Result, StagedMessage};
 
 /// An [`Outbox`](crate::Outbox) whose table lives in a SQLite file, next to the
@@ -48,20 +48,12 @@ impl SqlOutbox<Sqlite> {
 
 impl sealed::Sealed for Sqlite {}
 
-impl SqlDatabase for Sqlite {
+impl OutboxDatabase for Sqlite {
     type Batch = ();
     type Listener = ();
     /// The relay lease statement.
     type Extra = String;
-    const SEQ: &'static str = "INTEGER PRIMARY KEY AUTOINCREMENT";
-    const BYTES: &'static str = "BLOB";
-    const INTEGER: &'static str = "INTEGER";
-    const CLAIM_CTE: &'static str = "";
-    // One relay per file: the lease, not row locks, keeps relays apart.
-    const CLAIM_LOCK: &'static str = "";
     const SEQ_IN: &'static str = "IN (SELECT value FROM json_each($2))";
-    // SQLite's writes are serialised by its write lock already.
-    const MIGRATION_LOCK: Option<&'static str> = None;
     const STAGE_TAKES_CHANNEL: bool = false;
 
     fn stage_statement(insert: String) -> String {
@@ -83,10 +75,6 @@ impl SqlDatabase for Sqlite {
              ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, until = excluded.until \
              WHERE {t}_relay.holder = excluded.holder OR {t}_relay.until < $3"
         )
-    }
-
-    fn rows_affected(result: &SqliteQueryResult) -> u64 {
-        result.rows_affected()
     }
 
     fn bind_seqs(

@@ -27,7 +27,8 @@
 //! on the same page (a HOT update), without touching any index.
 
 use idem_core::{Namespace, StoreError};
-use sqlx::{AssertSqlSafe, Executor, PgPool};
+use idem_sql::{MigrationLock, SqlDatabase};
+use sqlx::{AssertSqlSafe, Executor, PgPool, Postgres};
 
 use crate::error::{Error, store_error};
 
@@ -324,9 +325,7 @@ pub async fn migrate(pool: &PgPool, table: &str) -> Result<(), Error> {
     tx.execute("SET LOCAL client_min_messages TO warning")
         .await
         .map_err(store_error)?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(MIGRATION_LOCK)
-        .execute(&mut *tx)
+    Postgres::lock_migrations(&mut tx, MigrationLock::Numbered(MIGRATION_LOCK))
         .await
         .map_err(store_error)?;
     tx.execute(MIGRATIONS_DDL).await.map_err(store_error)?;
@@ -380,9 +379,7 @@ pub async fn drop_table(pool: &PgPool, table: &str) -> Result<(), Error> {
     tx.execute("SET LOCAL client_min_messages TO warning")
         .await
         .map_err(store_error)?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(MIGRATION_LOCK)
-        .execute(&mut *tx)
+    Postgres::lock_migrations(&mut tx, MigrationLock::Numbered(MIGRATION_LOCK))
         .await
         .map_err(store_error)?;
     tx.execute(AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))

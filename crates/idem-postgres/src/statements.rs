@@ -9,8 +9,9 @@ use idem_core::{
     Ambiguity, FencingToken, Fingerprint, Record, RecordState, Scope, StoreError, StoredResponse,
     Timestamp,
 };
-use sqlx::Row;
+use idem_sql::SqlDatabase;
 use sqlx::postgres::PgRow;
+use sqlx::{Postgres, Row};
 
 use crate::error::store_error;
 
@@ -111,6 +112,10 @@ pub(crate) struct Statements {
     pub(crate) take_token: Arc<str>,
     /// Deletes full rate buckets.
     pub(crate) purge_buckets: Arc<str>,
+    /// Stores a secret under a name no secret holds yet (`TABLE_meta`, migration 2).
+    pub(crate) init_secret: Arc<str>,
+    /// Reads a secret.
+    pub(crate) secret: Arc<str>,
 }
 
 /// The columns a record is read from, in the order both halves of `reserve` return them.
@@ -230,6 +235,7 @@ impl Statements {
         // for. A completed record whose tombstone outlives it is compacted into the
         // tombstone, which the index then finds at its own end (SPEC S16); the rest
         // are deleted. Both halves see the same snapshot, and their rows are disjoint.
+        let skip_locked = Postgres::SKIP_LOCKED;
         let purge = format!(
             "WITH compacted AS (
                 UPDATE {t} SET state = 'tombstone', headers = NULL, body = NULL,
@@ -237,7 +243,7 @@ impl Statements {
                  WHERE ctid = ANY(ARRAY(
                            SELECT ctid FROM {t} WHERE expires_at <= $1
                               AND state = 'completed' AND tombstone_until > $1
-                            ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+                            ORDER BY expires_at LIMIT $2{skip_locked}))
                    AND expires_at <= $1 AND state = 'completed'
                 RETURNING 1
             ), deleted AS (
@@ -245,7 +251,7 @@ impl Statements {
                  WHERE ctid = ANY(ARRAY(
                            SELECT ctid FROM {t} WHERE expires_at <= $1
                               AND NOT (state = 'completed' AND COALESCE(tombstone_until, 0) > $1)
-                            ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+                            ORDER BY expires_at LIMIT $2{skip_locked}))
                    AND expires_at <= $1
                 RETURNING 1
             )
@@ -266,14 +272,19 @@ impl Statements {
              WHERE {refilled} >= 1
              RETURNING 1"
         );
-        let purge_buckets = format!(
-            "DELETE FROM {rate} WHERE bucket IN (
-                 SELECT bucket FROM {rate} WHERE keep_until_ms < $1 LIMIT $2)"
+        let purge_buckets = Postgres::delete_limited(&rate, "bucket", "keep_until_ms < $1", "$2");
+        // $1 the name, $2 the candidate value.
+        let meta = crate::schema::meta_table(t);
+        let init_secret = Postgres::insert_if_absent(
+            &format!("INSERT INTO {meta} (name, value) VALUES ($1, $2)"),
+            "name",
         );
         Statements {
             table: t.to_owned(),
             take_token: take_token.into(),
             purge_buckets: purge_buckets.into(),
+            init_secret: init_secret.into(),
+            secret: format!("SELECT value FROM {meta} WHERE name = $1").into(),
             reserve: reserve.into(),
             complete: complete.into(),
             completed_by: completed_by.into(),

@@ -352,24 +352,22 @@ impl Store for PgStore {
     /// caller's insert does not see its row in the same statement; the `SELECT` after
     /// it, a statement of its own, does.
     async fn init_secret(&self, name: &str, candidate: &[u8]) -> Result<Vec<u8>, StoreError> {
-        let meta = crate::schema::meta_table(&self.sql.table);
         self.bounded(async {
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {meta} (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING"
-            )))
-            .bind(name)
-            .bind(candidate)
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-            sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT value FROM {meta} WHERE name = $1"
-            )))
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(store_error)?
-            .ok_or_else(|| StoreError::Corrupt(format!("the secret {name:?} vanished from {meta}")))
+            sqlx::query(AssertSqlSafe(self.sql.init_secret.clone()))
+                .bind(name)
+                .bind(candidate)
+                .execute(&self.pool)
+                .await
+                .map_err(store_error)?;
+            sqlx::query_scalar(AssertSqlSafe(self.sql.secret.clone()))
+                .bind(name)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(store_error)?
+                .ok_or_else(|| {
+                    let meta = crate::schema::meta_table(&self.sql.table);
+                    StoreError::Corrupt(format!("the secret {name:?} vanished from {meta}"))
+                })
         })
         .await
     }

@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use sqlx::{AssertSqlSafe, Connection, SqliteConnection};
+use idem_sql::SqlDatabase;
+use sqlx::{AssertSqlSafe, Connection, Sqlite, SqliteConnection};
 
 use crate::error::{Error, Result};
 
@@ -163,14 +164,11 @@ pub(crate) async fn migrate(conn: &mut SqliteConnection, table: &str) -> Result<
             .await?;
     }
     if found < SCHEMA_VERSION {
-        sqlx::query(
-            "INSERT INTO idem_schema_versions (table_name, version) VALUES (?1, ?2)
-             ON CONFLICT (table_name) DO UPDATE SET version = excluded.version",
-        )
-        .bind(table)
-        .bind(SCHEMA_VERSION)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(AssertSqlSafe(record_version("?1, ?2")))
+            .bind(table)
+            .bind(SCHEMA_VERSION)
+            .execute(&mut *tx)
+            .await?;
     }
     // Whatever the version: the secrets table came after version 1's first files.
     sqlx::raw_sql(AssertSqlSafe(meta(table)))
@@ -217,12 +215,18 @@ pub(crate) fn migration_sql(table: &str, from: i64) -> Vec<String> {
         statements.push(v2(table));
     }
     statements.push(v3(table));
-    statements.push(format!(
-        "INSERT INTO idem_schema_versions (table_name, version) VALUES ('{table}', {SCHEMA_VERSION})
-             ON CONFLICT (table_name) DO UPDATE SET version = excluded.version"
-    ));
+    statements.push(record_version(&format!("'{table}', {SCHEMA_VERSION}")));
     statements.push(meta(table));
     statements
+}
+
+/// The statement that records a table's schema version, `values` its name and version.
+fn record_version(values: &str) -> String {
+    Sqlite::upsert(
+        &format!("INSERT INTO {VERSIONS_TABLE} (table_name, version) VALUES ({values})"),
+        "table_name",
+        &["version"],
+    )
 }
 
 /// The table of schema versions, one row per records table.
@@ -300,7 +304,7 @@ impl Statements {
             // same and more, but SQLite runs it with a statement journal and buffers
             // its RETURNING row in an ephemeral table, which cost more than the insert
             // itself. Same parameters as `reserve`.
-            insert: format!("{fresh} ON CONFLICT (tenant, endpoint, idem_key) DO NOTHING").into(),
+            insert: Sqlite::insert_if_absent(&fresh, "tenant, endpoint, idem_key").into(),
             // The S5 table's Execute rows, as the WHERE of the conflict branch, which
             // must say exactly what `idem_core::decide` says:
             //   expired, no live tombstone follows it       -> attempt 1, a fresh record
@@ -390,8 +394,9 @@ impl Statements {
             .into(),
             purge: format!("DELETE FROM {t} WHERE rowid = ?1").into(),
             // ?1 name, ?2 candidate.
-            init_secret: format!(
-                "INSERT INTO {meta} (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO NOTHING"
+            init_secret: Sqlite::insert_if_absent(
+                &format!("INSERT INTO {meta} (name, value) VALUES (?1, ?2)"),
+                "name",
             )
             .into(),
             secret: format!("SELECT value FROM {meta} WHERE name = ?1").into(),
