@@ -50,6 +50,11 @@ static DROPPED: Dropped = Dropped {
     reported: AtomicU64::new(0),
 };
 
+/// Standard error's lines handed to its queue, and taken off it (written, or dropped
+/// as their write failed): equal once the queue has caught up ([`Logs::settle`]).
+static STDERR_SENT: AtomicU64 = AtomicU64::new(0);
+static STDERR_DONE: AtomicU64 = AtomicU64::new(0);
+
 struct Dropped {
     /// The queues' own counts of the lines they refused, full.
     queues: OnceLock<[ErrorCounter; 2]>,
@@ -90,6 +95,27 @@ impl Logs {
         let _ = out.write_all(format!("{line}\n").as_bytes());
     }
 
+    /// Waits, `within` at most, until standard error's queue has written (or dropped)
+    /// every line logged before the call: the gateway calls it before it says on
+    /// standard output that it listens, so that a script or a test that waits for that
+    /// line finds the start's log lines (its warnings, its limits) already written.
+    pub async fn settle(&self, within: Duration) {
+        let sent = STDERR_SENT.load(Ordering::Acquire);
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let refused = DROPPED
+                .queues
+                .get()
+                .map_or(0, |queues| queues[0].dropped_lines() as u64);
+            if STDERR_DONE.load(Ordering::Acquire) + refused >= sent
+                || tokio::time::Instant::now() >= deadline
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     /// Writes what is queued, waiting at most a couple of seconds: a reader that is
     /// not reading must not hold the exit.
     pub fn finish(self) {
@@ -119,7 +145,7 @@ pub fn init(format: LogFormat, buffer_lines: usize) -> Logs {
     let _ = DROPPED
         .queues
         .set([stderr.error_counter(), stdout.error_counter()]);
-    let _ = subscriber(format, stderr).try_init();
+    let _ = subscriber(format, Counted(stderr)).try_init();
     Logs {
         stdout,
         guards: [stderr_guard, stdout_guard],
@@ -151,6 +177,31 @@ fn queue(lines: usize, thread: &str, pipe: Pipe) -> (NonBlocking, WorkerGuard) {
         .buffered_lines_limit(lines.max(1))
         .thread_name(thread)
         .finish(pipe)
+}
+
+/// Standard error's queue, counting the lines handed to it ([`Logs::settle`]). The
+/// log's subscriber writes each event in one write.
+struct Counted(NonBlocking);
+
+impl<'a> MakeWriter<'a> for Counted {
+    type Writer = CountedWriter;
+
+    fn make_writer(&'a self) -> CountedWriter {
+        CountedWriter(self.0.clone())
+    }
+}
+
+struct CountedWriter(NonBlocking);
+
+impl Write for CountedWriter {
+    fn write(&mut self, line: &[u8]) -> io::Result<usize> {
+        STDERR_SENT.fetch_add(1, Ordering::AcqRel);
+        self.0.write(line)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// Standard error or output as the queue's writer sees it: each write is one line,
@@ -231,6 +282,9 @@ impl Write for Pipe {
             Err(_) => {
                 DROPPED.failed.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        if self.reports.is_some() {
+            STDERR_DONE.fetch_add(1, Ordering::AcqRel);
         }
         Ok(line.len())
     }

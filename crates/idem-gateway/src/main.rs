@@ -63,17 +63,20 @@ async fn run(cli: Cli, logs: &logging::Logs) -> ExitCode {
             // the gateway on port 0; queued like the log, so that a reader that went
             // away (`| head -1`) or stopped reading never stops the gateway.
             let scheme = |tls: bool| if tls { "https" } else { "http" };
-            logs.stdout_line(&format!(
-                "idem listening on {}://{}",
-                scheme(config.tls.is_some()),
-                gateway.local_addr()
-            ));
             tracing::info!(
                 listen = %gateway.local_addr(),
                 tls = config.tls.is_some(),
                 admin = gateway.admin_addr().map(|a| a.to_string()),
                 "listening"
             );
+            // The log is written by a thread of its own: the start's lines are out
+            // before a script that waits for the listening line reads the log.
+            logs.settle(std::time::Duration::from_millis(500)).await;
+            logs.stdout_line(&format!(
+                "idem listening on {}://{}",
+                scheme(config.tls.is_some()),
+                gateway.local_addr()
+            ));
             if let Some(admin) = gateway.admin_addr() {
                 logs.stdout_line(&format!(
                     "idem admin on {}://{admin}",

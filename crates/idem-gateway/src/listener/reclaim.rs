@@ -64,11 +64,13 @@ impl Reclaim {
         if connections.open.values().any(|e| e.closing) {
             return true;
         }
+        // Idle as long: the older connection goes first, so the choice never rests on
+        // the map's order.
         let longest = connections
             .open
-            .values_mut()
-            .filter_map(|e| e.activity.idle_since().map(|since| (since, e)))
-            .min_by_key(|(since, _)| *since);
+            .iter_mut()
+            .filter_map(|(id, e)| e.activity.idle_since().map(|since| ((since, *id), e)))
+            .min_by_key(|(order, _)| *order);
         match longest {
             Some((_, entry)) => {
                 entry.closing = true;
@@ -126,10 +128,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_longest_idle_connection_is_asked_and_a_busy_one_never() {
         let reclaim = Arc::new(Reclaim::default());
-        let (old, busy, young) = (Activity::new(), Activity::new(), Activity::new());
+        let (old, busy) = (Activity::new(), Activity::new());
         let _busy_request = busy.start();
         let old_r = reclaim.register(&old);
         tokio::time::advance(Duration::from_secs(1)).await;
+        let young = Activity::new();
         let busy_r = reclaim.register(&busy);
         let young_r = reclaim.register(&young);
 
