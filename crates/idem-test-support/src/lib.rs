@@ -44,3 +44,9 @@ pub use relay::{Fault, Relay, RelayMode, service_addr, url_via};
 pub use services::{service_unavailable, service_url, services_required};
 pub use store::{HookedStore, StoreHooks, figure};
 pub use tls::{CERT_USER, CertFiles, RedisTlsServer, TestPki};
+
+/// The public scope of `key` on `POST endpoint` for `tenant`, as a layer or a store
+/// names a record: the one helper every test builds a scope with. It lives in
+/// `idem-core` (feature `testing`) because the contract suite and `idem-core`'s own
+/// tests use it too.
+pub use idem_core::testing::scope_of as scope;
