@@ -13,8 +13,9 @@ use std::time::Duration;
 use http::HeaderValue;
 use idem_client::{Client, EntryState, Error, Journal, ManualSleeper, RetryPolicy};
 use idem_core::{ManualClock, SystemClock, Timestamp};
+use idem_test_support::upstream::{Reply, Upstream};
 use idem_test_support::{Fault, Relay};
-use support::{ChargeApp, FaultServer, Reply};
+use support::ChargeApp;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -34,19 +35,19 @@ async fn file_journal() -> (Journal, tempfile::TempDir) {
 
 #[tokio::test]
 async fn persisted_operation_is_pending_until_answered() {
-    let server = FaultServer::start([Reply::status(502)]).await;
+    let server = Upstream::scripted([Reply::status(502)]).await;
     let (journal, _dir) = file_journal().await;
     let client = client(3);
 
     let op = journal
-        .persist(client.post(server.url("/v1/payouts")).body("amount=5"))
+        .persist(client.post(server.url_for("/v1/payouts")).body("amount=5"))
         .await
         .unwrap();
     let before = journal.entry(op.id()).await.unwrap().unwrap();
     assert_eq!(before.state, EntryState::Pending);
     assert_eq!(before.key, *op.key());
     assert_eq!(before.attempts, 0);
-    assert_eq!(server.hits(), 0, "persisted before the first attempt");
+    assert_eq!(server.total(), 0, "persisted before the first attempt");
 
     let outcome = op.send().await.unwrap();
 
@@ -115,12 +116,12 @@ async fn credentials_are_never_written_to_the_journal() {
 
 #[tokio::test]
 async fn exhausted_operation_stays_pending_and_resumes_with_its_key() {
-    let server = FaultServer::start([Reply::status(503), Reply::status(503)]).await;
+    let server = Upstream::scripted([Reply::status(503), Reply::status(503)]).await;
     let (journal, _dir) = file_journal().await;
     let op = journal
         .persist(
             client(2)
-                .post(server.url("/v1/transfers"))
+                .post(server.url_for("/v1/transfers"))
                 .header("content-type", "application/json")
                 .header("x-request-source", "batch-7")
                 .body(r#"{"amount":12}"#),
@@ -144,7 +145,7 @@ async fn exhausted_operation_stays_pending_and_resumes_with_its_key() {
     let resumed = &pending[0];
     assert_eq!(resumed.key(), op.key());
     assert_eq!(resumed.operation().method(), "POST");
-    assert_eq!(resumed.operation().url(), server.url("/v1/transfers"));
+    assert_eq!(resumed.operation().url(), server.url_for("/v1/transfers"));
     assert_eq!(
         resumed.operation().header_map(),
         op.operation().header_map()
@@ -161,7 +162,7 @@ async fn exhausted_operation_stays_pending_and_resumes_with_its_key() {
     let entry = journal.entry(op.id()).await.unwrap().unwrap();
     assert_eq!(entry.state, EntryState::Completed);
     assert_eq!(entry.attempts, 3);
-    assert_eq!(server.hits(), 3);
+    assert_eq!(server.total(), 3);
     assert!(
         server
             .keys()
@@ -172,10 +173,13 @@ async fn exhausted_operation_stays_pending_and_resumes_with_its_key() {
 
 #[tokio::test]
 async fn refused_operation_is_marked_failed_not_pending() {
-    let server = FaultServer::start([Reply::problem(422, "key-reused", "different payload")]).await;
+    let server = Upstream::scripted([Reply::problem(422, "key-reused", "different payload")]).await;
     let journal = Journal::in_memory().await.unwrap();
     let client = client(3);
-    let op = journal.persist(client.post(server.url("/"))).await.unwrap();
+    let op = journal
+        .persist(client.post(server.url_for("/")))
+        .await
+        .unwrap();
 
     let err = op.send().await.unwrap_err();
 
@@ -189,7 +193,7 @@ async fn refused_operation_is_marked_failed_not_pending() {
 
 #[tokio::test]
 async fn purge_removes_only_finished_entries_past_the_age() {
-    let server = FaultServer::start([Reply::problem(422, "key-reused", "x")]).await;
+    let server = Upstream::scripted([Reply::problem(422, "key-reused", "x")]).await;
     let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
     let journal = Journal::in_memory()
         .await
@@ -197,22 +201,22 @@ async fn purge_removes_only_finished_entries_past_the_age() {
         .with_clock(Arc::new(clock.clone()));
     let client = client(1);
     let failed = journal
-        .persist(client.post(server.url("/a")))
+        .persist(client.post(server.url_for("/a")))
         .await
         .unwrap();
     assert!(failed.send().await.is_err());
     let completed = journal
-        .persist(client.post(server.url("/b")))
+        .persist(client.post(server.url_for("/b")))
         .await
         .unwrap();
     completed.send().await.unwrap();
     let pending = journal
-        .persist(client.post(server.url("/c")))
+        .persist(client.post(server.url_for("/c")))
         .await
         .unwrap();
     clock.advance(Duration::from_secs(2 * 3600));
     let recent = journal
-        .persist(client.post(server.url("/d")))
+        .persist(client.post(server.url_for("/d")))
         .await
         .unwrap();
     recent.send().await.unwrap();

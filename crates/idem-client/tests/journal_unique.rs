@@ -5,8 +5,6 @@
 
 #![cfg(feature = "journal")]
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,9 +13,9 @@ use idem_client::{
     RetryPolicy,
 };
 use idem_core::{ManualClock, Timestamp};
+use idem_test_support::upstream::{Reply, Upstream};
 use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
-use support::{FaultServer, Reply};
 
 fn client(max_attempts: u32) -> Client {
     Client::builder()
@@ -51,16 +49,16 @@ async fn rows_for(pool: &SqlitePool, id: &BusinessId) -> i64 {
         .get("n")
 }
 
-fn payout(client: &Client, server: &FaultServer) -> idem_client::Operation {
+fn payout(client: &Client, server: &Upstream) -> idem_client::Operation {
     client
-        .post(server.url("/v1/payouts"))
+        .post(server.url_for("/v1/payouts"))
         .header("content-type", "application/json")
         .body(r#"{"amount":500}"#)
 }
 
 #[tokio::test]
 async fn second_persist_of_a_business_id_gets_the_first_outcome_and_one_send() {
-    let server = FaultServer::start([Reply::Status(
+    let server = Upstream::scripted([Reply::Status(
         201,
         vec![("content-type", "application/json".into())],
         r#"{"payout":"po_1"}"#.into(),
@@ -97,7 +95,7 @@ async fn second_persist_of_a_business_id_gets_the_first_outcome_and_one_send() {
     assert_eq!(outcome.headers()["content-type"], "application/json");
     assert_eq!(entry.id, first.id());
     assert_eq!(entry.state, EntryState::Completed);
-    assert_eq!(server.hits(), 1, "the provider saw one send");
+    assert_eq!(server.total(), 1, "the provider saw one send");
 
     // One row, and the business id is not in it: only its keyed hash.
     let pool = raw(&path).await;
@@ -116,7 +114,7 @@ async fn second_persist_of_a_business_id_gets_the_first_outcome_and_one_send() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_persists_of_one_business_id_send_exactly_once() {
     const TASKS: usize = 16;
-    let server = FaultServer::start([]).await;
+    let server = Upstream::scripted([]).await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal.db");
     // Two journals on one file, as two processes would have: their own pools and
@@ -126,7 +124,7 @@ async fn concurrent_persists_of_one_business_id_send_exactly_once() {
         Journal::open(&path).await.unwrap(),
     ];
     let client = client(3);
-    let url = server.url("/v1/payouts");
+    let url = server.url_for("/v1/payouts");
     let start = Arc::new(tokio::sync::Barrier::new(TASKS));
 
     let tasks: Vec<_> = (0..TASKS)
@@ -164,14 +162,14 @@ async fn concurrent_persists_of_one_business_id_send_exactly_once() {
     assert_eq!(winners.len(), 1, "exactly one task got a new operation");
     let key = &winners[0].1;
     assert!(results.iter().all(|(_, k)| k == key), "all see the one key");
-    assert_eq!(server.hits(), 1, "exactly one send");
+    assert_eq!(server.total(), 1, "exactly one send");
     assert_eq!(rows_for(&raw(&path).await, &order("order-9")).await, 1);
     assert_eq!(journals[1].entries().await.unwrap().len(), 1);
 }
 
 #[tokio::test]
 async fn pending_business_id_survives_a_restart_and_resumes_with_its_key() {
-    let server = FaultServer::start([Reply::status(503)]).await;
+    let server = Upstream::scripted([Reply::status(503)]).await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal.db");
     let journal = Journal::open(&path).await.unwrap();
@@ -200,7 +198,7 @@ async fn pending_business_id_survives_a_restart_and_resumes_with_its_key() {
     assert_eq!(key, first.key());
     assert_eq!(entry.state, EntryState::Pending);
     assert_eq!(
-        server.hits(),
+        server.total(),
         1,
         "a pending id is not sent again by persisting"
     );
@@ -210,7 +208,7 @@ async fn pending_business_id_survives_a_restart_and_resumes_with_its_key() {
     assert_eq!(pending[0].key(), first.key());
     assert_eq!(pending[0].send().await.unwrap().status(), 200);
 
-    assert_eq!(server.hits(), 2);
+    assert_eq!(server.total(), 2);
     assert!(
         server
             .keys()
@@ -226,12 +224,12 @@ async fn pending_business_id_survives_a_restart_and_resumes_with_its_key() {
         matches!(&done, Persisted::Completed { outcome, .. } if outcome.status() == 200),
         "{done:?}"
     );
-    assert_eq!(server.hits(), 2);
+    assert_eq!(server.total(), 2);
 }
 
 #[tokio::test]
 async fn different_business_ids_send_normally() {
-    let server = FaultServer::start([]).await;
+    let server = Upstream::scripted([]).await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal.db");
     let journal = Journal::open(&path).await.unwrap();
@@ -257,7 +255,7 @@ async fn different_business_ids_send_normally() {
         Persisted::New(_)
     ));
 
-    assert_eq!(server.hits(), 2);
+    assert_eq!(server.total(), 2);
     let pool = raw(&path).await;
     assert_eq!(rows_for(&pool, &order("order-1")).await, 1);
     assert_eq!(rows_for(&pool, &order("order-2")).await, 1);
@@ -266,7 +264,7 @@ async fn different_business_ids_send_normally() {
 
 #[tokio::test]
 async fn failed_for_good_is_recorded_against_the_business_id() {
-    let server = FaultServer::start([Reply::problem(422, "validation", "amount too large")]).await;
+    let server = Upstream::scripted([Reply::problem(422, "validation", "amount too large")]).await;
     let journal = Journal::in_memory().await.unwrap();
     let client = client(3);
 
@@ -300,12 +298,12 @@ async fn failed_for_good_is_recorded_against_the_business_id() {
             .contains("amount too large")
     );
     assert_eq!(again.key(), first.key());
-    assert_eq!(server.hits(), 1);
+    assert_eq!(server.total(), 1);
 }
 
 #[tokio::test]
 async fn same_business_id_with_another_request_is_a_conflict() {
-    let server = FaultServer::start([]).await;
+    let server = Upstream::scripted([]).await;
     let journal = Journal::in_memory().await.unwrap();
     let client = client(1);
     let Persisted::New(first) = journal
@@ -317,7 +315,7 @@ async fn same_business_id_with_another_request_is_a_conflict() {
     };
 
     let other = client
-        .post(server.url("/v1/payouts"))
+        .post(server.url_for("/v1/payouts"))
         .header("content-type", "application/json")
         .body(r#"{"amount":900}"#);
     let err = journal
@@ -329,7 +327,7 @@ async fn same_business_id_with_another_request_is_a_conflict() {
         matches!(&err, Error::BusinessIdConflict { key } if key == first.key()),
         "{err:?}"
     );
-    assert_eq!(server.hits(), 0);
+    assert_eq!(server.total(), 0);
     assert_eq!(journal.entries().await.unwrap().len(), 1);
 }
 
@@ -373,7 +371,7 @@ async fn a_key_journaled_without_a_business_id_is_a_journal_conflict() {
 
 #[tokio::test]
 async fn purge_keeps_the_business_id_guard_until_purge_guarded() {
-    let server = FaultServer::start([]).await;
+    let server = Upstream::scripted([]).await;
     let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
     let journal = Journal::in_memory()
         .await
@@ -419,7 +417,7 @@ async fn purge_keeps_the_business_id_guard_until_purge_guarded() {
             .unwrap(),
         Persisted::New(_)
     ));
-    assert_eq!(server.hits(), 2);
+    assert_eq!(server.total(), 2);
 }
 
 /// The schema `Journal::open` wrote before business ids, verbatim.
@@ -445,7 +443,7 @@ CREATE INDEX IF NOT EXISTS idem_client_operations_state
 
 #[tokio::test]
 async fn journal_made_before_business_ids_opens_and_migrates() {
-    let server = FaultServer::start([]).await;
+    let server = Upstream::scripted([]).await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal.db");
     {
@@ -471,7 +469,7 @@ async fn journal_made_before_business_ids_opens_and_migrates() {
                      X'0001000c636f6e74656e742d747970650000000a746578742f706c61696e',
                      'amount=1', 'pending', 1, 1)",
         )
-        .bind(server.url("/v1/old"))
+        .bind(server.url_for("/v1/old"))
         .execute(&old)
         .await
         .unwrap();
@@ -530,7 +528,7 @@ async fn journal_made_before_business_ids_opens_and_migrates() {
 
 #[tokio::test]
 async fn unsendable_operation_is_refused_before_it_takes_the_business_id() {
-    let server = FaultServer::start([]).await;
+    let server = Upstream::scripted([]).await;
     let journal = Journal::in_memory().await.unwrap();
     let client = client(1);
 
@@ -551,7 +549,7 @@ async fn unsendable_operation_is_refused_before_it_takes_the_business_id() {
         panic!("the id was not taken by the refused operations");
     };
     op.send().await.unwrap();
-    assert_eq!(server.hits(), 1);
+    assert_eq!(server.total(), 1);
 }
 
 #[tokio::test]

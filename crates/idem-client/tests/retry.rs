@@ -2,8 +2,6 @@
 //! 127.0.0.1. Waits go through a `ManualSleeper`, so each test asserts the exact waits
 //! requested and none of them sleeps.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,8 +9,8 @@ use idem_client::{
     Client, Error, Failure, GiveUp, ManualSleeper, RetryBudget, RetryPolicy, http_date,
 };
 use idem_core::{Clock, ManualClock, Timestamp};
+use idem_test_support::upstream::{Reply, Upstream};
 use idem_test_support::{Fault, Relay};
-use support::{FaultServer, Reply};
 
 /// A client on a manual clock standing at a whole second (HTTP-dates have no
 /// fractions), with a sleeper that records waits and moves that clock.
@@ -37,7 +35,7 @@ fn policy() -> RetryPolicy {
         .deadline(Duration::from_secs(60))
 }
 
-fn all_same_key(server: &FaultServer, key: &str) {
+fn all_same_key(server: &Upstream, key: &str) {
     let keys = server.keys();
     assert!(!keys.is_empty());
     for k in keys {
@@ -51,9 +49,11 @@ fn all_same_key(server: &FaultServer, key: &str) {
 
 #[tokio::test]
 async fn bad_gateway_and_gateway_timeout_are_retried_with_the_same_key() {
-    let server = FaultServer::start([Reply::status(502), Reply::status(504)]).await;
+    let server = Upstream::scripted([Reply::status(502), Reply::status(504)]).await;
     let (client, sleeper, _) = client(policy());
-    let op = client.post(server.url("/v1/charges")).body("amount=100");
+    let op = client
+        .post(server.url_for("/v1/charges"))
+        .body("amount=100");
 
     let outcome = op.send().await.unwrap();
 
@@ -61,7 +61,7 @@ async fn bad_gateway_and_gateway_timeout_are_retried_with_the_same_key() {
     assert_eq!(outcome.attempts(), 3);
     assert!(!outcome.replayed());
     assert_eq!(outcome.key(), op.key());
-    assert_eq!(server.hits(), 3);
+    assert_eq!(server.total(), 3);
     all_same_key(&server, op.key().as_str());
     let delays = sleeper.delays();
     assert_eq!(delays.len(), 2);
@@ -72,9 +72,9 @@ async fn bad_gateway_and_gateway_timeout_are_retried_with_the_same_key() {
 
 #[tokio::test]
 async fn conflict_then_success_waits_for_the_servers_retry_after() {
-    let server = FaultServer::start([Reply::with_header(409, "retry-after", "2")]).await;
+    let server = Upstream::scripted([Reply::with_header(409, "retry-after", "2")]).await;
     let (client, sleeper, _) = client(policy());
-    let op = client.post(server.url("/v1/charges"));
+    let op = client.post(server.url_for("/v1/charges"));
 
     let outcome = op.send().await.unwrap();
 
@@ -86,10 +86,10 @@ async fn conflict_then_success_waits_for_the_servers_retry_after() {
 
 #[tokio::test]
 async fn conflict_without_retry_after_backs_off() {
-    let server = FaultServer::start([Reply::status(409)]).await;
+    let server = Upstream::scripted([Reply::status(409)]).await;
     let (client, sleeper, _) = client(policy());
 
-    let outcome = client.post(server.url("/")).send().await.unwrap();
+    let outcome = client.post(server.url_for("/")).send().await.unwrap();
 
     assert_eq!(outcome.attempts(), 2);
     let delays = sleeper.delays();
@@ -103,9 +103,9 @@ async fn conflict_without_retry_after_backs_off() {
 #[tokio::test]
 async fn conflicts_after_the_first_attempt_do_not_use_up_attempts() {
     let busy = |secs: u32| Reply::with_header(409, "retry-after", secs.to_string());
-    let server = FaultServer::start([busy(1), busy(2), busy(4), busy(8), busy(16)]).await;
+    let server = Upstream::scripted([busy(1), busy(2), busy(4), busy(8), busy(16)]).await;
     let (client, sleeper, _) = client(policy().max_attempts(2));
-    let op = client.post(server.url("/v1/charges"));
+    let op = client.post(server.url_for("/v1/charges"));
 
     let outcome = op.send().await.unwrap();
 
@@ -118,8 +118,8 @@ async fn conflicts_after_the_first_attempt_do_not_use_up_attempts() {
     );
     all_same_key(&server, op.key().as_str());
     // Other failures still count: a 502 after the 409s is the second attempt.
-    let server = FaultServer::start([busy(1), busy(1), Reply::status(502)]).await;
-    let err = client.post(server.url("/")).send().await.unwrap_err();
+    let server = Upstream::scripted([busy(1), busy(1), Reply::status(502)]).await;
+    let err = client.post(server.url_for("/")).send().await.unwrap_err();
     assert!(
         matches!(
             &err,
@@ -135,11 +135,11 @@ async fn conflicts_after_the_first_attempt_do_not_use_up_attempts() {
 
 #[tokio::test]
 async fn conflicts_are_waited_out_only_until_the_deadline() {
-    let server = FaultServer::start([]).await;
+    let server = Upstream::scripted([]).await;
     server.set_default(Reply::with_header(409, "retry-after", "0"));
     let (client, sleeper, _) = client(policy().max_attempts(2).deadline(Duration::from_secs(5)));
 
-    let err = client.post(server.url("/")).send().await.unwrap_err();
+    let err = client.post(server.url_for("/")).send().await.unwrap_err();
 
     assert!(
         matches!(&err, Error::Exhausted { reason: GiveUp::Deadline, attempts: 5, last, .. }
@@ -162,13 +162,13 @@ async fn an_empty_budget_still_waits_out_a_conflict() {
         .sleeper(ManualSleeper::new(clock))
         .build()
         .unwrap();
-    let server = FaultServer::start([Reply::with_header(409, "retry-after", "1")]).await;
-    let outcome = client.post(server.url("/")).send().await.unwrap();
+    let server = Upstream::scripted([Reply::with_header(409, "retry-after", "1")]).await;
+    let outcome = client.post(server.url_for("/")).send().await.unwrap();
     assert_eq!(outcome.status(), 200);
     assert_eq!(outcome.attempts(), 2);
 
-    let server = FaultServer::start([Reply::status(502)]).await;
-    let err = client.post(server.url("/")).send().await.unwrap_err();
+    let server = Upstream::scripted([Reply::status(502)]).await;
+    let err = client.post(server.url_for("/")).send().await.unwrap_err();
     assert!(
         matches!(
             &err,
@@ -184,10 +184,10 @@ async fn an_empty_budget_still_waits_out_a_conflict() {
 
 #[tokio::test]
 async fn a_policy_without_retries_does_not_wait_out_a_conflict() {
-    let server = FaultServer::start([Reply::with_header(409, "retry-after", "1")]).await;
+    let server = Upstream::scripted([Reply::with_header(409, "retry-after", "1")]).await;
     let (client, sleeper, _) = client(RetryPolicy::no_retries());
 
-    let err = client.post(server.url("/")).send().await.unwrap_err();
+    let err = client.post(server.url_for("/")).send().await.unwrap_err();
 
     assert!(
         matches!(
@@ -205,24 +205,24 @@ async fn a_policy_without_retries_does_not_wait_out_a_conflict() {
 
 #[tokio::test]
 async fn too_many_requests_honours_retry_after_one_second() {
-    let server = FaultServer::start([Reply::with_header(429, "retry-after", "1")]).await;
+    let server = Upstream::scripted([Reply::with_header(429, "retry-after", "1")]).await;
     let (client, sleeper, _) = client(policy());
 
-    let outcome = client.post(server.url("/")).send().await.unwrap();
+    let outcome = client.post(server.url_for("/")).send().await.unwrap();
 
     assert_eq!(outcome.status(), 200);
     assert_eq!(outcome.attempts(), 2);
     assert_eq!(sleeper.delays(), [Duration::from_secs(1)]);
-    assert_eq!(server.hits(), 2);
+    assert_eq!(server.total(), 2);
 }
 
 #[tokio::test]
 async fn service_unavailable_honours_a_dated_retry_after() {
     let (client, sleeper, clock) = client(policy());
     let at = http_date(clock.now().plus(Duration::from_secs(3)));
-    let server = FaultServer::start([Reply::with_header(503, "retry-after", at)]).await;
+    let server = Upstream::scripted([Reply::with_header(503, "retry-after", at)]).await;
 
-    let outcome = client.post(server.url("/")).send().await.unwrap();
+    let outcome = client.post(server.url_for("/")).send().await.unwrap();
 
     assert_eq!(outcome.attempts(), 2);
     assert_eq!(sleeper.delays(), [Duration::from_secs(3)]);
@@ -230,14 +230,14 @@ async fn service_unavailable_honours_a_dated_retry_after() {
 
 #[tokio::test]
 async fn key_reused_is_a_typed_error_with_zero_retries() {
-    let server = FaultServer::start([Reply::problem(
+    let server = Upstream::scripted([Reply::problem(
         422,
         "key-reused",
         "this key was used with a different request body",
     )])
     .await;
     let (client, sleeper, _) = client(policy());
-    let op = client.post(server.url("/v1/charges"));
+    let op = client.post(server.url_for("/v1/charges"));
 
     let err = op.send().await.unwrap_err();
 
@@ -255,20 +255,20 @@ async fn key_reused_is_a_typed_error_with_zero_retries() {
     assert_eq!(err.attempts(), 1);
     assert!(!err.is_retryable_later());
     assert!(err.to_string().contains("create a new operation"), "{err}");
-    assert_eq!(server.hits(), 1);
+    assert_eq!(server.total(), 1);
     assert!(sleeper.delays().is_empty());
 }
 
 #[tokio::test]
 async fn key_expired_410_is_a_typed_error_with_zero_retries() {
-    let server = FaultServer::start([Reply::problem(
+    let server = Upstream::scripted([Reply::problem(
         410,
         "key-expired",
         "the operation with this key completed at 2026-12-01T09:30:00.125Z with status 201",
     )])
     .await;
     let (client, sleeper, _) = client(policy());
-    let op = client.post(server.url("/v1/charges"));
+    let op = client.post(server.url_for("/v1/charges"));
 
     let err = op.send().await.unwrap_err();
 
@@ -286,13 +286,13 @@ async fn key_expired_410_is_a_typed_error_with_zero_retries() {
     assert_eq!(err.attempts(), 1);
     assert!(!err.is_retryable_later());
     assert!(err.to_string().contains("not executed again"), "{err}");
-    assert_eq!(server.hits(), 1);
+    assert_eq!(server.total(), 1);
     assert!(sleeper.delays().is_empty());
 }
 
 #[tokio::test]
 async fn invalid_key_400_is_a_typed_error_with_zero_retries() {
-    let server = FaultServer::start([Reply::problem(
+    let server = Upstream::scripted([Reply::problem(
         400,
         "invalid-key",
         "the Idempotency-Key is 300 characters long; the limit is 255",
@@ -300,7 +300,7 @@ async fn invalid_key_400_is_a_typed_error_with_zero_retries() {
     .await;
     let (client, sleeper, _) = client(policy());
 
-    let err = client.post(server.url("/")).send().await.unwrap_err();
+    let err = client.post(server.url_for("/")).send().await.unwrap_err();
 
     assert!(
         matches!(&err, Error::InvalidKey { detail, .. } if detail.contains("limit is 255")),
@@ -310,14 +310,14 @@ async fn invalid_key_400_is_a_typed_error_with_zero_retries() {
         err.to_string().contains("1 to 255 printable ASCII"),
         "{err}"
     );
-    assert_eq!(server.hits(), 1);
+    assert_eq!(server.total(), 1);
     assert!(sleeper.delays().is_empty());
 }
 
 #[tokio::test]
 async fn other_400_and_422_are_rejected_not_retried() {
     for code in [400, 422] {
-        let server = FaultServer::start([Reply::Status(
+        let server = Upstream::scripted([Reply::Status(
             code,
             vec![("content-type", "text/plain".into())],
             "amount must be positive".into(),
@@ -325,7 +325,7 @@ async fn other_400_and_422_are_rejected_not_retried() {
         .await;
         let (client, sleeper, _) = client(policy());
 
-        let err = client.post(server.url("/")).send().await.unwrap_err();
+        let err = client.post(server.url_for("/")).send().await.unwrap_err();
 
         match &err {
             Error::Rejected { status, detail, .. } => {
@@ -334,7 +334,7 @@ async fn other_400_and_422_are_rejected_not_retried() {
             }
             other => panic!("expected Rejected for {code}, got {other:?}"),
         }
-        assert_eq!(server.hits(), 1);
+        assert_eq!(server.total(), 1);
         assert!(sleeper.delays().is_empty());
     }
 }
@@ -342,21 +342,21 @@ async fn other_400_and_422_are_rejected_not_retried() {
 #[tokio::test]
 async fn other_4xx_and_500_are_returned_as_the_answer() {
     for code in [401, 402, 404, 500] {
-        let server = FaultServer::start([Reply::status(code)]).await;
+        let server = Upstream::scripted([Reply::status(code)]).await;
         let (client, sleeper, _) = client(policy());
 
-        let outcome = client.post(server.url("/")).send().await.unwrap();
+        let outcome = client.post(server.url_for("/")).send().await.unwrap();
 
         assert_eq!(outcome.status().as_u16(), code);
         assert_eq!(outcome.attempts(), 1);
-        assert_eq!(server.hits(), 1);
+        assert_eq!(server.total(), 1);
         assert!(sleeper.delays().is_empty());
     }
 }
 
 #[tokio::test]
 async fn replayed_answer_is_reported_as_replayed() {
-    let server = FaultServer::start([Reply::Status(
+    let server = Upstream::scripted([Reply::Status(
         201,
         vec![("idempotent-replayed", "true".into())],
         r#"{"id":"ch_1"}"#.into(),
@@ -364,7 +364,7 @@ async fn replayed_answer_is_reported_as_replayed() {
     .await;
     let (client, _, _) = client(policy());
 
-    let outcome = client.post(server.url("/")).send().await.unwrap();
+    let outcome = client.post(server.url_for("/")).send().await.unwrap();
 
     assert_eq!(outcome.status(), 201);
     assert!(outcome.replayed());
@@ -374,7 +374,7 @@ async fn replayed_answer_is_reported_as_replayed() {
 
 #[tokio::test]
 async fn connection_closed_before_the_answer_is_retried() {
-    let server = FaultServer::start([]).await;
+    let server = Upstream::scripted([]).await;
     let proxy = Relay::start(server.addr).await;
     proxy.fault_next([Fault::Close]);
     let (client, sleeper, _) = client(policy());
@@ -384,7 +384,7 @@ async fn connection_closed_before_the_answer_is_retried() {
 
     assert_eq!(outcome.status(), 200);
     assert_eq!(outcome.attempts(), 2);
-    assert_eq!(server.hits(), 1);
+    assert_eq!(server.total(), 1);
     assert_eq!(proxy.connections(), 2);
     assert_eq!(sleeper.delays().len(), 1);
 }
@@ -423,24 +423,24 @@ async fn refused_connections_stop_at_max_attempts() {
 
 #[tokio::test]
 async fn attempt_timeout_is_retried() {
-    let server = FaultServer::start([Reply::Hang]).await;
+    let server = Upstream::scripted([Reply::Hang]).await;
     // Long enough that the second attempt, answered at once, gets its answer on a loaded
     // machine.
     let (client, _, _) = client(policy().attempt_timeout(Duration::from_secs(3)));
 
-    let outcome = client.post(server.url("/")).send().await.unwrap();
+    let outcome = client.post(server.url_for("/")).send().await.unwrap();
 
     assert_eq!(outcome.status(), 200);
     assert_eq!(outcome.attempts(), 2);
-    assert_eq!(server.hits(), 2);
+    assert_eq!(server.total(), 2);
 }
 
 #[tokio::test]
 async fn deadline_stops_a_retry_whose_wait_would_pass_it() {
-    let server = FaultServer::start([Reply::with_header(429, "retry-after", "10")]).await;
+    let server = Upstream::scripted([Reply::with_header(429, "retry-after", "10")]).await;
     let (client, sleeper, _) = client(policy().deadline(Duration::from_secs(5)));
 
-    let err = client.post(server.url("/")).send().await.unwrap_err();
+    let err = client.post(server.url_for("/")).send().await.unwrap_err();
 
     assert!(
         matches!(&err, Error::Exhausted { reason: GiveUp::Deadline, attempts: 1, last, .. }
@@ -451,17 +451,17 @@ async fn deadline_stops_a_retry_whose_wait_would_pass_it() {
         sleeper.delays().is_empty(),
         "no wait that cannot end in time"
     );
-    assert_eq!(server.hits(), 1);
+    assert_eq!(server.total(), 1);
 }
 
 #[tokio::test]
 async fn deadline_counts_the_waits_already_made() {
     // 4 s + 4 s of Retry-After fit in 10 s; a third 4 s wait would end at 12 s.
-    let server = FaultServer::start([]).await;
+    let server = Upstream::scripted([]).await;
     server.set_default(Reply::with_header(503, "retry-after", "4"));
     let (client, sleeper, _) = client(policy().max_attempts(10).deadline(Duration::from_secs(10)));
 
-    let err = client.post(server.url("/")).send().await.unwrap_err();
+    let err = client.post(server.url_for("/")).send().await.unwrap_err();
 
     assert!(
         matches!(
@@ -482,9 +482,9 @@ async fn deadline_counts_the_waits_already_made() {
 
 #[tokio::test]
 async fn sending_an_operation_again_keeps_its_key() {
-    let server = FaultServer::start([Reply::status(503), Reply::status(503)]).await;
+    let server = Upstream::scripted([Reply::status(503), Reply::status(503)]).await;
     let (client, _, _) = client(policy().max_attempts(2));
-    let op = client.post(server.url("/"));
+    let op = client.post(server.url_for("/"));
 
     let first = op.send().await.unwrap_err();
     assert!(first.is_retryable_later());
@@ -492,7 +492,7 @@ async fn sending_an_operation_again_keeps_its_key() {
 
     assert_eq!(second.status(), 200);
     assert_eq!(second.key(), op.key());
-    assert_eq!(server.hits(), 3);
+    assert_eq!(server.total(), 3);
     all_same_key(&server, op.key().as_str());
 }
 
@@ -501,9 +501,9 @@ async fn backoff_waits_are_reproducible_from_a_seed() {
     let mut runs = Vec::new();
     for _ in 0..2 {
         let server =
-            FaultServer::start([Reply::status(502), Reply::status(502), Reply::status(502)]).await;
+            Upstream::scripted([Reply::status(502), Reply::status(502), Reply::status(502)]).await;
         let (client, sleeper, _) = client(policy());
-        client.post(server.url("/")).send().await.unwrap();
+        client.post(server.url_for("/")).send().await.unwrap();
         runs.push(sleeper.delays());
     }
     assert_eq!(runs[0].len(), 3);
@@ -516,7 +516,7 @@ async fn backoff_waits_are_reproducible_from_a_seed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn budget_caps_retries_of_a_thousand_failing_operations() {
     const OPERATIONS: usize = 1000;
-    let server = FaultServer::start([]).await;
+    let server = Upstream::scripted([]).await;
     server.set_default(Reply::status(502));
     // The clients' clock stands still, so every operation falls in one budget window;
     // the sleeper moves a clock of its own.
@@ -535,7 +535,7 @@ async fn budget_caps_retries_of_a_thousand_failing_operations() {
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..20 {
         let client = client.clone();
-        let url = server.url("/v1/charges");
+        let url = server.url_for("/v1/charges");
         tasks.spawn(async move {
             let mut reasons = Vec::new();
             for _ in 0..OPERATIONS / 20 {
@@ -556,7 +556,7 @@ async fn budget_caps_retries_of_a_thousand_failing_operations() {
     assert!(stats.retries_granted <= allowed, "{stats:?}");
     // Without the budget, 4 retries each would be 4,000.
     assert_eq!(
-        server.hits() as u64,
+        server.total() as u64,
         OPERATIONS as u64 + stats.retries_granted
     );
     assert_eq!(sleeper.delays().len() as u64, stats.retries_granted);
@@ -571,7 +571,7 @@ async fn budget_caps_retries_of_a_thousand_failing_operations() {
 
 #[tokio::test]
 async fn budget_allows_exactly_ratio_plus_floor_when_sequential() {
-    let server = FaultServer::start([]).await;
+    let server = Upstream::scripted([]).await;
     server.set_default(Reply::status(503));
     let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
     let client = Client::builder()
@@ -585,11 +585,11 @@ async fn budget_allows_exactly_ratio_plus_floor_when_sequential() {
         .unwrap();
 
     for _ in 0..1000 {
-        assert!(client.post(server.url("/")).send().await.is_err());
+        assert!(client.post(server.url_for("/")).send().await.is_err());
     }
 
     assert_eq!(client.budget_stats().retries_granted, 110);
-    assert_eq!(server.hits(), 1110);
+    assert_eq!(server.total(), 1110);
 }
 
 #[tokio::test]
@@ -608,7 +608,7 @@ async fn a_custom_classifier_changes_one_case_and_keeps_the_rest() {
             idem_client::DefaultClassifier.classify_status(status, headers)
         }
     }
-    let server = FaultServer::start([
+    let server = Upstream::scripted([
         Reply::status(500),
         Reply::with_header(429, "retry-after", "1"),
     ])
@@ -623,7 +623,7 @@ async fn a_custom_classifier_changes_one_case_and_keeps_the_rest() {
         .build()
         .unwrap();
 
-    let outcome = client.post(server.url("/")).send().await.unwrap();
+    let outcome = client.post(server.url_for("/")).send().await.unwrap();
 
     assert_eq!(outcome.status(), 200);
     assert_eq!(outcome.attempts(), 3);

@@ -10,19 +10,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use idem_core::seal::SealBinding;
+use idem_core::testing::scope_of;
 use idem_core::{
-    Endpoint, FencingToken, Fingerprint, FingerprintOptions, Key, MemoryStore, RecordKeys,
-    Reservation, ReserveRequest, Scope, ScopeMode, Sealed, Store, StoredResponse, Tenant,
+    FencingToken, Fingerprint, FingerprintOptions, MemoryStore, RecordKeys, Reservation,
+    ReserveRequest, Sealed, Store, StoredResponse, Tenant,
 };
 
-fn scope(key: &str) -> Scope {
-    Scope::new(
-        ScopeMode::Public,
-        Tenant::new("hmac-sha256:0123456789abcdef"),
-        Endpoint::new("POST", "/v1/charges"),
-        Key::new(key).expect("key"),
-    )
-}
+/// A tenant as long as the HMAC the layer writes, so the sealed scope is its real size.
+const TENANT: &str = "hmac-sha256:0123456789abcdef";
 
 fn answer(size: usize) -> StoredResponse {
     StoredResponse::new(201, Bytes::from(vec![b'x'; size]))
@@ -38,7 +33,10 @@ async fn round<S: Store>(store: &S, n: u64, response: &StoredResponse) {
         b"{}",
         &FingerprintOptions::default(),
     );
-    let request = ReserveRequest::new(scope(&format!("k{n}")), fp);
+    let request = ReserveRequest::new(
+        scope_of(Tenant::new(TENANT), "/v1/charges", &format!("k{n}")),
+        fp,
+    );
     let Reservation::Acquired(lease) = store.reserve(&request).await.unwrap() else {
         panic!("acquire")
     };
@@ -61,7 +59,8 @@ fn bench(c: &mut Criterion) {
         b"{}",
         &FingerprintOptions::default(),
     );
-    let lease = ReserveRequest::new(scope("k"), fp).lease_for(FencingToken::generate(), 1);
+    let lease = ReserveRequest::new(scope_of(Tenant::new(TENANT), "/v1/charges", "k"), fp)
+        .lease_for(FencingToken::generate(), 1);
     let binding = SealBinding::of_lease(&lease);
     for size in [1024usize, 16 * 1024, 256 * 1024] {
         let plain = answer(size);

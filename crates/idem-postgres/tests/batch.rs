@@ -9,18 +9,21 @@ use std::time::Duration;
 
 use idem_core::testing::{test_fingerprint, unique_namespace};
 use idem_core::{
-    ManualClock, RecordState, Reservation, ReserveRequest, Scope, Store, StoreError,
-    StoredResponse, Tenant,
+    ManualClock, RecordState, Reservation, ReserveRequest, Store, StoreError, StoredResponse,
+    Tenant,
 };
 use idem_postgres::{BatchStats, PgStore};
+use idem_test_support::scope;
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
-fn scope(key: &str) -> Scope {
-    idem_core::testing::scope_of(Tenant::new("batch"), "/v1/charges", key)
-}
+/// The tenant of every record this file makes.
+const TENANT: &str = "batch";
 
 fn request(key: &str, body: &str) -> ReserveRequest {
-    ReserveRequest::new(scope(key), test_fingerprint(body))
+    ReserveRequest::new(
+        scope(Tenant::new(TENANT), "/v1/charges", key),
+        test_fingerprint(body),
+    )
 }
 
 /// A store writing one batch at a time, so that whatever queues while it writes goes
@@ -46,7 +49,7 @@ impl Gate {
     async fn close(store: &common::TempStore, key: &str) -> (Gate, tokio::task::JoinHandle<()>) {
         let mut conn = PgConnection::connect(&common::pg_url()).await.unwrap();
         sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
-        let s = scope(key);
+        let s = scope(Tenant::new(TENANT), "/v1/charges", key);
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {} (tenant, endpoint, idem_key, fingerprint, created_at, expires_at,
                              attempt, token, state, status, headers, body, completed_at)
@@ -190,7 +193,11 @@ async fn one_statement_for_a_queued_batch_and_one_winner_per_scope() {
             other => panic!("shared reserve {i}: {other:?}"),
         }
     }
-    let record = store.get(&scope("shared")).await.unwrap().expect("stored");
+    let record = store
+        .get(&scope(Tenant::new(TENANT), "/v1/charges", "shared"))
+        .await
+        .unwrap()
+        .expect("stored");
     assert_eq!(
         record.token, lease.token,
         "the stored attempt is the winner's"
@@ -226,7 +233,15 @@ async fn concurrent_reserves_of_few_scopes_have_one_winner_each() {
     }
     for (s, won) in winners.iter().enumerate() {
         assert_eq!(won.len(), 1, "s-{s}: {won:?}");
-        let record = store.get(&scope(&format!("s-{s}"))).await.unwrap().unwrap();
+        let record = store
+            .get(&scope(
+                Tenant::new(TENANT),
+                "/v1/charges",
+                &format!("s-{s}"),
+            ))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(record.token, won[0].token);
     }
     let stats = store.batch_stats();
@@ -293,7 +308,13 @@ async fn a_poisoned_member_fails_alone() {
         }
     }
     assert_eq!(leases.len(), NEIGHBOURS);
-    assert!(store.get(&scope("poison")).await.unwrap().is_none());
+    assert!(
+        store
+            .get(&scope(Tenant::new(TENANT), "/v1/charges", "poison"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     let after = store.batch_stats();
     assert_eq!(after.split_batches - before.split_batches, 1, "{after:?}");
 

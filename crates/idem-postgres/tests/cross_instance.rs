@@ -15,11 +15,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::testing::{test_fingerprint, unique_namespace};
-use idem_core::{
-    Endpoint, FencingToken, Key, RecordState, Reservation, ReserveRequest, Scope, ScopeMode, Store,
-    Tenant,
-};
+use idem_core::{FencingToken, RecordState, Reservation, ReserveRequest, Store, Tenant};
 use idem_postgres::PgStore;
+use idem_test_support::scope;
 
 const KEYS: usize = 1_000;
 const DUPLICATES: usize = 8;
@@ -28,15 +26,6 @@ const CALLERS_PER_INSTANCE: usize = 32;
 const CHILD_TABLE: &str = "IDEM_PG_CROSS_CHILD_TABLE";
 const CHILD_TENANT: &str = "IDEM_PG_CROSS_CHILD_TENANT";
 const LINE: &str = "IDEM-CHILD";
-
-fn scope(tenant: &str, key: usize) -> Scope {
-    Scope::new(
-        ScopeMode::Public,
-        Tenant::new(tenant),
-        Endpoint::new("POST", "/v1/race"),
-        Key::new(format!("key-{key}")).expect("key"),
-    )
-}
 
 /// A child process that is killed if the test ends before it does.
 struct Instance {
@@ -155,7 +144,11 @@ async fn cross_instance_each_key_wins_exactly_once() {
     // The stored rows are the winners' attempts.
     for (key, tokens) in &winners {
         let record = store
-            .get(&scope(&tenant, *key))
+            .get(&scope(
+                Tenant::new(&tenant),
+                "/v1/race",
+                &format!("key-{}", *key),
+            ))
             .await
             .expect("get")
             .expect("stored");
@@ -210,7 +203,10 @@ async fn cross_instance_child() {
                     let Some(&key) = jobs.get(i) else {
                         return (won, busy);
                     };
-                    let req = ReserveRequest::new(scope(&tenant, key), fingerprint);
+                    let req = ReserveRequest::new(
+                        scope(Tenant::new(&tenant), "/v1/race", &format!("key-{}", key)),
+                        fingerprint,
+                    );
                     match store.reserve(&req).await.expect("reserve") {
                         Reservation::Acquired(lease) => won.push((key, lease.token.as_i64())),
                         Reservation::InProgress { .. } => busy += 1,

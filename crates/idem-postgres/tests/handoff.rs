@@ -11,20 +11,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idem_core::testing::{test_fingerprint, unique_namespace};
-use idem_core::{RecordState, Reservation, ReserveRequest, Scope, Store, StoredResponse, Tenant};
+use idem_core::{RecordState, Reservation, ReserveRequest, Store, StoredResponse, Tenant};
 use idem_postgres::PgStore;
 use idem_test_support::figure;
+use idem_test_support::scope;
 use sqlx::Connection;
+
+/// The tenant of every record this file makes.
+const TENANT: &str = "handoff";
 
 const HANDOFFS: &str = "idem_postgres_connection_handoffs_total";
 
-fn scope(key: &str) -> Scope {
-    idem_core::testing::scope_of(Tenant::new("handoff"), "/v1/charges", key)
-}
-
 /// Reserves and completes a fresh key; panics unless both succeed.
 async fn execute(store: &PgStore, key: &str) {
-    let request = ReserveRequest::new(scope(key), test_fingerprint("{}"));
+    let request = ReserveRequest::new(
+        scope(Tenant::new(TENANT), "/v1/charges", key),
+        test_fingerprint("{}"),
+    );
     let lease = match store.reserve(&request).await.expect("reserve") {
         Reservation::Acquired(lease) => lease,
         other => panic!("{key}: expected to acquire, got {other:?}"),
@@ -62,7 +65,7 @@ async fn connections_pass_from_operation_to_operation_under_load() {
         for k in 0..KEYS_EACH {
             let key = format!("k-{c}-{k}");
             let record = store
-                .get(&scope(&key))
+                .get(&scope(Tenant::new(TENANT), "/v1/charges", &key))
                 .await
                 .unwrap()
                 .unwrap_or_else(|| panic!("{key} has no record"));
@@ -231,7 +234,10 @@ async fn waiting_for_a_connection_is_bounded_by_the_acquire_timeout() {
     );
 
     let started = std::time::Instant::now();
-    let request = ReserveRequest::new(scope("second"), test_fingerprint("{}"));
+    let request = ReserveRequest::new(
+        scope(Tenant::new(TENANT), "/v1/charges", "second"),
+        test_fingerprint("{}"),
+    );
     let waited = store.reserve(&request).await;
     let elapsed = started.elapsed();
     assert!(

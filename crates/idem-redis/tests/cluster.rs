@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use idem_core::testing::{test_fingerprint, unique_namespace};
 use idem_core::{
-    Endpoint, Key, ManualClock, Reservation, ReserveRequest, Scope, ScopeMode, Store, StoreError,
-    StoredResponse, Tenant,
+    ManualClock, Reservation, ReserveRequest, Store, StoreError, StoredResponse, Tenant,
 };
 use idem_redis::RedisStore;
+use idem_test_support::scope;
 use idem_test_support::{RedisCluster, redis_cluster_url, service_unavailable};
 
 /// The shared cluster's URL, or `None` said loudly (a panic under
@@ -46,15 +46,6 @@ async fn store(clock: ManualClock, ns: String) -> Option<RedisStore> {
 
 idem_core::store_contract_tests!(store);
 
-fn scope(i: usize) -> Scope {
-    Scope::new(
-        ScopeMode::Public,
-        Tenant::new("cluster-tenant"),
-        Endpoint::new("POST", "/v1/cluster"),
-        Key::new(format!("cluster-{i}")).expect("valid key"),
-    )
-}
-
 /// Records land on every master (their hash tags spread over the slots), and each
 /// one's reserve, complete and replay works wherever it lands.
 #[tokio::test]
@@ -68,7 +59,14 @@ async fn records_spread_over_every_master_and_each_completes_where_it_lands() {
     )
     .await;
     for i in 0..64 {
-        let req = ReserveRequest::new(scope(i), test_fingerprint("spread"));
+        let req = ReserveRequest::new(
+            scope(
+                Tenant::new("cluster-tenant"),
+                "/v1/cluster",
+                &format!("cluster-{}", i),
+            ),
+            test_fingerprint("spread"),
+        );
         let Reservation::Acquired(lease) = s.reserve(&req).await.unwrap() else {
             panic!("key {i} was fresh");
         };
@@ -137,7 +135,14 @@ async fn wait_for_one_replica_succeeds_on_the_cluster() {
     .await;
     assert_eq!(s.replication().map(|r| r.replicas), Some(1));
     for i in 0..16 {
-        let req = ReserveRequest::new(scope(i), test_fingerprint("wait1"));
+        let req = ReserveRequest::new(
+            scope(
+                Tenant::new("cluster-tenant"),
+                "/v1/cluster",
+                &format!("cluster-{}", i),
+            ),
+            test_fingerprint("wait1"),
+        );
         let Reservation::Acquired(lease) = s.reserve(&req).await.unwrap() else {
             panic!("key {i} was fresh");
         };
@@ -160,7 +165,14 @@ async fn too_few_replicas_refuse_the_reservation_and_release_it() {
         &prefix,
     )
     .await;
-    let req = ReserveRequest::new(scope(0), test_fingerprint("wait2"));
+    let req = ReserveRequest::new(
+        scope(
+            Tenant::new("cluster-tenant"),
+            "/v1/cluster",
+            &format!("cluster-{}", 0),
+        ),
+        test_fingerprint("wait2"),
+    );
     match waiting.reserve(&req).await {
         Err(StoreError::Unavailable(e)) => {
             assert!(e.to_string().contains("1 of the 2 replicas"), "{e}")
@@ -208,7 +220,14 @@ async fn a_silent_master_failed_over_is_found_again() {
         .unwrap();
     // Records on every master first: the store holds a connection to each.
     for i in 0..32 {
-        let req = ReserveRequest::new(scope(i), test_fingerprint("silent"));
+        let req = ReserveRequest::new(
+            scope(
+                Tenant::new("cluster-tenant"),
+                "/v1/cluster",
+                &format!("cluster-{}", i),
+            ),
+            test_fingerprint("silent"),
+        );
         assert!(matches!(
             s.reserve(&req).await.unwrap(),
             Reservation::Acquired(_)
@@ -228,7 +247,14 @@ async fn a_silent_master_failed_over_is_found_again() {
     // timeouts of 300 ms and one fresh connection, not forever.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     for i in 32..96 {
-        let req = ReserveRequest::new(scope(i), test_fingerprint("silent"));
+        let req = ReserveRequest::new(
+            scope(
+                Tenant::new("cluster-tenant"),
+                "/v1/cluster",
+                &format!("cluster-{}", i),
+            ),
+            test_fingerprint("silent"),
+        );
         loop {
             match s.reserve(&req).await {
                 Ok(Reservation::Acquired(_)) => break,

@@ -14,11 +14,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use idem_core::testing::{test_fingerprint, unique_namespace};
-use idem_core::{
-    Endpoint, Key, RecordState, Reservation, ReserveRequest, Scope, ScopeMode, Store,
-    StoredResponse, Tenant,
-};
+use idem_core::{RecordState, Reservation, ReserveRequest, Store, StoredResponse, Tenant};
 use idem_redis::RedisStore;
+use idem_test_support::scope;
 use idem_test_support::service_unavailable;
 use idem_test_support::services::redis_url;
 
@@ -27,15 +25,6 @@ const PROCESSES: usize = 2;
 const DUPLICATES_PER_PROCESS: usize = 4;
 /// How long the parent waits for any one line from a child before it gives up.
 const CHILD_DEADLINE: Duration = Duration::from_secs(120);
-
-fn scope(tenant: &str, i: usize) -> Scope {
-    Scope::new(
-        ScopeMode::Public,
-        Tenant::new(tenant),
-        Endpoint::new("POST", "/v1/race"),
-        Key::new(format!("race-{i}")).expect("valid key"),
-    )
-}
 
 fn answer(worker: &str, i: usize) -> String {
     format!("worker {worker} executed key {i}")
@@ -185,7 +174,11 @@ fn race(url: String, service: &str, timeout: Duration) {
         for i in 0..KEYS {
             let (winner, token) = winners[&i][0];
             let record = verifier
-                .get(&scope(&tenant, i))
+                .get(&scope(
+                    Tenant::new(&tenant),
+                    "/v1/race",
+                    &format!("race-{i}"),
+                ))
                 .await
                 .expect("get")
                 .expect("record stored");
@@ -202,7 +195,14 @@ fn race(url: String, service: &str, timeout: Duration) {
             }
         }
         for i in 0..KEYS {
-            verifier.remove(&scope(&tenant, i)).await.expect("clean up");
+            verifier
+                .remove(&scope(
+                    Tenant::new(&tenant),
+                    "/v1/race",
+                    &format!("race-{i}"),
+                ))
+                .await
+                .expect("clean up");
         }
     });
 
@@ -253,7 +253,10 @@ fn race_worker() {
             for _ in 0..DUPLICATES_PER_PROCESS {
                 let store = store.clone();
                 let worker = worker.clone();
-                let req = ReserveRequest::new(scope(&tenant, i), fingerprint);
+                let req = ReserveRequest::new(
+                    scope(Tenant::new(&tenant), "/v1/race", &format!("race-{i}")),
+                    fingerprint,
+                );
                 tasks.push(tokio::spawn(async move {
                     let outcome = store.reserve(&req).await.expect("reserve");
                     if let Reservation::Acquired(lease) = &outcome {

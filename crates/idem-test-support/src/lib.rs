@@ -4,7 +4,7 @@
 //! intercept ([`HookedStore`]), a process's CPU time ([`cpu_time`]) for benches, and a
 //! real Redis Cluster on 127.0.0.1 ([`RedisCluster`], [`redis_cluster_url`]), and
 //! TLS-only PostgreSQL and Redis servers with certificates made at run time
-//! ([`tls`]).
+//! ([`tls`]), and (feature `upstream`) a recording HTTP upstream (`upstream`).
 //!
 //! The store contract suite stays in `idem-core` (feature `testing`), beside the
 //! `Store` trait it checks, so a store crate needs only that feature to run it. This
@@ -35,6 +35,8 @@ mod relay;
 pub mod services;
 mod store;
 pub mod tls;
+#[cfg(feature = "upstream")]
+pub mod upstream;
 
 pub use cluster::{REDIS_CLUSTER_ENV, RedisCluster, redis_cluster_url};
 pub use cpu::cpu_time;
@@ -44,3 +46,9 @@ pub use relay::{Fault, Relay, RelayMode, service_addr, url_via};
 pub use services::{service_unavailable, service_url, services_required};
 pub use store::{HookedStore, StoreHooks, figure};
 pub use tls::{CERT_USER, CertFiles, RedisTlsServer, TestPki};
+
+/// The public scope of `key` on `POST endpoint` for `tenant`, as a layer or a store
+/// names a record: the one helper every test builds a scope with. It lives in
+/// `idem-core` (feature `testing`) because the contract suite and `idem-core`'s own
+/// tests use it too.
+pub use idem_core::testing::scope_of as scope;

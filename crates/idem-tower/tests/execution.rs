@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
-use idem_core::{MemoryStore, RecordState, Reservation, ReserveRequest, Scope, Store, Tenant};
-use idem_test_support::{HookedStore, StoreHooks};
+use idem_core::{MemoryStore, RecordState, Reservation, ReserveRequest, Store, Tenant};
+use idem_test_support::{HookedStore, StoreHooks, scope};
 use idem_tower::{IdempotencyBody, IdempotencyLayer};
 use tokio::sync::{Notify, Semaphore};
 use tower::{Layer, Service, ServiceExt};
@@ -22,10 +22,6 @@ fn charge(key: &str) -> Request<Full<Bytes>> {
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from_static(br#"{"amount":100}"#)))
         .expect("request")
-}
-
-fn scope(key: &str) -> Scope {
-    idem_core::testing::scope_of(Tenant::anonymous(), "/charges", key)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,13 +58,21 @@ async fn dropped_response_future_still_records() {
         1,
         "the execution goes on without its response future"
     );
-    let record = store.get(&scope("k-dropped")).await.unwrap().unwrap();
+    let record = store
+        .get(&scope(Tenant::anonymous(), "/charges", "k-dropped"))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(matches!(record.state, RecordState::InProgress { .. }));
 
     gate.add_permits(1);
     in_flight.wait().await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let record = store.get(&scope("k-dropped")).await.unwrap().unwrap();
+    let record = store
+        .get(&scope(Tenant::anonymous(), "/charges", "k-dropped"))
+        .await
+        .unwrap()
+        .unwrap();
     let RecordState::Completed { response, .. } = record.state else {
         panic!("the answer was not recorded: {record:?}")
     };
@@ -120,7 +124,11 @@ async fn panic_in_call_is_recorded_as_500() {
 
     let first = service.clone().oneshot(charge("k-boom")).await.unwrap();
     assert_eq!(first.status(), 500);
-    let record = store.get(&scope("k-boom")).await.unwrap().unwrap();
+    let record = store
+        .get(&scope(Tenant::anonymous(), "/charges", "k-boom"))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(record.is_completed(), "the failure is recorded: {record:?}");
 
     let retry = service.oneshot(charge("k-boom")).await.unwrap();

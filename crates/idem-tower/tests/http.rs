@@ -13,13 +13,14 @@ use bytes::Bytes;
 use http::{HeaderName, Method, StatusCode};
 use idem_core::{
     FingerprintOptions, Lease, ManualClock, MemoryStore, Record, RecordState, Reservation,
-    ReserveRequest, Result, Scope, ScopeMode, Store, StoreError, StoredResponse,
+    ReserveRequest, Result, Scope, ScopeMode, Store, StoreError, StoredResponse, Tenant,
 };
+use idem_test_support::scope;
 use idem_test_support::{HookedStore, StoreHooks};
 use idem_test_support::{WAIT, eventually};
 use idem_tower::{Observer, Outcome, ReleaseStatuses, RouteConfig};
 use sha2::{Digest, Sha256};
-use support::{App, Counters, StoreKind, json_fingerprint, scope};
+use support::{App, Counters, StoreKind, json_fingerprint};
 
 const ORDER: &str = r#"{"sku":"tea","qty":2,"amount":100}"#;
 
@@ -505,7 +506,7 @@ async fn first_request_executes_and_records(kind: StoreKind) {
     assert_eq!(reply.header("x-request-id"), Some("req-1"));
     let record = app
         .store
-        .get(&scope("/orders", "k-first", None))
+        .get(&scope(Tenant::anonymous(), "/orders", "k-first"))
         .await
         .unwrap()
         .expect("recorded");
@@ -765,7 +766,7 @@ async fn expired_lease_is_taken_over_as_recovered_attempt(kind: StoreKind) {
     let body = taken.json();
     assert_eq!(body["attempt"], 2);
     assert_eq!(body["recovered"], true);
-    let scope = scope("/orders", "k-dead", None);
+    let scope = scope(Tenant::anonymous(), "/orders", "k-dead");
     assert_eq!(body["charge_key"], expected_child_key(&scope, "charge"));
     assert_eq!(count(&app.counters.orders), 1);
 
@@ -907,7 +908,11 @@ async fn same_key_two_tenants_execute_twice(kind: StoreKind) {
     let tenants = idem_core::TenantKey::from_store(&*app.store).await.unwrap();
     let record = app
         .store
-        .get(&scope("/orders", "shared", Some((&tenants, "bearer sk_a"))))
+        .get(&scope(
+            tenants.credential("authorization", b"bearer sk_a"),
+            "/orders",
+            "shared",
+        ))
         .await
         .unwrap()
         .expect("tenant a's record");
@@ -970,7 +975,7 @@ async fn endpoint_is_route_template_and_path_is_fingerprinted(kind: StoreKind) {
         .await;
     assert_eq!(one.json()["captured"], 1);
     // The record's endpoint is axum's route template.
-    let template_scope = scope("/orders/{id}/capture", "k-cap", None);
+    let template_scope = scope(Tenant::anonymous(), "/orders/{id}/capture", "k-cap");
     assert!(app.store.get(&template_scope).await.unwrap().is_some());
     // The same key on another order is not order 1's replay.
     let two = app
@@ -1011,7 +1016,7 @@ async fn route_config_overrides_endpoint_and_requirement(kind: StoreKind) {
     );
     assert!(
         app.store
-            .get(&scope("/v1/orders", "k-rc", None))
+            .get(&scope(Tenant::anonymous(), "/v1/orders", "k-rc"))
             .await
             .unwrap()
             .is_some()
@@ -1165,7 +1170,7 @@ async fn disposition_keep_in_progress_lets_lease_lapse(kind: StoreKind) {
     assert_eq!(first.status, 504);
     let record = app
         .store
-        .get(&scope("/status", "k-d-keep", None))
+        .get(&scope(Tenant::anonymous(), "/status", "k-d-keep"))
         .await
         .unwrap()
         .unwrap();
@@ -1190,7 +1195,7 @@ async fn disposition_keep_in_progress_lets_lease_lapse(kind: StoreKind) {
     assert_eq!(taken.status, 504);
     let record = app
         .store
-        .get(&scope("/status", "k-d-keep", None))
+        .get(&scope(Tenant::anonymous(), "/status", "k-d-keep"))
         .await
         .unwrap()
         .unwrap();
@@ -1212,7 +1217,7 @@ async fn stored_headers_are_allow_listed(kind: StoreKind) {
     assert_eq!(first.header("set-cookie"), Some("session=s3cret"));
     let record = app
         .store
-        .get(&scope("/orders", "k-hdr", None))
+        .get(&scope(Tenant::anonymous(), "/orders", "k-hdr"))
         .await
         .unwrap()
         .unwrap();
@@ -1256,7 +1261,7 @@ async fn answer_over_response_limit_is_recorded_as_500_problem(kind: StoreKind) 
     // Recorded, not released: the order was placed, so it must not be placed again.
     let record = app
         .store
-        .get(&scope("/orders", "k-huge", None))
+        .get(&scope(Tenant::anonymous(), "/orders", "k-huge"))
         .await
         .unwrap()
         .expect("a record");
@@ -1380,7 +1385,7 @@ async fn client_disconnect_does_not_cancel_handler(kind: StoreKind) {
     );
     let record = app
         .store
-        .get(&scope("/slow", "k-gone", None))
+        .get(&scope(Tenant::anonymous(), "/slow", "k-gone"))
         .await
         .unwrap()
         .unwrap();
@@ -1405,7 +1410,7 @@ async fn heartbeat_renews_lease_while_handler_runs(kind: StoreKind) {
         count(&app.counters.slow_started) == 1
     })
     .await;
-    let scope = scope("/slow", "k-beat", None);
+    let scope = scope(Tenant::anonymous(), "/slow", "k-beat");
     for _ in 0..4 {
         app.clock.advance(Duration::from_millis(250));
         let now = idem_core::Clock::now(&app.clock);
@@ -1468,7 +1473,7 @@ async fn stale_attempt_cannot_overwrite_takeover(kind: StoreKind) {
     app.in_flight.wait().await;
     let record = app
         .store
-        .get(&scope("/slow", "k-stale", None))
+        .get(&scope(Tenant::anonymous(), "/slow", "k-stale"))
         .await
         .unwrap()
         .unwrap();
@@ -1661,7 +1666,7 @@ async fn an_answer_recorded_as_a_reference_is_rendered_again_at_replay() {
 
     let record = app
         .store
-        .get(&scope("/reports", "k-report", None))
+        .get(&scope(Tenant::anonymous(), "/reports", "k-report"))
         .await
         .unwrap()
         .unwrap();
@@ -1751,7 +1756,7 @@ async fn a_reference_that_cannot_be_rendered_is_503_and_never_runs_again() {
 }
 
 async fn reference_that_cannot_be_rendered(app: &App) {
-    let scope = scope("/reports", "k-gone", None);
+    let scope = scope(Tenant::anonymous(), "/reports", "k-gone");
     // Recorded as a reference to a report that does not exist.
     let request = ReserveRequest::new(scope, json_fingerprint("/reports", r#"{"size":1}"#));
     let lease = app
@@ -1852,7 +1857,7 @@ async fn ambiguous_outcomes_are_reported_and_recorded(kind: StoreKind) {
         .json("{}")
         .send()
         .await;
-    let panicked = scope("/panic", "k-amb-panic", None);
+    let panicked = scope(Tenant::anonymous(), "/panic", "k-amb-panic");
     let record = app.store.get(&panicked).await.unwrap().expect("recorded");
     let RecordState::Completed { response, .. } = &record.state else {
         panic!("{record:?}")
@@ -1897,7 +1902,7 @@ async fn ambiguous_outcomes_are_reported_and_recorded(kind: StoreKind) {
             (Ambiguity::HandlerFailed, panicked.digest()),
             (
                 Ambiguity::Takeover,
-                scope("/orders", "k-amb-dead", None).digest()
+                scope(Tenant::anonymous(), "/orders", "k-amb-dead").digest()
             ),
         ]
     );

@@ -10,8 +10,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use idem_core::testing::sealing::{raw_answer, ring};
 use idem_core::{
-    Forward, MemoryStore, Reservation, ReserveRequest, Scope, Sealed, Store, StoreError, Tenant,
+    Forward, MemoryStore, Reservation, ReserveRequest, Sealed, Store, StoreError, Tenant,
 };
+use idem_test_support::scope;
 use idem_tower::{IdempotencyBody, IdempotencyLayer, RouteConfig};
 use tokio::sync::{Notify, Semaphore};
 use tower::{Layer, Service, ServiceExt};
@@ -24,10 +25,6 @@ fn charge(key: &str) -> Request<Full<Bytes>> {
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from_static(br#"{"amount":100}"#)))
         .expect("request")
-}
-
-fn scope(key: &str) -> Scope {
-    idem_core::testing::scope_of(Tenant::anonymous(), "/charges", key)
 }
 
 type Handler = tower::util::BoxCloneSyncService<
@@ -89,7 +86,7 @@ async fn a_sealed_answer_replays_and_one_that_cannot_be_opened_is_a_500_without_
         (first.status, &first.body[..]),
         (StatusCode::CREATED, CARD.as_bytes())
     );
-    let raw = raw_answer(&*inner, &scope("seal-1")).await;
+    let raw = raw_answer(&*inner, &scope(Tenant::anonymous(), "/charges", "seal-1")).await;
     assert!(
         !raw.body.windows(4).any(|w| w == b"4242"),
         "stored in plain text"
@@ -126,13 +123,23 @@ async fn a_tampered_sealed_answer_is_a_500_without_running() {
     let runs = Arc::new(AtomicUsize::new(0));
     send(&layer, handler(StatusCode::CREATED, &runs), "seal-2").await;
     // Rewrite the record in the inner store with one bit of its ciphertext flipped.
-    let mut raw = raw_answer(&*inner, &scope("seal-2")).await;
+    let mut raw = raw_answer(&*inner, &scope(Tenant::anonymous(), "/charges", "seal-2")).await;
     let mut body = raw.body.to_vec();
     *body.last_mut().unwrap() ^= 0x80;
     raw.body = Bytes::from(body);
-    let record = inner.get(&scope("seal-2")).await.unwrap().unwrap();
-    inner.remove(&scope("seal-2")).await.unwrap();
-    let request = ReserveRequest::new(scope("seal-2"), record.fingerprint);
+    let record = inner
+        .get(&scope(Tenant::anonymous(), "/charges", "seal-2"))
+        .await
+        .unwrap()
+        .unwrap();
+    inner
+        .remove(&scope(Tenant::anonymous(), "/charges", "seal-2"))
+        .await
+        .unwrap();
+    let request = ReserveRequest::new(
+        scope(Tenant::anonymous(), "/charges", "seal-2"),
+        record.fingerprint,
+    );
     let Reservation::Acquired(lease) = inner.reserve(&request).await.unwrap() else {
         panic!("reserve")
     };

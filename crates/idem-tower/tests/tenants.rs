@@ -11,10 +11,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use http::{HeaderName, Request, Response};
 use http_body_util::{BodyExt, Full};
-use idem_core::{
-    Endpoint, Key, MemoryStore, Scope, ScopeMode, Store, StoreError, TENANT_PREFIX, Tenant,
-    TenantKey,
-};
+use idem_core::{MemoryStore, Store, StoreError, TENANT_PREFIX, Tenant, TenantKey};
+use idem_test_support::scope;
 use idem_test_support::{HookedStore, StoreHooks};
 use idem_tower::{IdempotencyBody, IdempotencyLayer};
 use tower::{Layer, Service, ServiceExt};
@@ -72,15 +70,6 @@ where
     (status, headers, body)
 }
 
-fn scope(tenant: Tenant, key: &str) -> Scope {
-    Scope::new(
-        ScopeMode::Public,
-        tenant,
-        Endpoint::new("POST", "/charges"),
-        Key::new(key).unwrap(),
-    )
-}
-
 /// By default the layer hashes `Authorization` under the secret the store keeps
 /// (generated on the store's first use): the stored tenant is that HMAC, and a second
 /// layer on the same store (another instance) replays the first one's answer.
@@ -97,7 +86,11 @@ async fn default_tenant_is_keyed_by_the_stores_secret_and_layers_agree() {
     let tenant = tenants.credential("authorization", b"basic alice:hunter2");
     assert!(tenant.as_str().starts_with(TENANT_PREFIX), "{tenant}");
     assert!(
-        store.get(&scope(tenant, "k-1")).await.unwrap().is_some(),
+        store
+            .get(&scope(tenant, "/charges", "k-1"))
+            .await
+            .unwrap()
+            .is_some(),
         "the record is under the HMAC of the scheme-folded credential"
     );
 
@@ -121,7 +114,13 @@ async fn a_given_tenant_key_names_the_tenant() {
         .layer(counting(&runs));
     assert_eq!(send(&mut svc, charge("k-2", &auth)).await.0, 201);
     let expected = key.credential("authorization", b"bearer sk_1");
-    assert!(store.get(&scope(expected, "k-2")).await.unwrap().is_some());
+    assert!(
+        store
+            .get(&scope(expected, "/charges", "k-2"))
+            .await
+            .unwrap()
+            .is_some()
+    );
 
     let mut other = IdempotencyLayer::from_arc(store.clone())
         .tenant_key(TenantKey::new(&[6; 32]).unwrap())

@@ -1,138 +1,20 @@
-//! Servers for the client's tests, all on 127.0.0.1 with port 0: a scripted HTTP
-//! server that answers each request with the next fault of its script, and a payments
-//! API behind the real layer. The proxy that breaks chosen connections is
-//! `idem_test_support::Relay`.
+//! A payments API behind the real layer for the client's tests, on 127.0.0.1 with
+//! port 0. The scripted server that answers each request with the next fault of its
+//! script is `idem_test_support::upstream::Upstream::scripted`; the proxy that breaks
+//! chosen connections is `idem_test_support::Relay`.
 
 #![allow(dead_code)] // Each test binary uses its own part of this module.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::response::Response;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-
-/// One scripted answer.
-#[derive(Clone, Debug)]
-pub enum Reply {
-    /// A status, headers and body.
-    Status(u16, Vec<(&'static str, String)>, String),
-    /// Never answer (the client's attempt timeout must end it).
-    Hang,
-}
-
-impl Reply {
-    pub fn status(code: u16) -> Reply {
-        Reply::Status(code, Vec::new(), String::new())
-    }
-
-    pub fn with_header(code: u16, name: &'static str, value: impl Into<String>) -> Reply {
-        Reply::Status(code, vec![(name, value.into())], String::new())
-    }
-
-    /// An RFC 9457 problem as idem's server writes it.
-    pub fn problem(code: u16, slug: &str, detail: &str) -> Reply {
-        Reply::Status(
-            code,
-            vec![("content-type", "application/problem+json".into())],
-            serde_json::json!({
-                "type": format!("https://idem.dev/problems/{slug}"),
-                "title": slug,
-                "status": code,
-                "detail": detail,
-            })
-            .to_string(),
-        )
-    }
-}
-
-/// A server that answers request n with the n-th reply of its script, then with the
-/// default reply.
-pub struct FaultServer {
-    pub addr: SocketAddr,
-    state: Arc<ServerState>,
-    _task: AbortOnDrop,
-}
-
-struct ServerState {
-    script: Mutex<VecDeque<Reply>>,
-    default: Mutex<Reply>,
-    hits: AtomicUsize,
-    keys: Mutex<Vec<Option<String>>>,
-}
-
-impl FaultServer {
-    pub async fn start(script: impl IntoIterator<Item = Reply>) -> FaultServer {
-        let state = Arc::new(ServerState {
-            script: Mutex::new(script.into_iter().collect()),
-            default: Mutex::new(Reply::Status(200, Vec::new(), "ok".into())),
-            hits: AtomicUsize::new(0),
-            keys: Mutex::default(),
-        });
-        let app = axum::Router::new()
-            .fallback(answer)
-            .with_state(state.clone());
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
-        FaultServer {
-            addr,
-            state,
-            _task: AbortOnDrop(task),
-        }
-    }
-
-    /// Answers every request after the script with `reply`.
-    pub fn set_default(&self, reply: Reply) {
-        *self.state.default.lock().unwrap() = reply;
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    /// Requests received.
-    pub fn hits(&self) -> usize {
-        self.state.hits.load(Ordering::SeqCst)
-    }
-
-    /// The `Idempotency-Key` of every request received, in order.
-    pub fn keys(&self) -> Vec<Option<String>> {
-        self.state.keys.lock().unwrap().clone()
-    }
-}
-
-async fn answer(State(state): State<Arc<ServerState>>, request: Request) -> Response {
-    let key = request
-        .headers()
-        .get("idempotency-key")
-        .map(|v| v.to_str().unwrap().to_owned());
-    state.keys.lock().unwrap().push(key);
-    state.hits.fetch_add(1, Ordering::SeqCst);
-    let reply = state
-        .script
-        .lock()
-        .unwrap()
-        .pop_front()
-        .unwrap_or_else(|| state.default.lock().unwrap().clone());
-    match reply {
-        Reply::Status(code, headers, body) => {
-            let mut b = Response::builder().status(code);
-            for (name, value) in headers {
-                b = b.header(name, value);
-            }
-            b.body(Body::from(body)).unwrap()
-        }
-        Reply::Hang => std::future::pending().await,
-    }
-}
 
 /// Aborts a task when dropped, so servers stop with their test.
 pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);

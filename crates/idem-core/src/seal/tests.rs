@@ -5,10 +5,6 @@ use crate::{FingerprintOptions, ReserveRequest, Tenant};
 const K1: &str = "1111111111111111111111111111111111111111111111111111111111111111";
 const K2: &str = "2222222222222222222222222222222222222222222222222222222222222222";
 
-fn scope(key: &str) -> Scope {
-    crate::testing::scope_of(Tenant::new("t"), "/v1/charges", key)
-}
-
 /// The lease of attempt `token` on `key`'s record, reserved for the body `body`.
 fn lease_on(key: &str, body: &str, token: u64) -> Lease {
     let fp = Fingerprint::compute(
@@ -18,7 +14,11 @@ fn lease_on(key: &str, body: &str, token: u64) -> Lease {
         body.as_bytes(),
         &FingerprintOptions::default(),
     );
-    ReserveRequest::new(scope(key), fp).lease_for(FencingToken::from_u64(token), 1)
+    ReserveRequest::new(
+        crate::testing::scope_of(Tenant::new("t"), "/v1/charges", key),
+        fp,
+    )
+    .lease_for(FencingToken::from_u64(token), 1)
 }
 
 /// What an answer recorded on `key` for the body `{}` by attempt 1 is bound to.

@@ -20,11 +20,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_core::{
-    Endpoint, Fingerprint, FingerprintOptions, Key, ManualClock, ReserveRequest, Scope, ScopeMode,
-    Store, Tenant,
-};
+use idem_core::{Fingerprint, FingerprintOptions, ManualClock, ReserveRequest, Store, Tenant};
 use idem_sqlite::SqliteStore;
+use idem_test_support::scope;
 use idem_tower::{Disposition, IdempotencyContext, IdempotencyLayer};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -243,7 +241,7 @@ impl App {
     /// `key`; a request that reserved nothing, or released its key, leaves none.
     pub async fn has_record(&self, template: &str, key: &str) -> bool {
         self.store
-            .get(&scope(template, key, None))
+            .get(&scope(Tenant::anonymous(), template, key))
             .await
             .unwrap()
             .is_some()
@@ -370,24 +368,6 @@ impl Reply {
     }
 }
 
-/// The scope the layer gives a request by default (public mode): `authorization`
-/// comes with the key the layer hashes it under (the store's, by default).
-pub fn scope(
-    template: &str,
-    key: &str,
-    authorization: Option<(&idem_core::TenantKey, &str)>,
-) -> Scope {
-    let tenant = authorization.map_or_else(Tenant::anonymous, |(tenants, a)| {
-        tenants.credential("authorization", a.as_bytes())
-    });
-    Scope::new(
-        ScopeMode::Public,
-        tenant,
-        Endpoint::new("POST", template),
-        Key::new(key).expect("key"),
-    )
-}
-
 /// The fingerprint the layer computes for a JSON POST to `path`.
 pub fn json_fingerprint(path: &str, body: &str) -> Fingerprint {
     Fingerprint::compute(
@@ -401,7 +381,11 @@ pub fn json_fingerprint(path: &str, body: &str) -> Fingerprint {
 
 /// A reserve request as the layer makes it for a JSON POST to `path`.
 pub fn reserve_request(path: &str, key: &str, body: &str, lease: Duration) -> ReserveRequest {
-    ReserveRequest::new(scope(path, key, None), json_fingerprint(path, body)).lease(lease)
+    ReserveRequest::new(
+        scope(Tenant::anonymous(), path, key),
+        json_fingerprint(path, body),
+    )
+    .lease(lease)
 }
 
 async fn create_order(State(h): State<Arc<Handlers>>, request: Request) -> Response {
