@@ -212,8 +212,22 @@ impl Gateway {
             .unwrap()
     }
 
+    /// The gateway's log so far. The gateway writes its lines from a thread of its own,
+    /// a moment after they are logged, later still on a loaded machine: the file is read
+    /// until two reads 25 ms apart agree (2 s at most), so that a line logged while the
+    /// test's last request was handled is in it.
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let read = || std::fs::read_to_string(&self.log).unwrap_or_default();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let mut last = read();
+        loop {
+            std::thread::sleep(Duration::from_millis(25));
+            let now = read();
+            if now == last || std::time::Instant::now() >= deadline {
+                return now;
+            }
+            last = now;
+        }
     }
 
     /// The process's resident memory now, in KiB (`VmRSS` in `/proc/PID/status`;
