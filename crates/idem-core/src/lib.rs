@@ -109,12 +109,12 @@ pub use memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
 pub use meta::ResponseMeta;
 pub use namespace::{DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN, Namespace, NamespaceError};
 pub use open::{MigrationPlan, OpenError, OpenStore, Schema, StoreOptions, redact_url};
+pub use profile::{Profile, UnknownProfile};
 pub use rate::{KeyRate, KeyRateError, LocalBucket};
 pub use record::{
     DEFAULT_LEASE, DEFAULT_TTL, FencingToken, Lease, Record, RecordState, ReserveRequest,
     StoredResponse,
 };
-pub use profile::{Profile, UnknownProfile};
 pub use scope::{Endpoint, Scope, ScopeMode, Tenant};
 #[cfg(feature = "seal")]
 pub use seal::Sealed;

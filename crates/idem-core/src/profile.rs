@@ -88,7 +88,10 @@ mod tests {
         assert_eq!(Profile::NAMES, ["ietf", "stripe", "acp", "ucp"]);
         assert_eq!(" Stripe ".parse::<Profile>(), Ok(Profile::Stripe));
         let e = "paypal".parse::<Profile>().unwrap_err().to_string();
-        assert_eq!(e, "unknown profile \"paypal\": one of ietf, stripe, acp, ucp");
+        assert_eq!(
+            e,
+            "unknown profile \"paypal\": one of ietf, stripe, acp, ucp"
+        );
         assert_eq!(Profile::default(), Profile::Ietf);
     }
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::choices::ProfileArg;
 use super::toml_form;
+use idem_core::Profile;
 
 /// A `[[tenant]]` table as written: one tenant's limits in place of the global ones.
 #[derive(Debug, Clone, Deserialize)]
@@ -71,7 +71,8 @@ pub struct RouteRule {
     #[serde(default, deserialize_with = "toml_form::duration")]
     pub conflict_wait: Option<Duration>,
     /// The dialect of this route's answers, in place of the global `profile`.
-    pub profile: Option<ProfileArg>,
+    #[serde(default, deserialize_with = "super::choices::profile_in_file")]
+    pub profile: Option<Profile>,
     /// How this route's JSON bodies are compared: `idem` (every digit of a number
     /// counts) or `jcs` (RFC 8785).
     pub canonical_json: Option<String>,
