@@ -9,6 +9,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use serde::de::{Deserialize, Deserializer, EnumAccess, Error, VariantAccess, Visitor};
+
 /// A protocol profile: the dialect of an API's idempotency answers (see the guide's
 /// profiles table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -75,6 +77,38 @@ impl FromStr for Profile {
     }
 }
 
+/// Read as serde reads a unit variant of an enum (settings files): a name of
+/// [`Profile::ALL`] exactly, anything else refused with the names.
+impl<'de> Deserialize<'de> for Profile {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Profile, D::Error> {
+        named(d, &Profile::ALL, &Profile::NAMES)
+    }
+}
+
+/// The one of `all` whose name (`names`, in its order) `d` holds, read and refused as
+/// serde reads a unit variant of an enum.
+pub(crate) fn named<'de, D: Deserializer<'de>, T: Copy + 'static>(
+    d: D,
+    all: &'static [T],
+    names: &'static [&'static str],
+) -> Result<T, D::Error> {
+    struct Named<T: 'static>(&'static [T], &'static [&'static str]);
+    impl<'de, T: Copy> Visitor<'de> for Named<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "one of {}", self.1.join(", "))
+        }
+        fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<T, A::Error> {
+            let (name, variant) = data.variant::<String>()?;
+            let at = self.1.iter().position(|n| *n == name);
+            let at = at.ok_or_else(|| A::Error::unknown_variant(&name, self.1))?;
+            variant.unit_variant()?;
+            Ok(self.0[at])
+        }
+    }
+    d.deserialize_enum("choice", names, Named(all, names))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +127,16 @@ mod tests {
             "unknown profile \"paypal\": one of ietf, stripe, acp, ucp"
         );
         assert_eq!(Profile::default(), Profile::Ietf);
+    }
+
+    #[test]
+    fn settings_files_name_a_profile_exactly() {
+        let read = |v: serde_json::Value| serde_json::from_value::<Profile>(v);
+        assert_eq!(read("ucp".into()).unwrap(), Profile::Ucp);
+        let e = read("Stripe".into()).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "unknown variant `Stripe`, expected one of `ietf`, `stripe`, `acp`, `ucp`"
+        );
     }
 }

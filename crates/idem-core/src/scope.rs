@@ -127,6 +127,14 @@ impl ScopeMode {
     }
 }
 
+/// Read as serde reads a unit variant of an enum (settings files): `public` or
+/// `internal` exactly.
+impl<'de> serde::Deserialize<'de> for ScopeMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ScopeMode, D::Error> {
+        crate::profile::named(d, &ScopeMode::ALL, &ScopeMode::NAMES)
+    }
+}
+
 /// The unique identity of a record: tenant, endpoint (public mode) and key.
 ///
 /// Cheap to clone: the parts are shared, since a request's scope travels with its

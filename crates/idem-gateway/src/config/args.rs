@@ -15,8 +15,6 @@ use std::time::Duration;
 use clap::Args;
 use serde::Deserialize;
 
-use idem_core::{Profile, ScopeMode};
-
 use super::choices;
 use super::rules::{RouteRule, TenantRule};
 use super::secrets::TenantSecret;
@@ -339,16 +337,14 @@ settings! {
         /// Scope of a key: public = (tenant, endpoint, key), internal = (tenant, key)
         /// [default: public].
         #[arg(long, env = "IDEM_SCOPE", value_parser = choices::scope())]
-        #[serde(deserialize_with = "choices::scope_in_file")]
-        pub scope: Option<ScopeMode>,
+        pub scope: Option<idem_core::ScopeMode>,
 
         /// The dialect of the gateway's own answers (a key reused with another payload, a
         /// request in progress, a missing key…): ietf (problem details, 422), stripe (400
         /// idempotency_error), acp (422 idempotency_conflict) or ucp (409); a route may
         /// name its own [default: ietf].
         #[arg(long, env = "IDEM_PROFILE", value_parser = choices::profile())]
-        #[serde(deserialize_with = "choices::profile_in_file")]
-        pub profile: Option<Profile>,
+        pub profile: Option<idem_core::Profile>,
 
         /// Methods that take an Idempotency-Key [default: POST,PATCH].
         #[arg(

@@ -7,7 +7,6 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::toml_form;
-use idem_core::Profile;
 
 /// A `[[tenant]]` table as written: one tenant's limits in place of the global ones.
 #[derive(Debug, Clone, Deserialize)]
@@ -71,8 +70,7 @@ pub struct RouteRule {
     #[serde(default, deserialize_with = "toml_form::duration")]
     pub conflict_wait: Option<Duration>,
     /// The dialect of this route's answers, in place of the global `profile`.
-    #[serde(default, deserialize_with = "super::choices::profile_in_file")]
-    pub profile: Option<Profile>,
+    pub profile: Option<idem_core::Profile>,
     /// How this route's JSON bodies are compared: `idem` (every digit of a number
     /// counts) or `jcs` (RFC 8785).
     pub canonical_json: Option<String>,

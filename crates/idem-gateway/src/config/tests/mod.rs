@@ -452,3 +452,41 @@ fn each_setting_layers_by_its_type() {
     assert_eq!(layered.route.len(), 1);
     assert_eq!(layered.route[0].path, "/above");
 }
+
+#[test]
+fn profiles_and_scopes_are_spelt_by_their_one_list_and_refused_with_it() {
+    use clap::Parser;
+    use idem_core::Profile;
+    let serve = |flags: &[&str]| {
+        let argv = ["idem", "serve"].iter().chain(flags);
+        crate::cli::Cli::try_parse_from(argv).map(|cli| match cli.command {
+            crate::cli::Command::Serve(args) => (args.profile, args.scope),
+            _ => unreachable!("serve"),
+        })
+    };
+    let both = serve(&["--profile", "ucp", "--scope", "internal"]).unwrap();
+    assert_eq!(both, (Some(Profile::Ucp), Some(ScopeMode::Internal)));
+    let e = serve(&["--profile", "Stripe"]).unwrap_err().to_string();
+    assert!(
+        e.contains("invalid value 'Stripe' for '--profile <PROFILE>'"),
+        "{e}"
+    );
+    assert!(
+        e.contains("[possible values: ietf, stripe, acp, ucp]"),
+        "{e}"
+    );
+    let e = serve(&["--scope", "x"]).unwrap_err().to_string();
+    assert!(e.contains("[possible values: public, internal]"), "{e}");
+
+    let file: ServeArgs = toml::from_str("profile = \"acp\"\nscope = \"internal\"").unwrap();
+    assert_eq!(
+        (file.profile, file.scope),
+        (Some(Profile::Acp), Some(ScopeMode::Internal))
+    );
+    let e = toml::from_str::<ServeArgs>("[[route]]\npath = \"/a\"\nprofile = \"paypal\"");
+    let e = e.unwrap_err().to_string();
+    assert!(
+        e.contains("unknown variant `paypal`, expected one of `ietf`, `stripe`, `acp`, `ucp`"),
+        "{e}"
+    );
+}
