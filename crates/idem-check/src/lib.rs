@@ -84,7 +84,7 @@ pub struct CheckArgs {
 
     /// The dialect the API speaks, which decides what its refusals must look like:
     /// ietf (422 problem+json, 409 with Retry-After), stripe, acp or ucp.
-    #[arg(long, value_enum, default_value = "ietf")]
+    #[arg(long, value_parser = profile::parser(), default_value = "ietf")]
     pub profile: Profile,
 
     /// The method of every request.
@@ -418,7 +418,7 @@ async fn run_probes(session: &client::Session, args: &CheckArgs) -> Report {
         session.sent(),
         reports,
     );
-    report.profile = args.profile.name();
+    report.profile = args.profile.as_str();
     report
 }
 

@@ -10,23 +10,30 @@
 //! | `acp` | 422, `type` `invalid_request`, `code` `idempotency_conflict` | 409, `code` `idempotency_in_flight`, `Retry-After` | 400, `code` `idempotency_key_required` | 400, `type` `invalid_request` |
 //! | `ucp` | 409, `code` `idempotency_conflict` | 409 | 400 | 400 |
 
-use clap::ValueEnum;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use serde_json::Value;
+
+pub use idem_core::Profile;
 
 use super::client::Answer;
 
-/// The dialect the API under test speaks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
-pub enum Profile {
-    /// The IETF draft: 422 problem+json for a reused key, 409 with Retry-After.
-    #[default]
-    Ietf,
-    /// Stripe's API: 400/409 with an `error` object.
-    Stripe,
-    /// The Agentic Commerce Protocol: flat `type`/`code` error bodies.
-    Acp,
-    /// The Universal Commerce Protocol: 409 with `code` for a reused key.
-    Ucp,
+/// `--profile`: one of [`Profile::ALL`], each listed in `--help` with what its refusals
+/// look like.
+pub fn parser() -> impl TypedValueParser<Value = Profile> {
+    let values = Profile::ALL.map(|p| {
+        PossibleValue::new(p.as_str()).help(match p {
+            Profile::Ietf => {
+                "The IETF draft: 422 problem+json for a reused key, 409 with Retry-After"
+            }
+            Profile::Stripe => "Stripe's API: 400/409 with an `error` object",
+            Profile::Acp => "The Agentic Commerce Protocol: flat `type`/`code` error bodies",
+            Profile::Ucp => "The Universal Commerce Protocol: 409 with `code` for a reused key",
+        })
+    });
+    PossibleValuesParser::new(values).map(|name| {
+        name.parse()
+            .expect("clap let through only the possible values")
+    })
 }
 
 /// A verdict on one answer: whether it is the profile's, and what was seen.
@@ -54,61 +61,63 @@ pub enum Refusal {
 /// One expectation on the body: the string at a JSON pointer.
 type Field = (&'static str, &'static str);
 
-impl Profile {
-    /// The profile's name, as `--profile` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Profile::Ietf => "ietf",
-            Profile::Stripe => "stripe",
-            Profile::Acp => "acp",
-            Profile::Ucp => "ucp",
-        }
-    }
-
-    /// The status of `refusal`, the body fields it must hold, and whether it carries
-    /// `Retry-After`.
-    fn expects(self, refusal: Refusal) -> (u16, &'static [Field], bool) {
-        use Refusal::*;
-        match (self, refusal) {
-            (Profile::Ietf, Mismatch) => (422, &[], false),
-            (Profile::Ietf, InProgress) => (409, &[], true),
-            (Profile::Ietf | Profile::Ucp, MissingKey | MalformedKey) => (400, &[], false),
-            (Profile::Stripe, Mismatch) => (400, &[("/error/type", "idempotency_error")], false),
-            (Profile::Stripe, InProgress) => (
-                409,
-                &[
-                    ("/error/type", "idempotency_error"),
-                    ("/error/code", "idempotency_key_in_use"),
-                ],
-                false,
-            ),
-            (Profile::Stripe, MissingKey | MalformedKey) => {
-                (400, &[("/error/type", "invalid_request_error")], false)
-            }
-            (Profile::Acp, Mismatch) => (
-                422,
-                &[
-                    ("/type", "invalid_request"),
-                    ("/code", "idempotency_conflict"),
-                ],
-                false,
-            ),
-            (Profile::Acp, InProgress) => (409, &[("/code", "idempotency_in_flight")], true),
-            (Profile::Acp, MissingKey) => (400, &[("/code", "idempotency_key_required")], false),
-            (Profile::Acp, MalformedKey) => (400, &[("/type", "invalid_request")], false),
-            (Profile::Ucp, Mismatch) => (409, &[("/code", "idempotency_conflict")], false),
-            (Profile::Ucp, InProgress) => (409, &[], false),
-        }
-    }
-
+/// What a refusal looks like under a [`Profile`], and the verdict on an answer.
+pub trait Expectations: Copy {
     /// The status `refusal` is answered with.
-    pub fn status(self, refusal: Refusal) -> u16 {
-        self.expects(refusal).0
+    fn status(self, refusal: Refusal) -> u16;
+    /// What `refusal` looks like under this profile, in words.
+    fn expected(self, refusal: Refusal) -> String;
+    /// Whether `a` is a 409 for a request still in progress, one worth sending again:
+    /// under a profile whose reused key is a 409 too (`ucp`), not one that is this
+    /// profile's answer to a reused key.
+    fn in_progress(self, a: &Answer) -> bool;
+    /// Whether `a` is this profile's answer to `refusal`.
+    fn judge(self, refusal: Refusal, a: &Answer) -> Judged;
+}
+
+/// The status of `refusal` under `profile`, the body fields it must hold, and whether
+/// it carries `Retry-After`.
+fn expects(profile: Profile, refusal: Refusal) -> (u16, &'static [Field], bool) {
+    use Refusal::*;
+    match (profile, refusal) {
+        (Profile::Ietf, Mismatch) => (422, &[], false),
+        (Profile::Ietf, InProgress) => (409, &[], true),
+        (Profile::Ietf | Profile::Ucp, MissingKey | MalformedKey) => (400, &[], false),
+        (Profile::Stripe, Mismatch) => (400, &[("/error/type", "idempotency_error")], false),
+        (Profile::Stripe, InProgress) => (
+            409,
+            &[
+                ("/error/type", "idempotency_error"),
+                ("/error/code", "idempotency_key_in_use"),
+            ],
+            false,
+        ),
+        (Profile::Stripe, MissingKey | MalformedKey) => {
+            (400, &[("/error/type", "invalid_request_error")], false)
+        }
+        (Profile::Acp, Mismatch) => (
+            422,
+            &[
+                ("/type", "invalid_request"),
+                ("/code", "idempotency_conflict"),
+            ],
+            false,
+        ),
+        (Profile::Acp, InProgress) => (409, &[("/code", "idempotency_in_flight")], true),
+        (Profile::Acp, MissingKey) => (400, &[("/code", "idempotency_key_required")], false),
+        (Profile::Acp, MalformedKey) => (400, &[("/type", "invalid_request")], false),
+        (Profile::Ucp, Mismatch) => (409, &[("/code", "idempotency_conflict")], false),
+        (Profile::Ucp, InProgress) => (409, &[], false),
+    }
+}
+
+impl Expectations for Profile {
+    fn status(self, refusal: Refusal) -> u16 {
+        expects(self, refusal).0
     }
 
-    /// What `refusal` looks like under this profile, in words.
-    pub fn expected(self, refusal: Refusal) -> String {
-        let (status, fields, retry_after) = self.expects(refusal);
+    fn expected(self, refusal: Refusal) -> String {
+        let (status, fields, retry_after) = expects(self, refusal);
         let mut parts = vec![status.to_string()];
         parts.extend(fields.iter().map(|(p, v)| format!("{} {v:?}", dotted(p))));
         if retry_after {
@@ -117,17 +126,13 @@ impl Profile {
         parts.join(", ")
     }
 
-    /// Whether `a` is a 409 for a request still in progress, one worth sending again:
-    /// under a profile whose reused key is a 409 too (`ucp`), not one that is this
-    /// profile's answer to a reused key.
-    pub fn in_progress(self, a: &Answer) -> bool {
+    fn in_progress(self, a: &Answer) -> bool {
         a.status == 409
             && !(self.status(Refusal::Mismatch) == 409 && self.judge(Refusal::Mismatch, a).ok)
     }
 
-    /// Whether `a` is this profile's answer to `refusal`.
-    pub fn judge(self, refusal: Refusal, a: &Answer) -> Judged {
-        let (status, fields, retry_after) = self.expects(refusal);
+    fn judge(self, refusal: Refusal, a: &Answer) -> Judged {
+        let (status, fields, retry_after) = expects(self, refusal);
         let mut seen = vec![format!("answered {}", a.status)];
         let mut ok = a.status == status;
         if ok {
@@ -160,7 +165,7 @@ impl Profile {
             detail.push_str(&format!(
                 " instead of {} (--profile {})",
                 self.expected(refusal),
-                self.name()
+                self.as_str()
             ));
         }
         Judged { ok, detail }
@@ -187,7 +192,6 @@ fn problem_type(a: &Answer) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::ValueEnum;
     use std::time::Instant;
 
     fn answer(status: u16, headers: &[(&str, &str)], body: &str) -> Answer {
@@ -208,16 +212,22 @@ mod tests {
 
     #[test]
     fn profiles_parse_by_name_and_ietf_is_the_default() {
+        let cmd = clap::Command::new("check").arg(clap::Arg::new("p").value_parser(parser()));
+        let parse = |name: &str| {
+            let m = cmd.clone().try_get_matches_from(["check", name])?;
+            Ok::<_, clap::Error>(*m.get_one::<Profile>("p").expect("given"))
+        };
         for (name, p) in [
             ("ietf", Profile::Ietf),
             ("stripe", Profile::Stripe),
             ("acp", Profile::Acp),
             ("ucp", Profile::Ucp),
         ] {
-            assert_eq!(Profile::from_str(name, true).unwrap(), p);
-            assert_eq!(p.name(), name);
+            assert_eq!(parse(name).unwrap(), p);
+            assert_eq!(p.as_str(), name);
         }
-        assert!(Profile::from_str("paypal", true).is_err());
+        assert!(parse("paypal").is_err());
+        assert!(parse("Stripe").is_err(), "spelt exactly");
         assert_eq!(Profile::default(), Profile::Ietf);
     }
 

@@ -9,6 +9,8 @@
 //! and whether their outcome is ambiguous ([`Ambiguity`]). A recorded answer
 //! ([`StoredResponse`]) keeps what the record knows about it besides its headers and
 //! body as typed [`ResponseMeta`], which each store maps at its boundary ([`codec`]).
+//! The protocol profiles, the dialects an API's answers are written in, are listed once,
+//! by [`Profile`].
 //! The `testing` feature adds the contract suite every store runs.
 //!
 //! # Examples
@@ -73,6 +75,7 @@ mod multipart;
 mod namespace;
 pub mod open;
 pub mod private_file;
+mod profile;
 mod rate;
 mod record;
 mod scope;
@@ -106,6 +109,7 @@ pub use memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
 pub use meta::ResponseMeta;
 pub use namespace::{DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN, Namespace, NamespaceError};
 pub use open::{MigrationPlan, OpenError, OpenStore, Schema, StoreOptions, redact_url};
+pub use profile::{Profile, UnknownProfile};
 pub use rate::{KeyRate, KeyRateError, LocalBucket};
 pub use record::{
     DEFAULT_LEASE, DEFAULT_TTL, FencingToken, Lease, Record, RecordState, ReserveRequest,

@@ -101,6 +101,40 @@ pub enum ScopeMode {
     Internal,
 }
 
+impl ScopeMode {
+    /// Every mode, the default first.
+    pub const ALL: [ScopeMode; 2] = [ScopeMode::Public, ScopeMode::Internal];
+
+    /// The names of [`ALL`](ScopeMode::ALL), in its order.
+    pub const NAMES: [&'static str; ScopeMode::ALL.len()] =
+        [ScopeMode::ALL[0].as_str(), ScopeMode::ALL[1].as_str()];
+
+    /// The name in settings: `public` or `internal`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ScopeMode::Public => "public",
+            ScopeMode::Internal => "internal",
+        }
+    }
+
+    /// The parts a scope of this mode is made of: `(tenant, endpoint, key)` or
+    /// `(tenant, key)`.
+    pub const fn parts(self) -> &'static str {
+        match self {
+            ScopeMode::Public => "(tenant, endpoint, key)",
+            ScopeMode::Internal => "(tenant, key)",
+        }
+    }
+}
+
+/// Read as serde reads a unit variant of an enum (settings files): `public` or
+/// `internal` exactly.
+impl<'de> serde::Deserialize<'de> for ScopeMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ScopeMode, D::Error> {
+        crate::profile::named(d, &ScopeMode::ALL, &ScopeMode::NAMES)
+    }
+}
+
 /// The unique identity of a record: tenant, endpoint (public mode) and key.
 ///
 /// Cheap to clone: the parts are shared, since a request's scope travels with its

@@ -336,7 +336,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::ScopeArg;
     use clap::CommandFactory;
 
     #[test]
@@ -390,7 +389,7 @@ mod tests {
         assert_eq!(args.lease, Some(Duration::from_millis(500)));
         assert_eq!(args.upstream_timeout, Some(Duration::from_secs(5)));
         assert_eq!(args.body_limit, Some(64 * 1024));
-        assert_eq!(args.scope, Some(ScopeArg::Internal));
+        assert_eq!(args.scope, Some(idem_core::ScopeMode::Internal));
         assert_eq!(
             args.tenant_header,
             Some(vec!["X-Api-Key".to_owned(), "Stripe-Account".to_owned()])

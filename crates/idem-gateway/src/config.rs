@@ -52,7 +52,6 @@ use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, RecordKeys, Scop
 use idem_tower::{DEFAULT_RESPONSE_LIMIT, GrpcReleaseCodes, ReleaseStatuses};
 
 pub use self::args::ServeArgs;
-pub use self::choices::{ProfileArg, ScopeArg};
 pub use self::error::ConfigError;
 pub(crate) use self::file::nearest;
 pub use self::jwt::{JwtSettings, JwtStartError, TenantSource};
@@ -502,11 +501,8 @@ impl GatewayConfig {
             .unwrap_or(usize::MAX),
             record_keys: record_keys(record_key_file.as_deref())?,
             read_unsealed_records,
-            profile: profile.map(ProfileArg::profile).unwrap_or_default(),
-            scope: match scope.unwrap_or(ScopeArg::Public) {
-                ScopeArg::Public => ScopeMode::Public,
-                ScopeArg::Internal => ScopeMode::Internal,
-            },
+            profile: profile.unwrap_or_default(),
+            scope: scope.unwrap_or_default(),
             keyed_methods,
             release_statuses: match &release_statuses {
                 Some(list) => parse_release_statuses(list)?,

@@ -65,7 +65,7 @@ where
             PlanKey::Pending(pending) => pending.header_key.as_ref(),
         };
         let echo = sent
-            .filter(|_| plan.answers.profile.echoes_key())
+            .filter(|_| crate::profile::Speaks::echoes_key(plan.answers.profile))
             .and_then(|key| http::HeaderValue::from_str(&key.to_sf_string()).ok());
         let mut answered = run_keyed(shared, inner, parts, body, plan).await;
         if let (Some(echo), Ok(response)) = (echo, &mut answered) {

@@ -303,13 +303,29 @@ pub use grpc::{
 };
 pub use handled::Handled;
 pub use hints::{STRIPE_SHOULD_RETRY, X_SHOULD_RETRY};
+/// The dialect of the layer's own answers (see the guide's profiles table).
+///
+/// | situation | `ietf` (default) | `stripe` | `acp` | `ucp` |
+/// |---|---|---|---|---|
+/// | key reused with another payload | 422 | 400 `idempotency_error` | 422 `idempotency_conflict` | 409 `idempotency_conflict` |
+/// | request still in progress | 409 | 409 `idempotency_error` (`idempotency_key_in_use`) | 409 `idempotency_in_flight` | 409 `idempotency_in_flight` |
+/// | key missing where required | 400 | 400 `invalid_request_error` | 400 `idempotency_key_required` | 400 `idempotency_key_required` |
+/// | key malformed | 400 | 400 `invalid_request_error` | 400 `idempotency_key_invalid` | 400 `idempotency_key_invalid` |
+/// | key expired (tombstone) | 410 | 400 `idempotency_error` | 422 `idempotency_key_expired` | 409 `idempotency_key_expired` |
+/// | body | `application/problem+json` | `{"error": {"type", "code"?, "message", "doc_url"}}` | `{"type", "code", "message"}` | `{"code", "content"}` |
+///
+/// Every other answer of the layer (a store outage, a body too large, …) keeps its
+/// status and is written in the profile's body shape. Replays carry
+/// `Idempotent-Replayed: true` under every profile; under `acp` every answer to a
+/// keyed request also echoes its `Idempotency-Key`.
+pub use idem_core::Profile;
+pub use idem_core::UnknownProfile;
 pub use in_flight::InFlight;
 pub use layer::IdempotencyLayer;
 pub use method_override::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use observer::{Observer, Outcome};
 pub use principal::Principal;
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
-pub use profile::{Profile, UnknownProfile};
 pub use replay::IDEMPOTENT_REPLAYED;
 pub use service::Idempotency;
 pub use sources::{Credential, TenantSources, Verified};

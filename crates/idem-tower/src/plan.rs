@@ -7,12 +7,13 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method};
 use idem_core::{Endpoint, FingerprintOptions, Key, Tenant};
 
+use crate::Profile;
 use crate::config::{Config, ReleaseStatuses, RouteConfig};
 use crate::grpc::{GrpcReleaseCodes, is_grpc};
 use crate::look_alike::look_alike;
 use crate::method_override::{decided_method, same_method};
 use crate::problem::{Problem, ProblemKind};
-use crate::profile::{Dialect, Profile};
+use crate::profile::Dialect;
 use crate::wait::{Wait, preferred_wait};
 
 /// What becomes of a request, decided from its head.

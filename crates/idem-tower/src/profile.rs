@@ -7,82 +7,45 @@
 //! reused with another payload is refused under every profile, only its status and
 //! body differ.
 
-use std::fmt;
-use std::str::FromStr;
-
 use bytes::Bytes;
 use http::StatusCode;
+use idem_core::Profile;
 use serde_json::{Map, Value};
 
 use crate::problem::{Problem, ProblemKind};
 
-/// The dialect of the layer's own answers (see the guide's profiles table).
-///
-/// | situation | `ietf` (default) | `stripe` | `acp` | `ucp` |
-/// |---|---|---|---|---|
-/// | key reused with another payload | 422 | 400 `idempotency_error` | 422 `idempotency_conflict` | 409 `idempotency_conflict` |
-/// | request still in progress | 409 | 409 `idempotency_error` (`idempotency_key_in_use`) | 409 `idempotency_in_flight` | 409 `idempotency_in_flight` |
-/// | key missing where required | 400 | 400 `invalid_request_error` | 400 `idempotency_key_required` | 400 `idempotency_key_required` |
-/// | key malformed | 400 | 400 `invalid_request_error` | 400 `idempotency_key_invalid` | 400 `idempotency_key_invalid` |
-/// | key expired (tombstone) | 410 | 400 `idempotency_error` | 422 `idempotency_key_expired` | 409 `idempotency_key_expired` |
-/// | body | `application/problem+json` | `{"error": {"type", "code"?, "message", "doc_url"}}` | `{"type", "code", "message"}` | `{"code", "content"}` |
-///
-/// Every other answer of the layer (a store outage, a body too large, …) keeps its
-/// status and is written in the profile's body shape. Replays carry
-/// `Idempotent-Replayed: true` under every profile; under `acp` every answer to a
-/// keyed request also echoes its `Idempotency-Key`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum Profile {
-    /// The IETF draft (draft-ietf-httpapi-idempotency-key-header) with RFC 9457
-    /// problem details: today's answers.
-    #[default]
-    Ietf,
-    /// Stripe's API: a reused key is a 400 whose error `type` is `idempotency_error`,
-    /// which Stripe's SDKs raise as their idempotency error.
-    Stripe,
-    /// The Agentic Commerce Protocol's checkout API (its section on idempotency).
-    Acp,
-    /// Google's Universal Commerce Protocol's REST binding.
-    Ucp,
-}
-
-impl Profile {
-    /// Every profile, in the order the guide lists them.
-    pub const ALL: [Profile; 4] = [Profile::Ietf, Profile::Stripe, Profile::Acp, Profile::Ucp];
-
-    /// The name in settings: `ietf`, `stripe`, `acp` or `ucp`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Profile::Ietf => "ietf",
-            Profile::Stripe => "stripe",
-            Profile::Acp => "acp",
-            Profile::Ucp => "ucp",
-        }
-    }
-
+/// What a [`Profile`] means to the layer: the statuses and bodies of its answers, as
+/// the table on [`Profile`](crate::Profile) shows.
+pub(crate) trait Speaks: Copy {
     /// Whether every answer to a keyed request echoes its key (ACP: "echo on all POST
     /// responses").
-    pub fn echoes_key(self) -> bool {
-        self == Profile::Acp
-    }
-
+    fn echoes_key(self) -> bool;
     /// The status `problem` is answered with under this profile.
-    pub(crate) fn status(self, problem: &Problem) -> StatusCode {
-        match (self, problem.kind()) {
-            (Profile::Stripe, ProblemKind::KeyReused | ProblemKind::KeyExpired) => {
-                StatusCode::BAD_REQUEST
-            }
-            (Profile::Acp, ProblemKind::KeyExpired) => StatusCode::UNPROCESSABLE_ENTITY,
-            (Profile::Ucp, ProblemKind::KeyReused | ProblemKind::KeyExpired) => {
-                StatusCode::CONFLICT
-            }
-            _ => problem.status(),
+    fn status(self, problem: &Problem) -> StatusCode;
+    /// The body of `problem` under this profile, and its media type.
+    fn body(self, problem: &Problem) -> (&'static str, Bytes);
+}
+
+impl Speaks for Profile {
+    fn echoes_key(self) -> bool {
+        match self {
+            Profile::Acp => true,
+            Profile::Ietf | Profile::Stripe | Profile::Ucp => false,
         }
     }
 
-    /// The body of `problem` under this profile, and its media type.
-    pub(crate) fn body(self, problem: &Problem) -> (&'static str, Bytes) {
+    fn status(self, problem: &Problem) -> StatusCode {
+        let kind = problem.kind();
+        let reused_or_expired = matches!(kind, ProblemKind::KeyReused | ProblemKind::KeyExpired);
+        match self {
+            Profile::Stripe if reused_or_expired => StatusCode::BAD_REQUEST,
+            Profile::Acp if kind == ProblemKind::KeyExpired => StatusCode::UNPROCESSABLE_ENTITY,
+            Profile::Ucp if reused_or_expired => StatusCode::CONFLICT,
+            Profile::Ietf | Profile::Stripe | Profile::Acp | Profile::Ucp => problem.status(),
+        }
+    }
+
+    fn body(self, problem: &Problem) -> (&'static str, Bytes) {
         let status = self.status(problem);
         let kind = problem.kind();
         let members = problem
@@ -174,28 +137,6 @@ fn code(kind: ProblemKind) -> String {
     }
 }
 
-impl fmt::Display for Profile {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A profile name that is not one of [`Profile::ALL`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown profile {0:?}: one of ietf, stripe, acp, ucp")]
-pub struct UnknownProfile(String);
-
-impl FromStr for Profile {
-    type Err = UnknownProfile;
-
-    fn from_str(s: &str) -> Result<Profile, UnknownProfile> {
-        Profile::ALL
-            .into_iter()
-            .find(|p| p.as_str().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| UnknownProfile(s.to_owned()))
-    }
-}
-
 /// How the layer's own answers to one request are written: as gRPC errors to a gRPC
 /// call (SPEC S18), else in the route's profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -234,17 +175,6 @@ mod tests {
 
     fn busy() -> Problem {
         Problem::new(ProblemKind::RequestInProgress, "busy").retry_after(Duration::from_secs(2))
-    }
-
-    #[test]
-    fn names_round_trip_and_unknown_ones_list_the_choices() {
-        for p in Profile::ALL {
-            assert_eq!(p.as_str().parse::<Profile>(), Ok(p));
-        }
-        assert_eq!(" Stripe ".parse::<Profile>(), Ok(Profile::Stripe));
-        let e = "paypal".parse::<Profile>().unwrap_err().to_string();
-        assert!(e.contains("ietf, stripe, acp, ucp"), "{e}");
-        assert_eq!(Profile::default(), Profile::Ietf);
     }
 
     #[test]

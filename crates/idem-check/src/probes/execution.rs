@@ -7,7 +7,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::super::client::{Answer, Arrival, BodyKind, Req, Stop, Timing, new_key};
 use super::super::form;
-use super::super::profile::Refusal;
+use super::super::profile::{Expectations, Refusal};
 use super::Status;
 use super::probe::{Probe, count, short};
 
@@ -223,7 +223,7 @@ pub(super) async fn concurrent_duplicates(p: &mut Probe<'_>) -> Result<(), Stop>
             format!(
                 "{} as --profile {} has it ({})",
                 count(conflicts.len(), "409 is", "409s are"),
-                p.opts.profile.name(),
+                p.opts.profile.as_str(),
                 p.opts.profile.expected(Refusal::InProgress)
             ),
         ),

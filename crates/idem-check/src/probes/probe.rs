@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::super::client::{Answer, Exchange, Req, Session, Stop};
+use super::super::profile::Expectations;
 use super::{Check, Options, ProbeReport, Status};
 
 /// A probe at work: its checks and evidence so far.

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::super::client::{BodyKind, Req, Stop, new_key};
 use super::super::form;
-use super::super::profile::Refusal;
+use super::super::profile::{Expectations, Refusal};
 use super::Status;
 use super::probe::Probe;
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::Deserialize;
 
-use super::choices::{ProfileArg, ScopeArg};
+use super::choices;
 use super::rules::{RouteRule, TenantRule};
 use super::secrets::TenantSecret;
 use super::toml_form;
@@ -336,15 +336,15 @@ settings! {
 
         /// Scope of a key: public = (tenant, endpoint, key), internal = (tenant, key)
         /// [default: public].
-        #[arg(long, env = "IDEM_SCOPE", value_enum)]
-        pub scope: Option<ScopeArg>,
+        #[arg(long, env = "IDEM_SCOPE", value_parser = choices::scope())]
+        pub scope: Option<idem_core::ScopeMode>,
 
         /// The dialect of the gateway's own answers (a key reused with another payload, a
         /// request in progress, a missing key…): ietf (problem details, 422), stripe (400
         /// idempotency_error), acp (422 idempotency_conflict) or ucp (409); a route may
         /// name its own [default: ietf].
-        #[arg(long, env = "IDEM_PROFILE", value_enum)]
-        pub profile: Option<ProfileArg>,
+        #[arg(long, env = "IDEM_PROFILE", value_parser = choices::profile())]
+        pub profile: Option<idem_core::Profile>,
 
         /// Methods that take an Idempotency-Key [default: POST,PATCH].
         #[arg(

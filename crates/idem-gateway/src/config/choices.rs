@@ -1,41 +1,39 @@
-//! The settings that name one of a few choices, as the command line and the file spell
-//! them.
+//! The settings that name one of a few choices, parsed straight into the types that
+//! own the list (a profile, a scope mode), which the file reads too (their
+//! `Deserialize`): the command line spells, lists and refuses them from that one list.
 
-use clap::ValueEnum;
-use serde::Deserialize;
+use clap::builder::{PossibleValue, PossibleValuesParser, StyledStr, TypedValueParser};
+use idem_core::{Profile, ScopeMode};
 
-/// Whose key is it: the scope mode (SPEC S3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ScopeArg {
-    /// `(tenant, endpoint, key)`.
-    Public,
-    /// `(tenant, key)`.
-    Internal,
+/// `--profile`: one of [`Profile::ALL`], each listed in `--help` with what it answers.
+pub(super) fn profile() -> impl TypedValueParser<Value = Profile> {
+    one_of(&Profile::ALL, Profile::as_str, |p| match p {
+        Profile::Ietf => "The IETF draft, with RFC 9457 problem details",
+        Profile::Stripe => "Stripe's error envelope (a reused key is a 400 `idempotency_error`)",
+        Profile::Acp => "The Agentic Commerce Protocol's flat errors",
+        Profile::Ucp => "The Universal Commerce Protocol's errors (a reused key is a 409)",
+    })
 }
 
-/// The dialect of the gateway's own answers ([`idem_tower::Profile`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ProfileArg {
-    /// The IETF draft, with RFC 9457 problem details.
-    Ietf,
-    /// Stripe's error envelope (a reused key is a 400 `idempotency_error`).
-    Stripe,
-    /// The Agentic Commerce Protocol's flat errors.
-    Acp,
-    /// The Universal Commerce Protocol's errors (a reused key is a 409).
-    Ucp,
+/// `--scope`: one of [`ScopeMode::ALL`], each listed with the parts of its scope.
+pub(super) fn scope() -> impl TypedValueParser<Value = ScopeMode> {
+    one_of(&ScopeMode::ALL, ScopeMode::as_str, |m| {
+        format!("`{}`", m.parts())
+    })
 }
 
-impl ProfileArg {
-    /// The layer's profile.
-    pub fn profile(self) -> idem_tower::Profile {
-        match self {
-            ProfileArg::Ietf => idem_tower::Profile::Ietf,
-            ProfileArg::Stripe => idem_tower::Profile::Stripe,
-            ProfileArg::Acp => idem_tower::Profile::Acp,
-            ProfileArg::Ucp => idem_tower::Profile::Ucp,
-        }
-    }
+/// A parser of exactly the names of `all` (as clap spells a refusal and lists them in
+/// `--help` and completions), each with its help line.
+fn one_of<T: Copy + Send + Sync + 'static, H: Into<StyledStr>>(
+    all: &'static [T],
+    name: fn(T) -> &'static str,
+    help: fn(T) -> H,
+) -> impl TypedValueParser<Value = T> {
+    let values = all
+        .iter()
+        .map(move |&c| PossibleValue::new(name(c)).help(help(c)));
+    PossibleValuesParser::new(values).map(move |s| {
+        let found = all.iter().find(|&&c| name(c) == s);
+        *found.expect("clap let through only the possible values")
+    })
 }

@@ -8,7 +8,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use idem_core::{Schema, ScopeMode};
+use idem_core::Schema;
 use idem_tower::{GrpcReleaseCodes, ReleaseStatuses};
 
 use super::{GatewayConfig, ServeArgs};
@@ -216,11 +216,7 @@ impl GatewayConfig {
             "read_unsealed_records",
             self.read_unsealed_records.to_string(),
         );
-        let scope = match self.scope {
-            ScopeMode::Public => "public",
-            ScopeMode::Internal => "internal",
-        };
-        t.set("scope", quoted(scope));
+        t.set("scope", quoted(self.scope.as_str()));
         t.set(
             "keyed_methods",
             strings(self.keyed_methods.iter().map(|m| m.as_str())),

@@ -78,7 +78,7 @@ pub(super) fn compile_route(
     .map(|route| {
         route
             .retry_hints(rule.retry_hints)
-            .profile(rule.profile.map(super::ProfileArg::profile))
+            .profile(rule.profile)
             .jcs(jcs)
             .require_tenant(rule.require_tenant)
             .tenant_from(tenant_from)

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::choices::ProfileArg;
 use super::toml_form;
 
 /// A `[[tenant]]` table as written: one tenant's limits in place of the global ones.
@@ -71,7 +70,7 @@ pub struct RouteRule {
     #[serde(default, deserialize_with = "toml_form::duration")]
     pub conflict_wait: Option<Duration>,
     /// The dialect of this route's answers, in place of the global `profile`.
-    pub profile: Option<ProfileArg>,
+    pub profile: Option<idem_core::Profile>,
     /// How this route's JSON bodies are compared: `idem` (every digit of a number
     /// counts) or `jcs` (RFC 8785).
     pub canonical_json: Option<String>,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::{Answer, Gateway, Http, Upstream, new_key};
+use crate::common::{Answer, Gateway, Http, Upstream, check_config, new_key};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 
@@ -375,4 +375,42 @@ print(json.dumps(out))
         "{result}"
     );
     assert_eq!(up.started(&key), 1, "one execution for three calls");
+}
+
+/// Profiles and scope modes are spelt as the settings page lists them, on the command
+/// line and in the file (a route's too), and anything else is refused with the choices.
+#[test]
+fn profiles_and_scopes_are_spelt_exactly_and_refused_with_the_choices() {
+    let text = |out: &std::process::Output| {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        format!("{stdout}{}", String::from_utf8_lossy(&out.stderr))
+    };
+    let ok = check_config(&["--profile", "ucp", "--scope", "internal"]);
+    let printed = text(&ok);
+    assert!(ok.status.success(), "{printed}");
+    assert!(printed.contains("profile = \"ucp\"\n"), "{printed}");
+    assert!(printed.contains("scope = \"internal\"\n"), "{printed}");
+
+    let bad = check_config(&["--profile", "Stripe"]);
+    let said = text(&bad);
+    assert_eq!(bad.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("invalid value 'Stripe' for '--profile <PROFILE>'"),
+        "{said}"
+    );
+    assert!(
+        said.contains("[possible values: ietf, stripe, acp, ucp]"),
+        "{said}"
+    );
+    let bad = check_config(&["--scope", "everywhere"]);
+    assert!(text(&bad).contains("[possible values: public, internal]"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("idem.toml");
+    std::fs::write(&config, "[[route]]\npath = \"/a\"\nprofile = \"paypal\"\n").unwrap();
+    let bad = check_config(&["--config", config.to_str().unwrap()]);
+    let said = text(&bad);
+    assert_eq!(bad.status.code(), Some(2), "{said}");
+    let refusal = "unknown variant `paypal`, expected one of `ietf`, `stripe`, `acp`, `ucp`";
+    assert!(said.contains(refusal), "{said}");
 }
