@@ -53,7 +53,6 @@ use idem_tower::{DEFAULT_RESPONSE_LIMIT, GrpcReleaseCodes, ReleaseStatuses};
 
 pub use self::args::ServeArgs;
 pub use self::error::ConfigError;
-pub(crate) use self::file::nearest;
 pub use self::jwt::{JwtSettings, JwtStartError, TenantSource};
 pub use self::rules::{RouteRule, TenantRule};
 pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, record_keys, tenant_key};

@@ -78,8 +78,10 @@ pub mod logging;
 #[doc(hidden)]
 pub mod man;
 pub mod metrics;
+// "Did you mean": one measure for misspelt config keys and store URL schemes.
 #[doc(hidden)]
 pub mod migrate;
+mod nearest;
 #[doc(hidden)]
 pub mod path;
 #[doc(hidden)]
