@@ -28,7 +28,14 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::cli::LogFormat;
+/// How logs are written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// The lines held for standard error while its reader is behind, when
 /// `--log-buffer-lines` is not given: several seconds of access lines at a busy
