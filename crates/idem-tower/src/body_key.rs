@@ -266,7 +266,7 @@ impl PendingKey {
         if let Some(repeated) = repeated
             && (self.header_key.is_some() || repeated.on_pointer || !matches!(key, Ok(None)))
         {
-            return Resolved::Refused(crate::buffer::duplicate_member(&repeated.name));
+            return Resolved::Refused(crate::problem::Problem::duplicate_member(&repeated.name));
         }
         let found = match (self.header_key, key) {
             (Some(header), Ok(Some(body))) if header != body => Err(format!(

@@ -208,7 +208,7 @@ where
                 Ok(fingerprint) => fingerprint,
                 Err(repeated) => {
                     observer.outcome(Outcome::Rejected);
-                    let problem = duplicate_member(repeated.name());
+                    let problem = Problem::duplicate_member(repeated.name());
                     let mut response = problem.answer(dialect).map(IdempotencyBody::buffered);
                     Handled::keyed(&mut response, Outcome::Rejected, &scope, None);
                     return Ok(response);
@@ -240,23 +240,6 @@ where
         );
         Ok(execution.await)
     }
-}
-
-/// The refusal of a keyed JSON body that names a member twice in one object.
-pub(crate) fn duplicate_member(name: &str) -> Problem {
-    // A name is echoed up to a length that identifies it, not a megabyte of it.
-    const SHOWN: usize = 64;
-    let name = match name.char_indices().nth(SHOWN) {
-        Some((end, _)) => format!("{:?}…", &name[..end]),
-        None => format!("{name:?}"),
-    };
-    let detail = format!(
-        "the JSON body names the member {name} twice in one object; JSON parsers \
-         disagree on which of the two counts, so the upstream could act on another \
-         payload than the one this key is checked against; send each member once; \
-         nothing was reserved or forwarded"
-    );
-    Problem::new(ProblemKind::DuplicateJsonMember, detail)
 }
 
 /// The answer `problem` to a request refused before anything was reserved.

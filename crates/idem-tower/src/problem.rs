@@ -278,6 +278,23 @@ pub struct Problem {
 }
 
 impl Problem {
+    /// The refusal of a keyed JSON body that names a member twice in one object.
+    pub(crate) fn duplicate_member(name: &str) -> Problem {
+        // A name is echoed up to a length that identifies it, not a megabyte of it.
+        const SHOWN: usize = 64;
+        let name = match name.char_indices().nth(SHOWN) {
+            Some((end, _)) => format!("{:?}…", &name[..end]),
+            None => format!("{name:?}"),
+        };
+        let detail = format!(
+            "the JSON body names the member {name} twice in one object; JSON parsers \
+             disagree on which of the two counts, so the upstream could act on another \
+             payload than the one this key is checked against; send each member once; \
+             nothing was reserved or forwarded"
+        );
+        Problem::new(ProblemKind::DuplicateJsonMember, detail)
+    }
+
     /// A problem of `kind` with a human-readable `detail`.
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Problem {
         let retry_after = match kind {
