@@ -262,19 +262,15 @@ impl Listener {
             return (permit, stream, peer);
         };
         // Reclaiming: at the cap, an arrival is accepted (one descriptor beyond the
-        // cap, for a moment) and makes room by closing the longest-idle connection.
-        let (stream, peer) = match self.slots.clone().try_acquire_owned() {
-            Ok(permit) => {
+        // cap, for a moment) and makes room by closing the longest-idle connection. A
+        // free place is looked at first, so nobody is closed for room that was there.
+        let (stream, peer) = tokio::select! {
+            biased;
+            permit = self.place() => {
                 let (stream, peer) = self.accept(pause).await;
                 return (permit, stream, peer);
             }
-            Err(_) => tokio::select! {
-                permit = self.place() => {
-                    let (stream, peer) = self.accept(pause).await;
-                    return (permit, stream, peer);
-                }
-                accepted = self.accept(pause) => accepted,
-            },
+            accepted = self.accept(pause) => accepted,
         };
         loop {
             if reclaim.close_longest_idle() {
