@@ -24,6 +24,7 @@ use crate::handled::Handled;
 use crate::observer::Outcome;
 use crate::plan::{Plan, PlanKey};
 use crate::problem::{Problem, ProblemKind};
+use crate::profile::Dialect;
 use crate::replay::refuse;
 use crate::shared::Shared;
 use crate::sources::Applying;
@@ -121,7 +122,12 @@ where
                     Resolved::Key(key) => (key, Incoming::Read(bytes)),
                     Resolved::Refused(problem) => return Ok(rejected(observer, &problem, dialect)),
                     Resolved::Unkeyed => {
-                        return pass_through_read(inner, parts, bytes, observer).await;
+                        // Answered as any unkeyed request is, in the layer's profile.
+                        let dialect = Dialect {
+                            grpc,
+                            profile: config.profile,
+                        };
+                        return pass_through_read(inner, parts, bytes, dialect, observer).await;
                     }
                 }
             }
@@ -237,6 +243,7 @@ where
                 parked.clone(),
             ),
             parked,
+            dialect,
         );
         Ok(execution.await)
     }
@@ -255,21 +262,22 @@ pub(crate) fn rejected<B>(
 }
 
 /// A request read to find its key in the body, which names none on a route that does
-/// not require one: to the inner service untouched, its body as read.
+/// not require one: to the inner service untouched, its body as read; a proxy's failure
+/// answered in `dialect`.
 async fn pass_through_read<S, ReqBody, ResBody>(
     mut inner: S,
     parts: Parts,
     bytes: Bytes,
+    dialect: Dialect,
     observer: &dyn crate::Observer,
 ) -> Result<Response<IdempotencyBody<ResBody>>, S::Error>
 where
     S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
+    S::Error: 'static,
 {
     observer.outcome(Outcome::PassedThrough);
     let request = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
-    let mut response = inner.call(request).await?.map(IdempotencyBody::stream);
-    Handled::mark(&mut response, Outcome::PassedThrough);
-    Ok(response)
+    crate::forward::passed_through(inner.call(request).await, dialect, observer)
 }
 
 /// The tenant of a keyed request under a layer with [`TenantSources`]: the first

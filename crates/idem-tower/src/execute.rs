@@ -22,6 +22,7 @@ use crate::config::ReleaseStatuses;
 use crate::context::IdempotencyContext;
 use crate::detach::panic_message;
 use crate::disposition::{Disposition, Proxied, ResourceReference, UpstreamFailure};
+use crate::forward::forward_error;
 use crate::grpc::GrpcReleaseCodes;
 use crate::handled::Handled;
 use crate::heartbeat::with_heartbeat;
@@ -134,7 +135,8 @@ where
             }
             (Ok(Reservation::Replay(stored)), _) if stored.reference().is_some() => {
                 // Boxed: a rare path, kept out of every keyed request's future.
-                let mut response = Box::pin(rendered(inner, parts, stored, config)).await;
+                let rendered = rendered(inner, parts, stored, config, answers.dialect());
+                let mut response = Box::pin(rendered).await;
                 Handled::scoped(&mut response, &request.scope);
                 return response;
             }
@@ -219,8 +221,27 @@ enum Failed {
     Handler(BoxError),
     /// The handler's answer is over the response limit.
     TooLarge,
-    /// A [`Proxied`] answer's upstream failed while its answer was read.
-    Upstream(UpstreamFailure),
+    /// The upstream failed: the proxy inside the layer said so with a
+    /// [`ForwardError`], or its [`Proxied`] answer failed while it was read. Answered
+    /// with its problem.
+    Upstream(UpstreamFailure, Problem),
+}
+
+impl Failed {
+    /// The failure of the handler's call: the upstream's, where a proxy says so.
+    fn from_inner(error: impl Into<BoxError>) -> Failed {
+        let error = error.into();
+        match forward_error(&error).map(|e| (e.upstream_failure(), e.problem())) {
+            Some((Some(failure), problem)) => Failed::Upstream(failure, problem),
+            // The client's body broke off, the proxy says; but the layer had it whole.
+            _ => Failed::Handler(error),
+        }
+    }
+
+    /// The upstream's `failure`, found while its answer was read.
+    fn upstream(failure: UpstreamFailure) -> Failed {
+        Failed::Upstream(failure, Problem::upstream(failure))
+    }
 }
 
 /// What the handler's run ended with: its answer, or why there is none, or the panic it
@@ -248,10 +269,7 @@ where
     ResBody::Error: Into<BoxError>,
 {
     AssertUnwindSafe(async move {
-        let response = inner
-            .call(req)
-            .await
-            .map_err(|e| Failed::Handler(e.into()))?;
+        let response = inner.call(req).await.map_err(Failed::from_inner)?;
         let (mut head, body) = response.into_parts();
         let decided = disposition(&mut head, &reading.release_statuses, reading.grpc.as_ref());
         // A gRPC answer's status may come in its trailers, read with its body.
@@ -290,8 +308,7 @@ where
 }
 
 /// What the answer with head `head` means for the key (SPEC S6, S18): the inner
-/// service's own [`Disposition`] (a proxy's answer to an upstream failure carries the
-/// one [`UpstreamFailure::disposition`] gives it), else for a gRPC call's HTTP 200 a
+/// service's own [`Disposition`], else for a gRPC call's HTTP 200 a
 /// release when its gRPC status is one of `grpc` (`None`, to be decided by the
 /// trailers, when the head carries none), else a release when its HTTP status is one
 /// of `release_statuses`, else a record.
@@ -333,7 +350,10 @@ where
             let deadline = tokio::time::Instant::from_std(proxied.deadline());
             match tokio::time::timeout_at(deadline, collect).await {
                 Ok(collected) => collected,
-                Err(_) => return Err(Failed::Upstream(UpstreamFailure::Timeout)),
+                Err(_) => {
+                    tracing::warn!("the upstream's answer did not come whole in time");
+                    return Err(Failed::upstream(UpstreamFailure::Timeout));
+                }
             }
         }
         None => collect.await,
@@ -344,13 +364,19 @@ where
             Ok((collected.to_bytes(), trailers))
         }
         Err(e) if e.is::<LengthLimitError>() => Err(match proxied {
-            Some(_) => Failed::Upstream(UpstreamFailure::AnswerTooLarge),
+            Some(_) => {
+                tracing::error!(
+                    limit,
+                    "the upstream's answer is over the response limit; recording a 502 in its place"
+                );
+                Failed::upstream(UpstreamFailure::AnswerTooLarge)
+            }
             None => Failed::TooLarge,
         }),
         Err(e) => match proxied {
             Some(_) => {
                 tracing::warn!(error = %e, "upstream body broke off");
-                Err(Failed::Upstream(UpstreamFailure::ConnectionLost))
+                Err(Failed::upstream(UpstreamFailure::ConnectionLost))
             }
             None => Err(Failed::Handler(e)),
         },
@@ -380,35 +406,16 @@ async fn conclude<St: Store, B>(
     let ambiguous: Option<Ambiguity>;
     let (mut head, body, trailers, disposition) = match ran {
         Ok(Ok(Answered::Whole(head, body, trailers, disposition))) => {
-            // A proxy inside the layer answers its own upstream failures (no answer by
-            // the deadline, a connection broken before the head) with their problem,
-            // written here again in the route's dialect.
-            ambiguous = head
-                .extensions
-                .get::<ProblemKind>()
-                .and_then(|kind| kind.upstream_failure())
-                .and_then(UpstreamFailure::ambiguity);
-            match in_dialect(&head, dialect) {
-                Some((own, bytes)) => (own, bytes, trailers, disposition),
-                None => (head, body, trailers, disposition),
-            }
+            ambiguous = None;
+            (head, body, trailers, disposition)
         }
         Ok(Ok(Answered::Released(mut head, body))) => {
             observer.outcome(Outcome::Released);
             let handled = Handled::ran(Outcome::Released, &lease);
             settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
-            // A proxy's own answer to an upstream it could not reach (a small buffer),
-            // written again in the route's dialect.
-            let body = match in_dialect(&head, dialect) {
-                Some((own, bytes)) => {
-                    head = own;
-                    IdempotencyBody::buffered(bytes)
-                }
-                None => IdempotencyBody::stream(body),
-            };
             pass_on(&mut head.extensions, Disposition::Release);
             head.extensions.insert(handled);
-            return Response::from_parts(head, body);
+            return Response::from_parts(head, IdempotencyBody::stream(body));
         }
         Ok(Ok(Answered::Referenced(mut head, body, reference))) => {
             let stored = stored_response(config, extra_headers, &head, &Bytes::new(), None)
@@ -428,10 +435,11 @@ async fn conclude<St: Store, B>(
             ambiguous = Some(Ambiguity::AnswerTooLarge);
             recorded(too_large_response(config.response_limit, dialect))
         }
-        Ok(Err(Failed::Upstream(failure))) => {
+        Ok(Err(Failed::Upstream(failure, problem))) => {
             observer.upstream_failed(failure);
             ambiguous = failure.ambiguity();
-            recorded(upstream_response(failure, config.response_limit, dialect))
+            let (head, body) = problem.answer(dialect).into_parts();
+            (head, body, None, failure.disposition())
         }
         Ok(Err(Failed::Handler(e))) => {
             tracing::error!(error = %e, "handler failed after it started; recording a 500");
@@ -472,8 +480,8 @@ async fn conclude<St: Store, B>(
                 return superseded;
             }
         }
-        // Released answers left the handler early, streaming; none of the recorded
-        // problems releases. Kept total all the same.
+        // Released answers left the handler early, streaming: here, the problem for an
+        // upstream that never got the request.
         Disposition::Release => {
             settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
         }
@@ -524,24 +532,6 @@ fn pass_on(extensions: &mut http::Extensions, disposition: Disposition) {
     }
 }
 
-/// A proxy's own problem answer (`head` carrying its [`Problem`]) written again in
-/// `dialect`; `None` for any other answer, or where the dialect is the proxy's.
-fn in_dialect(
-    head: &http::response::Parts,
-    dialect: Dialect,
-) -> Option<(http::response::Parts, Bytes)> {
-    if dialect == Dialect::default() {
-        return None;
-    }
-    let problem = head.extensions.get::<Problem>()?;
-    let (mut own, body) = problem.answer(dialect).into_parts();
-    // What the proxy said of the key stays with its answer.
-    if let Some(&disposition) = head.extensions.get::<Disposition>() {
-        own.extensions.insert(disposition);
-    }
-    Some((own, body))
-}
-
 /// A problem answer that stands for an execution that ran, recorded and replayed.
 fn recorded_problem(
     kind: ProblemKind,
@@ -574,23 +564,6 @@ fn too_large_response(
         ),
         dialect,
     )
-}
-
-/// The answer to an upstream's `failure` found while its answer was read.
-fn upstream_response(
-    failure: UpstreamFailure,
-    limit: usize,
-    dialect: Dialect,
-) -> (http::response::Parts, Bytes, Disposition) {
-    match failure {
-        UpstreamFailure::AnswerTooLarge => tracing::error!(
-            limit,
-            "the upstream's answer is over the response limit; recording a 502 in its place"
-        ),
-        _ => tracing::warn!(?failure, "the upstream's answer could not be read whole"),
-    }
-    let (head, body) = Problem::upstream(failure).answer(dialect).into_parts();
-    (head, body, failure.disposition())
 }
 
 #[cfg(test)]

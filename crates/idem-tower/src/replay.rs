@@ -175,12 +175,13 @@ fn trailers(stored: &StoredResponse) -> Option<HeaderMap> {
 
 /// Stage 5 for an answer recorded as a [`ResourceReference`](crate::ResourceReference):
 /// rendered again (see [`render`]) where this layer renders references, else a 503
-/// `replay-unavailable`.
+/// `replay-unavailable` in `dialect`.
 pub(crate) async fn rendered<S, ReqBody, ResBody>(
     inner: S,
     parts: Parts,
     stored: StoredResponse,
     config: &Config,
+    dialect: Dialect,
 ) -> Response<IdempotencyBody<ResBody>>
 where
     S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
@@ -192,11 +193,12 @@ where
         // a change of settings): an empty body would be a lie.
         observer.outcome(Outcome::ReplayUnavailable);
         let reference = stored.reference().unwrap_or_default();
-        let mut response = replay_unavailable(reference, "this layer does not render references");
+        let why = "this layer does not render references";
+        let mut response = replay_unavailable(reference, why, dialect);
         Handled::mark(&mut response, Outcome::ReplayUnavailable);
         return response;
     }
-    let mut response = render(inner, parts, stored, config).await;
+    let mut response = render(inner, parts, stored, config, dialect).await;
     let outcome = if response.status().is_success() {
         Outcome::Replayed
     } else {
@@ -228,8 +230,13 @@ fn replay(stored: StoredResponse) -> Response<Bytes> {
     response
 }
 
-/// The 503 for an answer recorded as `reference` that cannot be rendered now, and why.
-fn replay_unavailable<B>(reference: &str, why: &str) -> Response<IdempotencyBody<B>> {
+/// The 503 for an answer recorded as `reference` that cannot be rendered now, and why,
+/// in `dialect`.
+fn replay_unavailable<B>(
+    reference: &str,
+    why: &str,
+    dialect: Dialect,
+) -> Response<IdempotencyBody<B>> {
     tracing::warn!(reference, "{why}");
     Problem::new(
         ProblemKind::ReplayUnavailable,
@@ -238,7 +245,7 @@ fn replay_unavailable<B>(reference: &str, why: &str) -> Response<IdempotencyBody
              which could not be rendered now ({why}); retry with the same key, never a new one"
         ),
     )
-    .to_response()
+    .answer(dialect)
     .map(IdempotencyBody::buffered)
 }
 
@@ -255,19 +262,20 @@ const REPRESENTATION_HEADERS: [HeaderName; 5] = [
 /// Stage 5 for an answer recorded as a [`ResourceReference`]: the layer's `renderer`,
 /// or else the wrapped service, is asked for `GET <reference>` with the retry's headers,
 /// and a 2xx answer is replayed under the recorded status and headers; anything else is
-/// a 503 `replay-unavailable`.
+/// a 503 `replay-unavailable` in `dialect`.
 async fn render<S, ReqBody, ResBody>(
     mut inner: S,
     parts: Parts,
     stored: StoredResponse,
     config: &Config,
+    dialect: Dialect,
 ) -> Response<IdempotencyBody<ResBody>>
 where
     S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
 {
     let reference = stored.reference().unwrap_or_default().to_owned();
-    let unavailable = |why: String| replay_unavailable(&reference, &why);
+    let unavailable = |why: String| replay_unavailable(&reference, &why, dialect);
     let mut uri = http::Uri::builder();
     if let (Some(scheme), Some(authority)) = (parts.uri.scheme(), parts.uri.authority()) {
         uri = uri.scheme(scheme.clone()).authority(authority.clone());
@@ -305,7 +313,16 @@ where
     };
     let rendered = match rendered {
         Ok(rendered) => rendered,
-        Err(e) => return unavailable(format!("rendering failed: {e}")),
+        // A proxy that could not forward the `GET`: its upstream failed, as said.
+        Err(e) => match crate::forward::forward_error(&e) {
+            Some(failed) => {
+                if let Some(failure) = failed.upstream_failure() {
+                    config.observer.upstream_failed(failure);
+                }
+                return unavailable(format!("GET answered {}", failed.problem().status()));
+            }
+            None => return unavailable(format!("rendering failed: {e}")),
+        },
     };
     if !rendered.status().is_success() {
         return unavailable(format!("GET answered {}", rendered.status()));

@@ -18,7 +18,6 @@ use tower::{Layer, Service};
 use crate::buffer::keyed;
 use crate::drain::drain_body;
 use crate::future::ResponseFuture;
-use crate::handled::Handled;
 use crate::layer::IdempotencyLayer;
 use crate::observer::{Observer, Outcome};
 use crate::plan::{Admission, admit};
@@ -115,7 +114,7 @@ where
         let config = &shared.config;
         let (parts, body) = request.into_parts();
         match admit(config, &parts) {
-            Admission::PassThrough => pass_through(&mut inner, &*config.observer, parts, body),
+            Admission::PassThrough => pass_through(&mut inner, shared, parts, body),
             Admission::Reject(problem, profile) => {
                 reject(&*config.observer, problem, profile, &parts, body)
             }
@@ -124,22 +123,29 @@ where
     }
 }
 
-fn pass_through<S, ReqBody, ResBody>(
+/// An unkeyed request, to the inner service untouched; a proxy's failure to forward it
+/// answered in the layer's profile (a gRPC error to a gRPC call).
+fn pass_through<S, St, ReqBody, ResBody>(
     inner: &mut S,
-    observer: &dyn Observer,
+    shared: Arc<Shared<St>>,
     parts: Parts,
     body: ReqBody,
 ) -> ResponseFuture<ResBody, S::Error>
 where
     S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
     S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    ResBody: Send + 'static,
 {
-    observer.outcome(Outcome::PassedThrough);
+    shared.config.observer.outcome(Outcome::PassedThrough);
+    let dialect = crate::profile::Dialect {
+        grpc: crate::grpc::is_grpc(&parts.headers),
+        profile: shared.config.profile,
+    };
     let future = inner.call(Request::from_parts(parts, IdempotencyBody::stream(body)));
     ResponseFuture::new(async move {
-        let mut response = future.await?.map(IdempotencyBody::stream);
-        Handled::mark(&mut response, Outcome::PassedThrough);
-        Ok(response)
+        crate::forward::passed_through(future.await, dialect, &*shared.config.observer)
     })
 }
 
