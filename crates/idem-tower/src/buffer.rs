@@ -16,6 +16,7 @@ use idem_core::{ReserveRequest, Scope, Store, TenantKey};
 use tower::Service;
 
 use crate::body_key::{Incoming, Resolved};
+use crate::bounds::{Inner, ReadBody};
 use crate::detach::Execution;
 use crate::drain::{drain_body, drain_in_background};
 use crate::execute::execute;
@@ -50,14 +51,10 @@ pub(crate) fn keyed<S, St, ReqBody, ResBody>(
     plan: Plan,
 ) -> impl Future<Output = Result<Response<IdempotencyBody<ResBody>>, S::Error>> + Send + 'static
 where
-    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     St: Store,
-    ReqBody: Body<Data = Bytes> + Send + 'static,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ReqBody: ReadBody,
+    ResBody: ReadBody,
 {
     async move {
         // ACP's profile echoes the key on every answer to a keyed request.
@@ -92,14 +89,10 @@ fn run_keyed<S, St, ReqBody, ResBody>(
     plan: Plan,
 ) -> impl Future<Output = Result<Response<IdempotencyBody<ResBody>>, S::Error>> + Send + 'static
 where
-    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     St: Store,
-    ReqBody: Body<Data = Bytes> + Send + 'static,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ReqBody: ReadBody,
+    ResBody: ReadBody,
 {
     async move {
         let config = &shared.config;

@@ -16,8 +16,8 @@ use http::{HeaderMap, HeaderName, Method, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{Ambiguity, Lease, Reservation, ReserveRequest, Store};
-use tower::Service;
 
+use crate::bounds::{Inner, ReadBody};
 use crate::config::ReleaseStatuses;
 use crate::context::IdempotencyContext;
 use crate::detach::panic_message;
@@ -63,13 +63,10 @@ pub(crate) fn execute<S, St, ReqBody, ResBody>(
     parked: Arc<AtomicBool>,
 ) -> impl Future<Output = Response<IdempotencyBody<ResBody>>> + Send + 'static
 where
-    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     St: Store,
-    ReqBody: Body<Data = Bytes> + Send + 'static,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ReqBody: Send + 'static,
+    ResBody: ReadBody,
 {
     async move {
         let config = &shared.config;
@@ -261,12 +258,9 @@ fn run<S, ReqBody, ResBody>(
     reading: Reading,
 ) -> impl Future<Output = Ran<ResBody>> + Send
 where
-    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send,
-    S::Future: Send,
-    S::Error: Into<BoxError>,
-    ReqBody: Send,
-    ResBody: Body<Data = Bytes> + Send,
-    ResBody::Error: Into<BoxError>,
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: Send + 'static,
+    ResBody: ReadBody,
 {
     AssertUnwindSafe(async move {
         let response = inner.call(req).await.map_err(Failed::from_inner)?;

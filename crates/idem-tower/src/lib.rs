@@ -255,6 +255,7 @@
 
 mod body;
 mod body_key;
+mod bounds;
 mod buffer;
 mod coding;
 mod config;

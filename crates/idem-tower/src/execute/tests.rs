@@ -9,7 +9,7 @@ use http_body::Frame;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{Full, StreamBody};
 use idem_core::MemoryStore;
-use tower::{Layer, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 
 use super::*;
 use crate::{IdempotencyLayer, Observer};
