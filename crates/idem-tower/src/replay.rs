@@ -11,6 +11,7 @@ use tower::Service;
 use crate::config::{Config, References};
 use crate::handled::Handled;
 use crate::hints::hint;
+use crate::keyed::Keyed;
 use crate::observer::{Observer, Outcome};
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::Dialect;
@@ -114,43 +115,79 @@ fn answer<B>(
     )
 }
 
-/// The answer for a client whose attempt was taken over before it could record its own
-/// (its completion fenced, SPEC S7): the key's answer is the other attempt's, so this
-/// client gets what a retry would, the recorded answer replayed, or 409 while the other
-/// attempt still runs, never an answer the key's record contradicts. `None` (the
-/// attempt's own answer is passed on) when the record cannot be read, or its answer is
-/// a reference to render.
-pub(crate) async fn superseded<St: Store, B>(
-    shared: &crate::shared::Shared<St>,
-    scope: &idem_core::Scope,
-    dialect: Dialect,
-    hints: bool,
-) -> Option<Response<IdempotencyBody<B>>> {
-    let record = match shared.store.get(scope).await {
-        Ok(record) => record?,
-        Err(e) => {
-            tracing::warn!(error = %e, "reading the record that took this attempt over failed");
+impl<St: Store> Keyed<St> {
+    /// The answer for a client whose attempt was taken over before it could record its own
+    /// (its completion fenced, SPEC S7): the key's answer is the other attempt's, so this
+    /// client gets what a retry would, the recorded answer replayed, or 409 while the other
+    /// attempt still runs, never an answer the key's record contradicts. `None` (the
+    /// attempt's own answer is passed on) when the record cannot be read, or its answer is
+    /// a reference to render.
+    pub(crate) async fn superseded<B>(
+        &self,
+        scope: &idem_core::Scope,
+    ) -> Option<Response<IdempotencyBody<B>>> {
+        let record = match self.store().get(scope).await {
+            Ok(record) => record?,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the record that took this attempt over failed");
+                return None;
+            }
+        };
+        let reservation = match record.state {
+            // Judged as of its creation: it was taken over moments ago, so it is live, and
+            // its age must not make it look expired to a clock that is not the store's.
+            idem_core::RecordState::Completed { .. } => {
+                let (fingerprint, created_at) = (record.fingerprint, record.created_at);
+                Reservation::from_existing(record, &fingerprint, created_at)?
+            }
+            idem_core::RecordState::InProgress { .. } => Reservation::InProgress {
+                retry_after: std::time::Duration::from_secs(1),
+            },
+            idem_core::RecordState::Tombstone { .. } => return None,
+        };
+        if matches!(&reservation, Reservation::Replay(stored) if stored.reference().is_some()) {
             return None;
         }
-    };
-    let reservation = match record.state {
-        // Judged as of its creation: it was taken over moments ago, so it is live, and
-        // its age must not make it look expired to a clock that is not the store's.
-        idem_core::RecordState::Completed { .. } => {
-            let (fingerprint, created_at) = (record.fingerprint, record.created_at);
-            Reservation::from_existing(record, &fingerprint, created_at)?
-        }
-        idem_core::RecordState::InProgress { .. } => Reservation::InProgress {
-            retry_after: std::time::Duration::from_secs(1),
-        },
-        idem_core::RecordState::Tombstone { .. } => return None,
-    };
-    if matches!(&reservation, Reservation::Replay(stored) if stored.reference().is_some()) {
-        return None;
+        let (dialect, hints) = (self.dialect(), self.answers.retry_hints);
+        let mut response = refuse(self.observer(), Ok(reservation), dialect, hints);
+        Handled::scoped(&mut response, scope);
+        Some(response)
     }
-    let mut response = refuse(&*shared.config.observer, Ok(reservation), dialect, hints);
-    Handled::scoped(&mut response, scope);
-    Some(response)
+
+    /// Stage 5 for an answer recorded as a [`ResourceReference`](crate::ResourceReference):
+    /// rendered again (see [`render`]) where this layer renders references, else a 503
+    /// `replay-unavailable` in the request's dialect.
+    pub(crate) async fn rendered<S, ReqBody, ResBody>(
+        &self,
+        inner: S,
+        parts: Parts,
+        stored: StoredResponse,
+    ) -> Response<IdempotencyBody<ResBody>>
+    where
+        S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
+        S::Error: Into<BoxError>,
+    {
+        let (config, observer, dialect) = (self.config(), self.observer(), self.dialect());
+        if !config.references.honoured() {
+            // Recorded where references are rendered (another instance, or this one before
+            // a change of settings): an empty body would be a lie.
+            observer.outcome(Outcome::ReplayUnavailable);
+            let reference = stored.reference().unwrap_or_default();
+            let why = "this layer does not render references";
+            let mut response = replay_unavailable(reference, why, dialect);
+            Handled::mark(&mut response, Outcome::ReplayUnavailable);
+            return response;
+        }
+        let mut response = render(inner, parts, stored, config, dialect).await;
+        let outcome = if response.status().is_success() {
+            Outcome::Replayed
+        } else {
+            Outcome::ReplayUnavailable
+        };
+        observer.outcome(outcome);
+        Handled::mark(&mut response, outcome);
+        response
+    }
 }
 
 /// The trailers recorded with an answer (a gRPC call's status), to send as trailers
@@ -171,42 +208,6 @@ fn trailers(stored: &StoredResponse) -> Option<HeaderMap> {
         }
     }
     (!trailers.is_empty()).then_some(trailers)
-}
-
-/// Stage 5 for an answer recorded as a [`ResourceReference`](crate::ResourceReference):
-/// rendered again (see [`render`]) where this layer renders references, else a 503
-/// `replay-unavailable` in `dialect`.
-pub(crate) async fn rendered<S, ReqBody, ResBody>(
-    inner: S,
-    parts: Parts,
-    stored: StoredResponse,
-    config: &Config,
-    dialect: Dialect,
-) -> Response<IdempotencyBody<ResBody>>
-where
-    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
-{
-    let observer = &*config.observer;
-    if !config.references.honoured() {
-        // Recorded where references are rendered (another instance, or this one before
-        // a change of settings): an empty body would be a lie.
-        observer.outcome(Outcome::ReplayUnavailable);
-        let reference = stored.reference().unwrap_or_default();
-        let why = "this layer does not render references";
-        let mut response = replay_unavailable(reference, why, dialect);
-        Handled::mark(&mut response, Outcome::ReplayUnavailable);
-        return response;
-    }
-    let mut response = render(inner, parts, stored, config, dialect).await;
-    let outcome = if response.status().is_success() {
-        Outcome::Replayed
-    } else {
-        Outcome::ReplayUnavailable
-    };
-    observer.outcome(outcome);
-    Handled::mark(&mut response, outcome);
-    response
 }
 
 /// Stage 5: the recorded answer, marked as a replay.

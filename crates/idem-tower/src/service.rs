@@ -1,8 +1,10 @@
 //! [`Idempotency`]: the middleware service. A request goes through SPEC S5's stages in
-//! a file each: `plan.rs` decides from its head whether it is keyed, `buffer.rs` scopes
-//! it and reads its body, `execute.rs` reserves the key and runs the handler (its lease
-//! renewed by `heartbeat.rs`), `settle.rs` records the answer or releases the key, and
-//! `replay.rs` answers the retries.
+//! a file each: `plan.rs` decides from its head whether it is keyed; a keyed one's
+//! stages are steps over one context per request (`keyed.rs`, as pingora's phases share
+//! one `CTX`): `scope.rs` names its key and tenant, reads its body and fingerprints it,
+//! `execute.rs` reserves the key and runs the handler (its lease renewed by
+//! `heartbeat.rs`), `conclude.rs` decides what its answer means for the key, `settle.rs`
+//! records the answer or releases the key, and `replay.rs` answers the retries.
 
 use std::fmt;
 use std::sync::Arc;
@@ -15,13 +17,13 @@ use http_body::Body;
 use idem_core::Store;
 use tower::{Layer, Service};
 
-use crate::buffer::keyed;
 use crate::drain::drain_body;
 use crate::future::ResponseFuture;
 use crate::layer::IdempotencyLayer;
 use crate::observer::{Observer, Outcome};
 use crate::plan::{Admission, admit};
 use crate::problem::Problem;
+use crate::scope::keyed;
 use crate::shared::Shared;
 use crate::{BoxError, IdempotencyBody};
 
@@ -169,6 +171,6 @@ where
         grpc: crate::grpc::is_grpc(&parts.headers),
         profile,
     };
-    let response = crate::buffer::rejected(observer, &problem, dialect);
+    let response = crate::keyed::rejected(observer, &problem, dialect);
     ResponseFuture::new(std::future::ready(Ok(response)))
 }
