@@ -36,8 +36,9 @@ use crate::{BoxError, IdempotencyBody};
 /// The header ACP's profile echoes the key in.
 const ECHOED_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
 
-/// A keyed request, admitted with its `plan`: stage 1's steps, then its execution. Under
-/// ACP's profile every answer echoes the key the request's headers sent.
+/// A keyed request, admitted with its `plan`: stage 1's steps, each of which gives the
+/// next what it needs or the answer, then its execution. Under ACP's profile every
+/// answer echoes the key the request's headers sent.
 ///
 /// A function returning an `async` block rather than an `async fn`: the block keeps its
 /// captures in place, where an `async fn` would hold its arguments twice, and this future
@@ -68,34 +69,6 @@ where
         let echo = sent
             .filter(|_| crate::profile::Speaks::echoes_key(plan.answers.profile))
             .and_then(|key| HeaderValue::from_str(&key.to_sf_string()).ok());
-        let mut answered = scoped(shared, inner, parts, body, plan).await;
-        if let (Some(echo), Ok(response)) = (echo, &mut answered) {
-            response.headers_mut().insert(ECHOED_KEY, echo);
-        }
-        answered
-    }
-}
-
-/// [`keyed`]'s steps, without the key's echo: each either gives the next what it
-/// needs, or the answer.
-#[allow(
-    clippy::manual_async_fn,
-    reason = "an async fn would hold its arguments twice in its state"
-)]
-fn scoped<S, St, ReqBody, ResBody>(
-    shared: Arc<Shared<St>>,
-    inner: S,
-    parts: Parts,
-    body: ReqBody,
-    plan: Plan,
-) -> impl Future<Output = Result<Response<IdempotencyBody<ResBody>>, S::Error>> + Send + 'static
-where
-    S: Inner<ReqBody, ResBody>,
-    St: Store,
-    ReqBody: ReadBody,
-    ResBody: ReadBody,
-{
-    async move {
         let ctx = Keyed {
             // As the endpoint names it: its scope may not.
             method: Method::from_bytes(plan.endpoint.method().as_bytes())
@@ -105,38 +78,41 @@ where
             answers: plan.answers,
             parked: Arc::new(AtomicBool::new(false)),
         };
-        let (key, incoming) = match ctx.key(&parts, plan.key, body).await {
-            Found::Key(key, incoming) => (key, incoming),
-            Found::Unkeyed(bytes) => return ctx.pass_through(inner, parts, bytes).await,
-            Found::Refused(answer) => return Ok(answer),
+        let mut answered = 'steps: {
+            let (key, incoming) = match ctx.key(&parts, plan.key, body).await {
+                Found::Key(key, incoming) => (key, incoming),
+                Found::Unkeyed(bytes) => break 'steps ctx.pass_through(inner, parts, bytes).await,
+                Found::Refused(answer) => break 'steps Ok(answer),
+            };
+            let let_in = ctx.let_in(&parts, plan.tenant, plan.sources, incoming);
+            let (tenant, slot, incoming) = match let_in.await {
+                Ok(let_in) => let_in,
+                Err(answer) => break 'steps Ok(answer),
+            };
+            let scope = Scope::new(ctx.config().scope_mode, tenant, plan.endpoint, key);
+            let options = plan.fingerprint.as_ref();
+            let options = options.unwrap_or(&ctx.config().fingerprint);
+            let path = plan.fingerprint_path.as_deref();
+            let read = ctx.read(&parts, &scope, incoming, options, path);
+            let (bytes, fingerprint) = match read.await {
+                Ok(read) => read,
+                Err(answer) => break 'steps Ok(answer),
+            };
+            let request = ReserveRequest::new(scope, fingerprint)
+                .ttl(plan.ttl)
+                .lease(plan.lease)
+                .tombstone(plan.tombstone);
+            // Counted from before the reservation until the answer is recorded, wherever
+            // the execution ends up running.
+            let guard = ctx.shared.in_flight.enter(slot);
+            let (parked, dialect) = (ctx.parked.clone(), ctx.dialect());
+            let execution = execute(ctx, inner, parts, bytes, request, guard);
+            Ok(Execution::new(execution, parked, dialect).await)
         };
-        let let_in = ctx
-            .let_in(&parts, plan.tenant, plan.sources, incoming)
-            .await;
-        let (tenant, slot, incoming) = match let_in {
-            Ok(let_in) => let_in,
-            Err(answer) => return Ok(answer),
-        };
-        let scope = Scope::new(ctx.config().scope_mode, tenant, plan.endpoint, key);
-        let options = plan
-            .fingerprint
-            .as_ref()
-            .unwrap_or(&ctx.config().fingerprint);
-        let path = plan.fingerprint_path.as_deref();
-        let (bytes, fingerprint) = match ctx.read(&parts, &scope, incoming, options, path).await {
-            Ok(read) => read,
-            Err(answer) => return Ok(answer),
-        };
-        let request = ReserveRequest::new(scope, fingerprint)
-            .ttl(plan.ttl)
-            .lease(plan.lease)
-            .tombstone(plan.tombstone);
-        // Counted from before the reservation until the answer is recorded, wherever the
-        // execution ends up running.
-        let guard = ctx.shared.in_flight.enter(slot);
-        let (parked, dialect) = (ctx.parked.clone(), ctx.dialect());
-        let execution = execute(ctx, inner, parts, bytes, request, guard);
-        Ok(Execution::new(execution, parked, dialect).await)
+        if let (Some(echo), Ok(response)) = (echo, &mut answered) {
+            response.headers_mut().insert(ECHOED_KEY, echo);
+        }
+        answered
     }
 }
 
@@ -318,16 +294,12 @@ impl<St: Store> Keyed<St> {
 /// Reads a keyed request's body up to `limit` bytes (SPEC S4), within `timeout` when
 /// one is set. When it answers early (over the limit, too slow), what is left of the
 /// body is read away in the background (see [`drain_body`]).
-pub(crate) async fn read_body<B>(
+async fn read_body<B: ReadBody>(
     parts: &Parts,
     body: B,
     limit: usize,
     timeout: Option<Duration>,
-) -> Result<Bytes, Problem>
-where
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
+) -> Result<Bytes, Problem> {
     let too_large = || {
         Problem::new(
             ProblemKind::BodyTooLarge,
@@ -377,11 +349,10 @@ where
 }
 
 /// Reads `body` whole, unless it is over `limit` bytes (`Err(None)`) or fails.
-async fn read_up_to<B>(mut body: Pin<&mut B>, limit: usize) -> Result<Bytes, Option<BoxError>>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
+async fn read_up_to<B: ReadBody>(
+    mut body: Pin<&mut B>,
+    limit: usize,
+) -> Result<Bytes, Option<BoxError>> {
     let mut first = Bytes::new();
     let mut rest: Option<bytes::BytesMut> = None;
     let mut len = 0usize;
