@@ -218,17 +218,9 @@ impl<St: Store> Keyed<St> {
 /// (the idem gateway makes such answers readable across origins).
 fn pass_on(extensions: &mut http::Extensions, disposition: Disposition) {
     let kind = extensions.remove::<ProblemKind>();
-    let problem = extensions.remove::<Problem>();
-    let profile = extensions.remove::<crate::Profile>();
     extensions.clear();
     if let (Some(kind), Disposition::Release | Disposition::KeepInProgress) = (kind, disposition) {
         extensions.insert(kind);
-        if let Some(problem) = problem {
-            extensions.insert(problem);
-        }
-        if let Some(profile) = profile {
-            extensions.insert(profile);
-        }
     }
 }
 

@@ -373,14 +373,12 @@ impl Problem {
     }
 
     /// The full response: status, `Content-Type`, `Retry-After` when set, body, and the
-    /// [`ProblemKind`] and the `Problem` itself as response extensions, by which layers
-    /// outside can tell the layer's own answers from the handler's (the idem gateway
-    /// adds CORS headers to them) and write one again in another dialect without
-    /// parsing its body. The layer's own answers carry the [`Profile`](crate::Profile) they are written in as an
-    /// extension too, so that a proxy around it writes in its profile only the
-    /// problems no profile wrote. Problems the layer records in place of an answer
-    /// (500s, and the 502 for an upstream answer too large) lose them with every other
-    /// extension, so that the first answer and its replays look alike.
+    /// [`ProblemKind`] as a response extension, by which layers outside can tell the
+    /// layer's own answers from the handler's (the idem gateway adds CORS headers to
+    /// them). Each is written once, in its dialect, where it is made. Problems the layer
+    /// records in place of an answer (500s, and the 502 for an upstream answer too
+    /// large) lose it with every other extension, so that the first answer and its
+    /// replays look alike.
     pub fn to_response(&self) -> Response<Bytes> {
         self.respond(self.status(), PROBLEM_CONTENT_TYPE, self.body())
     }
@@ -396,7 +394,6 @@ impl Problem {
         let mut response = Response::new(body);
         *response.status_mut() = status;
         response.extensions_mut().insert(self.kind);
-        response.extensions_mut().insert(self.clone());
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
         if let Some(wait) = self.retry_after {

@@ -162,12 +162,11 @@ impl Front {
 /// to a gRPC call (`grpc`) a gRPC error (SPEC S18), to any other request in the
 /// gateway's `profile`, as the layer writes its own.
 fn in_dialect(problem: &Problem, grpc: bool, profile: Profile) -> Response<ClientBody> {
-    let mut answer = if grpc {
+    let answer = if grpc {
         problem.to_grpc_response()
     } else {
         problem.to_response_in(profile)
     };
-    answer.extensions_mut().insert(profile);
     answer.map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync())
 }
 
