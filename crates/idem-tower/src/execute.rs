@@ -1,13 +1,15 @@
 //! Stage 2 of a keyed request (SPEC S5, S6, S7, S15), in steps over its [`Keyed`]
 //! context: the key reserved (again under the rules a record was made by, or after a
-//! wait), the answer to a reservation that did not acquire it, the tenant's rate of new
-//! keys, and the handler run while its lease is renewed, its answer read as its route
-//! says. Stages 3 and 4 follow in `conclude.rs`.
+//! wait: `wait_for`), the answer to a reservation that did not acquire it, the tenant's
+//! rate of new keys, and the handler run while its lease is renewed, its answer read as
+//! its route says. Stages 3 and 4 follow in `conclude.rs`.
 
 use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -16,6 +18,7 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{Ambiguity, Lease, Reservation, ReserveRequest, Scope, Store};
+use tokio::time::Instant;
 
 use crate::bounds::{Inner, ReadBody};
 use crate::config::{Config, ReleaseStatuses};
@@ -33,7 +36,7 @@ use crate::plan::AnswerRules;
 use crate::problem::Problem;
 use crate::replay::refuse;
 use crate::tenant_limit::{refuse_new_key, take_token};
-use crate::wait::{Observed, PREFERENCE_APPLIED, hand_back, wait_for};
+use crate::wait::{Observed, PREFERENCE_APPLIED, hand_back};
 use crate::{BoxError, IdempotencyBody};
 
 /// SPEC S5's stage 2 for one keyed request whose body is in hand, then stages 3 and 4;
@@ -94,6 +97,15 @@ where
     }
 }
 
+/// The first pause between polls of a store whose watch cannot fire; it doubles up to
+/// [`MAX_POLL`].
+const FIRST_POLL: Duration = Duration::from_millis(20);
+const MAX_POLL: Duration = Duration::from_millis(500);
+
+/// How long a waiter trusts a watch that can fire before it reserves again anyway: a
+/// lost notification costs at most this.
+const FALLBACK_POLL: Duration = Duration::from_secs(1);
+
 /// What a request keeps once its key is reserved: its body, unless it waited for an
 /// attempt in progress (SPEC S15), when it let its body go and its replay carries the
 /// `Preference-Applied` it is given.
@@ -140,12 +152,53 @@ impl<St: Store> Keyed<St> {
         drop(bytes);
         let observed = Observed::start(observer);
         // Boxed: a rare path, kept out of every keyed request's future.
-        let parked = &self.parked;
-        let waited = wait_for(store, observer, request, wait.within, watch, result, parked);
-        let result = Box::pin(waited).await;
+        let result = Box::pin(self.wait_for(request, wait.within, watch, result)).await;
         observed.ended(&result);
         drop(slot);
         (result, Kept::Waited(wait.applied()))
+    }
+
+    /// Waits up to `within` for the attempt holding `request`'s key to end, reserving again
+    /// after each wake or poll, and returns the first reservation that is not in progress
+    /// (or the last one, in progress, when the time is up). `watch` was made before the
+    /// reserve that answered in progress. While it waits between reserves, the request's
+    /// `parked` is set: its future may then be dropped (its client hung up) without leaving
+    /// anything reserved.
+    async fn wait_for(
+        &self,
+        request: &ReserveRequest,
+        within: Duration,
+        mut watch: idem_core::Watch,
+        mut last: idem_core::Result<Reservation>,
+    ) -> idem_core::Result<Reservation> {
+        let (store, observer, parked) = (self.store(), self.observer(), &*self.parked);
+        let deadline = Instant::now() + within;
+        let mut poll = FIRST_POLL;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return last;
+            }
+            let pause = if watch.notifies() {
+                FALLBACK_POLL
+            } else {
+                let pause = poll;
+                poll = (poll * 2).min(MAX_POLL);
+                pause
+            };
+            let until = deadline.min(now + pause);
+            parked.store(true, Ordering::Release);
+            tokio::select! {
+                () = &mut watch => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+            parked.store(false, Ordering::Release);
+            watch = store.watch(&request.scope);
+            last = timed(observer, "reserve", store.reserve(request)).await;
+            if !matches!(last, Ok(Reservation::InProgress { .. })) {
+                return last;
+            }
+        }
     }
 
     /// The lease the handler runs under, and its body; or the answer to a reservation
