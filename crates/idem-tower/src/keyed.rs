@@ -50,7 +50,8 @@ impl<St: Store> Keyed<St> {
 
     /// How the layer's own answers to this request are written.
     pub(crate) fn dialect(&self) -> Dialect {
-        self.answers.dialect()
+        let (grpc, profile) = (self.answers.grpc.is_some(), self.answers.profile);
+        Dialect { grpc, profile }
     }
 
     /// The answer `problem` to the request, refused before anything was reserved.

@@ -13,7 +13,6 @@ use crate::grpc::{GrpcReleaseCodes, is_grpc};
 use crate::look_alike::look_alike;
 use crate::method_override::{decided_method, same_method};
 use crate::problem::{Problem, ProblemKind};
-use crate::profile::Dialect;
 use crate::wait::{Wait, preferred_wait};
 
 /// What becomes of a request, decided from its head.
@@ -288,16 +287,6 @@ pub(crate) struct AnswerRules {
     pub(crate) profile: Profile,
     /// How long a duplicate may wait for an in-progress attempt (SPEC S15).
     pub(crate) wait: Option<Wait>,
-}
-
-impl AnswerRules {
-    /// How the layer's own answers to this request are written.
-    pub(crate) fn dialect(&self) -> Dialect {
-        Dialect {
-            grpc: self.grpc.is_some(),
-            profile: self.profile,
-        }
-    }
 }
 
 impl Plan {
