@@ -6,8 +6,9 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use idem_core::{Reservation, Store, StoreError, StoredResponse};
-use tower::Service;
 
+use crate::IdempotencyBody;
+use crate::bounds::Inner;
 use crate::config::{Config, References};
 use crate::handled::Handled;
 use crate::hints::hint;
@@ -15,7 +16,6 @@ use crate::keyed::Keyed;
 use crate::observer::{Observer, Outcome};
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::Dialect;
-use crate::{BoxError, IdempotencyBody};
 
 /// The header that marks a replayed answer.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -157,16 +157,12 @@ impl<St: Store> Keyed<St> {
     /// Stage 5 for an answer recorded as a [`ResourceReference`](crate::ResourceReference):
     /// rendered again (see [`render`]) where this layer renders references, else a 503
     /// `replay-unavailable` in the request's dialect.
-    pub(crate) async fn rendered<S, ReqBody, ResBody>(
+    pub(crate) async fn rendered<S: Inner<ReqBody, ResBody>, ReqBody, ResBody>(
         &self,
         inner: S,
         parts: Parts,
         stored: StoredResponse,
-    ) -> Response<IdempotencyBody<ResBody>>
-    where
-        S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
-        S::Error: Into<BoxError>,
-    {
+    ) -> Response<IdempotencyBody<ResBody>> {
         let (config, observer, dialect) = (self.config(), self.observer(), self.dialect());
         if !config.references.honoured() {
             // Recorded where references are rendered (another instance, or this one before
@@ -264,17 +260,13 @@ const REPRESENTATION_HEADERS: [HeaderName; 5] = [
 /// or else the wrapped service, is asked for `GET <reference>` with the retry's headers,
 /// and a 2xx answer is replayed under the recorded status and headers; anything else is
 /// a 503 `replay-unavailable` in `dialect`.
-async fn render<S, ReqBody, ResBody>(
+async fn render<S: Inner<ReqBody, ResBody>, ReqBody, ResBody>(
     mut inner: S,
     parts: Parts,
     stored: StoredResponse,
     config: &Config,
     dialect: Dialect,
-) -> Response<IdempotencyBody<ResBody>>
-where
-    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
-{
+) -> Response<IdempotencyBody<ResBody>> {
     let reference = stored.reference().unwrap_or_default().to_owned();
     let unavailable = |why: String| replay_unavailable(&reference, &why, dialect);
     let mut uri = http::Uri::builder();

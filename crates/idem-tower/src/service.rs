@@ -17,6 +17,7 @@ use http_body::Body;
 use idem_core::Store;
 use tower::{Layer, Service};
 
+use crate::bounds::Inner;
 use crate::drain::drain_body;
 use crate::future::ResponseFuture;
 use crate::layer::IdempotencyLayer;
@@ -134,9 +135,7 @@ fn pass_through<S, St, ReqBody, ResBody>(
     body: ReqBody,
 ) -> ResponseFuture<ResBody, S::Error>
 where
-    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     St: Store,
     ResBody: Send + 'static,
 {
