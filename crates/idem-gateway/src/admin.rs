@@ -46,7 +46,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use crate::keys::{purge_expired, record_json, scope_for};
+use crate::inspect::{line_json, purge_expired, query_from_params, record_json, scope_for};
 use crate::listener::{ConnectionSlot, Listener};
 use crate::metrics::Metrics;
 
@@ -341,11 +341,9 @@ fn key_query(params: Vec<(String, String)>) -> Result<KeyQuery, String> {
     Ok(q)
 }
 
-/// A listing, one JSON line per record (see [`crate::listing::line_json`]).
+/// A listing, one JSON line per record (see [`line_json`]).
 async fn list_keys(state: AdminState, params: &[(String, String)]) -> Response {
-    let query = match crate::listing::query_from_params(
-        params.iter().map(|(n, v)| (n.as_str(), v.as_str())),
-    ) {
+    let query = match query_from_params(params.iter().map(|(n, v)| (n.as_str(), v.as_str()))) {
         Ok(query) => query,
         Err(detail) => return bad_listing(detail),
     };
@@ -361,7 +359,7 @@ async fn list_keys(state: AdminState, params: &[(String, String)]) -> Response {
     let now = SystemClock.now();
     let mut body = String::new();
     for record in &page.records {
-        body.push_str(&crate::listing::line_json(record, now).to_string());
+        body.push_str(&line_json(record, now).to_string());
         body.push('\n');
     }
     let mut response = ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response();
