@@ -73,7 +73,7 @@ pub enum Command {
     Migrate(MigrateArgs),
     /// Show what the gateway prevents: the same payments, under the same faults, sent to a
     /// naive demo API straight and through `idem serve`, charges counted side by side.
-    Demo(crate::demo_run::DemoArgs),
+    Demo(crate::tools::demo_run::DemoArgs),
     /// Check whether an API's Idempotency-Key support holds: replays, concurrent
     /// duplicates, lost answers, payload mismatches, keys, tenants. It creates real
     /// resources: point it at staging.

@@ -51,15 +51,11 @@ pub mod access;
 pub mod admin;
 pub(crate) mod budget;
 pub mod cli;
-#[doc(hidden)]
-pub mod completions;
 pub mod config;
 #[doc(hidden)]
 pub mod cors;
 #[doc(hidden)]
-pub mod demo;
-#[doc(hidden)]
-pub mod demo_run;
+pub use tools::demo;
 #[doc(hidden)]
 pub mod exit;
 #[doc(hidden)]
@@ -68,19 +64,11 @@ mod inspect;
 #[doc(hidden)]
 pub mod jwks;
 #[doc(hidden)]
-pub mod keys;
-#[doc(hidden)]
 pub mod listener;
 #[doc(hidden)]
-pub mod listing;
-#[doc(hidden)]
 pub mod logging;
-#[doc(hidden)]
-pub mod man;
 pub mod metrics;
 // "Did you mean": one measure for misspelt config keys and store URL schemes.
-#[doc(hidden)]
-pub mod migrate;
 mod nearest;
 #[doc(hidden)]
 pub mod path;
@@ -95,5 +83,7 @@ pub mod store;
 pub mod telemetry;
 mod tenant_source;
 mod tls_client;
+#[doc(hidden)]
+pub mod tools;
 #[doc(hidden)]
 pub mod trusted;

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use idem_gateway::cli::{Cli, Command, ServeArgs};
 use idem_gateway::config::GatewayConfig;
 use idem_gateway::serve::{Gateway, Mode, shutdown_signal};
-use idem_gateway::{completions, demo, keys, logging, man, store};
+use idem_gateway::tools::{completions, demo, keys, man};
+use idem_gateway::{logging, store};
 
 /// Every request allocates (headers, bodies; on keyed ones the fingerprint, the record
 /// and the recorded answer too); mimalloc serves that faster than glibc's allocator.
@@ -91,8 +92,8 @@ async fn run(cli: Cli, logs: &logging::Logs) -> ExitCode {
             None => check(&args.serve).await,
         },
         Command::Keys(cmd) => keys::run(cmd).await,
-        Command::Migrate(args) => idem_gateway::migrate::run(args).await,
-        Command::Demo(args) => idem_gateway::demo_run::run(args).await,
+        Command::Migrate(args) => idem_gateway::tools::migrate::run(args).await,
+        Command::Demo(args) => idem_gateway::tools::demo_run::run(args).await,
         Command::Check(args) => idem_check::run(&args).await,
         Command::DemoUpstream { listen } => match demo::run(listen).await {
             Ok(()) => ExitCode::SUCCESS,

@@ -10,7 +10,7 @@ use crate::inspect::{line_json, parse_age, parse_state};
 
 /// `idem keys list`: pages through the store, printing one JSON line per record, at
 /// most `--limit` of them; says on standard error where to resume when it stops there.
-pub async fn run(args: ListArgs) -> ExitCode {
+pub(super) async fn run(args: ListArgs) -> ExitCode {
     match run_inner(args).await {
         Ok(code) => code,
         Err(e) => {
@@ -30,7 +30,7 @@ async fn run_inner(args: ListArgs) -> Result<ExitCode, crate::exit::Failure> {
         .as_deref()
         .map(|c| ListCursor::parse(c).ok_or_else(|| format!("--after {c:?} is no cursor")))
         .transpose()?;
-    let store = crate::inspect::open(args.store, args.store_namespace).await?;
+    let store = super::open(args.store, args.store_namespace).await?;
     let result = print_pages(&*store, query, args.limit).await;
     store.close().await;
     result

@@ -8,8 +8,12 @@ use idem_core::{Clock, Scope, Store, SystemClock, TenantKey};
 use idem_tower::TenantHeaders;
 
 use crate::cli::{KeyTarget, KeysCommand, PurgeArgs, TenantArgs};
+use crate::config::DEFAULT_STORE;
 use crate::exit::Failure;
-use crate::inspect::{open, purge_expired, record_json, scope_for};
+use crate::inspect::{purge_expired, record_json, scope_for};
+use crate::store::Namespace;
+
+mod list;
 
 /// The stored tenant an operator names: `--tenant` as stored, or the tenant the
 /// gateway derives from the credentials in `--tenant-credential-env`'s variables, one
@@ -95,7 +99,7 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, Failure> {
             store.close().await;
             result
         }
-        KeysCommand::List(args) => Ok(crate::listing::run(args).await),
+        KeysCommand::List(args) => Ok(list::run(args).await),
         KeysCommand::Purge(PurgeArgs {
             key,
             expired,
@@ -177,5 +181,43 @@ async fn purge(store: &dyn Store, scope: Option<&Scope>) -> Result<ExitCode, Fai
     } else {
         eprintln!("idem: {}", not_found(scope));
         Ok(ExitCode::from(crate::exit::RUNTIME))
+    }
+}
+
+/// Opens the store `idem keys` names (refusing a `memory://` one, which would be new
+/// and empty here).
+async fn open(
+    url: Option<String>,
+    namespace: Option<String>,
+) -> Result<std::sync::Arc<dyn Store>, Failure> {
+    let url = url.unwrap_or_else(|| DEFAULT_STORE.to_owned());
+    refuse_memory(&url)?;
+    // Inspection never writes a schema: a mistyped file or namespace is said to hold
+    // nothing of idem's, rather than made into an empty store.
+    let options = crate::store::StoreOptions {
+        namespace: namespace
+            .as_deref()
+            .map(|name| Namespace::new(name).map_err(|e| e.to_string()))
+            .transpose()?,
+        schema: idem_core::Schema::Existing,
+        ..Default::default()
+    };
+    crate::store::open_with(&url, options)
+        .await
+        .map_err(|e| Failure::open(&e))
+}
+
+/// A memory store lives in the process that made it: opened here it would be a new,
+/// empty one, and every key would be "no record".
+fn refuse_memory(url: &str) -> Result<(), String> {
+    match crate::store::kind(url) {
+        Some("memory") => Err(
+            "a memory:// store lives inside the `idem serve` that holds it, so this command \
+             would read a new, empty one; ask that gateway's admin listener instead \
+             (GET or DELETE /keys?key=…, GET /keys?ambiguous=true, POST /keys/purge-expired)"
+                .into(),
+        ),
+        // Anything else, good or bad, is for opening to judge.
+        _ => Ok(()),
     }
 }

@@ -1,7 +1,7 @@
 //! `idem demo`: what the gateway prevents, in numbers.
 //!
 //! The command starts two child processes of its own binary on 127.0.0.1 ports the
-//! system picks: the naive demo payments API ([`crate::demo`], `idem demo-upstream`)
+//! system picks: the naive demo payments API ([`super::demo`], `idem demo-upstream`)
 //! and an `idem serve` in front of it, on a SQLite file in a temporary directory (or
 //! `--store`). A client then makes the same `--operations` payments twice: straight to
 //! the API ("without idem": no key, a naive client that resends), and through the
