@@ -51,6 +51,7 @@ pub mod access;
 pub mod admin;
 pub(crate) mod budget;
 pub mod cli;
+mod command;
 pub mod config;
 #[doc(hidden)]
 pub mod cors;
@@ -87,3 +88,5 @@ mod tls_client;
 pub mod tools;
 #[doc(hidden)]
 pub mod trusted;
+
+pub use command::main;
