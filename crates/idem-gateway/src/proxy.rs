@@ -66,6 +66,7 @@ use tokio::time::Instant;
 use tower::Service;
 
 use crate::config::{Upstream, UpstreamProtocol};
+use crate::forwarded::add_forwarded;
 use crate::metrics::Metrics;
 
 mod client;
@@ -75,9 +76,9 @@ mod preface;
 mod upgrade;
 
 use client::UpstreamClient;
-pub use client::tls_failure;
+pub(crate) use client::tls_failure;
 use failure::ForwardError;
-pub use headers::{REWRITE_HEADERS, add_forwarded, strip_hop_by_hop, strip_look_alikes};
+pub(crate) use headers::{REWRITE_HEADERS, strip_hop_by_hop, strip_look_alikes};
 use upgrade::{requested_upgrade, switch_protocols, upgrades_to_websocket};
 
 /// Boxed error of bodies flowing through the gateway (the layer's own).
