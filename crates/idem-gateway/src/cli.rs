@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand};
 
 pub use crate::config::ServeArgs;
 use crate::config::{TENANT_SECRET_ENV, TenantSecret};
-pub use crate::logging::LogFormat;
+pub(crate) use crate::logging::LogFormat;
 
 /// What `idem --version` shows after the name: the crate's version and, where the build
 /// knew it, the commit (`0.1.0 (1a2b3c4d5)`, `-dirty` after it when the tree had
@@ -20,10 +20,6 @@ pub use crate::logging::LogFormat;
 /// packaged crate's record of the commit it was packaged from, else from git in a
 /// checkout; without any, the version stands alone.
 pub const VERSION: &str = env!("IDEM_VERSION");
-
-/// The commit the binary was built from, as in [`VERSION`]; `None` when the build did
-/// not know it.
-pub const COMMIT: Option<&str> = option_env!("IDEM_COMMIT");
 
 /// `idem`: idempotency keys for any HTTP API.
 #[derive(Debug, Parser)]

@@ -28,7 +28,7 @@
 
 mod args;
 mod choices;
-pub mod diff;
+pub(crate) mod diff;
 mod error;
 mod file;
 mod jwt;
@@ -53,14 +53,15 @@ use idem_tower::{DEFAULT_RESPONSE_LIMIT, GrpcReleaseCodes, ReleaseStatuses};
 
 pub use self::args::ServeArgs;
 pub use self::error::ConfigError;
-pub use self::jwt::{JwtSettings, JwtStartError, TenantSource};
+pub(crate) use self::jwt::{JwtSettings, JwtStartError, TenantSource};
 pub use self::rules::{RouteRule, TenantRule};
-pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, record_keys, tenant_key};
-pub use self::tenants::TenantLimits;
-pub use self::upstream::{Upstream, UpstreamProtocol};
+pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret};
+pub(crate) use self::secrets::{record_keys, tenant_key};
+pub(crate) use self::tenants::TenantLimits;
+pub(crate) use self::upstream::Upstream;
+pub use self::upstream::UpstreamProtocol;
+pub(crate) use self::values::parse_admin_addr;
 pub(crate) use self::values::parse_tenant_headers;
-pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
-pub use crate::tls_client::tls_client_config;
 
 use self::error::invalid;
 use self::file::read_file;
@@ -77,17 +78,17 @@ use crate::route::{Route, RouteMatching};
 use crate::store::{Namespace, StoreOptions};
 
 /// The default listen address.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// The default store: an SQLite file in the working directory.
-pub const DEFAULT_STORE: &str = "sqlite://idem.db";
+pub(crate) const DEFAULT_STORE: &str = "sqlite://idem.db";
 /// The default upstream timeout.
-pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
 /// The default time between sweeps of expired records.
-pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How long a client connection may take to send a request's headers unless configured
 /// otherwise (hyper's own default).
-pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The tenant headers unless configured otherwise.
 const DEFAULT_TENANT_HEADER: &str = "authorization";
@@ -192,7 +193,7 @@ pub struct GatewayConfig {
     pub access_log: crate::access::AccessLog,
     /// The header that carries the request id.
     pub request_id_header: http::HeaderName,
-    /// The proxies whose `X-Forwarded-For` names the client (see [`crate::trusted`]).
+    /// The proxies whose `X-Forwarded-For` names the client (`--trusted-proxies`).
     pub trusted_proxies: crate::trusted::TrustedProxies,
     /// Headers only the trusted proxies may set; removed from other peers' requests.
     pub trusted_headers: Vec<HeaderName>,
@@ -208,7 +209,7 @@ pub struct GatewayConfig {
 
 impl GatewayConfig {
     /// Whether `source` names a tenant anywhere: in `tenant_from`, or a route's.
-    pub fn names_source(&self, source: TenantSource) -> bool {
+    pub(crate) fn names_source(&self, source: TenantSource) -> bool {
         self.tenant_from.contains(&source)
             || self
                 .routes
@@ -219,7 +220,7 @@ impl GatewayConfig {
     /// Settings that work as written but probably do not do what was meant, each as a
     /// sentence; `serve` logs them as warnings at start, `check-config` prints them.
     /// The upstream's host is looked up (a name that does not resolve is one).
-    pub async fn warnings(&self) -> Vec<String> {
+    pub(crate) async fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
         let lease = humantime::format_duration(self.lease);
         if self.ttl < self.lease {
@@ -270,7 +271,7 @@ impl GatewayConfig {
 
     /// The command line (and environment) over the `--config` file it names, before
     /// the defaults: what [`resolve`](Self::resolve) checks and completes.
-    pub fn layered(args: &ServeArgs) -> Result<ServeArgs, ConfigError> {
+    pub(crate) fn layered(args: &ServeArgs) -> Result<ServeArgs, ConfigError> {
         let file = match &args.config {
             Some(path) => read_file(path)?,
             None => ServeArgs::default(),
@@ -281,7 +282,9 @@ impl GatewayConfig {
     /// [`layered`](Self::layered) and [`resolve`](Self::resolve) from one read of the
     /// file: the settings as layered, for what names files (`check-config`'s output, a
     /// reload's comparison), and the configuration they resolve to.
-    pub fn resolve_layered(args: &ServeArgs) -> Result<(ServeArgs, GatewayConfig), ConfigError> {
+    pub(crate) fn resolve_layered(
+        args: &ServeArgs,
+    ) -> Result<(ServeArgs, GatewayConfig), ConfigError> {
         let layered = GatewayConfig::layered(args)?;
         let config = GatewayConfig::from_args(layered.clone())?;
         Ok((layered, config))

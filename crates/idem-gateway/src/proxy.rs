@@ -134,15 +134,8 @@ struct Sending {
 }
 
 impl Proxy {
-    /// A proxy to the `http://` `upstream` over HTTP/1.1 whose answers must have come
-    /// whole within `timeout`: the head, and for an answer the idempotency layer
-    /// records, the body too.
-    pub fn new(upstream: Upstream, timeout: Duration, metrics: Arc<Metrics>) -> Proxy {
-        Proxy::speaking(upstream, UpstreamProtocol::Http1, None, timeout, metrics)
-    }
-
     /// A proxy to `upstream` in `protocol`, over TLS with the client settings `tls`
-    /// (needed for an `https://` upstream: see [`tls_client_config`](crate::config::tls_client_config)), whose answers
+    /// (needed for an `https://` upstream: see [`tls_client_config`](crate::tls_client::tls_client_config)), whose answers
     /// must have come whole within `timeout`.
     pub fn speaking(
         upstream: Upstream,

@@ -130,7 +130,7 @@ impl GatewayConfig {
     /// The settings as a configuration file: `args` are the layers as merged (the
     /// command line over the environment over the file), for the settings whose file
     /// is what the configuration keeps only the contents of.
-    pub fn to_toml(&self, args: &ServeArgs) -> String {
+    pub(crate) fn to_toml(&self, args: &ServeArgs) -> String {
         let mut t = Toml::default();
         t.set("upstream", quoted(&self.upstream.to_string()));
         t.set("listen", quoted(&self.listen.to_string()));

@@ -14,6 +14,59 @@ fn norm(path: &str) -> Result<Cow<'_, str>, InvalidPath> {
 }
 
 #[test]
+fn the_default_and_lists_of_items() {
+    let default = PathNormalization::default();
+    assert_eq!(
+        default.to_string(),
+        "rfc3986,merge-slashes,reject-ambiguous"
+    );
+    let all = options("rfc3986,merge-slashes,trailing-slash,lowercase");
+    assert!(all.trailing_slash && all.lowercase && !all.reject_ambiguous);
+    assert!(options("none").is_none());
+    assert!("none,lowercase".parse::<PathNormalization>().is_err());
+    assert!(
+        "merge-slashes,reject-ambiguous"
+            .parse::<PathNormalization>()
+            .is_err()
+    );
+}
+
+#[test]
+fn the_spellings_of_one_path_normalise_to_it() {
+    let options = PathNormalization::default();
+    for spelling in [
+        "/v1/charges",
+        "/v1//charges",
+        "/v1/%63harges",
+        "/v1/./charges",
+        "/v1/x/../charges",
+    ] {
+        assert_eq!(normalize(spelling, options).unwrap(), "/v1/charges");
+    }
+    assert_eq!(normalize("/../v1", options), Err(InvalidPath::AboveRoot));
+    assert!(matches!(
+        normalize("/v1%2Fcharges", options),
+        Err(InvalidPath::EncodedDelimiter { .. })
+    ));
+    let keep: PathNormalization = "rfc3986,merge-slashes".parse().unwrap();
+    assert_eq!(normalize("/v1/a%2fb", keep).unwrap(), "/v1/a%2Fb");
+}
+
+#[test]
+fn a_target_keeps_its_query_and_a_normal_one_is_none() {
+    let uri: http::Uri = "/v1/./charges?expand=%2e".parse().unwrap();
+    let normal = normalize_uri(&uri, PathNormalization::default())
+        .unwrap()
+        .unwrap();
+    assert_eq!(normal, "/v1/charges?expand=%2e");
+    let normal: http::Uri = "/v1/charges".parse().unwrap();
+    assert_eq!(
+        normalize_uri(&normal, PathNormalization::default()),
+        Ok(None)
+    );
+}
+
+#[test]
 fn spellings_of_one_resource_are_one_path() {
     for spelling in [
         "/v1/charges",

@@ -67,7 +67,7 @@ async fn tenant_of(
 }
 
 /// Runs `idem keys …`; prints to standard output and returns the exit code.
-pub async fn run(cmd: KeysCommand) -> ExitCode {
+pub(crate) async fn run(cmd: KeysCommand) -> ExitCode {
     match run_inner(cmd).await {
         Ok(code) => code,
         Err(e) => {

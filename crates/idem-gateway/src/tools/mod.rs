@@ -5,10 +5,10 @@
 //! operators see them in [`crate::inspect`]); no server module uses them, so that
 //! changing a command never changes what the gateway serves.
 
-pub mod check_config;
-pub mod completions;
+pub(crate) mod check_config;
+pub(crate) mod completions;
 pub mod demo;
-pub mod demo_run;
-pub mod keys;
-pub mod man;
-pub mod migrate;
+pub(crate) mod demo_run;
+pub(crate) mod keys;
+pub(crate) mod man;
+pub(crate) mod migrate;
