@@ -14,45 +14,6 @@ fn norm(path: &str) -> Result<Cow<'_, str>, InvalidPath> {
 }
 
 #[test]
-fn the_default_and_lists_of_items() {
-    let default = PathNormalization::default();
-    assert_eq!(
-        default.to_string(),
-        "rfc3986,merge-slashes,reject-ambiguous"
-    );
-    let all = options("rfc3986,merge-slashes,trailing-slash,lowercase");
-    assert!(all.trailing_slash && all.lowercase && !all.reject_ambiguous);
-    assert!(options("none").is_none());
-    assert!("none,lowercase".parse::<PathNormalization>().is_err());
-    assert!(
-        "merge-slashes,reject-ambiguous"
-            .parse::<PathNormalization>()
-            .is_err()
-    );
-}
-
-#[test]
-fn the_spellings_of_one_path_normalise_to_it() {
-    let options = PathNormalization::default();
-    for spelling in [
-        "/v1/charges",
-        "/v1//charges",
-        "/v1/%63harges",
-        "/v1/./charges",
-        "/v1/x/../charges",
-    ] {
-        assert_eq!(normalize(spelling, options).unwrap(), "/v1/charges");
-    }
-    assert_eq!(normalize("/../v1", options), Err(InvalidPath::AboveRoot));
-    assert!(matches!(
-        normalize("/v1%2Fcharges", options),
-        Err(InvalidPath::EncodedDelimiter { .. })
-    ));
-    let keep: PathNormalization = "rfc3986,merge-slashes".parse().unwrap();
-    assert_eq!(normalize("/v1/a%2fb", keep).unwrap(), "/v1/a%2Fb");
-}
-
-#[test]
 fn a_target_keeps_its_query_and_a_normal_one_is_none() {
     let uri: http::Uri = "/v1/./charges?expand=%2e".parse().unwrap();
     let normal = normalize_uri(&uri, PathNormalization::default())
@@ -235,6 +196,7 @@ fn characters_no_uri_allows_are_encoded() {
 fn paths_that_cannot_be_normalised_are_refused() {
     for (path, error) in [
         ("/..", InvalidPath::AboveRoot),
+        ("/../v1", InvalidPath::AboveRoot),
         ("/../v1/charges", InvalidPath::AboveRoot),
         ("/v1/../../charges", InvalidPath::AboveRoot),
         ("/%2e%2e/v1", InvalidPath::AboveRoot),
@@ -316,6 +278,20 @@ fn none_leaves_every_path_as_it_came() {
 
 #[test]
 fn lists_parse_and_refuse_what_they_cannot_use() {
+    let default = PathNormalization::default();
+    assert_eq!(
+        default.to_string(),
+        "rfc3986,merge-slashes,reject-ambiguous"
+    );
+    let all = options("rfc3986,merge-slashes,trailing-slash,lowercase");
+    assert!(all.trailing_slash && all.lowercase && !all.reject_ambiguous);
+    assert!(options("none").is_none());
+    assert!("none,lowercase".parse::<PathNormalization>().is_err());
+    assert!(
+        "merge-slashes,reject-ambiguous"
+            .parse::<PathNormalization>()
+            .is_err()
+    );
     assert_eq!(
         options("rfc3986,merge-slashes,reject-ambiguous"),
         PathNormalization::default()
