@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use crate::cli::CheckConfigArgs;
 use crate::config::{GatewayConfig, ServeArgs};
 use crate::exit;
-use crate::store;
+use crate::store::{self, OpenError, StoreOptions};
 
 /// Runs `idem check-config`; prints to standard output and returns the exit code.
 pub(crate) async fn run(args: &CheckConfigArgs) -> ExitCode {
@@ -55,7 +55,7 @@ async fn check(args: &ServeArgs) -> ExitCode {
             return ExitCode::from(exit::CONFIG);
         }
     };
-    let store_state = match store::check(&config.store, &config.store_options).await {
+    let store_state = match store_state(&config.store, &config.store_options).await {
         Ok(state) => state,
         Err((code, e)) => {
             eprintln!("idem: {e}");
@@ -98,4 +98,64 @@ async fn check(args: &ServeArgs) -> ExitCode {
     print!("{}", config.to_toml(&layered));
     println!("# ok");
     ExitCode::SUCCESS
+}
+
+/// What `idem check-config` finds of the store `url` names, writing nothing (no file,
+/// no table, no migration, no `-wal` left behind): a sentence for its report, or the
+/// exit status and the error. A SQLite file that is not there yet is fine when its
+/// directory is (`serve` creates it); a store without this build's schema is fine
+/// unless `options` say not to migrate.
+async fn store_state(url: &str, options: &StoreOptions) -> Result<String, (u8, OpenError)> {
+    let url = url.trim();
+    let migrates = options.schema == idem_core::Schema::Migrate;
+    if store::kind(url) == Some("sqlite") {
+        let path = url
+            .split_once("://")
+            .map_or("", |(_, rest)| rest)
+            .split('?')
+            .next()
+            .unwrap_or_default();
+        let path = std::path::Path::new(path);
+        if !path.exists() && migrates {
+            let dir = match path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => std::path::Path::new("."),
+            };
+            if !dir.is_dir() {
+                return Err((
+                    exit::CONFIG,
+                    OpenError::failed(
+                        "sqlite",
+                        url,
+                        format!("the directory {} does not exist", dir.display()),
+                    ),
+                ));
+            }
+            return Ok("not there yet: serve creates it".to_owned());
+        }
+    }
+    let inspect = StoreOptions {
+        schema: idem_core::Schema::Existing,
+        ..options.clone()
+    };
+    let store = match store::open_with(url, inspect).await {
+        Ok(store) => store,
+        Err(OpenError::NoSchema { .. }) if migrates => {
+            return Ok("reachable; serve creates its table".to_owned());
+        }
+        Err(e @ OpenError::Failed { .. }) if migrates && e.to_string().contains("idem migrate") => {
+            return Ok("reachable; serve migrates its schema".to_owned());
+        }
+        // Wrong as written, like the settings; else a failure to reach or use it.
+        Err(e) => return Err((exit::of_open(&e), e)),
+    };
+    let pinged = store.ping().await;
+    store.close().await;
+    match pinged {
+        Ok(()) => Ok("reachable".to_owned()),
+        Err(e) => {
+            let kind = store::kind(url).unwrap_or("store");
+            Err((exit::RUNTIME, OpenError::unreachable(kind, url, e)))
+        }
+    }
 }

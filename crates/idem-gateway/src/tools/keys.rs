@@ -99,7 +99,7 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, Failure> {
             store.close().await;
             result
         }
-        KeysCommand::List(args) => Ok(list::run(args).await),
+        KeysCommand::List(args) => list::run(args).await,
         KeysCommand::Purge(PurgeArgs {
             key,
             expired,

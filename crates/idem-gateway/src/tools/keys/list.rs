@@ -6,21 +6,12 @@ use std::process::ExitCode;
 use idem_core::{Clock, ListCursor, ListQuery, MAX_LIST_LIMIT, Store, SystemClock};
 
 use crate::cli::ListArgs;
+use crate::exit::Failure;
 use crate::inspect::{line_json, parse_age, parse_state};
 
 /// `idem keys list`: pages through the store, printing one JSON line per record, at
 /// most `--limit` of them; says on standard error where to resume when it stops there.
-pub(super) async fn run(args: ListArgs) -> ExitCode {
-    match run_inner(args).await {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("idem: {}", e.message);
-            ExitCode::from(e.code)
-        }
-    }
-}
-
-async fn run_inner(args: ListArgs) -> Result<ExitCode, crate::exit::Failure> {
+pub(super) async fn run(args: ListArgs) -> Result<ExitCode, Failure> {
     let mut query = ListQuery::new();
     query.state = args.state.as_deref().map(parse_state).transpose()?;
     query.older_than = args.older_than.as_deref().map(parse_age).transpose()?;
@@ -33,9 +24,7 @@ async fn run_inner(args: ListArgs) -> Result<ExitCode, crate::exit::Failure> {
     let store = super::open(args.store, args.store_namespace).await?;
     let result = print_pages(&*store, query, args.limit).await;
     store.close().await;
-    result
-        .map(|()| ExitCode::SUCCESS)
-        .map_err(crate::exit::Failure::runtime)
+    result.map(|()| ExitCode::SUCCESS).map_err(Failure::runtime)
 }
 
 async fn print_pages(store: &dyn Store, mut query: ListQuery, limit: usize) -> Result<(), String> {
