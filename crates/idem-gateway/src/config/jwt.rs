@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{ConfigError, invalid};
-pub use crate::tenant_source::TenantSource;
+pub(crate) use crate::tenant_source::TenantSource;
 
 /// How bearer tokens are verified, when `tenant_from` names `jwt`.
 #[derive(Clone)]
@@ -50,18 +50,18 @@ impl std::fmt::Debug for JwtSettings {
 #[error("{setting}: {message}")]
 pub struct JwtStartError {
     /// The setting at fault (`jwt_jwks_file`, `jwt_jwks_url`).
-    pub setting: &'static str,
+    pub(crate) setting: &'static str,
     /// What went wrong.
-    pub message: String,
+    pub(crate) message: String,
     /// Whether the setting is wrong as written (exit 2), rather than a key set that
     /// could not be fetched now (exit 1).
-    pub as_written: bool,
+    pub(crate) as_written: bool,
 }
 
 impl JwtSettings {
     /// The verifier these settings describe, its key set loaded now (the URL fetched
     /// with its retries).
-    pub async fn verifier(&self) -> Result<idem_jwt::JwtVerifier, JwtStartError> {
+    pub(crate) async fn verifier(&self) -> Result<idem_jwt::JwtVerifier, JwtStartError> {
         let mut b = idem_jwt::JwtVerifier::builder().leeway(self.leeway);
         let setting = match (&self.jwks_file, &self.jwks_url) {
             (Some(file), _) => {
