@@ -62,7 +62,7 @@ pub struct ParseError {
 }
 
 /// Parses a `Forwarded` field value (or several joined with `", "`) into its elements,
-/// empty ones left out; see the [module docs](self) for the grammar.
+/// empty ones left out; the module's docs give the grammar.
 pub fn parse(value: &str) -> Result<Vec<Element>, ParseError> {
     let mut p = Parser {
         s: value.as_bytes(),
@@ -96,8 +96,8 @@ pub fn is_valid(value: &str) -> bool {
     parse(value).is_ok()
 }
 
-/// Whether `value` is an `X-Forwarded-For` list the proxy may append to; see the
-/// [module docs](self).
+/// Whether `value` is an `X-Forwarded-For` list the proxy may append to, by the rule
+/// the module's docs give.
 pub fn x_forwarded_for_is_valid(value: &str) -> bool {
     let mut entries = x_forwarded_for_entries(value).peekable();
     entries.peek().is_some() && entries.all(is_node)

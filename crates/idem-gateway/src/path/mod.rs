@@ -77,8 +77,8 @@ mod rewrite;
 use rewrite::{is_normal, rewrite};
 
 /// Which normalisations the gateway applies to request paths (`--path-normalization`):
-/// by default `rfc3986`, `merge-slashes` and `reject-ambiguous`; see the
-/// [module docs](self).
+/// by default `rfc3986`, `merge-slashes` and `reject-ambiguous`; the module's docs say
+/// what each does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PathNormalization {
     rfc3986: bool,
@@ -312,8 +312,8 @@ pub enum InvalidPath {
     },
 }
 
-/// The path normalised as `options` say (see the [module docs](self)): borrowed when it
-/// is already normal, an error when it cannot be normalised. `options` of
+/// The path normalised as `options` say (see the module's docs): borrowed when it is
+/// already normal, an error when it cannot be normalised. `options` of
 /// [`PathNormalization::NONE`] return every path as it is.
 pub fn normalize(path: &str, options: PathNormalization) -> Result<Cow<'_, str>, InvalidPath> {
     if options.is_none() {
