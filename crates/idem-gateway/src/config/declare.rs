@@ -52,11 +52,6 @@ pub struct Setting {
 }
 
 impl Setting {
-    /// Its flag: `--` and the field's name with `-` for `_`.
-    pub fn flag(&self) -> String {
-        format!("--{}", self.field.replace('_', "-"))
-    }
-
     /// The setting under this key in the file, if there is one.
     pub fn keyed(key: &str) -> Option<&'static Setting> {
         super::SETTINGS

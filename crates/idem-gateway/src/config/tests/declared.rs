@@ -3,8 +3,6 @@
 
 use std::collections::BTreeSet;
 
-use clap::Args;
-
 use super::*;
 
 /// The keys the file takes, from serde's refusal of one it does not.
@@ -29,24 +27,6 @@ fn the_file_takes_every_setting_but_those_read_at_start() {
         .collect();
     assert!(declared.contains("migrate") && declared.contains("route"));
     assert_eq!(file_keys(), declared);
-}
-
-#[test]
-fn every_flag_is_a_declared_setting_under_its_name() {
-    let command = ServeArgs::augment_args(clap::Command::new("serve"));
-    let flags: Vec<_> = command.get_arguments().collect();
-    assert!(flags.len() > 60, "{}", flags.len());
-    for arg in flags {
-        let setting = SETTINGS
-            .iter()
-            .find(|s| s.field == arg.get_id().as_str())
-            .unwrap_or_else(|| panic!("{} is not declared", arg.get_id()));
-        assert_eq!(
-            Some(setting.flag().trim_start_matches("--")),
-            arg.get_long(),
-            "{setting:?}"
-        );
-    }
 }
 
 /// A reload applies the settings resolved into one field together, or none of them:
