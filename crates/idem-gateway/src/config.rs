@@ -54,7 +54,6 @@ pub use self::error::ConfigError;
 pub use self::jwt::{JwtSettings, JwtStartError, TenantSource};
 pub use self::rules::{RouteRule, TenantRule};
 pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, record_keys, tenant_key};
-pub(crate) use self::settings::keep_restart_only;
 pub use self::settings::{GatewayConfig, SETTINGS, ServeArgs};
 pub use self::tenants::TenantLimits;
 pub use self::upstream::{Upstream, UpstreamProtocol};

@@ -185,23 +185,24 @@ macro_rules! settings {
                 config.check()?;
                 Ok(config)
             }
-        }
 
-        /// Puts `running`'s values back in `config` for the settings a reload cannot
-        /// change, so that the generation in force and what the log says agree with
-        /// what is served.
-        pub(crate) fn keep_restart_only(config: &mut $config, running: &$config) {
-            $(settings!(@keep $class config running $($out $(: $outty)?)?);)*
-        }
+            /// Puts `running`'s values back for the settings a reload cannot change, so
+            /// that the generation in force and what the log says agree with what is
+            /// served.
+            pub(crate) fn keep_restart_only(&mut self, running: &$config) {
+                let config = self;
+                $(settings!(@keep $class config running $($out $(: $outty)?)?);)*
+            }
 
-        /// Each setting's line in the file's form, in the declared order.
-        pub(super) fn lines(
-            config: &$config,
-            args: &$args,
-        ) -> Vec<(&'static str, $crate::config::print::Line)> {
-            let mut lines = Vec::new();
-            $(settings!(@print lines config args [$field $($key)?] $($print)?);)*
-            lines
+            /// Each setting's line in the file's form, in the declared order.
+            pub(super) fn lines(
+                &self,
+                args: &$args,
+            ) -> Vec<(&'static str, $crate::config::print::Line)> {
+                let (config, mut lines) = (self, Vec::new());
+                $(settings!(@print lines config args [$field $($key)?] $($print)?);)*
+                lines
+            }
         }
     };
 }

@@ -143,8 +143,7 @@ fn named_sources(a: &ServeArgs) -> Result<Vec<TenantSource>, ConfigError> {
     let mut named = parse_tenant_from(a.tenant_from.as_deref())?;
     for (i, rule) in a.route.iter().enumerate() {
         if let Some(list) = &rule.tenant_from {
-            let sources = parse_tenant_from(Some(list))
-                .map_err(|e| invalid(super::routes::rule_name(i, rule), e))?;
+            let sources = parse_tenant_from(Some(list)).map_err(|e| invalid(rule.name(i), e))?;
             named.extend(sources);
         }
     }

@@ -203,7 +203,7 @@ impl GatewayConfig {
     /// is what the configuration keeps only the contents of.
     pub fn to_toml(&self, args: &ServeArgs) -> String {
         let mut t = Toml::default();
-        for (name, line) in super::settings::lines(self, args) {
+        for (name, line) in self.lines(args) {
             t.line(name, line);
         }
         for route in &self.routes {

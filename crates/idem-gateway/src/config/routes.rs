@@ -23,11 +23,6 @@ pub(super) fn resolve(a: &ServeArgs) -> Result<Vec<Route>, ConfigError> {
         .collect()
 }
 
-/// How errors name the `i`th rule.
-pub(super) fn rule_name(i: usize, rule: &RouteRule) -> String {
-    format!("route[{i}] ({})", rule.path)
-}
-
 /// The `i`th `[[route]]` rule, checked and compiled for requests whose paths are
 /// normalised as `paths` says, to match them as `matching` says.
 fn compile_route(
@@ -36,7 +31,7 @@ fn compile_route(
     paths: PathNormalization,
     matching: RouteMatching,
 ) -> Result<Route, ConfigError> {
-    let name = rule_name(i, &rule);
+    let name = rule.name(i);
     let method = match rule.method.as_deref().map(str::trim) {
         None | Some("*") | Some("") => None,
         Some(m) => Some(parse_methods(&[m.to_owned()], &name)?.remove(0)),

@@ -22,7 +22,7 @@ use idem_tower::IdempotencyLayer;
 use super::access::AccessSettings;
 use super::{GatewayService, Mode, ServeError};
 use crate::config::diff;
-use crate::config::{GatewayConfig, ServeArgs, TenantSource, keep_restart_only};
+use crate::config::{GatewayConfig, ServeArgs, TenantSource};
 use crate::metrics::Metrics;
 use crate::telemetry::Telemetry;
 
@@ -242,7 +242,7 @@ impl Reloader {
         let current = self.live.load_full();
         let (layered, mut config) = GatewayConfig::resolve_layered(cli)?;
         let changes = diff::diff(&current.config, &current.args, &config, &layered);
-        keep_restart_only(&mut config, &current.config);
+        config.keep_restart_only(&current.config);
         for warning in config.warnings().await {
             tracing::warn!("reload: {warning}");
         }

@@ -53,7 +53,7 @@ fn a_reload_keeps_the_running_values_of_restart_only_settings() {
     )
     .unwrap();
     let mut next = GatewayConfig::merge(&ServeArgs::default(), file).unwrap();
-    keep_restart_only(&mut next, &running);
+    next.keep_restart_only(&running);
     assert_eq!(next.listen, running.listen);
     assert_eq!(next.scope, ScopeMode::Public);
     assert_eq!(
