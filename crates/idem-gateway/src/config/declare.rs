@@ -29,9 +29,12 @@
 pub enum Reload {
     /// A reload (SIGHUP, `POST /reload`) puts it in force for new requests.
     Live,
-    /// A reload keeps the running value and names the setting; a restart applies it:
-    /// the listeners and their TLS files, the store, the secrets, the scope mode, the
-    /// limits fixed per connection.
+    /// A reload keeps the running value and names the setting; a restart applies it.
+    /// A running gateway cannot change its listeners and their TLS files (certificates
+    /// are read again on SIGHUP, from the same paths), the store and how it is opened
+    /// and sealed, the tenant secret and scope mode (changing either would make every
+    /// retry of a stored key a new execution), the admin token, the trace exporter,
+    /// and the limits fixed per connection.
     Restart,
     /// Read once at start from the command line or the environment, never from the
     /// file (`--config`, `--passthrough`, `IDEM_TENANT_SECRET`).

@@ -4,13 +4,7 @@
 //!
 //! Both are read in the form [`GatewayConfig::to_toml`] writes, so every setting it
 //! prints is compared, a `[[route]]` or `[[tenant]]` table as a whole. Whether a reload
-//! applies a change is the setting's [`Reload`] class, as declared: a running gateway
-//! cannot change its listeners and their TLS files (certificates are read again on
-//! SIGHUP, from the same paths), the store and how it is opened and sealed, the tenant
-//! secret and scope mode (changing either would make every retry of a stored key a new
-//! execution), the admin token, the trace exporter, and the limits fixed per
-//! connection. A reload that finds one changed keeps the running value and says so; a
-//! restart applies it.
+//! applies a change is the setting's declared [`Reload`] class.
 
 use super::{GatewayConfig, Reload, ServeArgs, Setting};
 

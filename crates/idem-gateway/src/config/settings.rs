@@ -57,7 +57,7 @@ settings! {
     /// Base URL of the API to protect, e.g. http://127.0.0.1:3000 (required).
     #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
     pub upstream: Option<String>, live => upstream: Upstream = upstream::resolve,
-        print |c, _| quoted(&c.upstream.to_string());
+        print |c, _| shown(&c.upstream);
 
     /// Address to listen on [default: 127.0.0.1:8080].
     #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
