@@ -49,7 +49,7 @@ mod values;
 
 use std::time::Duration;
 
-pub use self::declare::{Layered, Reload, Setting};
+pub use self::declare::{Reload, Setting};
 pub use self::error::ConfigError;
 pub use self::jwt::{JwtSettings, JwtStartError, TenantSource};
 pub use self::rules::{RouteRule, TenantRule};
