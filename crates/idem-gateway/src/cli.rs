@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 pub use crate::config::ServeArgs;
 use crate::config::{TENANT_SECRET_ENV, TenantSecret};
 pub use crate::logging::LogFormat;
+use crate::store::Namespace;
 
 /// What `idem --version` shows after the name: the crate's version and, where the build
 /// knew it, the commit (`0.1.0 (1a2b3c4d5)`, `-dirty` after it when the tree had
@@ -117,6 +118,19 @@ pub struct CheckConfigArgs {
 /// `idem migrate`.
 #[derive(Debug, Args, Clone)]
 pub struct MigrateArgs {
+    /// The store, as the gateway names it.
+    #[command(flatten)]
+    pub store: StoreArgs,
+
+    /// Print the SQL the migration would run, as one transaction, and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The store an operator's command opens (`keys`, `migrate`): the gateway's `--store`
+/// and `--store-namespace`, from the same variables.
+#[derive(Debug, Args, Clone, Default)]
+pub struct StoreArgs {
     /// Record store URL [default: sqlite://idem.db].
     #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
     pub store: Option<String>,
@@ -124,10 +138,23 @@ pub struct MigrateArgs {
     /// The gateway's --store-namespace [default: idem].
     #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
     pub store_namespace: Option<String>,
+}
 
-    /// Print the SQL the migration would run, as one transaction, and write nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+impl StoreArgs {
+    /// The store's URL: the one given, else the gateway's default.
+    pub fn url(&self) -> &str {
+        self.store
+            .as_deref()
+            .unwrap_or(crate::config::DEFAULT_STORE)
+    }
+
+    /// The namespace given, checked; `None` for the stores' own.
+    pub fn namespace(&self) -> Result<Option<Namespace>, idem_core::NamespaceError> {
+        self.store_namespace
+            .as_deref()
+            .map(Namespace::new)
+            .transpose()
+    }
 }
 
 /// `idem keys …`.
@@ -167,13 +194,9 @@ pub struct ListArgs {
     #[arg(long, value_name = "CURSOR")]
     pub after: Option<String>,
 
-    /// Record store URL [default: sqlite://idem.db].
-    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
-    pub store: Option<String>,
-
-    /// The gateway's --store-namespace [default: idem].
-    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
-    pub store_namespace: Option<String>,
+    /// The store, as the gateway names it.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 /// Which record: a key and the scope it lives in.
@@ -196,13 +219,9 @@ pub struct KeyTarget {
     #[arg(long, value_name = "E")]
     pub endpoint: Option<String>,
 
-    /// Record store URL [default: sqlite://idem.db].
-    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
-    pub store: Option<String>,
-
-    /// The gateway's --store-namespace [default: idem].
-    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
-    pub store_namespace: Option<String>,
+    /// The store, as the gateway names it.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 /// `idem keys purge`.
@@ -228,13 +247,9 @@ pub struct PurgeArgs {
     #[arg(long, value_name = "E")]
     pub endpoint: Option<String>,
 
-    /// Record store URL [default: sqlite://idem.db].
-    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
-    pub store: Option<String>,
-
-    /// The gateway's --store-namespace [default: idem].
-    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
-    pub store_namespace: Option<String>,
+    /// The store, as the gateway names it.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 /// How `idem keys` names a tenant from its credentials, as the gateway does: the same

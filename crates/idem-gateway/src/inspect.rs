@@ -4,9 +4,8 @@
 use idem_core::{Store, Timestamp};
 use serde_json::{Value, json};
 
-use crate::config::DEFAULT_STORE;
+use crate::cli::StoreArgs;
 use crate::exit::Failure;
-use crate::store::Namespace;
 
 /// An instant as JSON for operators: its milliseconds and its RFC 3339 text.
 pub(crate) fn millis_json(t: Timestamp) -> Value {
@@ -15,23 +14,17 @@ pub(crate) fn millis_json(t: Timestamp) -> Value {
 
 /// Opens the store `idem keys` names (refusing a `memory://` one, which would be new
 /// and empty here).
-pub(crate) async fn open(
-    url: Option<String>,
-    namespace: Option<String>,
-) -> Result<std::sync::Arc<dyn Store>, Failure> {
-    let url = url.unwrap_or_else(|| DEFAULT_STORE.to_owned());
-    refuse_memory(&url)?;
+pub(crate) async fn open(store: &StoreArgs) -> Result<std::sync::Arc<dyn Store>, Failure> {
+    let url = store.url();
+    refuse_memory(url)?;
     // Inspection never writes a schema: a mistyped file or namespace is said to hold
     // nothing of idem's, rather than made into an empty store.
     let options = crate::store::StoreOptions {
-        namespace: namespace
-            .as_deref()
-            .map(|name| Namespace::new(name).map_err(|e| e.to_string()))
-            .transpose()?,
+        namespace: store.namespace().map_err(|e| e.to_string())?,
         schema: idem_core::Schema::Existing,
         ..Default::default()
     };
-    crate::store::open_with(&url, options)
+    crate::store::open_with(url, options)
         .await
         .map_err(|e| Failure::open(&e))
 }

@@ -185,9 +185,8 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, Failure> {
             tenants,
             endpoint,
             store,
-            store_namespace,
         }) => {
-            let store = open(store, store_namespace).await?;
+            let store = open(&store).await?;
             let scope = match tenant_of(tenant, &tenants, &*store).await {
                 Ok(tenant) => scope_for(&key, tenant.as_deref(), endpoint.as_deref()),
                 Err(e) => Err(e),
@@ -207,14 +206,13 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, Failure> {
             tenants,
             endpoint,
             store,
-            store_namespace,
         }) => {
             let key = match (expired, key) {
                 (true, _) => None,
                 (false, Some(key)) => Some(key),
                 (false, None) => return Err("give a KEY or --expired".into()),
             };
-            let store = open(store, store_namespace).await?;
+            let store = open(&store).await?;
             let scope = match key {
                 None => Ok(None),
                 Some(key) => match tenant_of(tenant, &tenants, &*store).await {

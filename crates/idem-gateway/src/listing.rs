@@ -121,7 +121,7 @@ async fn run_inner(args: ListArgs) -> Result<ExitCode, crate::exit::Failure> {
         .as_deref()
         .map(|c| ListCursor::parse(c).ok_or_else(|| format!("--after {c:?} is no cursor")))
         .transpose()?;
-    let store = crate::inspect::open(args.store, args.store_namespace).await?;
+    let store = crate::inspect::open(&args.store).await?;
     let result = print_pages(&*store, query, args.limit).await;
     store.close().await;
     result
