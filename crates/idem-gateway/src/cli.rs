@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 pub(crate) use crate::config::ServeArgs;
 use crate::config::{TENANT_SECRET_ENV, TenantSecret};
 pub(crate) use crate::logging::LogFormat;
+use crate::store::Namespace;
 
 /// What `idem --version` shows after the name: the crate's version and, where the build
 /// knew it, the commit (`0.1.0 (1a2b3c4d5)`, `-dirty` after it when the tree had
@@ -113,6 +114,19 @@ pub(crate) struct CheckConfigArgs {
 /// `idem migrate`.
 #[derive(Debug, Args, Clone)]
 pub(crate) struct MigrateArgs {
+    /// The store, as the gateway names it.
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
+
+    /// Print the SQL the migration would run, as one transaction, and write nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+}
+
+/// The store an operator's command opens (`keys`, `migrate`): the gateway's `--store`
+/// and `--store-namespace`, from the same variables.
+#[derive(Debug, Args, Clone, Default)]
+pub(crate) struct StoreArgs {
     /// Record store URL [default: sqlite://idem.db].
     #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
     pub(crate) store: Option<String>,
@@ -120,10 +134,23 @@ pub(crate) struct MigrateArgs {
     /// The gateway's --store-namespace [default: idem].
     #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
     pub(crate) store_namespace: Option<String>,
+}
 
-    /// Print the SQL the migration would run, as one transaction, and write nothing.
-    #[arg(long)]
-    pub(crate) dry_run: bool,
+impl StoreArgs {
+    /// The store's URL: the one given, else the gateway's default.
+    pub(crate) fn url(&self) -> &str {
+        self.store
+            .as_deref()
+            .unwrap_or(crate::config::DEFAULT_STORE)
+    }
+
+    /// The namespace given, checked; `None` for the stores' own.
+    pub(crate) fn namespace(&self) -> Result<Option<Namespace>, idem_core::NamespaceError> {
+        self.store_namespace
+            .as_deref()
+            .map(Namespace::new)
+            .transpose()
+    }
 }
 
 /// `idem keys …`.
@@ -163,13 +190,9 @@ pub(crate) struct ListArgs {
     #[arg(long, value_name = "CURSOR")]
     pub(crate) after: Option<String>,
 
-    /// Record store URL [default: sqlite://idem.db].
-    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
-    pub(crate) store: Option<String>,
-
-    /// The gateway's --store-namespace [default: idem].
-    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
-    pub(crate) store_namespace: Option<String>,
+    /// The store, as the gateway names it.
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
 }
 
 /// Which record: a key and the scope it lives in.
@@ -192,13 +215,9 @@ pub(crate) struct KeyTarget {
     #[arg(long, value_name = "E")]
     pub(crate) endpoint: Option<String>,
 
-    /// Record store URL [default: sqlite://idem.db].
-    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
-    pub(crate) store: Option<String>,
-
-    /// The gateway's --store-namespace [default: idem].
-    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
-    pub(crate) store_namespace: Option<String>,
+    /// The store, as the gateway names it.
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
 }
 
 /// `idem keys purge`.
@@ -224,13 +243,9 @@ pub(crate) struct PurgeArgs {
     #[arg(long, value_name = "E")]
     pub(crate) endpoint: Option<String>,
 
-    /// Record store URL [default: sqlite://idem.db].
-    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
-    pub(crate) store: Option<String>,
-
-    /// The gateway's --store-namespace [default: idem].
-    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
-    pub(crate) store_namespace: Option<String>,
+    /// The store, as the gateway names it.
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
 }
 
 /// How `idem keys` names a tenant from its credentials, as the gateway does: the same

@@ -84,10 +84,10 @@ async fn serve(args: &ServeArgs, logs: &Logs) -> ExitCode {
     };
     // Before binding: the proxy's default connection cap is derived from it.
     for warning in config.warnings().await {
-        tracing::warn!("{warning}");
+        tracing::warn!(target: "idem", "{warning}");
     }
     let open_files = crate::listener::raise_fd_limit();
-    tracing::info!(open_file_limit = open_files, "open-file limit");
+    tracing::info!(target: "idem", open_file_limit = open_files, "open-file limit");
     let gateway = match Gateway::bind(&config, mode).await {
         Ok(g) => g,
         Err(e) => {
@@ -104,6 +104,7 @@ async fn serve(args: &ServeArgs, logs: &Logs) -> ExitCode {
     // away (`| head -1`) or stopped reading never stops the gateway.
     let scheme = |tls: bool| if tls { "https" } else { "http" };
     tracing::info!(
+        target: "idem",
         listen = %gateway.local_addr(),
         tls = config.tls.is_some(),
         admin = gateway.admin_addr().map(|a| a.to_string()),
@@ -146,6 +147,7 @@ fn warn_of_misspelt_env_vars() {
     let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
     for (variable, setting) in crate::cli::misspelt_env_vars(names) {
         tracing::warn!(
+            target: "idem",
             %variable,
             %setting,
             "an environment variable that is not a setting is ignored; did you mean {setting}?"

@@ -3,46 +3,10 @@
 //! reload (SIGHUP, `POST /reload`) logs the settings it cannot apply.
 //!
 //! Both are read in the form [`GatewayConfig::to_toml`] writes, so every setting it
-//! prints is compared, a `[[route]]` or `[[tenant]]` table as a whole.
+//! prints is compared, a `[[route]]` or `[[tenant]]` table as a whole. Whether a reload
+//! applies a change is the setting's declared [`Reload`] class.
 
-use super::{GatewayConfig, ServeArgs};
-
-/// Settings a running gateway cannot change: its listeners and their TLS files
-/// (certificates are read again on SIGHUP, from the same paths), the store and how it
-/// is opened and sealed, the tenant secret and scope mode (changing either would make
-/// every retry of a stored key a new execution), the admin token, the trace exporter,
-/// and the limits fixed per connection. A reload that finds one changed keeps the
-/// running value and says so; a restart applies it.
-pub(crate) const RESTART_ONLY: &[&str] = &[
-    "listen",
-    "store",
-    "store_pool",
-    "store_namespace",
-    "migrate",
-    "admin",
-    "admin_token",
-    "admin_token_file",
-    "tenant_secret_file",
-    "record_key_file",
-    "read_unsealed_records",
-    "scope",
-    "response_limit",
-    "client_timeout",
-    "max_connections",
-    "sweep_interval",
-    "shutdown_timeout",
-    "otlp_endpoint",
-    "http2_max_concurrent_streams",
-    "http2_max_header_list_size",
-    "http2_keepalive_interval",
-    "http2_keepalive_timeout",
-    "http2_answer_budget",
-    "tls_client_ca",
-    "tls_cert",
-    "tls_key",
-    "admin_tls_cert",
-    "admin_tls_key",
-];
+use super::{GatewayConfig, Reload, ServeArgs, Setting};
 
 /// One setting that differs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,7 +78,8 @@ pub(crate) fn diff_toml(before: &str, after: &str) -> Vec<Change> {
         list.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
     };
     let mut changes = Vec::new();
-    let live = |name: &str| !RESTART_ONLY.contains(&name);
+    // A table (`route 2`) is applied whole.
+    let live = |name: &str| Setting::keyed(name).is_none_or(|s| s.reload != Reload::Restart);
     for (name, value) in &after {
         let was = find(&before, name);
         if was.as_deref() != Some(value.as_str()) {

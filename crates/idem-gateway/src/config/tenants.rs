@@ -1,5 +1,6 @@
 //! `[[tenant]]` tables: one tenant's limits in place of the global ones.
 
+use super::ServeArgs;
 use super::error::{ConfigError, invalid};
 use super::rules::TenantRule;
 
@@ -14,8 +15,17 @@ pub struct TenantLimits {
     pub(crate) key_rate: Option<Option<idem_core::KeyRate>>,
 }
 
+/// The `[[tenant]]` tables, checked.
+pub(super) fn resolve(a: &ServeArgs) -> Result<Vec<TenantLimits>, ConfigError> {
+    a.tenant
+        .iter()
+        .cloned()
+        .map(TenantLimits::from_rule)
+        .collect()
+}
+
 impl TenantLimits {
-    pub(super) fn from_rule(rule: TenantRule) -> Result<TenantLimits, ConfigError> {
+    fn from_rule(rule: TenantRule) -> Result<TenantLimits, ConfigError> {
         let TenantRule {
             id,
             max_in_flight,

@@ -1,10 +1,13 @@
 //! Where the upstream is and how to speak to it: `--upstream`, parsed once at start,
 //! and `--upstream-protocol`.
 
+use std::sync::Arc;
+
 use clap::ValueEnum;
 use http::Uri;
 use serde::Deserialize;
 
+use super::ServeArgs;
 use super::error::{ConfigError, invalid};
 
 /// Where the upstream is.
@@ -89,6 +92,33 @@ pub enum UpstreamProtocol {
     /// Over TLS what the upstream picks by ALPN (`h2`, else `http/1.1`); HTTP/1.1 on
     /// plain TCP, where nothing negotiates.
     Auto,
+}
+
+/// `upstream`, which is required.
+pub(super) fn resolve(a: &ServeArgs) -> Result<Upstream, ConfigError> {
+    let url = a.upstream.as_deref().ok_or_else(|| {
+        invalid(
+            "upstream",
+            "required: give --upstream URL, IDEM_UPSTREAM or `upstream` in --config",
+        )
+    })?;
+    Upstream::parse(url)
+}
+
+/// For an `https://` upstream, the TLS client settings (the roots its certificate must
+/// chain to: `upstream_ca`'s, else the system's); `None` for `http://`.
+pub(super) fn tls(a: &ServeArgs) -> Result<Option<Arc<rustls::ClientConfig>>, ConfigError> {
+    match (resolve(a)?.is_tls(), &a.upstream_ca) {
+        (true, ca) => crate::tls_client::tls_client_config(ca.as_deref())
+            .map(|config| Some(Arc::new(config)))
+            .map_err(|e| invalid("upstream_ca", e)),
+        // A CA for an upstream that no TLS reaches is a mistake worth saying.
+        (false, Some(_)) => Err(invalid(
+            "upstream_ca",
+            "given for an http:// upstream, which is reached without TLS",
+        )),
+        (false, None) => Ok(None),
+    }
 }
 
 impl std::fmt::Display for Upstream {

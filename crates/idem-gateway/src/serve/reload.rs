@@ -10,8 +10,8 @@
 //! limits carry on, and a record reserved under earlier fingerprint rules is compared
 //! by them. A configuration that does not resolve, or whose token verifier cannot
 //! start, is refused: the generation in force stays, and the log says why. Settings
-//! that cannot change while serving ([`RESTART_ONLY`](crate::config::diff::RESTART_ONLY)) keep their running values, and
-//! the log names those that differ.
+//! that cannot change while serving ([`Reload::Restart`](crate::config::Reload::Restart))
+//! keep their running values, and the log names those that differ.
 
 use std::sync::{Arc, Mutex};
 
@@ -242,7 +242,7 @@ impl Reloader {
         let current = self.live.load_full();
         let (layered, mut config) = GatewayConfig::resolve_layered(cli)?;
         let changes = diff::diff(&current.config, &current.args, &config, &layered);
-        keep_restart_only(&mut config, &current.config);
+        config.keep_restart_only(&current.config);
         for warning in config.warnings().await {
             tracing::warn!("reload: {warning}");
         }
@@ -264,29 +264,6 @@ impl Reloader {
         self.live.store(Arc::new(generation));
         Ok(reloaded)
     }
-}
-
-/// Puts `running`'s values back in `config` for the settings a reload cannot change,
-/// so that the generation in force and what the log says agree with what is served.
-fn keep_restart_only(config: &mut GatewayConfig, running: &GatewayConfig) {
-    config.listen = running.listen;
-    config.store = running.store.clone();
-    config.store_options = running.store_options.clone();
-    config.admin = running.admin;
-    config.admin_token = running.admin_token.clone();
-    config.tenant_key = running.tenant_key.clone();
-    config.record_keys = running.record_keys.clone();
-    config.read_unsealed_records = running.read_unsealed_records;
-    config.scope = running.scope;
-    config.response_limit = running.response_limit;
-    config.client_timeout = running.client_timeout;
-    config.max_connections = running.max_connections;
-    config.sweep_interval = running.sweep_interval;
-    config.shutdown_timeout = running.shutdown_timeout;
-    config.otlp_endpoint = running.otlp_endpoint.clone();
-    config.http2 = running.http2;
-    config.tls = running.tls.clone();
-    config.admin_tls = running.admin_tls.clone();
 }
 
 #[async_trait::async_trait]

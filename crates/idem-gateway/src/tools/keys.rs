@@ -7,11 +7,9 @@ use std::process::ExitCode;
 use idem_core::{Clock, Scope, Store, SystemClock, TenantKey};
 use idem_tower::TenantHeaders;
 
-use crate::cli::{KeyTarget, KeysCommand, PurgeArgs, TenantArgs};
-use crate::config::DEFAULT_STORE;
+use crate::cli::{KeyTarget, KeysCommand, PurgeArgs, StoreArgs, TenantArgs};
 use crate::exit::Failure;
 use crate::inspect::{purge_expired, record_json, scope_for};
-use crate::store::Namespace;
 
 mod list;
 
@@ -85,9 +83,8 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, Failure> {
             tenants,
             endpoint,
             store,
-            store_namespace,
         }) => {
-            let store = open(store, store_namespace).await?;
+            let store = open(&store).await?;
             let scope = match tenant_of(tenant, &tenants, &*store).await {
                 Ok(tenant) => scope_for(&key, tenant.as_deref(), endpoint.as_deref()),
                 Err(e) => Err(e),
@@ -107,14 +104,13 @@ async fn run_inner(cmd: KeysCommand) -> Result<ExitCode, Failure> {
             tenants,
             endpoint,
             store,
-            store_namespace,
         }) => {
             let key = match (expired, key) {
                 (true, _) => None,
                 (false, Some(key)) => Some(key),
                 (false, None) => return Err("give a KEY or --expired".into()),
             };
-            let store = open(store, store_namespace).await?;
+            let store = open(&store).await?;
             let scope = match key {
                 None => Ok(None),
                 Some(key) => match tenant_of(tenant, &tenants, &*store).await {
@@ -186,23 +182,17 @@ async fn purge(store: &dyn Store, scope: Option<&Scope>) -> Result<ExitCode, Fai
 
 /// Opens the store `idem keys` names (refusing a `memory://` one, which would be new
 /// and empty here).
-async fn open(
-    url: Option<String>,
-    namespace: Option<String>,
-) -> Result<std::sync::Arc<dyn Store>, Failure> {
-    let url = url.unwrap_or_else(|| DEFAULT_STORE.to_owned());
-    refuse_memory(&url)?;
+async fn open(store: &StoreArgs) -> Result<std::sync::Arc<dyn Store>, Failure> {
+    let url = store.url();
+    refuse_memory(url)?;
     // Inspection never writes a schema: a mistyped file or namespace is said to hold
     // nothing of idem's, rather than made into an empty store.
     let options = crate::store::StoreOptions {
-        namespace: namespace
-            .as_deref()
-            .map(|name| Namespace::new(name).map_err(|e| e.to_string()))
-            .transpose()?,
+        namespace: store.namespace().map_err(|e| e.to_string())?,
         schema: idem_core::Schema::Existing,
         ..Default::default()
     };
-    crate::store::open_with(&url, options)
+    crate::store::open_with(url, options)
         .await
         .map_err(|e| Failure::open(&e))
 }

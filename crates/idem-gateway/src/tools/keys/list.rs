@@ -21,7 +21,7 @@ pub(super) async fn run(args: ListArgs) -> Result<ExitCode, Failure> {
         .as_deref()
         .map(|c| ListCursor::parse(c).ok_or_else(|| format!("--after {c:?} is no cursor")))
         .transpose()?;
-    let store = super::open(args.store, args.store_namespace).await?;
+    let store = super::open(&args.store).await?;
     let result = print_pages(&*store, query, args.limit).await;
     store.close().await;
     result.map(|()| ExitCode::SUCCESS).map_err(Failure::runtime)
