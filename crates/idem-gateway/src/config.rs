@@ -29,7 +29,7 @@
 
 mod choices;
 mod declare;
-pub mod diff;
+pub(crate) mod diff;
 mod error;
 mod file;
 mod jwt;
@@ -51,31 +51,31 @@ use std::time::Duration;
 
 pub use self::declare::{Reload, Setting};
 pub use self::error::ConfigError;
-pub use self::jwt::{JwtSettings, JwtStartError, TenantSource};
+pub(crate) use self::jwt::{JwtStartError, TenantSource};
 pub use self::rules::{RouteRule, TenantRule};
-pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret, record_keys, tenant_key};
+pub(crate) use self::secrets::tenant_key;
+pub use self::secrets::{TENANT_SECRET_ENV, TenantSecret};
 pub use self::settings::{GatewayConfig, SETTINGS, ServeArgs};
-pub use self::tenants::TenantLimits;
-pub use self::upstream::{Upstream, UpstreamProtocol};
+pub(crate) use self::tenants::TenantLimits;
+pub(crate) use self::upstream::Upstream;
+pub use self::upstream::UpstreamProtocol;
 pub(crate) use self::values::parse_tenant_headers;
-pub use self::values::{parse_admin_addr, parse_byte_size, parse_duration};
-pub use crate::tls_client::tls_client_config;
 
 use self::error::invalid;
 use self::file::read_file;
 
 /// The default listen address.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// The default store: an SQLite file in the working directory.
-pub const DEFAULT_STORE: &str = "sqlite://idem.db";
+pub(crate) const DEFAULT_STORE: &str = "sqlite://idem.db";
 /// The default upstream timeout.
-pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
 /// The default time between sweeps of expired records.
-pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How long a client connection may take to send a request's headers unless configured
 /// otherwise (hyper's own default).
-pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl GatewayConfig {
     /// Whether `source` names a tenant anywhere: in `tenant_from`, or a route's.

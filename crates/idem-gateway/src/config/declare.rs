@@ -65,7 +65,7 @@ impl Setting {
 
 /// How one setting given in a layer (the command line, the environment) stands over
 /// the same setting in the layer beneath (the file).
-pub trait Layered {
+pub(crate) trait Layered {
     /// `self` over `under`.
     fn over(self, under: Self) -> Self;
 }

@@ -10,15 +10,15 @@ use super::{GatewayConfig, Reload, ServeArgs, Setting};
 
 /// One setting that differs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
+pub(crate) struct Change {
     /// The setting (`ttl`), or a table by its place (`route 2`, `tenant 1`).
-    pub setting: String,
+    pub(crate) setting: String,
     /// Its value before, as the file writes it; `None` where it was not there.
-    pub before: Option<String>,
+    pub(crate) before: Option<String>,
     /// Its value after.
-    pub after: Option<String>,
+    pub(crate) after: Option<String>,
     /// Whether a reload applies it; otherwise it takes a restart.
-    pub live: bool,
+    pub(crate) live: bool,
 }
 
 /// The settings of a configuration in the file's form: `(name, value)` for each, a
@@ -62,7 +62,7 @@ fn settings(toml: &str) -> Vec<(String, String)> {
 
 /// What changes from `before` to `after`, in the order `after` writes its settings
 /// (those only `before` has last).
-pub fn diff(
+pub(crate) fn diff(
     before: &GatewayConfig,
     before_args: &ServeArgs,
     after: &GatewayConfig,
@@ -72,7 +72,7 @@ pub fn diff(
 }
 
 /// [`diff`] of two configurations already written in the file's form.
-pub fn diff_toml(before: &str, after: &str) -> Vec<Change> {
+pub(crate) fn diff_toml(before: &str, after: &str) -> Vec<Change> {
     let (before, after) = (settings(before), settings(after));
     let find = |list: &[(String, String)], name: &str| {
         list.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
@@ -107,7 +107,7 @@ pub fn diff_toml(before: &str, after: &str) -> Vec<Change> {
 /// The changes as `check-config --diff` prints them: `- name = before` and
 /// `+ name = after` for each, a table's lines indented, and a last line naming those
 /// a reload does not apply.
-pub fn render(changes: &[Change]) -> String {
+pub(crate) fn render(changes: &[Change]) -> String {
     let mut out = String::new();
     if changes.is_empty() {
         out.push_str("# no setting differs: a reload would change nothing\n");

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{ConfigError, ServeArgs, invalid};
-pub use crate::tenant_source::TenantSource;
+pub(crate) use crate::tenant_source::TenantSource;
 
 /// How bearer tokens are verified, when `tenant_from` names `jwt`.
 #[derive(Clone)]

@@ -42,7 +42,7 @@ impl std::fmt::Debug for TenantSecret {
 /// trailing newline), then the secret must be at least 32 bytes. Given both ways, the
 /// secret is refused rather than one picked: two gateways that picked differently
 /// would name every client differently.
-pub fn tenant_key(
+pub(crate) fn tenant_key(
     from_env: Option<&TenantSecret>,
     cli_file: Option<&Path>,
     config_file: Option<&Path>,
@@ -156,7 +156,7 @@ fn warn_if_others_can_read(path: &Path) {
 /// owner and group (a key others can read seals nothing), and a group that can read it
 /// is warned about; a file that holds no key, or a line that is not `id:<64 hex
 /// digits>`, is refused with its line number and never its key.
-pub fn record_keys(file: Option<&Path>) -> Result<Option<RecordKeys>, ConfigError> {
+pub(crate) fn record_keys(file: Option<&Path>) -> Result<Option<RecordKeys>, ConfigError> {
     const SETTING: &str = "record_key_file";
     let Some(path) = file else {
         return Ok(None);

@@ -14,16 +14,16 @@ use super::error::{ConfigError, invalid};
 #[derive(Debug, Clone)]
 pub struct Upstream {
     /// `http` or `https`.
-    pub scheme: http::uri::Scheme,
+    pub(crate) scheme: http::uri::Scheme,
     /// Host and port.
-    pub authority: http::uri::Authority,
+    pub(crate) authority: http::uri::Authority,
     /// A path prefix without trailing slash (empty for none).
-    pub base_path: String,
+    pub(crate) base_path: String,
 }
 
 impl Upstream {
     /// Parses an `http://host:port[/prefix]` or `https://host:port[/prefix]` URL.
-    pub fn parse(url: &str) -> Result<Upstream, ConfigError> {
+    pub(crate) fn parse(url: &str) -> Result<Upstream, ConfigError> {
         let uri: Uri = url
             .parse()
             .map_err(|e| invalid("upstream", format!("{url:?} is not a URL: {e}")))?;
@@ -56,7 +56,7 @@ impl Upstream {
     ///
     /// Without a base path the incoming path and query, already parsed, are reused as
     /// they are rather than written out and parsed again.
-    pub fn uri_for(&self, incoming: &Uri) -> Result<Uri, http::Error> {
+    pub(crate) fn uri_for(&self, incoming: &Uri) -> Result<Uri, http::Error> {
         let builder = Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone());
@@ -74,7 +74,7 @@ impl Upstream {
 
 impl Upstream {
     /// Whether the upstream is reached over TLS (`https://`).
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         self.scheme == http::uri::Scheme::HTTPS
     }
 }

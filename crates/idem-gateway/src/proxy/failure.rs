@@ -9,7 +9,7 @@ use idem_tower::{Problem, ProblemKind, UpstreamFailure};
 
 /// Why forwarding a request gave no answer of the upstream's.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ForwardError {
+pub(crate) enum ForwardError {
     /// Downstream: the client's request body broke off (a malformed chunk, an upload
     /// abandoned halfway). The client's fault, so no retry with the same key is asked
     /// for and no upstream error is counted.
@@ -26,7 +26,7 @@ pub enum ForwardError {
 impl ForwardError {
     /// The answer: a 400 `body-unreadable` for the client's fault, the upstream
     /// failure's own problem otherwise.
-    pub fn problem(self) -> Problem {
+    pub(crate) fn problem(self) -> Problem {
         match self {
             ForwardError::ClientBody => Problem::new(
                 ProblemKind::BodyUnreadable,
@@ -46,7 +46,7 @@ impl ForwardError {
 
     /// The `kind` label of `idem_upstream_errors_total` for this failure, `None` for
     /// the client's.
-    pub fn label(&self) -> Option<&'static str> {
+    pub(crate) fn label(&self) -> Option<&'static str> {
         match self {
             ForwardError::ClientBody => None,
             ForwardError::Upstream(failure) => Some(upstream_error_label(*failure)),
@@ -56,7 +56,7 @@ impl ForwardError {
 }
 
 /// The `kind` label of `idem_upstream_errors_total` for an upstream failure.
-pub fn upstream_error_label(failure: UpstreamFailure) -> &'static str {
+pub(crate) fn upstream_error_label(failure: UpstreamFailure) -> &'static str {
     match failure {
         UpstreamFailure::Unreachable => "unreachable",
         UpstreamFailure::Timeout => "timeout",

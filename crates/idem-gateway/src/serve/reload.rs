@@ -120,7 +120,7 @@ impl Generation {
 /// Why a reload kept the generation in force.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ReloadError {
+pub(crate) enum ReloadError {
     /// The gateway was started without a command line to read again (embedded).
     #[error("this gateway was not started from a configuration it can read again")]
     NotReloadable,
@@ -135,18 +135,18 @@ pub enum ReloadError {
 /// What a reload did: the generation now in force, and the changed settings it could
 /// not apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reloaded {
+pub(crate) struct Reloaded {
     /// The generation in force.
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// The settings that changed and were applied.
-    pub applied: Vec<String>,
+    pub(crate) applied: Vec<String>,
     /// The settings that changed and take a restart: their running values stay.
-    pub need_restart: Vec<String>,
+    pub(crate) need_restart: Vec<String>,
 }
 
 /// Reads the configuration again and puts it in force; shared by the SIGHUP handler
 /// and the admin listener.
-pub struct Reloader {
+pub(crate) struct Reloader {
     live: Arc<ArcSwap<Generation>>,
     parts: Parts,
     /// One reload at a time.
@@ -183,12 +183,12 @@ impl Reloader {
     }
 
     /// The generation in force: 1 until a reload succeeds.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.live.load().number
     }
 
     /// Why the last reload was refused, if the last one was.
-    pub fn last_error(&self) -> Option<String> {
+    pub(crate) fn last_error(&self) -> Option<String> {
         self.last_error
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -198,7 +198,7 @@ impl Reloader {
     /// Reads the configuration file (and the files it names) again, resolves it
     /// under the same command line and environment, and puts what may change in
     /// force for new requests. On any error the generation in force stays.
-    pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
+    pub(crate) async fn reload(&self) -> Result<Reloaded, ReloadError> {
         let _one = self.lock.lock().await;
         let result = self.reload_locked().await;
         let mut last = self.last_error.lock().unwrap_or_else(|e| e.into_inner());

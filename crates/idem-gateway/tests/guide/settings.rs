@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 use clap::{Args, Parser};
-use idem_gateway::cli::{Cli, Command as Sub};
 use idem_gateway::config::{GatewayConfig, Reload, SETTINGS, ServeArgs};
 
 use super::{read, workspace};
@@ -124,15 +123,19 @@ fn code_span(cell: &str) -> Option<&str> {
     cell.strip_prefix('`')?.split('`').next()
 }
 
+/// `idem serve`'s arguments, as its command line declares them.
+#[derive(Parser)]
+struct Serve {
+    #[command(flatten)]
+    args: ServeArgs,
+}
+
 /// The line `check-config` prints for `key` when `idem serve` is given `args` (and an
 /// upstream).
 fn printed(args: &[&str], key: &str) -> String {
-    let mut argv = vec!["idem", "serve", "--upstream", "http://127.0.0.1:1"];
+    let mut argv = vec!["serve", "--upstream", "http://127.0.0.1:1"];
     argv.extend(args);
-    let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
-    let Sub::Serve(args) = cli.command else {
-        unreachable!("the serve command")
-    };
+    let Serve { args } = Serve::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
     let (layered, config) =
         GatewayConfig::resolve_layered(&args).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
     let text = config.to_toml(&layered);

@@ -11,7 +11,7 @@ use crate::exit;
 use crate::store::{self, OpenError, StoreOptions};
 
 /// Runs `idem migrate`; prints to standard output and returns the exit code.
-pub async fn run(args: MigrateArgs) -> ExitCode {
+pub(crate) async fn run(args: MigrateArgs) -> ExitCode {
     match migrate(&args).await {
         Ok(report) => {
             print!("{report}");
