@@ -1,8 +1,7 @@
 //! Names the commit the `idem` binary is built from, for `idem --version`.
 //!
-//! Sets `IDEM_VERSION` (`0.1.0`, `0.1.0 (1a2b3c4d5)`, `0.1.0 (1a2b3c4d5-dirty)`) and
-//! `IDEM_COMMIT` (the commit, possibly empty) for the crate's compilation. The commit is,
-//! first found:
+//! Sets `IDEM_VERSION` (`0.1.0`, `0.1.0 (1a2b3c4d5)`, `0.1.0 (1a2b3c4d5-dirty)`) for the
+//! crate's compilation. The commit is, first found:
 //!
 //! 1. `IDEM_BUILD_COMMIT`, for packagers who build outside the repository (empty for
 //!    none);
@@ -38,7 +37,6 @@ fn main() {
     } else {
         format!("{version} ({commit})")
     };
-    println!("cargo:rustc-env=IDEM_COMMIT={commit}");
     println!("cargo:rustc-env=IDEM_VERSION={shown}");
 }
 

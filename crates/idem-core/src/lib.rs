@@ -4,7 +4,9 @@
 //! [`Key`] (SPEC S2), whose key it is ([`Scope`], S3), what makes two requests the same
 //! ([`Fingerprint`], S4), the decision table ([`decide`], S5) and the [`Store`] trait
 //! that backends implement (S10), with an in-memory [`MemoryStore`]. A store keeps its
-//! records under a [`Namespace`], and opens itself from its URL through [`OpenStore`].
+//! records under a [`Namespace`], and opens itself from its URL through [`OpenStore`];
+//! every store's builder fails with one [`SetupError`], which opening from a URL carries
+//! as an [`OpenError`].
 //! [`Store::list`] pages through records for operators ([`ListQuery`]), by state, age
 //! and whether their outcome is ambiguous ([`Ambiguity`]). A recorded answer
 //! ([`StoredResponse`]) keeps what the record knows about it besides its headers and
@@ -108,7 +110,7 @@ pub use list::{
 pub use memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
 pub use meta::ResponseMeta;
 pub use namespace::{DEFAULT_NAMESPACE, MAX_NAMESPACE_LEN, Namespace, NamespaceError};
-pub use open::{MigrationPlan, OpenError, OpenStore, Schema, StoreOptions, redact_url};
+pub use open::{MigrationPlan, OpenError, OpenStore, Schema, SetupError, StoreOptions, redact_url};
 pub use profile::{Profile, UnknownProfile};
 pub use rate::{KeyRate, KeyRateError, LocalBucket};
 pub use record::{

@@ -1,6 +1,7 @@
 //! Opening a store from its URL: [`OpenStore`], which each store crate implements for
 //! its own URLs, the [`OpenError`] they all return, and `memory://` for
-//! [`MemoryStore`].
+//! [`MemoryStore`]; and [`SetupError`], which every store's builder returns, and which
+//! becomes an [`OpenError`] with the URL ([`OpenError::setup`]).
 //!
 //! A store's URL is its own business: which parameters it reads, what they mean, and
 //! which failures might pass by themselves ([`OpenError::may_pass`]). A program that
@@ -12,8 +13,11 @@ use std::future::Future;
 
 use crate::{DEFAULT_MAX_ENTRIES, MemoryStore, Namespace, NamespaceError, Store};
 
+mod setup;
 #[cfg(feature = "tls")]
 pub mod tls;
+
+pub use setup::SetupError;
 
 /// Any error, as the source of an [`OpenError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

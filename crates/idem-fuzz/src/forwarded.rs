@@ -1,8 +1,7 @@
-//! `idem_gateway::forwarded`: a client's `Forwarded` and `X-Forwarded-For` values.
+//! The gateway's `forwarded`: a client's `Forwarded` and `X-Forwarded-For` values.
 
 use http::{HeaderMap, HeaderValue, header};
-use idem_gateway::forwarded;
-use idem_gateway::proxy::add_forwarded;
+use idem_gateway::fuzzing::forwarded::{self, add_forwarded};
 
 /// `data`, when it is a header value, as a client's `Forwarded` and `X-Forwarded-For`.
 ///

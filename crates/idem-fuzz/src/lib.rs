@@ -15,8 +15,8 @@
 //! | [`fingerprint_multipart`] | multipart parts behind `Fingerprint::compute` | parts lie in the body, another boundary gives the same fingerprint, a malformed body is hashed raw |
 //! | [`content_coding`] | `Content-Encoding` undone in `idem-tower` | never more than the limit, stops one byte past it, content round-trips, fingerprint of the content |
 //! | [`record_codec`] | `idem_core::codec` | what decodes encodes back to the same bytes, headers round-trip, truncation and trailing bytes refused |
-//! | [`path_normalize`] | `idem_gateway::path` | a normal path is normal again, absolute, free of dot segments and `//` as the options say, URI-safe, bounded |
-//! | [`forwarded_parse`] | `idem_gateway::forwarded` | whatever the client sent, the gateway's `Forwarded` and `X-Forwarded-For` parse and end with its own hop |
+//! | [`path_normalize`] | `idem_gateway`'s `path` | a normal path is normal again, absolute, free of dot segments and `//` as the options say, URI-safe, bounded |
+//! | [`forwarded_parse`] | `idem_gateway`'s `forwarded` | whatever the client sent, the gateway's `Forwarded` and `X-Forwarded-For` parse and end with its own hop |
 
 mod codec;
 mod coding;

@@ -1,6 +1,6 @@
-//! `idem_gateway::path::normalize`: the spelling of a request path (SPEC S14).
+//! The gateway's `path::normalize`: the spelling of a request path (SPEC S14).
 
-use idem_gateway::path::{PathNormalization, normalize};
+use idem_gateway::fuzzing::path::{PathNormalization, normalize};
 
 /// The first byte picks the options (its four low bits: `rfc3986`, `merge-slashes`,
 /// `trailing-slash`, `lowercase`); the rest, when it is UTF-8, is the path.

@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The header that carries the request id unless `--request-id-header` names another.
-pub const DEFAULT_REQUEST_ID_HEADER: &str = "x-request-id";
+pub(crate) const DEFAULT_REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// The longest request id taken from a client.
-pub const MAX_REQUEST_ID_LEN: usize = 128;
+pub(crate) const MAX_REQUEST_ID_LEN: usize = 128;
 
 /// Whether, and how often, requests are logged (`--access-log`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -23,7 +23,7 @@ pub enum AccessLog {
 impl AccessLog {
     /// `on` (every request), `off`, or a fraction between 0 and 1 (`0.1`: one request
     /// in ten, at random).
-    pub fn parse(value: &str) -> Result<AccessLog, String> {
+    pub(crate) fn parse(value: &str) -> Result<AccessLog, String> {
         match value.trim().to_ascii_lowercase().as_str() {
             "on" | "true" => Ok(AccessLog::Sampled(1.0)),
             "off" | "false" => Ok(AccessLog::Off),
@@ -67,7 +67,7 @@ impl std::fmt::Display for AccessLog {
 /// in the request's extensions for the access log (microseconds; `u64::MAX` until
 /// then).
 #[derive(Debug, Clone)]
-pub struct UpstreamTime(Arc<AtomicU64>);
+pub(crate) struct UpstreamTime(Arc<AtomicU64>);
 
 impl UpstreamTime {
     pub(crate) fn new() -> UpstreamTime {
@@ -75,7 +75,7 @@ impl UpstreamTime {
     }
 
     /// Notes that the upstream's answer head came `elapsed` after the request was sent.
-    pub fn answered(&self, elapsed: Duration) {
+    pub(crate) fn answered(&self, elapsed: Duration) {
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX - 1);
         self.0.store(micros, Ordering::Relaxed);
     }

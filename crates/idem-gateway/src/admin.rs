@@ -46,7 +46,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use crate::keys::{purge_expired, record_json, scope_for};
+use crate::inspect::{line_json, purge_expired, query_from_params, record_json, scope_for};
 use crate::listener::{ConnectionSlot, Listener};
 use crate::metrics::Metrics;
 
@@ -55,22 +55,22 @@ const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
 /// What the admin routes share.
 #[derive(Clone)]
-pub struct AdminState {
+pub(crate) struct AdminState {
     /// The record store.
-    pub store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn Store>,
     /// The gateway's metrics.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// The bearer token, if one is required.
-    pub token: Option<Arc<str>>,
+    pub(crate) token: Option<Arc<str>>,
     /// What `POST /reload` reloads and `/readyz` reports the generation of; `None`
     /// serves no `/reload`.
-    pub reloader: Option<Arc<dyn Reload>>,
+    pub(crate) reloader: Option<Arc<dyn Reload>>,
 }
 
 /// What `POST /reload` and `/readyz` ask of the gateway's configuration (the gateway's
 /// is [`Reloader`](crate::serve::Reloader)).
 #[async_trait::async_trait]
-pub trait Reload: Send + Sync {
+pub(crate) trait Reload: Send + Sync {
     /// The configuration generation in force.
     fn generation(&self) -> u64;
     /// Why the last reload was refused, if the last one was.
@@ -115,7 +115,7 @@ impl AdminTask {
 }
 
 /// The admin router.
-pub fn router(state: AdminState) -> Router {
+pub(crate) fn router(state: AdminState) -> Router {
     let protected = Router::new()
         .route("/metrics", get(metrics))
         .route("/keys", get(get_keys).delete(delete_key))
@@ -291,7 +291,7 @@ fn no_record() -> Response {
 
 /// The response header naming where the next page of a listing starts; absent on the
 /// last page.
-pub const NEXT_CURSOR_HEADER: &str = "idem-next-cursor";
+pub(crate) const NEXT_CURSOR_HEADER: &str = "idem-next-cursor";
 
 /// `GET /keys`: one key's record when the query names a key, else a listing.
 async fn get_keys(
@@ -341,11 +341,9 @@ fn key_query(params: Vec<(String, String)>) -> Result<KeyQuery, String> {
     Ok(q)
 }
 
-/// A listing, one JSON line per record (see [`crate::listing::line_json`]).
+/// A listing, one JSON line per record (see [`line_json`]).
 async fn list_keys(state: AdminState, params: &[(String, String)]) -> Response {
-    let query = match crate::listing::query_from_params(
-        params.iter().map(|(n, v)| (n.as_str(), v.as_str())),
-    ) {
+    let query = match query_from_params(params.iter().map(|(n, v)| (n.as_str(), v.as_str()))) {
         Ok(query) => query,
         Err(detail) => return bad_listing(detail),
     };
@@ -361,7 +359,7 @@ async fn list_keys(state: AdminState, params: &[(String, String)]) -> Response {
     let now = SystemClock.now();
     let mut body = String::new();
     for record in &page.records {
-        body.push_str(&crate::listing::line_json(record, now).to_string());
+        body.push_str(&line_json(record, now).to_string());
         body.push('\n');
     }
     let mut response = ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response();

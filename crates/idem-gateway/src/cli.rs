@@ -10,28 +10,25 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-pub use crate::config::ServeArgs;
+pub(crate) use crate::config::ServeArgs;
 use crate::config::{TENANT_SECRET_ENV, TenantSecret};
-pub use crate::logging::LogFormat;
+pub(crate) use crate::logging::LogFormat;
+use crate::store::Namespace;
 
 /// What `idem --version` shows after the name: the crate's version and, where the build
 /// knew it, the commit (`0.1.0 (1a2b3c4d5)`, `-dirty` after it when the tree had
 /// changes). The commit comes from `IDEM_BUILD_COMMIT` at build time, else from the
 /// packaged crate's record of the commit it was packaged from, else from git in a
 /// checkout; without any, the version stands alone.
-pub const VERSION: &str = env!("IDEM_VERSION");
-
-/// The commit the binary was built from, as in [`VERSION`]; `None` when the build did
-/// not know it.
-pub const COMMIT: Option<&str> = option_env!("IDEM_COMMIT");
+pub(crate) const VERSION: &str = env!("IDEM_VERSION");
 
 /// `idem`: idempotency keys for any HTTP API.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version = VERSION, about, propagate_version = true)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// What to do.
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 
     /// Log format on standard error.
     #[arg(
@@ -41,7 +38,7 @@ pub struct Cli {
         value_enum,
         default_value = "text"
     )]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
 
     /// Log lines held for standard error while its reader is behind; past them, lines
     /// are dropped and counted in `idem_log_lines_dropped_total` rather than stall
@@ -54,12 +51,12 @@ pub struct Cli {
         default_value_t = crate::logging::DEFAULT_BUFFER_LINES,
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_048_576)
     )]
-    pub log_buffer_lines: usize,
+    pub(crate) log_buffer_lines: usize,
 }
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the gateway in front of an upstream HTTP API.
     Serve(Box<ServeArgs>),
     /// Check a configuration without serving: resolve the settings (flags, IDEM_*
@@ -73,7 +70,7 @@ pub enum Command {
     Migrate(MigrateArgs),
     /// Show what the gateway prevents: the same payments, under the same faults, sent to a
     /// naive demo API straight and through `idem serve`, charges counted side by side.
-    Demo(crate::demo_run::DemoArgs),
+    Demo(crate::tools::demo_run::DemoArgs),
     /// Check whether an API's Idempotency-Key support holds: replays, concurrent
     /// duplicates, lost answers, payload mismatches, keys, tenants. It creates real
     /// resources: point it at staging.
@@ -103,36 +100,62 @@ pub enum Command {
 
 /// `idem check-config`: the serve settings to check, and what to compare them with.
 #[derive(Debug, Args, Clone)]
-pub struct CheckConfigArgs {
+pub(crate) struct CheckConfigArgs {
     /// Print what a reload (SIGHUP, POST /reload) with FILE in place of the --config
     /// file would change, setting by setting, and which changes take a restart; the
     /// store is not opened.
     #[arg(long, value_name = "FILE")]
-    pub diff: Option<PathBuf>,
+    pub(crate) diff: Option<PathBuf>,
     /// The settings, as `idem serve` takes them.
     #[command(flatten)]
-    pub serve: ServeArgs,
+    pub(crate) serve: ServeArgs,
 }
 
 /// `idem migrate`.
 #[derive(Debug, Args, Clone)]
-pub struct MigrateArgs {
-    /// Record store URL [default: sqlite://idem.db].
-    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
-    pub store: Option<String>,
-
-    /// The gateway's --store-namespace [default: idem].
-    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
-    pub store_namespace: Option<String>,
+pub(crate) struct MigrateArgs {
+    /// The store, as the gateway names it.
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
 
     /// Print the SQL the migration would run, as one transaction, and write nothing.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
+}
+
+/// The store an operator's command opens (`keys`, `migrate`): the gateway's `--store`
+/// and `--store-namespace`, from the same variables.
+#[derive(Debug, Args, Clone, Default)]
+pub(crate) struct StoreArgs {
+    /// Record store URL [default: sqlite://idem.db].
+    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
+    pub(crate) store: Option<String>,
+
+    /// The gateway's --store-namespace [default: idem].
+    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
+    pub(crate) store_namespace: Option<String>,
+}
+
+impl StoreArgs {
+    /// The store's URL: the one given, else the gateway's default.
+    pub(crate) fn url(&self) -> &str {
+        self.store
+            .as_deref()
+            .unwrap_or(crate::config::DEFAULT_STORE)
+    }
+
+    /// The namespace given, checked; `None` for the stores' own.
+    pub(crate) fn namespace(&self) -> Result<Option<Namespace>, idem_core::NamespaceError> {
+        self.store_namespace
+            .as_deref()
+            .map(Namespace::new)
+            .transpose()
+    }
 }
 
 /// `idem keys …`.
 #[derive(Debug, Subcommand)]
-pub enum KeysCommand {
+pub(crate) enum KeysCommand {
     /// Print the record of one key as JSON.
     Show(KeyTarget),
     /// Delete one key's record, or with --expired every expired record.
@@ -144,103 +167,91 @@ pub enum KeysCommand {
 /// `idem keys list`: records that have not expired, one JSON object per line (scope
 /// digest, key, tenant, endpoint, state, attempt, times, status, ambiguity reason).
 #[derive(Debug, Args, Clone)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     /// Only records in this state: `in_progress` or `completed`.
     #[arg(long, value_name = "STATE")]
-    pub state: Option<String>,
+    pub(crate) state: Option<String>,
 
     /// Only records created at least this long ago (`90s`, `5m`, `1h`).
     #[arg(long, value_name = "DURATION")]
-    pub older_than: Option<String>,
+    pub(crate) older_than: Option<String>,
 
     /// Only records whose outcome the gateway could not know: taken over after a
     /// lapsed lease, in progress with a lapsed lease, or recorded after the upstream or
     /// handler failed mid-way.
     #[arg(long)]
-    pub ambiguous: bool,
+    pub(crate) ambiguous: bool,
 
     /// The most records to print; where to resume is then printed to standard error.
     #[arg(long, value_name = "N", default_value_t = 1000)]
-    pub limit: usize,
+    pub(crate) limit: usize,
 
     /// Resume after this cursor (as printed when a previous run stopped at --limit).
     #[arg(long, value_name = "CURSOR")]
-    pub after: Option<String>,
+    pub(crate) after: Option<String>,
 
-    /// Record store URL [default: sqlite://idem.db].
-    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
-    pub store: Option<String>,
-
-    /// The gateway's --store-namespace [default: idem].
-    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
-    pub store_namespace: Option<String>,
+    /// The store, as the gateway names it.
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
 }
 
 /// Which record: a key and the scope it lives in.
 #[derive(Debug, Args, Clone)]
-pub struct KeyTarget {
+pub(crate) struct KeyTarget {
     /// The key, as the client sent it (quoted or bare).
-    pub key: String,
+    pub(crate) key: String,
 
     /// The tenant as stored: `anonymous` or `hmac-sha256:<hex>` (see
     /// --tenant-credential-env).
     #[arg(long, value_name = "T")]
-    pub tenant: Option<String>,
+    pub(crate) tenant: Option<String>,
 
     /// How the gateway names tenants, to name one from its credentials.
     #[command(flatten)]
-    pub tenants: TenantArgs,
+    pub(crate) tenants: TenantArgs,
 
     /// The endpoint in public scope mode, `METHOD /path/or/{template}`; leave out in
     /// internal mode.
     #[arg(long, value_name = "E")]
-    pub endpoint: Option<String>,
+    pub(crate) endpoint: Option<String>,
 
-    /// Record store URL [default: sqlite://idem.db].
-    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
-    pub store: Option<String>,
-
-    /// The gateway's --store-namespace [default: idem].
-    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
-    pub store_namespace: Option<String>,
+    /// The store, as the gateway names it.
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
 }
 
 /// `idem keys purge`.
 #[derive(Debug, Args, Clone)]
-pub struct PurgeArgs {
+pub(crate) struct PurgeArgs {
     /// The key to delete (quoted or bare); leave out with --expired.
     #[arg(required_unless_present = "expired")]
-    pub key: Option<String>,
+    pub(crate) key: Option<String>,
 
     /// Delete every expired record, in bounded batches.
     #[arg(long, conflicts_with = "key")]
-    pub expired: bool,
+    pub(crate) expired: bool,
 
     /// The tenant as stored (see `keys show`).
     #[arg(long, value_name = "T")]
-    pub tenant: Option<String>,
+    pub(crate) tenant: Option<String>,
 
     /// How the gateway names tenants, to name one from its credentials.
     #[command(flatten)]
-    pub tenants: TenantArgs,
+    pub(crate) tenants: TenantArgs,
 
     /// The endpoint in public scope mode, `METHOD /path`.
     #[arg(long, value_name = "E")]
-    pub endpoint: Option<String>,
+    pub(crate) endpoint: Option<String>,
 
-    /// Record store URL [default: sqlite://idem.db].
-    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
-    pub store: Option<String>,
-
-    /// The gateway's --store-namespace [default: idem].
-    #[arg(long, env = "IDEM_STORE_NAMESPACE", value_name = "NAME")]
-    pub store_namespace: Option<String>,
+    /// The store, as the gateway names it.
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
 }
 
 /// How `idem keys` names a tenant from its credentials, as the gateway does: the same
 /// tenant headers and secret as `idem serve`.
 #[derive(Debug, Args, Clone, Default)]
-pub struct TenantArgs {
+pub(crate) struct TenantArgs {
     /// Names of environment variables holding the tenant's credentials: one per tenant
     /// header, in the order of --tenant-header (the Authorization value, say). Keeps
     /// the credentials off the command line.
@@ -250,7 +261,7 @@ pub struct TenantArgs {
         value_delimiter = ',',
         conflicts_with = "tenant"
     )]
-    pub tenant_credential_env: Option<Vec<String>>,
+    pub(crate) tenant_credential_env: Option<Vec<String>>,
 
     /// The gateway's --tenant-header [default: Authorization].
     #[arg(
@@ -259,23 +270,23 @@ pub struct TenantArgs {
         value_name = "LIST",
         value_delimiter = ','
     )]
-    pub tenant_header: Option<Vec<String>>,
+    pub(crate) tenant_header: Option<Vec<String>>,
 
     /// The gateway's --tenant-secret-file; IDEM_TENANT_SECRET may hold the secret
     /// instead [default: the secret the store keeps].
     #[arg(long, env = "IDEM_TENANT_SECRET_FILE", value_name = "PATH")]
-    pub tenant_secret_file: Option<PathBuf>,
+    pub(crate) tenant_secret_file: Option<PathBuf>,
 
     /// The secret itself, from `IDEM_TENANT_SECRET` only.
     #[arg(skip = TenantSecret::from_env())]
-    pub tenant_secret: Option<TenantSecret>,
+    pub(crate) tenant_secret: Option<TenantSecret>,
 }
 
 impl Cli {
     /// Parses the process's arguments, exiting with clap's message (status 2) when they
     /// are wrong. Every subcommand's `--version` prints what `idem --version` does,
     /// not clap's `idem-serve 0.1.0`.
-    pub fn parse_args() -> Cli {
+    pub(crate) fn parse_args() -> Cli {
         use clap::{CommandFactory, FromArgMatches};
         let matches = named_idem(Cli::command()).get_matches();
         Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
@@ -293,7 +304,7 @@ fn named_idem(cmd: clap::Command) -> clap::Command {
 /// gateway would start on a default (`IDEM_STORE_URL=postgres://…` would leave it on
 /// its own SQLite file, executing duplicates that reach another gateway). Variables of
 /// other tools that merely start with `IDEM_` are not listed.
-pub fn misspelt_env_vars(names: impl IntoIterator<Item = String>) -> Vec<(String, String)> {
+pub(crate) fn misspelt_env_vars(names: impl IntoIterator<Item = String>) -> Vec<(String, String)> {
     use clap::CommandFactory;
     let cli = Cli::command();
     let serve = cli

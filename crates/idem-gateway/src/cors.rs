@@ -31,7 +31,7 @@ use idem_tower::ProblemKind;
 
 /// The request's `Origin`, when the request is one a browser sends only after a
 /// preflight the upstream allowed; `None` otherwise, and for requests without one.
-pub fn preflighted_origin(method: &Method, headers: &HeaderMap) -> Option<HeaderValue> {
+pub(crate) fn preflighted_origin(method: &Method, headers: &HeaderMap) -> Option<HeaderValue> {
     let origin = headers.get(header::ORIGIN)?;
     // `Origin: null` (sandboxed frames, some redirects) names no origin to allow.
     if origin.as_bytes() == b"null" {
@@ -62,7 +62,7 @@ fn is_form_type(value: &[u8]) -> bool {
 /// the origin itself, credentials (the preflight allowed them, or the browser ignores
 /// this), `Retry-After` exposed where there is one, and `Vary: Origin`. An answer that
 /// already allows an origin is left as it is.
-pub fn allow_origin(headers: &mut HeaderMap, origin: HeaderValue) {
+pub(crate) fn allow_origin(headers: &mut HeaderMap, origin: HeaderValue) {
     if headers.contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN) {
         return;
     }
@@ -86,7 +86,7 @@ pub fn allow_origin(headers: &mut HeaderMap, origin: HeaderValue) {
 /// upstream are left alone, and so are the problems the layer records in place of an
 /// answer (a 500, or the 502 for an upstream answer too large to record), which carry
 /// no kind: the first answer looks as its replays do.
-pub fn allow_origin_on_problem<B>(response: &mut Response<B>, origin: HeaderValue) {
+pub(crate) fn allow_origin_on_problem<B>(response: &mut Response<B>, origin: HeaderValue) {
     if response.extensions().get::<ProblemKind>().is_some() {
         allow_origin(response.headers_mut(), origin);
     }

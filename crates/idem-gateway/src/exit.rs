@@ -16,14 +16,14 @@ use std::fmt;
 use crate::store::OpenError;
 
 /// A failure at run time.
-pub const RUNTIME: u8 = 1;
+pub(crate) const RUNTIME: u8 = 1;
 
 /// A configuration that is wrong as written.
-pub const CONFIG: u8 = 2;
+pub(crate) const CONFIG: u8 = 2;
 
 /// The status for a store that could not be opened: [`CONFIG`] when its URL or
 /// namespace is wrong as written, [`RUNTIME`] otherwise.
-pub fn of_open(e: &OpenError) -> u8 {
+pub(crate) fn of_open(e: &OpenError) -> u8 {
     if e.is_configuration() {
         CONFIG
     } else {
@@ -33,16 +33,16 @@ pub fn of_open(e: &OpenError) -> u8 {
 
 /// A command's failure: the status it exits with and what it says.
 #[derive(Debug)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// The exit status.
-    pub code: u8,
+    pub(crate) code: u8,
     /// The message, for standard error.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl Failure {
     /// A failure at run time.
-    pub fn runtime(message: impl fmt::Display) -> Failure {
+    pub(crate) fn runtime(message: impl fmt::Display) -> Failure {
         Failure {
             code: RUNTIME,
             message: message.to_string(),
@@ -50,7 +50,7 @@ impl Failure {
     }
 
     /// A store that could not be opened.
-    pub fn open(e: &OpenError) -> Failure {
+    pub(crate) fn open(e: &OpenError) -> Failure {
         Failure {
             code: of_open(e),
             message: e.to_string(),

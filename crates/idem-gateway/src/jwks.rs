@@ -26,10 +26,10 @@ const MAX_JWKS: usize = 1024 * 1024;
 /// How long one fetch may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 /// The default time between refreshes.
-pub const DEFAULT_JWKS_REFRESH: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_JWKS_REFRESH: Duration = Duration::from_secs(300);
 
 /// A JWKS document at a URL.
-pub struct JwksUrl {
+pub(crate) struct JwksUrl {
     url: Uri,
     client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
 }
@@ -38,7 +38,7 @@ impl JwksUrl {
     /// A source for `url`: `https://`, or `http://` to a loopback address (a key set
     /// fetched in the clear from elsewhere could be swapped on the way). TLS trusts
     /// the system's roots, or `ca`'s certificates when given.
-    pub fn new(url: &str, ca: Option<&std::path::Path>) -> Result<JwksUrl, String> {
+    pub(crate) fn new(url: &str, ca: Option<&std::path::Path>) -> Result<JwksUrl, String> {
         let uri: Uri = url.parse().map_err(|e| format!("{url:?}: {e}"))?;
         let host = uri.host().ok_or_else(|| format!("{url:?} has no host"))?;
         match uri.scheme_str() {

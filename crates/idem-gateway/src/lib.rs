@@ -6,17 +6,21 @@
 //! needs: listeners, path normalisation, routes, tenants, the admin listener, metrics,
 //! traces, `idem keys`, `idem demo` and `idem check` (the `idem-check` crate's).
 //!
-//! What a program that embeds the gateway uses:
+//! The `idem` binary is [`main`] on a Tokio runtime. What a program that embeds the
+//! gateway, or a test or bench of it, uses:
 //!
-//! - [`cli::ServeArgs`] and [`config`]: the settings as `idem serve` takes them (flags,
-//!   `IDEM_*` variables, the `--config` TOML file) and their resolved
+//! - [`config`]: the settings as `idem serve` takes them ([`ServeArgs`](config::ServeArgs):
+//!   flags, `IDEM_*` variables, the `--config` TOML file) and their resolved
 //!   [`GatewayConfig`](config::GatewayConfig);
 //! - [`serve`]: [`Gateway`](serve::Gateway), bound and run until a shutdown future
-//!   resolves;
-//! - [`metrics`]: what the gateway counts, as `/metrics` serves it.
+//!   resolves, and the idempotency layer it wraps around the proxy;
+//! - [`store`]: the record store a URL names, opened as the gateway opens it;
+//! - [`metrics`]: what the gateway counts, as `/metrics` serves it;
+//! - [`telemetry`]: the trace the gateway gives each keyed request;
+//! - [`demo`]: the naive payments API of `idem demo-upstream`, to try the gateway on.
 //!
-//! The other modules are the `idem` binary's and its tests'; they are hidden from these
-//! docs and may change in any release.
+//! The rest (listeners, the proxy, routes, tenants, the admin listener, the commands
+//! other than `serve`) is the crate's own.
 //!
 //! # Examples
 //!
@@ -25,8 +29,7 @@
 //! resolved from the command line):
 //!
 //! ```no_run
-//! use idem_gateway::cli::ServeArgs;
-//! use idem_gateway::config::GatewayConfig;
+//! use idem_gateway::config::{GatewayConfig, ServeArgs};
 //! use idem_gateway::serve::{Gateway, Mode};
 //!
 //! # #[tokio::main]
@@ -45,55 +48,35 @@
 //! # }
 //! ```
 
-#[doc(hidden)]
-pub mod access;
-#[doc(hidden)]
-pub mod admin;
-pub(crate) mod budget;
-pub mod cli;
-#[doc(hidden)]
-pub mod completions;
+mod access;
+mod admin;
+mod budget;
+mod cli;
+mod command;
 pub mod config;
+mod cors;
+mod exit;
+mod forwarded;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
-pub mod cors;
-#[doc(hidden)]
-pub mod demo;
-#[doc(hidden)]
-pub mod demo_run;
-#[doc(hidden)]
-pub mod exit;
-#[doc(hidden)]
-pub mod forwarded;
+pub mod fuzzing;
 mod inspect;
-#[doc(hidden)]
-pub mod jwks;
-#[doc(hidden)]
-pub mod keys;
-#[doc(hidden)]
-pub mod listener;
-#[doc(hidden)]
-pub mod listing;
-#[doc(hidden)]
-pub mod logging;
-#[doc(hidden)]
-pub mod man;
+mod jwks;
+mod listener;
+mod logging;
 pub mod metrics;
 // "Did you mean": one measure for misspelt config keys and store URL schemes.
-#[doc(hidden)]
-pub mod migrate;
 mod nearest;
-#[doc(hidden)]
-pub mod path;
-#[doc(hidden)]
-pub mod proxy;
-#[doc(hidden)]
-pub mod route;
+mod path;
+mod proxy;
+mod route;
 pub mod serve;
-#[doc(hidden)]
 pub mod store;
-#[doc(hidden)]
 pub mod telemetry;
 mod tenant_source;
 mod tls_client;
-#[doc(hidden)]
-pub mod trusted;
+mod tools;
+mod trusted;
+
+pub use command::main;
+pub use tools::demo;

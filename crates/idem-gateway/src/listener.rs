@@ -71,30 +71,25 @@ mod tls;
 mod window;
 mod write_stall;
 
-pub use self::client_cert::{CertName, ClientNames};
+pub(crate) use self::client_cert::{CertName, ClientNames};
 use self::handler::Handler;
 use self::http2::Builders;
-pub use self::http2::{
-    DEFAULT_ANSWER_BUDGET, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT,
-    DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_HEADER_LIST_SIZE, Http2Limits,
-    MAX_LOCAL_ERROR_RESET_STREAMS, MAX_PENDING_ACCEPT_RESET_STREAMS, MAX_SEND_BUF_SIZE,
-};
-pub use self::limits::{
-    ADMIN_MAX_CONNECTIONS, SPARE_DESCRIPTORS, default_max_connections, fd_limit, raise_fd_limit,
-};
+pub(crate) use self::http2::Http2Limits;
+pub use self::limits::default_max_connections;
+pub(crate) use self::limits::{ADMIN_MAX_CONNECTIONS, fd_limit, raise_fd_limit};
 use self::reclaim::Reclaim;
 pub(crate) use self::shutdown::Connections;
-pub use self::tls::{Tls, TlsError, TlsFiles};
-pub use crate::metrics::ListenerKind;
+pub(crate) use self::tls::{Tls, TlsError, TlsFiles};
+pub(crate) use crate::metrics::ListenerKind;
 
 /// How long a connection may stay silent before TCP starts asking whether its peer is
 /// still there (client connections and upstream connections alike).
-pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+pub(crate) const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 
 /// The listen backlog asked of the kernel (which caps it at `net.core.somaxconn` on
 /// Linux): connections wait there, handshake done, while a listener is at its cap. With
 /// the usual 128, a burst beyond it would have its handshakes dropped and retried.
-pub const LISTEN_BACKLOG: u32 = 1024;
+pub(crate) const LISTEN_BACKLOG: u32 = 1024;
 
 /// The first pause after an `accept` that failed; each further failure in a row doubles
 /// it, up to [`ACCEPT_PAUSE_MAX`].
@@ -112,7 +107,7 @@ const RECLAIM_RECHECK: Duration = Duration::from_millis(50);
 /// a WebSocket tunnel the connection became, until the last of them ends. The proxy
 /// finds it in the extensions of requests that ask for an upgrade.
 #[derive(Clone, Debug)]
-pub struct ConnectionSlot(Arc<Slot>);
+pub(crate) struct ConnectionSlot(Arc<Slot>);
 
 #[derive(Debug)]
 struct Slot {

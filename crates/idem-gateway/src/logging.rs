@@ -30,7 +30,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 /// How logs are written (`--log-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Human-readable lines.
     Text,
     /// One JSON object per line.
@@ -41,7 +41,7 @@ pub enum LogFormat {
 /// `--log-buffer-lines` is not given: several seconds of access lines at a busy
 /// gateway's rate, a few MiB at most, where the writer's own default (128 000 lines of
 /// unbounded length) could hold hundreds of MiB of a stalled reader's backlog.
-pub const DEFAULT_BUFFER_LINES: usize = 16_384;
+pub(crate) const DEFAULT_BUFFER_LINES: usize = 16_384;
 
 /// Standard output carries a line per listener, written at start.
 const STDOUT_BUFFER_LINES: usize = 64;
@@ -73,7 +73,7 @@ struct Dropped {
 
 /// How many log lines (standard error's, and standard output's listening lines) were
 /// dropped since start because their reader was too slow or gone. `0` before [`init`].
-pub fn dropped_lines() -> u64 {
+pub(crate) fn dropped_lines() -> u64 {
     let queued = DROPPED.queues.get().map_or(0, |queues| {
         queues.iter().map(|q| q.dropped_lines() as u64).sum::<u64>()
     });
@@ -82,7 +82,7 @@ pub fn dropped_lines() -> u64 {
 
 /// The log's writers; hold it until the process ends, then call [`Logs::finish`].
 #[must_use = "dropping the writers loses the lines still queued"]
-pub struct Logs {
+pub(crate) struct Logs {
     stdout: NonBlocking,
     guards: [WorkerGuard; 2],
 }
@@ -96,7 +96,7 @@ impl std::fmt::Debug for Logs {
 impl Logs {
     /// Writes `line` and a newline on standard output, never blocking nor failing: a
     /// line that cannot be written is dropped and counted like a log line.
-    pub fn stdout_line(&self, line: &str) {
+    pub(crate) fn stdout_line(&self, line: &str) {
         let mut out = self.stdout.clone();
         // In lossy mode the queue refuses by counting, never by an error.
         let _ = out.write_all(format!("{line}\n").as_bytes());
@@ -106,7 +106,7 @@ impl Logs {
     /// every line logged before the call: the gateway calls it before it says on
     /// standard output that it listens, so that a script or a test that waits for that
     /// line finds the start's log lines (its warnings, its limits) already written.
-    pub async fn settle(&self, within: Duration) {
+    pub(crate) async fn settle(&self, within: Duration) {
         let sent = STDERR_SENT.load(Ordering::Acquire);
         let deadline = tokio::time::Instant::now() + within;
         loop {
@@ -125,7 +125,7 @@ impl Logs {
 
     /// Writes what is queued, waiting at most a couple of seconds: a reader that is
     /// not reading must not hold the exit.
-    pub fn finish(self) {
+    pub(crate) fn finish(self) {
         let Logs { stdout, guards } = self;
         drop(stdout);
         let (done, wait) = std::sync::mpsc::channel();
@@ -146,7 +146,7 @@ impl Logs {
 
 /// Installs the global subscriber, its lines queued for standard error with room for
 /// `buffer_lines` of them. Call once, first thing.
-pub fn init(format: LogFormat, buffer_lines: usize) -> Logs {
+pub(crate) fn init(format: LogFormat, buffer_lines: usize) -> Logs {
     let (stderr, stderr_guard) = queue(buffer_lines, "idem-log-stderr", Pipe::stderr(format));
     let (stdout, stdout_guard) = queue(STDOUT_BUFFER_LINES, "idem-log-stdout", Pipe::stdout());
     let _ = DROPPED

@@ -68,6 +68,7 @@ use tokio::time::Instant;
 use tower::Service;
 
 use crate::config::{Upstream, UpstreamProtocol};
+use crate::forwarded::add_forwarded;
 use crate::metrics::Metrics;
 
 mod client;
@@ -76,33 +77,34 @@ mod preface;
 mod upgrade;
 
 use client::UpstreamClient;
-pub use client::tls_failure;
-pub use headers::{REWRITE_HEADERS, add_forwarded, strip_hop_by_hop, strip_look_alikes};
+pub(crate) use client::tls_failure;
+pub(crate) use headers::{REWRITE_HEADERS, strip_hop_by_hop, strip_look_alikes};
 use upgrade::{requested_upgrade, switch_protocols, upgrades_to_websocket};
 
 /// Boxed error of bodies flowing through the gateway (the layer's own).
-pub type BoxError = idem_tower::BoxError;
+pub(crate) type BoxError = idem_tower::BoxError;
 
 /// The body of requests sent upstream and answers sent back.
-pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// The request header that tells the upstream which attempt this is.
-pub const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("idempotency-attempt");
+pub(crate) const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("idempotency-attempt");
 
 /// The response header by which the upstream overrides record-or-release.
-pub const DISPOSITION_HEADER: HeaderName = HeaderName::from_static("idempotency-disposition");
+pub(crate) const DISPOSITION_HEADER: HeaderName =
+    HeaderName::from_static("idempotency-disposition");
 
 /// The response header by which the upstream asks for its answer to be recorded as a
 /// reference to a resource (`/v1/reports/42`) and rendered again from it at replay
 /// (SPEC S6), instead of recorded whole.
-pub const RESOURCE_HEADER: HeaderName = HeaderName::from_static("idempotency-resource");
+pub(crate) const RESOURCE_HEADER: HeaderName = HeaderName::from_static("idempotency-resource");
 
 /// The client's address, put in request extensions by the listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientAddr(pub SocketAddr);
+pub(crate) struct ClientAddr(pub SocketAddr);
 /// Forwards requests to one upstream. Cheap to clone: clones share the connection pool.
 #[derive(Clone, Debug)]
-pub struct Proxy {
+pub(crate) struct Proxy {
     // One Arc: the service is cloned for every request.
     inner: Arc<Inner>,
 }
@@ -133,17 +135,10 @@ struct Sending {
 }
 
 impl Proxy {
-    /// A proxy to the `http://` `upstream` over HTTP/1.1 whose answers must have come
-    /// whole within `timeout`: the head, and for an answer the idempotency layer
-    /// records, the body too.
-    pub fn new(upstream: Upstream, timeout: Duration, metrics: Arc<Metrics>) -> Proxy {
-        Proxy::speaking(upstream, UpstreamProtocol::Http1, None, timeout, metrics)
-    }
-
     /// A proxy to `upstream` in `protocol`, over TLS with the client settings `tls`
-    /// (needed for an `https://` upstream: see [`tls_client_config`](crate::config::tls_client_config)), whose answers
+    /// (needed for an `https://` upstream: see [`tls_client_config`](crate::tls_client::tls_client_config)), whose answers
     /// must have come whole within `timeout`.
-    pub fn speaking(
+    pub(crate) fn speaking(
         upstream: Upstream,
         protocol: UpstreamProtocol,
         tls: Option<&rustls::ClientConfig>,
@@ -164,7 +159,10 @@ impl Proxy {
     }
 
     /// Forwards one request and returns the answer to send back, or why there is none.
-    pub async fn forward<B>(&self, req: Request<B>) -> Result<Response<ProxyBody>, ForwardError>
+    pub(crate) async fn forward<B>(
+        &self,
+        req: Request<B>,
+    ) -> Result<Response<ProxyBody>, ForwardError>
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
@@ -412,7 +410,7 @@ where
 /// Removes the upstream's `Idempotency-Resource` header and returns the reference it
 /// names; `None` (with a warning) unless it is one absolute path, with an optional
 /// query, on the upstream.
-pub fn take_reference(headers: &mut HeaderMap) -> Option<ResourceReference> {
+pub(crate) fn take_reference(headers: &mut HeaderMap) -> Option<ResourceReference> {
     let values: Vec<HeaderValue> = match headers.entry(RESOURCE_HEADER) {
         header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
         header::Entry::Vacant(_) => return None,
@@ -432,7 +430,7 @@ pub fn take_reference(headers: &mut HeaderMap) -> Option<ResourceReference> {
 
 /// Reads and removes the upstream's `Idempotency-Disposition`. Unknown values are
 /// dropped (and logged): the default S6 policy then applies.
-pub fn take_disposition(headers: &mut HeaderMap) -> Option<Disposition> {
+pub(crate) fn take_disposition(headers: &mut HeaderMap) -> Option<Disposition> {
     let values: Vec<HeaderValue> = match headers.entry(DISPOSITION_HEADER) {
         header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
         header::Entry::Vacant(_) => return None,

@@ -29,7 +29,7 @@ use crate::path::{self, PathNormalization};
 /// A path template: literal segments and `{name}` placeholders that match one non-empty
 /// segment; a last segment `{*name}` matches the rest of the path.
 #[derive(Clone, PartialEq, Eq)]
-pub struct PathTemplate {
+pub(crate) struct PathTemplate {
     raw: String,
     segments: Vec<Segment>,
 }
@@ -44,7 +44,7 @@ enum Segment {
 /// A template that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid path template {template:?}: {reason}")]
-pub struct TemplateError {
+pub(crate) struct TemplateError {
     template: String,
     reason: &'static str,
 }
@@ -52,16 +52,6 @@ pub struct TemplateError {
 /// How a path template matches a normalised path (`--route-matching`): by default in
 /// any case of ASCII letters and with or without a trailing slash; `exact` for
 /// neither. See the [module docs](self).
-///
-/// ```
-/// use idem_gateway::route::RouteMatching;
-///
-/// let default = RouteMatching::default();
-/// assert_eq!(default.to_string(), "ignore-case,ignore-trailing-slash");
-/// assert!(default.ignore_case() && default.ignore_trailing_slash());
-/// assert_eq!("exact".parse::<RouteMatching>().unwrap(), RouteMatching::EXACT);
-/// assert!("exact,ignore-case".parse::<RouteMatching>().is_err());
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RouteMatching {
     ignore_case: bool,
@@ -70,14 +60,14 @@ pub struct RouteMatching {
 
 impl RouteMatching {
     /// Templates match paths byte for byte (path parameters aside).
-    pub const EXACT: RouteMatching = RouteMatching {
+    pub(crate) const EXACT: RouteMatching = RouteMatching {
         ignore_case: false,
         ignore_trailing_slash: false,
     };
 
     /// The options a list names: `ignore-case`, `ignore-trailing-slash` (any case,
     /// repeats ignored, blank items skipped), or `exact` alone.
-    pub fn from_items<I, S>(items: I) -> Result<RouteMatching, String>
+    pub(crate) fn from_items<I, S>(items: I) -> Result<RouteMatching, String>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
@@ -113,16 +103,6 @@ impl RouteMatching {
             return Err("exact cannot be given with other items".into());
         }
         Ok(matching)
-    }
-
-    /// Whether literal segments match in any case of ASCII letters.
-    pub fn ignore_case(self) -> bool {
-        self.ignore_case
-    }
-
-    /// Whether a path matches with or without trailing slashes.
-    pub fn ignore_trailing_slash(self) -> bool {
-        self.ignore_trailing_slash
     }
 }
 
@@ -164,7 +144,7 @@ fn segment_name(segment: &str) -> &str {
 
 impl PathTemplate {
     /// Parses a template; it must start with `/`.
-    pub fn parse(template: &str) -> Result<PathTemplate, TemplateError> {
+    pub(crate) fn parse(template: &str) -> Result<PathTemplate, TemplateError> {
         let err = |reason| TemplateError {
             template: template.to_owned(),
             reason,
@@ -206,14 +186,9 @@ impl PathTemplate {
         })
     }
 
-    /// Whether `path` (without query) matches exactly (path parameters aside).
-    pub fn matches(&self, path: &str) -> bool {
-        self.matches_as(path, RouteMatching::EXACT)
-    }
-
     /// Whether `path` (without query) matches as `matching` says; `;` path parameters
     /// are left out of every segment.
-    pub fn matches_as(&self, path: &str, matching: RouteMatching) -> bool {
+    pub(crate) fn matches_as(&self, path: &str, matching: RouteMatching) -> bool {
         let Some(mut rest) = path.strip_prefix('/') else {
             return false;
         };
@@ -243,7 +218,7 @@ impl PathTemplate {
     /// without their `;` path parameters, no trailing slash added; `None` when that is
     /// `path` itself. A request's fingerprint covers it, so that a retry in another
     /// spelling of the same resource replays.
-    pub fn canonical(&self, path: &str, matching: RouteMatching) -> Option<String> {
+    pub(crate) fn canonical(&self, path: &str, matching: RouteMatching) -> Option<String> {
         let mut rest = path.strip_prefix('/')?;
         if matching.ignore_trailing_slash {
             rest = rest.trim_end_matches('/');
@@ -274,7 +249,7 @@ impl PathTemplate {
     }
 
     /// The template as written.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.raw
     }
 
@@ -283,7 +258,7 @@ impl PathTemplate {
     /// `/v1/%63harges`, `/v1//charges` or, under `lowercase`, `/V1/Charges`), since
     /// the listener normalises every path before a rule sees it. The error says why,
     /// and how to write it.
-    pub fn check_normal(&self, options: PathNormalization) -> Result<(), String> {
+    pub(crate) fn check_normal(&self, options: PathNormalization) -> Result<(), String> {
         // Each placeholder stands for a segment that is normal whatever the options, and
         // that no normalisation changes, so that it can be put back afterwards.
         let parts: Vec<&str> = self.raw[1..].split('/').collect();
@@ -325,45 +300,45 @@ impl fmt::Debug for PathTemplate {
 #[derive(Debug, Clone)]
 pub struct Route {
     /// The method it applies to; `None` for any.
-    pub method: Option<Method>,
+    pub(crate) method: Option<Method>,
     /// The path template; it becomes the scope's endpoint (`POST /v1/orders/{id}`).
-    pub template: PathTemplate,
+    pub(crate) template: PathTemplate,
     /// Overrides `--require-key` on this route.
-    pub require_key: Option<bool>,
+    pub(crate) require_key: Option<bool>,
     /// Overrides `--require-tenant` on this route (`false`: the tenant is optional).
-    pub require_tenant: Option<bool>,
+    pub(crate) require_tenant: Option<bool>,
     /// Overrides `--tenant-from` on this route: where its keyed requests' tenant
     /// comes from, in order.
-    pub tenant_from: Option<Vec<crate::tenant_source::TenantSource>>,
+    pub(crate) tenant_from: Option<Vec<crate::tenant_source::TenantSource>>,
     /// The headers the key may come in on this route, in order; empty for the
     /// layer's `Idempotency-Key`.
-    pub key_headers: Vec<HeaderName>,
+    pub(crate) key_headers: Vec<HeaderName>,
     /// The JSON pointer into the body the key may come in on this route, after the
     /// key headers ([`RouteConfig::key_pointer`]).
-    pub key_pointer: Option<String>,
+    pub(crate) key_pointer: Option<String>,
     /// Overrides `--ttl` on this route.
-    pub ttl: Option<Duration>,
+    pub(crate) ttl: Option<Duration>,
     /// Overrides `--tombstone-ttl` on this route ([`RouteConfig::tombstone_ttl`]).
-    pub tombstone_ttl: Option<Duration>,
+    pub(crate) tombstone_ttl: Option<Duration>,
     /// JSON pointers left out of the fingerprint (a client timestamp, say).
-    pub ignore: Vec<String>,
+    pub(crate) ignore: Vec<String>,
     /// Response headers stored and replayed on this route, besides the default
     /// allow-list.
-    pub store_headers: Vec<HeaderName>,
+    pub(crate) store_headers: Vec<HeaderName>,
     /// Overrides `--release-statuses` on this route.
-    pub release_statuses: Option<ReleaseStatuses>,
+    pub(crate) release_statuses: Option<ReleaseStatuses>,
     /// Overrides `--grpc-release-codes` on this route.
-    pub grpc_release_codes: Option<GrpcReleaseCodes>,
+    pub(crate) grpc_release_codes: Option<GrpcReleaseCodes>,
     /// Whether replays and conflicts carry retry hints on this route
     /// ([`RouteConfig::retry_hints`]); `None` leaves them off.
-    pub retry_hints: Option<bool>,
+    pub(crate) retry_hints: Option<bool>,
     /// Overrides `--profile` on this route ([`RouteConfig::profile`]).
-    pub profile: Option<idem_tower::Profile>,
+    pub(crate) profile: Option<idem_tower::Profile>,
     /// How its template matches paths (`--route-matching`).
-    pub matching: RouteMatching,
+    pub(crate) matching: RouteMatching,
     /// How long a duplicate of an in-progress request waits on this route without
     /// `Prefer: wait` ([`RouteConfig::conflict_wait`]); `None`: no wait.
-    pub conflict_wait: Option<Duration>,
+    pub(crate) conflict_wait: Option<Duration>,
     fingerprint: FingerprintOptions,
     /// What the layer applies to a request that matches, made from the fields above.
     compiled: RouteConfig,
@@ -371,7 +346,7 @@ pub struct Route {
 
 impl Route {
     /// A rule; fails when an ignored pointer is not of RFC 6901's form.
-    pub fn new(
+    pub(crate) fn new(
         method: Option<Method>,
         template: PathTemplate,
         require_key: Option<bool>,
@@ -423,14 +398,14 @@ impl Route {
     }
 
     /// This route with `codes` as the gRPC statuses that release a gRPC call's key.
-    pub fn with_grpc_release_codes(mut self, codes: GrpcReleaseCodes) -> Route {
+    pub(crate) fn with_grpc_release_codes(mut self, codes: GrpcReleaseCodes) -> Route {
         self.compiled = self.compiled.grpc_release_codes(codes.clone());
         self.grpc_release_codes = Some(codes);
         self
     }
 
     /// This rule, taking the key from `names`, in order (empty: the layer's header).
-    pub fn key_headers(mut self, names: Vec<HeaderName>) -> Route {
+    pub(crate) fn key_headers(mut self, names: Vec<HeaderName>) -> Route {
         if !names.is_empty() {
             self.compiled = self.compiled.key_headers(names.iter().cloned());
         }
@@ -441,7 +416,7 @@ impl Route {
     /// This rule, taking the key from the JSON pointer `pointer` into the body when no
     /// key header carries one ([`RouteConfig::key_pointer`]); fails when the pointer is
     /// not of RFC 6901's form.
-    pub fn key_pointer(mut self, pointer: Option<String>) -> Result<Route, PointerError> {
+    pub(crate) fn key_pointer(mut self, pointer: Option<String>) -> Result<Route, PointerError> {
         if let Some(pointer) = &pointer {
             self.compiled = self.compiled.key_pointer(pointer)?;
         }
@@ -450,7 +425,7 @@ impl Route {
     }
 
     /// This rule, requiring a tenant or not as `required` says (`None`: the layer's).
-    pub fn require_tenant(mut self, required: Option<bool>) -> Route {
+    pub(crate) fn require_tenant(mut self, required: Option<bool>) -> Route {
         self.require_tenant = required;
         if let Some(required) = required {
             self.compiled = self.compiled.require_tenant(required);
@@ -461,7 +436,7 @@ impl Route {
     /// This rule, naming its keyed requests' tenant from `sources` (`None`: the
     /// gateway's `--tenant-from`). The layer gets them once the gateway has made them
     /// ([`with_tenant_sources`](Self::with_tenant_sources)).
-    pub fn tenant_from(
+    pub(crate) fn tenant_from(
         mut self,
         sources: Option<Vec<crate::tenant_source::TenantSource>>,
     ) -> Route {
@@ -471,19 +446,19 @@ impl Route {
 
     /// This rule, with the sources its `tenant_from` names made (a verifier holding
     /// its key set) for the layer.
-    pub fn with_tenant_sources(mut self, sources: idem_tower::TenantSources) -> Route {
+    pub(crate) fn with_tenant_sources(mut self, sources: idem_tower::TenantSources) -> Route {
         self.compiled = self.compiled.tenant_sources(sources);
         self
     }
 
     /// This rule, matching paths as `matching` says.
-    pub fn matching(mut self, matching: RouteMatching) -> Route {
+    pub(crate) fn matching(mut self, matching: RouteMatching) -> Route {
         self.matching = matching;
         self
     }
 
     /// This rule, with retry hints on or off as `hints` says (`None`: the layer's).
-    pub fn retry_hints(mut self, hints: Option<bool>) -> Route {
+    pub(crate) fn retry_hints(mut self, hints: Option<bool>) -> Route {
         self.retry_hints = hints;
         if let Some(hints) = hints {
             self.compiled = self.compiled.retry_hints(hints);
@@ -493,7 +468,7 @@ impl Route {
 
     /// This rule, comparing JSON bodies by their RFC 8785 (JCS) form when `jcs` says so
     /// ([`FingerprintOptions::jcs`]).
-    pub fn jcs(mut self, jcs: bool) -> Route {
+    pub(crate) fn jcs(mut self, jcs: bool) -> Route {
         if jcs {
             self.fingerprint = self.fingerprint.jcs();
             self.compiled = self.compiled.fingerprint_options(self.fingerprint.clone());
@@ -502,12 +477,12 @@ impl Route {
     }
 
     /// Whether this rule compares JSON bodies by their JCS form.
-    pub fn is_jcs(&self) -> bool {
+    pub(crate) fn is_jcs(&self) -> bool {
         self.fingerprint.is_jcs()
     }
 
     /// This rule, answering in `profile`'s dialect (`None`: the layer's).
-    pub fn profile(mut self, profile: Option<idem_tower::Profile>) -> Route {
+    pub(crate) fn profile(mut self, profile: Option<idem_tower::Profile>) -> Route {
         self.profile = profile;
         if let Some(profile) = profile {
             self.compiled = self.compiled.profile(profile);
@@ -517,7 +492,7 @@ impl Route {
 
     /// This rule, with duplicates of an in-progress request waiting up to `wait` for
     /// its answer when they send no `Prefer: wait` (`None`: the layer's, no wait).
-    pub fn conflict_wait(mut self, wait: Option<Duration>) -> Route {
+    pub(crate) fn conflict_wait(mut self, wait: Option<Duration>) -> Route {
         self.conflict_wait = wait;
         if let Some(wait) = wait {
             self.compiled = self.compiled.conflict_wait(wait);
@@ -527,7 +502,7 @@ impl Route {
 
     /// This rule, with tombstones of `tombstone` after its records' TTL (`None`: the
     /// layer's, `--tombstone-ttl`).
-    pub fn tombstone_ttl(mut self, tombstone: Option<Duration>) -> Route {
+    pub(crate) fn tombstone_ttl(mut self, tombstone: Option<Duration>) -> Route {
         self.tombstone_ttl = tombstone;
         if let Some(tombstone) = tombstone {
             self.compiled = self.compiled.tombstone_ttl(tombstone);
@@ -538,28 +513,18 @@ impl Route {
     /// Whether the rule applies to a request: its method ignoring ASCII case (SPEC S14:
     /// `post` is `POST` to most upstream frameworks), and its path, normalised by the
     /// listener before any rule sees it, matched as [`Route::matching`] says.
-    pub fn matches(&self, method: &Method, path: &str) -> bool {
+    pub(crate) fn matches(&self, method: &Method, path: &str) -> bool {
         self.method
             .as_ref()
             .is_none_or(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
             && self.template.matches_as(path, self.matching)
     }
 
-    /// The fingerprint options with this route's ignored pointers.
-    pub fn fingerprint_options(&self) -> &FingerprintOptions {
-        &self.fingerprint
-    }
-
-    /// The overrides the layer applies to the requests this rule matches.
-    pub fn config(&self) -> &RouteConfig {
-        &self.compiled
-    }
-
     /// The overrides the layer applies to a request for `path`, which this rule
-    /// matches: [`Route::config`], with the template's spelling of `path` as what the
+    /// matches: the rule's own, with the template's spelling of `path` as what the
     /// fingerprint covers when the request spelt it otherwise (see
     /// [`PathTemplate::canonical`]).
-    pub fn config_for(&self, path: &str) -> RouteConfig {
+    pub(crate) fn config_for(&self, path: &str) -> RouteConfig {
         match self.template.canonical(path, self.matching) {
             Some(canonical) => self.compiled.clone().fingerprint_path(canonical),
             None => self.compiled.clone(),
@@ -568,7 +533,7 @@ impl Route {
 }
 
 /// The first rule that matches, in file order.
-pub fn find<'a>(routes: &'a [Route], method: &Method, path: &str) -> Option<&'a Route> {
+pub(crate) fn find<'a>(routes: &'a [Route], method: &Method, path: &str) -> Option<&'a Route> {
     routes.iter().find(|r| r.matches(method, path))
 }
 

@@ -1,5 +1,5 @@
-//! `idem serve`: the listeners (served as [`crate::listener`] says), the idempotency
-//! layer around the proxy, the admin router, the sweeper, and graceful shutdown.
+//! `idem serve`: the listeners, the idempotency layer around the proxy, the admin
+//! router, the sweeper, and graceful shutdown.
 //!
 //! Shutdown (SIGTERM or SIGINT) stops accepting, lets open connections finish their
 //! current request, then waits for every execution the layer spawned to finish and
@@ -32,17 +32,16 @@ use tower::util::BoxCloneSyncService;
 use self::front::Front;
 pub use self::layer::idempotency_layer;
 use self::layer::{service, tenant_key};
+pub(crate) use self::reload::Reloader;
 use self::reload::{Generation, Parts};
-pub use self::reload::{ReloadError, Reloaded, Reloader};
 use self::signals::reload_on_sighup;
 pub use self::signals::shutdown_signal;
-pub use crate::access::{AccessLog, DEFAULT_REQUEST_ID_HEADER, MAX_REQUEST_ID_LEN, UpstreamTime};
 use crate::admin::{self, AdminState};
 use crate::budget::AnswerBudget;
 use crate::config::{GatewayConfig, ServeArgs};
+pub use crate::listener::default_max_connections;
 use crate::listener::{
     self, ADMIN_MAX_CONNECTIONS, ConnectionSlot, Connections, Listener, ListenerKind, Tls,
-    default_max_connections,
 };
 use crate::metrics::Metrics;
 use crate::store::{self, OpenError, redact};
@@ -63,7 +62,7 @@ const UNKNOWN_FD_LIMIT_MAX_CONNECTIONS: usize = 1024;
 const ADMIN_CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The body of answers the gateway sends to clients.
-pub type ClientBody = UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type ClientBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// The layer around the proxy, or the proxy alone: its error is a failure to forward,
 /// which the layer answers itself, and the front in pass-through mode.
@@ -110,7 +109,7 @@ pub enum ServeError {
 impl ServeError {
     /// The exit status for it: 2 for a configuration wrong as written (a store URL
     /// that cannot work, TLS files included), 1 for everything else.
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
             ServeError::Store(e) => crate::exit::of_open(e),
             ServeError::Jwt(e) if e.as_written => crate::exit::CONFIG,
@@ -192,14 +191,15 @@ fn proxy_connection_cap(config: &GatewayConfig) -> usize {
 
 impl Gateway {
     /// Opens the store and binds the listeners. A PostgreSQL or Redis store that cannot
-    /// be reached yet does not fail the start: see [`store::open_or_defer`].
+    /// be reached yet does not fail the start: the gateway serves unkeyed traffic and
+    /// answers keyed requests 503 until a background task reaches the store.
     pub async fn bind(config: &GatewayConfig, mode: Mode) -> Result<Gateway, ServeError> {
         let store = store::open_or_defer(&config.store, config.store_options.clone()).await?;
         Gateway::bind_with_store(config, mode, store).await
     }
 
     /// Binds the listeners around an already-open store.
-    pub async fn bind_with_store(
+    pub(crate) async fn bind_with_store(
         config: &GatewayConfig,
         mode: Mode,
         store: Arc<dyn Store>,
@@ -287,7 +287,7 @@ impl Gateway {
     /// resolved from ([`GatewayConfig::layered`] of `cli`, as read at start), which the
     /// first reload is compared with. Without it, SIGHUP reloads the TLS certificates
     /// only and `POST /reload` is refused.
-    pub fn reloadable(mut self, cli: ServeArgs, layered: ServeArgs) -> Gateway {
+    pub(crate) fn reloadable(mut self, cli: ServeArgs, layered: ServeArgs) -> Gateway {
         let first = self.live.load_full();
         self.live.store(Arc::new(first.with_args(layered)));
         self.cli = Some(cli);
@@ -304,11 +304,6 @@ impl Gateway {
     /// The admin listener's bound address.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin.as_ref().and_then(|a| a.local_addr().ok())
-    }
-
-    /// The gateway's metrics.
-    pub fn metrics(&self) -> Arc<Metrics> {
-        self.metrics.clone()
     }
 
     /// Serves until `shutdown` resolves, then shuts down gracefully: stops accepting,

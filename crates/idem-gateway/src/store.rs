@@ -21,7 +21,7 @@
 //! Gateways in front of the same API must share one, or a retry that reaches the other
 //! gateway would execute again.
 //!
-//! [`open_or_defer`] is how `idem serve` opens its store: a PostgreSQL or Redis server
+//! `idem serve` opens its store otherwise than [`open`]: a PostgreSQL or Redis server
 //! that cannot be reached at start does not stop the gateway, which serves unkeyed
 //! traffic and answers keyed requests 503 until a background task reaches the store.
 
@@ -37,7 +37,8 @@ use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
 
-pub use idem_core::{Namespace, OpenError, StoreOptions, redact_url as redact};
+pub(crate) use idem_core::redact_url as redact;
+pub use idem_core::{Namespace, OpenError, StoreOptions};
 
 /// A store being opened, whatever its kind.
 type Opening = Pin<Box<dyn Future<Output = Result<Arc<dyn Store>, OpenError>> + Send>>;
@@ -131,13 +132,13 @@ pub(crate) fn check_scheme(url: &str) -> Result<(), OpenError> {
 
 /// Which store `url` names (`memory`, `sqlite`, `postgres`, `redis`), if any, without
 /// opening it.
-pub fn kind(url: &str) -> Option<&'static str> {
+pub(crate) fn kind(url: &str) -> Option<&'static str> {
     opener(url.trim()).ok().map(|opener| opener.kind)
 }
 
 /// The most file descriptors the store `url` names holds when opened with `options`
 /// (0 when it names none), as its crate counts them.
-pub fn descriptors(url: &str, options: &StoreOptions) -> u64 {
+pub(crate) fn descriptors(url: &str, options: &StoreOptions) -> u64 {
     opener(url.trim()).map_or(0, |opener| (opener.descriptors)(options))
 }
 
@@ -147,7 +148,10 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
 }
 
 /// Opens (and for SQL stores migrates) the store a URL names.
-pub async fn open_with(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>, OpenError> {
+pub(crate) async fn open_with(
+    url: &str,
+    options: StoreOptions,
+) -> Result<Arc<dyn Store>, OpenError> {
     let url = url.trim();
     (opener(url)?.open)(url.to_owned(), options).await
 }
@@ -158,70 +162,6 @@ pub async fn open_with(url: &str, options: StoreOptions) -> Result<Arc<dyn Store
 pub async fn plan(url: &str, options: StoreOptions) -> Result<Option<MigrationPlan>, OpenError> {
     let url = url.trim();
     (opener(url)?.plan)(url.to_owned(), options).await
-}
-
-/// What `idem check-config` finds of the store `url` names, writing nothing (no file,
-/// no table, no migration, no `-wal` left behind): a sentence for its report, or the
-/// exit status and the error. A SQLite file that is not there yet is fine when its
-/// directory is (`serve` creates it); a store without this build's schema is fine
-/// unless `options` say not to migrate.
-pub async fn check(url: &str, options: &StoreOptions) -> Result<String, (u8, OpenError)> {
-    let url = url.trim();
-    let migrates = options.schema == idem_core::Schema::Migrate;
-    if kind(url) == Some("sqlite") {
-        let path = url
-            .split_once("://")
-            .map_or("", |(_, rest)| rest)
-            .split('?')
-            .next()
-            .unwrap_or_default();
-        let path = std::path::Path::new(path);
-        if !path.exists() && migrates {
-            let dir = match path.parent() {
-                Some(dir) if !dir.as_os_str().is_empty() => dir,
-                _ => std::path::Path::new("."),
-            };
-            if !dir.is_dir() {
-                return Err((
-                    2,
-                    OpenError::failed(
-                        "sqlite",
-                        url,
-                        format!("the directory {} does not exist", dir.display()),
-                    ),
-                ));
-            }
-            return Ok("not there yet: serve creates it".to_owned());
-        }
-    }
-    let inspect = StoreOptions {
-        schema: idem_core::Schema::Existing,
-        ..options.clone()
-    };
-    let store = match open_with(url, inspect).await {
-        Ok(store) => store,
-        Err(OpenError::NoSchema { .. }) if migrates => {
-            return Ok("reachable; serve creates its table".to_owned());
-        }
-        Err(e @ OpenError::Failed { .. }) if migrates && e.to_string().contains("idem migrate") => {
-            return Ok("reachable; serve migrates its schema".to_owned());
-        }
-        Err(e) => {
-            // Wrong as written, like the settings; else a failure to reach or use it.
-            let code = if e.is_configuration() { 2 } else { 1 };
-            return Err((code, e));
-        }
-    };
-    let pinged = store.ping().await;
-    store.close().await;
-    match pinged {
-        Ok(()) => Ok("reachable".to_owned()),
-        Err(e) => Err((1, OpenError::unreachable(store_kind(url), url, e))),
-    }
-}
-
-fn store_kind(url: &str) -> &'static str {
-    kind(url).unwrap_or("store")
 }
 
 /// The first pause before the background task tries an unreachable store again; each
@@ -236,7 +176,10 @@ const REOPEN_PAUSE_MAX: Duration = Duration::from_secs(5);
 /// store at once and keeps trying in the background. Every other failure (an
 /// unsupported or invalid URL, a SQLite file that cannot be opened, an invalid
 /// namespace) is returned, since trying again would not change it.
-pub async fn open_or_defer(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>, OpenError> {
+pub(crate) async fn open_or_defer(
+    url: &str,
+    options: StoreOptions,
+) -> Result<Arc<dyn Store>, OpenError> {
     match open_with(url, options.clone()).await {
         Ok(store) => Ok(store),
         Err(e) if e.may_pass() => {
@@ -261,7 +204,7 @@ pub async fn open_or_defer(url: &str, options: StoreOptions) -> Result<Arc<dyn S
 /// again after 250 ms, doubling the pause up to 5 s, and logs each failure. Dropping or
 /// closing the store stops it. Whether it expires records natively is its kind's
 /// answer from the start, so that the gateway decides on a sweeper once.
-pub struct Deferred {
+pub(crate) struct Deferred {
     opened: Arc<OnceLock<Arc<dyn Store>>>,
     opener: tokio::task::AbortHandle,
     expires_natively: bool,

@@ -15,7 +15,7 @@ pub enum TenantSource {
 
 impl TenantSource {
     /// As the setting spells it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TenantSource::Jwt => "jwt",
             TenantSource::Cert => "cert",

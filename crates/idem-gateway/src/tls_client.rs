@@ -11,7 +11,7 @@ use rustls::{ClientConfig, RootCertStore};
 /// The TLS client settings for an `https://` upstream: TLS 1.2 and 1.3 with the ring
 /// provider, trusting the CA certificates in the PEM file `ca` when given, else the
 /// system's roots. ALPN is the connector's to set.
-pub fn tls_client_config(ca: Option<&Path>) -> Result<ClientConfig, String> {
+pub(crate) fn tls_client_config(ca: Option<&Path>) -> Result<ClientConfig, String> {
     let mut roots = RootCertStore::empty();
     match ca {
         Some(path) => {

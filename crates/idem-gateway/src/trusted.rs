@@ -44,7 +44,7 @@ impl TrustedProxies {
     /// Parses a list of networks (`10.0.0.0/8`, `2001:db8::/32`) or single addresses
     /// (`127.0.0.1`, `::1`). A network with host bits set (`10.0.0.1/8`) is refused:
     /// it is far more often a typo than a meant network.
-    pub fn parse<S: AsRef<str>>(list: &[S]) -> Result<TrustedProxies, String> {
+    pub(crate) fn parse<S: AsRef<str>>(list: &[S]) -> Result<TrustedProxies, String> {
         let mut nets = Vec::with_capacity(list.len());
         for item in list {
             let item = item.as_ref().trim();
@@ -76,18 +76,18 @@ impl TrustedProxies {
     }
 
     /// Whether no network is trusted.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.nets.is_empty()
     }
 
     /// The trusted networks, as given (single addresses as `/32` or `/128`).
-    pub fn nets(&self) -> &[IpNet] {
+    pub(crate) fn nets(&self) -> &[IpNet] {
         &self.nets
     }
 
     /// Whether `ip` is in a trusted network. An IPv4 address mapped into IPv6
     /// (`::ffff:10.0.0.1`, as a dual-stack socket reports it) counts as the IPv4 one.
-    pub fn trusts(&self, ip: IpAddr) -> bool {
+    pub(crate) fn trusts(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         self.nets.iter().any(|net| net.contains(&ip))
     }
@@ -95,7 +95,7 @@ impl TrustedProxies {
     /// The client of a request that came from `peer` with `headers`: the peer itself,
     /// or, when the peer is trusted, the address its `X-Forwarded-For` names (see the
     /// module's text). An address comes without its port.
-    pub fn client(&self, peer: SocketAddr, headers: &HeaderMap) -> Client {
+    pub(crate) fn client(&self, peer: SocketAddr, headers: &HeaderMap) -> Client {
         if self.is_empty() || !self.trusts(peer.ip()) {
             return Client::Peer(peer);
         }
@@ -133,7 +133,7 @@ impl TrustedProxies {
 /// The `trusted_headers` setting: header names (any case), each once. `proxies` is the
 /// `trusted_proxies` setting as given: without any, no peer could ever set them, which
 /// is a mistake rather than a rule.
-pub fn parse_trusted_headers<S: AsRef<str>>(
+pub(crate) fn parse_trusted_headers<S: AsRef<str>>(
     list: &[S],
     proxies: &[S],
 ) -> Result<Vec<HeaderName>, String> {
@@ -160,7 +160,7 @@ pub fn parse_trusted_headers<S: AsRef<str>>(
 
 impl TrustedProxies {
     /// Removes `names` from `headers` unless `peer` is trusted; how many fields went.
-    pub fn strip_untrusted(
+    pub(crate) fn strip_untrusted(
         &self,
         peer: SocketAddr,
         headers: &mut HeaderMap,
@@ -181,7 +181,7 @@ impl TrustedProxies {
 
 /// Who a request's client is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Client {
+pub(crate) enum Client {
     /// The connection's peer, with its port.
     Peer(SocketAddr),
     /// The address a trusted proxy forwarded for (or the identifier it used).

@@ -6,14 +6,14 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{SharedClock, Store, SystemClock};
+use idem_core::{SetupError, SharedClock, SystemClock};
 use sqlx::pool::PoolConnectionMetadata;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::batch::{BatchConfig, Batcher, DEFAULT_MAX_BATCH};
 use crate::durability::durability_risk;
-use crate::error::Error;
+use crate::error::{KIND, setup_error};
 use crate::listen;
 use crate::schema::{self, DEFAULT_TABLE};
 use crate::statements::Statements;
@@ -145,25 +145,28 @@ impl PgStoreBuilder {
     }
 
     /// Connects to `url` (`postgres://user@host:port/db`), builds a pool and runs the
-    /// migration (or, when that is turned off, checks that the server answers), then
-    /// reads the server's durability settings ([`PgStore::durability_risk`]). An
-    /// unreachable server is [`Error::Store`]`(`[`StoreError::Unavailable`](idem_core::StoreError::Unavailable)`)`.
-    pub async fn connect(self, url: &str) -> Result<PgStore, Error> {
-        let pool = self.pool_options().connect_lazy_with(parse_url(url)?);
-        let check = !self.migrate;
-        let mut store = self.from_pool(pool).await?;
-        if check {
-            store.ping().await?;
-            store.durability = durability_risk(&store.pool).await.map(Arc::new);
-            store.listening(LISTEN_WITHIN).await;
+    /// migration (unless it is turned off), then reads the server's durability settings
+    /// ([`PgStore::durability_risk`]). One connection is made first, so that a server
+    /// that is not there ([`SetupError::Unreachable`], naming the cause) is told from
+    /// one that refuses the store ([`SetupError::Refused`]: its role, its database, its
+    /// TLS handshake); a URL whose TLS files cannot work is [`SetupError::Invalid`],
+    /// naming the parameter, before anything is tried.
+    pub async fn connect(self, url: &str) -> Result<PgStore, SetupError> {
+        let migrate = self.migrate;
+        let mut store = self.connect_lazy(url)?;
+        store.reach().await?;
+        if migrate {
+            store.migrate().await?;
         }
+        store.durability = durability_risk(&store.pool).await.map(Arc::new);
+        store.listening(LISTEN_WITHIN).await;
         Ok(store)
     }
 
     /// Like [`connect`](Self::connect) but touches neither the server nor the schema:
     /// the first operation connects. For processes that must start while the database
     /// is down; operations fail with [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) until it is up.
-    pub fn connect_lazy(self, url: &str) -> Result<PgStore, Error> {
+    pub fn connect_lazy(self, url: &str) -> Result<PgStore, SetupError> {
         let pool = self.pool_options().connect_lazy_with(parse_url(url)?);
         self.build(pool)
     }
@@ -172,7 +175,7 @@ impl PgStoreBuilder {
     /// turned off, runs the migration and reads the server's durability settings
     /// ([`PgStore::durability_risk`]); with the migration off, nothing is sent to the
     /// server yet.
-    pub async fn from_pool(self, pool: PgPool) -> Result<PgStore, Error> {
+    pub async fn from_pool(self, pool: PgPool) -> Result<PgStore, SetupError> {
         let run = self.migrate;
         let mut store = self.build(pool)?;
         if run {
@@ -194,7 +197,7 @@ impl PgStoreBuilder {
             .before_acquire(ping_if_idle)
     }
 
-    fn build(self, pool: PgPool) -> Result<PgStore, Error> {
+    fn build(self, pool: PgPool) -> Result<PgStore, SetupError> {
         let table = schema::table_name(&self.table)?;
         let in_flight = self.batches_in_flight.unwrap_or_else(|| {
             usize::try_from(pool.options().get_max_connections() / 2).unwrap_or(1)
@@ -245,13 +248,34 @@ fn ping_if_idle(
 
 /// The driver's options for `url`, with its TLS settings checked and its files read
 /// ([`crate::tls`]).
-fn parse_url(url: &str) -> Result<PgConnectOptions, Error> {
-    tls::check_mode(url)?;
-    let options = PgConnectOptions::from_str(url).map_err(Error::Config)?;
-    tls::apply(url, options)
+fn parse_url(url: &str) -> Result<PgConnectOptions, SetupError> {
+    let invalid = |why| SetupError::invalid(KIND, why);
+    tls::check_mode(url).map_err(invalid)?;
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|e| invalid(format!("the driver cannot read the URL: {e}")))?;
+    tls::apply(url, options).map_err(invalid)
 }
 
 impl PgStore {
+    /// Makes one connection of its own, and closes it: from the pool, a server that is
+    /// not there is only "pool timed out", which hides the cause ("connection refused",
+    /// a name that does not resolve). Nothing is read or written.
+    pub(crate) async fn reach(&self) -> Result<(), SetupError> {
+        let options = self.pool.connect_options();
+        let within = self.pool.options().get_acquire_timeout();
+        match tokio::time::timeout(within, PgConnection::connect_with(&options)).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(setup_error(&self.pool, e)),
+            Err(_) => Err(SetupError::unreachable(
+                KIND,
+                format!("no connection within {} s", within.as_secs_f64()),
+            )),
+        }
+    }
+
     /// Default settings, to adjust before [connecting](PgStoreBuilder::connect).
     pub fn builder() -> PgStoreBuilder {
         PgStoreBuilder::default()
@@ -264,12 +288,12 @@ impl PgStore {
     }
 
     /// Connects with default settings and runs the migration.
-    pub async fn connect(url: &str) -> Result<PgStore, Error> {
+    pub async fn connect(url: &str) -> Result<PgStore, SetupError> {
         PgStore::builder().connect(url).await
     }
 
     /// Uses `pool` with default settings and runs the migration.
-    pub async fn from_pool(pool: PgPool) -> Result<PgStore, Error> {
+    pub async fn from_pool(pool: PgPool) -> Result<PgStore, SetupError> {
         PgStore::builder().from_pool(pool).await
     }
 }
@@ -292,19 +316,89 @@ mod tests {
             .table("orders; DROP TABLE x")
             .connect_lazy(url)
         {
-            Err(Error::InvalidTableName { name, .. }) => {
+            Err(SetupError::Namespace {
+                kind: "postgres",
+                name,
+                ..
+            }) => {
                 assert_eq!(name, "orders; DROP TABLE x");
             }
-            other => panic!("expected InvalidTableName, got {other:?}"),
+            other => panic!("expected Namespace, got {other:?}"),
         }
         match PgStore::builder().connect_lazy("postgres://host:notaport/db") {
-            Err(Error::Config(_)) => {}
-            other => panic!("expected Config, got {other:?}"),
+            Err(SetupError::Invalid {
+                kind: "postgres",
+                reason,
+            }) => assert!(
+                reason.starts_with("the driver cannot read the URL"),
+                "{reason}"
+            ),
+            other => panic!("expected Invalid, got {other:?}"),
         }
         let store = PgStore::builder()
             .table("idem_records_custom")
             .connect_lazy(url)
             .expect("a valid name and URL need no server");
         assert_eq!(store.table(), "idem_records_custom");
+    }
+
+    #[test]
+    fn the_modes_are_libpqs_and_allow_is_refused() {
+        for mode in ["disable", "prefer", "require", "verify-ca", "verify-full"] {
+            let url = format!("postgres://127.0.0.1/test?sslmode={mode}");
+            let options = parse_url(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(tls::mode_name(options.get_ssl_mode()), mode);
+        }
+        let e = parse_url("postgres://127.0.0.1/test?sslmode=verify_full").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("sslmode=verify_full: not a mode; use disable"),
+            "{e}"
+        );
+        let e = parse_url("postgres://127.0.0.1/test?ssl-mode=allow").unwrap_err();
+        assert!(
+            e.to_string().contains("ssl-mode=allow is not supported"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_names_its_parameter() {
+        for (url, says) in [
+            (
+                "postgres://127.0.0.1/test?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+                "sslrootcert=/nonexistent/ca.pem: cannot read the file",
+            ),
+            (
+                "postgres://127.0.0.1/test?sslmode=verify-full&ssl-ca=%2Fnonexistent%2Fa%20b.pem",
+                "ssl-ca=/nonexistent/a b.pem: cannot read",
+            ),
+            (
+                "postgres://127.0.0.1/test?sslmode=require&sslcert=/nonexistent/c.pem",
+                "sslcert needs sslkey",
+            ),
+            (
+                "postgres://127.0.0.1/test?sslkey=/nonexistent/k.pem",
+                "sslkey needs sslcert",
+            ),
+            (
+                "postgres://127.0.0.1/test?sslcert=/nonexistent/c.pem&sslkey=/nonexistent/k.pem",
+                "sslcert=/nonexistent/c.pem: cannot read",
+            ),
+        ] {
+            let e = parse_url(url).unwrap_err();
+            // A TLS setting's refusal, not the driver's of the URL.
+            assert!(
+                matches!(
+                    &e,
+                    SetupError::Invalid {
+                        kind: "postgres",
+                        reason,
+                    } if !reason.starts_with("the driver cannot read the URL")
+                ),
+                "{url}: {e:?}"
+            );
+            assert!(e.to_string().contains(says), "{url}: {e}");
+        }
     }
 }

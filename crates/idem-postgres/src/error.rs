@@ -1,36 +1,40 @@
-//! Errors: what `PgStore`'s constructors return, and how sqlx errors become
-//! [`StoreError`]s.
+//! How PostgreSQL's failures become idem's errors: [`SetupError`] while the store is
+//! set up (built, connected, migrated), [`StoreError`] once it serves.
 
-use idem_core::StoreError;
+use idem_core::open::tls::handshake_failure;
+use idem_core::{SetupError, StoreError};
+use sqlx::PgPool;
 
-/// What building a [`PgStore`](crate::PgStore) can fail with.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// The table name is not one the store can use ([`schema::table_name`](crate::schema::table_name)).
-    #[error("invalid table name: {reason}")]
-    InvalidTableName {
-        /// The name as given.
-        name: String,
-        /// What is wrong with it.
-        #[source]
-        reason: idem_core::NamespaceError,
-    },
-    /// The connection URL or options were rejected before any connection was tried.
-    #[error("invalid PostgreSQL connection options: {0}")]
-    Config(#[source] sqlx::Error),
-    /// The URL's TLS settings cannot work: an unknown `sslmode`, a CA, certificate or
-    /// key file that is missing or is not what its parameter says. The message names
-    /// the parameter.
-    #[error("invalid PostgreSQL TLS settings: {0}")]
-    Tls(String),
-    /// The server could not be reached, or the migration failed on it.
-    #[error(transparent)]
-    Store(#[from] StoreError),
+use crate::tls;
+
+/// The store's kind, in errors and as [`OpenStore::KIND`](idem_core::OpenStore::KIND).
+pub(crate) const KIND: &str = "postgres";
+
+/// Maps a sqlx error met while setting the store up on `pool`: options the driver
+/// refused are settings that cannot work; an error the server answered with, or a TLS
+/// handshake that failed (a server that offers no TLS, a certificate that does not
+/// verify under the URL's `sslmode`), a refusal, which may be put right on the server;
+/// a row that does not decode, a failure; anything else (I/O, a timeout, a closed
+/// pool), a server that could not be reached.
+pub(crate) fn setup_error(pool: &PgPool, e: sqlx::Error) -> SetupError {
+    let tls_refused = |failure: &(dyn std::error::Error + 'static)| {
+        let mode = tls::mode_name(pool.connect_options().get_ssl_mode());
+        let why =
+            handshake_failure(failure).map_or_else(|| failure.to_string(), ToString::to_string);
+        SetupError::refused(KIND, format!("TLS (sslmode={mode}) failed: {why}"))
+    };
+    match e {
+        sqlx::Error::Configuration(_) => SetupError::invalid(KIND, e.to_string()),
+        sqlx::Error::Database(_) => SetupError::refused(KIND, ServerError(e)),
+        sqlx::Error::Tls(e) => tls_refused(&*e),
+        sqlx::Error::Io(e) if handshake_failure(&e).is_some() => tls_refused(&e),
+        sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnIndexOutOfBounds { .. } => SetupError::failed(KIND, e),
+        other => SetupError::unreachable(KIND, other),
+    }
 }
-
-/// `Result` with this crate's [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Maps a sqlx error to the store's error: a row that does not decode is
 /// [`StoreError::Corrupt`]; everything else (I/O, pool timeouts, a closed pool, protocol

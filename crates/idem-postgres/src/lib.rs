@@ -37,8 +37,22 @@
 //! `sslmode=disable|prefer|require|verify-ca|verify-full` (default `prefer`),
 //! `sslrootcert=FILE`, and `sslcert=FILE` with `sslkey=FILE` for a client certificate.
 //! The files are read and checked when the store is built; one that cannot work is
-//! [`Error::Tls`], naming its parameter. `require` with a CA verifies the chain, as in
-//! libpq, and `allow` is refused.
+//! [`SetupError::Invalid`], naming its parameter. `require` with a CA verifies the chain,
+//! as in libpq, and `allow` is refused.
+//!
+//! # Errors
+//!
+//! Setting the store up ([`PgStore::connect`], the [`PgStoreBuilder`]'s methods,
+//! [`PgStore::migrate`] and the [`schema`] functions) fails with [`SetupError`], the one
+//! type every idem store's builder returns: a URL or TLS file that cannot work is
+//! [`SetupError::Invalid`] and a table name that does not fit [`SetupError::Namespace`],
+//! both before anything is tried; a server that is not there is
+//! [`SetupError::Unreachable`], naming the cause, and one that answers and refuses (the
+//! role, the database, the TLS handshake, the migration's statements)
+//! [`SetupError::Refused`], with PostgreSQL's message and SQLSTATE; both may pass with
+//! time. A table migrated by a newer build is [`SetupError::SchemaVersion`]. Once built,
+//! every operation speaks [`StoreError`](idem_core::StoreError), and a [`SetupError`]
+//! converts to one for callers that speak it throughout.
 //!
 //! # Examples
 //!
@@ -93,7 +107,9 @@ pub use batch::{BatchStats, DEFAULT_MAX_BATCH};
 pub use builder::PgStoreOptions;
 pub use builder::{DEFAULT_MAX_CONNECTIONS, PgStoreBuilder};
 pub use durability::DurabilityRisk;
-pub use error::{Error, Result};
+/// What the builder, constructors and [`schema`] functions fail with: one type for
+/// every store.
+pub use idem_core::SetupError;
 pub use schema::DEFAULT_TABLE;
 pub use store::PgStore;
 

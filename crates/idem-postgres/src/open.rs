@@ -3,15 +3,12 @@
 use std::sync::Arc;
 
 use idem_core::open::refuse_unknown_parameters;
-use idem_core::open::tls::handshake_failure;
 use idem_core::{MigrationPlan, OpenError, OpenStore, StoreOptions};
-use sqlx::{Connection, PgConnection};
 
+use crate::PgStore;
 use crate::builder::DEFAULT_MAX_CONNECTIONS;
 use crate::durability::durability_risk;
-use crate::error::ServerError;
-use crate::tls;
-use crate::{Error, PgStore};
+use crate::schema;
 
 /// The query parameters a PostgreSQL URL may carry: those the driver reads. It skips
 /// any other with no more than a log line, so a misspelt `sslmode` would connect
@@ -38,18 +35,6 @@ const PARAMETERS: &[&str] = &[
     "options[…]",
 ];
 
-/// A TLS handshake that failed: the server offers no TLS, or its certificate does not
-/// verify under the URL's `sslmode`.
-fn tls_refused(store: &PgStore, url: &str, e: &(dyn std::error::Error + 'static)) -> OpenError {
-    let mode = tls::mode_name(store.pool().connect_options().get_ssl_mode());
-    let why = handshake_failure(e).map_or_else(|| e.to_string(), ToString::to_string);
-    OpenError::refused(
-        PgStore::KIND,
-        url,
-        format!("TLS (sslmode={mode}) failed: {why}"),
-    )
-}
-
 /// The store `url` names, with one connection made first, so that a server that is
 /// not there is told apart from one that answers and refuses; nothing is read or
 /// written yet.
@@ -64,44 +49,13 @@ async fn connect(url: &str, options: &StoreOptions) -> Result<PgStore, OpenError
     if let Some(table) = options.sql_table(kind)? {
         builder = builder.table(table.as_str());
     }
-    let store = builder.connect_lazy(url).map_err(|e| match e {
-        Error::InvalidTableName { reason, .. } => OpenError::Namespace {
-            kind,
-            source: reason,
-        },
-        other => OpenError::invalid_url(kind, url, other.to_string()),
-    })?;
-    // A connection of its own rather than one from the pool: the pool's error for a
-    // server that is not there is "pool timed out", which hides the cause
-    // ("connection refused", a name that does not resolve).
-    let connect_options = store.pool().connect_options();
-    let within = store.pool().options().get_acquire_timeout();
-    let first = tokio::time::timeout(within, PgConnection::connect_with(&connect_options)).await;
-    match first {
-        Ok(Ok(conn)) => {
-            let _ = conn.close().await;
-        }
-        Ok(Err(e)) => {
-            return Err(match e {
-                sqlx::Error::Database(_) => OpenError::refused(kind, url, ServerError(e)),
-                // A server that offers no TLS, or whose certificate does not verify, was
-                // reached: like a wrong password, it may be put right on the server.
-                sqlx::Error::Tls(e) => tls_refused(&store, url, &*e),
-                sqlx::Error::Io(e) if handshake_failure(&e).is_some() => {
-                    tls_refused(&store, url, &e)
-                }
-                sqlx::Error::Configuration(_) => OpenError::invalid_url(kind, url, e.to_string()),
-                other => OpenError::unreachable(kind, url, other),
-            });
-        }
-        Err(_) => {
-            return Err(OpenError::unreachable(
-                kind,
-                url,
-                format!("no connection within {} s", within.as_secs_f64()),
-            ));
-        }
-    }
+    let store = builder
+        .connect_lazy(url)
+        .map_err(|e| OpenError::setup(url, options, e))?;
+    store
+        .reach()
+        .await
+        .map_err(|e| OpenError::setup(url, options, e))?;
     Ok(store)
 }
 
@@ -110,7 +64,7 @@ async fn connect(url: &str, options: &StoreOptions) -> Result<PgStore, OpenError
 /// connects, migrates its table and reads the server's durability settings before it
 /// is handed out.
 impl OpenStore for PgStore {
-    const KIND: &'static str = "postgres";
+    const KIND: &'static str = crate::error::KIND;
     const SCHEMES: &'static [&'static str] = &["postgres", "postgresql"];
 
     /// One per pooled connection.
@@ -119,65 +73,32 @@ impl OpenStore for PgStore {
     }
 
     async fn open(url: &str, options: &StoreOptions) -> Result<PgStore, OpenError> {
-        let kind = Self::KIND;
         let mut store = connect(url, options).await?;
-        if options.schema == idem_core::Schema::Migrate {
-            store
-                .migrate()
-                .await
-                .map_err(|e| OpenError::refused(kind, url, e))?;
-        } else {
-            let table = store.table().to_owned();
-            let found = crate::schema::applied_version(store.pool(), &table)
-                .await
-                .map_err(|e| OpenError::refused(kind, url, e))?;
-            let supported = crate::schema::SCHEMA_VERSION;
-            match found {
-                None => {
-                    let namespace = options
-                        .namespace
-                        .as_ref()
-                        .map_or(idem_core::DEFAULT_NAMESPACE, |n| n.as_str());
-                    let missing = format!("this database has no table {table}");
-                    store.pool().close().await;
-                    return Err(OpenError::never_opened(kind, url, namespace, missing, true));
-                }
-                Some(v) if v != supported => {
-                    return Err(OpenError::failed(
-                        kind,
-                        url,
-                        format!(
-                            "table {table} has schema version {v}; this build needs \
-                             {supported}: run `idem migrate`{}",
-                            if v > supported {
-                                " with a build that knows it"
-                            } else {
-                                ""
-                            }
-                        ),
-                    ));
-                }
-                Some(_) => {}
-            }
+        let ready = match options.schema {
+            idem_core::Schema::Migrate => store.migrate().await,
+            idem_core::Schema::Existing => schema::check(store.pool(), store.table()).await,
+        };
+        if let Err(e) = ready {
+            store.pool().close().await;
+            return Err(OpenError::setup(url, options, e));
         }
         store.durability = durability_risk(store.pool()).await.map(Arc::new);
         Ok(store)
     }
 
     async fn plan(url: &str, options: &StoreOptions) -> Result<Option<MigrationPlan>, OpenError> {
-        let kind = Self::KIND;
         let store = connect(url, options).await?;
         let table = store.table().to_owned();
-        let found = crate::schema::applied_version(store.pool(), &table).await;
+        let found = schema::applied_version(store.pool(), &table).await;
         store.pool().close().await;
-        let found = found.map_err(|e| OpenError::refused(kind, url, e))?;
-        let statements = crate::schema::migration_statements(&table, found.unwrap_or(0))
-            .map_err(|e| OpenError::failed(kind, url, e))?;
+        let found = found.map_err(|e| OpenError::setup(url, options, e))?;
+        let statements = schema::migration_statements(&table, found.unwrap_or(0))
+            .map_err(|e| OpenError::setup(url, options, e))?;
         let version = |v: i32| u32::try_from(v).unwrap_or(0);
         Ok(Some(MigrationPlan {
             table,
             from: found.map(version),
-            to: version(crate::schema::SCHEMA_VERSION),
+            to: version(schema::SCHEMA_VERSION),
             statements,
         }))
     }

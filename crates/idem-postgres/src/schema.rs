@@ -26,11 +26,11 @@
 //! column, unless it records an ambiguity reason) can usually update its row in place
 //! on the same page (a HOT update), without touching any index.
 
-use idem_core::{Namespace, StoreError};
+use idem_core::{Namespace, SetupError};
 use idem_sql::{MigrationLock, SqlDatabase};
 use sqlx::{AssertSqlSafe, Executor, PgPool, Postgres};
 
-use crate::error::{Error, store_error};
+use crate::error::{KIND, setup_error};
 
 /// The table records live in unless configured otherwise.
 pub const DEFAULT_TABLE: &str = "idem_records";
@@ -45,10 +45,11 @@ pub const MAX_TABLE_SUFFIX: &str = "_expires";
 /// [`Namespace`] rule admits it and, with [`MAX_TABLE_SUFFIX`], the names derived
 /// from it: at most 55 bytes. The name is spliced into SQL text, so nothing else is
 /// accepted.
-pub fn table_name(name: &str) -> Result<Namespace, Error> {
-    let refused = |reason| Error::InvalidTableName {
+pub fn table_name(name: &str) -> Result<Namespace, SetupError> {
+    let refused = |source| SetupError::Namespace {
+        kind: KIND,
         name: name.to_owned(),
-        reason,
+        source,
     };
     let table = Namespace::new(&name.to_ascii_lowercase()).map_err(refused)?;
     table.suffixed(MAX_TABLE_SUFFIX).map_err(refused)?;
@@ -259,13 +260,13 @@ pub fn meta_table(table: &str) -> String {
 /// The schema version `table` was migrated to, reading only: `None` when no
 /// migration of it was ever recorded here (no `idem_schema_migrations` table, or no row
 /// for it), which is what a mistyped namespace or database finds.
-pub async fn applied_version(pool: &PgPool, table: &str) -> Result<Option<i32>, Error> {
+pub async fn applied_version(pool: &PgPool, table: &str) -> Result<Option<i32>, SetupError> {
     let table = table_name(table)?;
     let exists: bool =
         sqlx::query_scalar("SELECT to_regclass('idem_schema_migrations') IS NOT NULL")
             .fetch_one(pool)
             .await
-            .map_err(|e| Error::Store(store_error(e)))?;
+            .map_err(|e| setup_error(pool, e))?;
     if !exists {
         return Ok(None);
     }
@@ -273,7 +274,31 @@ pub async fn applied_version(pool: &PgPool, table: &str) -> Result<Option<i32>, 
         .bind(table.as_str())
         .fetch_one(pool)
         .await
-        .map_err(|e| Error::Store(store_error(e)))
+        .map_err(|e| setup_error(pool, e))
+}
+
+/// Checks, writing nothing, that `table` is at [`SCHEMA_VERSION`]: none recorded is
+/// [`SetupError::NoSchema`], another one [`SetupError::SchemaVersion`].
+pub async fn check(pool: &PgPool, table: &str) -> Result<(), SetupError> {
+    match applied_version(pool, table).await? {
+        None => Err(SetupError::NoSchema {
+            kind: KIND,
+            missing: format!("this database has no table {table}"),
+            migrate: true,
+        }),
+        Some(found) if found != SCHEMA_VERSION => Err(version_error(table, found)),
+        Some(_) => Ok(()),
+    }
+}
+
+/// `table` at schema version `found`, which is not this build's.
+fn version_error(table: &str, found: i32) -> SetupError {
+    SetupError::SchemaVersion {
+        kind: KIND,
+        at: format!("table {table}"),
+        found: found.into(),
+        supported: SCHEMA_VERSION.into(),
+    }
 }
 
 /// The SQL [`migrate`] runs to bring `table` from schema version `from` (0: no table
@@ -281,7 +306,7 @@ pub async fn applied_version(pool: &PgPool, table: &str) -> Result<Option<i32>, 
 /// (`idem migrate --dry-run`): the lock, the bookkeeping table, each step's
 /// statements and the row recording it, with values inlined. Empty when `from` is
 /// current or newer.
-pub fn migration_statements(table: &str, from: i32) -> Result<Vec<String>, Error> {
+pub fn migration_statements(table: &str, from: i32) -> Result<Vec<String>, SetupError> {
     let table = table_name(table)?;
     let table = table.as_str();
     let steps: Vec<&Migration> = MIGRATIONS.iter().filter(|m| m.version > from).collect();
@@ -316,37 +341,33 @@ const MIGRATIONS_DDL: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations 
 /// Brings `table` up to [`SCHEMA_VERSION`], running each missing step in one
 /// transaction under a cluster-wide advisory lock. Safe to call from many instances at
 /// once and on every start.
-pub async fn migrate(pool: &PgPool, table: &str) -> Result<(), Error> {
+pub async fn migrate(pool: &PgPool, table: &str) -> Result<(), SetupError> {
     let table = table_name(table)?;
     let table = table.as_str();
-    let mut tx = pool.begin().await.map_err(store_error)?;
+    let failed = |e| setup_error(pool, e);
+    let mut tx = pool.begin().await.map_err(failed)?;
     // `CREATE … IF NOT EXISTS` of what is there says so in a notice, which the driver
     // would log at every start.
     tx.execute("SET LOCAL client_min_messages TO warning")
         .await
-        .map_err(store_error)?;
+        .map_err(failed)?;
     Postgres::lock_migrations(&mut tx, MigrationLock::Numbered(MIGRATION_LOCK))
         .await
-        .map_err(store_error)?;
-    tx.execute(MIGRATIONS_DDL).await.map_err(store_error)?;
+        .map_err(failed)?;
+    tx.execute(MIGRATIONS_DDL).await.map_err(failed)?;
     let applied: Option<i32> =
         sqlx::query_scalar("SELECT max(version) FROM idem_schema_migrations WHERE table_name = $1")
             .bind(table)
             .fetch_one(&mut *tx)
             .await
-            .map_err(store_error)?;
+            .map_err(failed)?;
     let applied = applied.unwrap_or(0);
     if applied > SCHEMA_VERSION {
-        return Err(Error::Store(StoreError::Corrupt(format!(
-            "table {table} is at schema version {applied}, newer than this build's \
-             {SCHEMA_VERSION}"
-        ))));
+        return Err(version_error(table, applied));
     }
     for m in MIGRATIONS.iter().filter(|m| m.version > applied) {
         for statement in (m.statements)(table) {
-            tx.execute(AssertSqlSafe(statement))
-                .await
-                .map_err(store_error)?;
+            tx.execute(AssertSqlSafe(statement)).await.map_err(failed)?;
         }
         sqlx::query(
             "INSERT INTO idem_schema_migrations (table_name, version, description) \
@@ -357,65 +378,66 @@ pub async fn migrate(pool: &PgPool, table: &str) -> Result<(), Error> {
         .bind(m.description)
         .execute(&mut *tx)
         .await
-        .map_err(store_error)?;
+        .map_err(failed)?;
         tracing::info!(
             table,
             version = m.version,
             "applied idempotency schema migration"
         );
     }
-    tx.commit().await.map_err(store_error)?;
+    tx.commit().await.map_err(failed)?;
     Ok(())
 }
 
 /// Drops `table` and forgets its migrations: for tests and for an operator retiring a
 /// table. Every record in it is lost.
-pub async fn drop_table(pool: &PgPool, table: &str) -> Result<(), Error> {
+pub async fn drop_table(pool: &PgPool, table: &str) -> Result<(), SetupError> {
     let table = table_name(table)?;
     let table = table.as_str();
-    let mut tx = pool.begin().await.map_err(store_error)?;
+    let failed = |e| setup_error(pool, e);
+    let mut tx = pool.begin().await.map_err(failed)?;
     // `CREATE … IF NOT EXISTS` of what is there says so in a notice, which the driver
     // would log at every start.
     tx.execute("SET LOCAL client_min_messages TO warning")
         .await
-        .map_err(store_error)?;
+        .map_err(failed)?;
     Postgres::lock_migrations(&mut tx, MigrationLock::Numbered(MIGRATION_LOCK))
         .await
-        .map_err(store_error)?;
+        .map_err(failed)?;
     tx.execute(AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
         .await
-        .map_err(store_error)?;
+        .map_err(failed)?;
     tx.execute(AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {}",
         meta_table(table)
     )))
     .await
-    .map_err(store_error)?;
+    .map_err(failed)?;
     tx.execute(AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {}",
         rate_table(table)
     )))
     .await
-    .map_err(store_error)?;
+    .map_err(failed)?;
     tx.execute(AssertSqlSafe(format!(
         "DROP FUNCTION IF EXISTS {}()",
         notify_function(table)
     )))
     .await
-    .map_err(store_error)?;
+    .map_err(failed)?;
     let tracked: Option<String> =
         sqlx::query_scalar("SELECT to_regclass('idem_schema_migrations')::text")
             .fetch_one(&mut *tx)
             .await
-            .map_err(store_error)?;
+            .map_err(failed)?;
     if tracked.is_some() {
         sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = $1")
             .bind(table)
             .execute(&mut *tx)
             .await
-            .map_err(store_error)?;
+            .map_err(failed)?;
     }
-    tx.commit().await.map_err(store_error)?;
+    tx.commit().await.map_err(failed)?;
     Ok(())
 }
 
@@ -443,7 +465,13 @@ mod tests {
             long.as_str(),
         ] {
             assert!(
-                matches!(table_name(bad), Err(Error::InvalidTableName { .. })),
+                matches!(
+                    table_name(bad),
+                    Err(SetupError::Namespace {
+                        kind: "postgres",
+                        ..
+                    })
+                ),
                 "{bad:?} must be rejected"
             );
         }

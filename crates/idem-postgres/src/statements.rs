@@ -305,7 +305,7 @@ mod tests {
     use idem_test_support::{service_unavailable, service_url};
     use sqlx::AssertSqlSafe;
 
-    use crate::{Error, PgStore, schema};
+    use crate::{PgStore, SetupError, schema};
 
     use super::*;
 
@@ -321,7 +321,7 @@ mod tests {
         let table = format!("idem_records_{}", unique_namespace("plans"));
         let store = match PgStore::builder().table(&table).connect(&url).await {
             Ok(s) => s,
-            Err(Error::Store(StoreError::Unavailable(e))) => {
+            Err(e @ SetupError::Unreachable { .. }) => {
                 return service_unavailable("PostgreSQL", &url, &e).unwrap_or(());
             }
             Err(e) => panic!("{e}"),

@@ -8,13 +8,14 @@ use async_trait::async_trait;
 use idem_core::codec::encode_response_headers;
 use idem_core::{
     Ambiguity, ChangeFeed, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Scope,
-    SharedClock, Store, StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig, Watch,
+    SetupError, SharedClock, Store, StoreError, StoreMetric, StoredResponse, Sweeper,
+    SweeperConfig, Watch,
 };
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
 use crate::batch::{BatchStats, Batcher, CompleteOp, Op, ReleaseOp};
 use crate::durability::DurabilityRisk;
-use crate::error::{Error, fenced_unless_one, store_error};
+use crate::error::{fenced_unless_one, store_error};
 use crate::handoff::Handoff;
 use crate::schema;
 use crate::statements::{Statements, record_from_row};
@@ -91,8 +92,9 @@ impl PgStore {
         }
     }
 
-    /// Runs the embedded migration for this store's table (idempotent).
-    pub async fn migrate(&self) -> Result<(), Error> {
+    /// Runs the embedded migration for this store's table (idempotent). A table of a
+    /// newer build's schema is [`SetupError::SchemaVersion`], and left as it is.
+    pub async fn migrate(&self) -> Result<(), SetupError> {
         schema::migrate(&self.pool, &self.sql.table).await
     }
 

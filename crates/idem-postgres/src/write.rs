@@ -384,7 +384,7 @@ mod tests {
     use idem_core::testing::unique_namespace;
     use idem_test_support::{service_unavailable, service_url};
 
-    use crate::{Error, schema};
+    use crate::{SetupError, schema};
 
     /// The release of a reservation whose reply was lost deletes a first attempt, and
     /// never a takeover's record: that one lapses, so the next attempt still runs as a
@@ -404,7 +404,7 @@ mod tests {
             .await
         {
             Ok(s) => s,
-            Err(Error::Store(StoreError::Unavailable(e))) => {
+            Err(e @ SetupError::Unreachable { .. }) => {
                 return service_unavailable("PostgreSQL", &url, &e).unwrap_or(());
             }
             Err(e) => panic!("{e}"),

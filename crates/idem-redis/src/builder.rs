@@ -3,16 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Result, SharedClock, SystemClock, duration_millis};
+use idem_core::{SetupError, SharedClock, SystemClock, duration_millis};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 
 use crate::subscribe::{self, Subscriber};
-use redis::{Client, ErrorKind, RedisError, RedisResult};
+use redis::{Client, ErrorKind, RedisError};
 
 use crate::cluster::Cluster;
 use crate::conn::Conn;
-use crate::error::from_redis;
+use crate::error::{KIND, connect_error, setup_error};
 use crate::eviction::eviction_risk;
 use crate::store::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, RedisStore};
 use crate::target::{Replication, Target};
@@ -76,24 +76,21 @@ impl RedisStoreBuilder {
     /// `redis+cluster://[user:password@]host:port[?seeds=host:port,…]` for a Redis
     /// Cluster, `rediss://…` and `rediss+cluster://…` for either over TLS (`cacert`,
     /// `cert`, `key`, `insecure=true`; the crate docs say more); all take `wait=N` and
-    /// `wait_timeout=DURATION` ([`wait`](RedisStoreBuilder::wait)). Fails with
-    /// [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) when the URL is
-    /// invalid or the server cannot be reached.
-    pub async fn connect(self, url: &str) -> Result<RedisStore> {
-        self.connect_or_redis_error(url).await.map_err(from_redis)
-    }
-
-    /// [`connect`](Self::connect), with Redis's own error for a caller that tells the
-    /// failures apart. Connecting writes the namespace's marker where it is missing,
-    /// unless [`mark`](Self::mark) is off, and refuses a namespace a later build marked.
-    pub(crate) async fn connect_or_redis_error(self, url: &str) -> RedisResult<RedisStore> {
-        let target = Target::parse(url).map_err(|why| {
-            RedisError::from((ErrorKind::InvalidClientConfig, "invalid URL", why))
-        })?;
+    /// `wait_timeout=DURATION` ([`wait`](RedisStoreBuilder::wait)). Connecting writes
+    /// the namespace's marker where it is missing ([`RedisStore::marker_key`]).
+    ///
+    /// A URL or TLS file that cannot work is [`SetupError::Invalid`], naming the
+    /// parameter, before anything is tried; a server that cannot be reached is
+    /// [`SetupError::Unreachable`], and one that answers and refuses (a password, a
+    /// TLS handshake) [`SetupError::Refused`]; a namespace a later build marked is
+    /// [`SetupError::SchemaVersion`], and is left as it is.
+    pub async fn connect(self, url: &str) -> Result<RedisStore, SetupError> {
+        let target = Target::parse(url).map_err(|why| SetupError::invalid(KIND, why))?;
+        let tls = target.tls.is_some();
         let certificates = match &target.tls {
-            Some(tls) => tls.certificates().map_err(|why| {
-                RedisError::from((ErrorKind::InvalidClientConfig, "invalid TLS settings", why))
-            })?,
+            Some(tls) => tls
+                .certificates()
+                .map_err(|why| SetupError::invalid(KIND, why))?,
             None => None,
         };
         let replication = self.replication.unwrap_or(target.replication);
@@ -113,22 +110,23 @@ impl RedisStoreBuilder {
                 .retries(3)
                 .min_retry_wait(50)
                 .max_retry_wait(250)
-                .build()?;
+                .build()
+                .map_err(setup_error)?;
             match client.get_async_connection().await {
                 // Made afresh after a timeout, at most once per timeout.
                 Ok(conn) => Conn::Cluster(Arc::new(Cluster::new(client, conn, response_timeout))),
                 Err(e) => {
-                    return Err(
-                        seed_failure(&target.nodes[0], certificates, self.timeout, e).await,
-                    );
+                    let e = seed_failure(&target.nodes[0], certificates, self.timeout, e).await;
+                    return Err(connect_error(e, tls));
                 }
             }
         } else {
             let node = target.nodes[0].as_str();
             let client = match certificates {
-                Some(certificates) => Client::build_with_tls(node, certificates)?,
-                None => Client::open(node)?,
-            };
+                Some(certificates) => Client::build_with_tls(node, certificates),
+                None => Client::open(node),
+            }
+            .map_err(setup_error)?;
             subscriber = tokio::runtime::Handle::try_current().is_ok().then(|| {
                 Arc::new(Subscriber::spawn(
                     client.clone(),
@@ -144,7 +142,8 @@ impl RedisStoreBuilder {
                 .set_number_of_retries(1)
                 .set_min_delay(Duration::from_millis(50))
                 .set_max_delay(Duration::from_millis(250));
-            Conn::Single(ConnectionManager::new_with_config(client, config).await?)
+            let manager = ConnectionManager::new_with_config(client, config).await;
+            Conn::Single(manager.map_err(|e| connect_error(e, tls))?)
         };
         let eviction = eviction_risk(&conn).await.map(Arc::new);
         if let Some(subscriber) = &subscriber {
@@ -163,17 +162,9 @@ impl RedisStoreBuilder {
             eviction,
         };
         if self.mark {
-            let marked = store.mark_namespace().await;
-            let refusal = match marked {
-                Ok(None) => None,
-                Ok(Some(found)) => store.check_version(url, &found).err().map(|e| {
-                    RedisError::from((ErrorKind::Client, "namespace marker", e.to_string()))
-                }),
-                Err(e) => Some(e),
-            };
-            if let Some(e) = refusal {
-                // Dropping the store stops its subscriber.
-                return Err(e);
+            // Dropping the store on a refusal stops its subscriber.
+            if let Some(found) = store.mark_namespace().await.map_err(setup_error)? {
+                store.check_version(&found)?;
             }
         }
         Ok(store)
@@ -201,7 +192,7 @@ impl RedisStore {
     }
 
     /// A store at `url` with the default options.
-    pub async fn connect(url: &str) -> Result<RedisStore> {
+    pub async fn connect(url: &str) -> Result<RedisStore, SetupError> {
         RedisStore::builder().connect(url).await
     }
 }

@@ -14,6 +14,15 @@
 //! [`DEFAULT_TIMEOUT`]; the middleware answers 503 and never executes. Operations work
 //! again once the server is back.
 //!
+//! Connecting ([`RedisStore::connect`], [`RedisStoreBuilder::connect`]) fails with
+//! [`SetupError`], the one type every idem store's builder returns: a URL or TLS file
+//! that cannot work is [`SetupError::Invalid`], naming the parameter, before anything
+//! is tried; a server that cannot be reached is [`SetupError::Unreachable`], and one
+//! that answers and refuses (a password, a TLS handshake) [`SetupError::Refused`], both
+//! of which may pass with time; a namespace whose marker a later build wrote is
+//! [`SetupError::SchemaVersion`]. A [`SetupError`] converts to a
+//! [`StoreError`](idem_core::StoreError) for callers that speak it throughout.
+//!
 //! # One request, two commands
 //!
 //! A keyed request costs the server one native command and one short script:
@@ -213,6 +222,8 @@ mod target;
 
 pub use builder::RedisStoreBuilder;
 pub use eviction::EvictionRisk;
+/// What connecting fails with: one type for every store.
+pub use idem_core::SetupError;
 pub use schema::SCHEMA_VERSION;
 pub use store::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL_GRACE, RedisStore};
 pub use target::{DEFAULT_WAIT_TIMEOUT, Replication};

@@ -1,12 +1,9 @@
 //! `redis://…` and `redis+cluster://…`: the store opens itself from its URL
 //! ([`OpenStore`]).
 
-use idem_core::open::tls::handshake_failure;
 use idem_core::{OpenError, OpenStore, StoreOptions};
-use redis::RedisError;
 
 use crate::RedisStore;
-use crate::target::Target;
 
 /// `redis://[user:password@]host:port[/db]` for one server, or
 /// `redis+cluster://[user:password@]host:port[?seeds=host:port,…]` for a Redis Cluster;
@@ -18,7 +15,7 @@ use crate::target::Target;
 /// (a certificate that does not verify, a server that speaks no TLS) is a refusal. A
 /// namespace `NAME` puts every key under `NAME:`.
 impl OpenStore for RedisStore {
-    const KIND: &'static str = "redis";
+    const KIND: &'static str = crate::error::KIND;
     const SCHEMES: &'static [&'static str] =
         &["redis", "rediss", "redis+cluster", "rediss+cluster"];
     const EXPIRES_NATIVELY: bool = true;
@@ -30,65 +27,20 @@ impl OpenStore for RedisStore {
     }
 
     async fn open(url: &str, options: &StoreOptions) -> Result<RedisStore, OpenError> {
-        let kind = Self::KIND;
-        let invalid = |reason: String| OpenError::invalid_url(kind, url, reason);
-        let target = Target::parse(url).map_err(invalid)?;
-        if let Some(tls) = &target.tls {
-            tls.certificates().map_err(invalid)?;
-        }
-        // Parsing only: nothing is sent until the store connects.
-        for node in &target.nodes {
-            redis::Client::open(node.as_str()).map_err(|e| invalid(e.to_string()))?;
-        }
         let namespace = options
             .namespace
             .as_ref()
             .map_or(idem_core::DEFAULT_NAMESPACE, |n| n.as_str());
-        // The marker is handled here rather than by connecting, so that each of its
-        // failures is the open error it is.
-        let store = RedisStore::builder()
-            .key_prefix(format!("{namespace}:"))
-            .mark(false)
-            .connect_or_redis_error(url)
-            .await
-            .map_err(|e| classify(url, e))?;
-        match options.schema {
+        let builder = RedisStore::builder().key_prefix(format!("{namespace}:"));
+        let opened = match options.schema {
+            idem_core::Schema::Migrate => builder.connect(url).await,
             // Inspection writes nothing, the marker included: it reads it.
-            idem_core::Schema::Existing => store.check_marker(url, namespace).await?,
-            idem_core::Schema::Migrate => {
-                let found = store.mark_namespace().await.map_err(|e| classify(url, e))?;
-                if let Some(found) = found {
-                    store.check_version(url, &found)?;
-                }
-            }
-        }
-        Ok(store)
-    }
-}
-
-/// Whether the server was not there (or went away), or answered and refused.
-pub(crate) fn classify(url: &str, e: RedisError) -> OpenError {
-    // A server that speaks no TLS, or whose certificate does not verify, was reached.
-    if let Some(tls) = handshake_failure(&e) {
-        let why = format!("TLS failed: {tls}");
-        return OpenError::refused(RedisStore::KIND, url, why);
-    }
-    // A plaintext Redis reads the TLS hello as the start of a command and waits for
-    // the rest: the handshake never gets an answer.
-    let tls = url
-        .split_once("://")
-        .is_some_and(|(s, _)| s.to_ascii_lowercase().starts_with("rediss"));
-    if tls && e.is_timeout() {
-        let why = format!(
-            "{e}: the TLS handshake got no answer (a server that speaks no TLS on this \
-             port never answers one)"
-        );
-        return OpenError::unreachable(RedisStore::KIND, url, why);
-    }
-    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
-        OpenError::unreachable(RedisStore::KIND, url, e)
-    } else {
-        OpenError::refused(RedisStore::KIND, url, e)
+            idem_core::Schema::Existing => match builder.mark(false).connect(url).await {
+                Ok(store) => store.check_marker().await.map(|()| store),
+                Err(e) => Err(e),
+            },
+        };
+        opened.map_err(|e| OpenError::setup(url, options, e))
     }
 }
 
@@ -100,6 +52,7 @@ mod tests {
     use idem_test_support::{service_unavailable, service_url};
 
     use super::*;
+    use crate::target::Target;
 
     async fn open(url: String) -> Result<RedisStore, OpenError> {
         RedisStore::open(&url, &StoreOptions::default()).await

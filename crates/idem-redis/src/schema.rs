@@ -8,7 +8,7 @@
 //! TTL. Connecting writes it where it is missing (`SET … NX GET`, one round trip, which
 //! also answers what was there); opening for inspection
 //! ([`Schema::Existing`](idem_core::Schema::Existing)) only reads it, and a namespace
-//! without it is [`OpenError::NoSchema`](idem_core::OpenError::NoSchema).
+//! without it is [`SetupError::NoSchema`].
 //!
 //! It is one key, read and written alone, so on a Redis Cluster it lives on its own
 //! slot's master like any key and never takes part in a command on two keys (which
@@ -20,10 +20,11 @@
 //! ([`RedisStore::secret_key`]), that key counts as the marker, so inspecting it is not
 //! refused meanwhile.
 
-use idem_core::{OpenError, TENANT_SECRET_NAME};
+use idem_core::{SetupError, TENANT_SECRET_NAME};
 use redis::RedisResult;
 
 use crate::RedisStore;
+use crate::error::{KIND, setup_error};
 
 /// The version of this store's layout (the record format of the crate docs) that the
 /// marker records. A namespace marked with a later one was opened by a newer build,
@@ -73,41 +74,32 @@ impl RedisStore {
     }
 
     /// Checks, writing nothing, that a gateway opened this namespace with a layout
-    /// this build reads: none is [`OpenError::NoSchema`], a later one
-    /// [`OpenError::Failed`].
-    pub(crate) async fn check_marker(&self, url: &str, namespace: &str) -> Result<(), OpenError> {
-        let kind = <RedisStore as idem_core::OpenStore>::KIND;
-        let found = self
-            .read_marker()
-            .await
-            .map_err(|e| crate::open::classify(url, e))?;
-        let Some(found) = found else {
-            let missing = format!("no key {}", self.marker_key());
-            return Err(OpenError::never_opened(
-                kind, url, namespace, missing, false,
-            ));
+    /// this build reads: none is [`SetupError::NoSchema`], a later one
+    /// [`SetupError::SchemaVersion`].
+    pub(crate) async fn check_marker(&self) -> Result<(), SetupError> {
+        let Some(found) = self.read_marker().await.map_err(setup_error)? else {
+            return Err(SetupError::NoSchema {
+                kind: KIND,
+                missing: format!("no key {}", self.marker_key()),
+                migrate: false,
+            });
         };
-        self.check_version(url, &found)
+        self.check_version(&found)
     }
 
     /// Refuses a namespace marked by a build whose layout is later than this one's, or
     /// whose marker is not a version at all.
-    pub(crate) fn check_version(&self, url: &str, found: &str) -> Result<(), OpenError> {
-        let kind = <RedisStore as idem_core::OpenStore>::KIND;
+    pub(crate) fn check_version(&self, found: &str) -> Result<(), SetupError> {
         match found.trim().parse::<u32>() {
             Ok(version) if version <= SCHEMA_VERSION => Ok(()),
-            Ok(version) => Err(OpenError::failed(
-                kind,
-                url,
-                format!(
-                    "{} says schema version {version}, newer than version {SCHEMA_VERSION} \
-                     that this build reads: use a build that knows it",
-                    self.marker_key()
-                ),
-            )),
-            Err(_) => Err(OpenError::failed(
-                kind,
-                url,
+            Ok(version) => Err(SetupError::SchemaVersion {
+                kind: KIND,
+                at: format!("key {}", self.marker_key()),
+                found: version.into(),
+                supported: SCHEMA_VERSION.into(),
+            }),
+            Err(_) => Err(SetupError::failed(
+                KIND,
                 format!(
                     "{} holds {found:?}, which is no schema version: it is this store's \
                      marker, and something else wrote it",

@@ -5,14 +5,14 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{MigrationPlan, Namespace, SharedClock, SystemClock};
+use idem_core::{MigrationPlan, Namespace, SetupError, SharedClock, SystemClock};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{Connection, SqliteConnection};
 
 use crate::connection::Target;
-use crate::error::{Error, Result};
+use crate::error::{KIND, setup_error};
 use crate::schema::{self, DEFAULT_TABLE, Statements};
 use crate::store::{DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, SqliteStore};
 use crate::writer::{DEFAULT_WRITE_BATCH, DEFAULT_WRITE_QUEUE, Writer, WriterConfig};
@@ -83,9 +83,9 @@ impl SqliteStoreBuilder {
 
     /// Whether opening creates a missing database file and brings the table's schema
     /// up to date (default true). Off, nothing of the schema is written and no file is
-    /// made: a missing file or table is [`Error::NoSchema`](crate::Error::NoSchema), an
-    /// older schema [`Error::SchemaOutdated`](crate::Error::SchemaOutdated). For
-    /// inspecting a file, and where the schema is managed apart from the service.
+    /// made: a missing file or table is [`SetupError::NoSchema`], an older or newer
+    /// schema [`SetupError::SchemaVersion`]. For inspecting a file, and where the schema
+    /// is managed apart from the service.
     pub fn migrate(mut self, run: bool) -> Self {
         self.migrate = run;
         self
@@ -116,9 +116,10 @@ impl SqliteStoreBuilder {
     /// run of small answers, 1 KiB pages wrote about half the bytes per request that
     /// SQLite's default 4 KiB did, at the same throughput. A large body then spans
     /// more pages.
-    pub fn connect_options(&self, url: &str) -> Result<SqliteConnectOptions> {
+    pub fn connect_options(&self, url: &str) -> Result<SqliteConnectOptions, SetupError> {
         let (url, params) = split_params(url)?;
-        let options = SqliteConnectOptions::from_str(&url)?
+        let options = SqliteConnectOptions::from_str(&url)
+            .map_err(setup_error)?
             .create_if_missing(self.migrate)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(params.synchronous.unwrap_or(SqliteSynchronous::Normal))
@@ -132,19 +133,22 @@ impl SqliteStoreBuilder {
     /// What [`connect`](Self::connect) with migration on would change in the
     /// schema of `url`'s database, found on a read-only connection: no file, table or
     /// row is made. A file that is not there has no version, and the plan creates it.
-    pub async fn migration_plan(&self, url: &str) -> Result<MigrationPlan> {
+    pub async fn migration_plan(&self, url: &str) -> Result<MigrationPlan, SetupError> {
         let table = self.checked_table()?;
         let (base, _) = split_params(url)?;
         // Read-write, as `keys list` opens: the last connection to close removes the
         // `-wal` and `-shm` it found or made, which a read-only one cannot.
-        let options = SqliteConnectOptions::from_str(&base)?
+        let options = SqliteConnectOptions::from_str(&base)
+            .map_err(setup_error)?
             .create_if_missing(false)
             .busy_timeout(self.busy_timeout);
         let found = if options.get_filename().is_file() {
-            let mut conn = SqliteConnection::connect_with(&options).await?;
+            let mut conn = SqliteConnection::connect_with(&options)
+                .await
+                .map_err(setup_error)?;
             let found = schema::applied_version(&mut conn, table.as_str()).await;
             let _ = conn.close().await;
-            found?
+            found.map_err(setup_error)?
         } else {
             missing_directory(options.get_filename())?;
             None
@@ -159,8 +163,12 @@ impl SqliteStoreBuilder {
     }
 
     /// The table, if the [`Namespace`] rule admits it.
-    fn checked_table(&self) -> Result<Namespace> {
-        Namespace::new(&self.table).map_err(Error::InvalidTableName)
+    fn checked_table(&self) -> Result<Namespace, SetupError> {
+        Namespace::new(&self.table).map_err(|source| SetupError::Namespace {
+            kind: KIND,
+            name: self.table.clone(),
+            source,
+        })
     }
 
     /// Opens (creating if missing) the database at `url` and migrates it.
@@ -169,15 +177,16 @@ impl SqliteStoreBuilder {
     /// and `-shm` (which SQLite gives the database's mode) are readable by their owner
     /// only, whatever the umask. A file that exists keeps its mode; if every user may
     /// read or write it, or its `-wal` or `-shm`, a warning says so.
-    pub async fn connect(self, url: &str) -> Result<SqliteStore> {
+    pub async fn connect(self, url: &str) -> Result<SqliteStore, SetupError> {
         let options = self.connect_options(url)?;
         self.checked_table()?;
         if !self.migrate {
             let path = options.get_filename();
             if !path.is_file() {
-                return Err(Error::NoSchema {
-                    path: path.display().to_string(),
-                    table: self.table.clone(),
+                return Err(SetupError::NoSchema {
+                    kind: KIND,
+                    missing: format!("no file {}", path.display()),
+                    migrate: true,
                 });
             }
         } else {
@@ -190,7 +199,10 @@ impl SqliteStoreBuilder {
     /// Opens a pool with `options` as given and migrates it. A file SQLite creates
     /// here gets SQLite's mode (0644 less the umask): create it beforehand with the
     /// mode wanted, as [`connect`](Self::connect) does.
-    pub async fn connect_with(self, options: SqliteConnectOptions) -> Result<SqliteStore> {
+    pub async fn connect_with(
+        self,
+        options: SqliteConnectOptions,
+    ) -> Result<SqliteStore, SetupError> {
         self.checked_table()?;
         // Two processes opening one new file at once both switch it to WAL; SQLite
         // answers one of them SQLITE_BUSY at once instead of waiting out busy_timeout
@@ -205,7 +217,7 @@ impl SqliteStoreBuilder {
                 Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                result => break result?,
+                result => break result.map_err(setup_error)?,
             }
         };
         let store = self.from_pool(pool).await?;
@@ -223,16 +235,18 @@ impl SqliteStoreBuilder {
     /// to the pool's database, opened with the pool's file and the `busy_timeout`,
     /// `synchronous`, `foreign_keys` and journal mode its connections have (hooks such as
     /// `after_connect` do not run on it).
-    pub async fn from_pool(self, pool: SqlitePool) -> Result<SqliteStore> {
+    pub async fn from_pool(self, pool: SqlitePool) -> Result<SqliteStore, SetupError> {
         let table = self.checked_table()?;
-        let mut conn = pool.acquire().await?;
+        let mut conn = pool.acquire().await.map_err(setup_error)?;
         if self.migrate {
             schema::migrate(&mut conn, table.as_str()).await?;
         } else {
             let path = pool.connect_options().get_filename().display().to_string();
             schema::check(&mut conn, table.as_str(), &path).await?;
         }
-        let target = Target::of(&mut conn, &pool.connect_options()).await?;
+        let target = Target::of(&mut conn, &pool.connect_options())
+            .await
+            .map_err(setup_error)?;
         drop(conn);
         let never_syncs = target.never_syncs();
         if never_syncs {
@@ -251,7 +265,9 @@ impl SqliteStoreBuilder {
             self.writer,
         )
         .await
-        .map_err(Error::Writer)?;
+        .map_err(|e| {
+            SetupError::failed(KIND, format!("opening the store's writer connection: {e}"))
+        })?;
         Ok(SqliteStore {
             changes: idem_core::ChangeHub::new(),
             sql,
@@ -273,12 +289,12 @@ impl SqliteStore {
 
     /// Opens (creating if missing) the database at `url` (`sqlite://idem.db`, or a
     /// path) with the default settings, and migrates it.
-    pub async fn connect(url: &str) -> Result<SqliteStore> {
+    pub async fn connect(url: &str) -> Result<SqliteStore, SetupError> {
         SqliteStore::builder().connect(url).await
     }
 
     /// Uses an existing pool with the default settings, and migrates it.
-    pub async fn from_pool(pool: SqlitePool) -> Result<SqliteStore> {
+    pub async fn from_pool(pool: SqlitePool) -> Result<SqliteStore, SetupError> {
         SqliteStore::builder().from_pool(pool).await
     }
 }
@@ -299,24 +315,28 @@ struct UrlParams {
     page_size: Option<u32>,
 }
 
-/// [`Error::NoDirectory`] when `file` is not there and neither is its directory.
-fn missing_directory(file: &std::path::Path) -> Result<()> {
+/// A setting that cannot work when `file` is not there and neither is its directory.
+fn missing_directory(file: &std::path::Path) -> Result<(), SetupError> {
     let name = file.to_string_lossy();
     // SQLite's special names (`:memory:`, sqlx's `file:sqlx-in-memory-N`) are no file.
     if name.is_empty() || name.starts_with(':') || name.starts_with("file:") || file.exists() {
         return Ok(());
     }
     match file.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() && !dir.exists() => Err(Error::NoDirectory {
-            dir: dir.display().to_string(),
-        }),
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.exists() => Err(SetupError::invalid(
+            KIND,
+            format!(
+                "the directory {} of the database file does not exist",
+                dir.display()
+            ),
+        )),
         _ => Ok(()),
     }
 }
 
 /// `url` without the parameters idem reads itself (`synchronous`, `page_size`), and
 /// those parameters' values.
-fn split_params(url: &str) -> Result<(String, UrlParams)> {
+fn split_params(url: &str) -> Result<(String, UrlParams), SetupError> {
     let mut params = UrlParams::default();
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_owned(), params));
@@ -325,7 +345,7 @@ fn split_params(url: &str) -> Result<(String, UrlParams)> {
     for pair in query.split('&') {
         match pair.split_once('=') {
             Some((key, value)) if key.eq_ignore_ascii_case("synchronous") => {
-                params.synchronous = Some(SqliteSynchronous::from_str(value)?);
+                params.synchronous = Some(SqliteSynchronous::from_str(value).map_err(setup_error)?);
             }
             Some((key, value)) if key.eq_ignore_ascii_case("page_size") => {
                 params.page_size = Some(parse_page_size(value)?);
@@ -342,10 +362,18 @@ fn split_params(url: &str) -> Result<(String, UrlParams)> {
 }
 
 /// A page size SQLite accepts: a power of two from 512 to 65536 bytes.
-fn parse_page_size(value: &str) -> Result<u32> {
+fn parse_page_size(value: &str) -> Result<u32, SetupError> {
     value
         .parse::<u32>()
         .ok()
         .filter(|n| n.is_power_of_two() && (512..=65536).contains(n))
-        .ok_or_else(|| Error::InvalidPageSize(value.to_owned()))
+        .ok_or_else(|| {
+            SetupError::invalid(
+                KIND,
+                format!(
+                    "invalid page_size {value:?}: use a power of two from 512 to 65536 \
+                     (bytes); it applies only when the database file is created"
+                ),
+            )
+        })
 }

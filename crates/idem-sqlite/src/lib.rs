@@ -129,6 +129,21 @@
 //!   [`SqliteStoreBuilder::from_pool`] the application opens the file, and its mode is
 //!   the application's to choose.
 //!
+//! # Errors
+//!
+//! Setting the store up ([`SqliteStore::connect`], the [`SqliteStoreBuilder`]'s methods)
+//! fails with [`SetupError`], the one type every idem store's builder returns: a URL or
+//! setting that cannot work (a `page_size` SQLite does not take, a database file whose
+//! directory is missing) is [`SetupError::Invalid`]; a table name the
+//! [`Namespace`](idem_core::Namespace) rule refuses, [`SetupError::Namespace`]; with
+//! [`migrate(false)`](SqliteStoreBuilder::migrate), no file or no table is
+//! [`SetupError::NoSchema`] and a schema of another version
+//! [`SetupError::SchemaVersion`], as is a newer one when migrating; a file SQLite cannot
+//! open or migrate, [`SetupError::Failed`]. A file has no server that could be away or
+//! refuse it, so this store never fails to set up as `Unreachable` or `Refused`. Once
+//! open, every operation speaks [`StoreError`](idem_core::StoreError), and a
+//! [`SetupError`] converts to one for callers that speak it throughout.
+//!
 //! # Schema
 //!
 //! Primary key `(tenant, endpoint, idem_key)`, `endpoint` empty in internal scope mode;
@@ -157,7 +172,8 @@ mod write;
 mod writer;
 
 pub use builder::SqliteStoreBuilder;
-pub use error::{Error, Result};
+/// What the builder and constructors fail with: one type for every store.
+pub use idem_core::SetupError;
 pub use schema::{DEFAULT_TABLE, SCHEMA_VERSION, VERSIONS_TABLE};
 pub use store::{DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, SqliteStore};
 pub use writer::{DEFAULT_WRITE_BATCH, DEFAULT_WRITE_QUEUE, WriterStats};

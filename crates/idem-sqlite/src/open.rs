@@ -2,7 +2,7 @@
 
 use idem_core::{MigrationPlan, OpenError, OpenStore, StoreOptions};
 
-use crate::{DEFAULT_MAX_CONNECTIONS, Error, SqliteStore, SqliteStoreBuilder};
+use crate::{DEFAULT_MAX_CONNECTIONS, SqliteStore, SqliteStoreBuilder};
 
 /// `sqlite://FILE` or `sqlite:///absolute/path`, relative to the working directory
 /// unless the path starts with `/`, with the parameters
@@ -10,7 +10,7 @@ use crate::{DEFAULT_MAX_CONNECTIONS, Error, SqliteStore, SqliteStoreBuilder};
 /// (`synchronous`, `page_size`, SQLite's own). A namespace `NAME` is the table
 /// `NAME_records`.
 impl OpenStore for SqliteStore {
-    const KIND: &'static str = "sqlite";
+    const KIND: &'static str = crate::error::KIND;
     const SCHEMES: &'static [&'static str] = &["sqlite"];
 
     /// Three per connection of the pool: the database, its WAL and its shared-memory
@@ -24,12 +24,13 @@ impl OpenStore for SqliteStore {
             .migrate(options.schema == idem_core::Schema::Migrate)
             .connect(url)
             .await
-            .map_err(|e| open_error(url, options, e))
+            .map_err(|e| OpenError::setup(url, options, e))
     }
 
     async fn plan(url: &str, options: &StoreOptions) -> Result<Option<MigrationPlan>, OpenError> {
         let plan = builder(url, options)?.migration_plan(url).await;
-        plan.map(Some).map_err(|e| open_error(url, options, e))
+        plan.map(Some)
+            .map_err(|e| OpenError::setup(url, options, e))
     }
 }
 
@@ -51,34 +52,6 @@ fn builder(url: &str, options: &StoreOptions) -> Result<SqliteStoreBuilder, Open
         builder = builder.table(table.as_str());
     }
     Ok(builder)
-}
-
-/// What a failure to open `url` with `options` is, for the caller.
-fn open_error(url: &str, options: &StoreOptions, e: Error) -> OpenError {
-    let kind = SqliteStore::KIND;
-    match e {
-        // No file, or none of this namespace's tables in it: never opened by idem.
-        Error::NoSchema { path, table } => {
-            let missing = if std::path::Path::new(&path).is_file() {
-                format!("{path} has no table {table}")
-            } else {
-                format!("no file {path}")
-            };
-            let namespace = options
-                .namespace
-                .as_ref()
-                .map_or(idem_core::DEFAULT_NAMESPACE, |n| n.as_str());
-            OpenError::never_opened(kind, url, namespace, missing, true)
-        }
-        Error::InvalidPageSize(_) | Error::NoDirectory { .. } => {
-            OpenError::invalid_url(kind, url, e.to_string())
-        }
-        Error::InvalidTableName(source) => OpenError::Namespace { kind, source },
-        Error::Database(sqlx::Error::Configuration(_)) => {
-            OpenError::invalid_url(kind, url, e.to_string())
-        }
-        other => OpenError::failed(kind, url, other),
-    }
 }
 
 #[cfg(test)]

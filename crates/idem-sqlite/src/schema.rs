@@ -6,10 +6,11 @@
 
 use std::sync::Arc;
 
+use idem_core::SetupError;
 use idem_sql::SqlDatabase;
 use sqlx::{AssertSqlSafe, Connection, Sqlite, SqliteConnection};
 
-use crate::error::{Error, Result};
+use crate::error::{KIND, setup_error};
 
 /// The table idem keeps records in unless told otherwise.
 pub const DEFAULT_TABLE: &str = "idem_records";
@@ -132,50 +133,69 @@ fn meta(table: &str) -> String {
 /// It runs under `BEGIN IMMEDIATE`, which takes SQLite's write lock up front (waiting
 /// out `busy_timeout`), so two processes opening one file at once migrate one after the
 /// other instead of both creating the table.
-pub(crate) async fn migrate(conn: &mut SqliteConnection, table: &str) -> Result<()> {
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    sqlx::query(VERSIONS_DDL).execute(&mut *tx).await?;
+pub(crate) async fn migrate(conn: &mut SqliteConnection, table: &str) -> Result<(), SetupError> {
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(setup_error)?;
+    sqlx::query(VERSIONS_DDL)
+        .execute(&mut *tx)
+        .await
+        .map_err(setup_error)?;
     let found: Option<i64> =
         sqlx::query_scalar("SELECT version FROM idem_schema_versions WHERE table_name = ?1")
             .bind(table)
             .fetch_optional(&mut *tx)
-            .await?;
+            .await
+            .map_err(setup_error)?;
     let found = found.unwrap_or(0);
     if found > SCHEMA_VERSION {
-        return Err(Error::SchemaTooNew {
-            table: table.to_owned(),
-            found,
-            supported: SCHEMA_VERSION,
-        });
+        return Err(version_error(table, found));
     }
+    apply(&mut tx, table, found).await.map_err(setup_error)?;
+    tx.commit().await.map_err(setup_error)
+}
+
+/// The steps that bring `table` from version `found` to [`SCHEMA_VERSION`], in the
+/// migration's transaction.
+async fn apply(conn: &mut SqliteConnection, table: &str, found: i64) -> sqlx::Result<()> {
     if found < 1 {
         sqlx::raw_sql(AssertSqlSafe(v1(table)))
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await?;
     }
     if found < 2 {
         sqlx::raw_sql(AssertSqlSafe(v2(table)))
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await?;
     }
     if found < 3 {
         sqlx::raw_sql(AssertSqlSafe(v3(table)))
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await?;
     }
     if found < SCHEMA_VERSION {
         sqlx::query(AssertSqlSafe(record_version("?1, ?2")))
             .bind(table)
             .bind(SCHEMA_VERSION)
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await?;
     }
     // Whatever the version: the secrets table came after version 1's first files.
     sqlx::raw_sql(AssertSqlSafe(meta(table)))
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
-    tx.commit().await?;
     Ok(())
+}
+
+/// `table` at schema version `found`, which is not this build's.
+fn version_error(table: &str, found: i64) -> SetupError {
+    SetupError::SchemaVersion {
+        kind: KIND,
+        at: format!("table {table}"),
+        found,
+        supported: SCHEMA_VERSION,
+    }
 }
 
 /// The schema version of `table`, reading only: `None` when none was ever recorded
@@ -183,7 +203,7 @@ pub(crate) async fn migrate(conn: &mut SqliteConnection, table: &str) -> Result<
 pub(crate) async fn applied_version(
     conn: &mut SqliteConnection,
     table: &str,
-) -> Result<Option<i64>> {
+) -> sqlx::Result<Option<i64>> {
     let versions: Option<String> = sqlx::query_scalar(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'idem_schema_versions'",
     )
@@ -192,12 +212,10 @@ pub(crate) async fn applied_version(
     if versions.is_none() {
         return Ok(None);
     }
-    Ok(
-        sqlx::query_scalar("SELECT version FROM idem_schema_versions WHERE table_name = ?1")
-            .bind(table)
-            .fetch_optional(&mut *conn)
-            .await?,
-    )
+    sqlx::query_scalar("SELECT version FROM idem_schema_versions WHERE table_name = ?1")
+        .bind(table)
+        .fetch_optional(&mut *conn)
+        .await
 }
 
 /// The SQL [`migrate`] runs on `table` at schema version `from` (0: none), as text a
@@ -237,23 +255,18 @@ const VERSIONS_DDL: &str = "CREATE TABLE IF NOT EXISTS idem_schema_versions (
 
 /// Checks, writing nothing, that `table` (in the database file `path`) is at
 /// [`SCHEMA_VERSION`].
-pub(crate) async fn check(conn: &mut SqliteConnection, table: &str, path: &str) -> Result<()> {
-    let found = applied_version(conn, table).await?;
-    match found {
-        None => Err(Error::NoSchema {
-            path: path.to_owned(),
-            table: table.to_owned(),
+pub(crate) async fn check(
+    conn: &mut SqliteConnection,
+    table: &str,
+    path: &str,
+) -> Result<(), SetupError> {
+    match applied_version(conn, table).await.map_err(setup_error)? {
+        None => Err(SetupError::NoSchema {
+            kind: KIND,
+            missing: format!("{path} has no table {table}"),
+            migrate: true,
         }),
-        Some(found) if found > SCHEMA_VERSION => Err(Error::SchemaTooNew {
-            table: table.to_owned(),
-            found,
-            supported: SCHEMA_VERSION,
-        }),
-        Some(found) if found < SCHEMA_VERSION => Err(Error::SchemaOutdated {
-            table: table.to_owned(),
-            found,
-            supported: SCHEMA_VERSION,
-        }),
+        Some(found) if found != SCHEMA_VERSION => Err(version_error(table, found)),
         Some(_) => Ok(()),
     }
 }

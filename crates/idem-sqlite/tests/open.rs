@@ -9,7 +9,7 @@ use idem_core::{
     Endpoint, Key, ManualClock, Reservation, ReserveRequest, Scope, ScopeMode, Store, StoreError,
     StoredResponse, Tenant,
 };
-use idem_sqlite::{Error, SqliteStore};
+use idem_sqlite::{SetupError, SqliteStore};
 use idem_test_support::figure;
 use sqlx::Row;
 
@@ -174,18 +174,24 @@ async fn newer_schema_is_refused() {
         .execute(store.pool())
         .await
         .unwrap();
-    match SqliteStore::connect(&url).await {
-        Err(Error::SchemaTooNew {
-            table,
+    let e = SqliteStore::connect(&url)
+        .await
+        .map(drop)
+        .expect_err("a newer schema is refused");
+    match &e {
+        SetupError::SchemaVersion {
+            kind: "sqlite",
+            at,
             found,
             supported,
-        }) => {
-            assert_eq!(table, "idem_records");
-            assert_eq!(found, 99);
-            assert_eq!(supported, idem_sqlite::SCHEMA_VERSION);
+        } => {
+            assert_eq!(at, "table idem_records");
+            assert_eq!(*found, 99);
+            assert_eq!(*supported, idem_sqlite::SCHEMA_VERSION);
         }
-        other => panic!("expected SchemaTooNew, got {other:?}"),
+        other => panic!("expected SchemaVersion, got {other:?}"),
     }
+    assert!(e.to_string().contains("newer than version"), "{e}");
 }
 
 #[tokio::test]
@@ -196,7 +202,12 @@ async fn invalid_table_name_is_refused_before_opening_the_file() {
         .table("records; DROP TABLE orders")
         .connect(&format!("sqlite://{}", path.display()))
         .await;
-    assert!(matches!(result, Err(Error::InvalidTableName(_))));
+    assert!(
+        matches!(&result, Err(SetupError::Namespace { kind: "sqlite", name, .. })
+            if name == "records; DROP TABLE orders"),
+        "{:?}",
+        result.map(|_| ())
+    );
     assert!(!path.exists());
 }
 
@@ -300,10 +311,13 @@ async fn unopenable_path_is_a_database_error() {
     let file = dir.path().join("plain-file");
     std::fs::write(&file, b"not a directory").unwrap();
     let url = format!("sqlite://{}", file.join("x.db").display());
-    assert!(matches!(
-        SqliteStore::connect(&url).await,
-        Err(Error::Database(_))
-    ));
+    match SqliteStore::connect(&url).await {
+        Err(SetupError::Failed {
+            kind: "sqlite",
+            source,
+        }) => assert!(source.downcast_ref::<sqlx::Error>().is_some(), "{source:?}"),
+        other => panic!("expected a database error, got {:?}", other.map(|_| ())),
+    }
 }
 
 #[tokio::test]
@@ -311,10 +325,14 @@ async fn a_missing_directory_is_named_and_not_made() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("no/such/dir/x.db").display());
     match SqliteStore::connect(&url).await {
-        Err(Error::NoDirectory { dir: missing }) => {
+        Err(SetupError::Invalid {
+            kind: "sqlite",
+            reason,
+        }) => {
+            let missing = dir.path().join("no/such/dir").display().to_string();
             assert_eq!(
-                missing,
-                dir.path().join("no/such/dir").display().to_string()
+                reason,
+                format!("the directory {missing} of the database file does not exist")
             );
         }
         other => panic!("{:?}", other.map(|_| ())),
@@ -409,7 +427,8 @@ async fn page_size_from_the_url_applies_to_a_new_file_only() {
             .await
             .unwrap_err();
         assert!(
-            matches!(&e, Error::InvalidPageSize(v) if v == bad),
+            matches!(&e, SetupError::Invalid { kind: "sqlite", reason }
+                if reason.starts_with(&format!("invalid page_size {bad:?}:"))),
             "{bad:?}: {e}"
         );
         assert!(e.to_string().contains("power of two"), "{e}");

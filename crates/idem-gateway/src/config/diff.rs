@@ -3,58 +3,22 @@
 //! reload (SIGHUP, `POST /reload`) logs the settings it cannot apply.
 //!
 //! Both are read in the form [`GatewayConfig::to_toml`] writes, so every setting it
-//! prints is compared, a `[[route]]` or `[[tenant]]` table as a whole.
+//! prints is compared, a `[[route]]` or `[[tenant]]` table as a whole. Whether a reload
+//! applies a change is the setting's declared [`Reload`] class.
 
-use super::{GatewayConfig, ServeArgs};
-
-/// Settings a running gateway cannot change: its listeners and their TLS files
-/// (certificates are read again on SIGHUP, from the same paths), the store and how it
-/// is opened and sealed, the tenant secret and scope mode (changing either would make
-/// every retry of a stored key a new execution), the admin token, the trace exporter,
-/// and the limits fixed per connection. A reload that finds one changed keeps the
-/// running value and says so; a restart applies it.
-pub const RESTART_ONLY: &[&str] = &[
-    "listen",
-    "store",
-    "store_pool",
-    "store_namespace",
-    "migrate",
-    "admin",
-    "admin_token",
-    "admin_token_file",
-    "tenant_secret_file",
-    "record_key_file",
-    "read_unsealed_records",
-    "scope",
-    "response_limit",
-    "client_timeout",
-    "max_connections",
-    "sweep_interval",
-    "shutdown_timeout",
-    "otlp_endpoint",
-    "http2_max_concurrent_streams",
-    "http2_max_header_list_size",
-    "http2_keepalive_interval",
-    "http2_keepalive_timeout",
-    "http2_answer_budget",
-    "tls_client_ca",
-    "tls_cert",
-    "tls_key",
-    "admin_tls_cert",
-    "admin_tls_key",
-];
+use super::{GatewayConfig, Reload, ServeArgs, Setting};
 
 /// One setting that differs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
+pub(crate) struct Change {
     /// The setting (`ttl`), or a table by its place (`route 2`, `tenant 1`).
-    pub setting: String,
+    pub(crate) setting: String,
     /// Its value before, as the file writes it; `None` where it was not there.
-    pub before: Option<String>,
+    pub(crate) before: Option<String>,
     /// Its value after.
-    pub after: Option<String>,
+    pub(crate) after: Option<String>,
     /// Whether a reload applies it; otherwise it takes a restart.
-    pub live: bool,
+    pub(crate) live: bool,
 }
 
 /// The settings of a configuration in the file's form: `(name, value)` for each, a
@@ -98,7 +62,7 @@ fn settings(toml: &str) -> Vec<(String, String)> {
 
 /// What changes from `before` to `after`, in the order `after` writes its settings
 /// (those only `before` has last).
-pub fn diff(
+pub(crate) fn diff(
     before: &GatewayConfig,
     before_args: &ServeArgs,
     after: &GatewayConfig,
@@ -108,13 +72,14 @@ pub fn diff(
 }
 
 /// [`diff`] of two configurations already written in the file's form.
-pub fn diff_toml(before: &str, after: &str) -> Vec<Change> {
+pub(crate) fn diff_toml(before: &str, after: &str) -> Vec<Change> {
     let (before, after) = (settings(before), settings(after));
     let find = |list: &[(String, String)], name: &str| {
         list.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
     };
     let mut changes = Vec::new();
-    let live = |name: &str| !RESTART_ONLY.contains(&name);
+    // A table (`route 2`) is applied whole.
+    let live = |name: &str| Setting::keyed(name).is_none_or(|s| s.reload != Reload::Restart);
     for (name, value) in &after {
         let was = find(&before, name);
         if was.as_deref() != Some(value.as_str()) {
@@ -142,7 +107,7 @@ pub fn diff_toml(before: &str, after: &str) -> Vec<Change> {
 /// The changes as `check-config --diff` prints them: `- name = before` and
 /// `+ name = after` for each, a table's lines indented, and a last line naming those
 /// a reload does not apply.
-pub fn render(changes: &[Change]) -> String {
+pub(crate) fn render(changes: &[Change]) -> String {
     let mut out = String::new();
     if changes.is_empty() {
         out.push_str("# no setting differs: a reload would change nothing\n");

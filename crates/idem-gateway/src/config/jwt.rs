@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{ConfigError, invalid};
-pub use crate::tenant_source::TenantSource;
+use super::{ConfigError, ServeArgs, invalid};
+pub(crate) use crate::tenant_source::TenantSource;
 
 /// How bearer tokens are verified, when `tenant_from` names `jwt`.
 #[derive(Clone)]
@@ -138,41 +138,38 @@ pub(super) fn parse_tenant_from(list: Option<&[String]>) -> Result<Vec<TenantSou
     Ok(sources)
 }
 
-/// What the `jwt_*` settings came to, given as one block so that the list stays in one
-/// place.
-pub(super) struct JwtArgs<'a> {
-    pub(super) jwks_file: Option<&'a PathBuf>,
-    pub(super) jwks_url: Option<&'a String>,
-    pub(super) jwks_refresh: Option<Duration>,
-    pub(super) hs256_secret_file: Option<&'a PathBuf>,
-    pub(super) issuer: Option<&'a String>,
-    pub(super) audience: Option<&'a Vec<String>>,
-    pub(super) claims: Option<&'a Vec<String>>,
-    pub(super) leeway: Option<Duration>,
-}
-
-impl JwtArgs<'_> {
-    /// The first setting given that names a key, if any.
-    fn key_given(&self) -> Option<&'static str> {
-        [
-            ("jwt_jwks_file", self.jwks_file.is_some()),
-            ("jwt_jwks_url", self.jwks_url.is_some()),
-            ("jwt_hs256_secret_file", self.hs256_secret_file.is_some()),
-        ]
-        .into_iter()
-        .find_map(|(name, given)| given.then_some(name))
+/// Every tenant source named anywhere, globally or on a route: what must be verifiable.
+fn named_sources(a: &ServeArgs) -> Result<Vec<TenantSource>, ConfigError> {
+    let mut named = parse_tenant_from(a.tenant_from.as_deref())?;
+    for (i, rule) in a.route.iter().enumerate() {
+        if let Some(list) = &rule.tenant_from {
+            let sources = parse_tenant_from(Some(list)).map_err(|e| invalid(rule.name(i), e))?;
+            named.extend(sources);
+        }
     }
+    named.sort();
+    named.dedup();
+    Ok(named)
 }
 
-/// The verification settings when `sources` names `jwt`; an error for a key given
-/// without it (nothing would be verified), for `jwt` without a key, and for a secret
-/// file that cannot be read. The other `jwt_*` settings apply only with `jwt`.
-pub(super) fn resolve(
-    sources: &[TenantSource],
-    args: JwtArgs<'_>,
-) -> Result<Option<JwtSettings>, ConfigError> {
-    if !sources.contains(&TenantSource::Jwt) {
-        return match args.key_given() {
+/// The first setting given that names a key, if any.
+fn key_given(a: &ServeArgs) -> Option<&'static str> {
+    [
+        ("jwt_jwks_file", a.jwt_jwks_file.is_some()),
+        ("jwt_jwks_url", a.jwt_jwks_url.is_some()),
+        ("jwt_hs256_secret_file", a.jwt_hs256_secret_file.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(name, given)| given.then_some(name))
+}
+
+/// The verification settings when `tenant_from` (globally or on a route) names `jwt`;
+/// an error for a key given without it (nothing would be verified), for `jwt` without a
+/// key, and for a secret file that cannot be read. The other `jwt_*` settings apply
+/// only with `jwt`.
+pub(super) fn resolve(a: &ServeArgs) -> Result<Option<JwtSettings>, ConfigError> {
+    if !named_sources(a)?.contains(&TenantSource::Jwt) {
+        return match key_given(a) {
             Some(name) => Err(invalid(
                 name,
                 "is set, but tenant_from does not name jwt, so no token is verified; add \
@@ -181,20 +178,20 @@ pub(super) fn resolve(
             None => Ok(None),
         };
     }
-    if args.jwks_file.is_some() && args.jwks_url.is_some() {
+    if a.jwt_jwks_file.is_some() && a.jwt_jwks_url.is_some() {
         return Err(invalid(
             "jwt_jwks_url",
             "give the JWKS as a file or as a URL, not both",
         ));
     }
-    if args.jwks_file.is_none() && args.jwks_url.is_none() && args.hs256_secret_file.is_none() {
+    if key_given(a).is_none() {
         return Err(invalid(
             "tenant_from",
             "names jwt, but no key verifies tokens: set jwt_jwks_file, jwt_jwks_url or \
              jwt_hs256_secret_file",
         ));
     }
-    let hs256_secret = match args.hs256_secret_file {
+    let hs256_secret = match &a.jwt_hs256_secret_file {
         Some(path) => {
             let setting = "jwt_hs256_secret_file";
             let secret = super::secrets::read_secret_file(setting, path, "the HS256 secret file")?;
@@ -204,7 +201,7 @@ pub(super) fn resolve(
         }
         None => None,
     };
-    let claims: Vec<String> = match args.claims {
+    let claims: Vec<String> = match &a.jwt_claims {
         Some(list) => list.iter().map(|c| c.trim().to_owned()).collect(),
         None => vec!["sub".to_owned()],
     };
@@ -215,16 +212,17 @@ pub(super) fn resolve(
         return Err(invalid("jwt_claims", "names no claim"));
     }
     Ok(Some(JwtSettings {
-        jwks_file: args.jwks_file.cloned(),
-        jwks_url: args.jwks_url.cloned(),
-        jwks_refresh: args
-            .jwks_refresh
+        jwks_file: a.jwt_jwks_file.clone(),
+        jwks_url: a.jwt_jwks_url.clone(),
+        jwks_refresh: a
+            .jwt_jwks_refresh
             .unwrap_or(crate::jwks::DEFAULT_JWKS_REFRESH),
-        hs256_secret_file: args.hs256_secret_file.cloned(),
+        hs256_secret_file: a.jwt_hs256_secret_file.clone(),
         hs256_secret,
-        issuer: args.issuer.cloned(),
-        audiences: args
-            .audience
+        issuer: a.jwt_issuer.clone(),
+        audiences: a
+            .jwt_audience
+            .as_ref()
             .map(|l| {
                 l.iter()
                     .map(|a| a.trim().to_owned())
@@ -233,6 +231,6 @@ pub(super) fn resolve(
             })
             .unwrap_or_default(),
         claims,
-        leeway: args.leeway.unwrap_or(idem_jwt::DEFAULT_JWT_LEEWAY),
+        leeway: a.jwt_leeway.unwrap_or(idem_jwt::DEFAULT_JWT_LEEWAY),
     }))
 }

@@ -5,18 +5,57 @@
 //! a file, it resolves to the same configuration. Secrets are never printed: a token or
 //! tenant secret given inline is a comment saying it is set.
 
-use std::fmt::Write;
+use std::fmt::{Display, Write};
 use std::time::Duration;
 
-use idem_core::Schema;
 use idem_tower::{GrpcReleaseCodes, ReleaseStatuses};
 
+use super::jwt::JwtSettings;
 use super::{GatewayConfig, ServeArgs};
 use crate::route::Route;
 
+/// A setting's line in the file's form: `key = value`, or `# key: note` for one left
+/// unset (or a secret), the note saying what that means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Line {
+    /// The value, as TOML.
+    Set(String),
+    /// What being unset means.
+    Note(&'static str),
+}
+
+impl From<String> for Line {
+    fn from(value: String) -> Line {
+        Line::Set(value)
+    }
+}
+
+/// A value, or the note that stands for it.
+impl From<Result<String, &'static str>> for Line {
+    fn from(value: Result<String, &'static str>) -> Line {
+        value.map_or_else(Line::Note, Line::Set)
+    }
+}
+
+/// The line `print` writes of `config` (and `args`, for the files whose contents are
+/// all the configuration keeps): a function, so that a declaration's closure takes its
+/// arguments' types from here.
+pub(super) fn line<L: Into<Line>>(
+    config: &GatewayConfig,
+    args: &ServeArgs,
+    print: impl FnOnce(&GatewayConfig, &ServeArgs) -> L,
+) -> Line {
+    print(config, args).into()
+}
+
 /// A TOML string.
-fn quoted(s: &str) -> String {
+pub(super) fn quoted(s: &str) -> String {
     toml::Value::String(s.to_owned()).to_string()
+}
+
+/// A value's `Display`, as a TOML string.
+pub(super) fn shown(value: impl Display) -> String {
+    quoted(&value.to_string())
 }
 
 fn list<I: IntoIterator<Item = String>>(items: I) -> String {
@@ -24,28 +63,113 @@ fn list<I: IntoIterator<Item = String>>(items: I) -> String {
     format!("[{}]", items.join(", "))
 }
 
-fn strings<I: IntoIterator<Item = S>, S: AsRef<str>>(items: I) -> String {
+/// A TOML list of strings.
+pub(super) fn strings<I: IntoIterator<Item = S>, S: AsRef<str>>(items: I) -> String {
     list(items.into_iter().map(|s| quoted(s.as_ref())))
 }
 
-fn duration(d: Duration) -> String {
+/// A TOML list of the items' `Display`; `None` when there are none.
+pub(super) fn list_of<I: IntoIterator<Item = D>, D: Display>(items: I) -> Option<String> {
+    let items: Vec<String> = items.into_iter().map(|i| i.to_string()).collect();
+    (!items.is_empty()).then(|| strings(items))
+}
+
+/// A humantime duration, as a TOML string.
+pub(super) fn duration(d: Duration) -> String {
     quoted(&humantime::format_duration(d).to_string())
 }
 
-fn statuses(set: &ReleaseStatuses) -> String {
+/// A file's path, as a TOML string.
+pub(super) fn path(p: &std::path::Path) -> String {
+    quoted(&p.display().to_string())
+}
+
+/// Status codes, as a TOML list of numbers.
+pub(super) fn statuses(set: &ReleaseStatuses) -> String {
     list(set.iter().map(|s| s.as_u16().to_string()))
 }
 
-fn grpc_codes(set: &GrpcReleaseCodes) -> String {
+/// gRPC statuses, as a TOML list of their names.
+pub(super) fn grpc_codes(set: &GrpcReleaseCodes) -> String {
     strings(set.iter().map(idem_tower::grpc_code_name))
 }
 
 /// The comma-separated `Display` of a setting as a TOML list (`none` is the empty list).
-fn display_list(shown: &str) -> String {
+pub(super) fn display_list(value: &impl Display) -> String {
+    let shown = value.to_string();
     if shown == "none" {
         return "[]".to_owned();
     }
     strings(shown.split(','))
+}
+
+/// The admin token is never printed: where it is, or that there is none.
+pub(super) fn admin_token(config: &GatewayConfig, args: &ServeArgs) -> Line {
+    Line::Note(match (&args.admin_token_file, &config.admin_token) {
+        (Some(_), _) => "in the file",
+        (None, Some(_)) => "set, not shown",
+        (None, None) => "none",
+    })
+}
+
+/// The tenant secret's file, or where the secret is when there is none.
+pub(super) fn tenant_secret_file(_: &GatewayConfig, args: &ServeArgs) -> Line {
+    match (&args.tenant_secret_file, &args.tenant_secret) {
+        (Some(file), _) => Line::Set(path(file)),
+        (None, Some(_)) => Line::Note("the secret is set in IDEM_TENANT_SECRET, not shown"),
+        (None, None) => Line::Note("the store keeps the tenant secret"),
+    }
+}
+
+/// A `jwt_*` setting as the token verification uses it, or a note that there is none.
+pub(super) fn jwt(
+    config: &GatewayConfig,
+    print: impl FnOnce(&JwtSettings) -> Result<String, &'static str>,
+) -> Line {
+    match &config.jwt {
+        Some(jwt) => print(jwt).into(),
+        None => Line::Note("unused: tenant_from does not name jwt"),
+    }
+}
+
+pub(super) fn jwt_jwks_file(config: &GatewayConfig, _: &ServeArgs) -> Line {
+    jwt(config, |j| match (&j.jwks_file, &j.jwks_url) {
+        (Some(file), _) => Ok(path(file)),
+        (None, Some(_)) => Err("none: the keys are at jwt_jwks_url"),
+        (None, None) => Err("none: HS256 tokens only"),
+    })
+}
+
+pub(super) fn jwt_jwks_url(config: &GatewayConfig, _: &ServeArgs) -> Line {
+    jwt(config, |j| match (&j.jwks_file, &j.jwks_url) {
+        (Some(_), _) => Err("none: the keys are in jwt_jwks_file"),
+        (None, Some(url)) => Ok(quoted(url)),
+        (None, None) => Err("none: HS256 tokens only"),
+    })
+}
+
+pub(super) fn jwt_jwks_refresh(config: &GatewayConfig, _: &ServeArgs) -> Line {
+    jwt(config, |j| match (&j.jwks_file, &j.jwks_url) {
+        (Some(_), _) => Err("the file is read again on an unknown key"),
+        (None, Some(_)) => Ok(duration(j.jwks_refresh)),
+        (None, None) => Err("none: HS256 tokens only"),
+    })
+}
+
+/// The collector's base URL, under which the traces' path is added.
+pub(super) fn otlp_endpoint(config: &GatewayConfig, _: &ServeArgs) -> Line {
+    let base = |url: &String| {
+        let base = url
+            .strip_suffix(crate::telemetry::TRACES_PATH)
+            .unwrap_or(url);
+        quoted(base)
+    };
+    config
+        .otlp_endpoint
+        .as_ref()
+        .map(base)
+        .ok_or("no traces exported")
+        .into()
 }
 
 /// The text being written.
@@ -64,66 +188,13 @@ impl Toml {
     fn note(&mut self, name: &str, text: &str) {
         let _ = writeln!(self.out, "# {name}: {text}");
     }
-}
 
-impl GatewayConfig {
-    /// The `jwt_*` settings: each set, or a note saying why not.
-    fn print_jwt(&self, t: &mut Toml) {
-        let Some(jwt) = &self.jwt else {
-            for name in [
-                "jwt_jwks_file",
-                "jwt_jwks_url",
-                "jwt_jwks_refresh",
-                "jwt_hs256_secret_file",
-                "jwt_issuer",
-                "jwt_audience",
-                "jwt_claims",
-                "jwt_leeway",
-            ] {
-                t.note(name, "unused: tenant_from does not name jwt");
-            }
-            return;
-        };
-        match (&jwt.jwks_file, &jwt.jwks_url) {
-            (Some(file), _) => {
-                t.set("jwt_jwks_file", path(file));
-                t.note("jwt_jwks_url", "none: the keys are in jwt_jwks_file");
-                t.note(
-                    "jwt_jwks_refresh",
-                    "the file is read again on an unknown key",
-                );
-            }
-            (None, Some(url)) => {
-                t.note("jwt_jwks_file", "none: the keys are at jwt_jwks_url");
-                t.set("jwt_jwks_url", quoted(url));
-                t.set("jwt_jwks_refresh", duration(jwt.jwks_refresh));
-            }
-            (None, None) => {
-                for name in ["jwt_jwks_file", "jwt_jwks_url", "jwt_jwks_refresh"] {
-                    t.note(name, "none: HS256 tokens only");
-                }
-            }
+    fn line(&mut self, name: &str, line: Line) {
+        match line {
+            Line::Set(value) => self.set(name, value),
+            Line::Note(text) => self.note(name, text),
         }
-        match &jwt.hs256_secret_file {
-            Some(file) => t.set("jwt_hs256_secret_file", path(file)),
-            None => t.note("jwt_hs256_secret_file", "none: HS256 tokens are refused"),
-        }
-        match &jwt.issuer {
-            Some(iss) => t.set("jwt_issuer", quoted(iss)),
-            None => t.note("jwt_issuer", "any"),
-        }
-        if jwt.audiences.is_empty() {
-            t.note("jwt_audience", "any");
-        } else {
-            t.set("jwt_audience", strings(&jwt.audiences));
-        }
-        t.set("jwt_claims", strings(&jwt.claims));
-        t.set("jwt_leeway", duration(jwt.leeway));
     }
-}
-
-fn path(p: &std::path::Path) -> String {
-    quoted(&p.display().to_string())
 }
 
 impl GatewayConfig {
@@ -132,176 +203,8 @@ impl GatewayConfig {
     /// is what the configuration keeps only the contents of.
     pub fn to_toml(&self, args: &ServeArgs) -> String {
         let mut t = Toml::default();
-        t.set("upstream", quoted(&self.upstream.to_string()));
-        t.set("listen", quoted(&self.listen.to_string()));
-        t.set("store", quoted(&crate::store::redact(&self.store)));
-        match self.store_options.pool {
-            Some(n) => t.set("store_pool", n.to_string()),
-            None => t.note("store_pool", "the store's own default"),
-        }
-        let namespace = self.store_options.namespace.clone().unwrap_or_default();
-        t.set("store_namespace", quoted(namespace.as_str()));
-        t.set(
-            "migrate",
-            (self.store_options.schema == Schema::Migrate).to_string(),
-        );
-        match self.admin {
-            Some(addr) => t.set("admin", quoted(&addr.to_string())),
-            None => t.note("admin", "off"),
-        }
-        match (&args.admin_token_file, &self.admin_token) {
-            (Some(file), _) => {
-                t.set("admin_token_file", path(file));
-                t.note("admin_token", "in the file");
-            }
-            (None, Some(_)) => {
-                t.note("admin_token", "set, not shown");
-                t.note("admin_token_file", "none");
-            }
-            (None, None) => {
-                t.note("admin_token", "none");
-                t.note("admin_token_file", "none");
-            }
-        }
-        t.set("require_key", self.require_key.to_string());
-        t.set("profile", quoted(self.profile.as_str()));
-        t.set("ttl", duration(self.ttl));
-        t.set("tombstone_ttl", duration(self.tombstone_ttl));
-        t.set("lease", duration(self.lease));
-        t.set("max_wait", duration(self.max_wait));
-        t.set("max_waiters", self.max_waiters.to_string());
-        t.set("upstream_timeout", duration(self.upstream_timeout));
-        t.set(
-            "upstream_protocol",
-            quoted(&format!("{:?}", self.upstream_protocol).to_ascii_lowercase()),
-        );
-        match &args.upstream_ca {
-            Some(file) => t.set("upstream_ca", path(file)),
-            None => t.note("upstream_ca", "the system's roots"),
-        }
-        t.set("body_limit", self.body_limit.to_string());
-        t.set("response_limit", self.response_limit.to_string());
-        t.set(
-            "tenant_header",
-            strings(self.tenant_headers.iter().map(|h| h.as_str())),
-        );
-        t.set("require_tenant", self.require_tenant.to_string());
-        match (&args.tenant_secret_file, &args.tenant_secret) {
-            (Some(file), _) => t.set("tenant_secret_file", path(file)),
-            (None, Some(_)) => t.note(
-                "tenant_secret_file",
-                "the secret is set in IDEM_TENANT_SECRET, not shown",
-            ),
-            (None, None) => t.note("tenant_secret_file", "the store keeps the tenant secret"),
-        }
-        t.set(
-            "tenant_from",
-            strings(self.tenant_from.iter().map(|s| s.as_str())),
-        );
-        self.print_jwt(&mut t);
-        t.set(
-            "tenant_max_in_flight",
-            self.tenant_max_in_flight.to_string(),
-        );
-        match &self.tenant_key_rate {
-            Some(rate) => t.set("tenant_key_rate", quoted(&rate.to_string())),
-            None => t.note("tenant_key_rate", "none: new keys are not limited"),
-        }
-        t.set("tenant_metrics", self.tenant_metrics.to_string());
-        match &args.record_key_file {
-            Some(file) => t.set("record_key_file", path(file)),
-            None => t.note("record_key_file", "records are not sealed"),
-        }
-        t.set(
-            "read_unsealed_records",
-            self.read_unsealed_records.to_string(),
-        );
-        t.set("scope", quoted(self.scope.as_str()));
-        t.set(
-            "keyed_methods",
-            strings(self.keyed_methods.iter().map(|m| m.as_str())),
-        );
-        t.set("release_statuses", statuses(&self.release_statuses));
-        t.set("grpc_release_codes", grpc_codes(&self.grpc_release_codes));
-        t.set(
-            "path_normalization",
-            display_list(&self.path_normalization.to_string()),
-        );
-        t.set(
-            "route_matching",
-            display_list(&self.route_matching.to_string()),
-        );
-        t.set(
-            "client_timeout",
-            duration(self.client_timeout.unwrap_or(Duration::ZERO)),
-        );
-        match self.max_connections {
-            Some(n) => t.set("max_connections", n.to_string()),
-            None => t.note(
-                "max_connections",
-                "derived from the open-file limit at start",
-            ),
-        }
-        t.set("sweep_interval", duration(self.sweep_interval));
-        t.set("shutdown_timeout", duration(self.shutdown_timeout));
-        match &self.otlp_endpoint {
-            // The setting is the collector's base URL, under which the path is added.
-            Some(url) => {
-                let base = url
-                    .strip_suffix(crate::telemetry::TRACES_PATH)
-                    .unwrap_or(url);
-                t.set("otlp_endpoint", quoted(base));
-            }
-            None => t.note("otlp_endpoint", "no traces exported"),
-        }
-        t.set("access_log", quoted(&self.access_log.to_string()));
-        t.set("request_id_header", quoted(self.request_id_header.as_str()));
-        if self.trusted_proxies.is_empty() {
-            t.note(
-                "trusted_proxies",
-                "none: the client is the connection's peer",
-            );
-        } else {
-            let nets = self.trusted_proxies.nets().iter().map(|n| n.to_string());
-            t.set("trusted_proxies", strings(nets));
-        }
-        if self.trusted_headers.is_empty() {
-            t.note("trusted_headers", "none");
-        } else {
-            let names = self.trusted_headers.iter().map(|h| h.as_str());
-            t.set("trusted_headers", strings(names));
-        }
-        let h2 = &self.http2;
-        t.set(
-            "http2_max_concurrent_streams",
-            h2.max_concurrent_streams.to_string(),
-        );
-        t.set(
-            "http2_max_header_list_size",
-            h2.max_header_list_size.to_string(),
-        );
-        t.set(
-            "http2_keepalive_interval",
-            duration(h2.keepalive_interval.unwrap_or(Duration::ZERO)),
-        );
-        t.set("http2_keepalive_timeout", duration(h2.keepalive_timeout));
-        t.set("http2_answer_budget", h2.answer_budget.to_string());
-        match self.tls.as_ref().and_then(|f| f.client_ca.as_ref()) {
-            Some(ca) => t.set("tls_client_ca", path(ca)),
-            None => t.note("tls_client_ca", "no client certificates are asked for"),
-        }
-        t.set("tenant_cert_name", quoted(self.tenant_cert_name.as_str()));
-        for (prefix, files) in [("", &self.tls), ("admin_", &self.admin_tls)] {
-            match files {
-                Some(files) => {
-                    t.set(&format!("{prefix}tls_cert"), path(&files.cert));
-                    t.set(&format!("{prefix}tls_key"), path(&files.key));
-                }
-                None => {
-                    t.note(&format!("{prefix}tls_cert"), "plain TCP");
-                    t.note(&format!("{prefix}tls_key"), "plain TCP");
-                }
-            }
+        for (name, line) in self.lines(args) {
+            t.line(name, line);
         }
         for route in &self.routes {
             t.out.push('\n');

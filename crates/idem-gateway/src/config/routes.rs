@@ -2,6 +2,7 @@
 
 use http::HeaderName;
 
+use super::ServeArgs;
 use super::error::{ConfigError, invalid};
 use super::jwt;
 use super::rules::RouteRule;
@@ -11,15 +12,26 @@ use super::values::{
 use crate::path::PathNormalization;
 use crate::route::{PathTemplate, Route, RouteMatching};
 
+/// The `[[route]]` rules, checked and compiled for requests whose paths are normalised
+/// as `path_normalization` says, to match them as `route_matching` says.
+pub(super) fn resolve(a: &ServeArgs) -> Result<Vec<Route>, ConfigError> {
+    let paths = super::resolve::path_normalization(a)?;
+    let matching = super::resolve::route_matching(a)?;
+    let rules = a.route.iter().cloned().enumerate();
+    rules
+        .map(|(i, rule)| compile_route(i, rule, paths, matching))
+        .collect()
+}
+
 /// The `i`th `[[route]]` rule, checked and compiled for requests whose paths are
 /// normalised as `paths` says, to match them as `matching` says.
-pub(super) fn compile_route(
+fn compile_route(
     i: usize,
     rule: RouteRule,
     paths: PathNormalization,
     matching: RouteMatching,
 ) -> Result<Route, ConfigError> {
-    let name = format!("route[{i}] ({})", rule.path);
+    let name = rule.name(i);
     let method = match rule.method.as_deref().map(str::trim) {
         None | Some("*") | Some("") => None,
         Some(m) => Some(parse_methods(&[m.to_owned()], &name)?.remove(0)),

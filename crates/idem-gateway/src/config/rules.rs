@@ -75,3 +75,10 @@ pub struct RouteRule {
     /// counts) or `jcs` (RFC 8785).
     pub canonical_json: Option<String>,
 }
+
+impl RouteRule {
+    /// How errors name the rule, the `i`th of the file.
+    pub(super) fn name(&self, i: usize) -> String {
+        format!("route[{i}] ({})", self.path)
+    }
+}

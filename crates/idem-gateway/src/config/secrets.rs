@@ -2,11 +2,12 @@
 //! itself or as a file that holds it, never both) and the record keys (a file), all
 //! checked at start.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use idem_core::private_file::Exposure;
 use idem_core::{RecordKeys, TenantKey};
 
+use super::ServeArgs;
 use super::error::{ConfigError, invalid};
 
 /// The environment variable that holds the tenant secret itself.
@@ -41,7 +42,7 @@ impl std::fmt::Debug for TenantSecret {
 /// trailing newline), then the secret must be at least 32 bytes. Given both ways, the
 /// secret is refused rather than one picked: two gateways that picked differently
 /// would name every client differently.
-pub fn tenant_key(
+pub(crate) fn tenant_key(
     from_env: Option<&TenantSecret>,
     cli_file: Option<&Path>,
     config_file: Option<&Path>,
@@ -96,11 +97,8 @@ fn warn_if_readable_by_others(path: &Path, what: &str) {
 /// header cannot carry as it is (surrounding whitespace, which the header's parsing
 /// trims; anything but printable ASCII), is refused at start instead of locking every
 /// caller out, or letting an empty header in.
-pub(crate) fn admin_token(
-    token: Option<String>,
-    file: Option<PathBuf>,
-) -> Result<Option<String>, ConfigError> {
-    let (token, setting) = match (token, file) {
+pub(super) fn admin_token(a: &ServeArgs) -> Result<Option<String>, ConfigError> {
+    let (token, setting) = match (a.admin_token.clone(), &a.admin_token_file) {
         (Some(_), Some(_)) => {
             return Err(invalid(
                 "admin_token_file",
@@ -112,13 +110,13 @@ pub(crate) fn admin_token(
         (None, None) => return Ok(None),
         (Some(token), None) => (token, "admin_token"),
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(&path).map_err(|e| {
+            let text = std::fs::read_to_string(path).map_err(|e| {
                 invalid(
                     "admin_token_file",
                     format!("cannot read {}: {e}", path.display()),
                 )
             })?;
-            warn_if_others_can_read(&path);
+            warn_if_others_can_read(path);
             let line = text.strip_suffix('\n').unwrap_or(&text);
             let line = line.strip_suffix('\r').unwrap_or(line);
             (line.to_owned(), "admin_token_file")
@@ -158,7 +156,7 @@ fn warn_if_others_can_read(path: &Path) {
 /// owner and group (a key others can read seals nothing), and a group that can read it
 /// is warned about; a file that holds no key, or a line that is not `id:<64 hex
 /// digits>`, is refused with its line number and never its key.
-pub fn record_keys(file: Option<&Path>) -> Result<Option<RecordKeys>, ConfigError> {
+pub(crate) fn record_keys(file: Option<&Path>) -> Result<Option<RecordKeys>, ConfigError> {
     const SETTING: &str = "record_key_file";
     let Some(path) = file else {
         return Ok(None);

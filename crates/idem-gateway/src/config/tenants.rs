@@ -1,5 +1,6 @@
 //! `[[tenant]]` tables: one tenant's limits in place of the global ones.
 
+use super::ServeArgs;
 use super::error::{ConfigError, invalid};
 use super::rules::TenantRule;
 
@@ -7,15 +8,24 @@ use super::rules::TenantRule;
 #[derive(Debug, Clone, PartialEq)]
 pub struct TenantLimits {
     /// The tenant as stored, or a prefix of at least 16 hex digits of it.
-    pub id: String,
+    pub(crate) id: String,
     /// Its most keyed requests in progress; `None` keeps the global one.
-    pub max_in_flight: Option<usize>,
+    pub(crate) max_in_flight: Option<usize>,
     /// Its rate of new keys (`Some(None)`: no limit); `None` keeps the global one.
-    pub key_rate: Option<Option<idem_core::KeyRate>>,
+    pub(crate) key_rate: Option<Option<idem_core::KeyRate>>,
+}
+
+/// The `[[tenant]]` tables, checked.
+pub(super) fn resolve(a: &ServeArgs) -> Result<Vec<TenantLimits>, ConfigError> {
+    a.tenant
+        .iter()
+        .cloned()
+        .map(TenantLimits::from_rule)
+        .collect()
 }
 
 impl TenantLimits {
-    pub(super) fn from_rule(rule: TenantRule) -> Result<TenantLimits, ConfigError> {
+    fn from_rule(rule: TenantRule) -> Result<TenantLimits, ConfigError> {
         let TenantRule {
             id,
             max_in_flight,
@@ -39,7 +49,7 @@ impl TenantLimits {
     }
 
     /// The override the layer takes.
-    pub fn to_override(&self) -> idem_tower::TenantOverride {
+    pub(crate) fn to_override(&self) -> idem_tower::TenantOverride {
         let mut o = idem_tower::TenantOverride::new();
         if let Some(max) = self.max_in_flight {
             o = o.max_in_flight(max);

@@ -1,26 +1,29 @@
 //! Where the upstream is and how to speak to it: `--upstream`, parsed once at start,
 //! and `--upstream-protocol`.
 
+use std::sync::Arc;
+
 use clap::ValueEnum;
 use http::Uri;
 use serde::Deserialize;
 
+use super::ServeArgs;
 use super::error::{ConfigError, invalid};
 
 /// Where the upstream is.
 #[derive(Debug, Clone)]
 pub struct Upstream {
     /// `http` or `https`.
-    pub scheme: http::uri::Scheme,
+    pub(crate) scheme: http::uri::Scheme,
     /// Host and port.
-    pub authority: http::uri::Authority,
+    pub(crate) authority: http::uri::Authority,
     /// A path prefix without trailing slash (empty for none).
-    pub base_path: String,
+    pub(crate) base_path: String,
 }
 
 impl Upstream {
     /// Parses an `http://host:port[/prefix]` or `https://host:port[/prefix]` URL.
-    pub fn parse(url: &str) -> Result<Upstream, ConfigError> {
+    pub(crate) fn parse(url: &str) -> Result<Upstream, ConfigError> {
         let uri: Uri = url
             .parse()
             .map_err(|e| invalid("upstream", format!("{url:?} is not a URL: {e}")))?;
@@ -53,7 +56,7 @@ impl Upstream {
     ///
     /// Without a base path the incoming path and query, already parsed, are reused as
     /// they are rather than written out and parsed again.
-    pub fn uri_for(&self, incoming: &Uri) -> Result<Uri, http::Error> {
+    pub(crate) fn uri_for(&self, incoming: &Uri) -> Result<Uri, http::Error> {
         let builder = Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone());
@@ -71,7 +74,7 @@ impl Upstream {
 
 impl Upstream {
     /// Whether the upstream is reached over TLS (`https://`).
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         self.scheme == http::uri::Scheme::HTTPS
     }
 }
@@ -89,6 +92,33 @@ pub enum UpstreamProtocol {
     /// Over TLS what the upstream picks by ALPN (`h2`, else `http/1.1`); HTTP/1.1 on
     /// plain TCP, where nothing negotiates.
     Auto,
+}
+
+/// `upstream`, which is required.
+pub(super) fn resolve(a: &ServeArgs) -> Result<Upstream, ConfigError> {
+    let url = a.upstream.as_deref().ok_or_else(|| {
+        invalid(
+            "upstream",
+            "required: give --upstream URL, IDEM_UPSTREAM or `upstream` in --config",
+        )
+    })?;
+    Upstream::parse(url)
+}
+
+/// For an `https://` upstream, the TLS client settings (the roots its certificate must
+/// chain to: `upstream_ca`'s, else the system's); `None` for `http://`.
+pub(super) fn tls(a: &ServeArgs) -> Result<Option<Arc<rustls::ClientConfig>>, ConfigError> {
+    match (resolve(a)?.is_tls(), &a.upstream_ca) {
+        (true, ca) => crate::tls_client::tls_client_config(ca.as_deref())
+            .map(|config| Some(Arc::new(config)))
+            .map_err(|e| invalid("upstream_ca", e)),
+        // A CA for an upstream that no TLS reaches is a mistake worth saying.
+        (false, Some(_)) => Err(invalid(
+            "upstream_ca",
+            "given for an http:// upstream, which is reached without TLS",
+        )),
+        (false, None) => Ok(None),
+    }
 }
 
 impl std::fmt::Display for Upstream {

@@ -11,13 +11,13 @@ use idem_tower::ReleaseStatuses;
 use super::error::{ConfigError, invalid};
 
 /// Parses a humantime duration (`500ms`, `2s`, `24h`, `1h 30m`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (examples: 500ms, 2s, 24h)"))
 }
 
 /// Parses a byte count: `1048576`, `64KiB`, `1MiB`, `2MB`, `1GiB` (binary units for
 /// `Ki`/`Mi`/`Gi` and for bare `K`/`M`/`G`, decimal for `KB`/`MB`/`GB`).
-pub fn parse_byte_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_byte_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
@@ -154,7 +154,7 @@ pub(crate) fn parse_tenant_headers(list: &[String]) -> Result<Vec<HeaderName>, C
 
 /// Parses `--listen`: `IP:PORT`, or a bare port, which listens on loopback (127.0.0.1),
 /// as `--admin` does.
-pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, ConfigError> {
+pub(crate) fn parse_listen_addr(s: &str) -> Result<SocketAddr, ConfigError> {
     if let Ok(port) = s.trim().parse::<u16>() {
         return Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
     }
@@ -167,7 +167,7 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, ConfigError> {
 }
 
 /// An admin address: `ADDR:PORT`, or a bare port bound to loopback.
-pub fn parse_admin_addr(s: &str) -> Result<SocketAddr, ConfigError> {
+pub(crate) fn parse_admin_addr(s: &str) -> Result<SocketAddr, ConfigError> {
     if let Ok(port) = s.trim().parse::<u16>() {
         return Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
     }

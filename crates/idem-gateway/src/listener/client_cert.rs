@@ -8,15 +8,15 @@
 
 /// The names of one client certificate.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClientNames {
+pub(crate) struct ClientNames {
     /// The subject's DER (a `Name`), as issued.
-    pub subject: Vec<u8>,
+    pub(crate) subject: Vec<u8>,
     /// `uniformResourceIdentifier` SANs (a SPIFFE id, say).
-    pub uris: Vec<String>,
+    pub(crate) uris: Vec<String>,
     /// `dNSName` SANs.
-    pub dns: Vec<String>,
+    pub(crate) dns: Vec<String>,
     /// `rfc822Name` SANs.
-    pub emails: Vec<String>,
+    pub(crate) emails: Vec<String>,
 }
 
 /// Which name of a client certificate names its tenant (`tenant_cert_name`).
@@ -34,7 +34,7 @@ pub enum CertName {
 
 impl CertName {
     /// As the setting spells it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CertName::Uri => "uri",
             CertName::Dns => "dns",
@@ -44,7 +44,7 @@ impl CertName {
     }
 
     /// Parses the setting.
-    pub fn parse(s: &str) -> Result<CertName, String> {
+    pub(crate) fn parse(s: &str) -> Result<CertName, String> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
             "uri" => CertName::Uri,
             "dns" => CertName::Dns,
@@ -56,7 +56,7 @@ impl CertName {
 
     /// The principal `names` give under this choice, or `None` when the certificate
     /// has no such name.
-    pub fn principal(self, names: &ClientNames) -> Option<idem_tower::Principal> {
+    pub(crate) fn principal(self, names: &ClientNames) -> Option<idem_tower::Principal> {
         let value = match self {
             CertName::Uri => names.uris.first()?.clone(),
             CertName::Dns => names.dns.first()?.clone(),
@@ -130,7 +130,7 @@ const EXTENSIONS: u8 = 0xa3;
 const SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
 
 /// The names in the DER certificate `cert`, or `None` when it does not read as one.
-pub fn names(cert: &[u8]) -> Option<ClientNames> {
+pub(crate) fn names(cert: &[u8]) -> Option<ClientNames> {
     let (certificate, _) = read(cert)?;
     if certificate.tag != SEQUENCE {
         return None;

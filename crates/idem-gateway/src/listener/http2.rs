@@ -16,56 +16,56 @@ use hyper_util::server::conn::auto;
 use super::window::StreamExecutor;
 
 /// Streams one HTTP/2 connection may have open at once unless configured otherwise.
-pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 100;
+pub(crate) const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 100;
 
 /// The largest header list (RFC 9113 §6.5.2, decoded names and values plus 32 bytes per
 /// field) an HTTP/2 request may carry unless configured otherwise.
-pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = 32 * 1024;
+pub(crate) const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = 32 * 1024;
 
 /// How often an HTTP/2 connection is pinged unless configured otherwise.
-pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 
 /// How long a ping may go unanswered before the connection is closed, unless
 /// configured otherwise.
-pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Streams a client may open and reset before the gateway has accepted them: beyond
 /// this, the connection is closed with `ENHANCE_YOUR_CALM` (the rapid-reset flood).
-pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+pub(crate) const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 
 /// Streams the gateway may have to reset because of the client's errors, on one
 /// connection, before it closes the connection.
-pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 256;
+pub(crate) const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 256;
 
 /// The most one HTTP/1.1 connection's read buffer grows to. A request head must fit in
 /// it (a larger one is 431, as Envoy's 60 KiB default would), and a body is read
 /// through it, so that a connection whose request waits (for its upstream, or as a
 /// duplicate for another attempt's answer) holds no more than this of its reading;
 /// hyper's own default is about 400 KiB.
-pub const HTTP1_MAX_BUF_SIZE: usize = 64 * 1024;
+pub(crate) const HTTP1_MAX_BUF_SIZE: usize = 64 * 1024;
 
 /// Answer bytes buffered for one stream ahead of the client's flow-control window.
-pub const MAX_SEND_BUF_SIZE: usize = 128 * 1024;
+pub(crate) const MAX_SEND_BUF_SIZE: usize = 128 * 1024;
 
 /// Bytes of buffered answers (replays, recorded answers) one HTTP/2 connection may
 /// hold unless configured otherwise: two answers at the default response limit.
-pub const DEFAULT_ANSWER_BUDGET: usize = 16 * 1024 * 1024;
+pub(crate) const DEFAULT_ANSWER_BUDGET: usize = 16 * 1024 * 1024;
 
 /// The HTTP/2 limits of a listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Http2Limits {
     /// Streams one connection may have open at once.
-    pub max_concurrent_streams: u32,
+    pub(crate) max_concurrent_streams: u32,
     /// The largest header list a request may carry, in bytes.
-    pub max_header_list_size: u32,
+    pub(crate) max_header_list_size: u32,
     /// How often an idle connection is pinged; `None` for never.
-    pub keepalive_interval: Option<Duration>,
+    pub(crate) keepalive_interval: Option<Duration>,
     /// How long a ping may go unanswered before the connection is closed.
-    pub keepalive_timeout: Duration,
+    pub(crate) keepalive_timeout: Duration,
     /// The most bytes of buffered answers one connection may hold at once; an answer
     /// beyond them is refused (a connection's first answer always fits). Held by the
     /// proxy's front, which knows which answers are buffered.
-    pub answer_budget: usize,
+    pub(crate) answer_budget: usize,
 }
 
 impl Default for Http2Limits {

@@ -4,17 +4,17 @@
 
 /// The most connections the admin listener holds open: plenty for probes, scrapes and
 /// an operator, and few enough that it never takes the proxy's descriptors.
-pub const ADMIN_MAX_CONNECTIONS: usize = 32;
+pub(crate) const ADMIN_MAX_CONNECTIONS: usize = 32;
 
 /// Descriptors kept out of the proxy's default cap beyond the store's and the admin
 /// listener's: the listeners themselves, standard streams, DNS lookups, files the store
 /// opens besides its connections, and room to spare.
-pub const SPARE_DESCRIPTORS: u64 = 64;
+pub(crate) const SPARE_DESCRIPTORS: u64 = 64;
 
 /// Raises the soft limit on open files (`RLIMIT_NOFILE`) to the hard limit, as servers
 /// commonly do, and returns the soft limit then in force; `None` where it cannot be
 /// read. A failure to raise it is logged and leaves it as it was.
-pub fn raise_fd_limit() -> Option<u64> {
+pub(crate) fn raise_fd_limit() -> Option<u64> {
     #[cfg(unix)]
     {
         let (soft, hard) = match rlimit::getrlimit(rlimit::Resource::NOFILE) {
@@ -37,7 +37,7 @@ pub fn raise_fd_limit() -> Option<u64> {
 }
 
 /// The soft limit on open files now; `None` where it cannot be read.
-pub fn fd_limit() -> Option<u64> {
+pub(crate) fn fd_limit() -> Option<u64> {
     #[cfg(unix)]
     {
         rlimit::getrlimit(rlimit::Resource::NOFILE)
@@ -55,10 +55,11 @@ pub fn fd_limit() -> Option<u64> {
 /// (nofile - store - admin - SPARE_DESCRIPTORS) / 2, at least 1
 /// ```
 ///
-/// where `store` is what the store's connections may hold
-/// ([`store::descriptors`](crate::store::descriptors)), `admin` is
-/// [`ADMIN_MAX_CONNECTIONS`] when the admin listener is on, and the halving leaves each
-/// client connection room for the upstream connection it may hold while its request is
+/// where `store` is the most descriptors the store's connections hold (as its crate
+/// counts them), `admin` is the admin listener's own cap of 32 connections when it is
+/// on, `SPARE_DESCRIPTORS` (64) are kept for the listeners themselves, standard
+/// streams, DNS lookups and the store's files, and the halving leaves each client
+/// connection room for the upstream connection it may hold while its request is
 /// forwarded. At the usual hard limit of 1 048 576 that is about half a million; at a
 /// limit of 1 024 with the SQLite store and the admin listener, 452.
 pub fn default_max_connections(nofile: u64, store: u64, admin: bool) -> usize {

@@ -16,13 +16,13 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
     /// The certificate chain.
-    pub cert: PathBuf,
+    pub(crate) cert: PathBuf,
     /// The private key (PKCS#8, PKCS#1 or SEC1).
-    pub key: PathBuf,
+    pub(crate) key: PathBuf,
     /// The CA certificates (PEM) a client certificate must chain to, when clients may
     /// present one (`--tls-client-ca`). A client without a certificate is still served;
     /// one whose certificate does not verify fails the handshake.
-    pub client_ca: Option<PathBuf>,
+    pub(crate) client_ca: Option<PathBuf>,
 }
 
 /// Why a certificate and key cannot be used.
@@ -69,7 +69,7 @@ pub enum TlsError {
 
 impl TlsFiles {
     /// The server configuration for this pair, read from the files now.
-    pub fn load(&self) -> Result<ServerConfig, TlsError> {
+    pub(crate) fn load(&self) -> Result<ServerConfig, TlsError> {
         let cert_path = self.cert.display().to_string();
         let key_path = self.key.display().to_string();
         let certs = read(&self.cert)?;
@@ -152,14 +152,14 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 
 /// A listener's TLS: its files and the configuration new connections get.
 #[derive(Debug, Clone)]
-pub struct Tls {
+pub(crate) struct Tls {
     files: TlsFiles,
     current: Arc<RwLock<Arc<ServerConfig>>>,
 }
 
 impl Tls {
     /// TLS with the pair in `files`, read now.
-    pub fn load(files: TlsFiles) -> Result<Tls, TlsError> {
+    pub(crate) fn load(files: TlsFiles) -> Result<Tls, TlsError> {
         let config = files.load()?;
         Ok(Tls {
             files,
@@ -169,14 +169,14 @@ impl Tls {
 
     /// Reads the files again: new connections get the new pair; open ones keep theirs.
     /// A pair that cannot be used leaves the one in force, and is the error returned.
-    pub fn reload(&self) -> Result<(), TlsError> {
+    pub(crate) fn reload(&self) -> Result<(), TlsError> {
         let config = self.files.load()?;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
         Ok(())
     }
 
     /// The files.
-    pub fn files(&self) -> &TlsFiles {
+    pub(crate) fn files(&self) -> &TlsFiles {
         &self.files
     }
 

@@ -4,7 +4,7 @@
 
 /// Which of the gateway's listeners.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListenerKind {
+pub(crate) enum ListenerKind {
     /// The proxy's (`--listen`).
     Proxy,
     /// The admin listener's (`--admin`).
@@ -13,10 +13,10 @@ pub enum ListenerKind {
 
 impl ListenerKind {
     /// Both, in the order metrics list them.
-    pub const ALL: [ListenerKind; 2] = [ListenerKind::Proxy, ListenerKind::Admin];
+    pub(crate) const ALL: [ListenerKind; 2] = [ListenerKind::Proxy, ListenerKind::Admin];
 
     /// The label in metrics and logs: `proxy` or `admin`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ListenerKind::Proxy => "proxy",
             ListenerKind::Admin => "admin",

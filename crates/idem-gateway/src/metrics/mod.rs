@@ -20,7 +20,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-pub use self::listener_kind::ListenerKind;
+pub(crate) use self::listener_kind::ListenerKind;
 use figures::StoreFigures;
 use series::{
     ByKind, ByListener, ByOp, ByOutcome, ByReason, ByWaitEnd, Series, StoreCall, StoreFailure,
@@ -32,7 +32,7 @@ mod listener_kind;
 mod series;
 mod tenants;
 
-pub use tenants::{DEFAULT_TENANT_METRICS, tenant_label};
+pub(crate) use tenants::DEFAULT_TENANT_METRICS;
 #[cfg(test)]
 mod tests;
 
@@ -244,81 +244,57 @@ impl Metrics {
 
     /// Keeps the keyed requests of the `n` busiest tenants (by default
     /// [`DEFAULT_TENANT_METRICS`]); `0` keeps none.
-    pub fn with_tenant_metrics(self, n: usize) -> Metrics {
+    pub(crate) fn with_tenant_metrics(self, n: usize) -> Metrics {
         self.set_tenant_metrics(n);
         self
     }
 
     /// Keeps the keyed requests of the `n` busiest tenants from now on (a reload).
-    pub fn set_tenant_metrics(&self, n: usize) {
+    pub(crate) fn set_tenant_metrics(&self, n: usize) {
         self.tenants.set_capacity(n);
     }
 
     /// Renders `store`'s own figures ([`Store::metrics`]: a SQLite writer's queue and
     /// transactions, a pool's connections) with the rest.
-    pub fn with_store(mut self, store: Arc<dyn Store>) -> Metrics {
+    pub(crate) fn with_store(mut self, store: Arc<dyn Store>) -> Metrics {
         self.registry
             .register_collector(Box::new(StoreFigures(store)));
         self
     }
 
     /// Counts one request's outcome by its label.
-    pub fn count_outcome(&self, label: &'static str) {
+    pub(crate) fn count_outcome(&self, label: &'static str) {
         self.outcomes.at(ByOutcome { outcome: label }, |c| {
             c.inc();
         });
     }
 
-    /// How many requests had an outcome so far.
-    pub fn outcome_count(&self, label: &str) -> u64 {
-        self.outcomes
-            .find(|l| l.outcome == label, Counter::get)
-            .unwrap_or(0)
-    }
-
     /// Records one store call's latency.
-    pub fn observe_store(&self, op: &'static str, elapsed: Duration, ok: bool) {
+    pub(crate) fn observe_store(&self, op: &'static str, elapsed: Duration, ok: bool) {
         self.store_calls
             .at(StoreCall { op, ok }, |h| h.observe(elapsed.as_secs_f64()));
     }
 
     /// Marks a request in flight until the guard drops.
-    pub fn in_flight_guard(self: &Arc<Self>) -> GaugeGuard {
+    pub(crate) fn in_flight_guard(self: &Arc<Self>) -> GaugeGuard {
         GaugeGuard::raise(self.in_flight.clone())
     }
 
-    /// Requests in flight now.
-    pub fn in_flight(&self) -> i64 {
-        self.in_flight.get()
-    }
-
     /// Counts an upgraded connection as open until the guard drops.
-    pub fn tunnel_guard(self: &Arc<Self>) -> GaugeGuard {
+    pub(crate) fn tunnel_guard(self: &Arc<Self>) -> GaugeGuard {
         GaugeGuard::raise(self.tunnels.clone())
     }
 
-    /// Upgraded connections open now.
-    pub fn tunnels(&self) -> i64 {
-        self.tunnels.get()
-    }
-
     /// Counts a connection of `listener` as open until the guard drops.
-    pub fn connection_guard(self: &Arc<Self>, listener: ListenerKind) -> GaugeGuard {
+    pub(crate) fn connection_guard(self: &Arc<Self>, listener: ListenerKind) -> GaugeGuard {
         let mut open = None;
         self.connections_open
             .at(by_listener(listener), |g| open = Some(g.clone()));
         GaugeGuard::raise(open.expect("every listener's series is made in new"))
     }
 
-    /// Connections of `listener` open now.
-    pub fn connections_open(&self, listener: ListenerKind) -> i64 {
-        self.connections_open
-            .read(&by_listener(listener), Gauge::get)
-            .unwrap_or(0)
-    }
-
     /// Sets the most connections `listener` holds open.
-    pub fn set_max_connections(&self, listener: ListenerKind, max: usize) {
+    pub(crate) fn set_max_connections(&self, listener: ListenerKind, max: usize) {
         let max = u64::try_from(max).unwrap_or(u64::MAX);
         self.connections_max.at(by_listener(listener), |g| {
             g.set(max);
@@ -326,21 +302,21 @@ impl Metrics {
     }
 
     /// Counts one time `listener` reached its cap and waited for a connection to close.
-    pub fn count_connection_wait(&self, listener: ListenerKind) {
+    pub(crate) fn count_connection_wait(&self, listener: ListenerKind) {
         self.connection_waits.at(by_listener(listener), |c| {
             c.inc();
         });
     }
 
     /// Counts one failed accept on `listener`.
-    pub fn count_accept_error(&self, listener: ListenerKind) {
+    pub(crate) fn count_accept_error(&self, listener: ListenerKind) {
         self.accept_errors.at(by_listener(listener), |c| {
             c.inc();
         });
     }
 
     /// The Prometheus text exposition (format 0.0.4).
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
         prometheus_text::encode(&mut out, &self.registry).expect("writing to a String");
         out
@@ -446,7 +422,7 @@ fn upstream_error_label(failure: UpstreamFailure) -> &'static str {
 /// Lowers a gauge (requests in flight, connections, upgraded connections) again when
 /// dropped.
 #[derive(Debug)]
-pub struct GaugeGuard {
+pub(crate) struct GaugeGuard {
     gauge: Gauge,
 }
 

@@ -65,21 +65,6 @@ impl<L: Ord, M> Series<L, M> {
     pub(super) fn touch(&self, labels: L) {
         self.at(labels, |_| ());
     }
-
-    /// `f` of the first series whose label set `matches`.
-    pub(super) fn find<T>(
-        &self,
-        matches: impl Fn(&L) -> bool,
-        f: impl FnOnce(&M) -> T,
-    ) -> Option<T> {
-        let all = self.series.read().expect("metrics lock");
-        all.iter().find(|(l, _)| matches(l)).map(|(_, m)| f(m))
-    }
-
-    /// `f` of the series of `labels`, if it was made.
-    pub(super) fn read<T>(&self, labels: &L, f: impl FnOnce(&M) -> T) -> Option<T> {
-        self.series.read().expect("metrics lock").get(labels).map(f)
-    }
 }
 
 impl<L, M> EncodeMetric for Series<L, M>

@@ -21,7 +21,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 
 /// How many tenants the table holds unless configured otherwise.
-pub const DEFAULT_TENANT_METRICS: usize = 10;
+pub(crate) const DEFAULT_TENANT_METRICS: usize = 10;
 
 /// The per-tenant table.
 #[derive(Debug, Default)]
@@ -39,7 +39,7 @@ struct Row {
 }
 
 /// The label of `tenant`: its name, cut after 16 hex digits of its digest.
-pub fn tenant_label(tenant: &Tenant) -> &str {
+pub(crate) fn tenant_label(tenant: &Tenant) -> &str {
     let name = tenant.as_str();
     match name.strip_prefix("hmac-sha256:") {
         Some(hex) if hex.len() > idem_tower::MIN_TENANT_PREFIX => {

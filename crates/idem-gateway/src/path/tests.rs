@@ -14,6 +14,20 @@ fn norm(path: &str) -> Result<Cow<'_, str>, InvalidPath> {
 }
 
 #[test]
+fn a_target_keeps_its_query_and_a_normal_one_is_none() {
+    let uri: http::Uri = "/v1/./charges?expand=%2e".parse().unwrap();
+    let normal = normalize_uri(&uri, PathNormalization::default())
+        .unwrap()
+        .unwrap();
+    assert_eq!(normal, "/v1/charges?expand=%2e");
+    let normal: http::Uri = "/v1/charges".parse().unwrap();
+    assert_eq!(
+        normalize_uri(&normal, PathNormalization::default()),
+        Ok(None)
+    );
+}
+
+#[test]
 fn spellings_of_one_resource_are_one_path() {
     for spelling in [
         "/v1/charges",
@@ -182,6 +196,7 @@ fn characters_no_uri_allows_are_encoded() {
 fn paths_that_cannot_be_normalised_are_refused() {
     for (path, error) in [
         ("/..", InvalidPath::AboveRoot),
+        ("/../v1", InvalidPath::AboveRoot),
         ("/../v1/charges", InvalidPath::AboveRoot),
         ("/v1/../../charges", InvalidPath::AboveRoot),
         ("/%2e%2e/v1", InvalidPath::AboveRoot),
@@ -263,6 +278,20 @@ fn none_leaves_every_path_as_it_came() {
 
 #[test]
 fn lists_parse_and_refuse_what_they_cannot_use() {
+    let default = PathNormalization::default();
+    assert_eq!(
+        default.to_string(),
+        "rfc3986,merge-slashes,reject-ambiguous"
+    );
+    let all = options("rfc3986,merge-slashes,trailing-slash,lowercase");
+    assert!(all.trailing_slash && all.lowercase && !all.reject_ambiguous);
+    assert!(options("none").is_none());
+    assert!("none,lowercase".parse::<PathNormalization>().is_err());
+    assert!(
+        "merge-slashes,reject-ambiguous"
+            .parse::<PathNormalization>()
+            .is_err()
+    );
     assert_eq!(
         options("rfc3986,merge-slashes,reject-ambiguous"),
         PathNormalization::default()

@@ -116,7 +116,7 @@ impl UpstreamClient {
 /// The TLS failure behind a failed connect, if that is what it was: rustls's reason
 /// (`invalid peer certificate: UnknownIssuer`, a name mismatch, an expired
 /// certificate, an alert from the server), for the problem's detail.
-pub fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+pub(crate) fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut next = Some(e);
     while let Some(e) = next {
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {

@@ -68,9 +68,12 @@ async fn upstream(delay: Duration, extra: Option<(&'static str, &'static str)>) 
     format!("http://{addr}")
 }
 
+/// A proxy to the `http://` upstream at `url` over HTTP/1.1.
 fn proxy(url: &str, timeout: Duration) -> Proxy {
-    Proxy::new(
+    Proxy::speaking(
         Upstream::parse(url).unwrap(),
+        UpstreamProtocol::Http1,
+        None,
         timeout,
         Arc::new(Metrics::new()),
     )

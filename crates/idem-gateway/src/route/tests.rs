@@ -3,21 +3,33 @@
 use super::*;
 
 #[test]
+fn route_matching_defaults_to_any_case_and_trailing_slash() {
+    let default = RouteMatching::default();
+    assert_eq!(default.to_string(), "ignore-case,ignore-trailing-slash");
+    assert!(default.ignore_case && default.ignore_trailing_slash);
+    assert_eq!(
+        "exact".parse::<RouteMatching>().unwrap(),
+        RouteMatching::EXACT
+    );
+    assert!("exact,ignore-case".parse::<RouteMatching>().is_err());
+}
+
+#[test]
 fn template_matches_one_segment_per_placeholder() {
     let t = PathTemplate::parse("/v1/orders/{id}/capture").unwrap();
-    assert!(t.matches("/v1/orders/42/capture"));
-    assert!(!t.matches("/v1/orders//capture"));
-    assert!(!t.matches("/v1/orders/42/capture/extra"));
-    assert!(!t.matches("/v1/orders/42"));
-    assert!(!t.matches("/v1/orders/42/refund"));
+    assert!(t.matches_as("/v1/orders/42/capture", RouteMatching::EXACT));
+    assert!(!t.matches_as("/v1/orders//capture", RouteMatching::EXACT));
+    assert!(!t.matches_as("/v1/orders/42/capture/extra", RouteMatching::EXACT));
+    assert!(!t.matches_as("/v1/orders/42", RouteMatching::EXACT));
+    assert!(!t.matches_as("/v1/orders/42/refund", RouteMatching::EXACT));
 }
 
 #[test]
 fn rest_placeholder_matches_the_tail() {
     let t = PathTemplate::parse("/files/{*path}").unwrap();
-    assert!(t.matches("/files/a/b/c"));
-    assert!(t.matches("/files/"));
-    assert!(!t.matches("/other/a"));
+    assert!(t.matches_as("/files/a/b/c", RouteMatching::EXACT));
+    assert!(t.matches_as("/files/", RouteMatching::EXACT));
+    assert!(!t.matches_as("/other/a", RouteMatching::EXACT));
     assert!(PathTemplate::parse("/files/{*path}/x").is_err());
 }
 

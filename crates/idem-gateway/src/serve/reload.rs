@@ -10,8 +10,8 @@
 //! limits carry on, and a record reserved under earlier fingerprint rules is compared
 //! by them. A configuration that does not resolve, or whose token verifier cannot
 //! start, is refused: the generation in force stays, and the log says why. Settings
-//! that cannot change while serving ([`RESTART_ONLY`](crate::config::diff::RESTART_ONLY)) keep their running values, and
-//! the log names those that differ.
+//! that cannot change while serving ([`Reload::Restart`](crate::config::Reload::Restart))
+//! keep their running values, and the log names those that differ.
 
 use std::sync::{Arc, Mutex};
 
@@ -120,7 +120,7 @@ impl Generation {
 /// Why a reload kept the generation in force.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ReloadError {
+pub(crate) enum ReloadError {
     /// The gateway was started without a command line to read again (embedded).
     #[error("this gateway was not started from a configuration it can read again")]
     NotReloadable,
@@ -135,18 +135,18 @@ pub enum ReloadError {
 /// What a reload did: the generation now in force, and the changed settings it could
 /// not apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reloaded {
+pub(crate) struct Reloaded {
     /// The generation in force.
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// The settings that changed and were applied.
-    pub applied: Vec<String>,
+    pub(crate) applied: Vec<String>,
     /// The settings that changed and take a restart: their running values stay.
-    pub need_restart: Vec<String>,
+    pub(crate) need_restart: Vec<String>,
 }
 
 /// Reads the configuration again and puts it in force; shared by the SIGHUP handler
 /// and the admin listener.
-pub struct Reloader {
+pub(crate) struct Reloader {
     live: Arc<ArcSwap<Generation>>,
     parts: Parts,
     /// One reload at a time.
@@ -183,12 +183,12 @@ impl Reloader {
     }
 
     /// The generation in force: 1 until a reload succeeds.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.live.load().number
     }
 
     /// Why the last reload was refused, if the last one was.
-    pub fn last_error(&self) -> Option<String> {
+    pub(crate) fn last_error(&self) -> Option<String> {
         self.last_error
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -198,7 +198,7 @@ impl Reloader {
     /// Reads the configuration file (and the files it names) again, resolves it
     /// under the same command line and environment, and puts what may change in
     /// force for new requests. On any error the generation in force stays.
-    pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
+    pub(crate) async fn reload(&self) -> Result<Reloaded, ReloadError> {
         let _one = self.lock.lock().await;
         let result = self.reload_locked().await;
         let mut last = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
@@ -242,7 +242,7 @@ impl Reloader {
         let current = self.live.load_full();
         let (layered, mut config) = GatewayConfig::resolve_layered(cli)?;
         let changes = diff::diff(&current.config, &current.args, &config, &layered);
-        keep_restart_only(&mut config, &current.config);
+        config.keep_restart_only(&current.config);
         for warning in config.warnings().await {
             tracing::warn!("reload: {warning}");
         }
@@ -264,29 +264,6 @@ impl Reloader {
         self.live.store(Arc::new(generation));
         Ok(reloaded)
     }
-}
-
-/// Puts `running`'s values back in `config` for the settings a reload cannot change,
-/// so that the generation in force and what the log says agree with what is served.
-fn keep_restart_only(config: &mut GatewayConfig, running: &GatewayConfig) {
-    config.listen = running.listen;
-    config.store = running.store.clone();
-    config.store_options = running.store_options.clone();
-    config.admin = running.admin;
-    config.admin_token = running.admin_token.clone();
-    config.tenant_key = running.tenant_key.clone();
-    config.record_keys = running.record_keys.clone();
-    config.read_unsealed_records = running.read_unsealed_records;
-    config.scope = running.scope;
-    config.response_limit = running.response_limit;
-    config.client_timeout = running.client_timeout;
-    config.max_connections = running.max_connections;
-    config.sweep_interval = running.sweep_interval;
-    config.shutdown_timeout = running.shutdown_timeout;
-    config.otlp_endpoint = running.otlp_endpoint.clone();
-    config.http2 = running.http2;
-    config.tls = running.tls.clone();
-    config.admin_tls = running.admin_tls.clone();
 }
 
 #[async_trait::async_trait]

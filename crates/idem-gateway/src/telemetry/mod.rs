@@ -74,7 +74,7 @@ use self::store::{SpanObserver, TracedStore, store_system};
 
 /// The standard variable naming the collector's base URL, honoured when the gateway's
 /// own `otlp_endpoint` setting is not given.
-pub const OTEL_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+pub(crate) const OTEL_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 
 /// Where, under the collector's base URL, traces are posted (the OTLP/HTTP default).
 pub(crate) const TRACES_PATH: &str = "/v1/traces";
@@ -97,7 +97,10 @@ const FLUSH_AT_SHUTDOWN: Duration = Duration::from_secs(5);
 /// URL is an error, while a standard variable that is not (an `https://` one that a
 /// platform sets for every process, say) is logged and leaves tracing off, so that it
 /// cannot stop a gateway from starting.
-pub fn traces_url(setting: Option<&str>, standard: Option<&str>) -> Result<Option<String>, String> {
+pub(crate) fn traces_url(
+    setting: Option<&str>,
+    standard: Option<&str>,
+) -> Result<Option<String>, String> {
     if let Some(base) = setting.filter(|s| !s.is_empty()) {
         return base_to_traces_url(base).map(Some);
     }
@@ -175,7 +178,8 @@ impl std::fmt::Debug for Telemetry {
 }
 
 impl Telemetry {
-    /// Starts exporting to `url` (see [`traces_url`]). `routes` name the server spans;
+    /// Starts exporting to `url`, the full OTLP/HTTP traces URL (`…/v1/traces`, as
+    /// `--otlp-endpoint` resolves to). `routes` name the server spans;
     /// `store_url` says which store the store spans are calls to. Call from inside the
     /// tokio runtime that is to send the exports.
     pub fn start(

@@ -83,7 +83,7 @@ async fn the_soft_fd_limit_is_raised_to_the_hard_one_and_the_cap_derived_from_it
         logs.contains(&format!("open_file_limit={hard}")),
         "raised to {hard}:\n{logs}"
     );
-    let derived = idem_gateway::listener::default_max_connections(hard, 0, true);
+    let derived = idem_gateway::serve::default_max_connections(hard, 0, true);
     assert!(
         logs.contains(&format!("max_connections={derived}")),
         "{derived}:\n{logs}"

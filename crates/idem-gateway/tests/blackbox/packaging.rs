@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use idem_gateway::cli::ServeArgs;
-use idem_gateway::config::GatewayConfig;
+use idem_gateway::config::{GatewayConfig, ServeArgs};
 
 use crate::common::binary;
 

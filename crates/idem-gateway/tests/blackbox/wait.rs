@@ -385,6 +385,19 @@ async fn a_waiter_whose_client_hangs_up_frees_its_slot() {
         BODY.len()
     );
     send_and_hang_up(g.addr, &raw, Duration::from_millis(300)).await;
+    // The gateway learns of the hang-up from its socket, not at once: the duplicate goes
+    // once the abandoned wait is counted, so that it finds the slot free however busy
+    // the machine is.
+    let metrics = g.admin_url("/metrics");
+    idem_test_support::eventually(
+        "the hung-up waiter is counted as abandoned",
+        Duration::from_secs(10),
+        async || {
+            let m = http.send("GET", &metrics, &[], "").await;
+            String::from_utf8_lossy(&m.body).contains("idem_waits_total{ended=\"abandoned\"} 1")
+        },
+    )
+    .await;
     let dup = http
         .post(&g.url("/v1/charges"), &key, BODY, &[("prefer", "wait=10")])
         .await;

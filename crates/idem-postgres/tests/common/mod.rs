@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{ManualClock, StoreError};
-use idem_postgres::{Error, PgStore, PgStoreBuilder};
+use idem_core::ManualClock;
+use idem_postgres::{PgStore, PgStoreBuilder, SetupError};
 pub use idem_test_support::services::postgres_url as pg_url;
 use idem_test_support::{HookedStore, StoreHooks, service_unavailable};
 
@@ -22,9 +22,7 @@ pub async fn connect(options: PgStoreBuilder, ns: &str) -> Option<TempStore> {
     let table = table_for(ns);
     match options.table(&table).connect(&url).await {
         Ok(store) => Some(HookedStore::new(store, TempTable { url, table })),
-        Err(Error::Store(StoreError::Unavailable(e))) => {
-            service_unavailable("PostgreSQL", &url, &e)
-        }
+        Err(e @ SetupError::Unreachable { .. }) => service_unavailable("PostgreSQL", &url, &e),
         Err(e) => panic!("connecting to {url}: {e}"),
     }
 }

@@ -1,7 +1,13 @@
 //! How the settings resolve: precedence, defaults, and what is refused.
 
-use super::*;
+use http::{HeaderName, Method};
+use idem_core::ScopeMode;
 
+use super::*;
+use crate::path::PathNormalization;
+use crate::route::RouteMatching;
+
+mod declared;
 mod lists;
 
 fn args(upstream: &str) -> ServeArgs {

@@ -34,7 +34,7 @@ fn page(cmd: clap::Command) -> clap_mangen::Man {
 }
 
 /// The manual page idem(1), in roff.
-pub fn idem_page() -> Vec<u8> {
+pub(crate) fn idem_page() -> Vec<u8> {
     let mut out = Vec::new();
     page(command())
         .render(&mut out)
@@ -45,7 +45,7 @@ pub fn idem_page() -> Vec<u8> {
 /// Writes a page for `idem` and each of its subcommands into `dir`, which must exist
 /// (a mistyped directory is refused rather than made), and returns the files written,
 /// `idem.1` first.
-pub fn write_pages(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+pub(crate) fn write_pages(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     fn write(cmd: clap::Command, dir: &Path, written: &mut Vec<PathBuf>) -> std::io::Result<()> {
         written.push(page(cmd.clone()).generate_to(dir)?);
         for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {

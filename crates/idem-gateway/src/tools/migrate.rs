@@ -7,12 +7,11 @@ use std::process::ExitCode;
 use idem_core::{MigrationPlan, Schema};
 
 use crate::cli::MigrateArgs;
-use crate::config::DEFAULT_STORE;
 use crate::exit;
-use crate::store::{self, Namespace, OpenError, StoreOptions};
+use crate::store::{self, OpenError, StoreOptions};
 
 /// Runs `idem migrate`; prints to standard output and returns the exit code.
-pub async fn run(args: MigrateArgs) -> ExitCode {
+pub(crate) async fn run(args: MigrateArgs) -> ExitCode {
     match migrate(&args).await {
         Ok(report) => {
             print!("{report}");
@@ -27,15 +26,10 @@ pub async fn run(args: MigrateArgs) -> ExitCode {
 
 /// What the command prints, or its exit status and error.
 async fn migrate(args: &MigrateArgs) -> Result<String, (u8, String)> {
-    let url = args.store.as_deref().unwrap_or(DEFAULT_STORE);
-    let namespace = args
-        .store_namespace
-        .as_deref()
-        .map(Namespace::new)
-        .transpose()
-        .map_err(|e| (exit::CONFIG, format!("--store-namespace: {e}")))?;
+    let url = args.store.url();
+    let namespace = args.store.namespace();
     let options = StoreOptions {
-        namespace,
+        namespace: namespace.map_err(|e| (exit::CONFIG, format!("--store-namespace: {e}")))?,
         ..StoreOptions::default()
     };
     let failed = |e: OpenError| (exit::of_open(&e), e.to_string());

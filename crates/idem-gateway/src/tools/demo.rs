@@ -88,7 +88,7 @@ async fn list(State(charges): State<Arc<Charges>>) -> Response {
 }
 
 /// Serves the demo API on `addr` until SIGINT/SIGTERM.
-pub async fn run(addr: SocketAddr) -> std::io::Result<()> {
+pub(crate) async fn run(addr: SocketAddr) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!(
         "demo upstream (no idempotency of its own) on http://{}",

@@ -9,12 +9,12 @@
 
 use clap::CommandFactory;
 
-pub use clap_complete::Shell;
+pub(crate) use clap_complete::Shell;
 
 use crate::cli::Cli;
 
 /// The completion script of `idem` for `shell`.
-pub fn script(shell: Shell) -> Vec<u8> {
+pub(crate) fn script(shell: Shell) -> Vec<u8> {
     let mut cmd = Cli::command();
     let mut out = Vec::new();
     clap_complete::generate(shell, &mut cmd, "idem", &mut out);

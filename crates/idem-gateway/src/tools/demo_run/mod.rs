@@ -1,7 +1,7 @@
 //! `idem demo`: what the gateway prevents, in numbers.
 //!
 //! The command starts two child processes of its own binary on 127.0.0.1 ports the
-//! system picks: the naive demo payments API ([`crate::demo`], `idem demo-upstream`)
+//! system picks: the naive demo payments API ([`super::demo`], `idem demo-upstream`)
 //! and an `idem serve` in front of it, on a SQLite file in a temporary directory (or
 //! `--store`). A client then makes the same `--operations` payments twice: straight to
 //! the API ("without idem": no key, a naive client that resends), and through the
@@ -48,7 +48,7 @@ use report::{Charged, attribute, text_report};
 
 /// `idem demo`.
 #[derive(Debug, Clone, Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Payments made on each side, without and with idem.
     #[arg(
         long,
@@ -56,27 +56,27 @@ pub struct DemoArgs {
         default_value_t = 200,
         value_parser = clap::value_parser!(u32).range(1..=100_000)
     )]
-    pub operations: u32,
+    pub(crate) operations: u32,
 
     /// The gateway's record store URL, as `idem serve --store` takes it [default: a
     /// SQLite file in the demo's temporary directory]. A store that does not outlive the
     /// gateway (memory://) shows what the restart then costs.
     #[arg(long, value_name = "URL")]
-    pub store: Option<String>,
+    pub(crate) store: Option<String>,
 
     /// Leave the demo API and the gateway running at the end, to explore with curl, and
     /// print how to stop them.
     #[arg(long)]
-    pub keep: bool,
+    pub(crate) keep: bool,
 
     /// Report format: a table, or one JSON object for scripts.
     #[arg(long, value_enum, default_value = "text")]
-    pub format: DemoFormat,
+    pub(crate) format: DemoFormat,
 }
 
 /// How `idem demo` reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DemoFormat {
+pub(crate) enum DemoFormat {
     /// A side-by-side table.
     Text,
     /// One JSON object.
@@ -85,7 +85,7 @@ pub enum DemoFormat {
 
 /// What goes wrong with one operation (the same on both sides).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// Nothing: one attempt, one answer.
     None,
     /// The client drops the connection as the answer arrives, unread, and retries.
@@ -103,7 +103,7 @@ pub enum Fault {
 /// middle one, and in every ten operations one answer lost (the 4th), one client
 /// timeout (the 7th) and one duplicated send (the 9th). Fixed, so that every run shows
 /// the same faults.
-pub fn fault_of(op: u32, operations: u32) -> Fault {
+pub(crate) fn fault_of(op: u32, operations: u32) -> Fault {
     if op == operations / 2 {
         return Fault::GatewayKill;
     }
@@ -156,7 +156,7 @@ enum Read {
 }
 
 /// Runs `idem demo`; exit 0 when it showed what it claims (see the crate README).
-pub async fn run(args: DemoArgs) -> ExitCode {
+pub(crate) async fn run(args: DemoArgs) -> ExitCode {
     if let Some(Err(e)) = args.store.as_deref().map(crate::store::check_scheme) {
         eprintln!("idem demo: --store: {e}");
         return ExitCode::from(crate::exit::CONFIG);

@@ -1,6 +1,9 @@
 //! The user guide (`docs/`) against the code: every problem `type` the workspace emits has
-//! its reference page and every page is an emitted type; the gateway page lists exactly
-//! the flags `idem serve --help` shows; and the built guide has no broken link.
+//! its reference page and every page is an emitted type; the settings page says what the
+//! declaration of each setting does ([`settings`]); and the built guide has no broken
+//! link.
+
+mod settings;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
@@ -126,104 +129,6 @@ fn every_problem_type_has_its_guide_page_and_every_page_is_an_emitted_type() {
         book.lines().any(|l| l.trim() == r#"site-url = "/""#),
         "docs/book.toml must set site-url = \"/\": the problem URIs are paths from the root"
     );
-}
-
-/// `(flag, env)` of every option `idem serve --help` shows, but `--help` and `--version`.
-fn serve_help_flags() -> BTreeMap<String, Option<String>> {
-    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["serve", "--help"])
-        .output()
-        .expect("running idem serve --help");
-    assert!(output.status.success(), "idem serve --help failed");
-    let help = String::from_utf8(output.stdout).expect("UTF-8 help");
-    let mut flags = BTreeMap::new();
-    let mut current: Option<String> = None;
-    for line in help.lines() {
-        let trimmed = line.trim_start();
-        // An option's first line: `  -h, --help` or `      --store <URL>`, indented.
-        let option = trimmed
-            .strip_prefix("--")
-            .or_else(|| trimmed.split_once(", --").map(|(_, rest)| rest))
-            .filter(|_| line.starts_with("  ") && trimmed.starts_with('-'));
-        if let Some(rest) = option {
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
-                .collect();
-            current = (name != "help" && name != "version").then(|| format!("--{name}"));
-            if let Some(flag) = &current {
-                flags.insert(flag.clone(), None);
-            }
-        } else if let (Some(flag), Some(env)) = (&current, trimmed.strip_prefix("[env: ")) {
-            let var: String = env
-                .chars()
-                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
-                .collect();
-            flags.insert(flag.clone(), Some(var));
-        }
-    }
-    flags
-}
-
-/// `(flag, env)` of every row of the table under `## Flags` in the gateway's settings page.
-fn guide_flags() -> BTreeMap<String, Option<String>> {
-    let page = read(&workspace().join("docs/src/gateway/settings.md"));
-    let table = page
-        .split("\n## Flags\n")
-        .nth(1)
-        .expect("a `## Flags` section in docs/src/gateway/settings.md");
-    let table = table.split("\n## ").next().unwrap();
-    let mut flags = BTreeMap::new();
-    for row in table.lines().filter(|l| l.starts_with("| `--")) {
-        let cells: Vec<&str> = row.split(" | ").collect();
-        let flag: String = cells[0]
-            .trim_start_matches("| `")
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
-            .collect();
-        let env = cells
-            .get(1)
-            .map(|c| c.trim().trim_matches('`').to_owned())
-            .filter(|c| c.starts_with("IDEM_"));
-        assert!(
-            flags.insert(flag.clone(), env).is_none(),
-            "{flag} is listed twice in the guide"
-        );
-    }
-    flags
-}
-
-#[test]
-fn the_guide_lists_exactly_the_flags_of_idem_serve() {
-    let help = serve_help_flags();
-    let guide = guide_flags();
-    // So that a parser that finds nothing on either side fails.
-    for known in ["--upstream", "--store", "--passthrough", "--log-format"] {
-        assert!(
-            help.contains_key(known),
-            "--help parse missed {known}: {help:?}"
-        );
-        assert!(
-            guide.contains_key(known),
-            "guide parse missed {known}: {guide:?}"
-        );
-    }
-    let undocumented: Vec<&String> = help.keys().filter(|f| !guide.contains_key(*f)).collect();
-    assert!(
-        undocumented.is_empty(),
-        "flags of `idem serve --help` missing from docs/src/gateway/settings.md: {undocumented:?}"
-    );
-    let stale: Vec<&String> = guide.keys().filter(|f| !help.contains_key(*f)).collect();
-    assert!(
-        stale.is_empty(),
-        "flags in docs/src/gateway/settings.md that `idem serve --help` does not have: {stale:?}"
-    );
-    for (flag, env) in &help {
-        assert_eq!(
-            &guide[flag], env,
-            "{flag}: the guide's environment variable differs from --help's"
-        );
-    }
 }
 
 /// The mdbook binary: `IDEM_MDBOOK`, else `mdbook` on the `PATH`.

@@ -1,5 +1,5 @@
-//! Reading a client's `Forwarded` (RFC 7239) and `X-Forwarded-For`, so that the proxy
-//! appends its own hop only to a value that parses.
+//! A request's `Forwarded` (RFC 7239) and `X-Forwarded-*` headers: what a client sent,
+//! read, and the gateway's own hop added to it ([`add_forwarded`]) only where it parses.
 //!
 //! The proxy appends `, for=…;proto=http;host="…"` to what the client sent. Appended
 //! to a value that does not parse, the gateway's element can end up inside the
@@ -34,14 +34,18 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+mod hop;
+
+pub use hop::add_forwarded;
+
 /// One `name=value` pair of a forwarded element, as sent: `name` in the case it came in,
 /// `value` with a quoted-string's quotes removed and its escapes resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pair {
     /// The parameter's name (`for`, `by`, `proto`, `host`, or an extension).
-    pub name: String,
+    pub(crate) name: String,
     /// Its value, unquoted.
-    pub value: String,
+    pub(crate) value: String,
 }
 
 /// One element of a `Forwarded` list: the pairs one hop added.
@@ -52,13 +56,13 @@ pub type Element = Vec<Pair>;
 #[error("byte {at}: {what}")]
 pub struct ParseError {
     /// The offset, in bytes, where parsing stopped.
-    pub at: usize,
+    pub(crate) at: usize,
     /// What was expected there.
-    pub what: &'static str,
+    pub(crate) what: &'static str,
 }
 
 /// Parses a `Forwarded` field value (or several joined with `", "`) into its elements,
-/// empty ones left out; see the [module docs](self) for the grammar.
+/// empty ones left out; the module's docs give the grammar.
 pub fn parse(value: &str) -> Result<Vec<Element>, ParseError> {
     let mut p = Parser {
         s: value.as_bytes(),
@@ -92,8 +96,8 @@ pub fn is_valid(value: &str) -> bool {
     parse(value).is_ok()
 }
 
-/// Whether `value` is an `X-Forwarded-For` list the proxy may append to; see the
-/// [module docs](self).
+/// Whether `value` is an `X-Forwarded-For` list the proxy may append to, by the rule
+/// the module's docs give.
 pub fn x_forwarded_for_is_valid(value: &str) -> bool {
     let mut entries = x_forwarded_for_entries(value).peekable();
     entries.peek().is_some() && entries.all(is_node)
