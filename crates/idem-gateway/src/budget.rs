@@ -31,7 +31,7 @@ use std::task::{Context, Poll};
 use bytes::{Buf, Bytes};
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use idem_tower::{Problem, ProblemKind};
 use tokio::sync::Notify;
 use tower::BoxError;
@@ -130,7 +130,8 @@ impl AnswerBudget {
     }
 
     /// `res` charged to the budget if it is a buffered answer that fits, else the 503
-    /// that takes its place; any other answer as it is. A replay always fits: it takes
+    /// that takes its place, for the front to answer in the request's dialect; any
+    /// other answer as it is. A replay always fits: it takes
     /// the place of its `reservation`. An executed answer fits when the answers its
     /// connection holds leave room for it: reservations are room kept for replays
     /// that may come, not bytes anyone holds, so they never crowd an executed answer
@@ -139,10 +140,10 @@ impl AnswerBudget {
         &self,
         res: Response<ClientBody>,
         reservation: Option<Reservation>,
-    ) -> Response<ClientBody> {
+    ) -> Result<Response<ClientBody>, Problem> {
         let reserved = reservation.and_then(|r| r.take());
         if res.extensions().get::<Buffered>().is_none() {
-            return res;
+            return Ok(res);
         }
         let hint = res.body().size_hint();
         let len = usize::try_from(hint.exact().unwrap_or(hint.lower())).unwrap_or(usize::MAX);
@@ -160,14 +161,14 @@ impl AnswerBudget {
         drop(reserved);
         if let Some(len) = charge {
             let charge = self.charge_of(Kind::Answer, len);
-            return res.map(|inner| {
+            return Ok(res.map(|inner| {
                 Charged {
                     inner,
                     rest: Bytes::new(),
                     _charge: charge,
                 }
                 .boxed_unsync()
-            });
+            }));
         }
         let held = self.lock().answers;
         tracing::debug!(
@@ -176,7 +177,7 @@ impl AnswerBudget {
             budget = self.limit,
             "an HTTP/2 connection's client has not read the answers it holds; refusing one more"
         );
-        let problem = Problem::new(
+        Err(Problem::new(
             ProblemKind::ReplayUnavailable,
             format!(
                 "this HTTP/2 connection already holds {held} bytes of answers its client \
@@ -186,10 +187,7 @@ impl AnswerBudget {
                  not executed again",
                 self.limit
             ),
-        );
-        problem
-            .to_response()
-            .map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync())
+        ))
     }
 
     /// The charge for `len` bytes already counted as `kind`.
@@ -299,7 +297,22 @@ impl Body for Charged {
 
 #[cfg(test)]
 mod tests {
+    use http_body_util::Full;
+
     use super::*;
+
+    /// [`AnswerBudget::hold`], its refusal answered as the front answers it to an
+    /// HTTP client of the default profile.
+    fn hold(
+        budget: &AnswerBudget,
+        res: Response<ClientBody>,
+        reservation: Option<Reservation>,
+    ) -> Response<ClientBody> {
+        budget.hold(res, reservation).unwrap_or_else(|refused| {
+            let answer = refused.to_response();
+            answer.map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync())
+        })
+    }
 
     fn buffered(len: usize) -> Response<ClientBody> {
         let mut res = Response::new(
@@ -315,9 +328,9 @@ mod tests {
     async fn buffered_answers_beyond_the_budget_are_refused_until_the_held_ones_are_done() {
         let budget = AnswerBudget::new(10_000, 8_000);
         // The first answer fits whatever its size.
-        let big = budget.hold(buffered(50_000), None);
+        let big = hold(&budget, buffered(50_000), None);
         assert_eq!(big.status(), 200);
-        let refused = budget.hold(buffered(1), None);
+        let refused = hold(&budget, buffered(1), None);
         assert_eq!(refused.status(), 503);
         assert!(refused.headers().contains_key(http::header::RETRY_AFTER));
         assert_eq!(
@@ -335,9 +348,9 @@ mod tests {
         assert_eq!(read, vec![7u8; 50_000]);
         drop(body);
         // Done and dropped: the budget is free again, and answers fit up to it.
-        let a = budget.hold(buffered(6_000), None);
-        let b = budget.hold(buffered(4_000), None);
-        let c = budget.hold(buffered(1), None);
+        let a = hold(&budget, buffered(6_000), None);
+        let b = hold(&budget, buffered(4_000), None);
+        let c = hold(&budget, buffered(1), None);
         assert_eq!(
             (
                 a.status().as_u16(),
@@ -352,7 +365,7 @@ mod tests {
                 .map_err(|never| match never {})
                 .boxed_unsync(),
         );
-        assert_eq!(budget.hold(streamed, None).status(), 200);
+        assert_eq!(hold(&budget, streamed, None).status(), 200);
     }
 
     #[tokio::test(start_paused = true)]
@@ -369,14 +382,14 @@ mod tests {
         );
         // A 1 000-byte replay: the reservation becomes its charge; 9 000 left, and the
         // waiting request is admitted.
-        let replay = budget.hold(buffered(1_000), Some(first.clone()));
+        let replay = hold(&budget, buffered(1_000), Some(first.clone()));
         assert_eq!(replay.status(), 200);
         let second = second.await;
         // Forwarded upstream, it gives its reservation back.
         second.release();
         assert_eq!(budget.lock().answers, 1_000);
         // Its executed answer is charged when ready, as an answer without reservation.
-        let executed = budget.hold(buffered(9_500), Some(second));
+        let executed = hold(&budget, buffered(9_500), Some(second));
         assert_eq!(executed.status(), 503);
         drop(replay);
         assert_eq!(budget.lock().answers, 0);
@@ -389,14 +402,14 @@ mod tests {
         let budget = AnswerBudget::new(16_000, 8_000);
         let waiting = [budget.admit().await, budget.admit().await];
         assert_eq!(budget.lock().reserved, 16_000);
-        let executed = budget.hold(buffered(300), None);
+        let executed = hold(&budget, buffered(300), None);
         assert_eq!(executed.status(), 200);
         assert_eq!(budget.lock().answers, 300);
         // What the client has not read still bounds executed answers.
-        let big = budget.hold(buffered(15_800), None);
+        let big = hold(&budget, buffered(15_800), None);
         assert_eq!(big.status(), 503);
         // A replay takes its reservation's place whatever the answers hold.
-        let replay = budget.hold(buffered(8_000), Some(waiting[0].clone()));
+        let replay = hold(&budget, buffered(8_000), Some(waiting[0].clone()));
         assert_eq!(replay.status(), 200);
         let held = budget.lock();
         assert_eq!((held.answers, held.reserved), (8_300, 8_000));
@@ -417,7 +430,7 @@ mod tests {
         );
         let mut res = Response::new(inner.boxed_unsync());
         res.extensions_mut().insert(Buffered);
-        let body = budget.hold(res, None).into_body();
+        let body = hold(&budget, res, None).into_body();
         assert_eq!(body.size_hint().exact(), Some(40_000));
         let collected = body.collect().await.unwrap();
         assert_eq!(collected.trailers(), Some(&trailers));

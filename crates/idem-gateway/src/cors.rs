@@ -81,8 +81,8 @@ pub(crate) fn allow_origin(headers: &mut HeaderMap, origin: HeaderValue) {
 }
 
 /// [`allow_origin`] on an answer the gateway made itself: one that carries a
-/// [`ProblemKind`], the layer's own problems and the proxy's (an unreachable upstream,
-/// a timeout), which the layer passes on with their kind. Answers that came from the
+/// [`ProblemKind`], the layer's own problems, its answers to the proxy's failures (an
+/// unreachable upstream, a timeout) among them, and the front's. Answers that came from the
 /// upstream are left alone, and so are the problems the layer records in place of an
 /// answer (a 500, or the 502 for an upstream answer too large to record), which carry
 /// no kind: the first answer looks as its replays do.

@@ -29,13 +29,14 @@
 //! - a keyed answer carries [`Proxied`], with the upstream timeout's deadline: an answer
 //!   the layer records is read whole by then, so an upstream that stalls mid-body is a
 //!   timeout too, and one that breaks off mid-body a lost connection;
-//! - what goes wrong is classified by the side it came from ([`ForwardError`]) and
-//!   answered with `idem-tower`'s problem for it: a refused connection is a 502 that
-//!   releases the key; a timeout or broken connection after sending is a 504 that keeps
-//!   the record in progress until its lease lapses; a request body that breaks off on
-//!   the client's side (a malformed chunk, an upload abandoned halfway) is the client's
-//!   fault: a 400 `body-unreadable` (if the client is still there to read it), not an
-//!   upstream failure.
+//! - what goes wrong is classified by the side it came from and returned as the
+//!   proxy's error, an `idem-tower` [`ForwardError`], which the layer (or, without
+//!   one, the front) answers once, in the request's dialect, and counts: a refused
+//!   connection is a 502 that releases the key; a timeout or broken connection after
+//!   sending is a 504 that keeps the record in progress until its lease lapses; a
+//!   request body that breaks off on the client's side (a malformed chunk, an upload
+//!   abandoned halfway) is the client's fault: a 400 `body-unreadable` (if the client
+//!   is still there to read it), not an upstream failure.
 //!
 //! A WebSocket upgrade on an unkeyed request is offered to the upstream with its
 //! `Upgrade` header; if the upstream answers `101 Switching Protocols`, the client gets
@@ -46,7 +47,6 @@
 //!
 //! Every answer streams through the proxy unread; the layer reads those it records.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -59,9 +59,11 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use http_body::Body;
+use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full};
-use idem_tower::{Disposition, IdempotencyContext, Proxied, ResourceReference, UpstreamFailure};
+use idem_tower::{
+    Disposition, ForwardError, IdempotencyContext, Proxied, ResourceReference, UpstreamFailure,
+};
 use tokio::time::Instant;
 use tower::Service;
 
@@ -70,14 +72,12 @@ use crate::forwarded::add_forwarded;
 use crate::metrics::Metrics;
 
 mod client;
-pub(crate) mod failure;
 mod headers;
 mod preface;
 mod upgrade;
 
 use client::UpstreamClient;
 pub(crate) use client::tls_failure;
-use failure::ForwardError;
 pub(crate) use headers::{REWRITE_HEADERS, strip_hop_by_hop, strip_look_alikes};
 use upgrade::{requested_upgrade, switch_protocols, upgrades_to_websocket};
 
@@ -158,26 +158,22 @@ impl Proxy {
         }
     }
 
-    /// Forwards one request and returns the answer to send back.
-    pub(crate) async fn forward<B>(&self, req: Request<B>) -> Response<ProxyBody>
+    /// Forwards one request and returns the answer to send back, or why there is none.
+    pub(crate) async fn forward<B>(
+        &self,
+        req: Request<B>,
+    ) -> Result<Response<ProxyBody>, ForwardError>
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let (mut up, sending) = match self.request_phase(req) {
-            Ok(outgoing) => outgoing,
-            Err(e) => return self.fail(e),
-        };
+        let (mut up, sending) = self.request_phase(req)?;
         let sent = Instant::now();
         let deadline = sent + self.inner.timeout;
         let upstream_call = crate::telemetry::UpstreamCall::start(&mut up);
-        let res = match self
+        let res = self
             .call_upstream(up, deadline, sending.client_failed.as_deref())
-            .await
-        {
-            Ok(res) => res,
-            Err(e) => return self.fail(e),
-        };
+            .await?;
         upstream_call.answered(res.status());
         if let Some(timer) = &sending.upstream_time {
             timer.answered(sent.elapsed());
@@ -297,7 +293,7 @@ impl Proxy {
         res: Response<hyper::body::Incoming>,
         sending: Sending,
         deadline: Instant,
-    ) -> Response<ProxyBody> {
+    ) -> Result<Response<ProxyBody>, ForwardError> {
         let Sending {
             client_version,
             keyed,
@@ -311,7 +307,7 @@ impl Proxy {
                 Some((_, client_side)) if upgrades_to_websocket(res.headers()) => {
                     // The tunnel keeps the client connection's place under the cap.
                     let open = (self.inner.metrics.tunnel_guard(), slot);
-                    switch_protocols(res, client_side, client_version, open)
+                    Ok(switch_protocols(res, client_side, client_version, open))
                 }
                 // Nothing was asked to switch, or not to this: the upstream's answer is
                 // not one the client can read.
@@ -319,7 +315,7 @@ impl Proxy {
                     tracing::warn!(
                         "the upstream switched protocols where the request did not ask it to"
                     );
-                    self.fail(ForwardError::Upstream(UpstreamFailure::ConnectionLost))
+                    Err(ForwardError::Upstream(UpstreamFailure::ConnectionLost))
                 }
             };
         }
@@ -340,7 +336,7 @@ impl Proxy {
             res.extensions_mut()
                 .insert(Proxied::by(deadline.into_std()));
         }
-        res
+        Ok(res)
     }
 
     /// The upstream call: sends `up`, and waits until `deadline` for the head of the
@@ -390,16 +386,6 @@ impl Proxy {
             Ok(Ok(res)) => Ok(res),
         }
     }
-
-    /// The answer to a failed forward, counted when the upstream failed.
-    fn fail(&self, e: ForwardError) -> Response<ProxyBody> {
-        if let Some(label) = e.label() {
-            self.inner.metrics.count_upstream_error(label);
-        }
-        e.problem()
-            .to_response()
-            .map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync())
-    }
 }
 
 impl<B> Service<Request<B>> for Proxy
@@ -408,16 +394,16 @@ where
     B::Error: Into<BoxError>,
 {
     type Response = Response<ProxyBody>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+    type Error = ForwardError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, ForwardError>> + Send>>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ForwardError>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let this = self.clone();
-        Box::pin(async move { Ok(this.forward(req).await) })
+        Box::pin(async move { this.forward(req).await })
     }
 }
 

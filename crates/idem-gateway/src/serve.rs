@@ -9,13 +9,11 @@
 
 mod access;
 mod front;
-mod grpc;
 mod layer;
 mod reload;
 mod signals;
 mod tenants;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -66,7 +64,10 @@ const ADMIN_CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The body of answers the gateway sends to clients.
 pub(crate) type ClientBody = UnsyncBoxBody<Bytes, BoxError>;
 
-type GatewayService = BoxCloneSyncService<Request<Incoming>, Response<ClientBody>, Infallible>;
+/// The layer around the proxy, or the proxy alone: its error is a failure to forward,
+/// which the layer answers itself, and the front in pass-through mode.
+type GatewayService =
+    BoxCloneSyncService<Request<Incoming>, Response<ClientBody>, idem_tower::ForwardError>;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]

@@ -14,6 +14,7 @@ use tokio::runtime::Handle;
 
 use crate::IdempotencyBody;
 use crate::problem::{Problem, ProblemKind};
+use crate::profile::Dialect;
 
 type BoxFuture<B> = Pin<Box<dyn Future<Output = Response<IdempotencyBody<B>>> + Send + 'static>>;
 
@@ -28,12 +29,14 @@ pub(crate) struct Execution<B: 'static> {
     /// Set while the execution is a duplicate waiting between two reserves (SPEC S15),
     /// holding nothing: dropped then, it is dropped, not finished.
     parked: Arc<AtomicBool>,
+    /// The dialect of the 500 for an execution that panics.
+    dialect: Dialect,
 }
 
 impl<B: 'static> Execution<B> {
     /// Wraps `future`; call from inside the runtime that is to finish it if need be.
     /// `parked` is set by the future while it may be dropped without finishing.
-    pub(crate) fn new<F>(future: F, parked: Arc<AtomicBool>) -> Execution<B>
+    pub(crate) fn new<F>(future: F, parked: Arc<AtomicBool>, dialect: Dialect) -> Execution<B>
     where
         F: Future<Output = Response<IdempotencyBody<B>>> + Send + 'static,
     {
@@ -41,6 +44,7 @@ impl<B: 'static> Execution<B> {
             future: Some(Box::pin(future)),
             runtime: Handle::try_current().ok(),
             parked,
+            dialect,
         }
     }
 }
@@ -69,7 +73,7 @@ impl<B: 'static> Future for Execution<B> {
                     ProblemKind::HandlerFailed,
                     "the request's execution ended without an answer",
                 )
-                .to_response()
+                .answer(self.dialect)
                 .map(IdempotencyBody::buffered)
             }
         };

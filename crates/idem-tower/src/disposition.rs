@@ -1,6 +1,6 @@
 //! What an execution's answer means for its key (SPEC S6): the inner service's own
 //! [`Disposition`], a [`ResourceReference`] to record in place of the body, and the
-//! upstream failures a proxy inside the layer answers with.
+//! upstream failures a proxy inside the layer fails with.
 
 use std::time::Instant;
 
@@ -127,6 +127,10 @@ impl Proxied {
 pub enum UpstreamFailure {
     /// The connection could not be made: nothing was sent, so nothing happened upstream.
     Unreachable,
+    /// The TLS handshake with an `https://` upstream failed (a certificate from an
+    /// unknown CA, for another name, expired…): nothing was sent, as when it is
+    /// unreachable, and the connection is never tried again in plaintext.
+    Tls,
     /// No complete answer by the deadline after the request was sent: the upstream may
     /// or may not have acted.
     Timeout,
@@ -145,7 +149,7 @@ impl UpstreamFailure {
     /// upstream acted but its answer is too large to keep.
     pub fn disposition(self) -> Disposition {
         match self {
-            UpstreamFailure::Unreachable => Disposition::Release,
+            UpstreamFailure::Unreachable | UpstreamFailure::Tls => Disposition::Release,
             UpstreamFailure::Timeout | UpstreamFailure::ConnectionLost => {
                 Disposition::KeepInProgress
             }
@@ -153,11 +157,12 @@ impl UpstreamFailure {
         }
     }
 
-    /// Why the outcome is unknown after this failure: every one but
-    /// [`Unreachable`](UpstreamFailure::Unreachable), when nothing was sent.
+    /// Why the outcome is unknown after this failure: every one but those where nothing
+    /// was sent ([`Unreachable`](UpstreamFailure::Unreachable),
+    /// [`Tls`](UpstreamFailure::Tls)).
     pub fn ambiguity(self) -> Option<Ambiguity> {
         match self {
-            UpstreamFailure::Unreachable => None,
+            UpstreamFailure::Unreachable | UpstreamFailure::Tls => None,
             UpstreamFailure::Timeout => Some(Ambiguity::UpstreamTimeout),
             UpstreamFailure::ConnectionLost => Some(Ambiguity::UpstreamConnectionLost),
             UpstreamFailure::AnswerTooLarge => Some(Ambiguity::AnswerTooLarge),

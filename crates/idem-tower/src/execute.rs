@@ -1,43 +1,46 @@
-//! Stages 2 to 4 of a keyed request (SPEC S5, S6, S7): the reservation, the handler
-//! run while its lease is renewed, and what its answer means for the key.
+//! Stage 2 of a keyed request (SPEC S5, S6, S7, S15), in steps over its [`Keyed`]
+//! context: the key reserved (again under the rules a record was made by, or after a
+//! wait: `wait_for`), the answer to a reservation that did not acquire it, the tenant's
+//! rate of new keys, and the handler run while its lease is renewed, its answer read as
+//! its route says. Stages 3 and 4 follow in `conclude.rs`.
 
 use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, Method, Request, Response};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::{Ambiguity, Lease, Reservation, ReserveRequest, Store};
-use tower::Service;
+use idem_core::{Ambiguity, Lease, Reservation, ReserveRequest, Scope, Store};
+use tokio::time::Instant;
 
-use crate::config::ReleaseStatuses;
+use crate::bounds::{Inner, ReadBody};
+use crate::config::{Config, ReleaseStatuses};
 use crate::context::IdempotencyContext;
-use crate::detach::panic_message;
 use crate::disposition::{Disposition, Proxied, ResourceReference, UpstreamFailure};
+use crate::earlier::reserve_again;
+use crate::forward::forward_error;
 use crate::grpc::GrpcReleaseCodes;
 use crate::handled::Handled;
 use crate::heartbeat::with_heartbeat;
 use crate::in_flight::InFlightGuard;
-use crate::observer::{Outcome, timed};
+use crate::keyed::Keyed;
+use crate::observer::timed;
 use crate::plan::AnswerRules;
-use crate::problem::{Problem, ProblemKind};
-use crate::profile::Dialect;
-use crate::replay::{refuse, rendered, superseded};
-use crate::settle::{KeyWrite, Settled, settle, stored_response};
-use crate::shared::Shared;
-use crate::wait::{Observed, PREFERENCE_APPLIED, hand_back, wait_for};
+use crate::problem::Problem;
+use crate::replay::refuse;
+use crate::tenant_limit::{refuse_new_key, take_token};
+use crate::wait::{Observed, PREFERENCE_APPLIED, hand_back};
 use crate::{BoxError, IdempotencyBody};
 
-/// SPEC S5's stages 2 to 4 for one keyed request whose body is in hand; counted in
-/// flight until `guard` drops with it.
+/// SPEC S5's stage 2 for one keyed request whose body is in hand, then stages 3 and 4;
+/// counted in flight until `guard` drops with it.
 ///
 /// A function returning an `async` block rather than an `async fn`: the block keeps its
 /// captures in place, where an `async fn` would hold its arguments twice, and this
@@ -46,214 +49,273 @@ use crate::{BoxError, IdempotencyBody};
     clippy::manual_async_fn,
     reason = "an async fn would hold its arguments twice in its state"
 )]
-#[allow(
-    clippy::too_many_arguments,
-    reason = "each is moved into the future once; a struct of them would only be unpacked again"
-)]
 pub(crate) fn execute<S, St, ReqBody, ResBody>(
-    shared: Arc<Shared<St>>,
+    ctx: Keyed<St>,
     inner: S,
-    method: Method,
     parts: Parts,
     bytes: Bytes,
     mut request: ReserveRequest,
-    answers: AnswerRules,
     guard: InFlightGuard,
-    parked: Arc<AtomicBool>,
 ) -> impl Future<Output = Response<IdempotencyBody<ResBody>>> + Send + 'static
 where
-    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     St: Store,
-    ReqBody: Body<Data = Bytes> + Send + 'static,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ReqBody: Send + 'static,
+    ResBody: ReadBody,
 {
     async move {
-        let config = &shared.config;
-        let observer = &*config.observer;
-        let store = &*shared.store;
-        // Made before the reserve, so that a completion right after it is heard.
-        let watch = answers.wait.map(|_| store.watch(&request.scope));
-        let mut reserved = timed(observer, "reserve", store.reserve(&request)).await;
-        if matches!(reserved, Ok(Reservation::Mismatch))
-            && !config.earlier.is_empty()
-            && answers.grpc.is_none()
-        {
-            let again =
-                crate::earlier::reserve_again(store, config, &method, &parts, &bytes, &mut request);
-            if let Some(again) = Box::pin(again).await {
-                reserved = again;
-            }
-        }
-        let mut applied = None;
-        let mut bytes = Some(bytes);
-        if let (Some(wait), Some(watch), Ok(Reservation::InProgress { .. })) =
-            (answers.wait, watch, &reserved)
-            && let Some(slot) = config.waiters.enter()
-        {
-            // A waiter needs its body's fingerprint, which the request holds, not its
-            // body: without it, what waiting duplicates hold does not grow with the
-            // body limit. One whose wait ends with the key to itself hands it back.
-            bytes = None;
-            let observed = Observed::start(observer);
-            // Boxed: a rare path, kept out of every keyed request's future.
-            reserved = Box::pin(wait_for(
-                store,
-                observer,
-                &request,
-                wait.within,
-                watch,
-                reserved,
-                &parked,
-            ))
-            .await;
-            observed.ended(&reserved);
-            drop(slot);
-            applied = wait.applied();
-        }
-        let (lease, bytes) = match (reserved, bytes) {
-            (Ok(Reservation::Acquired(lease)), Some(bytes)) => {
-                let limits = &config.tenant_limits;
-                if !lease.recovered()
-                    && let Some(rate) = limits.key_rate(lease.scope.tenant())
-                    && !crate::tenant_limit::take_token(store, limits, lease.scope.tenant(), &rate)
-                        .await
-                {
-                    let dialect = answers.dialect();
-                    let refused =
-                        crate::tenant_limit::refuse_new_key(store, observer, lease, rate, dialect);
-                    return Box::pin(refused).await;
-                }
-                (lease, bytes)
-            }
-            (Ok(Reservation::Acquired(lease)), None) => {
-                let (dialect, hints) = (answers.dialect(), answers.retry_hints);
-                return hand_back(store, observer, lease, dialect, hints).await;
-            }
-            (Ok(Reservation::Replay(stored)), _) if stored.reference().is_some() => {
+        let (reserved, kept) = ctx.reserve(&mut request, &parts, bytes).await;
+        let (lease, bytes) = match reserved {
+            Ok(Reservation::Replay(stored)) if stored.reference().is_some() => {
                 // Boxed: a rare path, kept out of every keyed request's future.
-                let mut response = Box::pin(rendered(inner, parts, stored, config)).await;
+                let mut response = Box::pin(ctx.rendered(inner, parts, stored)).await;
                 Handled::scoped(&mut response, &request.scope);
                 return response;
             }
-            (other, _) => {
-                let replay = matches!(other, Ok(Reservation::Replay(_)));
-                let mut response = refuse(observer, other, answers.dialect(), answers.retry_hints);
-                Handled::scoped(&mut response, &request.scope);
-                if let (true, Some(applied)) = (replay, applied) {
-                    response.headers_mut().insert(PREFERENCE_APPLIED, applied);
-                }
-                return response;
-            }
+            reserved => match ctx.acquired(reserved, kept, &request.scope).await {
+                Ok(acquired) => acquired,
+                Err(answer) => return answer,
+            },
         };
-
         if lease.recovered() {
             // An earlier attempt may have acted before its lease lapsed.
-            observer.ambiguous_outcome(Ambiguity::Takeover, &lease.scope.digest());
+            let (observer, digest) = (ctx.observer(), lease.scope.digest());
+            observer.ambiguous_outcome(Ambiguity::Takeover, &digest);
         }
-
-        // Stage 2: the handler runs while the lease is renewed.
         let ReserveRequest {
-            scope,
-            fingerprint,
-            lease: lease_for,
-            ..
+            scope, fingerprint, ..
         } = request;
-        let dialect = answers.dialect();
-        let hints = answers.retry_hints;
-        let AnswerRules {
-            extra_headers,
-            release_statuses,
-            grpc,
-            ..
-        } = answers;
-        let context =
-            IdempotencyContext::new(scope, lease.clone(), fingerprint, release_statuses.clone());
+        let releases = ctx.answers.release_statuses.clone();
+        let context = IdempotencyContext::new(scope, lease.clone(), fingerprint, releases);
         let mut req = Request::from_parts(parts, IdempotencyBody::buffered(bytes));
         req.extensions_mut().insert(context);
-        let reading = Reading {
-            release_statuses,
-            grpc,
-            limit: config.response_limit,
-            references: config.references.honoured(),
-        };
         let ran = {
-            let handler = pin!(run(inner, req, reading));
-            with_heartbeat(store, observer, &lease, lease_for, handler).await
+            let handler = pin!(run(inner, req, &ctx.answers, ctx.config()));
+            with_heartbeat(ctx.store(), ctx.observer(), &lease, ctx.lease_for, handler).await
         };
-        // Stages 3–4.
-        let answer = Answer {
-            extra_headers: &extra_headers,
-            dialect,
-            hints,
-        };
-        conclude(&shared, lease, lease_for, answer, ran, guard).await
+        ctx.conclude(lease, ran, guard).await
     }
 }
 
-/// What the handler's answer is read by.
-struct Reading {
-    /// The statuses that release the key on this request's route.
-    release_statuses: ReleaseStatuses,
-    /// For a gRPC call, the gRPC statuses that release the key.
-    grpc: Option<GrpcReleaseCodes>,
-    /// The response limit.
-    limit: usize,
-    /// Whether a [`ResourceReference`] is honoured.
-    references: bool,
+/// The first pause between polls of a store whose watch cannot fire; it doubles up to
+/// [`MAX_POLL`].
+const FIRST_POLL: Duration = Duration::from_millis(20);
+const MAX_POLL: Duration = Duration::from_millis(500);
+
+/// How long a waiter trusts a watch that can fire before it reserves again anyway: a
+/// lost notification costs at most this.
+const FALLBACK_POLL: Duration = Duration::from_secs(1);
+
+/// What a request keeps once its key is reserved: its body, unless it waited for an
+/// attempt in progress (SPEC S15), when it let its body go and its replay carries the
+/// `Preference-Applied` it is given.
+enum Kept {
+    Body(Bytes),
+    Waited(Option<HeaderValue>),
+}
+
+impl<St: Store> Keyed<St> {
+    /// Reserves the request's key (SPEC S5): again by the fingerprint rules a record was
+    /// made under, where a reload changed them and the record does not match; and for a
+    /// duplicate of an attempt in progress that may wait, again as that attempt ends.
+    async fn reserve(
+        &self,
+        request: &mut ReserveRequest,
+        parts: &Parts,
+        bytes: Bytes,
+    ) -> (idem_core::Result<Reservation>, Kept) {
+        let (config, observer, store) = (self.config(), self.observer(), self.store());
+        // Made before the reserve, so that a completion right after it is heard.
+        let watch = self.answers.wait.map(|_| store.watch(&request.scope));
+        let mut result = timed(observer, "reserve", store.reserve(request)).await;
+        if matches!(result, Ok(Reservation::Mismatch))
+            && !config.earlier.is_empty()
+            && self.answers.grpc.is_none()
+        {
+            let again = reserve_again(store, config, &self.method, parts, &bytes, request);
+            if let Some(again) = Box::pin(again).await {
+                result = again;
+            }
+        }
+        let waiter = match (self.answers.wait, watch, &result) {
+            (Some(wait), Some(watch), Ok(Reservation::InProgress { .. })) => {
+                config.waiters.enter().map(|slot| (wait, watch, slot))
+            }
+            _ => None,
+        };
+        let Some((wait, watch, slot)) = waiter else {
+            return (result, Kept::Body(bytes));
+        };
+        // A waiter needs its body's fingerprint, which the request holds, not its body:
+        // without it, what waiting duplicates hold does not grow with the body limit.
+        // One whose wait ends with the key to itself hands it back.
+        drop(bytes);
+        let observed = Observed::start(observer);
+        // Boxed: a rare path, kept out of every keyed request's future.
+        let result = Box::pin(self.wait_for(request, wait.within, watch, result)).await;
+        observed.ended(&result);
+        drop(slot);
+        (result, Kept::Waited(wait.applied()))
+    }
+
+    /// Waits up to `within` for the attempt holding `request`'s key to end, reserving again
+    /// after each wake or poll, and returns the first reservation that is not in progress
+    /// (or the last one, in progress, when the time is up). `watch` was made before the
+    /// reserve that answered in progress. While it waits between reserves, the request's
+    /// `parked` is set: its future may then be dropped (its client hung up) without leaving
+    /// anything reserved.
+    async fn wait_for(
+        &self,
+        request: &ReserveRequest,
+        within: Duration,
+        mut watch: idem_core::Watch,
+        mut last: idem_core::Result<Reservation>,
+    ) -> idem_core::Result<Reservation> {
+        let (store, observer, parked) = (self.store(), self.observer(), &*self.parked);
+        let deadline = Instant::now() + within;
+        let mut poll = FIRST_POLL;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return last;
+            }
+            let pause = if watch.notifies() {
+                FALLBACK_POLL
+            } else {
+                let pause = poll;
+                poll = (poll * 2).min(MAX_POLL);
+                pause
+            };
+            let until = deadline.min(now + pause);
+            parked.store(true, Ordering::Release);
+            tokio::select! {
+                () = &mut watch => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+            parked.store(false, Ordering::Release);
+            watch = store.watch(&request.scope);
+            last = timed(observer, "reserve", store.reserve(request)).await;
+            if !matches!(last, Ok(Reservation::InProgress { .. })) {
+                return last;
+            }
+        }
+    }
+
+    /// The lease the handler runs under, and its body; or the answer to a reservation
+    /// that did not acquire the key (a replay, a refusal: SPEC S5), a waiter's key
+    /// handed back, or a new key over its tenant's rate.
+    async fn acquired<B>(
+        &self,
+        reserved: idem_core::Result<Reservation>,
+        kept: Kept,
+        scope: &Scope,
+    ) -> Result<(Lease, Bytes), Response<IdempotencyBody<B>>> {
+        let (observer, dialect, hints) =
+            (self.observer(), self.dialect(), self.answers.retry_hints);
+        match (reserved, kept) {
+            (Ok(Reservation::Acquired(lease)), Kept::Body(bytes)) => {
+                Ok((self.within_key_rate(lease).await?, bytes))
+            }
+            (Ok(Reservation::Acquired(lease)), Kept::Waited(_)) => {
+                Err(hand_back(self.store(), observer, lease, dialect, hints).await)
+            }
+            (other, kept) => {
+                let replay = matches!(other, Ok(Reservation::Replay(_)));
+                let mut response = refuse(observer, other, dialect, hints);
+                Handled::scoped(&mut response, scope);
+                if let (true, Kept::Waited(Some(applied))) = (replay, kept) {
+                    response.headers_mut().insert(PREFERENCE_APPLIED, applied);
+                }
+                Err(response)
+            }
+        }
+    }
+
+    /// `lease`, a new key's, if its tenant's rate of new keys lets it start; else the
+    /// 429 `key-rate-exceeded`, the key released. A recovered attempt's key is not new.
+    async fn within_key_rate<B>(
+        &self,
+        lease: Lease,
+    ) -> Result<Lease, Response<IdempotencyBody<B>>> {
+        let (store, limits) = (self.store(), &self.config().tenant_limits);
+        let tenant = lease.scope.tenant();
+        let rate = match limits.key_rate(tenant) {
+            Some(rate) if !lease.recovered() => rate,
+            _ => return Ok(lease),
+        };
+        if take_token(store, limits, tenant, &rate).await {
+            return Ok(lease);
+        }
+        let refused = refuse_new_key(store, self.observer(), lease, rate, self.dialect());
+        // Boxed: a rare path, kept out of every keyed request's future.
+        Err(Box::pin(refused).await)
+    }
 }
 
 /// How the handler answered: read whole, to be recorded (or kept in progress), or a head
 /// whose answer is released, or recorded as a reference, and streams on unread.
-enum Answered<B> {
+pub(crate) enum Answered<B> {
     Whole(http::response::Parts, Bytes, Option<HeaderMap>, Disposition),
     Released(http::response::Parts, B),
     Referenced(http::response::Parts, B, ResourceReference),
 }
 
 /// Why the handler gave no answer that can be recorded as it is.
-enum Failed {
+pub(crate) enum Failed {
     /// The handler failed after it started (its call, or its body, returned an error).
     Handler(BoxError),
     /// The handler's answer is over the response limit.
     TooLarge,
-    /// A [`Proxied`] answer's upstream failed while its answer was read.
-    Upstream(UpstreamFailure),
+    /// The upstream failed: the proxy inside the layer said so with a
+    /// [`ForwardError`], or its [`Proxied`] answer failed while it was read. Answered
+    /// with its problem.
+    Upstream(UpstreamFailure, Problem),
+}
+
+impl Failed {
+    /// The failure of the handler's call: the upstream's, where a proxy says so.
+    fn from_inner(error: impl Into<BoxError>) -> Failed {
+        let error = error.into();
+        match forward_error(&error).map(|e| (e.upstream_failure(), e.problem())) {
+            Some((Some(failure), problem)) => Failed::Upstream(failure, problem),
+            // The client's body broke off, the proxy says; but the layer had it whole.
+            _ => Failed::Handler(error),
+        }
+    }
+
+    /// The upstream's `failure`, found while its answer was read.
+    fn upstream(failure: UpstreamFailure) -> Failed {
+        Failed::Upstream(failure, Problem::upstream(failure))
+    }
 }
 
 /// What the handler's run ended with: its answer, or why there is none, or the panic it
 /// raised.
-type Ran<B> = Result<Result<Answered<B>, Failed>, Box<dyn Any + Send>>;
+pub(crate) type Ran<B> = Result<Result<Answered<B>, Failed>, Box<dyn Any + Send>>;
 
-/// Calls the handler and reads its answer as `reading` says. A panic in it (or in
-/// `call`) may follow effects: it is caught and recorded as a failure rather than
-/// unwinding through the layer.
+/// Calls the handler and reads its answer as its route's rules (`answers`) and the
+/// layer's response limit and references say. A panic in it (or in `call`) may follow
+/// effects: it is caught and recorded as a failure rather than unwinding through the
+/// layer.
 ///
 /// The disposition is known from the head. An answer to release is not recorded, so it
 /// is passed on as it streams, whatever its size; the rest is read whole (up to the
 /// limit) to be recorded.
-fn run<S, ReqBody, ResBody>(
+fn run<'a, S, ReqBody, ResBody>(
     mut inner: S,
     req: Request<IdempotencyBody<ReqBody>>,
-    reading: Reading,
-) -> impl Future<Output = Ran<ResBody>> + Send
+    answers: &'a AnswerRules,
+    config: &'a Config,
+) -> impl Future<Output = Ran<ResBody>> + Send + 'a
 where
-    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>> + Send,
-    S::Future: Send,
-    S::Error: Into<BoxError>,
-    ReqBody: Send,
-    ResBody: Body<Data = Bytes> + Send,
-    ResBody::Error: Into<BoxError>,
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: Send + 'static,
+    ResBody: ReadBody,
 {
     AssertUnwindSafe(async move {
-        let response = inner
-            .call(req)
-            .await
-            .map_err(|e| Failed::Handler(e.into()))?;
+        let response = inner.call(req).await.map_err(Failed::from_inner)?;
         let (mut head, body) = response.into_parts();
-        let decided = disposition(&mut head, &reading.release_statuses, reading.grpc.as_ref());
+        let decided = disposition(&mut head, &answers.release_statuses, answers.grpc.as_ref());
         // A gRPC answer's status may come in its trailers, read with its body.
         let disposition = decided.unwrap_or(Disposition::Record);
         if matches!(disposition, Disposition::Release) {
@@ -262,7 +324,7 @@ where
         if matches!(disposition, Disposition::Record)
             && let Some(reference) = head.extensions.remove::<ResourceReference>()
         {
-            if reading.references {
+            if config.references.honoured() {
                 return Ok(Answered::Referenced(head, body, reference));
             }
             tracing::warn!(
@@ -272,8 +334,8 @@ where
             );
         }
         let proxied = head.extensions.remove::<Proxied>();
-        let (bytes, trailers) = read_whole(body, reading.limit, proxied).await?;
-        let disposition = match (decided, &reading.grpc) {
+        let (bytes, trailers) = read_whole(body, config.response_limit, proxied).await?;
+        let disposition = match (decided, &answers.grpc) {
             (None, Some(codes)) => {
                 let code = trailers.as_ref().and_then(crate::grpc::status_in);
                 if code.is_some_and(|c| codes.contains(c)) {
@@ -290,8 +352,7 @@ where
 }
 
 /// What the answer with head `head` means for the key (SPEC S6, S18): the inner
-/// service's own [`Disposition`] (a proxy's answer to an upstream failure carries the
-/// one [`UpstreamFailure::disposition`] gives it), else for a gRPC call's HTTP 200 a
+/// service's own [`Disposition`], else for a gRPC call's HTTP 200 a
 /// release when its gRPC status is one of `grpc` (`None`, to be decided by the
 /// trailers, when the head carries none), else a release when its HTTP status is one
 /// of `release_statuses`, else a record.
@@ -333,7 +394,10 @@ where
             let deadline = tokio::time::Instant::from_std(proxied.deadline());
             match tokio::time::timeout_at(deadline, collect).await {
                 Ok(collected) => collected,
-                Err(_) => return Err(Failed::Upstream(UpstreamFailure::Timeout)),
+                Err(_) => {
+                    tracing::warn!("the upstream's answer did not come whole in time");
+                    return Err(Failed::upstream(UpstreamFailure::Timeout));
+                }
             }
         }
         None => collect.await,
@@ -344,254 +408,21 @@ where
             Ok((collected.to_bytes(), trailers))
         }
         Err(e) if e.is::<LengthLimitError>() => Err(match proxied {
-            Some(_) => Failed::Upstream(UpstreamFailure::AnswerTooLarge),
+            Some(_) => {
+                tracing::error!(
+                    limit,
+                    "the upstream's answer is over the response limit; recording a 502 in its place"
+                );
+                Failed::upstream(UpstreamFailure::AnswerTooLarge)
+            }
             None => Failed::TooLarge,
         }),
         Err(e) => match proxied {
             Some(_) => {
                 tracing::warn!(error = %e, "upstream body broke off");
-                Err(Failed::Upstream(UpstreamFailure::ConnectionLost))
+                Err(Failed::upstream(UpstreamFailure::ConnectionLost))
             }
             None => Err(Failed::Handler(e)),
         },
     }
 }
-
-/// Stages 3–4: settles the key as the handler's run says, and makes the answer the
-/// client gets.
-async fn conclude<St: Store, B>(
-    shared: &Arc<Shared<St>>,
-    lease: Lease,
-    lease_for: Duration,
-    answer: Answer<'_>,
-    ran: Ran<B>,
-    guard: InFlightGuard,
-) -> Response<IdempotencyBody<B>> {
-    let config = &shared.config;
-    let observer = &*config.observer;
-    let Answer {
-        extra_headers,
-        dialect,
-        hints,
-    } = answer;
-    let recorded = |(head, body, disposition)| (head, body, None, disposition);
-    // Set when the run's outcome cannot be known: reported, and kept with the answer
-    // when one is recorded.
-    let ambiguous: Option<Ambiguity>;
-    let (mut head, body, trailers, disposition) = match ran {
-        Ok(Ok(Answered::Whole(head, body, trailers, disposition))) => {
-            // A proxy inside the layer answers its own upstream failures (no answer by
-            // the deadline, a connection broken before the head) with their problem,
-            // written here again in the route's dialect.
-            ambiguous = head
-                .extensions
-                .get::<ProblemKind>()
-                .and_then(|kind| kind.upstream_failure())
-                .and_then(UpstreamFailure::ambiguity);
-            match in_dialect(&head, dialect) {
-                Some((own, bytes)) => (own, bytes, trailers, disposition),
-                None => (head, body, trailers, disposition),
-            }
-        }
-        Ok(Ok(Answered::Released(mut head, body))) => {
-            observer.outcome(Outcome::Released);
-            let handled = Handled::ran(Outcome::Released, &lease);
-            settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
-            // A proxy's own answer to an upstream it could not reach (a small buffer),
-            // written again in the route's dialect.
-            let body = match in_dialect(&head, dialect) {
-                Some((own, bytes)) => {
-                    head = own;
-                    IdempotencyBody::buffered(bytes)
-                }
-                None => IdempotencyBody::stream(body),
-            };
-            pass_on(&mut head.extensions, Disposition::Release);
-            head.extensions.insert(handled);
-            return Response::from_parts(head, body);
-        }
-        Ok(Ok(Answered::Referenced(mut head, body, reference))) => {
-            let stored = stored_response(config, extra_headers, &head, &Bytes::new(), None)
-                .with_reference(reference.as_str());
-            observer.outcome(Outcome::Executed);
-            let handled = Handled::ran(Outcome::Executed, &lease);
-            settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
-            pass_on(&mut head.extensions, Disposition::Record);
-            head.extensions.insert(handled);
-            return Response::from_parts(head, IdempotencyBody::stream(body));
-        }
-        Ok(Err(Failed::TooLarge)) => {
-            tracing::error!(
-                limit = config.response_limit,
-                "the handler's answer is over the response limit; recording a 500 in its place"
-            );
-            ambiguous = Some(Ambiguity::AnswerTooLarge);
-            recorded(too_large_response(config.response_limit, dialect))
-        }
-        Ok(Err(Failed::Upstream(failure))) => {
-            observer.upstream_failed(failure);
-            ambiguous = failure.ambiguity();
-            recorded(upstream_response(failure, config.response_limit, dialect))
-        }
-        Ok(Err(Failed::Handler(e))) => {
-            tracing::error!(error = %e, "handler failed after it started; recording a 500");
-            ambiguous = Some(Ambiguity::HandlerFailed);
-            recorded(failed_response(dialect))
-        }
-        Err(panic) => {
-            tracing::error!(
-                panic = panic_message(&*panic),
-                "handler panicked; recording a 500"
-            );
-            ambiguous = Some(Ambiguity::HandlerFailed);
-            recorded(failed_response(dialect))
-        }
-    };
-    if let Some(reason) = ambiguous {
-        observer.ambiguous_outcome(reason, &lease.scope.digest());
-    }
-    let outcome = match disposition {
-        Disposition::Record => Outcome::Executed,
-        Disposition::Release => Outcome::Released,
-        Disposition::KeepInProgress => Outcome::KeptInProgress,
-    };
-    observer.outcome(outcome);
-    let handled = Handled::ran(outcome, &lease);
-    match disposition {
-        Disposition::Record => {
-            let mut stored =
-                stored_response(config, extra_headers, &head, &body, trailers.as_ref());
-            if let Some(reason) = ambiguous {
-                stored = stored.with_ambiguity(reason);
-            }
-            let scope = lease.scope.clone();
-            let settled = settle(shared, lease, lease_for, KeyWrite::Complete(stored), guard).await;
-            if settled == Settled::Fenced
-                && let Some(superseded) = superseded(shared, &scope, dialect, hints).await
-            {
-                return superseded;
-            }
-        }
-        // Released answers left the handler early, streaming; none of the recorded
-        // problems releases. Kept total all the same.
-        Disposition::Release => {
-            settle(shared, lease, lease_for, KeyWrite::Release, guard).await;
-        }
-        Disposition::KeepInProgress => {
-            // The upstream may still act: the record keeps why, for the listing.
-            if let Some(reason) = ambiguous
-                && let Err(e) = shared.store.mark_ambiguous(&lease, reason).await
-            {
-                tracing::warn!(error = %e, %reason, "keeping the ambiguity reason failed");
-            }
-            drop(guard);
-        }
-    }
-    pass_on(&mut head.extensions, disposition);
-    head.extensions.insert(handled);
-    Response::from_parts(
-        head,
-        IdempotencyBody::buffered_with_trailers(body, trailers),
-    )
-}
-
-/// What an answer is recorded with: the route's extra headers, and the dialect of the
-/// layer's own answers (a gRPC call's problems are gRPC errors, SPEC S18).
-struct Answer<'a> {
-    extra_headers: &'a [HeaderName],
-    dialect: Dialect,
-    /// Whether the route's own answers carry retry hints.
-    hints: bool,
-}
-
-/// Clears the extensions of an answer passed on to the client. A recorded answer keeps
-/// none, so that it and its replays look alike; one that is not recorded keeps its
-/// [`ProblemKind`], which marks it as no answer of the upstream's to layers outside
-/// (the idem gateway makes such answers readable across origins).
-fn pass_on(extensions: &mut http::Extensions, disposition: Disposition) {
-    let kind = extensions.remove::<ProblemKind>();
-    let problem = extensions.remove::<Problem>();
-    let profile = extensions.remove::<crate::Profile>();
-    extensions.clear();
-    if let (Some(kind), Disposition::Release | Disposition::KeepInProgress) = (kind, disposition) {
-        extensions.insert(kind);
-        if let Some(problem) = problem {
-            extensions.insert(problem);
-        }
-        if let Some(profile) = profile {
-            extensions.insert(profile);
-        }
-    }
-}
-
-/// A proxy's own problem answer (`head` carrying its [`Problem`]) written again in
-/// `dialect`; `None` for any other answer, or where the dialect is the proxy's.
-fn in_dialect(
-    head: &http::response::Parts,
-    dialect: Dialect,
-) -> Option<(http::response::Parts, Bytes)> {
-    if dialect == Dialect::default() {
-        return None;
-    }
-    let problem = head.extensions.get::<Problem>()?;
-    let (mut own, body) = problem.answer(dialect).into_parts();
-    // What the proxy said of the key stays with its answer.
-    if let Some(&disposition) = head.extensions.get::<Disposition>() {
-        own.extensions.insert(disposition);
-    }
-    Some((own, body))
-}
-
-/// A problem answer that stands for an execution that ran, recorded and replayed.
-fn recorded_problem(
-    kind: ProblemKind,
-    detail: String,
-    dialect: Dialect,
-) -> (http::response::Parts, Bytes, Disposition) {
-    let (head, body) = Problem::new(kind, detail).answer(dialect).into_parts();
-    (head, body, Disposition::Record)
-}
-
-fn failed_response(dialect: Dialect) -> (http::response::Parts, Bytes, Disposition) {
-    recorded_problem(
-        ProblemKind::HandlerFailed,
-        "the request failed while it was being processed and may have had effects; \
-         this answer is final for this key"
-            .into(),
-        dialect,
-    )
-}
-
-fn too_large_response(
-    limit: usize,
-    dialect: Dialect,
-) -> (http::response::Parts, Bytes, Disposition) {
-    recorded_problem(
-        ProblemKind::ResponseTooLarge,
-        format!(
-            "the request was executed, but its answer is over the {limit}-byte limit for \
-             recorded answers and cannot be kept; this answer is final for this key"
-        ),
-        dialect,
-    )
-}
-
-/// The answer to an upstream's `failure` found while its answer was read.
-fn upstream_response(
-    failure: UpstreamFailure,
-    limit: usize,
-    dialect: Dialect,
-) -> (http::response::Parts, Bytes, Disposition) {
-    match failure {
-        UpstreamFailure::AnswerTooLarge => tracing::error!(
-            limit,
-            "the upstream's answer is over the response limit; recording a 502 in its place"
-        ),
-        _ => tracing::warn!(?failure, "the upstream's answer could not be read whole"),
-    }
-    let (head, body) = Problem::upstream(failure).answer(dialect).into_parts();
-    (head, body, failure.disposition())
-}
-
-#[cfg(test)]
-mod tests;

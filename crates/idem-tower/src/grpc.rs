@@ -327,13 +327,11 @@ impl Problem {
     /// [`to_grpc_response`](Problem::to_grpc_response) for a gRPC client, else
     /// [`to_response_in`](Problem::to_response_in) the route's profile.
     pub(crate) fn answer(&self, dialect: crate::profile::Dialect) -> Response<Bytes> {
-        let mut response = if dialect.grpc {
+        if dialect.grpc {
             self.to_grpc_response()
         } else {
             self.to_response_in(dialect.profile)
-        };
-        response.extensions_mut().insert(dialect.profile);
-        response
+        }
     }
 }
 

@@ -155,7 +155,10 @@
 //! [`Proxied`], with a deadline: an answer to record is read whole by then, and what
 //! goes wrong reading it is the upstream's failure ([`UpstreamFailure`]: a 504 that
 //! keeps the record in progress when the answer stalls or breaks off, a recorded 502
-//! when it is over the response limit), not the handler's. Stored
+//! when it is over the response limit), not the handler's. Where it has no answer of
+//! its upstream's, it fails with a [`ForwardError`], which the layer answers in the
+//! request's dialect and settles the key by (a 502 that releases it when nothing was
+//! sent, a 504 that keeps it in progress when the outcome is unknown). Stored
 //! headers are an allow-list ([`DEFAULT_STORED_HEADERS`]: `content-type`,
 //! `content-encoding`, `location` and the CORS headers a browser needs to read the
 //! answer; plus [`IdempotencyLayer::store_headers`]); [`NEVER_STORED_HEADERS`] are
@@ -224,7 +227,7 @@
 //! | 503    | `https://idem.dev/problems/store-unavailable`   | store unreachable; `Retry-After`      |
 //! | 503    | `https://idem.dev/problems/replay-unavailable`  | the answer, recorded as a [`ResourceReference`], could not be rendered again; the operation ran; `Retry-After` |
 //! | 500    | `https://idem.dev/problems/replay-unavailable`  | the recorded answer is sealed and cannot be opened (`idem_core::Sealed`: a key id the ring lacks, changed bytes); the operation ran and is not executed again; no `Retry-After` |
-//! | 502    | `https://idem.dev/problems/upstream-unreachable` | a proxy inside the layer could not connect to its upstream ([`UpstreamFailure`]); nothing was sent, the key is released |
+//! | 502    | `https://idem.dev/problems/upstream-unreachable` | a proxy inside the layer could not connect to its upstream, or set up TLS with it ([`ForwardError`]); nothing was sent, the key is released |
 //! | 504    | `https://idem.dev/problems/upstream-timeout`    | the upstream's answer did not come whole in time; the record stays in progress until its lease lapses |
 //! | 504    | `https://idem.dev/problems/upstream-connection-lost` | the upstream's connection broke after the request was sent; the record stays in progress until its lease lapses |
 //! | 502    | `https://idem.dev/problems/upstream-answer-too-large` | the upstream ran; its answer is over the response limit (recorded) |
@@ -252,8 +255,9 @@
 
 mod body;
 mod body_key;
-mod buffer;
+mod bounds;
 mod coding;
+mod conclude;
 mod config;
 mod context;
 mod detach;
@@ -262,6 +266,7 @@ mod drain;
 mod earlier;
 mod execute;
 mod fingerprint;
+mod forward;
 mod future;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
@@ -271,6 +276,7 @@ mod handled;
 mod heartbeat;
 mod hints;
 mod in_flight;
+mod keyed;
 mod layer;
 mod look_alike;
 mod method_override;
@@ -280,6 +286,7 @@ mod principal;
 mod problem;
 mod profile;
 mod replay;
+mod scope;
 mod service;
 mod settle;
 mod shared;
@@ -296,6 +303,7 @@ pub use config::{
 pub use context::IdempotencyContext;
 pub use disposition::{Disposition, Proxied, ResourceReference, UpstreamFailure};
 pub use drain::{DRAIN_LIMIT, DRAIN_TIMEOUT, drain_body};
+pub use forward::ForwardError;
 pub use future::ResponseFuture;
 pub use grpc::{
     DEFAULT_GRPC_RELEASE_CODES, GRPC_CODE_NAMES, GRPC_RETRY_PUSHBACK, GRPC_STATUS_FIELDS,

@@ -123,9 +123,12 @@ pub trait Observer: Send + Sync + 'static {
         let _ = (op, settled);
     }
 
-    /// The layer found a [`Proxied`](crate::Proxied) answer unusable while it read the answer to record
-    /// it: too slow, broken off or too large. Failures a proxy finds before it has an
-    /// answer (an unreachable upstream, say) are its own to report.
+    /// An upstream failed, once for each failure the layer answers: a proxy inside the
+    /// layer returned it as a [`ForwardError`](crate::ForwardError) (an unreachable
+    /// upstream, a timeout before the head; for a keyed request, an unkeyed one, or the
+    /// `GET` that renders a reference), or the layer found a
+    /// [`Proxied`](crate::Proxied) answer unusable while it read it to record it (too
+    /// slow, broken off or too large).
     fn upstream_failed(&self, failure: UpstreamFailure) {
         let _ = failure;
     }

@@ -13,7 +13,6 @@ use crate::grpc::{GrpcReleaseCodes, is_grpc};
 use crate::look_alike::look_alike;
 use crate::method_override::{decided_method, same_method};
 use crate::problem::{Problem, ProblemKind};
-use crate::profile::Dialect;
 use crate::wait::{Wait, preferred_wait};
 
 /// What becomes of a request, decided from its head.
@@ -63,18 +62,8 @@ pub(crate) fn admit(config: &Config, parts: &Parts) -> Admission {
         .key_headers
         .as_deref()
         .unwrap_or(std::slice::from_ref(&config.header_name));
-    let mut watched: Vec<&HeaderName> = Vec::with_capacity(4);
-    watched.extend(key_headers);
-    if config.tenant_from.is_none() {
-        watched.extend(config.tenant_headers.names());
-    }
-    if let Some((sent, meant)) = look_alike(&parts.headers, &watched) {
-        let detail = format!(
-            "the header {sent} is {meant} spelt with '_' for '-', which some upstream \
-             servers read as {meant}; send {meant} as it is spelt; nothing was reserved \
-             or forwarded"
-        );
-        return Admission::Reject(Problem::new(ProblemKind::AmbiguousHeader, detail), profile);
+    if let Some(refusal) = ambiguous_header(config, parts, key_headers) {
+        return Admission::Reject(refusal, profile);
     }
 
     let pointer = route.key_pointer.as_deref();
@@ -114,35 +103,67 @@ pub(crate) fn admit(config: &Config, parts: &Parts) -> Admission {
     // A caller's extractor names the tenant now; the headers are hashed once the
     // key they are hashed under is in hand (it may have to come from the store).
     let tenant = config.tenant_from.as_ref().map(|f| f(parts));
-    if route.require_tenant.unwrap_or(config.require_tenant) {
-        let headers_name_one = || config.tenant_headers.carried_by(&parts.headers);
-        let named = match &tenant {
-            Some(t) => t.as_str() != Tenant::ANONYMOUS,
-            None => match route.tenant_sources.as_deref().or(config.sources.as_ref()) {
-                Some(sources) => sources.applying(parts, &config.tenant_headers).is_some(),
-                None => headers_name_one(),
-            },
-        };
-        if !named {
-            let wanted = match tenant {
-                Some(_) => "an authenticated tenant".to_owned(),
-                None => format!("one of the headers {}", config.tenant_headers.listed()),
-            };
-            let detail = format!(
-                "{} {} is keyed, and a keyed request must name its tenant: send {wanted}; \
-                 nothing was reserved",
-                method,
-                parts.uri.path()
-            );
-            let refusal = Problem::new(ProblemKind::MissingTenant, detail);
-            match &mut key {
-                // Refused only if the body turns out to carry a key.
-                PlanKey::Pending(pending) => pending.refusal = Some(refusal),
-                PlanKey::Known(_) => return Admission::Reject(refusal, profile),
-            }
+    if let Some(refusal) = missing_tenant(config, &route, &method, parts, tenant.as_ref()) {
+        match &mut key {
+            // Refused only if the body turns out to carry a key.
+            PlanKey::Pending(pending) => pending.refusal = Some(refusal),
+            PlanKey::Known(_) => return Admission::Reject(refusal, profile),
         }
     }
     Admission::Keyed(Plan::new(config, route, parts, &method, key, tenant))
+}
+
+/// The 400 `ambiguous-header` for a request that sends one of the headers the key or
+/// the tenant is read from spelt with `_` for `-` (SPEC S14).
+fn ambiguous_header(config: &Config, parts: &Parts, key_headers: &[HeaderName]) -> Option<Problem> {
+    let mut watched: Vec<&HeaderName> = Vec::with_capacity(4);
+    watched.extend(key_headers);
+    if config.tenant_from.is_none() {
+        watched.extend(config.tenant_headers.names());
+    }
+    let (sent, meant) = look_alike(&parts.headers, &watched)?;
+    let detail = format!(
+        "the header {sent} is {meant} spelt with '_' for '-', which some upstream \
+         servers read as {meant}; send {meant} as it is spelt; nothing was reserved \
+         or forwarded"
+    );
+    Some(Problem::new(ProblemKind::AmbiguousHeader, detail))
+}
+
+/// The 401 `missing-tenant` for a keyed request that names no tenant where its route
+/// requires one (SPEC S3): neither the caller's extractor (`tenant`), nor the tenant
+/// sources, nor the tenant headers name one.
+fn missing_tenant(
+    config: &Config,
+    route: &RouteConfig,
+    method: &Method,
+    parts: &Parts,
+    tenant: Option<&Tenant>,
+) -> Option<Problem> {
+    if !route.require_tenant.unwrap_or(config.require_tenant) {
+        return None;
+    }
+    let named = match tenant {
+        Some(t) => t.as_str() != Tenant::ANONYMOUS,
+        None => match route.tenant_sources.as_deref().or(config.sources.as_ref()) {
+            Some(sources) => sources.applying(parts, &config.tenant_headers).is_some(),
+            None => config.tenant_headers.carried_by(&parts.headers),
+        },
+    };
+    if named {
+        return None;
+    }
+    let wanted = match tenant {
+        Some(_) => "an authenticated tenant".to_owned(),
+        None => format!("one of the headers {}", config.tenant_headers.listed()),
+    };
+    let detail = format!(
+        "{} {} is keyed, and a keyed request must name its tenant: send {wanted}; \
+         nothing was reserved",
+        method,
+        parts.uri.path()
+    );
+    Some(Problem::new(ProblemKind::MissingTenant, detail))
 }
 
 /// A keyed request's key, or how to find it in its body.
@@ -266,16 +287,6 @@ pub(crate) struct AnswerRules {
     pub(crate) profile: Profile,
     /// How long a duplicate may wait for an in-progress attempt (SPEC S15).
     pub(crate) wait: Option<Wait>,
-}
-
-impl AnswerRules {
-    /// How the layer's own answers to this request are written.
-    pub(crate) fn dialect(&self) -> Dialect {
-        Dialect {
-            grpc: self.grpc.is_some(),
-            profile: self.profile,
-        }
-    }
 }
 
 impl Plan {

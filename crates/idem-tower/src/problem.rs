@@ -7,8 +7,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::disposition::{Disposition, UpstreamFailure};
-
 /// The media type of problem bodies.
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
 
@@ -105,16 +103,18 @@ pub enum ProblemKind {
     /// retry with the same key, never a new one.
     ReplayUnavailable,
     /// 502: a proxy inside the layer (the idem gateway) could not connect to its
-    /// upstream; nothing was sent, so the key is released ([`UpstreamFailure::Unreachable`]).
+    /// upstream, or set up TLS with it; nothing was sent, so the key is released
+    /// ([`UpstreamFailure::Unreachable`](crate::UpstreamFailure::Unreachable),
+    /// [`UpstreamFailure::Tls`](crate::UpstreamFailure::Tls)).
     UpstreamUnreachable,
     /// 504: the upstream did not answer in time after the request was sent; the record
-    /// stays in progress until its lease lapses ([`UpstreamFailure::Timeout`]).
+    /// stays in progress until its lease lapses ([`UpstreamFailure::Timeout`](crate::UpstreamFailure::Timeout)).
     UpstreamTimeout,
     /// 504: the connection to the upstream broke after the request was sent; the record
-    /// stays in progress until its lease lapses ([`UpstreamFailure::ConnectionLost`]).
+    /// stays in progress until its lease lapses ([`UpstreamFailure::ConnectionLost`](crate::UpstreamFailure::ConnectionLost)).
     UpstreamConnectionLost,
     /// 502: the upstream acted, but its answer is over the response limit; this problem
-    /// is recorded and replayed in its place ([`UpstreamFailure::AnswerTooLarge`]).
+    /// is recorded and replayed in its place ([`UpstreamFailure::AnswerTooLarge`](crate::UpstreamFailure::AnswerTooLarge)).
     UpstreamAnswerTooLarge,
 }
 
@@ -250,17 +250,6 @@ impl ProblemKind {
             ProblemKind::UpstreamAnswerTooLarge => "Upstream answer too large to record",
         }
     }
-
-    /// The upstream failure this kind answers, if it is one.
-    pub(crate) fn upstream_failure(self) -> Option<UpstreamFailure> {
-        match self {
-            ProblemKind::UpstreamUnreachable => Some(UpstreamFailure::Unreachable),
-            ProblemKind::UpstreamTimeout => Some(UpstreamFailure::Timeout),
-            ProblemKind::UpstreamConnectionLost => Some(UpstreamFailure::ConnectionLost),
-            ProblemKind::UpstreamAnswerTooLarge => Some(UpstreamFailure::AnswerTooLarge),
-            _ => None,
-        }
-    }
 }
 
 /// One problem answer: a kind, a detail for this occurrence, and for 409 and 503 how
@@ -333,38 +322,6 @@ impl Problem {
         problem
     }
 
-    /// The answer to an upstream's `failure`. Its detail is the same on every
-    /// occurrence: what the failure means for the key, and what a client should do.
-    pub fn upstream(failure: UpstreamFailure) -> Problem {
-        let (kind, detail) = match failure {
-            UpstreamFailure::Unreachable => (
-                ProblemKind::UpstreamUnreachable,
-                "The gateway could not connect to the upstream; the request was not sent, \
-                 so a retry with the same Idempotency-Key will execute.",
-            ),
-            UpstreamFailure::Timeout => (
-                ProblemKind::UpstreamTimeout,
-                "The upstream did not answer in time after the request was sent; its \
-                 outcome is unknown. Retry with the same Idempotency-Key: it answers 409 \
-                 until the attempt's lease lapses, then executes as the next attempt.",
-            ),
-            UpstreamFailure::ConnectionLost => (
-                ProblemKind::UpstreamConnectionLost,
-                "The connection to the upstream broke after the request was sent; its \
-                 outcome is unknown. Retry with the same Idempotency-Key: it answers 409 \
-                 until the attempt's lease lapses, then executes as the next attempt.",
-            ),
-            UpstreamFailure::AnswerTooLarge => (
-                ProblemKind::UpstreamAnswerTooLarge,
-                "The upstream executed the request, but its answer is over the gateway's \
-                 response limit and cannot be recorded. This answer is recorded in its \
-                 place and is final for this Idempotency-Key: a retry replays it and \
-                 does not execute again.",
-            ),
-        };
-        Problem::new(kind, detail)
-    }
-
     /// The 500 `replay-unavailable` for a recorded answer that cannot be opened (SPEC
     /// S17): the operation ran, and a retry cannot change that the record is unreadable
     /// until an operator restores its key, so there is no `Retry-After`.
@@ -416,18 +373,12 @@ impl Problem {
     }
 
     /// The full response: status, `Content-Type`, `Retry-After` when set, body, and the
-    /// [`ProblemKind`] and the `Problem` itself as response extensions, by which layers
-    /// outside can tell the layer's own answers from the handler's (the idem gateway
-    /// adds CORS headers to them) and write one again in another dialect without
-    /// parsing its body. The layer's own answers carry the [`Profile`](crate::Profile) they are written in as an
-    /// extension too, so that a proxy around it writes in its profile only the
-    /// problems no profile wrote. Problems the layer records in place of an answer
-    /// (500s, and the 502 for an upstream answer too large) lose them with every other
-    /// extension, so that the first answer and its replays look alike.
-    ///
-    /// An upstream failure's answer carries its [`Disposition`] too, so that a proxy
-    /// inside the layer answers with it and the layer settles the key as
-    /// [`UpstreamFailure::disposition`] says.
+    /// [`ProblemKind`] as a response extension, by which layers outside can tell the
+    /// layer's own answers from the handler's (the idem gateway adds CORS headers to
+    /// them). Each is written once, in its dialect, where it is made. Problems the layer
+    /// records in place of an answer (500s, and the 502 for an upstream answer too
+    /// large) lose it with every other extension, so that the first answer and its
+    /// replays look alike.
     pub fn to_response(&self) -> Response<Bytes> {
         self.respond(self.status(), PROBLEM_CONTENT_TYPE, self.body())
     }
@@ -443,12 +394,6 @@ impl Problem {
         let mut response = Response::new(body);
         *response.status_mut() = status;
         response.extensions_mut().insert(self.kind);
-        response.extensions_mut().insert(self.clone());
-        if let Some(failure) = self.kind.upstream_failure() {
-            response
-                .extensions_mut()
-                .insert::<Disposition>(failure.disposition());
-        }
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
         if let Some(wait) = self.retry_after {
@@ -538,49 +483,6 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(v["type"], "https://idem.dev/problems/missing-tenant");
         assert_eq!(v["status"], 401);
-    }
-
-    fn upstream(failure: UpstreamFailure) -> Response<Bytes> {
-        Problem::upstream(failure).to_response()
-    }
-
-    #[test]
-    fn unreachable_is_502_and_releases() {
-        let res = upstream(UpstreamFailure::Unreachable);
-        assert_eq!(res.status(), 502);
-        assert_eq!(
-            res.extensions().get::<Disposition>(),
-            Some(&Disposition::Release)
-        );
-        assert_eq!(
-            res.headers()[header::CONTENT_TYPE],
-            "application/problem+json"
-        );
-        let v: serde_json::Value = serde_json::from_slice(res.body()).unwrap();
-        assert_eq!(v["status"], 502);
-        assert_eq!(v["type"], "https://idem.dev/problems/upstream-unreachable");
-    }
-
-    #[test]
-    fn too_large_answer_is_502_and_recorded() {
-        let res = upstream(UpstreamFailure::AnswerTooLarge);
-        assert_eq!(res.status(), 502);
-        assert_eq!(
-            res.extensions().get::<Disposition>(),
-            Some(&Disposition::Record)
-        );
-    }
-
-    #[test]
-    fn unknown_outcomes_are_504_and_keep_the_record() {
-        for e in [UpstreamFailure::Timeout, UpstreamFailure::ConnectionLost] {
-            let res = upstream(e);
-            assert_eq!(res.status(), 504);
-            assert_eq!(
-                res.extensions().get::<Disposition>(),
-                Some(&Disposition::KeepInProgress)
-            );
-        }
     }
 
     #[test]

@@ -6,15 +6,16 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use idem_core::{Reservation, Store, StoreError, StoredResponse};
-use tower::Service;
 
+use crate::IdempotencyBody;
+use crate::bounds::Inner;
 use crate::config::{Config, References};
 use crate::handled::Handled;
 use crate::hints::hint;
+use crate::keyed::Keyed;
 use crate::observer::{Observer, Outcome};
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::Dialect;
-use crate::{BoxError, IdempotencyBody};
 
 /// The header that marks a replayed answer.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -114,43 +115,75 @@ fn answer<B>(
     )
 }
 
-/// The answer for a client whose attempt was taken over before it could record its own
-/// (its completion fenced, SPEC S7): the key's answer is the other attempt's, so this
-/// client gets what a retry would, the recorded answer replayed, or 409 while the other
-/// attempt still runs, never an answer the key's record contradicts. `None` (the
-/// attempt's own answer is passed on) when the record cannot be read, or its answer is
-/// a reference to render.
-pub(crate) async fn superseded<St: Store, B>(
-    shared: &crate::shared::Shared<St>,
-    scope: &idem_core::Scope,
-    dialect: Dialect,
-    hints: bool,
-) -> Option<Response<IdempotencyBody<B>>> {
-    let record = match shared.store.get(scope).await {
-        Ok(record) => record?,
-        Err(e) => {
-            tracing::warn!(error = %e, "reading the record that took this attempt over failed");
+impl<St: Store> Keyed<St> {
+    /// The answer for a client whose attempt was taken over before it could record its own
+    /// (its completion fenced, SPEC S7): the key's answer is the other attempt's, so this
+    /// client gets what a retry would, the recorded answer replayed, or 409 while the other
+    /// attempt still runs, never an answer the key's record contradicts. `None` (the
+    /// attempt's own answer is passed on) when the record cannot be read, or its answer is
+    /// a reference to render.
+    pub(crate) async fn superseded<B>(
+        &self,
+        scope: &idem_core::Scope,
+    ) -> Option<Response<IdempotencyBody<B>>> {
+        let record = match self.store().get(scope).await {
+            Ok(record) => record?,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the record that took this attempt over failed");
+                return None;
+            }
+        };
+        let reservation = match record.state {
+            // Judged as of its creation: it was taken over moments ago, so it is live, and
+            // its age must not make it look expired to a clock that is not the store's.
+            idem_core::RecordState::Completed { .. } => {
+                let (fingerprint, created_at) = (record.fingerprint, record.created_at);
+                Reservation::from_existing(record, &fingerprint, created_at)?
+            }
+            idem_core::RecordState::InProgress { .. } => Reservation::InProgress {
+                retry_after: std::time::Duration::from_secs(1),
+            },
+            idem_core::RecordState::Tombstone { .. } => return None,
+        };
+        if matches!(&reservation, Reservation::Replay(stored) if stored.reference().is_some()) {
             return None;
         }
-    };
-    let reservation = match record.state {
-        // Judged as of its creation: it was taken over moments ago, so it is live, and
-        // its age must not make it look expired to a clock that is not the store's.
-        idem_core::RecordState::Completed { .. } => {
-            let (fingerprint, created_at) = (record.fingerprint, record.created_at);
-            Reservation::from_existing(record, &fingerprint, created_at)?
-        }
-        idem_core::RecordState::InProgress { .. } => Reservation::InProgress {
-            retry_after: std::time::Duration::from_secs(1),
-        },
-        idem_core::RecordState::Tombstone { .. } => return None,
-    };
-    if matches!(&reservation, Reservation::Replay(stored) if stored.reference().is_some()) {
-        return None;
+        let (dialect, hints) = (self.dialect(), self.answers.retry_hints);
+        let mut response = refuse(self.observer(), Ok(reservation), dialect, hints);
+        Handled::scoped(&mut response, scope);
+        Some(response)
     }
-    let mut response = refuse(&*shared.config.observer, Ok(reservation), dialect, hints);
-    Handled::scoped(&mut response, scope);
-    Some(response)
+
+    /// Stage 5 for an answer recorded as a [`ResourceReference`](crate::ResourceReference):
+    /// rendered again (see [`render`]) where this layer renders references, else a 503
+    /// `replay-unavailable` in the request's dialect.
+    pub(crate) async fn rendered<S: Inner<ReqBody, ResBody>, ReqBody, ResBody>(
+        &self,
+        inner: S,
+        parts: Parts,
+        stored: StoredResponse,
+    ) -> Response<IdempotencyBody<ResBody>> {
+        let (config, observer, dialect) = (self.config(), self.observer(), self.dialect());
+        if !config.references.honoured() {
+            // Recorded where references are rendered (another instance, or this one before
+            // a change of settings): an empty body would be a lie.
+            observer.outcome(Outcome::ReplayUnavailable);
+            let reference = stored.reference().unwrap_or_default();
+            let why = "this layer does not render references";
+            let mut response = replay_unavailable(reference, why, dialect);
+            Handled::mark(&mut response, Outcome::ReplayUnavailable);
+            return response;
+        }
+        let mut response = render(inner, parts, stored, config, dialect).await;
+        let outcome = if response.status().is_success() {
+            Outcome::Replayed
+        } else {
+            Outcome::ReplayUnavailable
+        };
+        observer.outcome(outcome);
+        Handled::mark(&mut response, outcome);
+        response
+    }
 }
 
 /// The trailers recorded with an answer (a gRPC call's status), to send as trailers
@@ -171,40 +204,6 @@ fn trailers(stored: &StoredResponse) -> Option<HeaderMap> {
         }
     }
     (!trailers.is_empty()).then_some(trailers)
-}
-
-/// Stage 5 for an answer recorded as a [`ResourceReference`](crate::ResourceReference):
-/// rendered again (see [`render`]) where this layer renders references, else a 503
-/// `replay-unavailable`.
-pub(crate) async fn rendered<S, ReqBody, ResBody>(
-    inner: S,
-    parts: Parts,
-    stored: StoredResponse,
-    config: &Config,
-) -> Response<IdempotencyBody<ResBody>>
-where
-    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
-{
-    let observer = &*config.observer;
-    if !config.references.honoured() {
-        // Recorded where references are rendered (another instance, or this one before
-        // a change of settings): an empty body would be a lie.
-        observer.outcome(Outcome::ReplayUnavailable);
-        let reference = stored.reference().unwrap_or_default();
-        let mut response = replay_unavailable(reference, "this layer does not render references");
-        Handled::mark(&mut response, Outcome::ReplayUnavailable);
-        return response;
-    }
-    let mut response = render(inner, parts, stored, config).await;
-    let outcome = if response.status().is_success() {
-        Outcome::Replayed
-    } else {
-        Outcome::ReplayUnavailable
-    };
-    observer.outcome(outcome);
-    Handled::mark(&mut response, outcome);
-    response
 }
 
 /// Stage 5: the recorded answer, marked as a replay.
@@ -228,8 +227,13 @@ fn replay(stored: StoredResponse) -> Response<Bytes> {
     response
 }
 
-/// The 503 for an answer recorded as `reference` that cannot be rendered now, and why.
-fn replay_unavailable<B>(reference: &str, why: &str) -> Response<IdempotencyBody<B>> {
+/// The 503 for an answer recorded as `reference` that cannot be rendered now, and why,
+/// in `dialect`.
+fn replay_unavailable<B>(
+    reference: &str,
+    why: &str,
+    dialect: Dialect,
+) -> Response<IdempotencyBody<B>> {
     tracing::warn!(reference, "{why}");
     Problem::new(
         ProblemKind::ReplayUnavailable,
@@ -238,7 +242,7 @@ fn replay_unavailable<B>(reference: &str, why: &str) -> Response<IdempotencyBody
              which could not be rendered now ({why}); retry with the same key, never a new one"
         ),
     )
-    .to_response()
+    .answer(dialect)
     .map(IdempotencyBody::buffered)
 }
 
@@ -255,19 +259,16 @@ const REPRESENTATION_HEADERS: [HeaderName; 5] = [
 /// Stage 5 for an answer recorded as a [`ResourceReference`]: the layer's `renderer`,
 /// or else the wrapped service, is asked for `GET <reference>` with the retry's headers,
 /// and a 2xx answer is replayed under the recorded status and headers; anything else is
-/// a 503 `replay-unavailable`.
-async fn render<S, ReqBody, ResBody>(
+/// a 503 `replay-unavailable` in `dialect`.
+async fn render<S: Inner<ReqBody, ResBody>, ReqBody, ResBody>(
     mut inner: S,
     parts: Parts,
     stored: StoredResponse,
     config: &Config,
-) -> Response<IdempotencyBody<ResBody>>
-where
-    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
-{
+    dialect: Dialect,
+) -> Response<IdempotencyBody<ResBody>> {
     let reference = stored.reference().unwrap_or_default().to_owned();
-    let unavailable = |why: String| replay_unavailable(&reference, &why);
+    let unavailable = |why: String| replay_unavailable(&reference, &why, dialect);
     let mut uri = http::Uri::builder();
     if let (Some(scheme), Some(authority)) = (parts.uri.scheme(), parts.uri.authority()) {
         uri = uri.scheme(scheme.clone()).authority(authority.clone());
@@ -305,7 +306,16 @@ where
     };
     let rendered = match rendered {
         Ok(rendered) => rendered,
-        Err(e) => return unavailable(format!("rendering failed: {e}")),
+        // A proxy that could not forward the `GET`: its upstream failed, as said.
+        Err(e) => match crate::forward::forward_error(&e) {
+            Some(failed) => {
+                if let Some(failure) = failed.upstream_failure() {
+                    config.observer.upstream_failed(failure);
+                }
+                return unavailable(format!("GET answered {}", failed.problem().status()));
+            }
+            None => return unavailable(format!("rendering failed: {e}")),
+        },
     };
     if !rendered.status().is_success() {
         return unavailable(format!("GET answered {}", rendered.status()));

@@ -1,8 +1,10 @@
 //! [`Idempotency`]: the middleware service. A request goes through SPEC S5's stages in
-//! a file each: `plan.rs` decides from its head whether it is keyed, `buffer.rs` scopes
-//! it and reads its body, `execute.rs` reserves the key and runs the handler (its lease
-//! renewed by `heartbeat.rs`), `settle.rs` records the answer or releases the key, and
-//! `replay.rs` answers the retries.
+//! a file each: `plan.rs` decides from its head whether it is keyed; a keyed one's
+//! stages are steps over one context per request (`keyed.rs`, as pingora's phases share
+//! one `CTX`): `scope.rs` names its key and tenant, reads its body and fingerprints it,
+//! `execute.rs` reserves the key and runs the handler (its lease renewed by
+//! `heartbeat.rs`), `conclude.rs` decides what its answer means for the key, `settle.rs`
+//! records the answer or releases the key, and `replay.rs` answers the retries.
 
 use std::fmt;
 use std::sync::Arc;
@@ -15,14 +17,14 @@ use http_body::Body;
 use idem_core::Store;
 use tower::{Layer, Service};
 
-use crate::buffer::keyed;
+use crate::bounds::Inner;
 use crate::drain::drain_body;
 use crate::future::ResponseFuture;
-use crate::handled::Handled;
 use crate::layer::IdempotencyLayer;
 use crate::observer::{Observer, Outcome};
 use crate::plan::{Admission, admit};
 use crate::problem::Problem;
+use crate::scope::keyed;
 use crate::shared::Shared;
 use crate::{BoxError, IdempotencyBody};
 
@@ -115,7 +117,7 @@ where
         let config = &shared.config;
         let (parts, body) = request.into_parts();
         match admit(config, &parts) {
-            Admission::PassThrough => pass_through(&mut inner, &*config.observer, parts, body),
+            Admission::PassThrough => pass_through(&mut inner, shared, parts, body),
             Admission::Reject(problem, profile) => {
                 reject(&*config.observer, problem, profile, &parts, body)
             }
@@ -124,22 +126,27 @@ where
     }
 }
 
-fn pass_through<S, ReqBody, ResBody>(
+/// An unkeyed request, to the inner service untouched; a proxy's failure to forward it
+/// answered in the layer's profile (a gRPC error to a gRPC call).
+fn pass_through<S, St, ReqBody, ResBody>(
     inner: &mut S,
-    observer: &dyn Observer,
+    shared: Arc<Shared<St>>,
     parts: Parts,
     body: ReqBody,
 ) -> ResponseFuture<ResBody, S::Error>
 where
-    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>,
-    S::Future: Send + 'static,
+    S: Inner<ReqBody, ResBody>,
+    St: Store,
+    ResBody: Send + 'static,
 {
-    observer.outcome(Outcome::PassedThrough);
+    shared.config.observer.outcome(Outcome::PassedThrough);
+    let dialect = crate::profile::Dialect {
+        grpc: crate::grpc::is_grpc(&parts.headers),
+        profile: shared.config.profile,
+    };
     let future = inner.call(Request::from_parts(parts, IdempotencyBody::stream(body)));
     ResponseFuture::new(async move {
-        let mut response = future.await?.map(IdempotencyBody::stream);
-        Handled::mark(&mut response, Outcome::PassedThrough);
-        Ok(response)
+        crate::forward::passed_through(future.await, dialect, &*shared.config.observer)
     })
 }
 
@@ -163,6 +170,6 @@ where
         grpc: crate::grpc::is_grpc(&parts.headers),
         profile,
     };
-    let response = crate::buffer::rejected(observer, &problem, dialect);
+    let response = crate::keyed::rejected(observer, &problem, dialect);
     ResponseFuture::new(std::future::ready(Ok(response)))
 }

@@ -1,7 +1,6 @@
 //! Stages 3 and 4 of a keyed request (SPEC S5, S6): the answer recorded, or the key
 //! released, with a few tries before the client gets its answer and more after.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,6 +10,7 @@ use idem_core::{Lease, Store, StoreError, StoredResponse};
 use crate::config::Config;
 use crate::grpc::{GRPC_STATUS_FIELDS, is_grpc};
 use crate::in_flight::InFlightGuard;
+use crate::keyed::Keyed;
 use crate::observer::timed;
 use crate::shared::Shared;
 
@@ -58,42 +58,44 @@ pub(crate) enum Settled {
     Deferred,
 }
 
-/// Settles the key: `write` is tried as [`WRITE_BACKOFF`] says before the caller gets
-/// its answer. If the store failed every time (it is down, say), the caller gets the
-/// answer anyway and [`settle_later`] goes on in the background, the request counted in
-/// flight (`guard`) until it is done.
-pub(crate) async fn settle<St: Store>(
-    shared: &Arc<Shared<St>>,
-    lease: Lease,
-    lease_for: Duration,
-    write: KeyWrite,
-    guard: InFlightGuard,
-) -> Settled {
-    let observer = &*shared.config.observer;
-    for pause in WRITE_BACKOFF {
-        if !pause.is_zero() {
-            tokio::time::sleep(pause).await;
-        }
-        match timed(observer, write.op(), write.run(&*shared.store, &lease)).await {
-            Ok(()) => return Settled::Written,
-            Err(StoreError::Fenced) => {
-                fenced(&lease, &write);
-                return Settled::Fenced;
+impl<St: Store> Keyed<St> {
+    /// Settles the key `lease` holds: `write` is tried as [`WRITE_BACKOFF`] says before
+    /// the caller gets its answer. If the store failed every time (it is down, say), the
+    /// caller gets the answer anyway and [`settle_later`] goes on in the background, the
+    /// request counted in flight (`guard`) until it is done.
+    pub(crate) async fn settle(
+        &self,
+        lease: Lease,
+        write: KeyWrite,
+        guard: InFlightGuard,
+    ) -> Settled {
+        let (shared, lease_for) = (&self.shared, self.lease_for);
+        let observer = &*shared.config.observer;
+        for pause in WRITE_BACKOFF {
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
             }
-            Err(e) => tracing::warn!(error = %e, op = write.op(), "settling the key failed"),
+            match timed(observer, write.op(), write.run(&*shared.store, &lease)).await {
+                Ok(()) => return Settled::Written,
+                Err(StoreError::Fenced) => {
+                    fenced(&lease, &write);
+                    return Settled::Fenced;
+                }
+                Err(e) => tracing::warn!(error = %e, op = write.op(), "settling the key failed"),
+            }
         }
+        observer.write_deferred(write.op());
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let settled = settle_later(&shared, &lease, lease_for, &write).await;
+            shared
+                .config
+                .observer
+                .deferred_write_ended(write.op(), settled);
+            drop(guard);
+        });
+        Settled::Deferred
     }
-    observer.write_deferred(write.op());
-    let shared = shared.clone();
-    tokio::spawn(async move {
-        let settled = settle_later(&shared, &lease, lease_for, &write).await;
-        shared
-            .config
-            .observer
-            .deferred_write_ended(write.op(), settled);
-        drop(guard);
-    });
-    Settled::Deferred
 }
 
 fn fenced(lease: &Lease, write: &KeyWrite) {

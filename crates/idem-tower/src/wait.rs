@@ -7,15 +7,15 @@
 //! timer, for a store that cannot tell, and as a fallback for one that can), and then
 //! reserves again through the normal path: a completion gives it the replay, a release
 //! makes it the next attempt, and a lapsed lease lets it take over. A wake is only a
-//! hint; the reserve decides.
+//! hint; the reserve decides. That loop is a step of the reserve (`execute.rs`,
+//! `Keyed::wait_for`); this file holds what bounds it and how it ends.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use idem_core::{Lease, Reservation, ReserveRequest, Store};
-use tokio::time::Instant;
+use idem_core::{Lease, Reservation, Store};
 
 use crate::IdempotencyBody;
 use crate::handled::Handled;
@@ -31,15 +31,6 @@ pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// The most duplicates that wait at once per layer unless configured otherwise.
 pub const DEFAULT_MAX_WAITERS: usize = 1024;
-
-/// The first pause between polls of a store whose watch cannot fire; it doubles up to
-/// [`MAX_POLL`].
-const FIRST_POLL: Duration = Duration::from_millis(20);
-const MAX_POLL: Duration = Duration::from_millis(500);
-
-/// How long a waiter trusts a watch that can fire before it reserves again anyway: a
-/// lost notification costs at most this.
-const FALLBACK_POLL: Duration = Duration::from_secs(1);
 
 /// The `wait` preference of a request's `Prefer` headers, in seconds (RFC 7240): the
 /// first `wait` among every header's comma-separated preferences, its name in any case,
@@ -212,50 +203,6 @@ impl<'a> Observed<'a> {
 impl Drop for Observed<'_> {
     fn drop(&mut self) {
         self.observer.wait_ended(self.ended);
-    }
-}
-
-/// Waits up to `within` for the attempt holding `request`'s key to end, reserving again
-/// after each wake or poll, and returns the first reservation that is not in progress
-/// (or the last one, in progress, when the time is up). `watch` was made before the
-/// reserve that answered in progress. While it waits between reserves, `parked` is set:
-/// the request's future may then be dropped (its client hung up) without leaving
-/// anything reserved.
-pub(crate) async fn wait_for<St: Store + ?Sized>(
-    store: &St,
-    observer: &dyn Observer,
-    request: &ReserveRequest,
-    within: Duration,
-    mut watch: idem_core::Watch,
-    mut last: idem_core::Result<Reservation>,
-    parked: &AtomicBool,
-) -> idem_core::Result<Reservation> {
-    let deadline = Instant::now() + within;
-    let mut poll = FIRST_POLL;
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return last;
-        }
-        let pause = if watch.notifies() {
-            FALLBACK_POLL
-        } else {
-            let pause = poll;
-            poll = (poll * 2).min(MAX_POLL);
-            pause
-        };
-        let until = deadline.min(now + pause);
-        parked.store(true, Ordering::Release);
-        tokio::select! {
-            () = &mut watch => {}
-            () = tokio::time::sleep_until(until) => {}
-        }
-        parked.store(false, Ordering::Release);
-        watch = store.watch(&request.scope);
-        last = timed(observer, "reserve", store.reserve(request)).await;
-        if !matches!(last, Ok(Reservation::InProgress { .. })) {
-            return last;
-        }
     }
 }
 

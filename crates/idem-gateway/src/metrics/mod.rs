@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use idem_core::Store;
-use idem_tower::{Observer, Outcome};
+use idem_tower::{Observer, Outcome, UpstreamFailure};
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -60,6 +60,8 @@ pub struct Metrics {
     in_flight: Gauge,
     /// Upgraded connections (WebSocket and the like) tunnelled to the upstream now.
     tunnels: Gauge,
+    /// Upstream failures by kind ([`upstream_error_label`]), counted as the layer (or,
+    /// without one, the front) answers each: by [`Observer::upstream_failed`] alone.
     upstream_errors: Series<ByKind, Counter>,
     /// Failed store calls by operation and [`idem_core::StoreError::label`].
     store_errors: Series<StoreFailure, Counter>,
@@ -273,13 +275,6 @@ impl Metrics {
             .at(StoreCall { op, ok }, |h| h.observe(elapsed.as_secs_f64()));
     }
 
-    /// Counts an upstream failure by kind (`unreachable`, `timeout`, `failed`).
-    pub(crate) fn count_upstream_error(&self, kind: &'static str) {
-        self.upstream_errors.at(ByKind { kind }, |c| {
-            c.inc();
-        });
-    }
-
     /// Marks a request in flight until the guard drops.
     pub(crate) fn in_flight_guard(self: &Arc<Self>) -> GaugeGuard {
         GaugeGuard::raise(self.in_flight.clone())
@@ -365,8 +360,11 @@ impl Observer for Metrics {
         }
     }
 
-    fn upstream_failed(&self, failure: idem_tower::UpstreamFailure) {
-        self.count_upstream_error(crate::proxy::failure::upstream_error_label(failure));
+    fn upstream_failed(&self, failure: UpstreamFailure) {
+        let kind = upstream_error_label(failure);
+        self.upstream_errors.at(ByKind { kind }, |c| {
+            c.inc();
+        });
     }
 
     fn tenant_keyed(&self, tenant: &idem_core::Tenant) {
@@ -405,6 +403,19 @@ impl Observer for Metrics {
             "ambiguous outcome: the request may have had effects the gateway cannot know; \
              reconcile it with the business records"
         );
+    }
+}
+
+/// The `kind` label of `idem_upstream_errors_total` for an upstream failure.
+fn upstream_error_label(failure: UpstreamFailure) -> &'static str {
+    match failure {
+        UpstreamFailure::Unreachable => "unreachable",
+        UpstreamFailure::Tls => "tls",
+        UpstreamFailure::Timeout => "timeout",
+        UpstreamFailure::ConnectionLost => "broken",
+        UpstreamFailure::AnswerTooLarge => "too_large",
+        // `UpstreamFailure` is non-exhaustive; a failure added there is counted apart.
+        _ => "other",
     }
 }
 

@@ -109,6 +109,22 @@ fn counts_deferred_key_writes_and_those_given_up() {
     ));
 }
 
+#[test]
+fn upstream_failures_keep_their_metric_labels() {
+    let labels = [
+        UpstreamFailure::Unreachable,
+        UpstreamFailure::Tls,
+        UpstreamFailure::Timeout,
+        UpstreamFailure::ConnectionLost,
+        UpstreamFailure::AnswerTooLarge,
+    ]
+    .map(upstream_error_label);
+    assert_eq!(
+        labels,
+        ["unreachable", "tls", "timeout", "broken", "too_large"]
+    );
+}
+
 /// Every metric the exposition carries: `name type label,label` per line, sorted,
 /// with a histogram's `le` left out. A dashboard or alert is written against these,
 /// so a change to one shows up here as a diff of `metrics.txt`.
@@ -160,7 +176,7 @@ fn exposes_the_metrics_in_metrics_txt() {
     m.outcome(Outcome::Executed);
     m.store_call("reserve", Duration::from_millis(1), true);
     m.store_error("reserve", &idem_core::StoreError::Fenced);
-    m.count_upstream_error("timeout");
+    m.upstream_failed(UpstreamFailure::Timeout);
     m.write_deferred("complete");
     m.tenant_keyed(&idem_core::Tenant::anonymous());
     m.tenant_limited(&idem_core::Tenant::anonymous(), "key_rate");

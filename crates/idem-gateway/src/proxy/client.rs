@@ -15,7 +15,8 @@
 //!
 //! With `http2`, each new connection's first bytes must be the server's HTTP/2
 //! preface ([`PrefaceCheck`]): an upstream that answers in HTTP/1.1 read no request,
-//! and the proxy answers 502, releasing the key, rather than a 504 of unknown outcome.
+//! and its failure is the 502 that releases the key, rather than a 504 of unknown
+//! outcome.
 //!
 //! HTTP/2 connections are pooled like HTTP/1.1 ones: one per upstream, its streams
 //! shared by the requests in flight.

@@ -6,7 +6,8 @@
 //! gateway's own answers; an HTTP/2 answer the layer buffered is charged to its
 //! connection's budget (see [`crate::budget`]); the request gets its id (taken from the
 //! client or made), and is written in the access log once its answer has been sent
-//! (see [`super::access`]).
+//! (see [`super::access`]). The answers the front makes itself are written once, in the
+//! request's dialect: a gRPC error to a gRPC call, else the gateway's profile.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use idem_tower::{Observer, Outcome, Problem, ProblemKind};
+use idem_tower::{Observer, Outcome, Problem, ProblemKind, Profile};
 use tower::ServiceExt;
 
 use super::ClientBody;
@@ -87,6 +88,9 @@ impl Front {
         }
         let svc = live.service.clone();
         let profile = live.profile;
+        // Without the layer (pass-through mode), the front answers the proxy's failures
+        // to forward, and counts them; the layer answers and counts its own.
+        let counts_failures = live.layer.is_none().then(|| self.metrics.clone());
         drop(live);
         let guard = self.metrics.in_flight_guard();
         let origin = cors::preflighted_origin(req.method(), req.headers());
@@ -110,44 +114,60 @@ impl Front {
                 _ => None,
             };
             let res = match invalid {
-                None => svc.oneshot(req).await,
+                None => match svc.oneshot(req).await {
+                    Ok(res) => res,
+                    Err(failed) => {
+                        if let (Some(metrics), Some(failure)) =
+                            (&counts_failures, failed.upstream_failure())
+                        {
+                            metrics.upstream_failed(failure);
+                        }
+                        in_dialect(&failed.problem(), grpc, profile)
+                    }
+                },
                 Some(problem) => {
                     // Read away what the client still sends, so that it reads the 400
                     // rather than a reset.
                     let (parts, body) = req.into_parts();
                     idem_tower::drain_body(&parts.headers, body);
-                    Ok(problem
-                        .to_response()
-                        .map(|b| Full::new(b).map_err(|e| match e {}).boxed_unsync()))
+                    in_dialect(&problem, grpc, profile)
                 }
             };
-            let res = match (res, budget) {
-                (Ok(r), Some(budget)) => Ok(budget.hold(r, reservation)),
-                (res, _) => res,
+            let mut res = match budget {
+                Some(budget) => budget
+                    .hold(res, reservation)
+                    .unwrap_or_else(|refused| in_dialect(&refused, grpc, profile)),
+                None => res,
             };
-            let mut res = match res {
-                Ok(r) => Ok(super::grpc::own_answer(grpc, profile, r).await),
-                Err(e) => Err(e),
-            };
-            if let (Some(origin), Ok(r)) = (origin, &mut res) {
-                cors::allow_origin_on_problem(r, origin);
+            if let Some(origin) = origin {
+                cors::allow_origin_on_problem(&mut res, origin);
             }
-            let res = match res {
-                Ok(r) if !grpc => Ok(access::into_problem(r, &request_id).await),
-                other => other,
+            if !grpc {
+                res = access::into_problem(res, &request_id).await;
+            }
+            log_key(&res, &request_id);
+            res.headers_mut().insert(id_header, request_id);
+            let res = match entry {
+                Some(entry) => entry.finish(res),
+                None => res,
             };
-            let res = res.map(|mut r| {
-                log_key(&r, &request_id);
-                r.headers_mut().insert(id_header, request_id);
-                match entry {
-                    Some(entry) => entry.finish(r),
-                    None => r,
-                }
-            });
             drop(guard);
-            res
+            Ok(res)
         })
     }
+}
+
+/// The gateway's own answer `problem`, outside the layer (an invalid path or host, a
+/// refusal of the connection's answer budget, without the layer a failure to forward):
+/// to a gRPC call (`grpc`) a gRPC error (SPEC S18), to any other request in the
+/// gateway's `profile`, as the layer writes its own.
+fn in_dialect(problem: &Problem, grpc: bool, profile: Profile) -> Response<ClientBody> {
+    let answer = if grpc {
+        problem.to_grpc_response()
+    } else {
+        problem.to_response_in(profile)
+    };
+    answer.map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync())
 }
 
 /// At debug level, the line that leads from a client's key to its other lines: the

@@ -160,12 +160,6 @@ pub(super) async fn service(
             );
             (BoxCloneSyncService::new(svc), Some(layer))
         }
-        Mode::PassThrough => {
-            let svc =
-                ServiceExt::<Request<Incoming>>::map_response(proxy, |res: Response<ProxyBody>| {
-                    res
-                });
-            (BoxCloneSyncService::new(svc), None)
-        }
+        Mode::PassThrough => (BoxCloneSyncService::new(proxy), None),
     })
 }

@@ -125,6 +125,11 @@ async fn unreachable_upstream_is_502_and_releases_the_key() {
         a.problem_type(),
         "https://idem.dev/problems/upstream-unreachable"
     );
+    let text = common::metrics(&http, &gw).await;
+    assert!(
+        text.contains("idem_upstream_errors_total{kind=\"unreachable\"} 1"),
+        "counted once: {text}"
+    );
     // Released: no record is left, and a retry tries the upstream again (502, not 409).
     let rec = http
         .send(
@@ -154,6 +159,39 @@ async fn unreachable_upstream_is_502_and_releases_the_key() {
         Some("https://shop.example")
     );
     assert_eq!(c.header("access-control-allow-credentials"), Some("true"));
+}
+
+/// Without the layer (`--passthrough`), an unreachable upstream is answered all the
+/// same: a 502 in the gateway's profile, counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_through_gateway_answers_an_unreachable_upstream_in_its_profile() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(
+        &format!("http://127.0.0.1:{port}"),
+        dir.path(),
+        &["--passthrough", "--profile", "stripe", "--admin", "0"],
+    )
+    .await;
+    let http = Http::new();
+    let a = http
+        .post(&gw.url("/v1/charges"), &new_key(), "{}", &[])
+        .await;
+    assert_eq!(a.status, 502, "{a:?}");
+    assert_eq!(a.json()["error"]["type"], "api_error");
+    assert_eq!(
+        a.json()["error"]["doc_url"],
+        "https://idem.dev/problems/upstream-unreachable"
+    );
+    let text = common::metrics(&http, &gw).await;
+    assert!(
+        text.contains("idem_upstream_errors_total{kind=\"unreachable\"} 1"),
+        "counted once: {text}"
+    );
 }
 
 over_both_protocols! {
