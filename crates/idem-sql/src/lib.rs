@@ -14,10 +14,11 @@
 //! |---|---|---|
 //! | SQLite | `sqlite` | `sqlx::Sqlite` |
 //! | PostgreSQL | `postgres` | `sqlx::Postgres` |
+//! | MySQL, MariaDB | `mysql` | `sqlx::MySql` |
 //!
-//! A new database (MySQL or MariaDB, say) is one more implementation of
-//! [`SqlDatabase`] in this crate, behind a feature of its own; the trait's documentation
-//! says what each item must give, and where MySQL differs.
+//! A new database is one more implementation of [`SqlDatabase`] in this crate, behind a
+//! feature of its own; the trait's documentation says what each item must give, and
+//! where MySQL differs.
 //!
 //! # Examples
 //!
@@ -42,6 +43,8 @@ use sqlx::{AssertSqlSafe, Connection, Database, Executor, IntoArguments, Pool};
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+#[cfg(feature = "mysql")]
+mod mysql;
 mod placeholders;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -50,10 +53,13 @@ mod sqlite;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod standard;
 
+#[cfg(feature = "mysql")]
+pub use mysql::MIGRATION_LOCK_WAIT;
 pub use placeholders::Placeholders;
 
 /// A SQL database idem keeps tables in, as sqlx names it: `sqlx::Sqlite` (feature
-/// `sqlite`) or `sqlx::Postgres` (feature `postgres`). Sealed: a database is added
+/// `sqlite`), `sqlx::Postgres` (feature `postgres`) or `sqlx::MySql` (feature `mysql`,
+/// MySQL and MariaDB alike). Sealed: a database is added
 /// here, in a module of its own.
 ///
 /// Every item is read when a table's statements are built, except
