@@ -128,10 +128,12 @@ pub trait SqlDatabase: Database<Arguments: IntoArguments<Self>> + sealed::Sealed
     /// `insert`, a plain `INSERT … VALUES (…)`, made to insert nothing where a row with
     /// the same `key` (a primary key's or unique constraint's columns, `a, b`) exists,
     /// reporting no row affected then and one when it inserted. PostgreSQL and SQLite:
-    /// `ON CONFLICT (key) DO NOTHING`. MySQL: `ON DUPLICATE KEY UPDATE` of a key column
-    /// to itself, which reports 0 rows for an existing row (without the driver's
-    /// `CLIENT_FOUND_ROWS` flag), not `INSERT IGNORE`, which would also turn other
-    /// errors (a value too long, a `NOT NULL` column given none) into warnings.
+    /// `ON CONFLICT (key) DO NOTHING`. MySQL: `INSERT IGNORE`, since sqlx sets the
+    /// `CLIENT_FOUND_ROWS` flag, under which `ON DUPLICATE KEY UPDATE` of a key column
+    /// to itself reports the existing row it found as one row affected (and it takes
+    /// next-key locks that concurrent duplicates deadlock on). `INSERT IGNORE` also
+    /// turns other errors of the statement (a value too long, a `NOT NULL` column given
+    /// none) into warnings: its callers bind only values that fit their columns.
     fn insert_if_absent(insert: &str, key: &str) -> String;
 
     /// `insert`, a plain `INSERT … VALUES (…)`, made to update `columns` to the values
@@ -156,8 +158,8 @@ pub trait SqlDatabase: Database<Arguments: IntoArguments<Self>> + sealed::Sealed
     fn create_index(name: &str, table: &str, columns: &str, filter: Option<&str>) -> String;
 
     /// The rows an `INSERT`, `UPDATE` or `DELETE` touched (sqlx has no trait for it).
-    /// MySQL counts the rows it changed, not the rows it matched: an `UPDATE` that
-    /// writes the values a row holds counts 0.
+    /// MySQL counts the rows an `UPDATE` matched, as the others do, because sqlx asks
+    /// for found rows (`CLIENT_FOUND_ROWS`): without it, the rows it changed.
     fn rows_affected(result: &Self::QueryResult) -> u64;
 
     /// Takes the migration lock `lock` on `conn`, inside the migration's transaction,

@@ -27,9 +27,15 @@ impl SqlDatabase for MySql {
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const RETURNING: bool = false;
 
-    fn insert_if_absent(insert: &str, key: &str) -> String {
-        let first = key.split(',').next().unwrap_or(key).trim();
-        format!("{insert} ON DUPLICATE KEY UPDATE {first} = {first}")
+    /// `INSERT IGNORE`: sqlx asks the server for found rows (`CLIENT_FOUND_ROWS`),
+    /// under which `ON DUPLICATE KEY UPDATE` of a column to itself counts the row it
+    /// found, so could not tell an insert from a taken key.
+    fn insert_if_absent(insert: &str, _key: &str) -> String {
+        let rest = insert
+            .trim_start()
+            .strip_prefix("INSERT ")
+            .expect("insert_if_absent takes an INSERT statement");
+        format!("INSERT IGNORE {rest}")
     }
 
     fn upsert(insert: &str, _key: &str, columns: &[&str]) -> String {
@@ -103,7 +109,7 @@ mod tests {
         assert_eq!(insert, "INSERT INTO seen (id, at) VALUES (?, ?)");
         assert_eq!(
             MySql::insert_if_absent(&insert, "id, at"),
-            "INSERT INTO seen (id, at) VALUES (?, ?) ON DUPLICATE KEY UPDATE id = id"
+            "INSERT IGNORE INTO seen (id, at) VALUES (?, ?)"
         );
         assert_eq!(
             MySql::upsert(&insert, "id", &["at"]),
