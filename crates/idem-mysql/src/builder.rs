@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::open::{query_pairs, refuse_unknown_parameters};
 use idem_core::{SetupError, SharedClock, SystemClock};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlSslMode};
 use sqlx::{Connection, MySqlConnection, MySqlPool};
@@ -153,31 +154,49 @@ impl MySqlStoreBuilder {
     }
 }
 
-/// The driver's options for `url`: a scheme of [`SCHEMES`], and no TLS mode that needs
+/// The query parameters a store URL may carry: those the driver reads that the store
+/// can honour. The driver passes over any other without a word, so a misspelt one is
+/// refused rather than skipped; its character set stays the store's `utf8mb4`.
+pub(crate) const PARAMETERS: &[&str] =
+    &["ssl-mode", "sslmode", "socket", "statement-cache-capacity"];
+
+/// The TLS files' parameters, which this build cannot honour yet.
+const TLS_FILES: &[&str] = &[
+    "ssl-ca", "sslca", "ssl-cert", "sslcert", "ssl-key", "sslkey",
+];
+
+/// The driver's options for `url`: a scheme of [`SCHEMES`], only [`PARAMETERS`], and no
 /// TLS, which this build does not have yet.
 fn parse_url(url: &str) -> Result<MySqlConnectOptions, SetupError> {
     let invalid = |why: String| SetupError::invalid(KIND, why);
+    let no_tls = |what: &str| {
+        invalid(format!(
+            "{what}: this build of the store has no TLS yet; use ssl-mode=DISABLED over \
+             a private network"
+        ))
+    };
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(invalid(
             "the URL has no scheme (mysql:// or mariadb://)".into(),
         ));
     };
-    if !SCHEMES.contains(&scheme) {
+    if !SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()) {
         return Err(invalid(format!(
             "the scheme {scheme}:// is not one of mysql:// and mariadb://"
         )));
     }
+    for pair in query_pairs(url) {
+        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+        if TLS_FILES.contains(&name) {
+            return Err(no_tls(name));
+        }
+    }
+    refuse_unknown_parameters(url, PARAMETERS).map_err(invalid)?;
     let options = MySqlConnectOptions::from_str(&format!("mysql://{rest}"))
         .map_err(|e| invalid(format!("the driver cannot read the URL: {e}")))?;
     match options.get_ssl_mode() {
         MySqlSslMode::Disabled | MySqlSslMode::Preferred => {}
-        _ => {
-            return Err(invalid(
-                "ssl-mode: this build of the store has no TLS yet; use ssl-mode=DISABLED \
-                 over a private network"
-                    .into(),
-            ));
-        }
+        _ => return Err(no_tls("ssl-mode")),
     }
     Ok(options.ssl_mode(MySqlSslMode::Disabled))
 }
@@ -196,7 +215,7 @@ impl MySqlStore {
 
     /// One connection of its own, outside the pool, to tell a server that is not there
     /// ([`SetupError::Unreachable`]) from one that refuses ([`SetupError::Refused`]).
-    async fn reach(&self) -> Result<(), SetupError> {
+    pub(crate) async fn reach(&self) -> Result<(), SetupError> {
         let options = self.pool.connect_options();
         let within = self.pool.options().get_acquire_timeout();
         match tokio::time::timeout(within, MySqlConnection::connect_with(&options)).await {
@@ -236,6 +255,11 @@ mod tests {
             ("127.0.0.1:3306/test", "no scheme"),
             ("mysql://host:notaport/db", "the driver cannot read the URL"),
             ("mysql://127.0.0.1/test?ssl-mode=REQUIRED", "no TLS yet"),
+            ("mysql://127.0.0.1/test?ssl-ca=/etc/ca.pem", "no TLS yet"),
+            (
+                "mysql://127.0.0.1/test?ssl_mode=DISABLED",
+                "unknown parameter",
+            ),
         ] {
             match MySqlStore::builder().connect_lazy(url) {
                 Err(SetupError::Invalid {

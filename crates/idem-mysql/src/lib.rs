@@ -84,6 +84,7 @@
 mod builder;
 mod error;
 mod list;
+mod open;
 pub mod schema;
 mod statements;
 mod store;

@@ -153,6 +153,26 @@ fn version_error(table: &str, found: i32) -> SetupError {
     }
 }
 
+/// What migrating `table` from version `from` (0 for none) runs, for `idem migrate` to
+/// show: the migrations table, each migration's statements and its row. Run by hand,
+/// they need no lock if nothing else migrates meanwhile. A table name that does not
+/// fit is [`SetupError::Namespace`].
+pub fn migration_statements(table: &str, from: i32) -> Result<Vec<String>, SetupError> {
+    let table = table_name(table)?;
+    let table = table.as_str();
+    let mut statements = Vec::new();
+    for version in from + 1..=SCHEMA_VERSION {
+        if statements.is_empty() {
+            statements.push(MIGRATIONS_DDL.to_owned());
+        }
+        statements.extend(migration(version, table));
+        statements.push(format!(
+            "INSERT INTO {MIGRATIONS_TABLE} (table_name, version) VALUES ('{table}', {version})"
+        ));
+    }
+    Ok(statements)
+}
+
 /// Creates or brings `table` up to [`SCHEMA_VERSION`], under the migration lock, so that
 /// several processes starting at once take turns. A table of a newer build's schema is
 /// [`SetupError::SchemaVersion`], and left as it is.
