@@ -32,8 +32,11 @@
 //! - `utf8mb4` with its binary collation, `ENGINE=InnoDB`, `LONGBLOB` answers. An
 //!   answer larger than the server's `max_allowed_packet` fails as unavailable.
 //!
-//! Not yet: TLS (a URL whose `ssl-mode` needs it is refused), `--store mysql://` in the
-//! gateway, waiting duplicates woken across instances (a waiter polls:
+//! The gateway opens it from `--store mysql://…` or `mariadb://…` (a namespace `NAME` is
+//! the table `NAME_records`), through [`OpenStore`](idem_core::OpenStore).
+//!
+//! Not yet: TLS (a URL whose `ssl-mode` needs it, or that names a CA or client
+//! certificate, is refused), waiting duplicates woken across instances (a waiter polls:
 //! [`Store::watch`](idem_core::Store::watch) is the default [`idem_core::Watch::poll`]),
 //! key-rate buckets shared by instances (each keeps its own), the release of a
 //! reservation whose reply was lost (its lease lapses instead), and the inbox and outbox
