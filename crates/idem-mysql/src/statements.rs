@@ -144,6 +144,12 @@ impl Statements {
     }
 }
 
+/// A value a fenced statement binds before the row's id.
+pub(crate) enum Extra<'a> {
+    Int(i64),
+    Text(Option<&'a str>),
+}
+
 /// The scope's primary key: its [`Scope::digest`]'s 32 bytes.
 pub(crate) fn row_id(scope: &Scope) -> Vec<u8> {
     hex::decode(scope.digest()).expect("a scope's digest is hex")

@@ -14,8 +14,7 @@ use sqlx::{AssertSqlSafe, MySqlPool};
 
 use crate::error::{DUPLICATE_KEY, number, store_error};
 use crate::schema;
-use crate::statements::{Statements, record_from_row, row_id};
-use crate::write::Extra;
+use crate::statements::{Extra, Statements, record_from_row, row_id};
 
 /// A [`Store`] on MySQL or MariaDB, shared by every instance that points at the same
 /// table.

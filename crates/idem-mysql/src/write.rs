@@ -22,7 +22,7 @@ use sqlx::AssertSqlSafe;
 use sqlx::mysql::MySqlConnection;
 
 use crate::error::{DUPLICATE_KEY, fenced_unless_one, lost_a_lock, number, store_error};
-use crate::statements::{record_from_row, row_id};
+use crate::statements::{Extra, record_from_row, row_id};
 use crate::store::MySqlStore;
 
 /// How many times a reserve looks again at a row that changed under it (a release or
@@ -259,12 +259,6 @@ impl MySqlStore {
             Err(StoreError::Fenced)
         }
     }
-}
-
-/// A value a fenced statement binds before the row's id.
-pub(crate) enum Extra<'a> {
-    Int(i64),
-    Text(Option<&'a str>),
 }
 
 /// A pause before a statement rolled back for a lock runs again, longer each time, so
