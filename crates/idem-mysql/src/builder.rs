@@ -150,6 +150,7 @@ impl MySqlStoreBuilder {
             pool,
             clock: self.clock,
             operation_timeout: self.operation_timeout,
+            lock_retries: Arc::default(),
         })
     }
 }

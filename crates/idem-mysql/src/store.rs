@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,6 +29,8 @@ pub struct MySqlStore {
     pub(crate) clock: SharedClock,
     pub(crate) operation_timeout: Duration,
     pub(crate) sql: Arc<Statements>,
+    /// Statements InnoDB rolled back for a lock (1213, 1205) and the store ran again.
+    pub(crate) lock_retries: Arc<AtomicU64>,
 }
 
 impl fmt::Debug for MySqlStore {
@@ -215,7 +218,8 @@ impl Store for MySqlStore {
         })
     }
 
-    /// The pool's connections: how many are open, idle, and allowed.
+    /// The pool's connections: how many are open, idle, and allowed; and the statements
+    /// run again after a deadlock or a lock wait timeout.
     fn metrics(&self) -> Vec<StoreMetric> {
         vec![
             StoreMetric::gauge(
@@ -232,6 +236,12 @@ impl Store for MySqlStore {
                 "idem_mysql_pool_max_connections",
                 "The most connections the MySQL pool opens.",
                 u64::from(self.pool.options().get_max_connections()),
+            ),
+            StoreMetric::counter(
+                "idem_mysql_lock_retries_total",
+                "Statements InnoDB rolled back for a deadlock or a lock wait timeout, \
+                 which the store ran again.",
+                self.lock_retries.load(Ordering::Relaxed),
             ),
         ]
     }

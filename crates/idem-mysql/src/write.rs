@@ -13,6 +13,7 @@
 //! lock wait timeout (1205) InnoDB still reports rolled the statement back, and the
 //! store runs it again, a bounded number of times.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use idem_core::{
@@ -56,6 +57,7 @@ impl MySqlStore {
                     Ok(Round::Again) => rounds += 1,
                     Err(e) if lost_a_lock(&e) && lost < LOCK_RETRIES => {
                         lost += 1;
+                        self.lock_retries.fetch_add(1, Ordering::Relaxed);
                         backoff(lost).await;
                     }
                     Err(e) => return Err(store_error(e)),
@@ -228,6 +230,7 @@ impl MySqlStore {
                     Ok(v) => return Ok(v),
                     Err(e) if lost_a_lock(&e) && lost < LOCK_RETRIES => {
                         lost += 1;
+                        self.lock_retries.fetch_add(1, Ordering::Relaxed);
                         backoff(lost).await;
                     }
                     Err(e) => return Err(store_error(e)),
