@@ -23,6 +23,10 @@
 //! - **Deadlocks and lock waits are retried.** A statement InnoDB rolled back for a lock
 //!   (1213, 1205) runs again, a bounded number of times within the operation timeout;
 //!   then the operation is [`StoreError::Unavailable`](idem_core::StoreError::Unavailable).
+//! - **A reservation whose reply was lost is released.** An insert that failed after
+//!   it was sent (the connection broke, the operation timed out) may have committed: the
+//!   store deletes the first attempt by its token in the background, so that a retry
+//!   soon executes rather than waiting out the lease.
 //! - **Fenced writes.** `complete`, `renew`, `release` and `mark_ambiguous` match the
 //!   attempt's fencing token (SPEC S7); [`MySqlStore::complete_in`] completes on the
 //!   caller's connection, inside its transaction (SPEC S9).
@@ -38,8 +42,7 @@
 //! Not yet: TLS (a URL whose `ssl-mode` needs it, or that names a CA or client
 //! certificate, is refused), waiting duplicates woken across instances (a waiter polls:
 //! [`Store::watch`](idem_core::Store::watch) is the default [`idem_core::Watch::poll`]),
-//! key-rate buckets shared by instances (each keeps its own), the release of a
-//! reservation whose reply was lost (its lease lapses instead), and the inbox and outbox
+//! key-rate buckets shared by instances (each keeps its own), and the inbox and outbox
 //! on MySQL.
 //!
 //! No RSA: the driver's `mysql-rsa` feature is off, so a MySQL 8 account on

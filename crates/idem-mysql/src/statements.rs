@@ -51,6 +51,10 @@ pub(crate) struct Statements {
     pub(crate) renew: String,
     /// `id, token, now`.
     pub(crate) release: String,
+    /// The release of a reservation whose reply was lost, if it is a first attempt (a
+    /// takeover's record lapses instead, so that the next attempt runs as a recovered
+    /// one): `id, token, now`.
+    pub(crate) release_unconfirmed: String,
     /// `reason, id, token, now`.
     pub(crate) mark: String,
     /// `id`.
@@ -122,6 +126,7 @@ impl Statements {
                   WHERE {FENCED}"
             ),
             release: format!("DELETE FROM {t} WHERE {FENCED}"),
+            release_unconfirmed: format!("DELETE FROM {t} WHERE {FENCED} AND attempt = 1"),
             mark: format!("UPDATE {t} SET ambiguity = ? WHERE {FENCED}"),
             get: format!("SELECT {RECORD_COLUMNS} FROM {t} WHERE id = ?"),
             remove: format!("DELETE FROM {t} WHERE id = ?"),

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use idem_core::{
     FencingToken, Lease, Reservation, ReserveRequest, StoreError, StoredResponse, duration_millis,
+    release_unconfirmed_with,
 };
 use sqlx::AssertSqlSafe;
 use sqlx::mysql::MySqlConnection;
@@ -78,6 +79,13 @@ impl MySqlStore {
         let scope = &req.scope;
         let id = row_id(scope);
         let fingerprint = &req.fingerprint.as_bytes()[..];
+        // Armed until the insert's outcome is known: if it fails in a way that leaves
+        // open whether it committed, or this future is dropped mid-flight (the operation
+        // timeout), the reservation it may have written is released in the background.
+        let mut unconfirmed = Unconfirmed {
+            store: self,
+            lease: Some(req.lease_for(token, 1)),
+        };
         let inserted = sqlx::query(AssertSqlSafe(self.sql.insert.as_str()))
             .bind(&id)
             .bind(scope.tenant().as_str())
@@ -90,6 +98,9 @@ impl MySqlStore {
             .bind(lease_until)
             .execute(&self.pool)
             .await;
+        if !matches!(&inserted, Err(e) if may_have_run(e)) {
+            unconfirmed.lease = None;
+        }
         match inserted {
             Ok(_) => {
                 return Ok(Round::Answer(Reservation::Acquired(
@@ -269,4 +280,99 @@ impl MySqlStore {
 async fn backoff(lost: u32) {
     let jitter = FencingToken::generate().as_i64().unsigned_abs() % 5;
     tokio::time::sleep(Duration::from_millis(u64::from(lost) * 5 + jitter)).await;
+}
+
+/// A first attempt's reservation whose insert may have committed unseen; released by
+/// its token when dropped armed, so that a retry soon executes rather than waiting out
+/// the lease.
+struct Unconfirmed<'a> {
+    store: &'a MySqlStore,
+    /// The reservation, while its outcome is unknown.
+    lease: Option<Lease>,
+}
+
+impl Drop for Unconfirmed<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let store = self.store.clone();
+            release_unconfirmed_with(move || {
+                let (store, lease) = (store.clone(), lease.clone());
+                async move {
+                    let sql = store.sql.release_unconfirmed.as_str();
+                    store.fenced(sql, &lease, &[]).await
+                }
+            });
+        }
+    }
+}
+
+/// Whether a statement that failed with `e` may still have committed: the connection
+/// broke or the conversation went wrong after it was sent. A server's error means it
+/// failed and rolled back; a pool error means it was never sent.
+fn may_have_run(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use idem_core::testing::{test_fingerprint, test_scope, unique_namespace};
+    use idem_core::{ManualClock, Store};
+    use idem_test_support::service_unavailable;
+    use idem_test_support::services::mysql_url;
+
+    use super::*;
+    use crate::{SetupError, schema};
+
+    /// The release of a reservation whose reply was lost deletes a first attempt, and
+    /// never a takeover's record: that one lapses, so the next attempt still runs as a
+    /// recovered one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unconfirmed_release_deletes_first_attempts_only() {
+        let url = mysql_url();
+        let clock = ManualClock::starting_now();
+        let table = format!("idem_records_{}", unique_namespace("unconfirmed"));
+        let store = match MySqlStore::builder()
+            .table(&table)
+            .clock(Arc::new(clock.clone()))
+            .connect(&url)
+            .await
+        {
+            Ok(s) => s,
+            Err(e @ SetupError::Unreachable { .. }) => {
+                return service_unavailable("MySQL", &url, &e).unwrap_or(());
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let acquire = async |req: &ReserveRequest| match store.reserve(req).await {
+            Ok(Reservation::Acquired(lease)) => lease,
+            other => panic!("expected to acquire, got {other:?}"),
+        };
+        let fresh = ReserveRequest::new(test_scope("/v1/charges", "fresh"), test_fingerprint("{}"));
+        let taken = ReserveRequest::new(test_scope("/v1/charges", "taken"), test_fingerprint("{}"));
+        let first = acquire(&fresh).await;
+        acquire(&taken).await;
+        clock.advance(taken.lease + Duration::from_secs(1));
+        let second = acquire(&taken).await;
+        assert_eq!(second.attempt, 2);
+
+        let sql = store.sql.release_unconfirmed.clone();
+        let kept = store.fenced(&sql, &second, &[]).await;
+        let deleted = store.fenced(&sql, &first, &[]).await;
+        let (kept_record, deleted_record) = (
+            store.get(&taken.scope).await.expect("get"),
+            store.get(&fresh.scope).await.expect("get"),
+        );
+        schema::drop_table(store.pool(), &table)
+            .await
+            .expect("drop table");
+        assert!(matches!(kept, Err(StoreError::Fenced)), "{kept:?}");
+        assert_eq!(kept_record.expect("kept").attempt, 2);
+        deleted.expect("a first attempt is released");
+        assert!(deleted_record.is_none());
+    }
 }
