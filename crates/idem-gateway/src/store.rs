@@ -9,6 +9,7 @@
 //! | `postgres://…`, `postgresql://…` | `idem_postgres::PgStore` (shared by several gateways; TLS with `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) |
 //! | `redis://…`, `rediss://…` | `idem_redis::RedisStore` (shared by several gateways; `rediss` is TLS, with `cacert`, `cert`, `key`, `insecure=true`) |
 //! | `redis+cluster://…`, `rediss+cluster://…` | `idem_redis::RedisStore` on a Redis Cluster |
+//! | `mysql://…`, `mariadb://…` | `idem_mysql::MySqlStore` (shared by several gateways; no TLS yet) |
 //!
 //! A query parameter that the store would not read is refused, not skipped: the
 //! drivers for PostgreSQL and Redis pass over unknown ones, so a misspelt `sslmode`
@@ -33,6 +34,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{Forward, MemoryStore, MigrationPlan, OpenStore, Store, StoreError};
+use idem_mysql::MySqlStore;
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
@@ -71,10 +73,7 @@ impl Opener {
 }
 
 fn open_as<S: OpenStore>(url: String, options: StoreOptions) -> Opening {
-    Box::pin(async move {
-        let store: Arc<dyn Store> = Arc::new(S::open(&url, &options).await?);
-        Ok(store)
-    })
+    Box::pin(async move { Ok(Arc::new(S::open(&url, &options).await?) as Arc<dyn Store>) })
 }
 
 fn plan_as<S: OpenStore>(url: String, options: StoreOptions) -> Planning {
@@ -82,15 +81,16 @@ fn plan_as<S: OpenStore>(url: String, options: StoreOptions) -> Planning {
 }
 
 /// Every store the gateway can open.
-static OPENERS: [Opener; 4] = [
+static OPENERS: [Opener; 5] = [
     Opener::of::<MemoryStore>(),
     Opener::of::<SqliteStore>(),
     Opener::of::<PgStore>(),
     Opener::of::<RedisStore>(),
+    Opener::of::<MySqlStore>(),
 ];
 
 /// The URLs [`OPENERS`] understand, for the error that names none of them.
-pub(crate) const EXPECTED: &str = "memory://, sqlite://FILE, postgres://…, redis://…, rediss://…, redis+cluster://… or rediss+cluster://…";
+pub(crate) const EXPECTED: &str = "memory://, sqlite://FILE, postgres://…, redis://…, rediss://…, redis+cluster://…, rediss+cluster://… or mysql://…";
 
 /// The row for `url`'s scheme, in any case.
 fn opener(url: &str) -> Result<&'static Opener, OpenError> {
@@ -130,8 +130,8 @@ pub(crate) fn check_scheme(url: &str) -> Result<(), OpenError> {
     opener(url.trim()).map(|_| ())
 }
 
-/// Which store `url` names (`memory`, `sqlite`, `postgres`, `redis`), if any, without
-/// opening it.
+/// Which store `url` names (`memory`, `sqlite`, `postgres`, `redis`, `mysql`), if any,
+/// without opening it.
 pub(crate) fn kind(url: &str) -> Option<&'static str> {
     opener(url.trim()).ok().map(|opener| opener.kind)
 }
@@ -200,7 +200,7 @@ pub(crate) async fn open_or_defer(
 /// Until a background task reaches it, every operation fails with
 /// [`StoreError::Unavailable`]: keyed requests get the fail-closed 503 (nothing is
 /// forwarded) and `/readyz` answers 503, as during any later outage. From then on every
-/// operation goes to the opened store (migrated first, for PostgreSQL). The task tries
+/// operation goes to the opened store (migrated first, for the SQL stores). The task tries
 /// again after 250 ms, doubling the pause up to 5 s, and logs each failure. Dropping or
 /// closing the store stops it. Whether it expires records natively is its kind's
 /// answer from the start, so that the gateway decides on a sweeper once.
@@ -218,7 +218,6 @@ impl Deferred {
         let opened = Arc::new(OnceLock::new());
         let slot = opened.clone();
         let redacted: Arc<str> = redact(url).into();
-        let shown = redacted.clone();
         let url = url.to_owned();
         let task = tokio::spawn(async move {
             let mut pause = REOPEN_PAUSE_MIN;
@@ -226,7 +225,7 @@ impl Deferred {
                 tokio::time::sleep(pause).await;
                 match (opener.open)(url.clone(), options.clone()).await {
                     Ok(store) => {
-                        tracing::info!(store = %shown, "the store is reachable; serving keyed requests");
+                        tracing::info!(store = %redact(&url), "the store is reachable; serving keyed requests");
                         let _ = slot.set(store);
                         return;
                     }

@@ -14,10 +14,11 @@
 //! |---|---|---|
 //! | SQLite | `sqlite` | `sqlx::Sqlite` |
 //! | PostgreSQL | `postgres` | `sqlx::Postgres` |
+//! | MySQL, MariaDB | `mysql` | `sqlx::MySql` |
 //!
-//! A new database (MySQL or MariaDB, say) is one more implementation of
-//! [`SqlDatabase`] in this crate, behind a feature of its own; the trait's documentation
-//! says what each item must give, and where MySQL differs.
+//! A new database is one more implementation of [`SqlDatabase`] in this crate, behind a
+//! feature of its own; the trait's documentation says what each item must give, and
+//! where MySQL differs.
 //!
 //! # Examples
 //!
@@ -42,6 +43,8 @@ use sqlx::{AssertSqlSafe, Connection, Database, Executor, IntoArguments, Pool};
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+#[cfg(feature = "mysql")]
+mod mysql;
 mod placeholders;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -50,10 +53,13 @@ mod sqlite;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod standard;
 
+#[cfg(feature = "mysql")]
+pub use mysql::MIGRATION_LOCK_WAIT;
 pub use placeholders::Placeholders;
 
 /// A SQL database idem keeps tables in, as sqlx names it: `sqlx::Sqlite` (feature
-/// `sqlite`) or `sqlx::Postgres` (feature `postgres`). Sealed: a database is added
+/// `sqlite`), `sqlx::Postgres` (feature `postgres`) or `sqlx::MySql` (feature `mysql`,
+/// MySQL and MariaDB alike). Sealed: a database is added
 /// here, in a module of its own.
 ///
 /// Every item is read when a table's statements are built, except
@@ -122,10 +128,12 @@ pub trait SqlDatabase: Database<Arguments: IntoArguments<Self>> + sealed::Sealed
     /// `insert`, a plain `INSERT … VALUES (…)`, made to insert nothing where a row with
     /// the same `key` (a primary key's or unique constraint's columns, `a, b`) exists,
     /// reporting no row affected then and one when it inserted. PostgreSQL and SQLite:
-    /// `ON CONFLICT (key) DO NOTHING`. MySQL: `ON DUPLICATE KEY UPDATE` of a key column
-    /// to itself, which reports 0 rows for an existing row (without the driver's
-    /// `CLIENT_FOUND_ROWS` flag), not `INSERT IGNORE`, which would also turn other
-    /// errors (a value too long, a `NOT NULL` column given none) into warnings.
+    /// `ON CONFLICT (key) DO NOTHING`. MySQL: `INSERT IGNORE`, since sqlx sets the
+    /// `CLIENT_FOUND_ROWS` flag, under which `ON DUPLICATE KEY UPDATE` of a key column
+    /// to itself reports the existing row it found as one row affected (and it takes
+    /// next-key locks that concurrent duplicates deadlock on). `INSERT IGNORE` also
+    /// turns other errors of the statement (a value too long, a `NOT NULL` column given
+    /// none) into warnings: its callers bind only values that fit their columns.
     fn insert_if_absent(insert: &str, key: &str) -> String;
 
     /// `insert`, a plain `INSERT … VALUES (…)`, made to update `columns` to the values
@@ -150,8 +158,8 @@ pub trait SqlDatabase: Database<Arguments: IntoArguments<Self>> + sealed::Sealed
     fn create_index(name: &str, table: &str, columns: &str, filter: Option<&str>) -> String;
 
     /// The rows an `INSERT`, `UPDATE` or `DELETE` touched (sqlx has no trait for it).
-    /// MySQL counts the rows it changed, not the rows it matched: an `UPDATE` that
-    /// writes the values a row holds counts 0.
+    /// MySQL counts the rows an `UPDATE` matched, as the others do, because sqlx asks
+    /// for found rows (`CLIENT_FOUND_ROWS`): without it, the rows it changed.
     fn rows_affected(result: &Self::QueryResult) -> u64;
 
     /// Takes the migration lock `lock` on `conn`, inside the migration's transaction,

@@ -1,8 +1,8 @@
 //! The services tests run against, and what to do when one cannot be reached.
 //!
-//! Tests needing PostgreSQL, Redis, NATS or RabbitMQ read its URL from
-//! `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_REDIS_URL`, `IDEM_TEST_NATS_URL` or
-//! `IDEM_TEST_RABBITMQ_URL`, else use the local server. When the
+//! Tests needing PostgreSQL, Redis, NATS, RabbitMQ or MySQL read its URL from
+//! `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_REDIS_URL`, `IDEM_TEST_NATS_URL`,
+//! `IDEM_TEST_RABBITMQ_URL` or `IDEM_TEST_MYSQL_URL`, else use the local server. When the
 //! server cannot be reached they skip with a loud notice, unless
 //! `IDEM_REQUIRE_SERVICES=1` (set in CI), where unreachable is a failure: see
 //! [`service_unavailable`].
@@ -19,6 +19,11 @@ pub const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379";
 pub const NATS_ENV: &str = "IDEM_TEST_NATS_URL";
 /// The NATS server used when [`NATS_ENV`] is unset.
 pub const NATS_DEFAULT: &str = "nats://127.0.0.1:4222";
+
+/// The variable naming the MySQL or MariaDB server's URL.
+pub const MYSQL_ENV: &str = "IDEM_TEST_MYSQL_URL";
+/// The MySQL or MariaDB server used when [`MYSQL_ENV`] is unset.
+pub const MYSQL_DEFAULT: &str = "mysql://root@127.0.0.1:3306/test";
 
 /// The variable naming the RabbitMQ server's URL.
 pub const RABBITMQ_ENV: &str = "IDEM_TEST_RABBITMQ_URL";
@@ -38,6 +43,11 @@ pub fn redis_url() -> String {
 /// The NATS server's URL: [`NATS_ENV`], else the local server.
 pub fn nats_url() -> String {
     service_url(NATS_ENV, NATS_DEFAULT)
+}
+
+/// The MySQL or MariaDB server's URL: [`MYSQL_ENV`], else the local server.
+pub fn mysql_url() -> String {
+    service_url(MYSQL_ENV, MYSQL_DEFAULT)
 }
 
 /// The RabbitMQ server's URL: [`RABBITMQ_ENV`], else the local server.

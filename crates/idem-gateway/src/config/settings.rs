@@ -65,7 +65,7 @@ settings! {
         print |c, _| shown(c.listen);
 
     /// Record store: memory:// (memory://?max_entries=N), sqlite://FILE, postgres://…,
-    /// redis://… or redis+cluster://… [default: sqlite://idem.db].
+    /// redis://…, redis+cluster://… or mysql://… [default: sqlite://idem.db].
     #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
     pub store: Option<String>, restart
         => store: String = |a| Ok(a.store.clone().unwrap_or_else(|| DEFAULT_STORE.to_owned())),

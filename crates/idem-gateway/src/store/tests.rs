@@ -19,7 +19,8 @@ async fn store_urls_select_their_store() {
     assert_eq!(kind("postgres://u:p@127.0.0.1/test"), Some("postgres"));
     assert_eq!(kind("postgresql://127.0.0.1/test"), Some("postgres"));
     assert_eq!(kind("redis://127.0.0.1:6379"), Some("redis"));
-    for url in ["mysql://x", "idem.db"] {
+    assert_eq!(kind("mariadb://127.0.0.1/test"), Some("mysql"));
+    for url in ["mongodb://x", "idem.db"] {
         let e = open(url).await.err().expect(url);
         assert!(matches!(e, OpenError::Unsupported { .. }), "{url}: {e}");
         assert!(
@@ -42,7 +43,7 @@ async fn a_misspelt_scheme_gets_the_nearest_one() {
         ("redis-cluster://127.0.0.1:7000", Some("redis+cluster")),
         ("reddis://127.0.0.1", Some("redis")),
         ("sqlite:idem.db", Some("sqlite")),
-        ("mysql://x", None),
+        ("mongodb://x", None),
         ("idem.db", None),
     ] {
         let e = open(url).await.err().expect(url).to_string();
@@ -133,7 +134,7 @@ fn descriptors_are_the_store_crates_count() {
         u64::from(idem_postgres::DEFAULT_MAX_CONNECTIONS)
     );
     assert_eq!(descriptors("redis://h", &pool(4)), 2);
-    assert_eq!(descriptors("mysql://h", &pool(4)), 0);
+    assert_eq!(descriptors("mongodb://h", &pool(4)), 0);
 }
 
 #[tokio::test]
@@ -168,7 +169,7 @@ async fn a_store_that_cannot_be_opened_for_other_reasons_is_an_error() {
     let url = format!("sqlite://{}/missing/dir/idem.db", dir.path().display());
     assert!(open_or_defer(&url, StoreOptions::default()).await.is_err());
     assert!(
-        open_or_defer("mysql://x", StoreOptions::default())
+        open_or_defer("mongodb://x", StoreOptions::default())
             .await
             .is_err()
     );

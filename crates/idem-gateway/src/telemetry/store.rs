@@ -253,10 +253,9 @@ impl Store for TracedStore {
 /// names, by the kind its store crate gives it; none for the memory store.
 pub(super) fn store_system(store_url: &str) -> Option<&'static str> {
     match crate::store::kind(store_url)? {
-        "sqlite" => Some("sqlite"),
         "postgres" => Some("postgresql"),
-        "redis" => Some("redis"),
-        _ => None,
+        "memory" => None,
+        other => Some(other),
     }
 }
 

@@ -1,11 +1,11 @@
-//! The shared stores: two gateways on one PostgreSQL or Redis store receive duplicates
-//! of the same keys split between them, and each key executes exactly once upstream;
-//! records survive a gateway's kill -9.
+//! The shared stores: two gateways on one PostgreSQL, Redis or MySQL store receive
+//! duplicates of the same keys split between them, and each key executes exactly once
+//! upstream; records survive a gateway's kill -9.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_test_support::services::{postgres_url, redis_url};
+use idem_test_support::services::{mysql_url, postgres_url, redis_url};
 use idem_test_support::{Relay, service_addr, service_unavailable, url_via};
 
 use crate::common::{Gateway, Http, Proto, Upstream, binary, new_key, over_both_protocols};
@@ -44,6 +44,13 @@ pub async fn postgres() -> Option<String> {
 pub async fn redis() -> Option<String> {
     let url = redis_url();
     reachable("Redis", &url).await.then_some(url)
+}
+
+/// The MySQL or MariaDB server's URL (`IDEM_TEST_MYSQL_URL`, or the local one), as
+/// [`postgres`].
+pub async fn mysql() -> Option<String> {
+    let url = mysql_url();
+    reachable("MySQL", &url).await.then_some(url)
 }
 
 /// Whether the store at `url` answers; says so loudly when it does not (and panics
@@ -135,6 +142,15 @@ async fn two_gateways_sharing_postgres_execute_each_key_once(proto: Proto) {
 }
 
 over_both_protocols! {
+async fn two_gateways_sharing_mysql_execute_each_key_once(proto: Proto) {
+    let Some(url) = mysql().await else {
+        return;
+    };
+    duplicates_split_between_two_gateways_execute_once(&url, proto).await;
+}
+}
+
+over_both_protocols! {
 async fn two_gateways_sharing_redis_execute_each_key_once(proto: Proto) {
     let Some(url) = redis().await else {
         return;
@@ -181,6 +197,16 @@ async fn records_survive_kill_9(store_url: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_survive_kill_9_on_postgres() {
     let Some(url) = postgres().await else {
+        return;
+    };
+    records_survive_kill_9(&url).await;
+}
+
+/// `idem serve --store mysql://…`: a keyed request executes once, and its retry to a
+/// restarted gateway replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_survive_kill_9_on_mysql() {
+    let Some(url) = mysql().await else {
         return;
     };
     records_survive_kill_9(&url).await;

@@ -1,0 +1,281 @@
+//! [`MySqlStoreBuilder`]: the settings a [`MySqlStore`] is built with, and its pool's.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::open::{query_pairs, refuse_unknown_parameters};
+use idem_core::{SetupError, SharedClock, SystemClock};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlSslMode};
+use sqlx::{Connection, MySqlConnection, MySqlPool};
+
+use crate::error::{KIND, setup_error};
+use crate::schema::{self, DEFAULT_TABLE};
+use crate::statements::Statements;
+use crate::store::MySqlStore;
+
+/// The pool's default most connections.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
+
+/// The URL schemes the store reads, one meaning: MySQL and MariaDB speak one protocol.
+pub const SCHEMES: &[&str] = &["mysql", "mariadb"];
+
+/// Settings for a [`MySqlStore`]: its table, clock, pool and timeouts, and whether it
+/// migrates its table when it connects.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem_mysql::SetupError> {
+/// let store = idem_mysql::MySqlStore::builder()
+///     .table("payments_idem")
+///     .max_connections(20)
+///     .connect("mysql://app:secret@127.0.0.1:3306/payments")
+///     .await?;
+/// # let _ = store; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MySqlStoreBuilder {
+    table: String,
+    clock: SharedClock,
+    acquire_timeout: Duration,
+    operation_timeout: Duration,
+    max_connections: u32,
+    migrate: bool,
+}
+
+impl fmt::Debug for MySqlStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlStoreBuilder")
+            .field("table", &self.table)
+            .field("clock", &self.clock)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("operation_timeout", &self.operation_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("migrate", &self.migrate)
+            .finish()
+    }
+}
+
+impl Default for MySqlStoreBuilder {
+    fn default() -> Self {
+        MySqlStoreBuilder {
+            table: DEFAULT_TABLE.to_owned(),
+            clock: Arc::new(SystemClock),
+            acquire_timeout: Duration::from_secs(2),
+            operation_timeout: Duration::from_secs(5),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            migrate: true,
+        }
+    }
+}
+
+impl MySqlStoreBuilder {
+    /// The records table ([`DEFAULT_TABLE`] by default); its secrets go to
+    /// `TABLE_meta`. A plain identifier, checked when the store is built.
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// The clock the store reads "now" from (the system's by default).
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// How long an operation waits for a pooled connection (2 s by default).
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// How long an operation may take in all, its retries included, before it is
+    /// [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) (5 s by default).
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// The most connections the pool opens ([`DEFAULT_MAX_CONNECTIONS`] by default; at
+    /// least 1).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Whether connecting migrates the table (on by default). Off, the store expects
+    /// the table migrated already and does not check it.
+    pub fn migrate(mut self, run: bool) -> Self {
+        self.migrate = run;
+        self
+    }
+
+    /// Connects to `url` (`mysql://user:password@host:3306/database`, or `mariadb://`
+    /// the same), checks that the server answers, and migrates the table unless told
+    /// not to.
+    pub async fn connect(self, url: &str) -> Result<MySqlStore, SetupError> {
+        let migrate = self.migrate;
+        let store = self.connect_lazy(url)?;
+        store.reach().await?;
+        if migrate {
+            store.migrate().await?;
+        }
+        Ok(store)
+    }
+
+    /// A store whose pool connects on its first operation: the URL and the table name
+    /// are checked, nothing else.
+    pub fn connect_lazy(self, url: &str) -> Result<MySqlStore, SetupError> {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
+            .connect_lazy_with(parse_url(url)?);
+        self.build(pool)
+    }
+
+    /// A store on the caller's pool, migrated unless told not to.
+    pub async fn from_pool(self, pool: MySqlPool) -> Result<MySqlStore, SetupError> {
+        let migrate = self.migrate;
+        let store = self.build(pool)?;
+        if migrate {
+            store.migrate().await?;
+        }
+        Ok(store)
+    }
+
+    fn build(self, pool: MySqlPool) -> Result<MySqlStore, SetupError> {
+        let table = schema::table_name(&self.table)?;
+        Ok(MySqlStore {
+            sql: Arc::new(Statements::for_table(table.as_str())),
+            pool,
+            clock: self.clock,
+            operation_timeout: self.operation_timeout,
+            lock_retries: Arc::default(),
+        })
+    }
+}
+
+/// The query parameters a store URL may carry: those the driver reads that the store
+/// can honour. The driver passes over any other without a word, so a misspelt one is
+/// refused rather than skipped; its character set stays the store's `utf8mb4`.
+pub(crate) const PARAMETERS: &[&str] =
+    &["ssl-mode", "sslmode", "socket", "statement-cache-capacity"];
+
+/// The TLS files' parameters, which this build cannot honour yet.
+const TLS_FILES: &[&str] = &[
+    "ssl-ca", "sslca", "ssl-cert", "sslcert", "ssl-key", "sslkey",
+];
+
+/// The driver's options for `url`: a scheme of [`SCHEMES`], only [`PARAMETERS`], and no
+/// TLS, which this build does not have yet.
+fn parse_url(url: &str) -> Result<MySqlConnectOptions, SetupError> {
+    let invalid = |why: String| SetupError::invalid(KIND, why);
+    let no_tls = |what: &str| {
+        invalid(format!(
+            "{what}: this build of the store has no TLS yet; use ssl-mode=DISABLED over \
+             a private network"
+        ))
+    };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(invalid(
+            "the URL has no scheme (mysql:// or mariadb://)".into(),
+        ));
+    };
+    if !SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()) {
+        return Err(invalid(format!(
+            "the scheme {scheme}:// is not one of mysql:// and mariadb://"
+        )));
+    }
+    for pair in query_pairs(url) {
+        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+        if TLS_FILES.contains(&name) {
+            return Err(no_tls(name));
+        }
+    }
+    refuse_unknown_parameters(url, PARAMETERS).map_err(invalid)?;
+    let options = MySqlConnectOptions::from_str(&format!("mysql://{rest}"))
+        .map_err(|e| invalid(format!("the driver cannot read the URL: {e}")))?;
+    match options.get_ssl_mode() {
+        MySqlSslMode::Disabled | MySqlSslMode::Preferred => {}
+        _ => return Err(no_tls("ssl-mode")),
+    }
+    Ok(options.ssl_mode(MySqlSslMode::Disabled))
+}
+
+impl MySqlStore {
+    /// A builder with the default settings.
+    pub fn builder() -> MySqlStoreBuilder {
+        MySqlStoreBuilder::default()
+    }
+
+    /// Connects to `url` with the default settings (see
+    /// [`MySqlStoreBuilder::connect`]).
+    pub async fn connect(url: &str) -> Result<MySqlStore, SetupError> {
+        MySqlStore::builder().connect(url).await
+    }
+
+    /// One connection of its own, outside the pool, to tell a server that is not there
+    /// ([`SetupError::Unreachable`]) from one that refuses ([`SetupError::Refused`]).
+    pub(crate) async fn reach(&self) -> Result<(), SetupError> {
+        let options = self.pool.connect_options();
+        let within = self.pool.options().get_acquire_timeout();
+        match tokio::time::timeout(within, MySqlConnection::connect_with(&options)).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(setup_error(e)),
+            Err(_) => Err(SetupError::unreachable(
+                KIND,
+                format!("no connection within {} s", within.as_secs_f64()),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_bad_table_name_scheme_or_tls_mode_is_refused_before_connecting() {
+        let url = "mysql://root@127.0.0.1:3306/test";
+        match MySqlStore::builder()
+            .table("orders; DROP TABLE x")
+            .connect_lazy(url)
+        {
+            Err(SetupError::Namespace {
+                kind: "mysql",
+                name,
+                ..
+            }) => assert_eq!(name, "orders; DROP TABLE x"),
+            other => panic!("expected Namespace, got {other:?}"),
+        }
+        for (url, says) in [
+            ("postgres://127.0.0.1/test", "is not one of"),
+            ("127.0.0.1:3306/test", "no scheme"),
+            ("mysql://host:notaport/db", "the driver cannot read the URL"),
+            ("mysql://127.0.0.1/test?ssl-mode=REQUIRED", "no TLS yet"),
+            ("mysql://127.0.0.1/test?ssl-ca=/etc/ca.pem", "no TLS yet"),
+            (
+                "mysql://127.0.0.1/test?ssl_mode=DISABLED",
+                "unknown parameter",
+            ),
+        ] {
+            match MySqlStore::builder().connect_lazy(url) {
+                Err(SetupError::Invalid {
+                    kind: "mysql",
+                    reason,
+                }) => assert!(reason.contains(says), "{url}: {reason}"),
+                other => panic!("{url}: expected Invalid, got {other:?}"),
+            }
+        }
+        for url in [url, "mariadb://root@127.0.0.1:3306/test?ssl-mode=DISABLED"] {
+            let store = MySqlStore::builder()
+                .table("idem_records_custom")
+                .connect_lazy(url)
+                .expect("a valid name and URL need no server");
+            assert_eq!(store.table(), "idem_records_custom");
+        }
+    }
+}
