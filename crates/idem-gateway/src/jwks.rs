@@ -4,9 +4,12 @@
 //!
 //! A fetch has 5 seconds, reads at most 1 MiB, wants a 200, and is tried three times
 //! (after 250 ms, then 500 ms) before it fails. The verifier fetches the document at
-//! start, again when a token names a key it lacks (at most once a second), and the
-//! gateway again every `--jwt-jwks-refresh` (5 minutes by default), so a key the
-//! issuer withdrew stops verifying. A fetch that fails keeps the keys already held.
+//! start, again when a token names a key it lacks, and the gateway again every
+//! `--jwt-jwks-refresh` (5 minutes by default), so a key the issuer withdrew stops
+//! verifying. One fetch goes on at a time, and every request lacking a key waits for
+//! that one, `--jwt-jwks-wait` at most; the next a token asks for starts no sooner than
+//! a second after it ended ([`idem_jwt::RELOAD_INTERVAL`]). A fetch that fails keeps
+//! the keys already held.
 
 use std::future::Future;
 use std::pin::Pin;

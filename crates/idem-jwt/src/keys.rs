@@ -1,21 +1,14 @@
 //! The keys a token is checked against: a JWKS document's public keys (RSA, P-256,
-//! Ed25519) as `jsonwebtoken` reads them, where the document comes from, and the set
-//! held and loaded again when a token names a key it lacks.
+//! Ed25519) as `jsonwebtoken` reads them, and where the document comes from. The set
+//! held, and loaded again, is the [key ring](super::keyring)'s.
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey};
 use serde_json::Value;
-
-use super::JwtError;
-
-/// The shortest time between two loads of a key set for unknown `kid`s.
-const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Where a JWKS document (RFC 7517 §5, `{"keys": [...]}`) comes from.
 pub trait JwksSource: Send + Sync + 'static {
@@ -61,20 +54,75 @@ pub(super) fn accepted(alg: Algorithm) -> Option<&'static str> {
 /// One public key of a JWKS document, and the one algorithm it verifies.
 #[derive(Debug)]
 pub(super) struct PublicKey {
-    kid: Option<String>,
-    alg: Algorithm,
+    pub(super) kid: Option<String>,
+    pub(super) alg: Algorithm,
     pub(super) key: DecodingKey,
 }
 
-/// Parses a JWKS document. Keys this verifier cannot use (symmetric ones, other
-/// curves, keys for encryption) are skipped; a key it could use but that is malformed
-/// is an error, since a typo there would otherwise be a silent 401 for everyone.
-pub(super) fn parse_jwks(bytes: &[u8]) -> Result<Vec<PublicKey>, String> {
+/// A signing key of a JWKS document that this verifier does not use: an algorithm it
+/// does not verify (`PS256`, `RS512`, `ES384`), or a curve or key type it has no
+/// algorithm for. Tokens signed with it are refused (401) as naming no key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Skipped {
+    /// The key's `kid`, if it has one.
+    pub(super) kid: Option<String>,
+    /// Its `alg` as written, or its type (`kty EC, crv P-384`) when it names none.
+    pub(super) alg: String,
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kid {
+            Some(kid) => write!(f, "kid {kid:?} ({})", self.alg),
+            None => write!(f, "a key without a kid ({})", self.alg),
+        }
+    }
+}
+
+/// A JWKS document read: the keys this verifier uses, and the signing keys it skipped.
+#[derive(Debug)]
+pub(super) struct KeySet {
+    pub(super) keys: Vec<PublicKey>,
+    pub(super) skipped: Vec<Skipped>,
+}
+
+/// The RSA algorithms other than `RS256`: a key naming one is the issuer's, for tokens
+/// this verifier does not accept (`PS256`, `RS512`), or for encryption.
+fn other_rsa(alg: KeyAlgorithm) -> Option<bool> {
+    match alg {
+        KeyAlgorithm::RS384
+        | KeyAlgorithm::RS512
+        | KeyAlgorithm::PS256
+        | KeyAlgorithm::PS384
+        | KeyAlgorithm::PS512 => Some(true),
+        KeyAlgorithm::RSA1_5 | KeyAlgorithm::RSA_OAEP | KeyAlgorithm::RSA_OAEP_256 => Some(false),
+        _ => None,
+    }
+}
+
+/// Parses a JWKS document. Keys for encryption are passed over; signing keys this
+/// verifier cannot use (an algorithm it does not verify, such as `PS256` or `RS512`;
+/// another curve; a symmetric key) are skipped and named in [`KeySet::skipped`], so
+/// that one of them never makes the whole set refused. A key it could use but that is
+/// malformed, or whose `alg` cannot be its type's (`ES256` on an RSA key), is an
+/// error, since a typo there would otherwise be a silent 401 for everyone.
+pub(super) fn parse_jwks(bytes: &[u8]) -> Result<KeySet, String> {
     let set: JwkSet = serde_json::from_slice(bytes).map_err(|e| match e.is_data() {
         true => format!("no \"keys\" array of JWKs: {e}"),
         false => format!("not JSON: {e}"),
     })?;
-    let mut out = Vec::new();
+    // The same keys as written, for the names of algorithms jsonwebtoken does not know.
+    let written: Vec<Value> = serde_json::from_slice::<Value>(bytes)
+        .ok()
+        .and_then(|mut doc| match doc.get_mut("keys").map(Value::take) {
+            Some(Value::Array(keys)) => Some(keys),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let mut out = KeySet {
+        keys: Vec::new(),
+        skipped: Vec::new(),
+    };
     for (i, jwk) in set.keys.iter().enumerate() {
         if jwk
             .common
@@ -84,6 +132,21 @@ pub(super) fn parse_jwks(bytes: &[u8]) -> Result<Vec<PublicKey>, String> {
         {
             continue;
         }
+        let field = |name: &str| written.get(i)?.get(name)?.as_str().map(str::to_owned);
+        // Named by its `alg` as written, else by its type and curve.
+        let skip = |out: &mut KeySet| {
+            let kind = || {
+                let kty = field("kty").unwrap_or_else(|| "?".into());
+                match field("crv") {
+                    Some(crv) => format!("kty {kty}, crv {crv}"),
+                    None => format!("kty {kty}"),
+                }
+            };
+            out.skipped.push(Skipped {
+                kid: jwk.common.key_id.clone(),
+                alg: field("alg").unwrap_or_else(kind),
+            });
+        };
         // The key, and the length of its bytes where a wrong one is a typo.
         let (alg, key, length) = match &jwk.algorithm {
             AlgorithmParameters::RSA(p) => (
@@ -103,109 +166,52 @@ pub(super) fn parse_jwks(bytes: &[u8]) -> Result<Vec<PublicKey>, String> {
             ),
             // A key of a type this verifier uses that jsonwebtoken could not read.
             AlgorithmParameters::Other(p) => {
-                let field = |name: &str| p.fields.get(name).and_then(Value::as_str);
-                match (field("kty"), field("crv")) {
-                    (Some("RSA"), _)
-                    | (Some("EC"), Some("P-256"))
-                    | (Some("OKP"), Some("Ed25519")) => {
-                        return Err(format!("key {i} is not a well-formed key of its type"));
-                    }
-                    _ => continue,
+                let other = |name: &str| p.fields.get(name).and_then(Value::as_str);
+                if let (Some("RSA"), _)
+                | (Some("EC"), Some("P-256"))
+                | (Some("OKP"), Some("Ed25519")) = (other("kty"), other("crv"))
+                {
+                    return Err(format!("key {i} is not a well-formed key of its type"));
+                }
+                skip(&mut out);
+                continue;
+            }
+            // Another curve (P-384, Ed448), a symmetric key, a type yet unknown.
+            _ => {
+                skip(&mut out);
+                continue;
+            }
+        };
+        if let Some(named) = jwk.common.key_algorithm
+            && named != alg.into()
+        {
+            match (named, alg) {
+                // An RSA key for encryption that does not say `use`.
+                (named, Algorithm::RS256) if other_rsa(named) == Some(false) => continue,
+                // The issuer's key for an algorithm this verifier does not accept:
+                // skipped, and the rest of the set used.
+                (named, Algorithm::RS256) if other_rsa(named) == Some(true) => {}
+                (KeyAlgorithm::UNKNOWN_ALGORITHM, _) => {}
+                _ => {
+                    return Err(format!(
+                        "key {i} says alg {named}, but its type is for {alg:?}"
+                    ));
                 }
             }
-            _ => continue,
-        };
+            skip(&mut out);
+            continue;
+        }
         let key = key.map_err(|e| format!("key {i} is not base64url: {e}"))?;
         if let Some((length, what)) = length
             && key.try_get_as_bytes().map_or(true, |b| b.len() != length)
         {
             return Err(format!("key {i}: {what}"));
         }
-        if let Some(named) = jwk.common.key_algorithm
-            && named != alg.into()
-        {
-            return Err(format!(
-                "key {i} says alg {named}, but its type is for {alg:?}"
-            ));
-        }
-        out.push(PublicKey {
+        out.keys.push(PublicKey {
             kid: jwk.common.key_id.clone(),
             alg,
             key,
         });
     }
     Ok(out)
-}
-
-/// A key set and where to load it again.
-pub(super) struct KeyRing {
-    pub(super) source: Box<dyn JwksSource>,
-    keys: RwLock<Arc<Vec<Arc<PublicKey>>>>,
-    /// When a token with an unknown `kid` last made the set load again, for the reload
-    /// interval; held across a reload, so that concurrent requests with a new `kid`
-    /// load it once.
-    loaded: tokio::sync::Mutex<Option<tokio::time::Instant>>,
-}
-
-impl KeyRing {
-    /// A ring with no key yet: [`reload`](Self::reload) loads them.
-    pub(super) fn new(source: Box<dyn JwksSource>) -> KeyRing {
-        KeyRing {
-            source,
-            keys: RwLock::default(),
-            loaded: tokio::sync::Mutex::new(None),
-        }
-    }
-
-    fn current(&self) -> Arc<Vec<Arc<PublicKey>>> {
-        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Loads the set again; on failure the old set stays.
-    pub(super) async fn reload(&self) -> Result<usize, String> {
-        let bytes = self.source.load().await?;
-        let keys: Vec<_> = parse_jwks(&bytes)?.into_iter().map(Arc::new).collect();
-        let n = keys.len();
-        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
-        Ok(n)
-    }
-
-    /// The key `kid` names for `alg` (without a `kid`, the only key for `alg`),
-    /// loading the set again (rate-limited) when it has no such key.
-    pub(super) async fn find(
-        &self,
-        kid: Option<&str>,
-        alg: Algorithm,
-    ) -> Result<Arc<PublicKey>, JwtError> {
-        let pick = |keys: &[Arc<PublicKey>]| -> Option<Arc<PublicKey>> {
-            let mut fitting = keys.iter().filter(|k| k.alg == alg);
-            match kid {
-                Some(kid) => fitting.find(|k| k.kid.as_deref() == Some(kid)).cloned(),
-                None => match (fitting.next(), fitting.next()) {
-                    (Some(only), None) => Some(only.clone()),
-                    _ => None,
-                },
-            }
-        };
-        let unknown = || {
-            let name = accepted(alg).unwrap_or("?");
-            JwtError::UnknownKey(kid.map(str::to_owned), name)
-        };
-        if let Some(key) = pick(&self.current()) {
-            return Ok(key);
-        }
-        let mut loaded = self.loaded.lock().await;
-        // Another request may have loaded it while this one waited.
-        if let Some(key) = pick(&self.current()) {
-            return Ok(key);
-        }
-        if loaded.is_some_and(|at| at.elapsed() < RELOAD_INTERVAL) {
-            return Err(unknown());
-        }
-        *loaded = Some(tokio::time::Instant::now());
-        if let Err(e) = self.reload().await {
-            tracing::warn!(source = %self.source.describe(), error = %e, "could not load the JWKS again; keeping the old keys");
-        }
-        pick(&self.current()).ok_or_else(unknown)
-    }
 }

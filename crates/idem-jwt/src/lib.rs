@@ -18,13 +18,20 @@
 //! - **issuer and audience**, when set: `iss` must be the issuer, and `aud` (a string
 //!   or a list) must name one of the audiences.
 //!
-//! A token whose `kid` is not in the key set makes the verifier load the set again
-//! (at most once a second), so a rotated key is picked up without a restart.
+//! A token whose `kid` is not in the key set makes the verifier load the set again, so
+//! a rotated key is picked up without a restart. One load goes on at a time, and every
+//! token that lacks its key waits for that one ([`DEFAULT_KEY_WAIT`] at most); a `kid`
+//! still unknown once it has ended is refused at once, and the next such load starts
+//! no sooner than [`RELOAD_INTERVAL`] after it ended. A signing key of the set that
+//! the verifier does not use (`PS256`, `RS512`, another curve) is skipped with a
+//! warning, and the rest of the set used.
 //!
 //! The token's `iss` and the configured claims' values are then its
 //! [`Principal`], whose tenant is an HMAC under the layer's key
 //! (`sub` by default; a claim name, or a JSON pointer such as `/org/id`): never the
-//! token, and never a claim in clear.
+//! token, and never a claim in clear. A claim names the tenant by its JSON type and
+//! value: the number `1` and the string `"1"` are two tenants (see
+//! [`JwtVerifierBuilder::claim`]).
 //!
 //! `jsonwebtoken` verifies with its process-wide crypto provider: the verifier
 //! installs ring as that provider unless the process has one already (an
@@ -50,6 +57,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
@@ -61,13 +69,19 @@ use serde_json::Value;
 
 use idem_tower::{Credential, Principal, Verified};
 
+mod claims;
+mod keyring;
 mod keys;
 mod provider;
 
+use claims::Claim;
+pub use claims::{NUMBER_SUFFIX, check_claim};
+use keyring::KeyRing;
+pub use keyring::{DEFAULT_KEY_WAIT, KeySetObserver, LoadCause, RELOAD_INTERVAL};
+use keys::accepted;
 #[cfg(test)]
 use keys::parse_jwks;
 pub use keys::{JwksFile, JwksSource};
-use keys::{KeyRing, accepted};
 
 /// The default leeway for `exp` and `nbf`.
 pub const DEFAULT_JWT_LEEWAY: Duration = Duration::from_secs(60);
@@ -110,6 +124,10 @@ pub enum JwtError {
     /// A claim that names the tenant is missing, or is not a string or a number.
     #[error("the token's claim {0} is missing or not a string or number")]
     Claim(String),
+    /// The token names a key the set lacked, and the set did not load again within
+    /// the bound on the wait ([`JwtVerifierBuilder::key_wait`]).
+    #[error("the signing keys did not load within {0:?}; try again")]
+    KeysLate(Duration),
 }
 
 impl JwtError {
@@ -177,32 +195,9 @@ pub fn check_hs256_secret(secret: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether `claim` names a claim (a name, or a JSON pointer other than `/`): the check
-/// [`JwtVerifierBuilder::build`] makes, for a configuration to make before it builds.
-pub fn check_claim(claim: &str) -> Result<(), String> {
-    if claim.is_empty() || claim == "/" {
-        return Err(format!("{claim:?} names no claim"));
-    }
-    Ok(())
-}
-
-/// A claim that names the tenant: a top-level name, or a JSON pointer (`/org/id`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Claim(String);
-
-impl Claim {
-    fn find<'a>(&self, claims: &'a Value) -> Option<&'a Value> {
-        if self.0.starts_with('/') {
-            claims.pointer(&self.0)
-        } else {
-            claims.get(&self.0)
-        }
-    }
-}
-
 /// Verifies bearer tokens and names their tenant (see the [module](self)).
 pub struct JwtVerifier {
-    keys: Option<KeyRing>,
+    keys: Option<Arc<KeyRing>>,
     hs256: Option<DecodingKey>,
     /// The registered claims' checks; the algorithm is the token's, once its key fits.
     validation: Validation,
@@ -231,6 +226,8 @@ pub struct JwtVerifierBuilder {
     audiences: Vec<String>,
     leeway: Option<Duration>,
     claims: Vec<String>,
+    key_wait: Option<Duration>,
+    observer: Option<Arc<dyn KeySetObserver>>,
 }
 
 impl JwtVerifierBuilder {
@@ -267,8 +264,29 @@ impl JwtVerifierBuilder {
 
     /// A claim that names the tenant, in order (default `sub` alone): a top-level
     /// claim's name, or a JSON pointer into the claims (`/org/id`).
+    ///
+    /// Its value must be a non-empty string or a number, and names the tenant with
+    /// its JSON type: a string as it is (the [`Principal`]'s name is the claim's), a
+    /// number by its value in a canonical form (`1`, `1.0` and `1e0` are one number;
+    /// integers exact to 64 bits, others as doubles) under the claim's name with
+    /// [`NUMBER_SUFFIX`] added, so the number `1` and the string `"1"` never name one
+    /// tenant.
     pub fn claim(mut self, claim: impl Into<String>) -> Self {
         self.claims.push(claim.into());
+        self
+    }
+
+    /// The longest a request waits for the key set to load when its token names a
+    /// key the set lacks (default [`DEFAULT_KEY_WAIT`]); past it the token is refused
+    /// ([`JwtError::KeysLate`]), and the load goes on for those that come after.
+    pub fn key_wait(mut self, wait: Duration) -> Self {
+        self.key_wait = Some(wait);
+        self
+    }
+
+    /// What the key set's loads and waits are reported to (metrics).
+    pub fn observer(mut self, observer: Arc<dyn KeySetObserver>) -> Self {
+        self.observer = Some(observer);
         self
     }
 
@@ -291,25 +309,32 @@ impl JwtVerifierBuilder {
         provider::install();
         let keys = match self.jwks {
             Some(source) => {
-                let ring = KeyRing::new(source);
+                let wait = self.key_wait.unwrap_or(DEFAULT_KEY_WAIT);
+                let ring = KeyRing::new(source, wait, self.observer.clone());
                 let n = ring
-                    .reload()
+                    .load(LoadCause::Start)
                     .await
                     .map_err(|e| format!("the JWKS at {}: {e}", ring.source.describe()))?;
                 if n == 0 {
+                    let skipped: Vec<String> =
+                        ring.skipped().iter().map(ToString::to_string).collect();
+                    let skipped = match skipped.is_empty() {
+                        true => String::new(),
+                        false => format!(" (it has {})", skipped.join(", ")),
+                    };
                     return Err(format!(
-                        "the JWKS at {} has no RS256, ES256 or EdDSA signing key",
+                        "the JWKS at {} has no RS256, ES256 or EdDSA signing key{skipped}",
                         ring.source.describe()
                     ));
                 }
-                Some(ring)
+                Some(Arc::new(ring))
             }
             None => None,
         };
         let claims = if self.claims.is_empty() {
-            vec![Claim("sub".into())]
+            vec![Claim::new("sub".into())]
         } else {
-            self.claims.into_iter().map(Claim).collect()
+            self.claims.into_iter().map(Claim::new).collect()
         };
         let leeway = self.leeway.unwrap_or(DEFAULT_JWT_LEEWAY);
         let mut validation = Validation::new(Algorithm::HS256);
@@ -402,14 +427,9 @@ impl JwtVerifier {
         Ok(Principal::new(issuer, self.named(&claims)?))
     }
 
-    /// The values of the claims that name the tenant, in order.
+    /// The names and values of the claims that name the tenant, in order.
     fn named(&self, claims: &Value) -> Result<Vec<(String, String)>, JwtError> {
-        let name = |claim: &Claim| match claim.find(claims) {
-            Some(Value::String(s)) if !s.is_empty() => Ok((claim.0.clone(), s.clone())),
-            Some(Value::Number(n)) => Ok((claim.0.clone(), n.to_string())),
-            _ => Err(JwtError::Claim(claim.0.clone())),
-        };
-        self.claims.iter().map(name).collect()
+        self.claims.iter().map(|c| c.named(claims)).collect()
     }
 }
 

@@ -211,7 +211,8 @@ async fn hs256_from_a_secret_and_claims_by_pointer() {
     assert_eq!(
         p.names(),
         [
-            ("/org/id".to_owned(), "42".to_owned()),
+            // A number, named apart from the string "42" (issue 61 item 6).
+            ("/org/id\0number".to_owned(), "42".to_owned()),
             ("client_id".to_owned(), "app-1".to_owned())
         ]
     );
@@ -286,11 +287,43 @@ fn a_malformed_key_set_is_named_and_unusable_keys_skipped() {
         parse_jwks(br#"{"keys":[{"kty":"RSA","alg":"ES256","n":"AQAB","e":"AQAB"}]}"#).unwrap_err();
     assert!(e.contains("alg"), "{e}");
     assert!(parse_jwks(b"{}").is_err());
-    let keys = parse_jwks(
+    let set = parse_jwks(
         br#"{"keys":[{"kty":"oct","k":"AAAA"},{"kty":"EC","crv":"P-384","x":"","y":""}]}"#,
     )
     .unwrap();
-    assert!(keys.is_empty());
+    assert!(set.keys.is_empty());
+    assert_eq!(set.skipped.len(), 2);
+    assert_eq!(set.skipped[1].alg, "kty EC, crv P-384");
+}
+
+/// Issue 61 item 7: a key for an algorithm the verifier does not accept (`PS256`,
+/// `RS512`, one jsonwebtoken does not know) is skipped and named, and the rest of the
+/// set used; a key whose `alg` cannot be its type's is still an error, and a key for
+/// encryption is passed over unnamed.
+#[test]
+fn keys_of_unsupported_algorithms_are_skipped_and_named() {
+    let ed = Signer::ed25519("ed-1");
+    let rsa = |kid: &str, alg: &str| json!({"kty": "RSA", "kid": kid, "alg": alg, "n": "AQAB", "e": "AQAB"});
+    let doc = json!({"keys": [
+        rsa("ps", "PS256"), rsa("rs512", "RS512"), rsa("enc", "RSA-OAEP"), rsa("new", "RS999"),
+        {"kty": "EC", "crv": "P-384", "kid": "p384", "alg": "ES384", "x": "", "y": ""},
+        ed.jwk(),
+    ]});
+    let set = parse_jwks(doc.to_string().as_bytes()).unwrap();
+    assert_eq!(set.keys.len(), 1);
+    assert_eq!(set.keys[0].kid.as_deref(), Some("ed-1"));
+    let named: Vec<String> = set.skipped.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        named,
+        [
+            "kid \"ps\" (PS256)",
+            "kid \"rs512\" (RS512)",
+            "kid \"new\" (RS999)",
+            "kid \"p384\" (ES384)"
+        ]
+    );
+    let e = parse_jwks(json!({"keys": [rsa("x", "ES256")]}).to_string().as_bytes()).unwrap_err();
+    assert!(e.contains("says alg ES256"), "{e}");
 }
 
 #[test]
@@ -308,4 +341,217 @@ fn only_a_bearer_jwt_is_read() {
     assert_eq!(bearer_jwt(&h(&["Basic a.b.c"])), None);
     assert_eq!(bearer_jwt(&h(&["Bearer a.b.c", "Bearer d.e.f"])), None);
     assert_eq!(bearer_jwt(&HeaderMap::new()), None);
+}
+
+/// A JWKS that takes `delay` to load; its loads counted, and the most at once.
+#[derive(Clone)]
+struct Slow {
+    doc: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    delay: Duration,
+    loads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    now: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    most: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Slow {
+    fn new(signers: &[&Signer], delay: Duration) -> Slow {
+        Slow {
+            doc: std::sync::Arc::new(std::sync::Mutex::new(
+                jwks(signers).to_string().into_bytes(),
+            )),
+            delay,
+            loads: Default::default(),
+            now: Default::default(),
+            most: Default::default(),
+        }
+    }
+
+    fn serve(&self, signers: &[&Signer]) {
+        *self.doc.lock().unwrap() = jwks(signers).to_string().into_bytes();
+    }
+
+    fn loads(&self) -> usize {
+        self.loads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl JwksSource for Slow {
+    fn load(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, String>> + Send + '_>>
+    {
+        use std::sync::atomic::Ordering::SeqCst;
+        Box::pin(async move {
+            self.loads.fetch_add(1, SeqCst);
+            self.most
+                .fetch_max(self.now.fetch_add(1, SeqCst) + 1, SeqCst);
+            let doc = self.doc.lock().unwrap().clone();
+            tokio::time::sleep(self.delay).await;
+            self.now.fetch_sub(1, SeqCst);
+            Ok(doc)
+        })
+    }
+
+    fn describe(&self) -> String {
+        "slow".into()
+    }
+}
+
+/// Counts what the key set reports.
+#[derive(Default)]
+struct Counted(
+    std::sync::Mutex<Vec<(LoadCause, bool)>>,
+    std::sync::atomic::AtomicUsize,
+);
+
+impl KeySetObserver for Counted {
+    fn loaded(&self, cause: LoadCause, ok: bool) {
+        self.0.lock().unwrap().push((cause, ok));
+    }
+
+    fn wait_timed_out(&self) {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Issue 61 item 2: concurrent tokens naming unknown kids share one load, and are
+/// refused together when it ends; a kid unknown right after is refused without a load;
+/// a periodic refresh going on is joined too.
+#[tokio::test]
+async fn unknown_kids_share_one_load_and_are_refused_when_it_ends() {
+    const DELAY: Duration = Duration::from_millis(400);
+    let ed = Signer::ed25519("ed-1");
+    let source = Slow::new(&[&ed], DELAY);
+    let seen = std::sync::Arc::new(Counted::default());
+    let v = std::sync::Arc::new(
+        JwtVerifier::builder()
+            .jwks(source.clone())
+            .observer(seen.clone())
+            .build()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(source.loads(), 1);
+    let began = std::time::Instant::now();
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (v, token) = (
+                v.clone(),
+                Signer::ed25519(&format!("r{i}")).sign(&claims("cus_1")),
+            );
+            tokio::spawn(async move { v.verify(&token).await })
+        })
+        .collect();
+    for t in tasks {
+        assert!(matches!(
+            t.await.unwrap(),
+            Err(JwtError::UnknownKey(Some(_), "EdDSA"))
+        ));
+    }
+    assert!(began.elapsed() < 2 * DELAY, "{:?}", began.elapsed());
+    assert_eq!(source.loads(), 2);
+    assert_eq!(source.most.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let again = std::time::Instant::now();
+    let e = v
+        .verify(&Signer::ed25519("r9").sign(&claims("cus_1")))
+        .await;
+    assert!(matches!(e, Err(JwtError::UnknownKey(..))));
+    assert!(again.elapsed() < DELAY);
+    assert_eq!(source.loads(), 2);
+
+    // A refresh going on is joined by a token whose key it brings.
+    let new = Signer::es256("ec-2");
+    source.serve(&[&ed, &new]);
+    let refresh = tokio::spawn({
+        let v = v.clone();
+        async move { v.reload().await }
+    });
+    while source.loads() < 3 {
+        tokio::task::yield_now().await;
+    }
+    assert!(v.verify(&new.sign(&claims("cus_1"))).await.is_ok());
+    assert!(refresh.await.unwrap().is_ok());
+    assert_eq!(source.loads(), 3);
+    assert_eq!(
+        *seen.0.lock().unwrap(),
+        [
+            (LoadCause::Start, true),
+            (LoadCause::UnknownKey, true),
+            (LoadCause::Refresh, true)
+        ]
+    );
+}
+
+/// Issue 61 item 2: a request waits for a load at most the bound, then is refused; the
+/// load goes on, and the key it brings verifies once it has ended.
+#[tokio::test]
+async fn a_request_waits_for_keys_at_most_the_bound() {
+    let ed = Signer::ed25519("ed-1");
+    let source = Slow::new(&[&ed], Duration::from_millis(600));
+    let seen = std::sync::Arc::new(Counted::default());
+    let v = JwtVerifier::builder()
+        .jwks(source.clone())
+        .key_wait(Duration::from_millis(50))
+        .observer(seen.clone())
+        .build()
+        .await
+        .unwrap();
+    let new = Signer::es256("ec-2");
+    source.serve(&[&ed, &new]);
+    let token = new.sign(&claims("cus_1"));
+    assert_eq!(
+        v.verify(&token).await.unwrap_err(),
+        JwtError::KeysLate(Duration::from_millis(50))
+    );
+    assert_eq!(seen.1.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // The periodic refresh joins the load going on, and returns when it has ended.
+    assert_eq!(v.reload().await, Ok(()));
+    assert_eq!(source.loads(), 2);
+    assert!(v.verify(&token).await.is_ok());
+    assert_eq!(source.loads(), 2);
+}
+
+/// Issue 61 item 7: a verifier is built from a set with a `PS256` key beside its own,
+/// and refused, naming it, from a set of such keys alone.
+#[tokio::test]
+async fn a_set_with_an_unsupported_key_is_used_without_it() {
+    let ed = Signer::ed25519("ed-1");
+    let ps = json!({"kty": "RSA", "kid": "ps", "alg": "PS256", "n": "AQAB", "e": "AQAB"});
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), json!({"keys": [ps, ed.jwk()]}).to_string()).unwrap();
+    let v = JwtVerifier::builder()
+        .jwks(JwksFile(file.path().to_owned()))
+        .build()
+        .await
+        .unwrap();
+    assert!(v.verify(&ed.sign(&claims("cus_1"))).await.is_ok());
+    std::fs::write(file.path(), json!({"keys": [ps]}).to_string()).unwrap();
+    let e = JwtVerifier::builder()
+        .jwks(JwksFile(file.path().to_owned()))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(e.contains("kid \"ps\" (PS256)"), "{e}");
+}
+
+/// Issue 61 item 6: the number `1` and the string `"1"` name two tenants; a string
+/// claim's tenant is the principal of its name and value, as it always was.
+#[tokio::test]
+async fn a_number_claim_is_not_the_string_of_its_digits() {
+    let ed = Signer::ed25519("ed-1");
+    let file = jwks_file(&[&ed]);
+    let v = verifier(&file).await;
+    let key = idem_core::TenantKey::new(&[9; 32]).unwrap();
+    let with = |sub: Value| {
+        let mut c = claims("");
+        c["sub"] = sub;
+        ed.sign(&c)
+    };
+    let string = v.verify(&with(json!("1"))).await.unwrap();
+    let number = v.verify(&with(json!(1))).await.unwrap();
+    let float = v.verify(&with(json!(1.0))).await.unwrap();
+    assert_ne!(string.tenant(&key), number.tenant(&key));
+    assert_eq!(number.tenant(&key), float.tenant(&key));
+    let before = Principal::new(Some("https://issuer.test".into()), [("sub", "1")]);
+    assert_eq!(string.tenant(&key), before.tenant(&key));
 }

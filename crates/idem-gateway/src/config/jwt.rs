@@ -17,6 +17,8 @@ pub struct JwtSettings {
     pub jwks_url: Option<String>,
     /// How often the URL is fetched again.
     pub jwks_refresh: Duration,
+    /// The longest a request waits for the key set to load.
+    pub jwks_wait: Duration,
     /// The file the HS256 secret was read from, for `check-config`.
     pub hs256_secret_file: Option<PathBuf>,
     /// The HS256 secret.
@@ -36,6 +38,7 @@ impl std::fmt::Debug for JwtSettings {
         f.debug_struct("JwtSettings")
             .field("jwks_file", &self.jwks_file)
             .field("jwks_url", &self.jwks_url)
+            .field("jwks_wait", &self.jwks_wait)
             .field("hs256_secret_file", &self.hs256_secret_file)
             .field("issuer", &self.issuer)
             .field("audiences", &self.audiences)
@@ -60,9 +63,17 @@ pub struct JwtStartError {
 
 impl JwtSettings {
     /// The verifier these settings describe, its key set loaded now (the URL fetched
-    /// with its retries).
-    pub async fn verifier(&self) -> Result<idem_jwt::JwtVerifier, JwtStartError> {
-        let mut b = idem_jwt::JwtVerifier::builder().leeway(self.leeway);
+    /// with its retries), its loads reported to `observer` (the metrics).
+    pub async fn verifier(
+        &self,
+        observer: Option<std::sync::Arc<dyn idem_jwt::KeySetObserver>>,
+    ) -> Result<idem_jwt::JwtVerifier, JwtStartError> {
+        let mut b = idem_jwt::JwtVerifier::builder()
+            .leeway(self.leeway)
+            .key_wait(self.jwks_wait);
+        if let Some(observer) = observer {
+            b = b.observer(observer);
+        }
         let setting = match (&self.jwks_file, &self.jwks_url) {
             (Some(file), _) => {
                 b = b.jwks(idem_jwt::JwksFile(file.clone()));
@@ -217,6 +228,7 @@ pub(super) fn resolve(a: &ServeArgs) -> Result<Option<JwtSettings>, ConfigError>
         jwks_refresh: a
             .jwt_jwks_refresh
             .unwrap_or(crate::jwks::DEFAULT_JWKS_REFRESH),
+        jwks_wait: a.jwt_jwks_wait.unwrap_or(idem_jwt::DEFAULT_KEY_WAIT),
         hs256_secret_file: a.jwt_hs256_secret_file.clone(),
         hs256_secret,
         issuer: a.jwt_issuer.clone(),

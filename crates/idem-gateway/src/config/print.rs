@@ -156,6 +156,13 @@ pub(super) fn jwt_jwks_refresh(config: &GatewayConfig, _: &ServeArgs) -> Line {
     })
 }
 
+pub(super) fn jwt_jwks_wait(config: &GatewayConfig, _: &ServeArgs) -> Line {
+    jwt(config, |j| match (&j.jwks_file, &j.jwks_url) {
+        (None, None) => Err("none: HS256 tokens only"),
+        _ => Ok(duration(j.jwks_wait)),
+    })
+}
+
 /// The collector's base URL, under which the traces' path is added.
 pub(super) fn otlp_endpoint(config: &GatewayConfig, _: &ServeArgs) -> Line {
     let base = |url: &String| {

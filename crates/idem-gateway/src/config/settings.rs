@@ -262,6 +262,14 @@ settings! {
     #[serde(deserialize_with = "toml_form::duration")]
     pub jwt_jwks_refresh: Option<Duration>, live => jwt, print print::jwt_jwks_refresh;
 
+    /// The longest a keyed request waits for the JWKS to load when its token names a key
+    /// the gateway lacks; past it the token is refused (401), and the load goes on for
+    /// those that come after. One load goes on at a time, shared by every such request
+    /// [default: 5s].
+    #[arg(long, env = "IDEM_JWT_JWKS_WAIT", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(deserialize_with = "toml_form::duration")]
+    pub jwt_jwks_wait: Option<Duration>, live => jwt, print print::jwt_jwks_wait;
+
     /// File holding the HS256 secret of bearer tokens (at least 32 bytes; surrounding
     /// whitespace trimmed).
     #[arg(long, env = "IDEM_JWT_HS256_SECRET_FILE", value_name = "PATH")]

@@ -1,6 +1,6 @@
 //! Prometheus metrics for the admin listener's `/metrics`: requests by idempotency
-//! outcome, a store latency histogram per operation, the in-flight gauge, and the
-//! store's own figures.
+//! outcome, a store latency histogram per operation, the in-flight gauge, the JWKS's
+//! loads, and the store's own figures.
 //!
 //! The metric types and the text exposition (format 0.0.4, which every Prometheus
 //! scrapes) are prometheus-client's; `series` keeps each metric's series in label
@@ -28,6 +28,7 @@ use series::{
 };
 
 mod figures;
+mod jwks;
 mod listener_kind;
 mod series;
 mod tenants;
@@ -83,6 +84,8 @@ pub struct Metrics {
     ambiguous: Series<ByReason, Counter>,
     /// Keyed requests of the busiest tenants.
     tenants: Arc<tenants::TopTenants>,
+    /// The JWKS's loads and the waits for them.
+    jwks: jwks::JwksCounters,
 }
 
 impl fmt::Debug for Metrics {
@@ -120,6 +123,7 @@ impl Metrics {
             waits: Series::new(),
             ambiguous: Series::new(),
             tenants: Arc::new(tenants::TopTenants::new(DEFAULT_TENANT_METRICS)),
+            jwks: jwks::JwksCounters::new(),
         };
         for reason in idem_core::Ambiguity::ALL {
             m.ambiguous.touch(ByReason {
@@ -238,6 +242,7 @@ impl Metrics {
              the next retry runs the upstream again",
             self.abandoned_writes.clone(),
         );
+        self.jwks.register(r);
         r.register_collector(Box::new(figures::LogFigures));
         self
     }

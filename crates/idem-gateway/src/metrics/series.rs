@@ -110,6 +110,12 @@ pub(super) struct ByKind {
     pub(super) kind: &'static str,
 }
 
+/// `cause`: why the JWKS was loaded, [`idem_jwt::LoadCause::as_str`].
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub(super) struct ByCause {
+    pub(super) cause: &'static str,
+}
+
 /// `op`: a key write.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub(super) struct ByOp {

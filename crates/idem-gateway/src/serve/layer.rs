@@ -134,7 +134,7 @@ pub(super) async fn service(
                 Some(t) => t.store(store.clone()),
                 None => store.clone(),
             };
-            let (sources, routes) = tenants::sources(config).await?;
+            let (sources, routes) = tenants::sources(config, metrics).await?;
             let mut layer =
                 layer_over_routes(layer_store, config, routes, tenant_key, metrics.clone());
             if let Some(sources) = sources {

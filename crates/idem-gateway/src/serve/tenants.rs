@@ -7,17 +7,21 @@ use std::time::Duration;
 
 use super::ServeError;
 use crate::config::{GatewayConfig, TenantSource};
+use crate::metrics::Metrics;
 use crate::route::Route;
 
 /// The sources `tenant_from` names, made: the layer's (`None` for the headers alone,
 /// the layer's default), and the routes with a `tenant_from` of their own given
-/// theirs. One bearer-token verifier, with its key set loaded, serves them all.
+/// theirs. One bearer-token verifier, with its key set loaded, serves them all; its
+/// loads of the key set are counted in `metrics`.
 pub(super) async fn sources(
     config: &GatewayConfig,
+    metrics: &Arc<Metrics>,
 ) -> Result<(Option<idem_tower::TenantSources>, Vec<Route>), ServeError> {
     let verifier = match &config.jwt {
         Some(jwt) if config.names_source(TenantSource::Jwt) => {
-            let verifier = Arc::new(jwt.verifier().await?);
+            let observer: Arc<dyn idem_jwt::KeySetObserver> = metrics.clone();
+            let verifier = Arc::new(jwt.verifier(Some(observer)).await?);
             if jwt.jwks_url.is_some() {
                 spawn_jwks_refresh(Arc::downgrade(&verifier), jwt.jwks_refresh);
             }

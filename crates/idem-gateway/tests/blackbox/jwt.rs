@@ -6,16 +6,16 @@
 //! is picked up from a file and from a URL without a restart.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use idem_test_support::jwt::{Signer, epoch, jwks};
 use serde_json::{Value, json};
 
 use crate::common::{Answer, Gateway, Http, Upstream, idem_in, new_key};
+use crate::jwks::JwksServer;
 
-const ISSUER: &str = "https://login.example.test/";
+pub(crate) const ISSUER: &str = "https://login.example.test/";
 
-fn claims(sub: &str, jti: &str) -> Value {
+pub(crate) fn claims(sub: &str, jti: &str) -> Value {
     json!({
         "iss": ISSUER, "aud": "payments", "sub": sub, "jti": jti,
         "iat": epoch(0), "exp": epoch(300),
@@ -42,7 +42,7 @@ async fn gateway(up: &Upstream, dir: &Path, extra: &[&str]) -> Gateway {
     Gateway::start(&up.url(), dir, &args).await
 }
 
-async fn charge(http: &Http, gw: &Gateway, key: &str, token: &str) -> Answer {
+pub(crate) async fn charge(http: &Http, gw: &Gateway, key: &str, token: &str) -> Answer {
     let bearer = format!("Bearer {token}");
     http.post(
         &gw.url("/v1/charges"),
@@ -204,82 +204,12 @@ async fn a_rotated_key_in_the_jwks_file_is_used_without_a_restart() {
     assert_eq!(rotated.status, 201, "{rotated:?}\n{}", gw.logs());
 }
 
-/// A JWKS document served on 127.0.0.1, swappable, its fetches counted; stopped on drop.
-struct JwksServer {
-    port: u16,
-    doc: Arc<Mutex<String>>,
-    fetches: Arc<Mutex<usize>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl JwksServer {
-    async fn start(doc: Value) -> JwksServer {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let doc = Arc::new(Mutex::new(doc.to_string()));
-        let fetches = Arc::new(Mutex::new(0));
-        let (d, f) = (doc.clone(), fetches.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((mut conn, _)) = listener.accept().await else {
-                    return;
-                };
-                let (d, f) = (d.clone(), f.clone());
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match conn.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    *f.lock().unwrap() += 1;
-                    let body = d.lock().unwrap().clone();
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
-                         content-length: {}\r\nconnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = conn.write_all(head.as_bytes()).await;
-                    let _ = conn.write_all(body.as_bytes()).await;
-                });
-            }
-        });
-        JwksServer {
-            port,
-            doc,
-            fetches,
-            task,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/.well-known/jwks.json", self.port)
-    }
-
-    fn serve(&self, doc: Value) {
-        *self.doc.lock().unwrap() = doc.to_string();
-    }
-
-    fn fetches(&self) -> usize {
-        *self.fetches.lock().unwrap()
-    }
-}
-
-impl Drop for JwksServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 #[tokio::test]
 async fn keys_from_a_jwks_url_are_fetched_again_when_a_token_names_a_new_one() {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let old = Signer::ed25519("old");
-    let server = JwksServer::start(jwks(&[&old])).await;
+    let server = JwksServer::start(jwks(&[&old]), std::time::Duration::ZERO).await;
     let url = server.url();
     let gw = Gateway::start(
         &up.url(),

@@ -20,6 +20,7 @@ mod failover;
 mod grpc;
 mod http2;
 mod inspection;
+mod jwks;
 mod jwt;
 mod key_lines;
 mod key_sources;
