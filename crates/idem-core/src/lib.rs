@@ -13,7 +13,8 @@
 //! body as typed [`ResponseMeta`], which each store maps at its boundary ([`codec`]).
 //! The protocol profiles, the dialects an API's answers are written in, are listed once,
 //! by [`Profile`].
-//! The `testing` feature adds the contract suite every store runs.
+//! The `testing` feature adds the store contract kit every store runs, idem's own and
+//! anyone else's (the module `testing`).
 //!
 //! # Examples
 //!

@@ -6,13 +6,7 @@
 //! right, each later one seeing the earlier ones' new values, so every assignment that
 //! reads a column comes before the one that changes it.
 
-use bytes::Bytes;
-use idem_core::codec::decode_response_headers;
-use idem_core::{
-    Ambiguity, FencingToken, Fingerprint, Record, RecordState, Scope, StoreError, StoredResponse,
-    Timestamp,
-};
-use sqlx::Row;
+use idem_core::{Record, Scope, StoreError};
 use sqlx::mysql::MySqlRow;
 
 use crate::error::store_error;
@@ -162,67 +156,7 @@ pub(crate) fn row_id(scope: &Scope) -> Vec<u8> {
 
 /// A record from the columns [`RECORD_COLUMNS`] names.
 pub(crate) fn record_from_row(scope: &Scope, row: &MySqlRow) -> Result<Record, StoreError> {
-    let ms = |col: &str| -> Result<Timestamp, StoreError> {
-        Ok(Timestamp::from_millis(
-            row.try_get::<i64, _>(col).map_err(store_error)?,
-        ))
-    };
-    let fingerprint: Vec<u8> = row.try_get("fingerprint").map_err(store_error)?;
-    let fingerprint = Fingerprint::from_slice(&fingerprint)
-        .ok_or_else(|| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
-    let state: String = row.try_get("state").map_err(store_error)?;
-    let ambiguity: Option<String> = row.try_get("ambiguity").map_err(store_error)?;
-    let in_progress_ambiguity = match state.as_str() {
-        "in_progress" => ambiguity.as_deref().and_then(Ambiguity::parse),
-        _ => None,
-    };
-    let state = match state.as_str() {
-        "in_progress" => RecordState::InProgress {
-            lease_until: ms("lease_until")?,
-        },
-        "completed" | "tombstone" => {
-            let status: i32 = row.try_get("status").map_err(store_error)?;
-            let status = u16::try_from(status)
-                .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
-            let completed_at = ms("completed_at")?;
-            if state == "tombstone" {
-                RecordState::Tombstone {
-                    completed_at,
-                    status,
-                }
-            } else {
-                let headers: Vec<u8> = row.try_get("headers").map_err(store_error)?;
-                let body: Vec<u8> = row.try_get("body").map_err(store_error)?;
-                let (headers, meta) = decode_response_headers(&headers, ambiguity.as_deref())?;
-                RecordState::Completed {
-                    response: StoredResponse {
-                        status,
-                        headers,
-                        body: Bytes::from(body),
-                        meta,
-                    },
-                    completed_at,
-                }
-            }
-        }
-        other => return Err(StoreError::Corrupt(format!("unknown state {other:?}"))),
-    };
-    let attempt: i32 = row.try_get("attempt").map_err(store_error)?;
-    Ok(Record {
-        scope: scope.clone(),
-        fingerprint,
-        created_at: ms("created_at")?,
-        expires_at: ms("expires_at")?,
-        attempt: u32::try_from(attempt)
-            .map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))?,
-        token: FencingToken::from_i64(row.try_get("token").map_err(store_error)?),
-        state,
-        tombstone_until: row
-            .try_get::<Option<i64>, _>("tombstone_until")
-            .map_err(store_error)?
-            .map(Timestamp::from_millis),
-        in_progress_ambiguity,
-    })
+    idem_sql::record_from_row(scope, row, store_error)
 }
 
 #[cfg(test)]

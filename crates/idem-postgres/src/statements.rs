@@ -3,22 +3,12 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use idem_core::codec::decode_response_headers;
-use idem_core::{
-    Ambiguity, FencingToken, Fingerprint, Record, RecordState, Scope, StoreError, StoredResponse,
-    Timestamp,
-};
+use idem_core::{Record, Scope, StoreError};
 use idem_sql::SqlDatabase;
+use sqlx::Postgres;
 use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row};
 
 use crate::error::store_error;
-
-pub(crate) fn attempt_from(row: &PgRow) -> Result<u32, StoreError> {
-    let attempt: i32 = row.try_get("attempt").map_err(store_error)?;
-    u32::try_from(attempt).map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))
-}
 
 /// An answer as its row keeps it: the status, the header block
 /// (`idem_core::codec::encode_response_headers` without the ambiguity), the body, and
@@ -33,65 +23,7 @@ pub(crate) struct RowAnswer<'a> {
 
 /// A record from the columns every query below selects.
 pub(crate) fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record, StoreError> {
-    let ms = |col: &str| -> Result<Timestamp, StoreError> {
-        Ok(Timestamp::from_millis(
-            row.try_get::<i64, _>(col).map_err(store_error)?,
-        ))
-    };
-    let fingerprint: Vec<u8> = row.try_get("fingerprint").map_err(store_error)?;
-    let fingerprint = Fingerprint::from_slice(&fingerprint)
-        .ok_or_else(|| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
-    let state: String = row.try_get("state").map_err(store_error)?;
-    let ambiguity: Option<String> = row.try_get("ambiguity").map_err(store_error)?;
-    let in_progress_ambiguity = match state.as_str() {
-        "in_progress" => ambiguity.as_deref().and_then(Ambiguity::parse),
-        _ => None,
-    };
-    let state = match state.as_str() {
-        "in_progress" => RecordState::InProgress {
-            lease_until: ms("lease_until")?,
-        },
-        "completed" | "tombstone" => {
-            let status: i32 = row.try_get("status").map_err(store_error)?;
-            let status = u16::try_from(status)
-                .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
-            let completed_at = ms("completed_at")?;
-            if state == "tombstone" {
-                RecordState::Tombstone {
-                    completed_at,
-                    status,
-                }
-            } else {
-                let headers: Vec<u8> = row.try_get("headers").map_err(store_error)?;
-                let body: Vec<u8> = row.try_get("body").map_err(store_error)?;
-                let (headers, meta) = decode_response_headers(&headers, ambiguity.as_deref())?;
-                RecordState::Completed {
-                    response: StoredResponse {
-                        status,
-                        headers,
-                        body: Bytes::from(body),
-                        meta,
-                    },
-                    completed_at,
-                }
-            }
-        }
-        other => return Err(StoreError::Corrupt(format!("unknown state {other:?}"))),
-    };
-    Ok(Record {
-        scope: scope.clone(),
-        fingerprint,
-        created_at: ms("created_at")?,
-        expires_at: ms("expires_at")?,
-        attempt: attempt_from(row)?,
-        token: FencingToken::from_i64(row.try_get("token").map_err(store_error)?),
-        state,
-        tombstone_until: row
-            .try_get::<Option<i64>, _>("tombstone_until")
-            .map_err(store_error)?
-            .map(Timestamp::from_millis),
-        in_progress_ambiguity,
-    })
+    idem_sql::record_from_row(scope, row, store_error)
 }
 
 /// Every statement, spelled once for the configured table. The table name was validated

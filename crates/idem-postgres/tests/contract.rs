@@ -1,10 +1,12 @@
-//! The idem-core store contract suite against a live PostgreSQL, one table per case.
+//! The idem-core store contract kit against a live PostgreSQL, one table per case, run
+//! as any store's crate runs it.
 
 mod common;
 
 use idem_core::testing::{test_fingerprint, test_scope, unique_namespace};
-use idem_core::{ManualClock, MetricKind, ReserveRequest, Store};
+use idem_core::{ManualClock, ReserveRequest, Store, TENANT_SECRET_NAME};
 use idem_postgres::PgStore;
+use idem_test_support::{agreed_secret, assert_pool_figures};
 
 idem_core::store_contract_tests!(|clock: ManualClock, ns: String| async move {
     common::store_with_clock(&clock, &ns).await
@@ -20,19 +22,7 @@ async fn metrics_report_the_pool() {
     };
     let request = ReserveRequest::new(test_scope("/v1/charges", "k"), test_fingerprint("{}"));
     store.reserve(&request).await.unwrap();
-    let figures = store.metrics();
-    let value = |name: &str| {
-        let m = figures
-            .iter()
-            .find(|m| m.name == name)
-            .unwrap_or_else(|| panic!("{name} missing from {figures:?}"));
-        assert_eq!(m.kind, MetricKind::Gauge, "{name}");
-        m.value
-    };
-    assert_eq!(value("idem_postgres_pool_max_connections"), 3);
-    let open = value("idem_postgres_pool_connections");
-    assert!((1..=3).contains(&open), "{open} connections open");
-    assert!(value("idem_postgres_pool_idle_connections") <= open);
+    assert_pool_figures(&store, "idem_postgres", 3);
 }
 
 /// Two stores on one table (two gateways), each offering its own tenant secret at
@@ -43,23 +33,19 @@ async fn secrets_are_shared_by_instances_and_survive_reconnecting() {
     let Some(a) = common::connect(PgStore::builder(), &ns).await else {
         return;
     };
-    let b = PgStore::builder()
-        .table(common::table_for(&ns))
-        .connect(&common::pg_url())
-        .await
-        .unwrap();
-    let name = idem_core::TENANT_SECRET_NAME;
-    let (from_a, from_b) =
-        tokio::join!(a.init_secret(name, &[1; 32]), b.init_secret(name, &[2; 32]));
-    let (from_a, from_b) = (from_a.unwrap(), from_b.unwrap());
-    assert_eq!(from_a, from_b);
-    assert!(from_a == [1; 32] || from_a == [2; 32], "{from_a:?}");
+    let url = common::pg_url();
+    let connect = || {
+        PgStore::builder()
+            .table(common::table_for(&ns))
+            .connect(&url)
+    };
+    let b = connect().await.unwrap();
+    let agreed = agreed_secret(&a, &b).await;
     b.close().await;
-    let c = PgStore::builder()
-        .table(common::table_for(&ns))
-        .connect(&common::pg_url())
-        .await
-        .unwrap();
-    assert_eq!(c.init_secret(name, &[3; 32]).await.unwrap(), from_a);
+    let c = connect().await.unwrap();
+    assert_eq!(
+        c.init_secret(TENANT_SECRET_NAME, &[3; 32]).await.unwrap(),
+        agreed
+    );
     c.close().await;
 }

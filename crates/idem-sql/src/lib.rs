@@ -16,6 +16,9 @@
 //! | PostgreSQL | `postgres` | `sqlx::Postgres` |
 //! | MySQL, MariaDB | `mysql` | `sqlx::MySql` |
 //!
+//! With the feature `record`, [`record_from_row`] reads an idem record from the row a
+//! store keeps it in, in any of these databases.
+//!
 //! A new database is one more implementation of [`SqlDatabase`] in this crate, behind a
 //! feature of its own; the trait's documentation says what each item must give, and
 //! where MySQL differs.
@@ -48,6 +51,8 @@ mod mysql;
 mod placeholders;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "record")]
+mod record;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -56,6 +61,8 @@ mod standard;
 #[cfg(feature = "mysql")]
 pub use mysql::MIGRATION_LOCK_WAIT;
 pub use placeholders::Placeholders;
+#[cfg(feature = "record")]
+pub use record::record_from_row;
 
 /// A SQL database idem keeps tables in, as sqlx names it: `sqlx::Sqlite` (feature
 /// `sqlite`), `sqlx::Postgres` (feature `postgres`) or `sqlx::MySql` (feature `mysql`,

@@ -1,7 +1,9 @@
 //! What idem's own tests share, in one place: a fault proxy ([`Relay`]) to put
 //! between a client and a server, the test services' URLs with the loud-skip rule
 //! ([`services`]), a bounded wait ([`eventually`]), a store whose calls a test can
-//! intercept ([`HookedStore`]), a process's CPU time ([`cpu_time`]) for benches, and a
+//! intercept ([`HookedStore`]), a SQL store's table of its own, dropped when the test
+//! ends ([`TempTable`], [`on_temp_table`]), a process's CPU time ([`cpu_time`]) for
+//! benches, and a
 //! real Redis Cluster on 127.0.0.1 ([`RedisCluster`], [`redis_cluster_url`]), and
 //! TLS-only PostgreSQL and Redis servers with certificates made at run time
 //! ([`tls`]), and (feature `upstream`) a recording HTTP upstream (`upstream`).
@@ -34,6 +36,7 @@ mod process;
 mod relay;
 pub mod services;
 mod store;
+mod table;
 pub mod tls;
 #[cfg(feature = "upstream")]
 pub mod upstream;
@@ -45,6 +48,10 @@ pub use pg::PgServer;
 pub use relay::{Fault, Relay, RelayMode, service_addr, url_via};
 pub use services::{service_unavailable, service_url, services_required};
 pub use store::{HookedStore, StoreHooks, figure};
+pub use table::{
+    DROP_CONNECT_TIMEOUT, DropFuture, DropTable, TempStore, TempTable, agreed_secret,
+    assert_pool_figures, on_temp_table,
+};
 pub use tls::{CERT_USER, CertFiles, RedisTlsServer, TestPki};
 
 /// The public scope of `key` on `POST endpoint` for `tenant`, as a layer or a store

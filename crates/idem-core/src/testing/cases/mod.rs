@@ -1,5 +1,11 @@
 //! The contract cases, one file per concern. Each takes a store reading time from the
-//! clock it is given, and the helpers below.
+//! clock it is given, and panics when the store breaks the invariant it checks.
+//!
+//! Each is listed, with the SPEC section and the invariant it checks, in
+//! [`CASES`](super::CASES). Run them through the
+//! [`store_contract_tests!`](crate::store_contract_tests) macro or [`Case::run`](super::Case::run),
+//! whose failure names that section and invariant; called directly, a case that fails
+//! panics with its own message only.
 
 use std::time::Duration;
 

@@ -25,18 +25,24 @@ pub async fn concurrent_reservers_exactly_one_wins<S: Store>(store: S, _clock: M
     for t in tasks {
         match t.await.expect("task") {
             Reservation::Acquired(l) => {
-                assert_eq!(l.attempt, 1);
+                assert_eq!(l.attempt, 1, "a first reservation is attempt 1");
                 acquired += 1;
             }
             Reservation::InProgress { retry_after } => {
-                assert!(retry_after >= Duration::from_secs(1));
+                assert!(
+                    retry_after >= Duration::from_secs(1),
+                    "Retry-After {retry_after:?} is under a second"
+                );
                 in_progress += 1;
             }
-            other => panic!("unexpected {other:?}"),
+            other => panic!("a reservation racing on one fresh scope answered {other:?}"),
         }
     }
-    assert_eq!(acquired, 1, "exactly one reserver may win");
-    assert_eq!(in_progress, 63);
+    assert!(
+        acquired == 1,
+        "{acquired} of 64 concurrent reservations of one scope won; exactly one may"
+    );
+    assert_eq!(in_progress, 63, "the 63 others see the record in progress");
 }
 
 /// After the lease lapses, 64 tasks race to take over: exactly one gets attempt 2.
@@ -61,10 +67,14 @@ pub async fn concurrent_takeover_exactly_one_wins<S: Store>(store: S, clock: Man
         match t.await.expect("task") {
             Reservation::Acquired(l) => winners.push(l),
             Reservation::InProgress { .. } => {}
-            other => panic!("unexpected {other:?}"),
+            other => panic!("a takeover racing on one lapsed lease answered {other:?}"),
         }
     }
-    assert_eq!(winners.len(), 1, "exactly one taker-over may win");
-    assert_eq!(winners[0].attempt, 2);
-    assert!(winners[0].recovered());
+    assert!(
+        winners.len() == 1,
+        "{} of 64 concurrent takeovers of one lapsed lease won; exactly one may",
+        winners.len()
+    );
+    assert_eq!(winners[0].attempt, 2, "the takeover is attempt 2");
+    assert!(winners[0].recovered(), "the takeover is marked recovered");
 }
