@@ -164,7 +164,7 @@ pub fn value_at_pointer(body: &[u8], pointer: &str) -> Result<PointerLookup, Unr
             Some(Node::Object(entries)) => {
                 let mut named = entries.iter().filter(|(name, _)| name == token);
                 let first = named.next();
-                let last = named.last();
+                let last = named.next_back();
                 lookup.repeated_on_pointer |= last.is_some();
                 last.or(first).map(|(_, value)| value)
             }
