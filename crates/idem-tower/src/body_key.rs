@@ -41,11 +41,16 @@ impl Default for BodyKey {
     }
 }
 
-/// The key at `pointer` in a body of a JSON media type (its content, once its codings
-/// are undone), and a member name the body repeats within one object, read as the
-/// fingerprint reads the body ([`idem_core::value_at_pointer`]). A body of another
-/// media type, or a blank one, names no key and repeats nothing; a JSON body the layer
-/// cannot read is `Err` with why: the upstream's parser might read a key in it.
+/// The key at `pointer` in a body (its content, once its codings are undone), and a
+/// member name the body repeats within one object, read as the fingerprint reads JSON
+/// ([`idem_core::value_at_pointer`]). A blank body names no key and repeats nothing. A
+/// body of a JSON media type that the layer cannot read is `Err` with why: the
+/// upstream's parser might read a key in it.
+///
+/// A body of another media type (or none) is read too, since some upstreams parse a
+/// body as JSON whatever its type (Go's `encoding/json` on the request body): one that
+/// is JSON names its key as a JSON one does, and only a name repeated on the pointer's
+/// way counts; one that is not names no key.
 pub(crate) fn key_in_body(
     headers: &HeaderMap,
     body: &[u8],
@@ -55,10 +60,11 @@ pub(crate) fn key_in_body(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(idem_core::is_json_content_type);
-    if !json {
-        return Ok(BodyKey::default());
-    }
-    let found = idem_core::value_at_pointer(body, pointer)?;
+    let found = match idem_core::value_at_pointer(body, pointer) {
+        Ok(found) => found,
+        Err(why) if json => return Err(why),
+        Err(_) => return Ok(BodyKey::default()),
+    };
     let key = match found.value {
         PointedValue::Missing | PointedValue::Null => Ok(None),
         PointedValue::String(s) => Key::new(s)
@@ -75,10 +81,15 @@ pub(crate) fn key_in_body(
             }
         )),
     };
-    let repeated = found.repeated.map(|name| Repeated {
-        name,
-        on_pointer: found.repeated_on_pointer,
-    });
+    let repeated = found
+        .repeated
+        .map(|name| Repeated {
+            name,
+            on_pointer: found.repeated_on_pointer,
+        })
+        // Outside the key's way, such a body's members are not the layer's business:
+        // it is fingerprinted as its bytes.
+        .filter(|r| json || r.on_pointer);
     Ok(BodyKey { key, repeated })
 }
 
@@ -170,7 +181,7 @@ mod tests {
     }
 
     #[test]
-    fn the_key_is_read_at_its_pointer_in_json_bodies_only() {
+    fn the_key_is_read_at_its_pointer() {
         let json = headers("application/json; charset=utf-8");
         let body = br#"{"idempotency_key": "k-1", "amount": 5}"#;
         let key = key_in_body(&json, body, "/idempotency_key")
@@ -184,7 +195,10 @@ mod tests {
             None
         );
         let form = headers("application/x-www-form-urlencoded");
-        assert_eq!(key_in_body(&form, body, "/idempotency_key").unwrap(), None);
+        assert_eq!(
+            key_in_body(&form, b"idempotency_key=k-1", "/idempotency_key").unwrap(),
+            None
+        );
         let nested = br#"{"meta": {"key": "k-2"}}"#;
         let key = key_in_body(&headers("application/vnd.api+json"), nested, "/meta/key");
         assert_eq!(key.unwrap().unwrap().as_str(), "k-2");
@@ -198,6 +212,27 @@ mod tests {
         assert_eq!(key_in_body(&json, in_array, "/a/01/k").unwrap(), None);
         let form = headers("text/plain");
         assert_eq!(key_in_body(&form, b"not json", "/a").unwrap(), None);
+    }
+
+    /// An upstream that parses a body as JSON whatever its `Content-Type` reads the key
+    /// in a `text/plain` body: so does the layer, rather than pass it on unkeyed.
+    #[test]
+    fn a_key_in_json_sent_under_another_media_type_is_read() {
+        let body = br#"{"idempotency_key": "k-1", "a": 1, "a": 2}"#;
+        for content_type in ["text/plain", "application/octet-stream"] {
+            let found = super::key_in_body(&headers(content_type), body, "/idempotency_key");
+            let found = found.unwrap();
+            assert_eq!(found.key.unwrap().unwrap().as_str(), "k-1");
+            assert_eq!(found.repeated, None, "off the key's way: not looked at");
+        }
+        let found = super::key_in_body(&HeaderMap::new(), body, "/idempotency_key");
+        assert_eq!(found.unwrap().key.unwrap().unwrap().as_str(), "k-1");
+        let twice = br#"{"idempotency_key": "KA", "idempotency_key": "KB"}"#;
+        let found = super::key_in_body(&headers("text/plain"), twice, "/idempotency_key");
+        assert!(found.unwrap().repeated.unwrap().on_pointer);
+        // What is no JSON under another type is no body with a key, whatever its bytes.
+        let found = super::key_in_body(&headers("text/plain"), br#"{"k": "\ud800"}"#, "/k");
+        assert_eq!(found.unwrap().key, Ok(None));
     }
 
     /// Issue 61: a body that serde_json refused was read as naming no key, and passed

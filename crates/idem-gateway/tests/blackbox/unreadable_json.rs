@@ -238,3 +238,36 @@ async fn a_hostile_deep_body_is_refused_and_the_gateway_answers_the_next_request
     assert_eq!(next.status, 201, "the gateway still answers: {next:?}");
     assert_eq!(r.up.total(), 2);
 }
+
+/// An upstream that parses a body as JSON whatever its `Content-Type` (Go's
+/// `encoding/json` on the request body) reads the key in a `text/plain` body: the
+/// gateway reads it too, and keys the request, where it once forwarded it unkeyed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_in_json_sent_as_text_is_keyed_all_the_same() {
+    let r = rig().await;
+    let (body, _) = keyed_body(&new_key(), b"\"plain\"");
+    let url = r.gw.url("/bk/charges");
+    let text = [("content-type", "text/plain")];
+    let first = r.http.send("POST", &url, &text, body.clone()).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(!first.replayed());
+    // The same bytes under another type, or none: the same key, the same request.
+    for headers in [
+        &text[..],
+        &[("content-type", "application/octet-stream")],
+        &[],
+    ] {
+        let retry = r.http.send("POST", &url, headers, body.clone()).await;
+        assert!(retry.replayed(), "{headers:?}: {retry:?}");
+    }
+    assert_eq!(r.up.total(), 1, "one key, one execution");
+    // A body that is no JSON under such a type names no key: forwarded as it was.
+    let form = b"idempotency_key=K9&amount=100".to_vec();
+    let headers = [("content-type", "application/x-www-form-urlencoded")];
+    let answer = r
+        .http
+        .send("POST", &r.gw.url("/bk/charges"), &headers, form)
+        .await;
+    assert_eq!(answer.status, 201);
+    assert_eq!(r.up.total(), 2);
+}
