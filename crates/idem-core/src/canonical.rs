@@ -31,20 +31,17 @@
 //! what the fingerprints that stores already hold were computed from: they still
 //! match, except for the bodies above and integral values from 2^53 to 10^19 written
 //! with a fraction or an exponent (a `Value` writes the double's binary value). The
-//! tests check this against that `Value`-based form. What serde_json
-//! rejects is rejected here too (the caller then hashes the raw bytes), except numbers
-//! beyond a double's range, which are canonical here.
+//! tests check this against that `Value`-based form.
+//!
+//! What serde_json rejects is rejected here too, with why (see [`UnreadableJson`]),
+//! except numbers beyond a double's range, which are canonical here, and nesting past
+//! serde_json's 128 levels, which is read up to [`MAX_JSON_DEPTH`]. The parser, the
+//! writers and the tree's drop keep their own stacks, so depth costs heap, not the
+//! thread's stack.
 
 use std::borrow::Cow;
 
-/// The deepest nesting of arrays and objects accepted, as `serde_json`'s default
-/// recursion limit allows; a deeper body is hashed as raw bytes, as it always was.
-const MAX_DEPTH: usize = 127;
-
-/// The most significant digits an exponent may have. A number with a longer one
-/// (`1e10000000000000`, far past any double) makes the body raw bytes: exact, and
-/// never reached by a real request.
-const MAX_EXPONENT_DIGITS: usize = 12;
+use crate::json::{MAX_EXPONENT_DIGITS, MAX_JSON_DEPTH, UnreadableJson};
 
 /// One parsed JSON value, borrowing from the body where it can.
 #[derive(Debug)]
@@ -59,6 +56,39 @@ pub(crate) enum Node<'a> {
     Object(Vec<(Cow<'a, str>, Node<'a>)>),
 }
 
+impl Node<'_> {
+    /// Whether this is an array or object with something in it.
+    fn holds_anything(&self) -> bool {
+        match self {
+            Node::Array(items) => !items.is_empty(),
+            Node::Object(entries) => !entries.is_empty(),
+            _ => false,
+        }
+    }
+}
+
+/// A tree as deep as the body may nest ([`MAX_JSON_DEPTH`]) is dropped with a stack of
+/// its own: the compiler's recursive drop would take a thread's stack frame per level.
+impl Drop for Node<'_> {
+    fn drop(&mut self) {
+        let mut pending: Vec<Node<'_>> = match self {
+            Node::Array(items) if items.iter().any(Node::holds_anything) => std::mem::take(items),
+            Node::Object(entries) if entries.iter().any(|(_, v)| v.holds_anything()) => {
+                entries.drain(..).map(|(_, v)| v).collect()
+            }
+            _ => return,
+        };
+        while let Some(mut node) = pending.pop() {
+            match &mut node {
+                Node::Array(items) => pending.append(items),
+                Node::Object(entries) => pending.extend(entries.drain(..).map(|(_, v)| v)),
+                _ => {}
+            }
+            // `node` is dropped here with nothing left in it.
+        }
+    }
+}
+
 /// A JSON body as parsed: its values (each object's entries sorted by name) and the
 /// first name found repeated within one object, if any.
 #[derive(Debug)]
@@ -69,21 +99,24 @@ pub(crate) struct Document<'a> {
 
 /// Appends the canonical form of `body` to `out`, leaving out the values at the
 /// `ignored` pointers (each a list of unescaped reference tokens). Returns the name
-/// repeated within an object (`Some(None)` when none is), or `None`, with `out`
-/// unchanged, when `body` is not JSON.
+/// repeated within an object (`Ok(None)` when none is), or why `body` is not JSON
+/// idem reads, with `out` unchanged.
 pub(crate) fn canonicalize(
     body: &[u8],
     ignored: &[Vec<String>],
     out: &mut Vec<u8>,
-) -> Option<Option<String>> {
+) -> Result<Option<String>, UnreadableJson> {
     let Document { root, duplicate } = parse(body, ignored)?;
     write(&root, out);
-    Some(duplicate.map(Cow::into_owned))
+    Ok(duplicate.map(Cow::into_owned))
 }
 
 /// `body` parsed, the values at the `ignored` pointers left out (a repeated name is
-/// found before they are); `None` when it is not JSON.
-pub(crate) fn parse<'a>(body: &'a [u8], ignored: &[Vec<String>]) -> Option<Document<'a>> {
+/// found before they are); `Err` with why when it is not JSON idem reads.
+pub(crate) fn parse<'a>(
+    body: &'a [u8],
+    ignored: &[Vec<String>],
+) -> Result<Document<'a>, UnreadableJson> {
     let mut parser = Parser {
         src: body,
         pos: 0,
@@ -93,7 +126,7 @@ pub(crate) fn parse<'a>(body: &'a [u8], ignored: &[Vec<String>]) -> Option<Docum
     for pointer in ignored {
         remove_pointer(&mut root, pointer);
     }
-    Some(Document {
+    Ok(Document {
         root,
         duplicate: parser.duplicate,
     })
@@ -106,11 +139,130 @@ struct Parser<'a> {
     duplicate: Option<Cow<'a, str>>,
 }
 
+/// An array or object being read: what it holds so far.
+enum Open<'a> {
+    Array(Vec<Node<'a>>),
+    /// The entries so far, and the name of the one whose value is being read.
+    Object(Vec<(Cow<'a, str>, Node<'a>)>, Cow<'a, str>),
+}
+
 impl<'a> Parser<'a> {
-    fn document(&mut self) -> Option<Node<'a>> {
-        let value = self.value(0)?;
+    /// The body's one value. Arrays and objects being read are kept on a stack of
+    /// their own, not the thread's, so that depth costs heap, up to [`MAX_JSON_DEPTH`].
+    fn document(&mut self) -> Result<Node<'a>, UnreadableJson> {
+        let mut open: Vec<Open<'a>> = Vec::new();
+        'value: loop {
+            self.skip_whitespace();
+            let mut node = match self.peek() {
+                Some(b'[' | b'{') if open.len() >= MAX_JSON_DEPTH => {
+                    return Err(UnreadableJson::TooDeep { at: self.pos });
+                }
+                Some(b'[') => {
+                    self.pos += 1;
+                    self.skip_whitespace();
+                    if self.peek() != Some(b']') {
+                        open.push(Open::Array(Vec::new()));
+                        continue 'value;
+                    }
+                    self.pos += 1;
+                    Node::Array(Vec::new())
+                }
+                Some(b'{') => {
+                    self.pos += 1;
+                    self.skip_whitespace();
+                    if self.peek() != Some(b'}') {
+                        let name = self.member_name()?;
+                        open.push(Open::Object(Vec::new(), name));
+                        continue 'value;
+                    }
+                    self.pos += 1;
+                    Node::Object(Vec::new())
+                }
+                _ => self.scalar()?,
+            };
+            // A whole value: it goes into the innermost open array or object, which
+            // may end with it, and so on outwards.
+            loop {
+                self.skip_whitespace();
+                let closed = match open.last_mut() {
+                    None if self.pos == self.src.len() => return Ok(node),
+                    None => return Err(self.syntax()),
+                    Some(Open::Array(items)) => {
+                        items.push(node);
+                        match self.peek() {
+                            Some(b',') => {
+                                self.pos += 1;
+                                continue 'value;
+                            }
+                            Some(b']') => b']',
+                            _ => return Err(self.syntax()),
+                        }
+                    }
+                    Some(Open::Object(entries, name)) => {
+                        entries.push((std::mem::take(name), node));
+                        match self.peek() {
+                            Some(b',') => {
+                                self.pos += 1;
+                                self.skip_whitespace();
+                                *name = self.member_name()?;
+                                continue 'value;
+                            }
+                            Some(b'}') => b'}',
+                            _ => return Err(self.syntax()),
+                        }
+                    }
+                };
+                self.pos += 1;
+                node = match (open.pop(), closed) {
+                    (Some(Open::Array(items)), b']') => Node::Array(items),
+                    (Some(Open::Object(entries, _)), b'}') => self.object(entries),
+                    _ => unreachable!("closed by the bracket it opened with"),
+                };
+            }
+        }
+    }
+
+    /// An object whose entries are all read: sorted by the names' UTF-8 bytes, the
+    /// canonical order (stably, so a repeated name keeps its entries in the body's
+    /// order, and they end up side by side).
+    fn object(&mut self, mut entries: Vec<(Cow<'a, str>, Node<'a>)>) -> Node<'a> {
+        entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        if self.duplicate.is_none()
+            && let Some(pair) = entries.windows(2).find(|w| w[0].0 == w[1].0)
+        {
+            self.duplicate = Some(pair[0].0.clone());
+        }
+        Node::Object(entries)
+    }
+
+    /// A member's name and the `:` after it, whitespace skipped before.
+    fn member_name(&mut self) -> Result<Cow<'a, str>, UnreadableJson> {
+        if self.peek() != Some(b'"') {
+            return Err(self.syntax());
+        }
+        let name = self.string()?;
         self.skip_whitespace();
-        (self.pos == self.src.len()).then_some(value)
+        if self.peek() != Some(b':') {
+            return Err(self.syntax());
+        }
+        self.pos += 1;
+        Ok(name)
+    }
+
+    /// A value that is no array or object.
+    fn scalar(&mut self) -> Result<Node<'a>, UnreadableJson> {
+        match self.peek() {
+            Some(b'n') => self.literal(b"null", Node::Null),
+            Some(b't') => self.literal(b"true", Node::Bool(true)),
+            Some(b'f') => self.literal(b"false", Node::Bool(false)),
+            Some(b'"') => self.string().map(Node::String),
+            Some(b'-' | b'0'..=b'9') => self.number().map(Node::Number),
+            _ => Err(self.syntax()),
+        }
+    }
+
+    fn syntax(&self) -> UnreadableJson {
+        UnreadableJson::Syntax { at: self.pos }
     }
 
     fn skip_whitespace(&mut self) {
@@ -123,193 +275,127 @@ impl<'a> Parser<'a> {
         self.src.get(self.pos).copied()
     }
 
-    fn literal(&mut self, word: &[u8], node: Node<'a>) -> Option<Node<'a>> {
+    fn literal(&mut self, word: &[u8], node: Node<'a>) -> Result<Node<'a>, UnreadableJson> {
         let end = self.pos + word.len();
-        (self.src.get(self.pos..end) == Some(word)).then(|| {
-            self.pos = end;
-            node
+        if self.src.get(self.pos..end) != Some(word) {
+            return Err(self.syntax());
+        }
+        self.pos = end;
+        Ok(node)
+    }
+
+    /// `src[start..end]` as UTF-8.
+    fn utf8(&self, start: usize, end: usize) -> Result<&'a str, UnreadableJson> {
+        std::str::from_utf8(&self.src[start..end]).map_err(|e| UnreadableJson::InvalidUtf8 {
+            at: start + e.valid_up_to(),
         })
     }
 
-    /// `depth` is how many arrays and objects enclose the value.
-    fn value(&mut self, depth: usize) -> Option<Node<'a>> {
-        self.skip_whitespace();
-        match self.peek()? {
-            b'n' => self.literal(b"null", Node::Null),
-            b't' => self.literal(b"true", Node::Bool(true)),
-            b'f' => self.literal(b"false", Node::Bool(false)),
-            b'"' => self.string().map(Node::String),
-            b'-' | b'0'..=b'9' => self.number().map(Node::Number),
-            b'[' if depth < MAX_DEPTH => self.array(depth + 1),
-            b'{' if depth < MAX_DEPTH => self.object(depth + 1),
-            _ => None,
-        }
-    }
-
-    fn array(&mut self, depth: usize) -> Option<Node<'a>> {
-        self.pos += 1; // [
-        let mut items = Vec::new();
-        self.skip_whitespace();
-        if self.peek() == Some(b']') {
-            self.pos += 1;
-            return Some(Node::Array(items));
-        }
-        loop {
-            items.push(self.value(depth)?);
-            self.skip_whitespace();
-            match self.peek()? {
-                b',' => self.pos += 1,
-                b']' => {
-                    self.pos += 1;
-                    return Some(Node::Array(items));
-                }
-                _ => return None,
-            }
-        }
-    }
-
-    fn object(&mut self, depth: usize) -> Option<Node<'a>> {
-        self.pos += 1; // {
-        let mut entries = Vec::new();
-        self.skip_whitespace();
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
-            return Some(Node::Object(entries));
-        }
-        loop {
-            self.skip_whitespace();
-            if self.peek()? != b'"' {
-                return None;
-            }
-            let key = self.string()?;
-            self.skip_whitespace();
-            if self.peek()? != b':' {
-                return None;
-            }
-            self.pos += 1;
-            entries.push((key, self.value(depth)?));
-            self.skip_whitespace();
-            match self.peek()? {
-                b',' => self.pos += 1,
-                b'}' => {
-                    self.pos += 1;
-                    // By the names' UTF-8 bytes, the canonical order; stable, so a
-                    // repeated name keeps its entries in the body's order, and they
-                    // end up side by side.
-                    entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-                    if self.duplicate.is_none()
-                        && let Some(pair) = entries.windows(2).find(|w| w[0].0 == w[1].0)
-                    {
-                        self.duplicate = Some(pair[0].0.clone());
-                    }
-                    return Some(Node::Object(entries));
-                }
-                _ => return None,
-            }
-        }
-    }
-
     /// A string starting at its opening quote, decoded. Borrowed unless it has escapes.
-    fn string(&mut self) -> Option<Cow<'a, str>> {
+    fn string(&mut self) -> Result<Cow<'a, str>, UnreadableJson> {
         self.pos += 1; // "
         let start = self.pos;
         // The common case: no escape before the closing quote.
         loop {
-            match *self.src.get(self.pos)? {
-                b'"' => {
-                    let s = std::str::from_utf8(&self.src[start..self.pos]).ok()?;
+            match self.peek() {
+                Some(b'"') => {
+                    let s = self.utf8(start, self.pos)?;
                     self.pos += 1;
-                    return Some(Cow::Borrowed(s));
+                    return Ok(Cow::Borrowed(s));
                 }
-                b'\\' => break,
-                0x00..=0x1f => return None,
-                _ => self.pos += 1,
+                Some(b'\\') => break,
+                Some(0x00..=0x1f) | None => return Err(self.syntax()),
+                Some(_) => self.pos += 1,
             }
         }
         let mut decoded = String::with_capacity(self.pos - start + 16);
-        decoded.push_str(std::str::from_utf8(&self.src[start..self.pos]).ok()?);
+        decoded.push_str(self.utf8(start, self.pos)?);
         let mut run = self.pos;
         loop {
-            match *self.src.get(self.pos)? {
-                b'"' => {
-                    decoded.push_str(std::str::from_utf8(&self.src[run..self.pos]).ok()?);
+            match self.peek() {
+                Some(b'"') => {
+                    decoded.push_str(self.utf8(run, self.pos)?);
                     self.pos += 1;
-                    return Some(Cow::Owned(decoded));
+                    return Ok(Cow::Owned(decoded));
                 }
-                b'\\' => {
-                    decoded.push_str(std::str::from_utf8(&self.src[run..self.pos]).ok()?);
+                Some(b'\\') => {
+                    decoded.push_str(self.utf8(run, self.pos)?);
                     decoded.push(self.escape()?);
                     run = self.pos;
                 }
-                0x00..=0x1f => return None,
-                _ => self.pos += 1,
+                Some(0x00..=0x1f) | None => return Err(self.syntax()),
+                Some(_) => self.pos += 1,
             }
         }
     }
 
     /// The character of the escape whose backslash is at `pos`; `pos` ends after it.
-    fn escape(&mut self) -> Option<char> {
-        let c = match *self.src.get(self.pos + 1)? {
-            b'"' => '"',
-            b'\\' => '\\',
-            b'/' => '/',
-            b'b' => '\u{8}',
-            b'f' => '\u{c}',
-            b'n' => '\n',
-            b'r' => '\r',
-            b't' => '\t',
-            b'u' => {
-                self.pos += 2;
-                return self.unicode_escape();
-            }
-            _ => return None,
+    fn escape(&mut self) -> Result<char, UnreadableJson> {
+        let c = match self.src.get(self.pos + 1) {
+            Some(b'"') => '"',
+            Some(b'\\') => '\\',
+            Some(b'/') => '/',
+            Some(b'b') => '\u{8}',
+            Some(b'f') => '\u{c}',
+            Some(b'n') => '\n',
+            Some(b'r') => '\r',
+            Some(b't') => '\t',
+            Some(b'u') => return self.unicode_escape(),
+            _ => return Err(UnreadableJson::Syntax { at: self.pos + 1 }),
         };
         self.pos += 2;
-        Some(c)
+        Ok(c)
     }
 
-    /// The code point of a `\u` escape whose four digits start at `pos` (a surrogate
-    /// pair takes a second escape); `pos` ends after the digits.
-    fn unicode_escape(&mut self) -> Option<char> {
+    /// The code point of the `\u` escape whose backslash is at `pos` (a surrogate pair
+    /// takes a second escape); `pos` ends after its digits.
+    fn unicode_escape(&mut self) -> Result<char, UnreadableJson> {
+        let backslash = self.pos;
+        let lone = UnreadableJson::LoneSurrogate { at: backslash };
+        self.pos += 2;
         let first = self.hex4()?;
         let code = match first {
             0xd800..=0xdbff => {
-                if self.src.get(self.pos..self.pos + 2)? != b"\\u" {
-                    return None;
+                if self.src.get(self.pos..self.pos + 2) != Some(&b"\\u"[..]) {
+                    return Err(lone);
                 }
                 self.pos += 2;
                 let second = self.hex4()?;
                 if !(0xdc00..=0xdfff).contains(&second) {
-                    return None;
+                    return Err(lone);
                 }
                 0x10000 + ((first - 0xd800) << 10) + (second - 0xdc00)
             }
-            0xdc00..=0xdfff => return None,
+            0xdc00..=0xdfff => return Err(lone),
             _ => first,
         };
-        char::from_u32(code)
+        char::from_u32(code).ok_or(lone)
     }
 
-    fn hex4(&mut self) -> Option<u32> {
-        let digits = self.src.get(self.pos..self.pos + 4)?;
+    fn hex4(&mut self) -> Result<u32, UnreadableJson> {
         let mut code = 0;
-        for &d in digits {
-            code = code * 16 + char::from(d).to_digit(16)?;
+        for i in 0..4 {
+            let digit = self
+                .src
+                .get(self.pos + i)
+                .and_then(|&d| char::from(d).to_digit(16))
+                .ok_or(UnreadableJson::Syntax { at: self.pos + i })?;
+            code = code * 16 + digit;
         }
         self.pos += 4;
-        Some(code)
+        Ok(code)
     }
 
     /// A number's text: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
-    fn number(&mut self) -> Option<&'a [u8]> {
+    fn number(&mut self) -> Result<&'a [u8], UnreadableJson> {
         let start = self.pos;
         if self.peek() == Some(b'-') {
             self.pos += 1;
         }
-        match self.peek()? {
-            b'0' => self.pos += 1,
-            b'1'..=b'9' => self.digits(),
-            _ => return None,
+        match self.peek() {
+            Some(b'0') => self.pos += 1,
+            Some(b'1'..=b'9') => self.digits(),
+            _ => return Err(self.syntax()),
         }
         if self.peek() == Some(b'.') {
             self.pos += 1;
@@ -327,10 +413,10 @@ impl<'a> Parser<'a> {
                 .skip_while(|&&d| d == b'0')
                 .count();
             if significant > MAX_EXPONENT_DIGITS {
-                return None;
+                return Err(UnreadableJson::LongExponent { at: start });
             }
         }
-        Some(&self.src[start..self.pos])
+        Ok(&self.src[start..self.pos])
     }
 
     fn digits(&mut self) {
@@ -339,10 +425,13 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn at_least_one_digit(&mut self) -> Option<()> {
+    fn at_least_one_digit(&mut self) -> Result<(), UnreadableJson> {
         let start = self.pos;
         self.digits();
-        (self.pos > start).then_some(())
+        if self.pos == start {
+            return Err(self.syntax());
+        }
+        Ok(())
     }
 }
 
@@ -371,34 +460,54 @@ fn remove_pointer(node: &mut Node<'_>, pointer: &[String]) {
     }
 }
 
-fn write(node: &Node<'_>, out: &mut Vec<u8>) {
-    match node {
-        Node::Null => out.extend_from_slice(b"null"),
-        Node::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
-        Node::Number(text) => write_number(text, out),
-        Node::String(s) => write_string(s, out),
-        Node::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write(item, out);
+/// Writes `root` in the canonical form, with a stack of its own (see [`Node`]'s drop).
+fn write(root: &Node<'_>, out: &mut Vec<u8>) {
+    /// What is left to write, last first.
+    enum Step<'n, 'a> {
+        Value(&'n Node<'a>),
+        Member(&'n str, &'n Node<'a>),
+        Byte(u8),
+    }
+    let mut todo = vec![Step::Value(root)];
+    while let Some(step) = todo.pop() {
+        let node = match step {
+            Step::Byte(b) => {
+                out.push(b);
+                continue;
             }
-            out.push(b']');
-        }
-        Node::Object(entries) => {
-            // Sorted by the parser already (and left so by ignored pointers' removal).
-            out.push(b'{');
-            for (i, (k, v)) in entries.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_string(k, out);
+            Step::Member(name, value) => {
+                write_string(name, out);
                 out.push(b':');
-                write(v, out);
+                value
             }
-            out.push(b'}');
+            Step::Value(value) => value,
+        };
+        match node {
+            Node::Null => out.extend_from_slice(b"null"),
+            Node::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+            Node::Number(text) => write_number(text, out),
+            Node::String(s) => write_string(s, out),
+            Node::Array(items) => {
+                out.push(b'[');
+                todo.push(Step::Byte(b']'));
+                for (i, item) in items.iter().enumerate().rev() {
+                    todo.push(Step::Value(item));
+                    if i > 0 {
+                        todo.push(Step::Byte(b','));
+                    }
+                }
+            }
+            Node::Object(entries) => {
+                // Sorted by the parser already (and left so by ignored pointers' removal).
+                out.push(b'{');
+                todo.push(Step::Byte(b'}'));
+                for (i, (k, v)) in entries.iter().enumerate().rev() {
+                    todo.push(Step::Member(k, v));
+                    if i > 0 {
+                        todo.push(Step::Byte(b','));
+                    }
+                }
+            }
         }
     }
 }

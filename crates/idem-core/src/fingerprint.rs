@@ -5,6 +5,7 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
+use crate::json::{UnreadableJson, is_blank};
 use crate::multipart;
 
 /// The default limit on a buffered request body: 1 MiB (SPEC S4).
@@ -34,6 +35,14 @@ impl FingerprintOptions {
     /// Whether any pointer is ignored.
     pub fn ignores_anything(&self) -> bool {
         !self.ignored.is_empty()
+    }
+
+    /// Whether these options read a JSON body's fields (they ignore a pointer, or
+    /// compare by JCS): then [`Fingerprint::compute_checked`] refuses a JSON body it
+    /// cannot read rather than hashing its bytes, which would leave out nothing and
+    /// compare by nothing that was asked for.
+    pub fn reads_fields(&self) -> bool {
+        self.jcs || self.ignores_anything()
     }
 
     /// Compares JSON bodies by their RFC 8785 (JCS) canonical form, as a protocol that
@@ -69,6 +78,19 @@ impl DuplicateMember {
     }
 }
 
+/// Why [`Fingerprint::compute_checked`] refuses a JSON body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RefusedJson {
+    /// It names a member twice in one object.
+    #[error(transparent)]
+    DuplicateMember(#[from] DuplicateMember),
+    /// It cannot be read as JSON, where the options read its fields
+    /// ([`FingerprintOptions::reads_fields`]).
+    #[error("the JSON body cannot be read: {0}")]
+    Unreadable(#[from] UnreadableJson),
+}
+
 /// A JSON pointer that is not of RFC 6901's form.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid JSON pointer {pointer:?}: {reason}")]
@@ -77,7 +99,7 @@ pub struct PointerError {
     reason: &'static str,
 }
 
-fn parse_pointer(pointer: &str) -> Result<Vec<String>, PointerError> {
+pub(crate) fn parse_pointer(pointer: &str) -> Result<Vec<String>, PointerError> {
     let err = |reason| PointerError {
         pointer: pointer.to_owned(),
         reason,
@@ -128,8 +150,11 @@ impl Fingerprint {
     /// compares a retry's parameters. A `multipart/*` body is
     /// hashed as its parts (each one's headers and content, as sent) without the
     /// boundary, which clients choose at random for every attempt. Any other body, and
-    /// JSON, form or multipart that does not parse (JSON nested deeper than 127
-    /// levels, a form with a stray `%`), is hashed as raw bytes.
+    /// form or multipart that does not parse (a form with a stray `%`), is hashed as raw
+    /// bytes; so is JSON that idem does not read (see [`UnreadableJson`]: nesting past
+    /// [`MAX_JSON_DEPTH`](crate::MAX_JSON_DEPTH), a lone surrogate escape, a byte that is
+    /// not UTF-8), and a blank body. [`Fingerprint::compute_checked`] refuses such JSON
+    /// instead where the options read its fields.
     ///
     /// ```
     /// use idem_core::{Fingerprint, FingerprintOptions};
@@ -147,26 +172,46 @@ impl Fingerprint {
         body: &[u8],
         options: &FingerprintOptions,
     ) -> Fingerprint {
-        Fingerprint::hash(method, endpoint, content_type, body, options).0
+        match Fingerprint::hash(method, endpoint, content_type, body, options, false) {
+            Ok((fingerprint, _)) => fingerprint,
+            Err(_) => unreachable!("a body idem cannot read is hashed as raw bytes"),
+        }
     }
 
-    /// [`Fingerprint::compute`], telling as well whether a JSON body names a member
-    /// twice in one object (`{"amount":100,"amount":1}`, at any depth, names compared
-    /// after unescaping): `Err` with the repeated name. RFC 7493
-    /// (I-JSON) forbids such a text because parsers disagree on which member counts,
-    /// so a service may act on another payload than the one fingerprinted; a caller
-    /// that forwards the body refuses it. The body is parsed once for both.
+    /// [`Fingerprint::compute`], refusing a JSON body that a service may read otherwise
+    /// than the fingerprint did. A caller that forwards the body refuses it too:
+    ///
+    /// - [`RefusedJson::DuplicateMember`]: the body names a member twice in one object
+    ///   (`{"amount":100,"amount":1}`, at any depth, names compared after unescaping).
+    ///   RFC 7493 (I-JSON) forbids such a text because parsers disagree on which member
+    ///   counts, so a service may act on another payload than the one fingerprinted.
+    /// - [`RefusedJson::Unreadable`]: the options read the body's fields
+    ///   ([`FingerprintOptions::reads_fields`]: an ignored pointer, JCS) and idem cannot
+    ///   read it as JSON. Its bytes would be hashed with nothing left out, so a retry
+    ///   that changes an ignored field would be another request, while a service whose
+    ///   parser reads the body acts on it. A blank body is hashed as its bytes: it has
+    ///   no field to leave out. With options that read no field, such a body is hashed
+    ///   as raw bytes, as [`Fingerprint::compute`] does.
+    ///
+    /// The body is parsed once for all of it.
     ///
     /// ```
-    /// use idem_core::{Fingerprint, FingerprintOptions};
+    /// use idem_core::{Fingerprint, FingerprintOptions, RefusedJson, UnreadableJson};
     /// let opts = FingerprintOptions::default();
     /// let json = Some("application/json");
-    /// let twice = br#"{"amount": 100, "amount": 1}"#;
-    /// let repeated = Fingerprint::compute_checked("POST", "POST /v1/charges", json,
-    ///     twice, &opts).unwrap_err();
+    /// let check = |body: &[u8], opts: &FingerprintOptions| {
+    ///     Fingerprint::compute_checked("POST", "POST /v1/charges", json, body, opts)
+    /// };
+    /// let Err(RefusedJson::DuplicateMember(repeated)) =
+    ///     check(br#"{"amount": 100, "amount": 1}"#, &opts) else { panic!() };
     /// assert_eq!(repeated.name(), "amount");
-    /// assert!(Fingerprint::compute_checked("POST", "POST /v1/charges", json,
-    ///     br#"{"amount": 100}"#, &opts).is_ok());
+    /// assert!(check(br#"{"amount": 100}"#, &opts).is_ok());
+    /// // Where a pointer is left out, a body idem cannot read is refused, not hashed.
+    /// let lone = br#"{"sent_at": 1, "note": "\ud800"}"#;
+    /// let ignoring = opts.clone().ignore_pointer("/sent_at").unwrap();
+    /// assert_eq!(check(lone, &ignoring),
+    ///     Err(RefusedJson::Unreadable(UnreadableJson::LoneSurrogate { at: 24 })));
+    /// assert!(check(lone, &opts).is_ok());
     /// ```
     pub fn compute_checked(
         method: &str,
@@ -174,21 +219,24 @@ impl Fingerprint {
         content_type: Option<&str>,
         body: &[u8],
         options: &FingerprintOptions,
-    ) -> Result<Fingerprint, DuplicateMember> {
-        match Fingerprint::hash(method, endpoint, content_type, body, options) {
+    ) -> Result<Fingerprint, RefusedJson> {
+        let refuse = options.reads_fields();
+        match Fingerprint::hash(method, endpoint, content_type, body, options, refuse)? {
             (fingerprint, None) => Ok(fingerprint),
-            (_, Some(name)) => Err(DuplicateMember { name }),
+            (_, Some(name)) => Err(DuplicateMember { name }.into()),
         }
     }
 
-    /// The fingerprint, and the name a JSON body repeats within an object.
+    /// The fingerprint, and the name a JSON body repeats within an object; a JSON body
+    /// idem cannot read is hashed as raw bytes, or with `refuse`, `Err`.
     fn hash(
         method: &str,
         endpoint: &str,
         content_type: Option<&str>,
         body: &[u8],
         options: &FingerprintOptions,
-    ) -> (Fingerprint, Option<String>) {
+        refuse: bool,
+    ) -> Result<(Fingerprint, Option<String>), UnreadableJson> {
         let mut h = Sha256::new();
         for part in [method.as_bytes(), endpoint.as_bytes()] {
             h.update((part.len() as u64).to_be_bytes());
@@ -197,14 +245,21 @@ impl Fingerprint {
         let essence = content_type.map(essence).unwrap_or_default();
         let mut canonical = Vec::new();
         let mut duplicate = None;
-        let json = is_json(&essence) && {
+        let json = is_json(&essence) && !is_blank(body) && {
             canonical.reserve(body.len());
             let read = if options.jcs {
                 crate::jcs::canonicalize(body, &options.ignored, &mut canonical)
             } else {
                 crate::canonical::canonicalize(body, &options.ignored, &mut canonical)
             };
-            read.map(|found| duplicate = found).is_some()
+            match read {
+                Ok(found) => {
+                    duplicate = found;
+                    true
+                }
+                Err(e) if refuse => return Err(e),
+                Err(_) => false,
+            }
         };
         let parts = || {
             let boundary = multipart::boundary(content_type?)?;
@@ -241,7 +296,7 @@ impl Fingerprint {
             h.update(b"raw");
             h.update(body);
         }
-        (Fingerprint(h.finalize().into()), duplicate)
+        Ok((Fingerprint(h.finalize().into()), duplicate))
     }
 
     /// The digest's bytes.

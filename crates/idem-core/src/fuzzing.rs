@@ -8,13 +8,15 @@
 use crate::FingerprintOptions;
 
 /// The canonical form of a JSON body that [`Fingerprint::compute`] hashes, with the
-/// pointers `options` ignores left out; `None` when the body is not JSON (and is hashed
-/// as raw bytes).
+/// pointers `options` ignores left out; `None` when the body is not JSON idem reads
+/// (see [`UnreadableJson`](crate::UnreadableJson)).
 ///
 /// [`Fingerprint::compute`]: crate::Fingerprint::compute
 pub fn canonical_json(body: &[u8], options: &FingerprintOptions) -> Option<Vec<u8>> {
     let mut out = Vec::new();
-    crate::canonical::canonicalize(body, &options.ignored, &mut out).map(|_| out)
+    crate::canonical::canonicalize(body, &options.ignored, &mut out)
+        .ok()
+        .map(|_| out)
 }
 
 /// The boundary a `multipart/*` content type names, as the fingerprint reads it.

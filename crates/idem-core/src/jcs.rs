@@ -8,78 +8,99 @@
 use std::borrow::Cow;
 
 use crate::canonical::{Document, Node, parse};
+use crate::json::UnreadableJson;
 
 /// Appends the JCS form of `body` to `out`, leaving out the values at the `ignored`
 /// pointers. Returns the name repeated within an object, as
-/// [`canonical::canonicalize`](crate::canonical::canonicalize) does, or `None`, with
-/// `out` unchanged, when `body` is not JSON or holds a number beyond a double's range
-/// (JCS has no spelling for it).
+/// [`canonical::canonicalize`](crate::canonical::canonicalize) does, or why `body` is
+/// not JSON idem reads or holds a number beyond a double's range (JCS has no spelling
+/// for it), with `out` unchanged.
 pub(crate) fn canonicalize(
     body: &[u8],
     ignored: &[Vec<String>],
     out: &mut Vec<u8>,
-) -> Option<Option<String>> {
+) -> Result<Option<String>, UnreadableJson> {
     let Document {
         mut root,
         duplicate,
     } = parse(body, ignored)?;
     let start = out.len();
-    if write(&mut root, out) {
-        Some(duplicate.map(Cow::into_owned))
-    } else {
-        out.truncate(start);
-        None
+    match write(body, &mut root, out) {
+        Ok(()) => Ok(duplicate.map(Cow::into_owned)),
+        Err(e) => {
+            out.truncate(start);
+            Err(e)
+        }
     }
 }
 
-fn write(node: &mut Node<'_>, out: &mut Vec<u8>) -> bool {
-    match node {
-        Node::Null => out.extend_from_slice(b"null"),
-        Node::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
-        Node::Number(text) => {
-            // The text is checked against JSON's grammar; Rust's parse rounds it to
-            // the nearest double, as ECMAScript's does.
-            let Some(value) = std::str::from_utf8(text)
-                .ok()
-                .and_then(|t| t.parse::<f64>().ok())
-                .filter(|v| v.is_finite())
-            else {
-                return false;
-            };
-            write_number(value, out);
-        }
-        Node::String(s) => write_string(s, out),
-        Node::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter_mut().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                if !write(item, out) {
-                    return false;
-                }
+/// Writes `root`, parsed from `body`, in JCS's form, with a stack of its own (the tree
+/// may be [`MAX_JSON_DEPTH`](crate::MAX_JSON_DEPTH) deep).
+fn write(body: &[u8], root: &mut Node<'_>, out: &mut Vec<u8>) -> Result<(), UnreadableJson> {
+    /// What is left to write, last first.
+    enum Step<'n, 'a> {
+        Value(&'n mut Node<'a>),
+        Member(&'n str, &'n mut Node<'a>),
+        Byte(u8),
+    }
+    let mut todo = vec![Step::Value(root)];
+    while let Some(step) = todo.pop() {
+        let node = match step {
+            Step::Byte(b) => {
+                out.push(b);
+                continue;
             }
-            out.push(b']');
-        }
-        Node::Object(entries) => {
-            // By UTF-16 code units (RFC 8785 §3.2.3); stable, so repeated names (which
-            // I-JSON forbids) keep the body's order.
-            entries.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
-            out.push(b'{');
-            for (i, (k, v)) in entries.iter_mut().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_string(k, out);
+            Step::Member(name, value) => {
+                write_string(name, out);
                 out.push(b':');
-                if !write(v, out) {
-                    return false;
+                value
+            }
+            Step::Value(value) => value,
+        };
+        match node {
+            Node::Null => out.extend_from_slice(b"null"),
+            Node::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+            Node::Number(text) => {
+                // The text is checked against JSON's grammar; Rust's parse rounds it to
+                // the nearest double, as ECMAScript's does.
+                let Some(value) = std::str::from_utf8(text)
+                    .ok()
+                    .and_then(|t| t.parse::<f64>().ok())
+                    .filter(|v| v.is_finite())
+                else {
+                    // The text lies in the body: its offset is how far in it starts.
+                    let at = (text.as_ptr() as usize).saturating_sub(body.as_ptr() as usize);
+                    return Err(UnreadableJson::BeyondDouble { at });
+                };
+                write_number(value, out);
+            }
+            Node::String(s) => write_string(s, out),
+            Node::Array(items) => {
+                out.push(b'[');
+                todo.push(Step::Byte(b']'));
+                for (i, item) in items.iter_mut().enumerate().rev() {
+                    todo.push(Step::Value(item));
+                    if i > 0 {
+                        todo.push(Step::Byte(b','));
+                    }
                 }
             }
-            out.push(b'}');
+            Node::Object(entries) => {
+                // By UTF-16 code units (RFC 8785 §3.2.3); stable, so repeated names
+                // (which I-JSON forbids) keep the body's order.
+                entries.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+                out.push(b'{');
+                todo.push(Step::Byte(b'}'));
+                for (i, (k, v)) in entries.iter_mut().enumerate().rev() {
+                    todo.push(Step::Member(k, v));
+                    if i > 0 {
+                        todo.push(Step::Byte(b','));
+                    }
+                }
+            }
         }
     }
-    true
+    Ok(())
 }
 
 /// A string as ECMAScript's `JSON.stringify` writes it (RFC 8785 §3.2.2.2): `"` and `\`
@@ -185,7 +206,7 @@ mod tests {
     fn jcs(body: &str) -> String {
         let mut out = Vec::new();
         assert!(
-            canonicalize(body.as_bytes(), &[], &mut out).is_some(),
+            canonicalize(body.as_bytes(), &[], &mut out).is_ok(),
             "{body}"
         );
         String::from_utf8(out).unwrap()
@@ -268,16 +289,22 @@ mod tests {
     #[test]
     fn numbers_beyond_a_double_are_no_jcs_and_the_output_is_left_as_it_was() {
         let mut out = b"kept".to_vec();
-        assert!(canonicalize(b"[1, 1e400]", &[], &mut out).is_none());
+        assert_eq!(
+            canonicalize(b"[1, 1e400]", &[], &mut out),
+            Err(UnreadableJson::BeyondDouble { at: 4 })
+        );
         assert_eq!(out, b"kept");
-        assert!(canonicalize(b"not json", &[], &mut out).is_none());
+        assert_eq!(
+            canonicalize(b"not json", &[], &mut out),
+            Err(UnreadableJson::Syntax { at: 0 })
+        );
     }
 
     #[test]
     fn ignored_pointers_are_left_out() {
         let mut out = Vec::new();
         let ignored = vec![vec!["sent_at".to_owned()]];
-        assert!(canonicalize(br#"{"b":1,"sent_at":"x","a":2}"#, &ignored, &mut out).is_some());
+        assert!(canonicalize(br#"{"b":1,"sent_at":"x","a":2}"#, &ignored, &mut out).is_ok());
         assert_eq!(out, br#"{"a":2,"b":1}"#);
     }
 

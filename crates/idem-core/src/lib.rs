@@ -70,6 +70,7 @@ mod form;
 #[doc(hidden)]
 pub mod fuzzing;
 mod jcs;
+mod json;
 mod key;
 mod list;
 mod memory;
@@ -102,7 +103,11 @@ pub use decision::{Decision, Reservation, decide};
 pub use feed::{Backoff, ChangeFeed, FEED_FIRST_BACKOFF, FEED_MAX_BACKOFF, FeedSession};
 pub use fingerprint::{
     DEFAULT_BODY_LIMIT, DuplicateMember, Fingerprint, FingerprintOptions, PointerError,
-    is_json_content_type,
+    RefusedJson, is_json_content_type,
+};
+pub use json::{
+    MAX_EXPONENT_DIGITS, MAX_JSON_DEPTH, PointedValue, PointerLookup, UnreadableJson, is_blank,
+    value_at_pointer,
 };
 pub use key::{Key, KeyError, MAX_KEY_LEN};
 pub use list::{

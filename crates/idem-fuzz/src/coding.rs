@@ -130,12 +130,12 @@ fn encoded(headers: &HeaderMap, coding: &str, content: &[u8], limit: usize, bare
 }
 
 /// The fingerprint the layer takes of a JSON `POST` with `headers` and `body` (or the
-/// member it finds repeated, for which it refuses the request).
+/// JSON it refuses the request for).
 fn request_fingerprint(
     headers: &HeaderMap,
     body: &[u8],
     limit: usize,
-) -> Result<idem_core::Fingerprint, idem_core::DuplicateMember> {
+) -> Result<idem_core::Fingerprint, idem_core::RefusedJson> {
     let mut parts = head();
     parts.headers = headers.clone();
     parts

@@ -3,14 +3,9 @@
 //!
 //! [`RouteConfig::key_pointer`]: crate::RouteConfig::key_pointer
 
-use std::borrow::Cow;
-use std::cell::RefCell;
-use std::fmt;
-
 use bytes::Bytes;
 use http::{HeaderMap, header};
-use idem_core::Key;
-use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use idem_core::{Key, PointedValue, UnreadableJson};
 
 use crate::drain::drain_body;
 use crate::plan::PendingKey;
@@ -46,200 +41,56 @@ impl Default for BodyKey {
     }
 }
 
-/// The key at `pointer` in a JSON body, and a member name the body repeats within one
-/// object, found in one pass over it (no tree is built: only the value at `pointer`
-/// is kept). A body that is no JSON names no key and repeats nothing.
-pub(crate) fn key_in_body(headers: &HeaderMap, body: &[u8], pointer: &str) -> BodyKey {
+/// The key at `pointer` in a body (its content, once its codings are undone), and a
+/// member name the body repeats within one object, read as the fingerprint reads JSON
+/// ([`idem_core::value_at_pointer`]). A blank body names no key and repeats nothing. A
+/// body of a JSON media type that the layer cannot read is `Err` with why: the
+/// upstream's parser might read a key in it.
+///
+/// A body of another media type (or none) is read too, since some upstreams parse a
+/// body as JSON whatever its type (Go's `encoding/json` on the request body): one that
+/// is JSON names its key as a JSON one does, and only a name repeated on the pointer's
+/// way counts; one that is not names no key.
+pub(crate) fn key_in_body(
+    headers: &HeaderMap,
+    body: &[u8],
+    pointer: &str,
+) -> Result<BodyKey, UnreadableJson> {
     let json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(idem_core::is_json_content_type);
-    if !json {
-        return BodyKey::default();
-    }
-    // The pointer was checked when the route was configured (RFC 6901: `/a/b`).
-    let tokens: Vec<String> = pointer
-        .split('/')
-        .skip(1)
-        .map(|t| t.replace("~1", "/").replace("~0", "~"))
-        .collect();
-    let repeated = RefCell::new(None);
-    let seek = Seek {
-        path: Some(&tokens),
-        repeated: &repeated,
+    let found = match idem_core::value_at_pointer(body, pointer) {
+        Ok(found) => found,
+        Err(why) if json => return Err(why),
+        Err(_) => return Ok(BodyKey::default()),
     };
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let Ok(found) = seek
-        .deserialize(&mut de)
-        .and_then(|found| de.end().map(|()| found))
-    else {
-        return BodyKey::default();
-    };
-    let key = match found {
-        None | Some(Found::Null) => Ok(None),
-        Some(Found::String(s)) => Key::new(s)
+    let key = match found.value {
+        PointedValue::Missing | PointedValue::Null => Ok(None),
+        PointedValue::String(s) => Key::new(s)
             .map(Some)
             .map_err(|e| format!("the key at {pointer} in the body: {e}")),
-        Some(other) => Err(format!(
+        other => Err(format!(
             "the key at {pointer} in the body is no string but {}; send the key as a \
              string",
             match other {
-                Found::Bool => "a boolean",
-                Found::Number => "a number",
-                Found::Array => "an array",
+                PointedValue::Bool => "a boolean",
+                PointedValue::Number => "a number",
+                PointedValue::Array => "an array",
                 _ => "an object",
             }
         )),
     };
-    BodyKey {
-        key,
-        repeated: repeated.into_inner(),
-    }
-}
-
-/// The value at the pointer, as far as the key needs it.
-#[derive(Debug)]
-enum Found {
-    Null,
-    Bool,
-    Number,
-    String(String),
-    Array,
-    Object,
-}
-
-/// Reads one JSON value: `path` is what is left of the pointer when the value lies on
-/// it (empty: the value is the one the pointer names), `None` when it does not.
-#[derive(Clone, Copy)]
-struct Seek<'s> {
-    path: Option<&'s [String]>,
-    repeated: &'s RefCell<Option<Repeated>>,
-}
-
-impl Seek<'_> {
-    fn is_target(&self) -> bool {
-        self.path.is_some_and(<[String]>::is_empty)
-    }
-
-    /// The reading of a value inside this one, under the name or index `token`.
-    fn child(&self, matches: impl FnOnce(&str) -> bool) -> Self {
-        let path = match self.path {
-            Some([first, rest @ ..]) if matches(first) => Some(rest),
-            _ => None,
-        };
-        Seek { path, ..*self }
-    }
-
-    fn found(&self, found: Found) -> Option<Found> {
-        self.is_target().then_some(found)
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for Seek<'_> {
-    type Value = Option<Found>;
-
-    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
-        de.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Seek<'_> {
-    type Value = Option<Found>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(self.found(Found::Null))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(self.found(Found::Bool))
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(self.found(Found::Number))
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(self.found(Found::Number))
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(self.found(Found::Number))
-    }
-
-    fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
-        Ok(self.found(Found::String(s.to_owned())))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
-        let mut i = 0usize;
-        // An index as serde_json's pointers read one: digits, no sign, no leading 0.
-        let at = |i: usize| move |t: &str| t == i.to_string();
-        while let Some(item) = seq.next_element_seed(self.child(at(i)))? {
-            found = found.or(item);
-            i += 1;
-        }
-        Ok(self.found(Found::Array).or(found))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
-        let mut names: Vec<Cow<'de, str>> = Vec::new();
-        while let Some(name) = map.next_key_seed(Name)? {
-            let child = self.child(|t| t == name);
-            if let Some(value) = map.next_value_seed(child)? {
-                found = Some(value);
-            }
-            names.push(name);
-        }
-        // Sorted, a repeated name sits beside itself: one comparison per member.
-        names.sort_unstable();
-        let mut repeated = self.repeated.borrow_mut();
-        for pair in names.windows(2).filter(|w| w[0] == w[1]) {
-            let on_pointer = matches!(self.path, Some([first, ..]) if *first == pair[0]);
-            match &mut *repeated {
-                None => {
-                    *repeated = Some(Repeated {
-                        name: pair[0].clone().into_owned(),
-                        on_pointer,
-                    })
-                }
-                Some(r) => r.on_pointer |= on_pointer,
-            }
-        }
-        Ok(self.found(Found::Object).or(found))
-    }
-}
-
-/// A member name, borrowed from the body unless it has escapes.
-struct Name;
-
-impl<'de> DeserializeSeed<'de> for Name {
-    type Value = Cow<'de, str>;
-
-    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
-        de.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Name {
-    type Value = Cow<'de, str>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a member name")
-    }
-
-    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
-        Ok(Cow::Borrowed(s))
-    }
-
-    fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
-        Ok(Cow::Owned(s.to_owned()))
-    }
+    let repeated = found
+        .repeated
+        .map(|name| Repeated {
+            name,
+            on_pointer: found.repeated_on_pointer,
+        })
+        // Outside the key's way, such a body's members are not the layer's business:
+        // it is fingerprinted as its bytes.
+        .filter(|r| json || r.on_pointer);
+    Ok(BodyKey { key, repeated })
 }
 
 /// What a request on a route whose key may be in its body is, once its body is read.
@@ -247,18 +98,23 @@ pub(crate) enum Resolved {
     /// Keyed, by this key.
     Key(Key),
     /// Answered with this problem: no key where the route requires one, a key that is
-    /// no valid key or contradicts the header's, or a refusal the key brings on (a
-    /// tenant it must name).
+    /// no valid key or contradicts the header's, a JSON body the layer cannot read, or
+    /// a refusal the key brings on (a tenant it must name).
     Refused(Problem),
     /// No key anywhere, on a route that does not require one: passed through.
     Unkeyed,
 }
 
 impl PendingKey {
-    /// What the request whose `headers` and read `body` these are is.
+    /// What the request whose `headers` and read `body` (its content, codings undone)
+    /// these are is.
     pub(crate) fn resolve(self, headers: &HeaderMap, body: &[u8]) -> Resolved {
         let pointer = &*self.pointer;
-        let BodyKey { key, repeated } = key_in_body(headers, body, pointer);
+        let BodyKey { key, repeated } = match key_in_body(headers, body, pointer) {
+            Ok(found) => found,
+            // Whatever else the request carries: the upstream may read a key in it.
+            Err(why) => return Resolved::Refused(Problem::unreadable_json(&why)),
+        };
         // A body that repeats a member is refused when it is keyed under some reading
         // of it: by its header, by the key one reading finds, or where the pointer
         // passes through a repeated name (another parser may find another key, or
@@ -321,11 +177,11 @@ mod tests {
     }
 
     fn key_in_body(h: &HeaderMap, body: &[u8], pointer: &str) -> Result<Option<Key>, String> {
-        super::key_in_body(h, body, pointer).key
+        super::key_in_body(h, body, pointer).unwrap().key
     }
 
     #[test]
-    fn the_key_is_read_at_its_pointer_in_json_bodies_only() {
+    fn the_key_is_read_at_its_pointer() {
         let json = headers("application/json; charset=utf-8");
         let body = br#"{"idempotency_key": "k-1", "amount": 5}"#;
         let key = key_in_body(&json, body, "/idempotency_key")
@@ -333,12 +189,16 @@ mod tests {
             .unwrap();
         assert_eq!(key.as_str(), "k-1");
         assert_eq!(key_in_body(&json, body, "/other").unwrap(), None);
+        assert_eq!(key_in_body(&json, b"", "/idempotency_key").unwrap(), None);
         assert_eq!(
-            key_in_body(&json, b"not json", "/idempotency_key").unwrap(),
+            key_in_body(&json, b" \r\n", "/idempotency_key").unwrap(),
             None
         );
         let form = headers("application/x-www-form-urlencoded");
-        assert_eq!(key_in_body(&form, body, "/idempotency_key").unwrap(), None);
+        assert_eq!(
+            key_in_body(&form, b"idempotency_key=k-1", "/idempotency_key").unwrap(),
+            None
+        );
         let nested = br#"{"meta": {"key": "k-2"}}"#;
         let key = key_in_body(&headers("application/vnd.api+json"), nested, "/meta/key");
         assert_eq!(key.unwrap().unwrap().as_str(), "k-2");
@@ -350,13 +210,103 @@ mod tests {
         let key = key_in_body(&json, in_array, "/b~1c~0").unwrap().unwrap();
         assert_eq!(key.as_str(), "k-3");
         assert_eq!(key_in_body(&json, in_array, "/a/01/k").unwrap(), None);
-        assert_eq!(key_in_body(&json, b"{} {}", "/a").unwrap(), None);
+        let form = headers("text/plain");
+        assert_eq!(key_in_body(&form, b"not json", "/a").unwrap(), None);
+    }
+
+    /// An upstream that parses a body as JSON whatever its `Content-Type` reads the key
+    /// in a `text/plain` body: so does the layer, rather than pass it on unkeyed.
+    #[test]
+    fn a_key_in_json_sent_under_another_media_type_is_read() {
+        let body = br#"{"idempotency_key": "k-1", "a": 1, "a": 2}"#;
+        for content_type in ["text/plain", "application/octet-stream"] {
+            let found = super::key_in_body(&headers(content_type), body, "/idempotency_key");
+            let found = found.unwrap();
+            assert_eq!(found.key.unwrap().unwrap().as_str(), "k-1");
+            assert_eq!(found.repeated, None, "off the key's way: not looked at");
+        }
+        let found = super::key_in_body(&HeaderMap::new(), body, "/idempotency_key");
+        assert_eq!(found.unwrap().key.unwrap().unwrap().as_str(), "k-1");
+        let twice = br#"{"idempotency_key": "KA", "idempotency_key": "KB"}"#;
+        let found = super::key_in_body(&headers("text/plain"), twice, "/idempotency_key");
+        assert!(found.unwrap().repeated.unwrap().on_pointer);
+        // What is no JSON under another type is no body with a key, whatever its bytes.
+        let found = super::key_in_body(&headers("text/plain"), br#"{"k": "\ud800"}"#, "/k");
+        assert_eq!(found.unwrap().key, Ok(None));
+    }
+
+    /// Issue 61: a body that serde_json refused was read as naming no key, and passed
+    /// on unkeyed to an upstream whose parser read the key in it, on every retry.
+    #[test]
+    fn a_json_body_the_layer_cannot_read_is_an_error_not_a_body_without_a_key() {
+        let json = headers("application/json");
+        let why = |body: &[u8]| super::key_in_body(&json, body, "/k").unwrap_err();
+        assert_eq!(why(b"not json"), UnreadableJson::Syntax { at: 0 });
+        assert_eq!(why(b"{} {}"), UnreadableJson::Syntax { at: 3 });
+        assert_eq!(
+            why(br#"{"k": "K1", "note": "\ud800"}"#),
+            UnreadableJson::LoneSurrogate { at: 21 }
+        );
+        assert_eq!(
+            why(b"{\"k\": \"K1\", \"note\": \"caf\xe9\"}"),
+            UnreadableJson::InvalidUtf8 { at: 24 }
+        );
+        let deep = |levels: usize| {
+            let mut body = br#"{"k": "K1", "deep": "#.to_vec();
+            body.extend(std::iter::repeat_n(b'[', levels));
+            body.extend(std::iter::repeat_n(b']', levels));
+            body.push(b'}');
+            body
+        };
+        let max = idem_core::MAX_JSON_DEPTH;
+        assert_eq!(
+            why(&deep(max)),
+            UnreadableJson::TooDeep { at: 20 + max - 1 }
+        );
+        // Past serde_json's 128 levels, up to Go's 10000: read, and keyed.
+        for levels in [200, max - 1] {
+            let key = key_in_body(&json, &deep(levels), "/k").unwrap().unwrap();
+            assert_eq!(key.as_str(), "K1");
+        }
+        // Numbers past a double's range are read (the default form keeps them exactly).
+        let key = key_in_body(&json, br#"{"k": "K1", "n": 1e400}"#, "/k");
+        assert_eq!(key.unwrap().unwrap().as_str(), "K1");
+    }
+
+    #[test]
+    fn an_unreadable_body_is_refused_whatever_else_the_request_carries() {
+        let json = headers("application/json");
+        let pending = |header_key: Option<&str>| PendingKey {
+            header_key: header_key.map(|k| Key::new(k).unwrap()),
+            pointer: "/k".into(),
+            missing: None,
+            refusal: None,
+        };
+        for header_key in [None, Some("K1")] {
+            let body = br#"{"k": "K1", "note": "\udc00"}"#;
+            let Resolved::Refused(problem) = pending(header_key).resolve(&json, body) else {
+                panic!("refused");
+            };
+            assert_eq!(problem.kind(), ProblemKind::UnreadableJson);
+            assert_eq!(
+                problem.detail(),
+                "the JSON body cannot be read: the escape at byte 21 is half of a \
+                 surrogate pair without its other half; this route reads its key or its \
+                 fingerprint from the body, so a body idem cannot read is refused rather \
+                 than passed on unkeyed; nothing was reserved or forwarded"
+            );
+        }
+        // A blank body names no key: unkeyed, as before.
+        assert!(matches!(
+            pending(None).resolve(&json, b""),
+            Resolved::Unkeyed
+        ));
     }
 
     #[test]
     fn a_repeated_member_is_found_in_the_same_pass_and_said_whether_on_the_pointer() {
         let json = headers("application/json");
-        let read = |body: &str| super::key_in_body(&json, body.as_bytes(), "/meta/key");
+        let read = |body: &str| super::key_in_body(&json, body.as_bytes(), "/meta/key").unwrap();
         let repeated = |name: &str, on_pointer| {
             Some(Repeated {
                 name: name.to_owned(),

@@ -481,6 +481,11 @@ impl RouteConfig {
     /// A request on this route that carries no key header is read (up to the body
     /// limit) before the layer knows whether it is keyed; one whose body names no key
     /// then passes through, its body forwarded as read, unless the route requires a key.
+    /// A JSON body the layer cannot read ([`idem_core::UnreadableJson`]: not UTF-8, a
+    /// lone surrogate escape, nested past [`idem_core::MAX_JSON_DEPTH`]) is 400
+    /// `unreadable-json`, key header or not: the upstream's parser might read a key in
+    /// it. A compressed body's key is read in its content, and so is the key in a body
+    /// of another media type that is JSON (some upstreams parse JSON whatever the type).
     ///
     /// Returns an error when the pointer is not of RFC 6901's form.
     pub fn key_pointer(mut self, pointer: &str) -> Result<RouteConfig, PointerError> {

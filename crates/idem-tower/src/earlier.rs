@@ -41,7 +41,8 @@ pub(crate) async fn reserve_again<St: Store + ?Sized>(
                 .and_then(|r| r.fingerprint.as_ref())
                 .unwrap_or(&e.fingerprint);
             let path = route.as_ref().and_then(|r| r.fingerprint_path.as_deref());
-            // A body refused for a repeated member never gets this far.
+            // A body refused for a repeated member, or unreadable, never gets this far;
+            // under earlier rules that read its fields, it matches nothing.
             let fingerprint = crate::fingerprint::fingerprint(
                 parts,
                 method.as_str(),

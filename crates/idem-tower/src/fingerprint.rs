@@ -3,7 +3,7 @@
 
 use http::header;
 use http::request::Parts;
-use idem_core::{DuplicateMember, Fingerprint, FingerprintOptions};
+use idem_core::{Fingerprint, FingerprintOptions, RefusedJson};
 
 /// The request's fingerprint (SPEC S4) over `METHOD request-target`, `method` being
 /// the one the request is decided on (a method-override header's, where it must be;
@@ -16,8 +16,9 @@ use idem_core::{DuplicateMember, Fingerprint, FingerprintOptions};
 /// `limit` bytes of it (see [`coding`](crate::coding)).
 ///
 /// A JSON body that names a member twice in one object is `Err`: the layer refuses
-/// it, since the upstream's parser may read another member than the fingerprint did
-/// (see [`Fingerprint::compute_checked`], which finds it in the same parse).
+/// it, since the upstream's parser may read another member than the fingerprint did;
+/// so is one the layer cannot read where `options` read its fields (see
+/// [`Fingerprint::compute_checked`], which finds both in the same parse).
 pub(crate) fn fingerprint(
     parts: &Parts,
     method: &str,
@@ -25,7 +26,7 @@ pub(crate) fn fingerprint(
     body: &[u8],
     limit: usize,
     options: &FingerprintOptions,
-) -> Result<Fingerprint, DuplicateMember> {
+) -> Result<Fingerprint, RefusedJson> {
     let path = path.unwrap_or_else(|| parts.uri.path());
     let query = parts.uri.query();
     let mut request_target =

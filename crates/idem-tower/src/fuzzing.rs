@@ -6,7 +6,7 @@
 
 use http::HeaderMap;
 use http::request::Parts;
-use idem_core::{DuplicateMember, Fingerprint, FingerprintOptions};
+use idem_core::{Fingerprint, FingerprintOptions, RefusedJson};
 
 /// The content of `body` with the codings its `Content-Encoding` fields name undone, at
 /// most `limit` bytes of it; `None` when the layer fingerprints the body as sent.
@@ -15,13 +15,14 @@ pub fn decoded(headers: &HeaderMap, body: &[u8], limit: usize) -> Option<Vec<u8>
 }
 
 /// The fingerprint the layer takes of a request with head `parts` and (buffered) `body`,
-/// a compressed body's content read up to `limit` bytes; `Err` for a JSON body that
-/// names a member twice in one object, which the layer refuses.
+/// a compressed body's content read up to `limit` bytes; `Err` for a JSON body the
+/// layer refuses (a member named twice in one object; one it cannot read where
+/// `options` read its fields).
 pub fn fingerprint(
     parts: &Parts,
     body: &[u8],
     limit: usize,
     options: &FingerprintOptions,
-) -> Result<Fingerprint, DuplicateMember> {
+) -> Result<Fingerprint, RefusedJson> {
     crate::fingerprint::fingerprint(parts, parts.method.as_str(), None, body, limit, options)
 }

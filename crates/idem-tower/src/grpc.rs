@@ -252,7 +252,8 @@ impl ProblemKind {
             | ProblemKind::InvalidHost
             | ProblemKind::InvalidMethodOverride
             | ProblemKind::AmbiguousHeader
-            | ProblemKind::DuplicateJsonMember => INVALID_ARGUMENT,
+            | ProblemKind::DuplicateJsonMember
+            | ProblemKind::UnreadableJson => INVALID_ARGUMENT,
             // The client's own stream broke off; nothing was reserved.
             ProblemKind::BodyUnreadable => CANCELLED,
             ProblemKind::MissingTenant | ProblemKind::InvalidCredential => UNAUTHENTICATED,

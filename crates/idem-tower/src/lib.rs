@@ -216,6 +216,7 @@
 //! | 400    | `https://idem.dev/problems/invalid-method-override` | method-override headers that do not name one method; nothing reserved or forwarded |
 //! | 400    | `https://idem.dev/problems/ambiguous-header`    | a keyed request carries the key's or a tenant header's name spelt with `_` for `-`; nothing reserved or forwarded |
 //! | 400    | `https://idem.dev/problems/duplicate-json-member` | a keyed request's JSON body names a member twice in one object (RFC 7493), at any depth; nothing reserved or forwarded |
+//! | 400    | `https://idem.dev/problems/unreadable-json` | a keyed request's JSON body, on a route that reads its key or fingerprint's fields from it (key pointer, ignored pointers, JCS), is not JSON the layer reads (see [`idem_core::UnreadableJson`]); nothing reserved or forwarded |
 //! | 400    | `https://idem.dev/problems/invalid-path`        | the path cannot be normalised (the idem gateway's listener, SPEC S14); nothing reserved or forwarded |
 //! | 413    | `https://idem.dev/problems/body-too-large`      | body over the limit; nothing reserved |
 //! | 408    | `https://idem.dev/problems/body-timeout`        | body not in within the body timeout; nothing reserved |

@@ -61,6 +61,14 @@ pub enum ProblemKind {
     /// upstream could act on another payload than the one fingerprinted, or another
     /// key than the one read. Nothing was reserved or forwarded (SPEC S4).
     DuplicateJsonMember,
+    /// 400: a keyed request's JSON body, on a route that reads its key or its
+    /// fingerprint's fields from the body (a key pointer, ignored pointers, JCS), is
+    /// not JSON the layer reads ([`UnreadableJson`](idem_core::UnreadableJson): not
+    /// JSON's grammar, a byte that is not UTF-8, a lone surrogate escape, nesting past
+    /// [`MAX_JSON_DEPTH`](idem_core::MAX_JSON_DEPTH), a number JCS cannot write). The
+    /// upstream's own parser might still read a key in it, so it is refused rather than
+    /// passed on unkeyed or hashed as bytes. Nothing was reserved or forwarded (SPEC S4).
+    UnreadableJson,
     /// 413: the body is over the limit; nothing was reserved (SPEC S4).
     BodyTooLarge,
     /// 408: the body did not arrive within the layer's body timeout; nothing was
@@ -120,7 +128,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 25] = [
+    pub const ALL: [ProblemKind; 26] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
@@ -131,6 +139,7 @@ impl ProblemKind {
         ProblemKind::InvalidMethodOverride,
         ProblemKind::AmbiguousHeader,
         ProblemKind::DuplicateJsonMember,
+        ProblemKind::UnreadableJson,
         ProblemKind::BodyTooLarge,
         ProblemKind::BodyTimeout,
         ProblemKind::TooManyInFlight,
@@ -165,6 +174,7 @@ impl ProblemKind {
             }
             ProblemKind::AmbiguousHeader => "https://idem.dev/problems/ambiguous-header",
             ProblemKind::DuplicateJsonMember => "https://idem.dev/problems/duplicate-json-member",
+            ProblemKind::UnreadableJson => "https://idem.dev/problems/unreadable-json",
             ProblemKind::BodyTooLarge => "https://idem.dev/problems/body-too-large",
             ProblemKind::BodyTimeout => "https://idem.dev/problems/body-timeout",
             ProblemKind::RequestInProgress => "https://idem.dev/problems/request-in-progress",
@@ -195,7 +205,8 @@ impl ProblemKind {
             | ProblemKind::InvalidHost
             | ProblemKind::InvalidMethodOverride
             | ProblemKind::AmbiguousHeader
-            | ProblemKind::DuplicateJsonMember => StatusCode::BAD_REQUEST,
+            | ProblemKind::DuplicateJsonMember
+            | ProblemKind::UnreadableJson => StatusCode::BAD_REQUEST,
             ProblemKind::MissingTenant | ProblemKind::InvalidCredential => StatusCode::UNAUTHORIZED,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -235,6 +246,7 @@ impl ProblemKind {
             ProblemKind::InvalidMethodOverride => "Conflicting method override",
             ProblemKind::AmbiguousHeader => "Ambiguous header name",
             ProblemKind::DuplicateJsonMember => "Duplicate member name in JSON body",
+            ProblemKind::UnreadableJson => "JSON body cannot be read",
             ProblemKind::BodyTooLarge => "Request body too large",
             ProblemKind::BodyTimeout => "Request body too slow",
             ProblemKind::RequestInProgress => "Request in progress",
@@ -282,6 +294,28 @@ impl Problem {
              nothing was reserved or forwarded"
         );
         Problem::new(ProblemKind::DuplicateJsonMember, detail)
+    }
+
+    /// The refusal of a keyed JSON body that the layer cannot read, on a route that
+    /// reads its key or its fingerprint's fields from the body.
+    pub(crate) fn unreadable_json(why: &idem_core::UnreadableJson) -> Problem {
+        let detail = format!(
+            "the JSON body cannot be read: {why}; this route reads its key or its \
+             fingerprint from the body, so a body idem cannot read is refused rather than \
+             passed on unkeyed; nothing was reserved or forwarded"
+        );
+        Problem::new(ProblemKind::UnreadableJson, detail)
+    }
+
+    /// The refusal of a keyed JSON body the fingerprint will not take.
+    pub(crate) fn refused_json(refused: &idem_core::RefusedJson) -> Problem {
+        match refused {
+            idem_core::RefusedJson::DuplicateMember(repeated) => {
+                Problem::duplicate_member(repeated.name())
+            }
+            idem_core::RefusedJson::Unreadable(why) => Problem::unreadable_json(why),
+            other => Problem::new(ProblemKind::UnreadableJson, other.to_string()),
+        }
     }
 
     /// A problem of `kind` with a human-readable `detail`.

@@ -282,35 +282,39 @@ mod tests {
     }
 
     #[test]
-    fn a_duplicate_json_member_is_a_400_in_every_dialect() {
-        let twice = || Problem::new(ProblemKind::DuplicateJsonMember, "twice");
-        let (status, headers, body) = answer(Profile::Ietf, twice());
-        assert_eq!(status, 400);
-        assert_eq!(headers["content-type"], "application/problem+json");
-        assert_eq!(
-            body["type"],
-            "https://idem.dev/problems/duplicate-json-member"
-        );
-        let (status, _, body) = answer(Profile::Stripe, twice());
-        assert_eq!(status, 400);
-        assert_eq!(body["error"]["type"], "invalid_request_error");
-        assert_eq!(
-            body["error"]["doc_url"],
-            "https://idem.dev/problems/duplicate-json-member"
-        );
-        let (status, _, body) = answer(Profile::Acp, twice());
-        assert_eq!(status, 400);
-        assert_eq!(body["type"], "invalid_request");
-        assert_eq!(body["code"], "duplicate_json_member");
-        let (status, _, body) = answer(Profile::Ucp, twice());
-        assert_eq!(status, 400);
-        assert_eq!(body["code"], "duplicate_json_member");
-        assert_eq!(body["content"], "twice");
-        let grpc = twice().answer(Dialect {
-            grpc: true,
-            profile: Profile::Ietf,
-        });
-        assert_eq!(grpc.headers()["grpc-status"], "3", "INVALID_ARGUMENT");
+    fn a_duplicate_json_member_or_unreadable_json_is_a_400_in_every_dialect() {
+        for (kind, slug) in [
+            (ProblemKind::DuplicateJsonMember, "duplicate-json-member"),
+            (ProblemKind::UnreadableJson, "unreadable-json"),
+        ] {
+            let refused = || Problem::new(kind, "refused");
+            let uri = format!("https://idem.dev/problems/{slug}");
+            let code = slug.replace('-', "_");
+            let (status, headers, body) = answer(Profile::Ietf, refused());
+            assert_eq!(status, 400);
+            assert_eq!(headers["content-type"], "application/problem+json");
+            assert_eq!(body["type"], *uri);
+            assert_eq!(body["detail"], "refused");
+            let (status, headers, body) = answer(Profile::Stripe, refused());
+            assert_eq!(status, 400);
+            assert_eq!(headers["content-type"], "application/json");
+            assert_eq!(body["error"]["type"], "invalid_request_error");
+            assert_eq!(body["error"]["doc_url"], *uri);
+            assert_eq!(body["error"]["message"], "refused");
+            let (status, _, body) = answer(Profile::Acp, refused());
+            assert_eq!(status, 400);
+            assert_eq!(body["type"], "invalid_request");
+            assert_eq!(body["code"], *code);
+            let (status, _, body) = answer(Profile::Ucp, refused());
+            assert_eq!(status, 400);
+            assert_eq!(body["code"], *code);
+            assert_eq!(body["content"], "refused");
+            let grpc = refused().answer(Dialect {
+                grpc: true,
+                profile: Profile::Ietf,
+            });
+            assert_eq!(grpc.headers()["grpc-status"], "3", "INVALID_ARGUMENT");
+        }
     }
 
     #[test]

@@ -139,7 +139,9 @@ impl<St: Store> Keyed<St> {
             Ok(bytes) => bytes,
             Err(problem) => return Found::Refused(self.rejected(&problem)),
         };
-        match pending.resolve(&parts.headers, &bytes) {
+        // Read as the fingerprint reads it: a compressed body by its content.
+        let content = crate::coding::decoded(&parts.headers, &bytes, config.body_limit);
+        match pending.resolve(&parts.headers, content.as_deref().unwrap_or(&bytes)) {
             Resolved::Key(key) => Found::Key(key, Incoming::Read(bytes)),
             Resolved::Refused(problem) => Found::Refused(self.rejected(&problem)),
             Resolved::Unkeyed => Found::Unkeyed(bytes),
@@ -283,8 +285,8 @@ impl<St: Store> Keyed<St> {
         let limit = config.body_limit;
         match crate::fingerprint::fingerprint(parts, method, path, &bytes, limit, options) {
             Ok(fingerprint) => Ok((bytes, fingerprint)),
-            Err(repeated) => {
-                let problem = Problem::duplicate_member(repeated.name());
+            Err(refused) => {
+                let problem = Problem::refused_json(&refused);
                 Err(self.refused_in(scope, problem.answer(self.dialect())))
             }
         }

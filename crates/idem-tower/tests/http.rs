@@ -71,6 +71,7 @@ for_each_store!(
     ignored_json_pointer_is_left_out,
     duplicate_json_member_is_400_and_nothing_reserved,
     duplicate_key_member_on_a_key_pointer_route_is_400,
+    unreadable_json_on_a_body_reading_route_is_400_and_nothing_reserved,
     // S5: the decision table
     first_request_executes_and_records,
     replays_completed_response,
@@ -487,6 +488,68 @@ async fn ignored_json_pointer_is_left_out(kind: StoreKind) {
         .send()
         .await
         .assert_problem(422, "key-reused");
+    assert_eq!(count(&app.counters.orders), 1);
+}
+
+/// Issue 61: on a route that reads the body (a key pointer, an ignored pointer), a JSON
+/// body the layer cannot read is refused before anything is reserved, where it once
+/// passed unkeyed (the key pointer) or was hashed as bytes (the ignored pointer). A
+/// compressed body's key is read in its content, as its fingerprint is.
+async fn unreadable_json_on_a_body_reading_route_is_400_and_nothing_reserved(kind: StoreKind) {
+    let app = App::start_with(kind, |l| {
+        l.route_config(|_, parts| {
+            let route = RouteConfig::new();
+            Some(match parts.uri.path() {
+                "/orders" => route.key_pointer("/idempotency_key").unwrap(),
+                _ => route.ignore_pointer("/sent_at").unwrap(),
+            })
+        })
+    })
+    .await;
+    let lone = r#"{"idempotency_key":"K1","note":"\ud800","amount":100}"#;
+    let deep = format!(
+        r#"{{"idempotency_key":"K1","deep":{}{}}}"#,
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    for (path, key) in [
+        ("/orders", None),
+        ("/orders", Some("K1")),
+        ("/refunds", Some("K1")),
+    ] {
+        for body in [lone, &deep] {
+            let mut call = app.post(path).json(body);
+            if let Some(key) = key {
+                call = call.key(key);
+            }
+            let problem = call.send().await.assert_problem(400, "unreadable-json");
+            let detail = problem["detail"].as_str().unwrap();
+            assert!(
+                detail.starts_with("the JSON body cannot be read: "),
+                "{detail}"
+            );
+            assert!(
+                detail.ends_with("nothing was reserved or forwarded"),
+                "{detail}"
+            );
+        }
+    }
+    assert!(!app.has_record("/orders", "K1").await, "nothing stored");
+    assert!(!app.has_record("/refunds", "K1").await, "nothing stored");
+    assert_eq!(count(&app.counters.orders), 0, "the handler must not run");
+    // A key in a gzipped body is read in its content: keyed, and its retry replays.
+    let body = r#"{"idempotency_key":"K-gz","amount":100}"#;
+    for attempt in 0..2u32 {
+        let reply = app
+            .post("/orders")
+            .header("content-type", "application/json")
+            .header("content-encoding", "gzip")
+            .body(gzip(body, 1_796_140_000 + attempt, 6))
+            .send()
+            .await;
+        assert_eq!(reply.status, 201);
+        assert_eq!(reply.is_replay(), attempt == 1);
+    }
     assert_eq!(count(&app.counters.orders), 1);
 }
 

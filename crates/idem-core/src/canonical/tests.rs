@@ -2,7 +2,9 @@ use super::*;
 
 fn canonical(body: &str) -> Option<String> {
     let mut out = Vec::new();
-    canonicalize(body.as_bytes(), &[], &mut out).map(|_| String::from_utf8(out).unwrap())
+    canonicalize(body.as_bytes(), &[], &mut out)
+        .ok()
+        .map(|_| String::from_utf8(out).unwrap())
 }
 
 #[test]
@@ -64,7 +66,7 @@ fn repeated_keys_are_kept_in_their_order() {
     let body = br#"{"a":1,"c":{"x":1,"y":2},"a":2,"c":{"x":3}}"#;
     assert_eq!(
         canonicalize(body, &ignored, &mut out),
-        Some(Some("a".to_owned()))
+        Ok(Some("a".to_owned()))
     );
     assert_eq!(out, br#"{"c":{"y":2},"c":{}}"#);
 }
@@ -91,7 +93,7 @@ fn a_name_repeated_in_one_object_is_found_after_unescaping() {
     let mut out = Vec::new();
     let ignored = [vec!["sent_at".to_owned()]];
     let found = canonicalize(br#"{"sent_at":1,"sent_at":2}"#, &ignored, &mut out);
-    assert_eq!(found, Some(Some("sent_at".to_owned())));
+    assert_eq!(found, Ok(Some("sent_at".to_owned())));
 }
 
 #[test]
@@ -130,24 +132,94 @@ fn what_is_not_json_is_refused() {
         assert_eq!(canonical(body), None, "{body:?}");
     }
     let mut out = Vec::new();
-    assert!(canonicalize(b"\"\xff\"", &[], &mut out).is_none());
+    assert!(canonicalize(b"\"\xff\"", &[], &mut out).is_err());
     assert!(out.is_empty(), "nothing is written for a refused body");
 }
 
 #[test]
-fn exponents_past_any_double_leave_the_body_raw() {
+fn exponents_past_twelve_digits_are_refused() {
     assert_eq!(canonical("1e9999999999999"), None);
     assert_eq!(canonical("[1e-0000000000009999999999999]"), None);
     assert_eq!(
         canonical("1e999999999999").as_deref(),
         Some("1e999999999999")
     );
+    let mut out = Vec::new();
+    assert_eq!(
+        canonicalize(b"[0, -1e9999999999999]", &[], &mut out),
+        Err(UnreadableJson::LongExponent { at: 4 })
+    );
+}
+
+/// Why a body is refused, and where: what the layer's 400 says.
+#[test]
+fn a_refusal_says_why_and_at_which_byte() {
+    let why = |body: &[u8]| parse(body, &[]).map(|_| ()).unwrap_err();
+    assert_eq!(why(br#"{"a": 1,}"#), UnreadableJson::Syntax { at: 8 });
+    assert_eq!(why(b"[1] x"), UnreadableJson::Syntax { at: 4 });
+    assert_eq!(why(b"[1"), UnreadableJson::Syntax { at: 2 });
+    assert_eq!(why(b"\"\\u12x4\""), UnreadableJson::Syntax { at: 5 });
+    assert_eq!(
+        why(b"{\"caf\xe9\": 1}"),
+        UnreadableJson::InvalidUtf8 { at: 5 }
+    );
+    assert_eq!(
+        why(b"[\"a\\n\xff\"]"),
+        UnreadableJson::InvalidUtf8 { at: 5 }
+    );
+    for (body, at) in [
+        (r#"["\ud800"]"#, 2),
+        (r#"["ok", "x\udc00"]"#, 9),
+        (r#"{"\ud83d\u0041": 1}"#, 2),
+        (r#"["\ud83d"#, 2),
+    ] {
+        assert_eq!(
+            why(body.as_bytes()),
+            UnreadableJson::LoneSurrogate { at },
+            "{body}"
+        );
+    }
+    // A pair is one character.
+    assert_eq!(
+        canonical(r#""\ud83d\ude00""#).as_deref(),
+        Some("\"\u{1f600}\"")
+    );
 }
 
 #[test]
-fn nesting_is_limited_as_serde_json_limits_it() {
+fn nesting_is_read_up_to_go_s_limit_with_a_stack_of_its_own() {
     let nested = |n: usize| "[".repeat(n) + &"]".repeat(n);
-    assert!(canonical(&nested(MAX_DEPTH)).is_some());
-    assert!(canonical(&nested(MAX_DEPTH + 1)).is_none());
-    assert!(canonical(&nested(100_000)).is_none(), "no stack overflow");
+    let deepest = canonical(&nested(MAX_JSON_DEPTH)).expect("10000 levels are read");
+    assert_eq!(deepest, nested(MAX_JSON_DEPTH));
+    assert_eq!(
+        parse(nested(MAX_JSON_DEPTH + 1).as_bytes(), &[])
+            .map(|_| ())
+            .unwrap_err(),
+        UnreadableJson::TooDeep { at: MAX_JSON_DEPTH }
+    );
+    // Objects too, written and dropped without the thread's stack: on a thread of
+    // 128 KiB, a frame per level would overflow long before 10000 levels.
+    let levels = MAX_JSON_DEPTH - 1;
+    let objects = "{\"a\":".repeat(levels) + "[1,2]" + &"}".repeat(levels);
+    let ignored = [vec!["a".to_owned(), "a".to_owned()]];
+    std::thread::Builder::new()
+        .stack_size(128 * 1024)
+        .spawn(move || {
+            assert_eq!(canonical(&objects).as_deref(), Some(&*objects));
+            let mut out = Vec::new();
+            assert!(canonicalize(objects.as_bytes(), &ignored, &mut out).is_ok());
+            assert_eq!(out, b"{\"a\":{}}");
+            let mut out = Vec::new();
+            assert!(crate::jcs::canonicalize(objects.as_bytes(), &[], &mut out).is_ok());
+            assert_eq!(out, objects.as_bytes());
+            // A megabyte of `[`: refused at the limit, whatever follows.
+            let hostile = vec![b'['; 1 << 20];
+            assert_eq!(
+                parse(&hostile, &[]).map(|_| ()).unwrap_err(),
+                UnreadableJson::TooDeep { at: MAX_JSON_DEPTH }
+            );
+        })
+        .unwrap()
+        .join()
+        .expect("no stack overflow");
 }

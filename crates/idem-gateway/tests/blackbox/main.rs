@@ -43,6 +43,7 @@ mod tenant_limits;
 mod tenants;
 mod tls;
 mod tombstones;
+mod unreadable_json;
 mod upstreams;
 mod wait;
 mod walkthrough;
