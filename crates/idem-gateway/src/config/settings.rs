@@ -312,6 +312,17 @@ settings! {
         => tenant_key_rate: Option<idem_core::KeyRate> = resolve::tenant_key_rate,
         print |c, _| c.tenant_key_rate.map(shown).ok_or("none: new keys are not limited");
 
+    /// At most this rate of new keys, `RATE/UNIT[,BURST]`, of all the tenants no verified
+    /// source names, together: those named by --tenant-header (unless only the trusted
+    /// proxies may set every one of them, --trusted-headers) and `anonymous`. A client
+    /// can make up a tenant per request with headers, so the limits per tenant do not
+    /// bound it; this does. A new key beyond it is answered 429 `key-rate-exceeded` and
+    /// released. Per instance, whatever the store [default: none].
+    #[arg(long, env = "IDEM_UNVERIFIED_KEY_RATE", value_name = "RATE")]
+    pub unverified_key_rate: Option<String>, live
+        => unverified_key_rate: Option<idem_core::KeyRate> = resolve::unverified_key_rate,
+        print |c, _| c.unverified_key_rate.map(shown).ok_or("none: new keys are not limited");
+
     /// How many of the busiest tenants `/metrics` counts keyed requests for
     /// (`idem_tenant_keyed_requests_total`); 0 for none [default: 10].
     #[arg(long, env = "IDEM_TENANT_METRICS", value_name = "N")]
