@@ -98,16 +98,25 @@ settings! {
     pub admin: Option<String>, restart => admin: Option<SocketAddr> = resolve::admin,
         print |c, _| c.admin.map(shown).ok_or("off");
 
-    /// Bearer token that the admin listener requires (all but /healthz and /readyz).
+    /// Bearer token that the admin listener requires (all but /healthz and /readyz); a
+    /// reload puts a new one in force at once, and the old one is refused from then on.
     #[arg(long, env = "IDEM_ADMIN_TOKEN", value_name = "TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>, restart => admin_token: Option<String> = admin_token,
+    pub admin_token: Option<String>, live => admin_token: Option<String> = admin_token,
         print print::admin_token;
 
     /// A file holding the admin bearer token, so it stays out of the process's arguments
-    /// and environment; a trailing line end is dropped. Not with --admin-token.
+    /// and environment; a trailing line end is dropped; read again on a reload. Not with
+    /// --admin-token.
     #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "PATH")]
-    pub admin_token_file: Option<PathBuf>, restart => admin_token,
+    pub admin_token_file: Option<PathBuf>, live => admin_token,
         print |_, a| a.admin_token_file.as_deref().map(path).ok_or("none");
+
+    /// Without an admin token, serve /keys (every tenant's records and recorded answers,
+    /// and their deletion) and /reload to anyone who can reach the admin listener,
+    /// instead of refusing them with 403 `admin-route-closed`; warned about at start.
+    #[arg(long, env = "IDEM_ADMIN_OPEN")]
+    pub admin_open: bool, live => admin_open: bool = |a| Ok(a.admin_open),
+        print |c, _| c.admin_open.to_string();
 
     /// Answer 400 to a keyed method that carries no Idempotency-Key.
     #[arg(long, env = "IDEM_REQUIRE_KEY")]

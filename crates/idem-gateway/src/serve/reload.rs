@@ -54,6 +54,8 @@ pub(super) struct Parts {
     pub(super) store: Arc<dyn Store>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) telemetry: Option<Telemetry>,
+    /// Who may call the admin routes: put in force with each generation.
+    pub(super) admin_access: Arc<ArcSwap<crate::admin::AdminAccess>>,
 }
 
 impl Generation {
@@ -246,6 +248,7 @@ impl Reloader {
         for warning in config.warnings().await {
             tracing::warn!("reload: {warning}");
         }
+        let access = crate::admin::AdminAccess::of(&config);
         let generation = Generation::build(
             current.number + 1,
             config,
@@ -262,6 +265,8 @@ impl Reloader {
             need_restart: need_restart.into_iter().map(|c| c.setting).collect(),
         };
         self.live.store(Arc::new(generation));
+        // From this moment on, the token of the new configuration, and only it.
+        self.parts.admin_access.store(Arc::new(access));
         Ok(reloaded)
     }
 }
