@@ -279,3 +279,37 @@ async fn made_up_tenants_share_the_unverified_key_rate() {
         "three made-up tenants' keys and three verified"
     );
 }
+
+/// Tenant headers that only the trusted proxies may set (`--trusted-headers`) name
+/// verified tenants: the ingress vouches for them, so `--unverified-key-rate` does not
+/// count them; a request without them is `anonymous`, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_an_ingress_asserts_are_not_counted_as_unverified() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--store",
+        "memory://",
+        "--trusted-proxies",
+        "127.0.0.1",
+        "--trusted-headers",
+        "x-user-id",
+        "--tenant-header",
+        "x-user-id",
+        "--unverified-key-rate",
+        "1/min,1",
+    ];
+    let gw = Gateway::start(&up.url(), dir.path(), &args).await;
+    let http = Http::new();
+    let url = gw.url("/v1/charges");
+    for i in 0..3 {
+        let user = format!("user-{i}");
+        let answer = http
+            .post(&url, &new_key(), "{}", &[("x-user-id", &user)])
+            .await;
+        assert_eq!(answer.status, 201, "asserted by the ingress: {answer:?}");
+    }
+    assert_eq!(http.post(&url, &new_key(), "{}", &[]).await.status, 201);
+    let refused = http.post(&url, &new_key(), "{}", &[]).await;
+    assert_eq!(refused.status, 429, "anonymous is unverified: {refused:?}");
+}
