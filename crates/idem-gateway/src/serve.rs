@@ -330,7 +330,6 @@ impl Gateway {
             answer_budget,
             hangup,
         } = self;
-        let reloader = Arc::new(Reloader::new(live.clone(), parts, cli));
         let tls: Vec<(&'static str, Tls)> = [
             ("proxy", listener.tls_config().cloned()),
             (
@@ -341,7 +340,8 @@ impl Gateway {
         .into_iter()
         .filter_map(|(name, tls)| tls.map(|t| (name, t)))
         .collect();
-        let reloads = tokio::spawn(reload_on_sighup(hangup, tls, reloader.clone()));
+        let reloader = Arc::new(Reloader::new(live.clone(), parts, cli, tls));
+        let reloads = tokio::spawn(reload_on_sighup(hangup, reloader.clone()));
         let sweeper = sweep_interval.map(|every| {
             Sweeper::spawn(
                 store.clone(),

@@ -553,7 +553,8 @@ settings! {
 
     /// PEM file with the proxy listener's TLS certificate chain (its own certificate
     /// first): the listener then speaks HTTPS only, HTTP/2 or HTTP/1.1 by ALPN, TLS 1.2
-    /// and 1.3; read again on SIGHUP. With --tls-key [default: plain TCP].
+    /// and 1.3; read again on a reload (SIGHUP, POST /reload). With --tls-key [default:
+    /// plain TCP].
     #[arg(long, env = "IDEM_TLS_CERT", value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>, restart => tls,
         print |c, _| c.tls.as_ref().map(|f| path(&f.cert)).ok_or("plain TCP");
@@ -563,7 +564,7 @@ settings! {
     pub tls_key: Option<PathBuf>, restart => tls,
         print |c, _| c.tls.as_ref().map(|f| path(&f.key)).ok_or("plain TCP");
 
-    /// PEM file with the admin listener's TLS certificate chain; read again on SIGHUP.
+    /// PEM file with the admin listener's TLS certificate chain; read again on a reload.
     /// With --admin-tls-key [default: plain TCP].
     #[arg(long, env = "IDEM_ADMIN_TLS_CERT", value_name = "FILE", requires = "admin_tls_key")]
     pub admin_tls_cert: Option<PathBuf>, restart
