@@ -149,6 +149,30 @@ impl LocalBucket {
         }
     }
 
+    /// When the bucket is full again if nobody takes from it (rounded up to the
+    /// millisecond): all a table that forgets buckets needs to keep of one so that,
+    /// recalled with [`LocalBucket::full_at_the_latest`], it never holds more than it
+    /// had.
+    pub fn full_at(&self, rate: &KeyRate) -> Timestamp {
+        let missing = (f64::from(rate.burst) - self.tokens).max(0.0);
+        let millis = (missing / rate.per_second * 1000.0).ceil();
+        Timestamp::from_millis(
+            self.at
+                .as_millis()
+                .saturating_add(millis.min(i64::MAX as f64) as i64),
+        )
+    }
+
+    /// A bucket, as of `now`, that is full again at `full_at`: `rate`'s burst less
+    /// what it gains back until then, none when that is more than the burst.
+    pub fn full_at_the_latest(rate: &KeyRate, full_at: Timestamp, now: Timestamp) -> LocalBucket {
+        let missing = full_at.since(now).as_secs_f64() * rate.per_second;
+        LocalBucket {
+            tokens: (f64::from(rate.burst) - missing).max(0.0),
+            at: now,
+        }
+    }
+
     /// Whether the bucket is full again at `now` (and so may be forgotten).
     pub fn is_full(&self, rate: &KeyRate, now: Timestamp) -> bool {
         let elapsed = now.as_millis().saturating_sub(self.at.as_millis()) as f64 / 1000.0;
@@ -178,6 +202,26 @@ mod tests {
         assert_eq!(
             "1/min".parse::<KeyRate>().unwrap().retry_after(),
             Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn a_bucket_recalled_from_when_it_is_full_has_no_more_than_it_had() {
+        let rate: KeyRate = "2/s,4".parse().unwrap();
+        let t0 = Timestamp::from_millis(1_000_000);
+        let mut b = LocalBucket::full(&rate, t0);
+        assert_eq!(b.full_at(&rate), t0, "full already");
+        assert!((0..3).all(|_| b.take(&rate, t0)));
+        assert_eq!(b.full_at(&rate), t0.plus(Duration::from_millis(1500)));
+        let later = t0.plus(Duration::from_millis(500));
+        let mut recalled = LocalBucket::full_at_the_latest(&rate, b.full_at(&rate), later);
+        // One left, one gained back: two, not three.
+        assert!(recalled.take(&rate, later) && recalled.take(&rate, later));
+        assert!(!recalled.take(&rate, later));
+        let mut gone = LocalBucket::full_at_the_latest(&rate, t0.plus(Duration::from_secs(60)), t0);
+        assert!(
+            !gone.take(&rate, t0),
+            "a full_at beyond the burst holds none"
         );
     }
 

@@ -13,14 +13,26 @@
 //!
 //! Every error is an RFC 9457 `application/problem+json` body whose `type` is under
 //! `https://idem.dev/problems/`: `bad-key-query` and `bad-listing` (400),
-//! `admin-token-required` (401, with `WWW-Authenticate: Bearer`), `no-record` and
-//! `no-admin-route` (404), `admin-method-not-allowed` (405) and `store-unavailable`
-//! (503, `/readyz` included).
+//! `admin-token-required` (401, with `WWW-Authenticate: Bearer`), `admin-route-closed`
+//! and `admin-cross-site` (403), `no-record` and `no-admin-route` (404),
+//! `admin-method-not-allowed` (405) and `store-unavailable` (503, `/readyz` included).
 //!
-//! With `--admin-token` (or `--admin-token-file`), every route but the two probes needs
-//! `Authorization: Bearer TOKEN` (the scheme in any case, RFC 9110 §11.1), the token
-//! compared in constant time. A bare `--admin PORT`
-//! binds to 127.0.0.1.
+//! Who may call what ([`AdminAccess`], put in force again by every reload):
+//!
+//! - With `--admin-token` (or `--admin-token-file`), every route but the two probes
+//!   needs `Authorization: Bearer TOKEN` (the scheme in any case, RFC 9110 §11.1), the
+//!   token compared in constant time.
+//! - Without one, the routes that change records or the configuration, or show records
+//!   (every tenant's, recorded answers included) — all of `/keys` and `/reload` — are
+//!   refused with 403 `admin-route-closed`, unless the operator says `--admin-open`;
+//!   `/metrics` is served.
+//! - Whatever the token, a request a browser marks as sent from another site
+//!   (`Sec-Fetch-Site` other than `same-origin` or `none`, or an `Origin` that is not
+//!   the listener's own) is refused with 403 `admin-cross-site` on every route but the
+//!   probes: a page the operator's browser opens cannot reach the listener on loopback
+//!   behind their back.
+//!
+//! A bare `--admin PORT` binds to 127.0.0.1.
 //!
 //! It is served like the proxy ([`crate::listener`]): at most
 //! [`ADMIN_MAX_CONNECTIONS`](crate::listener::ADMIN_MAX_CONNECTIONS) connections open,
@@ -30,6 +42,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use axum::extract::{Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
@@ -60,11 +73,45 @@ pub(crate) struct AdminState {
     pub(crate) store: Arc<dyn Store>,
     /// The gateway's metrics.
     pub(crate) metrics: Arc<Metrics>,
-    /// The bearer token, if one is required.
-    pub(crate) token: Option<Arc<str>>,
+    /// Who may call what: swapped by a reload.
+    pub(crate) access: Arc<ArcSwap<AdminAccess>>,
     /// What `POST /reload` reloads and `/readyz` reports the generation of; `None`
     /// serves no `/reload`.
     pub(crate) reloader: Option<Arc<dyn Reload>>,
+}
+
+/// Who may call the admin routes: the bearer token, if one is required, and whether
+/// the routes that show or change records are open without one.
+#[derive(Clone, Default)]
+pub(crate) struct AdminAccess {
+    /// The bearer token every route but the probes requires, if any.
+    pub(crate) token: Option<Arc<str>>,
+    /// `--admin-open`: without a token, `/keys` and `/reload` are served to anyone.
+    pub(crate) open: bool,
+}
+
+impl AdminAccess {
+    /// The access a configuration gives.
+    pub(crate) fn of(config: &crate::config::GatewayConfig) -> AdminAccess {
+        AdminAccess {
+            token: config.admin_token.as_deref().map(Arc::from),
+            open: config.admin_open,
+        }
+    }
+
+    /// In a form that can be swapped by a reload.
+    pub(crate) fn shared(self) -> Arc<ArcSwap<AdminAccess>> {
+        Arc::new(ArcSwap::from_pointee(self))
+    }
+}
+
+impl std::fmt::Debug for AdminAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminAccess")
+            .field("token", &self.token.as_ref().map(|_| "set"))
+            .field("open", &self.open)
+            .finish()
+    }
 }
 
 /// What `POST /reload` and `/readyz` ask of the gateway's configuration (the gateway's
@@ -116,12 +163,16 @@ impl AdminTask {
 
 /// The admin router.
 pub(crate) fn router(state: AdminState) -> Router {
-    let protected = Router::new()
-        .route("/metrics", get(metrics))
+    let records = Router::new()
         .route("/keys", get(get_keys).delete(delete_key))
         .route("/keys/purge-expired", post(purge))
         .route("/reload", post(reload))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_open));
+    let protected = Router::new()
+        .route("/metrics", get(metrics))
+        .merge(records)
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .route_layer(middleware::from_fn(same_origin));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
@@ -163,8 +214,71 @@ fn problem(status: StatusCode, type_uri: &str, title: &str, detail: String) -> R
         .into_response()
 }
 
+/// Refuses a request a browser sent from another site: `Sec-Fetch-Site` other than
+/// `same-origin` or `none` (the user's own navigation), or an `Origin` whose host and
+/// port are not the `Host` the request was sent to. Clients other than browsers send
+/// neither, and pass.
+async fn same_origin(req: Request, next: Next) -> Response {
+    match cross_site(&req) {
+        None => next.run(req).await,
+        Some(why) => problem(
+            StatusCode::FORBIDDEN,
+            "https://idem.dev/problems/admin-cross-site",
+            "A browser sent this admin request from another site",
+            format!(
+                "{why}: the admin listener serves no page of another origin; call it from \
+                 the command line or a tool that is not a browser"
+            ),
+        ),
+    }
+}
+
+/// Why `req` looks sent by a browser from another site, if it does.
+fn cross_site(req: &Request) -> Option<String> {
+    let headers = req.headers();
+    if let Some(site) = headers.get("sec-fetch-site") {
+        let site = site.to_str().unwrap_or("");
+        if !(site.eq_ignore_ascii_case("same-origin") || site.eq_ignore_ascii_case("none")) {
+            return Some(format!("Sec-Fetch-Site is {site:?}"));
+        }
+    }
+    let origin = headers.get(header::ORIGIN)?;
+    let origin = origin.to_str().unwrap_or("");
+    // The authority the request was sent to: HTTP/1.1's Host, HTTP/2's :authority.
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    let origin_host = origin
+        .split_once("://")
+        .map(|(_, authority)| authority.trim_end_matches('/'));
+    match (origin_host, host) {
+        (Some(o), Some(h)) if o.eq_ignore_ascii_case(h) => None,
+        _ => Some(format!("Origin is {origin:?}, not this listener")),
+    }
+}
+
+/// Refuses the routes that show or change records and the configuration when no token
+/// is required, unless the operator opened them (`--admin-open`).
+async fn require_open(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    let access = state.access.load();
+    if access.token.is_some() || access.open {
+        return next.run(req).await;
+    }
+    problem(
+        StatusCode::FORBIDDEN,
+        "https://idem.dev/problems/admin-route-closed",
+        "This admin route needs an admin token",
+        "the gateway has no --admin-token, and this route shows or changes records or the \
+         configuration: set --admin-token-file (or --admin-token) and send Authorization: \
+         Bearer TOKEN, or serve it to anyone who can reach the listener with --admin-open"
+            .into(),
+    )
+}
+
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
-    let Some(token) = &state.token else {
+    let access = state.access.load();
+    let Some(token) = &access.token else {
         return next.run(req).await;
     };
     let presented = req
@@ -471,10 +585,14 @@ mod tests {
 
     async fn serve(token: Option<&str>) -> (String, Arc<MemoryStore>) {
         let store = Arc::new(MemoryStore::new());
+        let access = AdminAccess {
+            token: token.map(Arc::from),
+            open: false,
+        };
         let state = AdminState {
             store: store.clone(),
             metrics: Arc::new(Metrics::new()),
-            token: token.map(Arc::from),
+            access: access.shared(),
             reloader: None,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -503,6 +621,45 @@ mod tests {
             .unwrap()
             .status()
             .as_u16()
+    }
+
+    #[tokio::test]
+    async fn without_a_token_records_are_closed_and_metrics_served() {
+        let (base, _store) = serve(None).await;
+        assert_eq!(get_status(&format!("{base}/healthz"), None).await, 200);
+        assert_eq!(get_status(&format!("{base}/metrics"), None).await, 200);
+        assert_eq!(get_status(&format!("{base}/keys"), None).await, 403);
+        assert_eq!(get_status(&format!("{base}/keys?key=k"), None).await, 403);
+    }
+
+    #[test]
+    fn a_browser_request_from_another_site_is_told_apart() {
+        let req = |headers: &[(&str, &str)]| {
+            let mut r = http::Request::get("http://127.0.0.1:9090/reload");
+            for (name, value) in headers {
+                r = r.header(*name, *value);
+            }
+            r.body(axum::body::Body::empty()).unwrap()
+        };
+        let host = ("host", "127.0.0.1:9090");
+        for ok in [
+            vec![host],
+            vec![host, ("sec-fetch-site", "same-origin")],
+            vec![host, ("sec-fetch-site", "none")],
+            vec![host, ("origin", "http://127.0.0.1:9090")],
+            vec![host, ("origin", "https://127.0.0.1:9090")],
+        ] {
+            assert_eq!(cross_site(&req(&ok)), None, "{ok:?}");
+        }
+        for refused in [
+            vec![host, ("sec-fetch-site", "cross-site")],
+            vec![host, ("sec-fetch-site", "same-site")],
+            vec![host, ("origin", "http://localhost:9090")],
+            vec![host, ("origin", "http://127.0.0.1:3000")],
+            vec![host, ("origin", "null")],
+        ] {
+            assert!(cross_site(&req(&refused)).is_some(), "{refused:?}");
+        }
     }
 
     #[tokio::test]

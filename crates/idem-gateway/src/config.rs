@@ -87,6 +87,16 @@ impl GatewayConfig {
                 .any(|r| r.tenant_from.as_ref().is_some_and(|l| l.contains(&source)))
     }
 
+    /// Whether the tenant headers name verified tenants: only the trusted proxies may set
+    /// every one of them (`trusted_headers`), so no other client can make one up.
+    pub(crate) fn tenant_headers_asserted(&self) -> bool {
+        !self.trusted_proxies.nets().is_empty()
+            && self
+                .tenant_headers
+                .iter()
+                .all(|h| self.trusted_headers.contains(h))
+    }
+
     /// Settings that work as written but probably do not do what was meant, each as a
     /// sentence; `serve` logs them as warnings at start, `check-config` prints them.
     /// The upstream's host is looked up (a name that does not resolve is one).

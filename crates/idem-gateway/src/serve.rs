@@ -141,7 +141,8 @@ pub struct Gateway {
     in_flight: Option<InFlight>,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    admin_token: Option<Arc<str>>,
+    /// Who may call the admin routes; swapped by a reload.
+    admin_access: Arc<ArcSwap<admin::AdminAccess>>,
     /// `None` where the store expires records by itself (Redis).
     sweep_interval: Option<Duration>,
     shutdown_timeout: Duration,
@@ -229,11 +230,13 @@ impl Gateway {
             Some(url) => Some(Telemetry::start(url, &config.routes, &config.store)?),
             None => None,
         };
+        let admin_access = admin::AdminAccess::of(config).shared();
         let parts = Parts {
             mode,
             store: store.clone(),
             metrics: metrics.clone(),
             telemetry: telemetry.clone(),
+            admin_access: admin_access.clone(),
         };
         let tenant_key = match mode {
             Mode::Idempotent => tenant_key(config, &*store).await?,
@@ -271,7 +274,7 @@ impl Gateway {
             in_flight,
             store,
             metrics,
-            admin_token: config.admin_token.as_deref().map(Arc::from),
+            admin_access,
             sweep_interval,
             shutdown_timeout: config.shutdown_timeout,
             telemetry,
@@ -320,14 +323,13 @@ impl Gateway {
             in_flight,
             store,
             metrics,
-            admin_token,
+            admin_access,
             sweep_interval,
             shutdown_timeout,
             telemetry,
             answer_budget,
             hangup,
         } = self;
-        let reloader = Arc::new(Reloader::new(live.clone(), parts, cli));
         let tls: Vec<(&'static str, Tls)> = [
             ("proxy", listener.tls_config().cloned()),
             (
@@ -338,7 +340,8 @@ impl Gateway {
         .into_iter()
         .filter_map(|(name, tls)| tls.map(|t| (name, t)))
         .collect();
-        let reloads = tokio::spawn(reload_on_sighup(hangup, tls, reloader.clone()));
+        let reloader = Arc::new(Reloader::new(live.clone(), parts, cli, tls));
+        let reloads = tokio::spawn(reload_on_sighup(hangup, reloader.clone()));
         let sweeper = sweep_interval.map(|every| {
             Sweeper::spawn(
                 store.clone(),
@@ -354,7 +357,7 @@ impl Gateway {
                 AdminState {
                     store: store.clone(),
                     metrics: metrics.clone(),
-                    token: admin_token,
+                    access: admin_access,
                     reloader: Some(reloader.clone()),
                 },
             )
@@ -414,6 +417,20 @@ fn listeners(
     let proxy = bind(config.listen)?;
     let admin = match config.admin {
         Some(addr) => {
+            match (&config.admin_token, config.admin_open) {
+                (Some(_), _) => {}
+                (None, true) => tracing::warn!(
+                    %addr,
+                    "--admin-open: the admin listener has no token, and serves /keys (every \
+                     tenant's records and answers, and their deletion) and /reload to anyone \
+                     who can reach it; set --admin-token-file instead"
+                ),
+                (None, false) => tracing::info!(
+                    %addr,
+                    "the admin listener has no --admin-token: it serves /healthz, /readyz and \
+                     /metrics, and refuses /keys and /reload (403 admin-route-closed)"
+                ),
+            }
             if !addr.ip().is_loopback() && config.admin_token.is_none() {
                 tracing::warn!(%addr, "the admin listener is not on loopback and has no --admin-token");
             }

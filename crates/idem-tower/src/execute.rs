@@ -35,7 +35,7 @@ use crate::observer::timed;
 use crate::plan::AnswerRules;
 use crate::problem::Problem;
 use crate::replay::refuse;
-use crate::tenant_limit::{refuse_new_key, take_token};
+use crate::tenant_limit::{Refusal, refuse_new_key, take_token};
 use crate::wait::{Observed, PREFERENCE_APPLIED, hand_back};
 use crate::{BoxError, IdempotencyBody};
 
@@ -231,22 +231,34 @@ impl<St: Store> Keyed<St> {
         }
     }
 
-    /// `lease`, a new key's, if its tenant's rate of new keys lets it start; else the
-    /// 429 `key-rate-exceeded`, the key released. A recovered attempt's key is not new.
+    /// `lease`, a new key's, if its tenant's rate of new keys lets it start, and, for
+    /// an unverified tenant, the rate of every unverified tenant's new keys together;
+    /// else the 429 `key-rate-exceeded`, the key released. A recovered attempt's key is
+    /// not new.
     async fn within_key_rate<B>(
         &self,
         lease: Lease,
     ) -> Result<Lease, Response<IdempotencyBody<B>>> {
-        let (store, limits) = (self.store(), &self.config().tenant_limits);
-        let tenant = lease.scope.tenant();
-        let rate = match limits.key_rate(tenant) {
-            Some(rate) if !lease.recovered() => rate,
-            _ => return Ok(lease),
-        };
-        if take_token(store, limits, tenant, &rate).await {
+        if lease.recovered() {
             return Ok(lease);
         }
-        let refused = refuse_new_key(store, self.observer(), lease, rate, self.dialect());
+        let (store, limits) = (self.store(), &self.config().tenant_limits);
+        let tenant = lease.scope.tenant();
+        // The shared bucket first: a key it refuses takes no place in the table of
+        // tenants' buckets, so made-up tenants fill it no faster than it allows.
+        let refused = if self.unverified
+            && let Some(rate) = limits.unverified_key_rate()
+            && !limits.take_unverified(&rate, idem_core::Clock::now(&idem_core::SystemClock))
+        {
+            Refusal::Unverified(rate)
+        } else if let Some(rate) = limits.key_rate(tenant)
+            && !take_token(store, limits, tenant, &rate).await
+        {
+            Refusal::Tenant(rate)
+        } else {
+            return Ok(lease);
+        };
+        let refused = refuse_new_key(store, self.observer(), lease, refused, self.dialect());
         // Boxed: a rare path, kept out of every keyed request's future.
         Err(Box::pin(refused).await)
     }

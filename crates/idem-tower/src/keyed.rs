@@ -33,6 +33,9 @@ pub(crate) struct Keyed<St> {
     /// Set while its execution is a duplicate waiting between two reserves (SPEC S15),
     /// holding nothing: see [`Execution`](crate::detach::Execution).
     pub(crate) parked: Arc<AtomicBool>,
+    /// Whether no verified source named its tenant (the tenant headers, or none), so
+    /// that its new key counts under the layer's rate of unverified new keys.
+    pub(crate) unverified: bool,
 }
 
 impl<St: Store> Keyed<St> {

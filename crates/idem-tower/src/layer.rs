@@ -454,6 +454,32 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// At most `rate` new keys, all together, of the tenants no verified source named
+    /// (`None`, the default: no such limit), on this layer and its clones. A tenant
+    /// named by the tenant headers is whatever a client sends: a client that makes up
+    /// a tenant per request is under every limit per tenant, and only this bounds it.
+    /// Unverified are the tenants named by the tenant headers (unless
+    /// [`tenant_headers_verified`](Self::tenant_headers_verified)) and `anonymous`;
+    /// verified, those named by a [`Credential`](crate::Credential), a
+    /// [`Principal`](crate::Principal) or the caller's
+    /// [`tenant_from`](Self::tenant_from). A new key over it is answered as one over
+    /// its tenant's own rate (429 `key-rate-exceeded`, the key released); the bucket
+    /// is this process's, whatever the store, and carried over by
+    /// [`take_over_from`](Self::take_over_from).
+    pub fn unverified_key_rate(mut self, rate: Option<idem_core::KeyRate>) -> Self {
+        self.config().tenant_limits.set_unverified_key_rate(rate);
+        self
+    }
+
+    /// Whether the tenant headers name verified tenants (`false`, the default): say
+    /// `true` where only an ingress in front of the layer can set them (it removes
+    /// them from every other client's requests), so that the tenants they name are
+    /// not counted under [`unverified_key_rate`](Self::unverified_key_rate).
+    pub fn tenant_headers_verified(mut self, verified: bool) -> Self {
+        self.config().tenant_limits.set_headers_verified(verified);
+        self
+    }
+
     /// One tenant's limits in place of the layer's
     /// ([`tenant_max_in_flight`](Self::tenant_max_in_flight),
     /// [`tenant_key_rate`](Self::tenant_key_rate)). `tenant` is the tenant as stored

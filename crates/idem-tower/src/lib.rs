@@ -257,6 +257,7 @@
 mod body;
 mod body_key;
 mod bounds;
+mod buckets;
 mod coding;
 mod conclude;
 mod config;

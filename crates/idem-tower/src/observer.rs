@@ -141,10 +141,13 @@ pub trait Observer: Send + Sync + 'static {
 
     /// A keyed request of `tenant` was refused under a limit per tenant: `in_flight`
     /// ([`IdempotencyLayer::tenant_max_in_flight`]) or `key_rate`
-    /// ([`IdempotencyLayer::tenant_key_rate`]).
+    /// ([`IdempotencyLayer::tenant_key_rate`]); or under the rate of every unverified
+    /// tenant's new keys together, `unverified_key_rate`
+    /// ([`IdempotencyLayer::unverified_key_rate`]).
     ///
     /// [`IdempotencyLayer::tenant_max_in_flight`]: crate::IdempotencyLayer::tenant_max_in_flight
     /// [`IdempotencyLayer::tenant_key_rate`]: crate::IdempotencyLayer::tenant_key_rate
+    /// [`IdempotencyLayer::unverified_key_rate`]: crate::IdempotencyLayer::unverified_key_rate
     fn tenant_limited(&self, tenant: &idem_core::Tenant, limit: &'static str) {
         let _ = (tenant, limit);
     }

@@ -69,7 +69,7 @@ where
         let echo = sent
             .filter(|_| crate::profile::Speaks::echoes_key(plan.answers.profile))
             .and_then(|key| HeaderValue::from_str(&key.to_sf_string()).ok());
-        let ctx = Keyed {
+        let mut ctx = Keyed {
             // As the endpoint names it: its scope may not.
             method: Method::from_bytes(plan.endpoint.method().as_bytes())
                 .unwrap_or_else(|_| parts.method.clone()),
@@ -77,6 +77,7 @@ where
             lease_for: plan.lease,
             answers: plan.answers,
             parked: Arc::new(AtomicBool::new(false)),
+            unverified: false,
         };
         let mut answered = 'steps: {
             let (key, incoming) = match ctx.key(&parts, plan.key, body).await {
@@ -85,10 +86,11 @@ where
                 Found::Refused(answer) => break 'steps Ok(answer),
             };
             let let_in = ctx.let_in(&parts, plan.tenant, plan.sources, incoming);
-            let (tenant, slot, incoming) = match let_in.await {
+            let (tenant, slot, incoming, verified) = match let_in.await {
                 Ok(let_in) => let_in,
                 Err(answer) => break 'steps Ok(answer),
             };
+            ctx.unverified = !verified;
             let scope = Scope::new(ctx.config().scope_mode, tenant, plan.endpoint, key);
             let options = plan.fingerprint.as_ref();
             let options = options.unwrap_or(&ctx.config().fingerprint);
@@ -172,18 +174,21 @@ impl<St: Store> Keyed<St> {
 
     /// The request's tenant, named by the caller's extractor, else by the sources or the
     /// headers under the layer's tenant key, let in under its limit on requests in
-    /// progress. A refusal is the answer, the body read away, but for a store that
-    /// cannot give the tenant key: then nothing is scoped, as for any store outage.
+    /// progress, and whether a verified source named it (the caller's extractor, a
+    /// credential, a principal, or headers the layer was told are verified). A refusal
+    /// is the answer, the body read away, but for a store that cannot give the tenant
+    /// key: then nothing is scoped, as for any store outage.
     async fn let_in<B: ReadBody, A>(
         &self,
         parts: &Parts,
         named: Option<Tenant>,
         sources: Option<Arc<TenantSources>>,
         incoming: Incoming<B>,
-    ) -> Result<(Tenant, Option<TenantSlot>, Incoming<B>), Response<IdempotencyBody<A>>> {
+    ) -> Result<(Tenant, Option<TenantSlot>, Incoming<B>, bool), Response<IdempotencyBody<A>>> {
         let (config, observer) = (self.config(), self.observer());
-        let tenant = match named {
-            Some(tenant) => tenant,
+        let headers_verified = config.tenant_limits.headers_verified();
+        let (tenant, verified) = match named {
+            Some(tenant) => (tenant, true),
             None => {
                 let key = config
                     .tenant_key
@@ -204,13 +209,17 @@ impl<St: Store> Keyed<St> {
                             return Err(self.rejected(&problem));
                         }
                     },
-                    None => config.tenant_headers.tenant(key, &parts.headers),
+                    None => {
+                        let headers = &config.tenant_headers;
+                        let verified = headers_verified && headers.carried_by(&parts.headers);
+                        (headers.tenant(key, &parts.headers), verified)
+                    }
                 }
             }
         };
         observer.tenant_keyed(&tenant);
         match config.tenant_limits.try_enter(&tenant) {
-            Ok(slot) => Ok((tenant, slot, incoming)),
+            Ok(slot) => Ok((tenant, slot, incoming, verified)),
             Err(max) => {
                 observer.tenant_limited(&tenant, "in_flight");
                 incoming.drain(&parts.headers);
@@ -225,19 +234,21 @@ impl<St: Store> Keyed<St> {
         }
     }
 
-    /// The tenant named by the first of `sources` that applies; a bearer token that
-    /// does not verify is the 401 `invalid-credential`.
+    /// The tenant named by the first of `sources` that applies, and whether that
+    /// source is a verified one; a bearer token that does not verify is the 401
+    /// `invalid-credential`.
     async fn sources_tenant(
         &self,
         sources: &TenantSources,
         key: &TenantKey,
         parts: &Parts,
-    ) -> Result<Tenant, Problem> {
+    ) -> Result<(Tenant, bool), Problem> {
         let headers = &self.config().tenant_headers;
+        let headers_verified = self.config().tenant_limits.headers_verified();
         match sources.applying(parts, headers) {
             Some(Applying::Credential(credential, found)) => {
                 match credential.principal(found).await {
-                    Ok(principal) => Ok(principal.tenant(key)),
+                    Ok(principal) => Ok((principal.tenant(key), true)),
                     Err(e) => {
                         let detail = format!(
                             "{} {} is keyed, and its bearer token was not accepted: {e}; \
@@ -249,9 +260,9 @@ impl<St: Store> Keyed<St> {
                     }
                 }
             }
-            Some(Applying::Principal(principal)) => Ok(principal.tenant(key)),
-            Some(Applying::Headers) => Ok(headers.tenant(key, &parts.headers)),
-            None => Ok(Tenant::anonymous()),
+            Some(Applying::Principal(principal)) => Ok((principal.tenant(key), true)),
+            Some(Applying::Headers) => Ok((headers.tenant(key, &parts.headers), headers_verified)),
+            None => Ok((Tenant::anonymous(), false)),
         }
     }
 

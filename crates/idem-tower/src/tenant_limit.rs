@@ -8,7 +8,13 @@
 //! read, until its answer is recorded, replayed or refused (a detached execution whose
 //! client went away still counts until it records). The counts live in one map of the
 //! tenants that have a request in progress, so its size is bounded by the requests in
-//! progress; the process's own rate buckets are forgotten once full again.
+//! progress; the process's own rate buckets are kept in bounded room (see
+//! [`crate::buckets`]).
+//!
+//! A tenant is only as real as what names it: tenant headers are whatever a client
+//! sends, so a client can make up a tenant per request and be under every limit per
+//! tenant. The rate of new keys of tenants no verified source named, all together
+//! ([`IdempotencyLayer::unverified_key_rate`]), bounds that.
 //!
 //! What is counted (the [`LimitState`]) is apart from the limits, so that a layer
 //! rebuilt from a reloaded configuration takes the counts of the one before it over
@@ -18,11 +24,14 @@
 //! [`IdempotencyLayer::tenant_key_rate`]: crate::IdempotencyLayer::tenant_key_rate
 //! [`IdempotencyLayer::tenant_override`]: crate::IdempotencyLayer::tenant_override
 //! [`IdempotencyLayer::take_over_from`]: crate::IdempotencyLayer::take_over_from
+//! [`IdempotencyLayer::unverified_key_rate`]: crate::IdempotencyLayer::unverified_key_rate
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use idem_core::{KeyRate, LocalBucket, Tenant, Timestamp};
+
+use crate::buckets::BucketTable;
 
 /// The shortest tenant-name prefix an override may name a tenant by, after
 /// `hmac-sha256:`: 16 hex digits (64 bits), the form the per-tenant metrics label
@@ -97,6 +106,10 @@ pub fn check_tenant_name(name: &str) -> Result<(), TenantNameError> {
 pub(crate) struct TenantLimits {
     max_in_flight: usize,
     key_rate: Option<KeyRate>,
+    unverified_key_rate: Option<KeyRate>,
+    /// Whether the tenant headers name verified tenants (an ingress in front asserts
+    /// them).
+    headers_verified: bool,
     overrides: Arc<Vec<(String, TenantOverride)>>,
     pub(crate) state: Arc<LimitState>,
 }
@@ -106,11 +119,10 @@ pub(crate) struct TenantLimits {
 #[derive(Debug, Default)]
 pub(crate) struct LimitState {
     counts: Mutex<HashMap<Tenant, usize>>,
-    buckets: Mutex<HashMap<Tenant, LocalBucket>>,
+    buckets: Mutex<BucketTable>,
+    /// The one bucket of every unverified tenant's new keys.
+    unverified: Mutex<Option<LocalBucket>>,
 }
-
-/// The most buckets a process keeps before it forgets the full ones.
-const MAX_IDLE_BUCKETS: usize = 4096;
 
 impl TenantLimits {
     pub(crate) fn set_max_in_flight(&mut self, max: usize) {
@@ -119,6 +131,36 @@ impl TenantLimits {
 
     pub(crate) fn set_key_rate(&mut self, rate: Option<KeyRate>) {
         self.key_rate = rate;
+    }
+
+    pub(crate) fn set_unverified_key_rate(&mut self, rate: Option<KeyRate>) {
+        self.unverified_key_rate = rate;
+    }
+
+    pub(crate) fn set_headers_verified(&mut self, verified: bool) {
+        self.headers_verified = verified;
+    }
+
+    /// Whether the tenant headers name verified tenants.
+    pub(crate) fn headers_verified(&self) -> bool {
+        self.headers_verified
+    }
+
+    /// The rate of new keys of every unverified tenant together, if limited.
+    pub(crate) fn unverified_key_rate(&self) -> Option<KeyRate> {
+        self.unverified_key_rate
+    }
+
+    /// Takes a token from the bucket every unverified tenant's new keys share, at `now`.
+    pub(crate) fn take_unverified(&self, rate: &KeyRate, now: Timestamp) -> bool {
+        let mut bucket = self
+            .state
+            .unverified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        bucket
+            .get_or_insert_with(|| LocalBucket::full(rate, now))
+            .take(rate, now)
     }
 
     pub(crate) fn set_override(&mut self, tenant: String, limits: TenantOverride) {
@@ -174,13 +216,7 @@ impl TenantLimits {
     /// Takes a token from this process's own bucket of `tenant` at `now`.
     pub(crate) fn take_local(&self, tenant: &Tenant, rate: &KeyRate, now: Timestamp) -> bool {
         let mut buckets = self.state.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        if buckets.len() >= MAX_IDLE_BUCKETS && !buckets.contains_key(tenant) {
-            buckets.retain(|_, b| !b.is_full(rate, now));
-        }
-        buckets
-            .entry(tenant.clone())
-            .or_insert_with(|| LocalBucket::full(rate, now))
-            .take(rate, now)
+        buckets.take(tenant, rate, now)
     }
 
     /// These limits, counted in `earlier`'s state.
@@ -233,26 +269,51 @@ pub(crate) async fn take_token<St: idem_core::Store + ?Sized>(
     }
 }
 
-/// The answer to a new key over its tenant's rate: its reservation released (so that
-/// its retry may run), and 429 `key-rate-exceeded` with `Retry-After`.
+/// Which rate a new key is over.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Refusal {
+    /// Its tenant's own.
+    Tenant(KeyRate),
+    /// That of every unverified tenant's new keys together.
+    Unverified(KeyRate),
+}
+
+/// The answer to a new key over its tenant's rate, or over the rate of unverified
+/// tenants: its reservation released (so that its retry may run), and 429
+/// `key-rate-exceeded` with `Retry-After`.
 pub(crate) async fn refuse_new_key<St: idem_core::Store + ?Sized, B>(
     store: &St,
     observer: &dyn crate::Observer,
     lease: idem_core::Lease,
-    rate: KeyRate,
+    refusal: Refusal,
     dialect: crate::profile::Dialect,
 ) -> http::Response<crate::IdempotencyBody<B>> {
-    observer.tenant_limited(lease.scope.tenant(), "key_rate");
+    let (limit, rate, detail) = match refusal {
+        Refusal::Tenant(rate) => (
+            "key_rate",
+            rate,
+            format!(
+                "this tenant has started new keys faster than its rate of {rate} allows; \
+                 the key was released and nothing was forwarded: retry with the same key \
+                 after the Retry-After delay"
+            ),
+        ),
+        Refusal::Unverified(rate) => (
+            "unverified_key_rate",
+            rate,
+            format!(
+                "tenants named by no verified source have together started new keys \
+                 faster than their shared rate of {rate} allows; the key was released and \
+                 nothing was forwarded: retry with the same key after the Retry-After delay"
+            ),
+        ),
+    };
+    observer.tenant_limited(lease.scope.tenant(), limit);
     if let Err(e) = crate::observer::timed(observer, "release", store.release(&lease)).await {
         // The key stays in progress until its lease lapses; its retry then takes over.
         tracing::warn!(error = %e, scope = %lease.scope.digest(), "could not release a key refused for its tenant's rate");
     }
     observer.outcome(crate::Outcome::Rejected);
-    let detail = format!(
-        "this tenant has started new keys faster than its rate of {rate} allows; the key \
-         was released and nothing was forwarded: retry with the same key after the \
-         Retry-After delay"
-    );
     let problem = crate::problem::Problem::new(crate::ProblemKind::KeyRateExceeded, detail)
         .retry_after(rate.retry_after());
     let mut response = problem

@@ -144,11 +144,23 @@ struct RecordKey {
 /// each opens the answers sealed under its id, so keys rotate without downtime (add the
 /// new key first, wait one record TTL, drop the old one).
 ///
-/// Cheap to clone. `Debug` shows the ids, never the keys.
+/// Cheap to clone. `Debug` shows the ids, never the keys. Two rings are equal when they
+/// hold the same keys under the same ids in the same order (told by a SHA-256 digest of
+/// them made with the ring, so that a reloaded key file can be compared with the one in
+/// force; the keys themselves are not kept).
 #[derive(Clone)]
 pub struct RecordKeys {
     keys: Arc<[RecordKey]>,
+    digest: [u8; 32],
 }
+
+impl PartialEq for RecordKeys {
+    fn eq(&self, other: &RecordKeys) -> bool {
+        self.digest == other.digest
+    }
+}
+
+impl Eq for RecordKeys {}
 
 impl fmt::Debug for RecordKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -174,7 +186,9 @@ impl RecordKeys {
         I: IntoIterator<Item = (S, [u8; 32])>,
         S: Into<String>,
     {
+        use sha2::Digest;
         let mut ring: Vec<RecordKey> = Vec::new();
+        let mut digest = sha2::Sha256::new();
         for (i, (id, key)) in keys.into_iter().enumerate() {
             let id = id.into();
             let line = i + 1;
@@ -189,13 +203,19 @@ impl RecordKeys {
             if ring.iter().any(|k| k.id == id) {
                 return Err(RecordKeyError::DuplicateId { line, id });
             }
+            digest.update((id.len() as u64).to_be_bytes());
+            digest.update(id.as_bytes());
+            digest.update(key);
             let cipher = XChaCha20Poly1305::new(&key.into());
             ring.push(RecordKey { id, cipher });
         }
         if ring.is_empty() {
             return Err(RecordKeyError::Empty);
         }
-        Ok(RecordKeys { keys: ring.into() })
+        Ok(RecordKeys {
+            keys: ring.into(),
+            digest: digest.finalize().into(),
+        })
     }
 
     /// A ring from a key file's text: one key per line, `id:<64 hex digits>` (32

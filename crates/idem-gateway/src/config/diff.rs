@@ -61,14 +61,51 @@ fn settings(toml: &str) -> Vec<(String, String)> {
 }
 
 /// What changes from `before` to `after`, in the order `after` writes its settings
-/// (those only `before` has last).
+/// (those only `before` has last), then the secrets that changed where the file's form
+/// cannot show it (a token, a file's contents, a password in a URL).
 pub(crate) fn diff(
     before: &GatewayConfig,
     before_args: &ServeArgs,
     after: &GatewayConfig,
     after_args: &ServeArgs,
 ) -> Vec<Change> {
-    diff_toml(&before.to_toml(before_args), &after.to_toml(after_args))
+    let mut changes = diff_toml(&before.to_toml(before_args), &after.to_toml(after_args));
+    for setting in changed_secrets(before, after) {
+        if changes.iter().all(|c| c.setting != setting) {
+            changes.push(Change {
+                setting: setting.to_owned(),
+                before: Some("# a secret, not shown".to_owned()),
+                after: Some("# another secret, not shown".to_owned()),
+                live: Setting::keyed(setting).is_none_or(|s| s.reload != Reload::Restart),
+            });
+        }
+    }
+    changes
+}
+
+/// The settings whose secret differs between `before` and `after`, each compared as
+/// resolved (the file it names read): the file's form shows none of them, or only the
+/// file's path.
+fn changed_secrets(before: &GatewayConfig, after: &GatewayConfig) -> Vec<&'static str> {
+    let hs256 = |c: &GatewayConfig| c.jwt.as_ref().and_then(|j| j.hs256_secret.clone());
+    // A tenant key keeps no secret to compare: the tenant it names a fixed probe by
+    // differs with the secret.
+    let probe = |c: &GatewayConfig| {
+        c.tenant_key
+            .as_ref()
+            .map(|k| k.credential("idem-config-diff", b"probe"))
+    };
+    [
+        ("admin_token", before.admin_token != after.admin_token),
+        ("tenant_secret_file", probe(before) != probe(after)),
+        ("record_key_file", before.record_keys != after.record_keys),
+        ("jwt_hs256_secret_file", hs256(before) != hs256(after)),
+        // The password the file's form hides.
+        ("store", before.store != after.store),
+    ]
+    .into_iter()
+    .filter_map(|(setting, changed)| changed.then_some(setting))
+    .collect()
 }
 
 /// [`diff`] of two configurations already written in the file's form.
@@ -150,6 +187,43 @@ pub(crate) fn render(changes: &[Change]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A configuration on `store` with `token` as its admin token.
+    fn config(store: &str, token: &str) -> (GatewayConfig, ServeArgs) {
+        let args = ServeArgs {
+            upstream: Some("http://127.0.0.1:3000".into()),
+            store: Some(store.into()),
+            admin_token: Some(token.into()),
+            ..ServeArgs::default()
+        };
+        (
+            GatewayConfig::merge(&args, ServeArgs::default()).unwrap(),
+            args,
+        )
+    }
+
+    #[test]
+    fn a_secret_the_file_form_hides_is_compared_and_never_shown() {
+        let (a, a_args) = config("postgres://u:first@127.0.0.1/db", "token-one");
+        let (b, b_args) = config("postgres://u:second@127.0.0.1/db", "token-two");
+        assert_eq!(
+            a.to_toml(&a_args),
+            b.to_toml(&b_args),
+            "the form hides both"
+        );
+        let changes = diff(&a, &a_args, &b, &b_args);
+        let named: Vec<(&str, bool)> = changes
+            .iter()
+            .map(|c| (c.setting.as_str(), c.live))
+            .collect();
+        assert_eq!(named, [("admin_token", true), ("store", false)]);
+        let text = render(&changes);
+        for secret in ["first", "second", "token-one", "token-two"] {
+            assert!(!text.contains(secret), "{text}");
+        }
+        assert!(text.ends_with("these take a restart: store\n"), "{text}");
+        assert!(diff(&a, &a_args, &a, &a_args).is_empty());
+    }
 
     #[test]
     fn settings_notes_and_tables_are_compared_and_restart_only_ones_named() {

@@ -86,6 +86,15 @@ pub(super) fn tenant_key_rate(a: &ServeArgs) -> Result<Option<idem_core::KeyRate
         .transpose()
 }
 
+pub(super) fn unverified_key_rate(
+    a: &ServeArgs,
+) -> Result<Option<idem_core::KeyRate>, ConfigError> {
+    a.unverified_key_rate
+        .as_deref()
+        .map(|r| r.parse().map_err(|e| invalid("unverified_key_rate", e)))
+        .transpose()
+}
+
 pub(super) fn keyed_methods(a: &ServeArgs) -> Result<Vec<Method>, ConfigError> {
     let methods = match &a.keyed_methods {
         Some(list) => parse_methods(list, "keyed_methods")?,

@@ -98,16 +98,25 @@ settings! {
     pub admin: Option<String>, restart => admin: Option<SocketAddr> = resolve::admin,
         print |c, _| c.admin.map(shown).ok_or("off");
 
-    /// Bearer token that the admin listener requires (all but /healthz and /readyz).
+    /// Bearer token that the admin listener requires (all but /healthz and /readyz); a
+    /// reload puts a new one in force at once, and the old one is refused from then on.
     #[arg(long, env = "IDEM_ADMIN_TOKEN", value_name = "TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>, restart => admin_token: Option<String> = admin_token,
+    pub admin_token: Option<String>, live => admin_token: Option<String> = admin_token,
         print print::admin_token;
 
     /// A file holding the admin bearer token, so it stays out of the process's arguments
-    /// and environment; a trailing line end is dropped. Not with --admin-token.
+    /// and environment; a trailing line end is dropped; read again on a reload. Not with
+    /// --admin-token.
     #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "PATH")]
-    pub admin_token_file: Option<PathBuf>, restart => admin_token,
+    pub admin_token_file: Option<PathBuf>, live => admin_token,
         print |_, a| a.admin_token_file.as_deref().map(path).ok_or("none");
+
+    /// Without an admin token, serve /keys (every tenant's records and recorded answers,
+    /// and their deletion) and /reload to anyone who can reach the admin listener,
+    /// instead of refusing them with 403 `admin-route-closed`; warned about at start.
+    #[arg(long, env = "IDEM_ADMIN_OPEN")]
+    pub admin_open: bool, live => admin_open: bool = |a| Ok(a.admin_open),
+        print |c, _| c.admin_open.to_string();
 
     /// Answer 400 to a keyed method that carries no Idempotency-Key.
     #[arg(long, env = "IDEM_REQUIRE_KEY")]
@@ -319,6 +328,17 @@ settings! {
     pub tenant_key_rate: Option<String>, live
         => tenant_key_rate: Option<idem_core::KeyRate> = resolve::tenant_key_rate,
         print |c, _| c.tenant_key_rate.map(shown).ok_or("none: new keys are not limited");
+
+    /// At most this rate of new keys, `RATE/UNIT[,BURST]`, of all the tenants no verified
+    /// source names, together: those named by --tenant-header (unless only the trusted
+    /// proxies may set every one of them, --trusted-headers) and `anonymous`. A client
+    /// can make up a tenant per request with headers, so the limits per tenant do not
+    /// bound it; this does. A new key beyond it is answered 429 `key-rate-exceeded` and
+    /// released. Per instance, whatever the store [default: none].
+    #[arg(long, env = "IDEM_UNVERIFIED_KEY_RATE", value_name = "RATE")]
+    pub unverified_key_rate: Option<String>, live
+        => unverified_key_rate: Option<idem_core::KeyRate> = resolve::unverified_key_rate,
+        print |c, _| c.unverified_key_rate.map(shown).ok_or("none: new keys are not limited");
 
     /// How many of the busiest tenants `/metrics` counts keyed requests for
     /// (`idem_tenant_keyed_requests_total`); 0 for none [default: 10].
@@ -541,7 +561,8 @@ settings! {
 
     /// PEM file with the proxy listener's TLS certificate chain (its own certificate
     /// first): the listener then speaks HTTPS only, HTTP/2 or HTTP/1.1 by ALPN, TLS 1.2
-    /// and 1.3; read again on SIGHUP. With --tls-key [default: plain TCP].
+    /// and 1.3; read again on a reload (SIGHUP, POST /reload). With --tls-key [default:
+    /// plain TCP].
     #[arg(long, env = "IDEM_TLS_CERT", value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>, restart => tls,
         print |c, _| c.tls.as_ref().map(|f| path(&f.cert)).ok_or("plain TCP");
@@ -551,7 +572,7 @@ settings! {
     pub tls_key: Option<PathBuf>, restart => tls,
         print |c, _| c.tls.as_ref().map(|f| path(&f.key)).ok_or("plain TCP");
 
-    /// PEM file with the admin listener's TLS certificate chain; read again on SIGHUP.
+    /// PEM file with the admin listener's TLS certificate chain; read again on a reload.
     /// With --admin-tls-key [default: plain TCP].
     #[arg(long, env = "IDEM_ADMIN_TLS_CERT", value_name = "FILE", requires = "admin_tls_key")]
     pub admin_tls_cert: Option<PathBuf>, restart

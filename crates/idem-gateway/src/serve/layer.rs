@@ -62,6 +62,8 @@ fn layer_over_routes(
         .require_tenant(config.require_tenant)
         .tenant_max_in_flight(config.tenant_max_in_flight)
         .tenant_key_rate(config.tenant_key_rate)
+        .unverified_key_rate(config.unverified_key_rate)
+        .tenant_headers_verified(config.tenant_headers_asserted())
         .observer(metrics);
     for tenant in &config.tenant_overrides {
         layer = layer

@@ -54,6 +54,8 @@ pub(super) struct Parts {
     pub(super) store: Arc<dyn Store>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) telemetry: Option<Telemetry>,
+    /// Who may call the admin routes: put in force with each generation.
+    pub(super) admin_access: Arc<ArcSwap<crate::admin::AdminAccess>>,
 }
 
 impl Generation {
@@ -157,6 +159,8 @@ pub(crate) struct Reloader {
     /// `--config` file is read again; `None` for a gateway embedded with a
     /// configuration of its own, which cannot be read again.
     cli: Option<ServeArgs>,
+    /// The listeners' certificates and keys, read again by every reload.
+    tls: Vec<(&'static str, crate::listener::Tls)>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -172,6 +176,7 @@ impl Reloader {
         live: Arc<ArcSwap<Generation>>,
         parts: Parts,
         cli: Option<ServeArgs>,
+        tls: Vec<(&'static str, crate::listener::Tls)>,
     ) -> Reloader {
         Reloader {
             live,
@@ -179,6 +184,7 @@ impl Reloader {
             lock: tokio::sync::Mutex::new(()),
             last_error: Mutex::new(None),
             cli,
+            tls,
         }
     }
 
@@ -195,11 +201,14 @@ impl Reloader {
             .clone()
     }
 
-    /// Reads the configuration file (and the files it names) again, resolves it
-    /// under the same command line and environment, and puts what may change in
-    /// force for new requests. On any error the generation in force stays.
+    /// Reads the listeners' certificates and keys again (SIGHUP and `POST /reload`
+    /// alike, so a rotated private key is in force either way), then the
+    /// configuration file (and the files it names), resolves it under the same
+    /// command line and environment, and puts what may change in force for new
+    /// requests. On any error the generation in force stays.
     pub(crate) async fn reload(&self) -> Result<Reloaded, ReloadError> {
         let _one = self.lock.lock().await;
+        super::signals::reload_tls(&self.tls);
         let result = self.reload_locked().await;
         let mut last = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
         match &result {
@@ -246,6 +255,7 @@ impl Reloader {
         for warning in config.warnings().await {
             tracing::warn!("reload: {warning}");
         }
+        let access = crate::admin::AdminAccess::of(&config);
         let generation = Generation::build(
             current.number + 1,
             config,
@@ -262,6 +272,8 @@ impl Reloader {
             need_restart: need_restart.into_iter().map(|c| c.setting).collect(),
         };
         self.live.store(Arc::new(generation));
+        // From this moment on, the token of the new configuration, and only it.
+        self.parts.admin_access.store(Arc::new(access));
         Ok(reloaded)
     }
 }

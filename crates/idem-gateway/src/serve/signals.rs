@@ -5,43 +5,44 @@ use std::sync::Arc;
 use super::Reloader;
 use crate::listener::Tls;
 
-/// On every SIGHUP, reads each listener's certificate and key again (new connections
-/// get the new pair, open ones keep theirs, and a pair that cannot be used is logged
-/// and leaves the one in force), then the configuration, when the gateway is
-/// [reloadable](Gateway::reloadable) (see [`Reloader`]). SIGHUP never ends the process,
-/// as it would by default.
-pub(super) async fn reload_on_sighup(
-    hangup: Hangup,
-    tls: Vec<(&'static str, Tls)>,
-    reloader: Arc<Reloader>,
-) {
+/// On every SIGHUP, reloads (see [`Reloader::reload`]): each listener's certificate
+/// and key read again, then the configuration, when the gateway is
+/// [reloadable](super::Gateway::reloadable). SIGHUP never ends the process, as it would
+/// by default.
+pub(super) async fn reload_on_sighup(hangup: Hangup, reloader: Arc<Reloader>) {
     #[cfg(unix)]
     {
         let Some(mut hup) = hangup.0 else {
             return;
         };
         while hup.recv().await.is_some() {
-            for (listener, tls) in &tls {
-                let files = tls.files();
-                match tls.reload() {
-                    Ok(()) => tracing::info!(
-                        listener,
-                        cert = %files.cert.display(),
-                        "SIGHUP: TLS certificate reloaded; new connections use it"
-                    ),
-                    Err(e) => tracing::error!(
-                        listener,
-                        error = %e,
-                        "SIGHUP: the new TLS certificate cannot be used; keeping the one in force"
-                    ),
-                }
-            }
             // Logged by the reloader, whatever came of it.
             let _ = reloader.reload().await;
         }
     }
     #[cfg(not(unix))]
-    drop((hangup, tls, reloader));
+    drop((hangup, reloader));
+}
+
+/// Reads each listener's certificate and key again: new connections get the new pair,
+/// open ones keep theirs, and a pair that cannot be used is logged and leaves the one
+/// in force.
+pub(super) fn reload_tls(tls: &[(&'static str, Tls)]) {
+    for (listener, tls) in tls {
+        let files = tls.files();
+        match tls.reload() {
+            Ok(()) => tracing::info!(
+                listener,
+                cert = %files.cert.display(),
+                "TLS certificate reloaded; new connections use it"
+            ),
+            Err(e) => tracing::error!(
+                listener,
+                error = %e,
+                "the new TLS certificate cannot be used; keeping the one in force"
+            ),
+        }
+    }
 }
 
 /// SIGHUP, listened for from the moment the gateway is bound: a SIGHUP that comes

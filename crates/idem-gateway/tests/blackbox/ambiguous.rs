@@ -44,6 +44,8 @@ async fn upstream_timeout_is_counted_logged_by_digest_and_listed() {
             "1s",
             "--admin",
             "0",
+            // The listing is what this test reads; no token on a test bench.
+            "--admin-open",
         ],
     )
     .await;
@@ -180,6 +182,7 @@ async fn answer_too_large_is_recorded_as_ambiguous() {
             "1KiB",
             "--admin",
             "0",
+            "--admin-open",
         ],
     )
     .await;
@@ -225,7 +228,7 @@ async fn listing_pages_and_refuses_bad_parameters() {
     let gw = Gateway::start(
         &up.url(),
         dir.path(),
-        &["--store", "memory://", "--admin", "0"],
+        &["--store", "memory://", "--admin", "0", "--admin-open"],
     )
     .await;
     let http = Http::new();

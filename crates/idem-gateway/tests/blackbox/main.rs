@@ -8,6 +8,7 @@
 //! own to break.
 
 mod access_log;
+mod admin_access;
 mod ambiguous;
 mod chaos;
 mod check;

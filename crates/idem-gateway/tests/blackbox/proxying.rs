@@ -114,7 +114,7 @@ async fn unreachable_upstream_is_502_and_releases_the_key() {
     let gw = Gateway::start(
         &format!("http://127.0.0.1:{port}"),
         dir.path(),
-        &["--store", "memory://", "--admin", "0"],
+        &["--store", "memory://", "--admin", "0", "--admin-open"],
     )
     .await;
     let http = Http::new();
@@ -208,6 +208,7 @@ async fn upstream_timeout_is_504_and_keeps_the_key_in_progress(proto: Proto) {
             "300ms",
             "--admin",
             "0",
+            "--admin-open",
         ],
     )
     .await;

@@ -183,3 +183,133 @@ async fn the_rate_is_shared_by_every_gateway_on_postgres() {
 async fn the_rate_is_shared_by_every_gateway_on_redis() {
     the_rate_is_shared_by_every_gateway_on(crate::shared::redis().await).await;
 }
+
+/// `--unverified-key-rate` (issue 61 §3): a client that makes up a tenant per request
+/// with a tenant header is under every limit per tenant, but not under this one: the
+/// new keys of every tenant named by headers (and of `anonymous`) share one bucket, and
+/// beyond it each is 429 `key-rate-exceeded`, released and never forwarded. A tenant a
+/// verified bearer token names is not counted; replays take no token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_tenants_share_the_unverified_key_rate() {
+    use idem_test_support::jwt::{Signer, epoch};
+    use std::os::unix::fs::PermissionsExt;
+
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("hs.secret");
+    std::fs::write(&secret, [b'h'; 40]).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let args = [
+        "--store",
+        "memory://",
+        "--tenant-from",
+        "jwt,headers",
+        "--tenant-header",
+        "x-account",
+        "--jwt-hs256-secret-file",
+        "hs.secret",
+        "--tenant-key-rate",
+        "10/min,10",
+        "--unverified-key-rate",
+        "3/min,3",
+    ];
+    let gw = Gateway::start(&up.url(), dir.path(), &args).await;
+    let http = Http::new();
+    let url = gw.url("/v1/charges");
+    let minted = |i: usize| format!("acct_minted_{i}");
+    let mut keys = Vec::new();
+    for i in 0..3 {
+        let key = new_key();
+        let answer = http
+            .post(&url, &key, "{}", &[("x-account", &minted(i))])
+            .await;
+        assert_eq!(answer.status, 201, "the shared burst: {answer:?}");
+        keys.push(key);
+    }
+    for i in 3..6 {
+        let key = new_key();
+        let refused = http
+            .post(&url, &key, "{}", &[("x-account", &minted(i))])
+            .await;
+        assert_eq!(refused.status, 429, "a fresh made-up tenant: {refused:?}");
+        assert_eq!(
+            refused.problem_type(),
+            "https://idem.dev/problems/key-rate-exceeded"
+        );
+        assert_eq!(refused.header("retry-after"), Some("20"), "one in 20 s");
+        assert!(
+            refused.json()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("no verified source"),
+            "{:?}",
+            refused.json()
+        );
+        assert_eq!(up.started(&key), 0, "nothing was forwarded");
+    }
+    let anonymous = new_key();
+    let refused = http.post(&url, &anonymous, "{}", &[]).await;
+    assert_eq!(
+        refused.status, 429,
+        "anonymous is unverified too: {refused:?}"
+    );
+    assert_eq!(up.started(&anonymous), 0);
+    // A replay of a made-up tenant's key is free.
+    let replay = http
+        .post(&url, &keys[0], "{}", &[("x-account", &minted(0))])
+        .await;
+    assert!(replay.replayed(), "{replay:?}");
+    // A verified tenant has its own rate only.
+    let claims = serde_json::json!({"sub": "cus_verified", "iat": epoch(0), "exp": epoch(300)});
+    let token = format!("Bearer {}", Signer::hs256("k", &[b'h'; 40]).sign(&claims));
+    for _ in 0..3 {
+        let key = new_key();
+        let answer = http
+            .post(&url, &key, "{}", &[("authorization", &token)])
+            .await;
+        assert_eq!(
+            answer.status, 201,
+            "a verified tenant is not counted: {answer:?}"
+        );
+        assert_eq!(up.started(&key), 1);
+    }
+    assert_eq!(
+        up.total(),
+        6,
+        "three made-up tenants' keys and three verified"
+    );
+}
+
+/// Tenant headers that only the trusted proxies may set (`--trusted-headers`) name
+/// verified tenants: the ingress vouches for them, so `--unverified-key-rate` does not
+/// count them; a request without them is `anonymous`, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_an_ingress_asserts_are_not_counted_as_unverified() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--store",
+        "memory://",
+        "--trusted-proxies",
+        "127.0.0.1",
+        "--trusted-headers",
+        "x-user-id",
+        "--tenant-header",
+        "x-user-id",
+        "--unverified-key-rate",
+        "1/min,1",
+    ];
+    let gw = Gateway::start(&up.url(), dir.path(), &args).await;
+    let http = Http::new();
+    let url = gw.url("/v1/charges");
+    for i in 0..3 {
+        let user = format!("user-{i}");
+        let answer = http
+            .post(&url, &new_key(), "{}", &[("x-user-id", &user)])
+            .await;
+        assert_eq!(answer.status, 201, "asserted by the ingress: {answer:?}");
+    }
+    assert_eq!(http.post(&url, &new_key(), "{}", &[]).await.status, 201);
+    let refused = http.post(&url, &new_key(), "{}", &[]).await;
+    assert_eq!(refused.status, 429, "anonymous is unverified: {refused:?}");
+}

@@ -331,6 +331,51 @@ async fn sighup_reloads_the_pair_for_new_connections_and_open_ones_keep_working(
     assert_eq!(get(&mut open).await, 201);
 }
 
+/// `POST /reload` reads the pair again as SIGHUP does (issue 61 §5): a private key
+/// rotated under the same file names is in force once the reload answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_reload_reloads_the_pair_too() {
+    let pki = Pki::new();
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let first = pki.leaf();
+    write_pair(dir.path(), &first);
+    let token = "tls-reload-admin-token-0123456789";
+    let gw = Gateway::start(
+        &up.url(),
+        dir.path(),
+        &[
+            "--store",
+            "memory://",
+            "--tls-cert",
+            "cert.pem",
+            "--tls-key",
+            "key.pem",
+            "--admin",
+            "127.0.0.1:0",
+            "--admin-token",
+            token,
+        ],
+    )
+    .await;
+    let (_, presented, _) = connect(&pki, &gw, &[b"h2"]).await;
+    assert_eq!(presented, first.der);
+    let second = pki.leaf();
+    write_pair(dir.path(), &second);
+    let auth = format!("Bearer {token}");
+    let done = crate::common::Http::new()
+        .send(
+            "POST",
+            &gw.admin_url("/reload"),
+            &[("authorization", &auth)],
+            "",
+        )
+        .await;
+    assert_eq!(done.status, 200, "{done:?}");
+    let (_, presented, _) = connect(&pki, &gw, &[b"h2"]).await;
+    assert_eq!(presented, second.der, "the new pair, at once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unusable_files_stop_the_start_with_a_clear_error() {
     let pki = Pki::new();

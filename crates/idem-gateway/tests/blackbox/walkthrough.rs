@@ -113,7 +113,12 @@ async fn the_gateway_pages_walkthrough_shows_what_the_gateway_answers() {
             .unwrap();
     });
     let dir = tempfile::tempdir().unwrap();
-    let gw = Gateway::start(&upstream, dir.path(), &["--admin", "127.0.0.1:0"]).await;
+    let gw = Gateway::start(
+        &upstream,
+        dir.path(),
+        &["--admin", "127.0.0.1:0", "--admin-open"],
+    )
+    .await;
     let http = Http::new();
     let charges = gw.url("/v1/charges");
     let alice = [("authorization", "Bearer sk_test_alice")];
