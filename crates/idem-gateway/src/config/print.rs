@@ -169,7 +169,8 @@ pub(super) fn otlp_endpoint(config: &GatewayConfig, _: &ServeArgs) -> Line {
         let base = url
             .strip_suffix(crate::telemetry::TRACES_PATH)
             .unwrap_or(url);
-        quoted(base)
+        // A password in the endpoint's URL is no one's to read in a printed config.
+        quoted(&idem_core::redact_url(base))
     };
     config
         .otlp_endpoint

@@ -44,6 +44,15 @@ impl Upstream {
         if uri.query().is_some() {
             return Err(invalid("upstream", "the URL may not carry a query"));
         }
+        // The proxy sends no credentials from the URL, and the URL is printed (by
+        // check-config, in logs): a password here would be both ignored and shown.
+        if authority.as_str().contains('@') {
+            return Err(invalid(
+                "upstream",
+                "the URL may not carry credentials (user:password@): the gateway does not \
+                 send them; have the client send its own Authorization header",
+            ));
+        }
         Ok(Upstream {
             scheme,
             authority,
@@ -138,6 +147,16 @@ mod tests {
         assert!(!Upstream::parse("http://example.test").unwrap().is_tls());
         assert!(Upstream::parse("ftp://example.test").is_err());
         assert!(Upstream::parse("127.0.0.1:3000").is_err());
+        let with_password = Upstream::parse("http://user:secret@127.0.0.1:3000").unwrap_err();
+        assert!(
+            with_password.to_string().contains("credentials"),
+            "{with_password}"
+        );
+        assert!(
+            !with_password.to_string().contains("secret"),
+            "{with_password}"
+        );
+        assert!(Upstream::parse("http://user@127.0.0.1:3000").is_err());
         let incoming: Uri = "/v1/x?a=1".parse().unwrap();
         let u = Upstream::parse("http://127.0.0.1:3000").unwrap();
         assert_eq!(

@@ -662,6 +662,43 @@ fn check_config_prints_every_setting_as_the_file_spells_it_and_reads_back_the_sa
 }
 
 #[test]
+fn check_config_shows_no_password_of_a_url() {
+    // An exporter's endpoint may carry a password: printed, it is masked.
+    let out = idem(&[
+        "check-config",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--store",
+        "memory://",
+        "--otlp-endpoint",
+        "http://collector:hunter2@127.0.0.1:4318",
+    ]);
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(
+        said.contains("otlp_endpoint = \"http://collector:***@127.0.0.1:4318\""),
+        "{said}"
+    );
+    assert!(!said.contains("hunter2"), "{said}");
+    // The upstream's URL may carry none: the proxy would not send it, and the URL is
+    // printed and logged. Refused as a usage error, without repeating it.
+    let out = idem(&[
+        "check-config",
+        "--upstream",
+        "http://app:hunter2@127.0.0.1:9",
+        "--store",
+        "memory://",
+    ]);
+    let (said, err) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{said}{err}");
+    assert!(err.contains("may not carry credentials"), "{err}");
+    assert!(
+        !said.contains("hunter2") && !err.contains("hunter2"),
+        "{said}{err}"
+    );
+}
+
+#[test]
 fn example_config_passes_check_config() {
     // The example's SQLite file is in /var/lib/idem; the environment wins over the file.
     let out = idem_with(
