@@ -11,6 +11,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlSslMode};
 use sqlx::{Connection, MySqlConnection, MySqlPool};
 
 use crate::error::{KIND, setup_error};
+use crate::poller::{DEFAULT_WAIT_POLL, Poller};
 use crate::schema::{self, DEFAULT_TABLE};
 use crate::statements::Statements;
 use crate::store::MySqlStore;
@@ -41,6 +42,7 @@ pub struct MySqlStoreBuilder {
     operation_timeout: Duration,
     max_connections: u32,
     migrate: bool,
+    wait_poll: Duration,
 }
 
 impl fmt::Debug for MySqlStoreBuilder {
@@ -52,6 +54,7 @@ impl fmt::Debug for MySqlStoreBuilder {
             .field("operation_timeout", &self.operation_timeout)
             .field("max_connections", &self.max_connections)
             .field("migrate", &self.migrate)
+            .field("wait_poll", &self.wait_poll)
             .finish()
     }
 }
@@ -65,6 +68,7 @@ impl Default for MySqlStoreBuilder {
             operation_timeout: Duration::from_secs(5),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             migrate: true,
+            wait_poll: DEFAULT_WAIT_POLL,
         }
     }
 }
@@ -110,6 +114,16 @@ impl MySqlStoreBuilder {
         self
     }
 
+    /// How often the store looks for the completion of the records its waiting
+    /// duplicates watch (SPEC S15; [`DEFAULT_WAIT_POLL`] by default): one statement per
+    /// interval for all of them, while any waits. [`Duration::ZERO`] turns the poller
+    /// off, and each waiter then reserves again on a backoff of its own. A URL's
+    /// `wait-poll-ms` overrides it.
+    pub fn wait_poll(mut self, every: Duration) -> Self {
+        self.wait_poll = every;
+        self
+    }
+
     /// Connects to `url` (`mysql://user:password@host:3306/database`, or `mariadb://`
     /// the same), checks that the server answers, and migrates the table unless told
     /// not to.
@@ -125,11 +139,15 @@ impl MySqlStoreBuilder {
 
     /// A store whose pool connects on its first operation: the URL and the table name
     /// are checked, nothing else.
-    pub fn connect_lazy(self, url: &str) -> Result<MySqlStore, SetupError> {
+    pub fn connect_lazy(mut self, url: &str) -> Result<MySqlStore, SetupError> {
+        let (options, wait_poll) = parse_url(url)?;
+        if let Some(every) = wait_poll {
+            self.wait_poll = every;
+        }
         let pool = MySqlPoolOptions::new()
             .max_connections(self.max_connections)
             .acquire_timeout(self.acquire_timeout)
-            .connect_lazy_with(parse_url(url)?);
+            .connect_lazy_with(options);
         self.build(pool)
     }
 
@@ -145,8 +163,19 @@ impl MySqlStoreBuilder {
 
     fn build(self, pool: MySqlPool) -> Result<MySqlStore, SetupError> {
         let table = schema::table_name(&self.table)?;
+        let runtime = tokio::runtime::Handle::try_current().is_ok();
+        let poller = (runtime && !self.wait_poll.is_zero()).then(|| {
+            Arc::new(Poller::spawn(
+                pool.clone(),
+                table.as_str(),
+                self.clock.clone(),
+                self.wait_poll,
+                self.operation_timeout,
+            ))
+        });
         Ok(MySqlStore {
             sql: Arc::new(Statements::for_table(table.as_str())),
+            poller,
             pool,
             clock: self.clock,
             operation_timeout: self.operation_timeout,
@@ -156,19 +185,33 @@ impl MySqlStoreBuilder {
 }
 
 /// The query parameters a store URL may carry: those the driver reads that the store
-/// can honour. The driver passes over any other without a word, so a misspelt one is
-/// refused rather than skipped; its character set stays the store's `utf8mb4`.
-pub(crate) const PARAMETERS: &[&str] =
-    &["ssl-mode", "sslmode", "socket", "statement-cache-capacity"];
+/// can honour, and the store's own [`WAIT_POLL`]. The driver passes over any other
+/// without a word, so a misspelt one is refused rather than skipped; its character set
+/// stays the store's `utf8mb4`.
+pub(crate) const PARAMETERS: &[&str] = &[
+    "ssl-mode",
+    "sslmode",
+    "socket",
+    "statement-cache-capacity",
+    WAIT_POLL,
+];
+
+/// The store's own parameter: milliseconds between the poller's looks
+/// ([`MySqlStoreBuilder::wait_poll`]), 0 for none.
+const WAIT_POLL: &str = "wait-poll-ms";
+
+/// The longest `wait-poll-ms`: a minute. A longer pause would leave waiters to their
+/// own fallback polling anyway.
+const MOST_WAIT_POLL_MS: u64 = 60_000;
 
 /// The TLS files' parameters, which this build cannot honour yet.
 const TLS_FILES: &[&str] = &[
     "ssl-ca", "sslca", "ssl-cert", "sslcert", "ssl-key", "sslkey",
 ];
 
-/// The driver's options for `url`: a scheme of [`SCHEMES`], only [`PARAMETERS`], and no
-/// TLS, which this build does not have yet.
-fn parse_url(url: &str) -> Result<MySqlConnectOptions, SetupError> {
+/// The driver's options for `url`, and its `wait-poll-ms` if it has one: a scheme of
+/// [`SCHEMES`], only [`PARAMETERS`], and no TLS, which this build does not have yet.
+fn parse_url(url: &str) -> Result<(MySqlConnectOptions, Option<Duration>), SetupError> {
     let invalid = |why: String| SetupError::invalid(KIND, why);
     let no_tls = |what: &str| {
         invalid(format!(
@@ -186,10 +229,24 @@ fn parse_url(url: &str) -> Result<MySqlConnectOptions, SetupError> {
             "the scheme {scheme}:// is not one of mysql:// and mariadb://"
         )));
     }
+    let mut wait_poll = None;
     for pair in query_pairs(url) {
-        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         if TLS_FILES.contains(&name) {
             return Err(no_tls(name));
+        }
+        if name == WAIT_POLL {
+            let ms = value
+                .parse::<u64>()
+                .ok()
+                .filter(|ms| *ms <= MOST_WAIT_POLL_MS)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "{WAIT_POLL}={value:?}: expected milliseconds from 0 (no poller) \
+                         to {MOST_WAIT_POLL_MS}"
+                    ))
+                })?;
+            wait_poll = Some(Duration::from_millis(ms));
         }
     }
     refuse_unknown_parameters(url, PARAMETERS).map_err(invalid)?;
@@ -199,7 +256,7 @@ fn parse_url(url: &str) -> Result<MySqlConnectOptions, SetupError> {
         MySqlSslMode::Disabled | MySqlSslMode::Preferred => {}
         _ => return Err(no_tls("ssl-mode")),
     }
-    Ok(options.ssl_mode(MySqlSslMode::Disabled))
+    Ok((options.ssl_mode(MySqlSslMode::Disabled), wait_poll))
 }
 
 impl MySqlStore {
@@ -260,6 +317,14 @@ mod tests {
             (
                 "mysql://127.0.0.1/test?ssl_mode=DISABLED",
                 "unknown parameter",
+            ),
+            (
+                "mysql://127.0.0.1/test?wait-poll-ms=soon",
+                "wait-poll-ms=\"soon\": expected milliseconds",
+            ),
+            (
+                "mysql://127.0.0.1/test?wait-poll-ms=60001",
+                "to 60000",
             ),
         ] {
             match MySqlStore::builder().connect_lazy(url) {

@@ -91,12 +91,14 @@ mod builder;
 mod error;
 mod list;
 mod open;
+mod poller;
 pub mod schema;
 mod statements;
 mod store;
 mod write;
 
 pub use builder::{DEFAULT_MAX_CONNECTIONS, MySqlStoreBuilder, SCHEMES};
+pub use poller::{DEFAULT_WAIT_POLL, MOST_PER_STATEMENT};
 /// What the builder, constructors and [`schema`] functions fail with: one type for
 /// every store.
 pub use idem_core::SetupError;
