@@ -39,11 +39,17 @@
 //! The gateway opens it from `--store mysql://…` or `mariadb://…` (a namespace `NAME` is
 //! the table `NAME_records`), through [`OpenStore`](idem_core::OpenStore).
 //!
+//! - **Waiting duplicates woken across instances** (SPEC S15) without `LISTEN/NOTIFY`:
+//!   one poller per store asks, once per interval ([`DEFAULT_WAIT_POLL`], the URL's
+//!   `wait-poll-ms`) and in one statement per [`MOST_PER_STATEMENT`] scopes, which of
+//!   the records its waiters watch a live attempt still holds, and wakes the waiters of
+//!   the others, whichever instance ended the attempt. The cost is per instance and
+//!   interval, not per waiter, and nothing while nobody waits; a failed statement wakes
+//!   every waiter to look for itself. [`MySqlStoreBuilder::wait_poll`] sets it.
+//!
 //! Not yet: TLS (a URL whose `ssl-mode` needs it, or that names a CA or client
-//! certificate, is refused), waiting duplicates woken across instances (a waiter polls:
-//! [`Store::watch`](idem_core::Store::watch) is the default [`idem_core::Watch::poll`]),
-//! key-rate buckets shared by instances (each keeps its own), and the inbox and outbox
-//! on MySQL.
+//! certificate, is refused), and key-rate buckets shared by instances (each keeps its
+//! own).
 //!
 //! No RSA: the driver's `mysql-rsa` feature is off, so a MySQL 8 account on
 //! `caching_sha2_password` cannot send its password over plain TCP until the server

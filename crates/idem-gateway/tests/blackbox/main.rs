@@ -44,5 +44,6 @@ mod tls;
 mod tombstones;
 mod upstreams;
 mod wait;
+mod wait_mysql;
 mod walkthrough;
 mod window;
