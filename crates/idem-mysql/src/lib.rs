@@ -35,10 +35,6 @@
 //!   writing.
 //! - `utf8mb4` with its binary collation, `ENGINE=InnoDB`, `LONGBLOB` answers. An
 //!   answer larger than the server's `max_allowed_packet` fails as unavailable.
-//!
-//! The gateway opens it from `--store mysql://…` or `mariadb://…` (a namespace `NAME` is
-//! the table `NAME_records`), through [`OpenStore`](idem_core::OpenStore).
-//!
 //! - **Waiting duplicates woken across instances** (SPEC S15) without `LISTEN/NOTIFY`:
 //!   one poller per store asks, once per interval ([`DEFAULT_WAIT_POLL`], the URL's
 //!   `wait-poll-ms`) and in one statement per [`MOST_PER_STATEMENT`] scopes, which of
@@ -46,6 +42,9 @@
 //!   the others, whichever instance ended the attempt. The cost is per instance and
 //!   interval, not per waiter, and nothing while nobody waits; a failed statement wakes
 //!   every waiter to look for itself. [`MySqlStoreBuilder::wait_poll`] sets it.
+//!
+//! The gateway opens it from `--store mysql://…` or `mariadb://…` (a namespace `NAME` is
+//! the table `NAME_records`), through [`OpenStore`](idem_core::OpenStore).
 //!
 //! Not yet: TLS (a URL whose `ssl-mode` needs it, or that names a CA or client
 //! certificate, is refused), and key-rate buckets shared by instances (each keeps its
