@@ -8,7 +8,9 @@ pub mod cases;
 use std::time::Duration;
 
 use idem_test_support::service_unavailable;
-pub use idem_test_support::services::{nats_url, postgres_url as pg_url, redis_url};
+pub use idem_test_support::services::{
+    mysql_url, nats_url, postgres_url as pg_url, redis_url,
+};
 
 /// A PostgreSQL pool, or `None` (skipped loudly) when the server is unreachable.
 pub async fn pg_pool(max_connections: u32) -> Option<sqlx::PgPool> {
@@ -21,6 +23,22 @@ pub async fn pg_pool(max_connections: u32) -> Option<sqlx::PgPool> {
         Ok(Ok(pool)) => Some(pool),
         Ok(Err(e)) => service_unavailable("PostgreSQL", &url, &e),
         Err(e) => service_unavailable("PostgreSQL", &url, &e),
+    }
+}
+
+/// A MySQL or MariaDB pool (`IDEM_TEST_MYSQL_URL`), or `None` (skipped loudly) when
+/// the server is unreachable.
+#[cfg(feature = "mysql")]
+pub async fn mysql_pool(max_connections: u32) -> Option<sqlx::MySqlPool> {
+    let url = mysql_url();
+    let connect = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&url);
+    match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        Ok(Ok(pool)) => Some(pool),
+        Ok(Err(e)) => service_unavailable("MySQL", &url, &e),
+        Err(e) => service_unavailable("MySQL", &url, &e),
     }
 }
 
