@@ -109,13 +109,7 @@ async fn ids_mysql_text_would_confuse_are_each_processed() {
         .await;
     let long = "é".repeat(MAX_ID_LEN / 2);
     let longer_prefix = format!("{}x", &long[..long.len() - 2]);
-    let ids = [
-        long.as_str(),
-        longer_prefix.as_str(),
-        "m-1",
-        "m-1 ",
-        "M-1",
-    ];
+    let ids = [long.as_str(), longer_prefix.as_str(), "m-1", "m-1 ", "M-1"];
     for id in ids {
         assert!(id.len() <= MAX_ID_LEN);
         let ledger = backend.ledger_table();

@@ -322,10 +322,7 @@ mod tests {
                 "mysql://127.0.0.1/test?wait-poll-ms=soon",
                 "wait-poll-ms=\"soon\": expected milliseconds",
             ),
-            (
-                "mysql://127.0.0.1/test?wait-poll-ms=60001",
-                "to 60000",
-            ),
+            ("mysql://127.0.0.1/test?wait-poll-ms=60001", "to 60000"),
         ] {
             match MySqlStore::builder().connect_lazy(url) {
                 Err(SetupError::Invalid {

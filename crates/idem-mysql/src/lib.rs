@@ -103,10 +103,10 @@ mod store;
 mod write;
 
 pub use builder::{DEFAULT_MAX_CONNECTIONS, MySqlStoreBuilder, SCHEMES};
-pub use poller::{DEFAULT_WAIT_POLL, MOST_PER_STATEMENT};
 /// What the builder, constructors and [`schema`] functions fail with: one type for
 /// every store.
 pub use idem_core::SetupError;
+pub use poller::{DEFAULT_WAIT_POLL, MOST_PER_STATEMENT};
 pub use schema::DEFAULT_TABLE;
 pub use store::MySqlStore;
 

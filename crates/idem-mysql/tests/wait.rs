@@ -60,10 +60,7 @@ async fn wait_on(store: &MySqlStore, req: &ReserveRequest) -> Watch {
         "a MySQL store's watch fires when another instance ends the attempt"
     );
     let found = store.reserve(req).await.expect("reserve");
-    assert!(
-        matches!(found, Reservation::InProgress { .. }),
-        "{found:?}"
-    );
+    assert!(matches!(found, Reservation::InProgress { .. }), "{found:?}");
     watch
 }
 
@@ -141,7 +138,9 @@ async fn a_release_and_a_lapsed_lease_wake_a_waiter_on_another_instance() {
     let took_over = acquire(&b, &lapsing).await;
     assert!(took_over.recovered(), "{took_over:?}");
     assert!(
-        a.complete(&lease, &StoredResponse::new(201, "late")).await.is_err(),
+        a.complete(&lease, &StoredResponse::new(201, "late"))
+            .await
+            .is_err(),
         "the lapsed attempt is fenced"
     );
     a.close().await;

@@ -136,7 +136,10 @@ pub(crate) struct Statements<DB: OutboxDatabase> {
     requeue: String,
     #[cfg_attr(
         not(any(feature = "sqlite", feature = "mysql")),
-        expect(dead_code, reason = "only SQLite and MySQL have statements of their own")
+        expect(
+            dead_code,
+            reason = "only SQLite and MySQL have statements of their own"
+        )
     )]
     pub(crate) extra: DB::Extra,
 }

@@ -71,7 +71,11 @@ async fn duplicate_waits_for_the_first_answer(a: &Gateway, b: &Gateway, up: &Ups
     assert_eq!(up.started(&key), 1, "the upstream ran once");
 }
 
-pub(crate) async fn release_wakes_the_waiter_whose_retry_executes(a: &Gateway, b: &Gateway, up: &Upstream) {
+pub(crate) async fn release_wakes_the_waiter_whose_retry_executes(
+    a: &Gateway,
+    b: &Gateway,
+    up: &Upstream,
+) {
     let key = new_key();
     // 503 releases the key: the first attempt's answer is not recorded.
     let (first, dup) = first_and_duplicate(

@@ -138,9 +138,8 @@ async fn what_a_waiter_costs_mysql() {
                 assert_eq!(f.await.unwrap().status, 201);
             }
             let after = metrics(&http, &b).await;
-            let delta = |series| {
-                metric(&after, series).unwrap_or(0) - metric(&before, series).unwrap_or(0)
-            };
+            let delta =
+                |series| metric(&after, series).unwrap_or(0) - metric(&before, series).unwrap_or(0);
             let (reserves, polls) = (delta(RESERVES), delta(POLLS));
             let statements = reserves * STATEMENTS_PER_BUSY_RESERVE + polls;
             let per = statements as f64 / waited.as_secs_f64();

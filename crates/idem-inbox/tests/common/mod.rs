@@ -8,9 +8,7 @@ pub mod cases;
 use std::time::Duration;
 
 use idem_test_support::service_unavailable;
-pub use idem_test_support::services::{
-    mysql_url, nats_url, postgres_url as pg_url, redis_url,
-};
+pub use idem_test_support::services::{mysql_url, nats_url, postgres_url as pg_url, redis_url};
 
 /// A PostgreSQL pool, or `None` (skipped loudly) when the server is unreachable.
 pub async fn pg_pool(max_connections: u32) -> Option<sqlx::PgPool> {
