@@ -8,7 +8,7 @@ pub mod cases;
 use std::time::Duration;
 
 use idem_test_support::service_unavailable;
-pub use idem_test_support::services::{mysql_url, nats_url, postgres_url as pg_url, redis_url};
+pub use idem_test_support::services::{nats_url, postgres_url as pg_url, redis_url};
 
 /// A PostgreSQL pool, or `None` (skipped loudly) when the server is unreachable.
 pub async fn pg_pool(max_connections: u32) -> Option<sqlx::PgPool> {
@@ -28,7 +28,7 @@ pub async fn pg_pool(max_connections: u32) -> Option<sqlx::PgPool> {
 /// the server is unreachable.
 #[cfg(feature = "mysql")]
 pub async fn mysql_pool(max_connections: u32) -> Option<sqlx::MySqlPool> {
-    let url = mysql_url();
+    let url = idem_test_support::services::mysql_url();
     let connect = sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
