@@ -7,14 +7,15 @@ use std::time::Duration;
 
 use idem_core::open::{query_pairs, refuse_unknown_parameters};
 use idem_core::{SetupError, SharedClock, SystemClock};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlSslMode};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Connection, MySqlConnection, MySqlPool};
 
-use crate::error::{KIND, setup_error};
+use crate::error::{KIND, connect_error};
 use crate::poller::{DEFAULT_WAIT_POLL, Poller};
 use crate::schema::{self, DEFAULT_TABLE};
 use crate::statements::Statements;
 use crate::store::MySqlStore;
+use crate::tls;
 
 /// The pool's default most connections.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
@@ -191,6 +192,12 @@ impl MySqlStoreBuilder {
 pub(crate) const PARAMETERS: &[&str] = &[
     "ssl-mode",
     "sslmode",
+    "ssl-ca",
+    "sslca",
+    "ssl-cert",
+    "sslcert",
+    "ssl-key",
+    "sslkey",
     "socket",
     "statement-cache-capacity",
     WAIT_POLL,
@@ -204,21 +211,11 @@ const WAIT_POLL: &str = "wait-poll-ms";
 /// own fallback polling anyway.
 const MOST_WAIT_POLL_MS: u64 = 60_000;
 
-/// The TLS files' parameters, which this build cannot honour yet.
-const TLS_FILES: &[&str] = &[
-    "ssl-ca", "sslca", "ssl-cert", "sslcert", "ssl-key", "sslkey",
-];
-
 /// The driver's options for `url`, and its `wait-poll-ms` if it has one: a scheme of
-/// [`SCHEMES`], only [`PARAMETERS`], and no TLS, which this build does not have yet.
+/// [`SCHEMES`], only [`PARAMETERS`], a known `ssl-mode`, and TLS files that can be read
+/// and used ([`crate::tls`]).
 fn parse_url(url: &str) -> Result<(MySqlConnectOptions, Option<Duration>), SetupError> {
     let invalid = |why: String| SetupError::invalid(KIND, why);
-    let no_tls = |what: &str| {
-        invalid(format!(
-            "{what}: this build of the store has no TLS yet; use ssl-mode=DISABLED over \
-             a private network"
-        ))
-    };
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(invalid(
             "the URL has no scheme (mysql:// or mariadb://)".into(),
@@ -232,9 +229,6 @@ fn parse_url(url: &str) -> Result<(MySqlConnectOptions, Option<Duration>), Setup
     let mut wait_poll = None;
     for pair in query_pairs(url) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if TLS_FILES.contains(&name) {
-            return Err(no_tls(name));
-        }
         if name == WAIT_POLL {
             let ms = value
                 .parse::<u64>()
@@ -250,13 +244,11 @@ fn parse_url(url: &str) -> Result<(MySqlConnectOptions, Option<Duration>), Setup
         }
     }
     refuse_unknown_parameters(url, PARAMETERS).map_err(invalid)?;
+    tls::check_mode(url).map_err(invalid)?;
     let options = MySqlConnectOptions::from_str(&format!("mysql://{rest}"))
         .map_err(|e| invalid(format!("the driver cannot read the URL: {e}")))?;
-    match options.get_ssl_mode() {
-        MySqlSslMode::Disabled | MySqlSslMode::Preferred => {}
-        _ => return Err(no_tls("ssl-mode")),
-    }
-    Ok((options.ssl_mode(MySqlSslMode::Disabled), wait_poll))
+    let options = tls::apply(url, options).map_err(invalid)?;
+    Ok((options, wait_poll))
 }
 
 impl MySqlStore {
@@ -281,7 +273,7 @@ impl MySqlStore {
                 let _ = conn.close().await;
                 Ok(())
             }
-            Ok(Err(e)) => Err(setup_error(e)),
+            Ok(Err(e)) => Err(connect_error(e, Some(options.get_ssl_mode()))),
             Err(_) => Err(SetupError::unreachable(
                 KIND,
                 format!("no connection within {} s", within.as_secs_f64()),
@@ -312,8 +304,18 @@ mod tests {
             ("postgres://127.0.0.1/test", "is not one of"),
             ("127.0.0.1:3306/test", "no scheme"),
             ("mysql://host:notaport/db", "the driver cannot read the URL"),
-            ("mysql://127.0.0.1/test?ssl-mode=REQUIRED", "no TLS yet"),
-            ("mysql://127.0.0.1/test?ssl-ca=/etc/ca.pem", "no TLS yet"),
+            (
+                "mysql://127.0.0.1/test?ssl-mode=SOMETIMES",
+                "ssl-mode=SOMETIMES: not a mode; use DISABLED, PREFERRED",
+            ),
+            (
+                "mysql://127.0.0.1/test?ssl-mode=VERIFY_CA&ssl-ca=/nonexistent/ca.pem",
+                "ssl-ca=/nonexistent/ca.pem",
+            ),
+            (
+                "mysql://127.0.0.1/test?ssl-mode=REQUIRED&ssl-cert=/nonexistent/c.pem",
+                "ssl-key",
+            ),
             (
                 "mysql://127.0.0.1/test?ssl_mode=DISABLED",
                 "unknown parameter",

@@ -42,17 +42,19 @@
 //!   the others, whichever instance ended the attempt. The cost is per instance and
 //!   interval, not per waiter, and nothing while nobody waits; a failed statement wakes
 //!   every waiter to look for itself. [`MySqlStoreBuilder::wait_poll`] sets it.
+//! - **TLS** through rustls: `ssl-mode` (`DISABLED`, `PREFERRED`, `REQUIRED`,
+//!   `VERIFY_CA`, `VERIFY_IDENTITY`), `ssl-ca`, and `ssl-cert` with `ssl-key` for a
+//!   client certificate, read and checked when the store is built; a handshake that
+//!   fails is a refusal that says so.
 //!
 //! The gateway opens it from `--store mysql://…` or `mariadb://…` (a namespace `NAME` is
 //! the table `NAME_records`), through [`OpenStore`](idem_core::OpenStore).
 //!
-//! Not yet: TLS (a URL whose `ssl-mode` needs it, or that names a CA or client
-//! certificate, is refused), and key-rate buckets shared by instances (each keeps its
-//! own).
+//! Not yet: key-rate buckets shared by instances (each keeps its own).
 //!
 //! No RSA: the driver's `mysql-rsa` feature is off, so a MySQL 8 account on
 //! `caching_sha2_password` cannot send its password over plain TCP until the server
-//! cached it; MariaDB's `mysql_native_password` and `ed25519` accounts are unaffected.
+//! cached it (over TLS it can); MariaDB's `mysql_native_password` and `ed25519` accounts are unaffected.
 //!
 //! # Errors
 //!
@@ -100,6 +102,7 @@ mod poller;
 pub mod schema;
 mod statements;
 mod store;
+mod tls;
 mod write;
 
 pub use builder::{DEFAULT_MAX_CONNECTIONS, MySqlStoreBuilder, SCHEMES};
