@@ -33,6 +33,7 @@ struct Registration {
     digest: String,
     id: u64,
     entry: Arc<Entry>,
+    misses_nothing: bool,
 }
 
 #[derive(Default)]
@@ -65,6 +66,14 @@ impl Watch {
     /// Whether this watch can fire; `false` for [`Watch::poll`].
     pub fn notifies(&self) -> bool {
         self.registration.is_some()
+    }
+
+    /// Whether this watch fires for every way the attempt can stop holding the key (a
+    /// lapsed lease included), and whenever its source cannot look: from a
+    /// [`ChangeHub::polling`] hub. Its waiter then needs no fallback reserve of its own
+    /// while it waits; a watch fed by notifications, which can be lost, does.
+    pub fn misses_nothing(&self) -> bool {
+        self.registration.as_ref().is_some_and(|r| r.misses_nothing)
     }
 }
 
@@ -120,6 +129,8 @@ struct HubInner {
     watchers: Mutex<Watchers>,
     next: AtomicU64,
     live: AtomicBool,
+    /// Fed by a poller that reads every watched record's state ([`ChangeHub::polling`]).
+    polled: bool,
 }
 
 impl HubInner {
@@ -171,11 +182,27 @@ impl Default for ChangeHub {
 impl ChangeHub {
     /// A hub with no watches, live.
     pub fn new() -> ChangeHub {
+        ChangeHub::with(false)
+    }
+
+    /// A hub fed by a poller that asks the store's server, for every
+    /// [`watched`](Self::watched_digests) scope, whether a live attempt still holds its
+    /// record, and [`notify_digest`](Self::notify_digest)s every one that is not; and
+    /// that, when it cannot ask, fires them all. Such a poller misses no way an attempt
+    /// ends (a lapsed lease included), so its watches say they
+    /// [`miss nothing`](Watch::misses_nothing) and their waiters do not reserve again on
+    /// a timer of their own. Live, with no watches.
+    pub fn polling() -> ChangeHub {
+        ChangeHub::with(true)
+    }
+
+    fn with(polled: bool) -> ChangeHub {
         ChangeHub {
             inner: Arc::new(HubInner {
                 watchers: Mutex::new(HashMap::new()),
                 next: AtomicU64::new(0),
                 live: AtomicBool::new(true),
+                polled,
             }),
         }
     }
@@ -204,6 +231,7 @@ impl ChangeHub {
                 digest,
                 id,
                 entry,
+                misses_nothing: self.inner.polled,
             }),
         }
     }
@@ -229,6 +257,13 @@ impl ChangeHub {
     /// trip) may skip it when nothing in this process watches and no other process can.
     pub fn is_watched(&self) -> bool {
         !self.inner.lock().is_empty()
+    }
+
+    /// The [`digest`](Scope::digest)s of the scopes watched now, each once: what a store
+    /// that cannot be told of changes asks its server about, to
+    /// [`notify_digest`](Self::notify_digest) those that changed.
+    pub fn watched_digests(&self) -> Vec<String> {
+        self.inner.lock().keys().cloned().collect()
     }
 
     /// How many watches are registered.
@@ -282,6 +317,11 @@ mod tests {
         let (a, b) = (test_scope("/w", "a"), test_scope("/w", "b"));
         let (mut wa1, mut wa2, mut wb) = (hub.watch(&a), hub.watch(&a), hub.watch(&b));
         assert_eq!(hub.watches(), 3);
+        let mut watched = hub.watched_digests();
+        watched.sort();
+        let mut expected = vec![a.digest(), b.digest()];
+        expected.sort();
+        assert_eq!(watched, expected, "each watched scope once");
         hub.notify(&a);
         assert!(fired(&mut wa1).await && fired(&mut wa2).await);
         assert!(!fired(&mut wb).await, "another scope's watch stays");
@@ -308,6 +348,17 @@ mod tests {
         assert!(!fired(&mut later).await);
         hub.set_live(true);
         assert!(hub.watch(&test_scope("/w", "a")).notifies());
+    }
+
+    #[test]
+    fn only_a_polling_hubs_watches_miss_nothing() {
+        let scope = test_scope("/w", "a");
+        assert!(!ChangeHub::new().watch(&scope).misses_nothing());
+        assert!(ChangeHub::polling().watch(&scope).misses_nothing());
+        assert!(!Watch::poll().misses_nothing());
+        let hub = ChangeHub::polling();
+        hub.set_live(false);
+        assert!(!hub.watch(&scope).misses_nothing(), "a poll watch");
     }
 
     #[tokio::test]

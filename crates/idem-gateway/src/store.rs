@@ -9,7 +9,7 @@
 //! | `postgres://…`, `postgresql://…` | `idem_postgres::PgStore` (shared by several gateways; TLS with `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) |
 //! | `redis://…`, `rediss://…` | `idem_redis::RedisStore` (shared by several gateways; `rediss` is TLS, with `cacert`, `cert`, `key`, `insecure=true`) |
 //! | `redis+cluster://…`, `rediss+cluster://…` | `idem_redis::RedisStore` on a Redis Cluster |
-//! | `mysql://…`, `mariadb://…` | `idem_mysql::MySqlStore` (shared by several gateways; no TLS yet) |
+//! | `mysql://…`, `mariadb://…` | `idem_mysql::MySqlStore` (shared by several gateways) |
 //!
 //! A query parameter that the store would not read is refused, not skipped: the
 //! drivers for PostgreSQL and Redis pass over unknown ones, so a misspelt `sslmode`

@@ -10,7 +10,7 @@ use std::time::Duration;
 pub enum Error {
     /// The SQL database failed or refused a statement; the transaction was rolled back,
     /// so neither the effects nor the processed-message row were written.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     #[error("inbox database error: {0}")]
     Database(#[from] sqlx::Error),
     /// Redis failed or refused a command.

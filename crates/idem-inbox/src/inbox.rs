@@ -114,6 +114,7 @@ pub trait Inbox: Send + Sync + 'static {
     not(any(
         feature = "sqlite",
         feature = "postgres",
+        feature = "mysql",
         feature = "redis",
         feature = "nats"
     )),

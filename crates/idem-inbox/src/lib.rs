@@ -11,10 +11,11 @@
 //! |---|---|---|
 //! | [`SqliteInbox`] | `sqlite` | exactly once, effects in the same SQLite transaction |
 //! | [`PgInbox`] | `postgres` | exactly once, effects in the same PostgreSQL transaction, many consumers |
+//! | `MySqlInbox` | `mysql` | exactly once, effects in the same MySQL or MariaDB transaction, many consumers |
 //! | [`RedisInbox`] | `redis` | effects outside any transaction: at least once across crashes (see its docs) |
 //!
-//! [`SqliteInbox`] and [`PgInbox`] are one implementation, [`SqlInbox`], over the
-//! sqlx database named by [`SqlDatabase`], whose dialect `idem-sql` keeps.
+//! [`SqliteInbox`], [`PgInbox`] and `MySqlInbox` are one implementation, [`SqlInbox`],
+//! over the sqlx database named by [`SqlDatabase`], whose dialect `idem-sql` keeps.
 //!
 //! The PostgreSQL pool and the Redis client a caller hands in may use TLS: the
 //! `postgres` and `redis` features build sqlx and redis-rs with rustls on the ring
@@ -76,6 +77,8 @@
 
 mod error;
 mod inbox;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "postgres")]
@@ -85,16 +88,18 @@ mod rabbit;
 #[cfg(feature = "redis")]
 mod redis;
 mod retention;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
 pub use error::{Error, Result};
 pub use futures_util::future::BoxFuture;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use idem_sql::SqlDatabase;
 pub use inbox::{Inbox, MAX_ID_LEN, Outcome};
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlInbox;
 #[cfg(feature = "nats")]
 pub use nats::{
     ConsumerStats, Delivery, IdSource, JetStreamInbox, NATS_MSG_ID, NatsOptions, Publisher,
@@ -107,7 +112,7 @@ pub use rabbit::{QueueType, RabbitDelivery, RabbitInbox, RabbitOptions, RabbitSt
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_IN_FLIGHT_LEASE, RedisInbox};
 pub use retention::{DEFAULT_RETENTION, PurgeConfig, Purger, RetentionWarning, check_retention};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use sql::{DEFAULT_TABLE, SqlInbox};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteInbox;

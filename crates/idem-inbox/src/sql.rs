@@ -1,5 +1,5 @@
-//! [`SqlInbox`]: the processed-message table over sqlx, one implementation for SQLite
-//! and PostgreSQL. What differs between them (a column type, a table option, the
+//! [`SqlInbox`]: the processed-message table over sqlx, one implementation for SQLite,
+//! PostgreSQL and MySQL. What differs between them (a column type, a table option, the
 //! placeholders, the migration lock) is their dialect, [`SqlDatabase`] (`idem-sql`).
 
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use idem_core::{Namespace, SharedClock, SystemClock};
 use idem_sql::{MigrationLock, SqlDatabase};
 use sqlx::{AssertSqlSafe, Encode, Executor, Pool, Transaction, Type};
 
-use crate::inbox::validate_id;
+use crate::inbox::{MAX_ID_LEN, validate_id};
 use crate::retention::DEFAULT_RETENTION;
 use crate::{Error, Inbox, Outcome, Result};
 
@@ -20,7 +20,8 @@ pub const DEFAULT_TABLE: &str = "idem_inbox";
 /// An [`Inbox`] whose processed-message table lives in a SQL database next to the
 /// consumer's own tables: the effects run inside the transaction that records the
 /// message, so both commit or neither does. Used through its aliases,
-/// [`SqliteInbox`](crate::SqliteInbox) and [`PgInbox`](crate::PgInbox).
+/// [`SqliteInbox`](crate::SqliteInbox), [`PgInbox`](crate::PgInbox) and `MySqlInbox`
+/// (feature `mysql`).
 #[derive(Debug)]
 pub struct SqlInbox<DB: SqlDatabase> {
     pool: Pool<DB>,
@@ -65,7 +66,7 @@ struct Statements {
 
 impl Statements {
     fn new<DB: SqlDatabase>(t: &str) -> Statements {
-        let (text, millis) = (DB::KEY_TEXT, DB::INTEGER);
+        let (text, millis) = (DB::byte_key(MAX_ID_LEN), DB::INTEGER);
         let insert =
             format!("INSERT INTO {t} (consumer, message_id, processed_at) VALUES ($1, $2, $3)");
         Statements {

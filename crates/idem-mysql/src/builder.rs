@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use idem_core::open::{query_pairs, refuse_unknown_parameters};
 use idem_core::{SetupError, SharedClock, SystemClock};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlSslMode};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Connection, MySqlConnection, MySqlPool};
 
-use crate::error::{KIND, setup_error};
+use crate::error::{KIND, connect_error};
+use crate::poller::{DEFAULT_WAIT_POLL, Poller};
 use crate::schema::{self, DEFAULT_TABLE};
 use crate::statements::Statements;
 use crate::store::MySqlStore;
+use crate::tls;
 
 /// The pool's default most connections.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
@@ -41,6 +43,7 @@ pub struct MySqlStoreBuilder {
     operation_timeout: Duration,
     max_connections: u32,
     migrate: bool,
+    wait_poll: Duration,
 }
 
 impl fmt::Debug for MySqlStoreBuilder {
@@ -52,6 +55,7 @@ impl fmt::Debug for MySqlStoreBuilder {
             .field("operation_timeout", &self.operation_timeout)
             .field("max_connections", &self.max_connections)
             .field("migrate", &self.migrate)
+            .field("wait_poll", &self.wait_poll)
             .finish()
     }
 }
@@ -65,6 +69,7 @@ impl Default for MySqlStoreBuilder {
             operation_timeout: Duration::from_secs(5),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             migrate: true,
+            wait_poll: DEFAULT_WAIT_POLL,
         }
     }
 }
@@ -110,6 +115,16 @@ impl MySqlStoreBuilder {
         self
     }
 
+    /// How often the store looks for the completion of the records its waiting
+    /// duplicates watch (SPEC S15; [`DEFAULT_WAIT_POLL`] by default): one statement per
+    /// interval for all of them, while any waits. [`Duration::ZERO`] turns the poller
+    /// off, and each waiter then reserves again on a backoff of its own. A URL's
+    /// `wait-poll-ms` overrides it.
+    pub fn wait_poll(mut self, every: Duration) -> Self {
+        self.wait_poll = every;
+        self
+    }
+
     /// Connects to `url` (`mysql://user:password@host:3306/database`, or `mariadb://`
     /// the same), checks that the server answers, and migrates the table unless told
     /// not to.
@@ -125,11 +140,15 @@ impl MySqlStoreBuilder {
 
     /// A store whose pool connects on its first operation: the URL and the table name
     /// are checked, nothing else.
-    pub fn connect_lazy(self, url: &str) -> Result<MySqlStore, SetupError> {
+    pub fn connect_lazy(mut self, url: &str) -> Result<MySqlStore, SetupError> {
+        let (options, wait_poll) = parse_url(url)?;
+        if let Some(every) = wait_poll {
+            self.wait_poll = every;
+        }
         let pool = MySqlPoolOptions::new()
             .max_connections(self.max_connections)
             .acquire_timeout(self.acquire_timeout)
-            .connect_lazy_with(parse_url(url)?);
+            .connect_lazy_with(options);
         self.build(pool)
     }
 
@@ -145,8 +164,19 @@ impl MySqlStoreBuilder {
 
     fn build(self, pool: MySqlPool) -> Result<MySqlStore, SetupError> {
         let table = schema::table_name(&self.table)?;
+        let runtime = tokio::runtime::Handle::try_current().is_ok();
+        let poller = (runtime && !self.wait_poll.is_zero()).then(|| {
+            Arc::new(Poller::spawn(
+                pool.clone(),
+                table.as_str(),
+                self.clock.clone(),
+                self.wait_poll,
+                self.operation_timeout,
+            ))
+        });
         Ok(MySqlStore {
             sql: Arc::new(Statements::for_table(table.as_str())),
+            poller,
             pool,
             clock: self.clock,
             operation_timeout: self.operation_timeout,
@@ -156,26 +186,36 @@ impl MySqlStoreBuilder {
 }
 
 /// The query parameters a store URL may carry: those the driver reads that the store
-/// can honour. The driver passes over any other without a word, so a misspelt one is
-/// refused rather than skipped; its character set stays the store's `utf8mb4`.
-pub(crate) const PARAMETERS: &[&str] =
-    &["ssl-mode", "sslmode", "socket", "statement-cache-capacity"];
-
-/// The TLS files' parameters, which this build cannot honour yet.
-const TLS_FILES: &[&str] = &[
-    "ssl-ca", "sslca", "ssl-cert", "sslcert", "ssl-key", "sslkey",
+/// can honour, and the store's own [`WAIT_POLL`]. The driver passes over any other
+/// without a word, so a misspelt one is refused rather than skipped; its character set
+/// stays the store's `utf8mb4`.
+pub(crate) const PARAMETERS: &[&str] = &[
+    "ssl-mode",
+    "sslmode",
+    "ssl-ca",
+    "sslca",
+    "ssl-cert",
+    "sslcert",
+    "ssl-key",
+    "sslkey",
+    "socket",
+    "statement-cache-capacity",
+    WAIT_POLL,
 ];
 
-/// The driver's options for `url`: a scheme of [`SCHEMES`], only [`PARAMETERS`], and no
-/// TLS, which this build does not have yet.
-fn parse_url(url: &str) -> Result<MySqlConnectOptions, SetupError> {
+/// The store's own parameter: milliseconds between the poller's looks
+/// ([`MySqlStoreBuilder::wait_poll`]), 0 for none.
+const WAIT_POLL: &str = "wait-poll-ms";
+
+/// The longest `wait-poll-ms`: a minute. A longer pause would leave waiters to their
+/// own fallback polling anyway.
+const MOST_WAIT_POLL_MS: u64 = 60_000;
+
+/// The driver's options for `url`, and its `wait-poll-ms` if it has one: a scheme of
+/// [`SCHEMES`], only [`PARAMETERS`], a known `ssl-mode`, and TLS files that can be read
+/// and used ([`crate::tls`]).
+fn parse_url(url: &str) -> Result<(MySqlConnectOptions, Option<Duration>), SetupError> {
     let invalid = |why: String| SetupError::invalid(KIND, why);
-    let no_tls = |what: &str| {
-        invalid(format!(
-            "{what}: this build of the store has no TLS yet; use ssl-mode=DISABLED over \
-             a private network"
-        ))
-    };
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(invalid(
             "the URL has no scheme (mysql:// or mariadb://)".into(),
@@ -186,20 +226,29 @@ fn parse_url(url: &str) -> Result<MySqlConnectOptions, SetupError> {
             "the scheme {scheme}:// is not one of mysql:// and mariadb://"
         )));
     }
+    let mut wait_poll = None;
     for pair in query_pairs(url) {
-        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
-        if TLS_FILES.contains(&name) {
-            return Err(no_tls(name));
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name == WAIT_POLL {
+            let ms = value
+                .parse::<u64>()
+                .ok()
+                .filter(|ms| *ms <= MOST_WAIT_POLL_MS)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "{WAIT_POLL}={value:?}: expected milliseconds from 0 (no poller) \
+                         to {MOST_WAIT_POLL_MS}"
+                    ))
+                })?;
+            wait_poll = Some(Duration::from_millis(ms));
         }
     }
     refuse_unknown_parameters(url, PARAMETERS).map_err(invalid)?;
+    tls::check_mode(url).map_err(invalid)?;
     let options = MySqlConnectOptions::from_str(&format!("mysql://{rest}"))
         .map_err(|e| invalid(format!("the driver cannot read the URL: {e}")))?;
-    match options.get_ssl_mode() {
-        MySqlSslMode::Disabled | MySqlSslMode::Preferred => {}
-        _ => return Err(no_tls("ssl-mode")),
-    }
-    Ok(options.ssl_mode(MySqlSslMode::Disabled))
+    let options = tls::apply(url, options).map_err(invalid)?;
+    Ok((options, wait_poll))
 }
 
 impl MySqlStore {
@@ -224,7 +273,7 @@ impl MySqlStore {
                 let _ = conn.close().await;
                 Ok(())
             }
-            Ok(Err(e)) => Err(setup_error(e)),
+            Ok(Err(e)) => Err(connect_error(e, Some(options.get_ssl_mode()))),
             Err(_) => Err(SetupError::unreachable(
                 KIND,
                 format!("no connection within {} s", within.as_secs_f64()),
@@ -255,12 +304,27 @@ mod tests {
             ("postgres://127.0.0.1/test", "is not one of"),
             ("127.0.0.1:3306/test", "no scheme"),
             ("mysql://host:notaport/db", "the driver cannot read the URL"),
-            ("mysql://127.0.0.1/test?ssl-mode=REQUIRED", "no TLS yet"),
-            ("mysql://127.0.0.1/test?ssl-ca=/etc/ca.pem", "no TLS yet"),
+            (
+                "mysql://127.0.0.1/test?ssl-mode=SOMETIMES",
+                "ssl-mode=SOMETIMES: not a mode; use DISABLED, PREFERRED",
+            ),
+            (
+                "mysql://127.0.0.1/test?ssl-mode=VERIFY_CA&ssl-ca=/nonexistent/ca.pem",
+                "ssl-ca=/nonexistent/ca.pem",
+            ),
+            (
+                "mysql://127.0.0.1/test?ssl-mode=REQUIRED&ssl-cert=/nonexistent/c.pem",
+                "ssl-key",
+            ),
             (
                 "mysql://127.0.0.1/test?ssl_mode=DISABLED",
                 "unknown parameter",
             ),
+            (
+                "mysql://127.0.0.1/test?wait-poll-ms=soon",
+                "wait-poll-ms=\"soon\": expected milliseconds",
+            ),
+            ("mysql://127.0.0.1/test?wait-poll-ms=60001", "to 60000"),
         ] {
             match MySqlStore::builder().connect_lazy(url) {
                 Err(SetupError::Invalid {

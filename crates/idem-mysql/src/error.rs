@@ -1,8 +1,11 @@
 //! How MySQL's failures become idem's errors: [`SetupError`] while the store is set up
 //! (built, connected, migrated), [`StoreError`] once it serves.
 
+use idem_core::open::tls::handshake_failure;
 use idem_core::{SetupError, StoreError};
-use sqlx::mysql::MySqlDatabaseError;
+use sqlx::mysql::{MySqlDatabaseError, MySqlSslMode};
+
+use crate::tls::mode_name;
 
 /// The store's kind, in errors.
 pub(crate) const KIND: &str = "mysql";
@@ -33,7 +36,23 @@ pub(crate) fn lost_a_lock(e: &sqlx::Error) -> bool {
 /// does not decode, a failure; anything else (I/O, a timeout), a server that could not
 /// be reached.
 pub(crate) fn setup_error(e: sqlx::Error) -> SetupError {
+    connect_error(e, None)
+}
+
+/// [`setup_error`] of a connection made with the TLS mode `mode`: a TLS handshake that
+/// failed (a server that offers no TLS, a certificate that does not verify under the
+/// URL's `ssl-mode`) is a refusal, which may be put right on the server, and says what
+/// failed; not a server that is not there.
+pub(crate) fn connect_error(e: sqlx::Error, mode: Option<MySqlSslMode>) -> SetupError {
+    let tls_refused = |failure: &(dyn std::error::Error + 'static)| {
+        let why =
+            handshake_failure(failure).map_or_else(|| failure.to_string(), ToString::to_string);
+        let mode = mode.map_or(String::new(), |m| format!(" (ssl-mode={})", mode_name(m)));
+        SetupError::refused(KIND, format!("TLS{mode} failed: {why}"))
+    };
     match e {
+        sqlx::Error::Tls(e) => tls_refused(&*e),
+        sqlx::Error::Io(e) if handshake_failure(&e).is_some() => tls_refused(&e),
         sqlx::Error::Configuration(_) => SetupError::invalid(KIND, e.to_string()),
         sqlx::Error::Database(_) => SetupError::refused(KIND, ServerError(e)),
         sqlx::Error::ColumnDecode { .. }

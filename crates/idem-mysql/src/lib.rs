@@ -35,19 +35,26 @@
 //!   writing.
 //! - `utf8mb4` with its binary collation, `ENGINE=InnoDB`, `LONGBLOB` answers. An
 //!   answer larger than the server's `max_allowed_packet` fails as unavailable.
+//! - **Waiting duplicates woken across instances** (SPEC S15) without `LISTEN/NOTIFY`:
+//!   one poller per store asks, once per interval ([`DEFAULT_WAIT_POLL`], the URL's
+//!   `wait-poll-ms`) and in one statement per [`MOST_PER_STATEMENT`] scopes, which of
+//!   the records its waiters watch a live attempt still holds, and wakes the waiters of
+//!   the others, whichever instance ended the attempt. The cost is per instance and
+//!   interval, not per waiter, and nothing while nobody waits; a failed statement wakes
+//!   every waiter to look for itself. [`MySqlStoreBuilder::wait_poll`] sets it.
+//! - **TLS** through rustls: `ssl-mode` (`DISABLED`, `PREFERRED`, `REQUIRED`,
+//!   `VERIFY_CA`, `VERIFY_IDENTITY`), `ssl-ca`, and `ssl-cert` with `ssl-key` for a
+//!   client certificate, read and checked when the store is built; a handshake that
+//!   fails is a refusal that says so.
 //!
 //! The gateway opens it from `--store mysql://…` or `mariadb://…` (a namespace `NAME` is
 //! the table `NAME_records`), through [`OpenStore`](idem_core::OpenStore).
 //!
-//! Not yet: TLS (a URL whose `ssl-mode` needs it, or that names a CA or client
-//! certificate, is refused), waiting duplicates woken across instances (a waiter polls:
-//! [`Store::watch`](idem_core::Store::watch) is the default [`idem_core::Watch::poll`]),
-//! key-rate buckets shared by instances (each keeps its own), and the inbox and outbox
-//! on MySQL.
+//! Not yet: key-rate buckets shared by instances (each keeps its own).
 //!
 //! No RSA: the driver's `mysql-rsa` feature is off, so a MySQL 8 account on
 //! `caching_sha2_password` cannot send its password over plain TCP until the server
-//! cached it; MariaDB's `mysql_native_password` and `ed25519` accounts are unaffected.
+//! cached it (over TLS it can); MariaDB's `mysql_native_password` and `ed25519` accounts are unaffected.
 //!
 //! # Errors
 //!
@@ -91,15 +98,18 @@ mod builder;
 mod error;
 mod list;
 mod open;
+mod poller;
 pub mod schema;
 mod statements;
 mod store;
+mod tls;
 mod write;
 
 pub use builder::{DEFAULT_MAX_CONNECTIONS, MySqlStoreBuilder, SCHEMES};
 /// What the builder, constructors and [`schema`] functions fail with: one type for
 /// every store.
 pub use idem_core::SetupError;
+pub use poller::{DEFAULT_WAIT_POLL, MOST_PER_STATEMENT};
 pub use schema::DEFAULT_TABLE;
 pub use store::MySqlStore;
 

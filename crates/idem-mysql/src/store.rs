@@ -8,12 +8,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::{
     Ambiguity, Lease, ListPage, ListQuery, Record, Reservation, ReserveRequest, Scope, SetupError,
-    SharedClock, Store, StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig,
+    SharedClock, Store, StoreError, StoreMetric, StoredResponse, Sweeper, SweeperConfig, Watch,
 };
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, MySqlPool};
 
 use crate::error::{DUPLICATE_KEY, number, store_error};
+use crate::poller::Poller;
 use crate::schema;
 use crate::statements::{Extra, Statements, record_from_row, row_id};
 
@@ -31,6 +32,9 @@ pub struct MySqlStore {
     pub(crate) sql: Arc<Statements>,
     /// Statements InnoDB rolled back for a lock (1213, 1205) and the store ran again.
     pub(crate) lock_retries: Arc<AtomicU64>,
+    /// What wakes waiting duplicates ([`crate::poller`]); `None` when turned off, or
+    /// when the store was built outside a tokio runtime: its waiters poll.
+    pub(crate) poller: Option<Arc<Poller>>,
 }
 
 impl fmt::Debug for MySqlStore {
@@ -186,6 +190,23 @@ impl Store for MySqlStore {
         Ok(usize::try_from(limit - left).unwrap_or(usize::MAX))
     }
 
+    /// From the store's poller, which looks once per interval for every scope this
+    /// instance's waiters watch, whichever instance completes the record; [`Watch::poll`]
+    /// when the poller is off.
+    fn watch(&self, scope: &Scope) -> Watch {
+        match &self.poller {
+            Some(poller) => poller.watch(scope),
+            None => Watch::poll(),
+        }
+    }
+
+    /// Stops the poller; the pool stays the caller's to close.
+    async fn close(&self) {
+        if let Some(poller) = &self.poller {
+            poller.stop();
+        }
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.retrying(|| sqlx::query("SELECT 1").execute(&self.pool))
             .await
@@ -218,10 +239,11 @@ impl Store for MySqlStore {
         })
     }
 
-    /// The pool's connections: how many are open, idle, and allowed; and the statements
-    /// run again after a deadlock or a lock wait timeout.
+    /// The pool's connections: how many are open, idle, and allowed; the statements
+    /// run again after a deadlock or a lock wait timeout; and, with the poller on, the
+    /// watches waiting and the statements it sent.
     fn metrics(&self) -> Vec<StoreMetric> {
-        vec![
+        let mut metrics = vec![
             StoreMetric::gauge(
                 "idem_mysql_pool_connections",
                 "Connections open in the MySQL pool.",
@@ -243,6 +265,20 @@ impl Store for MySqlStore {
                  which the store ran again.",
                 self.lock_retries.load(Ordering::Relaxed),
             ),
-        ]
+        ];
+        if let Some(poller) = &self.poller {
+            metrics.push(StoreMetric::gauge(
+                "idem_mysql_watches",
+                "Waiting duplicates watching a record through the MySQL store's poller.",
+                poller.watches() as u64,
+            ));
+            metrics.push(StoreMetric::counter(
+                "idem_mysql_wait_polls_total",
+                "Statements the MySQL store's poller sent to look for completions that \
+                 waiting duplicates watch.",
+                poller.statements(),
+            ));
+        }
+        metrics
     }
 }

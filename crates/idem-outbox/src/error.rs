@@ -7,7 +7,7 @@ pub enum Error {
     /// The SQL database failed or refused a statement. Inside
     /// [`Outbox::stage`](crate::Outbox::stage) the caller's transaction should be rolled back; in the
     /// relay, nothing was marked and the messages are tried again.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     #[error("outbox database error: {0}")]
     Database(#[from] sqlx::Error),
     /// The broker could not be reached or failed.

@@ -13,10 +13,11 @@
 //! |---|---|---|
 //! | [`SqliteOutbox`] | `sqlite` | staged in the caller's SQLite transaction; one relay per file (a lease) |
 //! | [`PgOutbox`] | `postgres` | staged in the caller's PostgreSQL transaction; several relays share the table (`FOR UPDATE SKIP LOCKED`), woken by `LISTEN/NOTIFY`, a poll behind it |
+//! | `MySqlOutbox` | `mysql` | staged in the caller's MySQL or MariaDB transaction; several relays share the table (`FOR UPDATE SKIP LOCKED`), found by polling |
 //! | [`NatsPublisher`] | `nats` | JetStream publish with `Nats-Msg-Id` = message id, the stream's ack awaited |
 //! | [`RabbitPublisher`] | `rabbitmq` | AMQP publish with publisher confirms, persistent delivery, `message-id` = message id, `mandatory` |
 //!
-//! [`SqliteOutbox`] and [`PgOutbox`] are one implementation, [`SqlOutbox`], over the
+//! [`SqliteOutbox`], [`PgOutbox`] and `MySqlOutbox` are one implementation, [`SqlOutbox`], over the
 //! sqlx database named by [`OutboxDatabase`], whose dialect ([`SqlDatabase`])
 //! `idem-sql` keeps.
 //!
@@ -66,6 +67,8 @@
 mod error;
 mod message;
 mod metrics;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "nats")]
 mod nats;
 mod outbox;
@@ -75,18 +78,20 @@ mod publish;
 #[cfg(feature = "rabbitmq")]
 mod rabbit;
 mod relay;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod table;
 
 pub use error::{Error, Result};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use idem_sql::SqlDatabase;
 pub use message::{Destination, MAX_ID_LEN, Message, ParkedMessage, StagedMessage};
 pub use metrics::{MetricsSnapshot, RelayMetrics};
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlOutbox;
 #[cfg(feature = "nats")]
 pub use nats::NatsPublisher;
 pub use outbox::{Outbox, OutboxStats, Settlement};
@@ -98,11 +103,11 @@ pub use rabbit::RabbitPublisher;
 pub use relay::{Relay, RelayOptions, RoundReport};
 #[cfg(feature = "sqlite")]
 pub use sql::SQLITE_RELAY_LEASE;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use sql::{OutboxDatabase, SqlOutbox};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteOutbox;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use table::DEFAULT_TABLE;
 
 /// The README's examples, compiled as doctests so that they cannot rot.

@@ -1,8 +1,8 @@
-//! [`SqlOutbox`]: the outbox table over sqlx, one implementation for SQLite and
-//! PostgreSQL. Their dialects (column types, placeholders, row locks, the migration
+//! [`SqlOutbox`]: the outbox table over sqlx, one implementation for SQLite,
+//! PostgreSQL and MySQL. Their dialects (column types, placeholders, row locks, the migration
 //! lock) are `idem-sql`'s [`SqlDatabase`]; what else differs (how a relay claims and is
 //! woken, how a list of `seq`s binds) is an [`OutboxDatabase`]'s few items, in
-//! `sqlite.rs` and `postgres.rs`; the rows are read in `table.rs`.
+//! `sqlite.rs`, `postgres.rs` and `mysql.rs`; the rows are read in `table.rs`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,13 +14,15 @@ use sqlx::{AssertSqlSafe, Encode, Executor, FromRow, Pool, Transaction, Type};
 
 use crate::outbox::{ms, now_ms};
 use crate::table::{
-    CLAIM_COLUMNS, ClaimRow, DEFAULT_TABLE, PARKED_COLUMNS, ParkedRow, affected, limit, parked,
+    ClaimRow, DEFAULT_TABLE, ParkedRow, affected, claim_columns, limit, parked, parked_columns,
     staged, stats, validate_table,
 };
-use crate::{Message, Outbox, OutboxStats, ParkedMessage, Result, Settlement, StagedMessage};
+use crate::{
+    MAX_ID_LEN, Message, Outbox, OutboxStats, ParkedMessage, Result, Settlement, StagedMessage,
+};
 
 /// A sqlx database a [`SqlOutbox`] can keep its table in: `sqlx::Sqlite` (feature
-/// `sqlite`) or `sqlx::Postgres` (feature `postgres`). Sealed: its items are how the
+/// `sqlite`), `sqlx::Postgres` (feature `postgres`) or `sqlx::MySql` (feature `mysql`). Sealed: its items are how the
 /// two differ as an outbox (claiming, waking a relay); how they differ as SQL is their
 /// [`SqlDatabase`].
 pub trait OutboxDatabase: SqlDatabase + sealed::Sealed {
@@ -37,6 +39,12 @@ pub trait OutboxDatabase: SqlDatabase + sealed::Sealed {
     /// [`bind_seqs`](OutboxDatabase::bind_seqs) binds it.
     #[doc(hidden)]
     const SEQ_IN: &'static str;
+    /// `column`, a key column, as a text sqlx decodes into a `String`: itself where
+    /// keys are text; MySQL's are `VARBINARY`, which it converts.
+    #[doc(hidden)]
+    fn key_as_text(column: &str) -> String {
+        column.to_owned()
+    }
     /// Whether the staging statement also takes the table's name as `$9`.
     #[doc(hidden)]
     const STAGE_TAKES_CHANNEL: bool;
@@ -90,7 +98,8 @@ pub(crate) mod sealed {
 
 /// An [`Outbox`] whose table lives in a SQL database next to the business tables:
 /// [`stage`](Outbox::stage) runs in the caller's transaction. Used through its aliases,
-/// [`SqliteOutbox`](crate::SqliteOutbox) and [`PgOutbox`](crate::PgOutbox).
+/// [`SqliteOutbox`](crate::SqliteOutbox), [`PgOutbox`](crate::PgOutbox) and
+/// `MySqlOutbox` (feature `mysql`).
 #[derive(Debug)]
 pub struct SqlOutbox<DB: OutboxDatabase> {
     pub(crate) pool: Pool<DB>,
@@ -126,8 +135,11 @@ pub(crate) struct Statements<DB: OutboxDatabase> {
     parked: String,
     requeue: String,
     #[cfg_attr(
-        not(feature = "sqlite"),
-        expect(dead_code, reason = "only SQLite has statements of its own")
+        not(any(feature = "sqlite", feature = "mysql")),
+        expect(
+            dead_code,
+            reason = "only SQLite and MySQL have statements of their own"
+        )
     )]
     pub(crate) extra: DB::Extra,
 }
@@ -135,7 +147,10 @@ pub(crate) struct Statements<DB: OutboxDatabase> {
 impl<DB: OutboxDatabase> Statements<DB> {
     fn new(t: &str) -> Statements<DB> {
         let pending = "published_at IS NULL AND parked_at IS NULL";
-        let (seq, text, bytes, int) = (DB::SERIAL_KEY, DB::KEY_TEXT, DB::BYTES, DB::INTEGER);
+        let (seq, bytes, int, long) = (DB::SERIAL_KEY, DB::BYTES, DB::INTEGER, DB::LONG_TEXT);
+        // Ids and ordering keys are keys (of a unique constraint, of an index) of at
+        // most MAX_ID_LEN bytes; headers and errors have no bound.
+        let key = DB::byte_key(MAX_ID_LEN);
         let index = |name: &str, columns, filter| {
             DB::create_index(&format!("{t}_{name}"), t, columns, Some(filter))
         };
@@ -143,18 +158,18 @@ impl<DB: OutboxDatabase> Statements<DB> {
             format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
                  seq {seq}, \
-                 id {text} NOT NULL UNIQUE, \
+                 id {key} NOT NULL UNIQUE, \
                  destination TEXT NOT NULL, \
                  routing_key TEXT, \
-                 headers TEXT NOT NULL, \
+                 headers {long} NOT NULL, \
                  body {bytes} NOT NULL, \
-                 ordering_key TEXT, \
+                 ordering_key {key}, \
                  staged_at {int} NOT NULL, \
                  attempts {int} NOT NULL DEFAULT 0, \
                  next_attempt_at {int} NOT NULL, \
                  published_at {int}, \
                  parked_at {int}, \
-                 last_error TEXT)"
+                 last_error {long})"
             ),
             index("pending", "seq", pending),
             index("ordering", "ordering_key, seq", pending),
@@ -167,6 +182,10 @@ impl<DB: OutboxDatabase> Statements<DB> {
              staged_at, next_attempt_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
         );
         let (cte, lock, seq_in) = (DB::MATERIALIZED, DB::SKIP_LOCKED, DB::SEQ_IN);
+        let (claimed, parked) = (
+            claim_columns(DB::key_as_text),
+            parked_columns(DB::key_as_text),
+        );
         Statements {
             create,
             stage: DB::stage_statement(DB::insert_if_absent(&sql(insert), "id")),
@@ -176,7 +195,7 @@ impl<DB: OutboxDatabase> Statements<DB> {
             claim: sql(format!(
                 "WITH c AS{cte} (SELECT seq FROM {t} WHERE {pending} \
                  AND next_attempt_at <= $1 ORDER BY seq LIMIT $2{lock}) \
-                 SELECT {CLAIM_COLUMNS} FROM {t} o JOIN c ON c.seq = o.seq \
+                 SELECT {claimed} FROM {t} o JOIN c ON c.seq = o.seq \
                  WHERE o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {t} e \
                  WHERE e.ordering_key = o.ordering_key AND e.seq < o.seq \
                  AND e.published_at IS NULL AND e.parked_at IS NULL \
@@ -203,7 +222,7 @@ impl<DB: OutboxDatabase> Statements<DB> {
                 "$2",
             )),
             parked: sql(format!(
-                "SELECT {PARKED_COLUMNS} FROM {t} o WHERE o.parked_at IS NOT NULL \
+                "SELECT {parked} FROM {t} o WHERE o.parked_at IS NOT NULL \
                  ORDER BY o.seq LIMIT $1"
             )),
             requeue: sql(format!(

@@ -34,8 +34,16 @@ pub(crate) fn validate_table(name: &str) -> Result<()> {
     }
 }
 
-/// The columns a claim reads, in this order.
-pub(crate) const CLAIM_COLUMNS: &str = "o.seq, o.id, o.destination, o.routing_key, o.headers, o.body, o.ordering_key, o.staged_at, o.attempts";
+/// The columns a claim reads, in this order, the id and the ordering key as `text`
+/// makes them text (they are bytes in MySQL).
+pub(crate) fn claim_columns(text: fn(&str) -> String) -> String {
+    format!(
+        "o.seq, {}, o.destination, o.routing_key, o.headers, o.body, {}, o.staged_at, \
+         o.attempts",
+        text("o.id"),
+        text("o.ordering_key")
+    )
+}
 
 /// A claimed row as sqlx decodes it.
 pub(crate) type ClaimRow = (
@@ -66,8 +74,10 @@ pub(crate) fn staged(row: ClaimRow) -> Result<StagedMessage> {
     })
 }
 
-/// The columns [`parked`] reads, in this order.
-pub(crate) const PARKED_COLUMNS: &str = "o.seq, o.id, o.destination, o.routing_key, o.headers, o.body, o.ordering_key, o.staged_at, o.attempts, o.last_error, o.parked_at";
+/// The columns [`parked`] reads, in this order: a claim's, the error, the parking time.
+pub(crate) fn parked_columns(text: fn(&str) -> String) -> String {
+    format!("{}, o.last_error, o.parked_at", claim_columns(text))
+}
 
 /// A parked row as sqlx decodes it: a claimed row, the error and the parking time.
 pub(crate) type ParkedRow = (

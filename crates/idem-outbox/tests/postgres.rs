@@ -2,7 +2,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,87 +89,12 @@ impl Backend for Pg {
 
 outbox_cases!(setup);
 
-async fn run_until_drained<P: idem_outbox::Publish>(
-    relays: Vec<Arc<Relay<PgOutbox, P>>>,
-    outbox: &PgOutbox,
-) {
-    let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
-    let tasks: Vec<_> = relays
-        .into_iter()
-        .map(|relay| {
-            let mut stopped = stop.subscribe();
-            tokio::spawn(async move {
-                relay
-                    .run(async move {
-                        let _ = stopped.recv().await;
-                    })
-                    .await
-            })
-        })
-        .collect();
-    idem_test_support::eventually("the outbox drained", Duration::from_secs(60), async || {
-        outbox.stats().await.unwrap().unpublished == 0
-    })
-    .await;
-    stop.send(()).unwrap();
-    for t in tasks {
-        t.await.unwrap();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_relays_publish_each_message_once() {
-    const N: i64 = 600;
     let Some(b) = setup("tworelays").await else {
         return;
     };
-    let broker = Arc::new(FakeBroker::default());
-    let options = RelayOptions {
-        batch: 16,
-        ..RelayOptions::default()
-    };
-    let relays: Vec<_> = (0..2)
-        .map(|_| {
-            Arc::new(Relay::new(b.outbox(), Shared(broker.clone())).with_options(options.clone()))
-        })
-        .collect();
-    let metrics: Vec<_> = relays.iter().map(|r| r.metrics()).collect();
-    let staging = {
-        let b = b.clone();
-        tokio::spawn(async move {
-            for i in 0..N {
-                let key = format!("k{}", i % 10);
-                b.order(i, vec![event(&format!("m{i}")).ordering_key(key)], true)
-                    .await;
-            }
-        })
-    };
-    staging.await.unwrap();
-    run_until_drained(relays, &b.outbox).await;
-    let delivered = broker.delivered();
-    let mut seen = HashMap::new();
-    for m in &delivered {
-        *seen.entry(m.id.clone()).or_insert(0) += 1;
-    }
-    assert_eq!(seen.len(), N as usize);
-    assert!(
-        seen.values().all(|&n| n == 1),
-        "a message was published twice"
-    );
-    // Order per key: each key's messages in staging order.
-    for k in 0..10 {
-        let ids: Vec<i64> = delivered
-            .iter()
-            .filter(|m| m.ordering_key.as_deref() == Some(&format!("k{k}")))
-            .map(|m| m.id[1..].parse().unwrap())
-            .collect();
-        assert!(
-            ids.windows(2).all(|w| w[0] < w[1]),
-            "key k{k} out of order: {ids:?}"
-        );
-    }
-    let published: u64 = metrics.iter().map(|m| m.snapshot().published).sum();
-    assert_eq!(published, N as u64);
+    common::cases::two_relays_publish_each_message_once(b.clone()).await;
     b.cleanup().await;
 }
 

@@ -85,11 +85,28 @@ pub trait SqlDatabase: Database<Arguments: IntoArguments<Self>> + sealed::Sealed
     /// 64 KiB, so it gives `LONGBLOB`.
     const BYTES: &'static str;
 
+    /// The column type of a text of any length (a message's headers, an error).
+    /// `TEXT` in PostgreSQL and SQLite by default; MySQL's `TEXT` stops at 64 KiB, so it
+    /// gives `LONGTEXT`.
+    const LONG_TEXT: &'static str = "TEXT";
+
     /// The column type of a text that is part of a primary key or a unique
     /// constraint. `TEXT` in PostgreSQL and SQLite; MySQL cannot index a `TEXT` whole,
     /// so it gives a `VARCHAR` of a length its index limit (3072 bytes in InnoDB)
     /// admits in its character set, with a binary collation.
     const KEY_TEXT: &'static str;
+
+    /// The column type of a text of at most `max_bytes` bytes that is part of a primary
+    /// key or a unique constraint, compared byte for byte, and never read back as text
+    /// (the inbox's message ids). [`KEY_TEXT`](Self::KEY_TEXT) by default. MySQL's
+    /// `KEY_TEXT` holds 255 characters, past which `INSERT IGNORE` would cut a longer
+    /// value short where it should refuse it, and its collation pads with spaces (`'a'`
+    /// equals `'a '`): MySQL gives `VARBINARY(max_bytes)`, which holds every byte and
+    /// compares them exactly.
+    fn byte_key(max_bytes: usize) -> String {
+        let _ = max_bytes;
+        Self::KEY_TEXT.to_owned()
+    }
 
     /// The definition of a 64-bit primary key that the database numbers in insertion
     /// order, after the column's name: `BIGSERIAL PRIMARY KEY` in PostgreSQL,

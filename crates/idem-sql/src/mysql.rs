@@ -21,11 +21,16 @@ impl SqlDatabase for MySql {
     // 255 four-byte characters are 1020 bytes, under InnoDB's 3072-byte key limit even
     // in a key of three such columns.
     const KEY_TEXT: &'static str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+    const LONG_TEXT: &'static str = "LONGTEXT";
     const SERIAL_KEY: &'static str = "BIGINT AUTO_INCREMENT PRIMARY KEY";
     const KEYED_TABLE: &'static str = "";
     const MATERIALIZED: &'static str = "";
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const RETURNING: bool = false;
+
+    fn byte_key(max_bytes: usize) -> String {
+        format!("VARBINARY({max_bytes})")
+    }
 
     /// `INSERT IGNORE`: sqlx asks the server for found rows (`CLIENT_FOUND_ROWS`),
     /// under which `ON DUPLICATE KEY UPDATE` of a column to itself counts the row it
@@ -46,8 +51,11 @@ impl SqlDatabase for MySql {
         format!("{insert} ON DUPLICATE KEY UPDATE {}", set.join(", "))
     }
 
+    /// `ORDER BY` takes the key's columns, not a row of them: `(a, b)` is ordered by
+    /// `a, b`.
     fn delete_limited(table: &str, key: &str, filter: &str, limit: &str) -> String {
-        format!("DELETE FROM {table} WHERE {filter} ORDER BY {key} LIMIT {limit}")
+        let columns = key.trim_start_matches('(').trim_end_matches(')');
+        format!("DELETE FROM {table} WHERE {filter} ORDER BY {columns} LIMIT {limit}")
     }
 
     /// Every row is indexed (no partial indexes); `IF NOT EXISTS` is MariaDB's, which
@@ -120,9 +128,14 @@ mod tests {
             "DELETE FROM seen WHERE at < ? ORDER BY id LIMIT ?"
         );
         assert_eq!(
+            MySql::delete_limited("seen", "(consumer, id)", "at < ?", "?"),
+            "DELETE FROM seen WHERE at < ? ORDER BY consumer, id LIMIT ?"
+        );
+        assert_eq!(
             MySql::create_index("seen_at", "seen", "at", Some("at > 0")),
             "CREATE INDEX IF NOT EXISTS seen_at ON seen (at)"
         );
+        assert_eq!(MySql::byte_key(512), "VARBINARY(512)");
         assert_eq!(lock_name(MigrationLock::Numbered(42)), "42");
         assert_eq!(lock_name(MigrationLock::Named("idem_seen")), "idem_seen");
     }

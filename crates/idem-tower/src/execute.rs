@@ -103,7 +103,8 @@ const FIRST_POLL: Duration = Duration::from_millis(20);
 const MAX_POLL: Duration = Duration::from_millis(500);
 
 /// How long a waiter trusts a watch that can fire before it reserves again anyway: a
-/// lost notification costs at most this.
+/// lost notification costs at most this. A watch that
+/// [misses nothing](idem_core::Watch::misses_nothing) is trusted to the end of the wait.
 const FALLBACK_POLL: Duration = Duration::from_secs(1);
 
 /// What a request keeps once its key is reserved: its body, unless it waited for an
@@ -179,7 +180,9 @@ impl<St: Store> Keyed<St> {
             if now >= deadline {
                 return last;
             }
-            let pause = if watch.notifies() {
+            let pause = if watch.misses_nothing() {
+                within
+            } else if watch.notifies() {
                 FALLBACK_POLL
             } else {
                 let pause = poll;

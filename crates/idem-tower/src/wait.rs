@@ -4,7 +4,8 @@
 //!
 //! The wait is bounded by the layer's maximum, the route's lease and a cap on waiters
 //! per layer. The waiter awaits the store's [`Watch`](idem_core::Watch) (or a backoff
-//! timer, for a store that cannot tell, and as a fallback for one that can), and then
+//! timer, for a store that cannot tell, and as a fallback for one that can, unless its
+//! watch [misses nothing](idem_core::Watch::misses_nothing)), and then
 //! reserves again through the normal path: a completion gives it the replay, a release
 //! makes it the next attempt, and a lapsed lease lets it take over. A wake is only a
 //! hint; the reserve decides. That loop is a step of the reserve (`execute.rs`,

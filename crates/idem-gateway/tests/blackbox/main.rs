@@ -47,5 +47,6 @@ mod tombstones;
 mod unreadable_json;
 mod upstreams;
 mod wait;
+mod wait_mysql;
 mod walkthrough;
 mod window;

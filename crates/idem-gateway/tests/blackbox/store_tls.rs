@@ -1,5 +1,5 @@
-//! The gateway's store over TLS: a private PostgreSQL with `ssl = on` and a
-//! `redis-server --tls-port`, each started here on its own port with certificates made
+//! The gateway's store over TLS: a private PostgreSQL with `ssl = on`, a
+//! `redis-server --tls-port` and a MariaDB with `require_secure_transport`, each started here on its own port with certificates made
 //! at run time, and a Redis Cluster whose nodes speak only TLS. A verified connection
 //! carries the keyed protocol end to end; a store
 //! URL whose TLS settings cannot work stops `idem serve` and `idem check-config` with
@@ -8,7 +8,10 @@
 
 use std::process::Stdio;
 
-use idem_test_support::{PgServer, RedisCluster, RedisTlsServer, TestPki, service_unavailable};
+use idem_test_support::{
+    MYSQL_TLS_USER, MySqlServer, PgServer, RedisCluster, RedisTlsServer, TestPki,
+    service_unavailable,
+};
 use tokio::process::Command;
 
 use crate::common::{Gateway, Http, Upstream, binary, new_key};
@@ -78,6 +81,13 @@ async fn a_verified_tls_store_carries_the_keyed_protocol() {
         Err(e) => {
             service_unavailable("a private redis-server with TLS", "127.0.0.1", &e).unwrap_or(())
         }
+    }
+    match MySqlServer::start_tls(&cert, &pki.ca()) {
+        Ok(my) => {
+            let query = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}");
+            executes_once_and_replays(&my.url_as(MYSQL_TLS_USER, &query)).await;
+        }
+        Err(e) => service_unavailable("a private MariaDB with TLS", "127.0.0.1", &e).unwrap_or(()),
     }
 }
 
@@ -160,6 +170,23 @@ async fn tls_settings_that_cannot_work_stop_the_start_with_status_2() {
             "holds no PEM certificate",
         ),
         (
+            "mysql://root@127.0.0.1:1/db?ssl-mode=VERIFY_IDENTITY&ssl-ca=/nonexistent/ca.pem"
+                .to_owned(),
+            "ssl-ca=/nonexistent/ca.pem: cannot read the file",
+        ),
+        (
+            "mysql://root@127.0.0.1:1/db?ssl-mode=VERIFY_FULL".to_owned(),
+            "ssl-mode=VERIFY_FULL: not a mode",
+        ),
+        (
+            format!(
+                "mysql://root@127.0.0.1:1/db?ssl-mode=REQUIRED&ssl-cert={}&ssl-key={}",
+                client.cert.display(),
+                pki.ca().display()
+            ),
+            "holds no PEM private key",
+        ),
+        (
             "rediss://127.0.0.1:1/#insecure".to_owned(),
             "write insecure=true",
         ),
@@ -216,6 +243,26 @@ async fn a_certificate_that_does_not_verify_is_said_to_be_one() {
         // The server was reached and refused: a failure at run time, not a typo.
         assert_eq!(code, Some(1), "{store}: {stderr}");
         assert!(stderr.contains(says), "{store}: {stderr}");
+    }
+    match MySqlServer::start_tls(&cert, &pki.ca()) {
+        Ok(my) => {
+            let store = my.url_as(
+                MYSQL_TLS_USER,
+                &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={other}"),
+            );
+            let (code, stderr) = run(&[
+                "check-config",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--store",
+                &store,
+            ])
+            .await;
+            assert_eq!(code, Some(1), "{store}: {stderr}");
+            let says = "TLS (ssl-mode=VERIFY_IDENTITY) failed: invalid peer certificate";
+            assert!(stderr.contains(says), "{store}: {stderr}");
+        }
+        Err(e) => service_unavailable("a private MariaDB with TLS", "127.0.0.1", &e).unwrap_or(()),
     }
     // verify-ca checks the chain alone.
     let store = pg.url(&format!("sslmode=verify-ca&sslrootcert={ca}"));

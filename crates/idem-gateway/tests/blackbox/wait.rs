@@ -1,20 +1,20 @@
 //! Waiting duplicates (SPEC S15): a duplicate of an in-progress request that sends
 //! `Prefer: wait=N` (or hits a route with `conflict_wait`) gets the first attempt's
 //! exact answer instead of 409, on one gateway and across two gateways sharing a
-//! PostgreSQL or Redis store; a release wakes it and, since it kept only its body's
+//! PostgreSQL, Redis or MySQL store (`wait_mysql.rs`); a release wakes it and, since it kept only its body's
 //! fingerprint, it answers 409 at once and its client's retry executes.
 
 use std::time::{Duration, Instant};
 
 use crate::common::{Answer, Gateway, Http, Upstream, new_key, send_and_hang_up};
-use crate::shared::{on_shared, postgres, redis};
+use crate::shared::{mysql, on_shared, postgres, redis};
 
-const BODY: &str = r#"{"amount":100}"#;
+pub(crate) const BODY: &str = r#"{"amount":100}"#;
 
 /// Sends the first attempt of `key` to `first` (the upstream takes `delay_ms`, and
 /// answers `status`), waits until the upstream has it, then the duplicate to `second`
 /// with `extra` headers; returns both answers.
-async fn first_and_duplicate(
+pub(crate) async fn first_and_duplicate(
     up: &Upstream,
     first: String,
     second: String,
@@ -71,7 +71,11 @@ async fn duplicate_waits_for_the_first_answer(a: &Gateway, b: &Gateway, up: &Ups
     assert_eq!(up.started(&key), 1, "the upstream ran once");
 }
 
-async fn release_wakes_the_waiter_whose_retry_executes(a: &Gateway, b: &Gateway, up: &Upstream) {
+pub(crate) async fn release_wakes_the_waiter_whose_retry_executes(
+    a: &Gateway,
+    b: &Gateway,
+    up: &Upstream,
+) {
     let key = new_key();
     // 503 releases the key: the first attempt's answer is not recorded.
     let (first, dup) = first_and_duplicate(
@@ -296,6 +300,9 @@ async fn wake_up_latency_across_instances() {
     }
     if let Some(url) = redis().await {
         stores.push(("Redis", url));
+    }
+    if let Some(url) = mysql().await {
+        stores.push(("MySQL", url));
     }
     for (name, url) in stores {
         let up = Upstream::start().await;

@@ -24,6 +24,22 @@ pub async fn pg_pool(max_connections: u32) -> Option<sqlx::PgPool> {
     }
 }
 
+/// A MySQL or MariaDB pool (`IDEM_TEST_MYSQL_URL`), or `None` (skipped loudly) when
+/// the server is unreachable.
+#[cfg(feature = "mysql")]
+pub async fn mysql_pool(max_connections: u32) -> Option<sqlx::MySqlPool> {
+    let url = idem_test_support::services::mysql_url();
+    let connect = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&url);
+    match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        Ok(Ok(pool)) => Some(pool),
+        Ok(Err(e)) => service_unavailable("MySQL", &url, &e),
+        Err(e) => service_unavailable("MySQL", &url, &e),
+    }
+}
+
 /// A NATS client and its JetStream context, or `None` (skipped loudly).
 pub async fn nats() -> Option<(async_nats::Client, async_nats::jetstream::Context)> {
     let url = nats_url();
