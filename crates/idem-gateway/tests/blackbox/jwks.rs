@@ -411,6 +411,8 @@ async fn a_number_claim_and_the_same_digits_as_a_string_are_two_tenants() {
             "sub,org",
             "--admin",
             "127.0.0.1:0",
+            // The record listing shows every tenant's records: open only on purpose.
+            "--admin-open",
         ],
         &[("IDEM_TENANT_SECRET", tenant_secret)],
     )
