@@ -119,10 +119,15 @@ fn parse_full(raw: &[u8]) -> Option<RawAnswer> {
     Some((response.code?, headers, body))
 }
 
-/// `GET path` on a fresh connection to `addr`: the answer's status, headers (names
-/// lower-cased) and body; `None` when none came whole within `timeout`.
+/// `GET path` on a fresh connection to `addr`, with the run's admin token: the
+/// answer's status, headers (names lower-cased) and body; `None` when none came whole
+/// within `timeout`.
 pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<RawAnswer> {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer {}\r\n\
+         Connection: close\r\n\r\n",
+        crate::gateway::ADMIN_TOKEN
+    );
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await.ok()?;
         stream.write_all(request.as_bytes()).await.ok()?;

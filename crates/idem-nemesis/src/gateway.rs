@@ -10,6 +10,10 @@ use tokio::process::Child;
 
 use crate::net::Host;
 
+/// The admin token every gateway of a run is started with: the admin listener's record
+/// listing, which the checker reads, is closed without one.
+pub const ADMIN_TOKEN: &str = "nemesis-admin-token-0123456789abcdef";
+
 /// The port a gateway listens on, on its host's address.
 pub const PORT: u16 = 8080;
 /// The port of its admin listener.
@@ -67,7 +71,8 @@ impl Gateway {
                 cmd.env_remove(k);
             }
         }
-        cmd.env("IDEM_LOG", "info");
+        cmd.env("IDEM_LOG", "info")
+            .env("IDEM_ADMIN_TOKEN", ADMIN_TOKEN);
         let mut child = cmd.spawn().map_err(|e| format!("idem: {e}"))?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {

@@ -59,6 +59,8 @@ impl Gateway {
                 cmd.env_remove(k);
             }
         }
+        // The record listing the test reads is closed without an admin token.
+        cmd.env("IDEM_ADMIN_TOKEN", idem_nemesis::gateway::ADMIN_TOKEN);
         cmd.env("IDEM_LOG", "info");
         let mut child = cmd.spawn().expect("the idem binary starts");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
