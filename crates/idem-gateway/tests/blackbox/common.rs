@@ -42,13 +42,93 @@ pub fn leaking_idem_vars() -> impl Iterator<Item = String> {
 
 /// Runs `idem ARGS…` in `dir` to its end, logging warnings only, without the tests'
 /// own `IDEM_*` variables.
+///
+/// Under `IDEM_TEST_GATEWAY_STORE`, an operator's command that opens a store (`keys`,
+/// `migrate`) and names none opens the one a gateway started in `dir` uses
+/// ([`test_store_args`]).
 pub fn idem_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
     let mut cmd = std::process::Command::new(binary());
     cmd.args(args).current_dir(dir).env("IDEM_LOG", "warn");
+    if matches!(args.first(), Some(&("keys" | "migrate"))) && !args.contains(&"--store") {
+        cmd.args(test_store_args(dir));
+    }
     for k in leaking_idem_vars() {
         cmd.env_remove(k);
     }
     cmd.output().expect("the idem binary runs")
+}
+
+/// The variable that makes every gateway the tests start without a store of its own
+/// use this one instead of the default SQLite file (`mysql://root@127.0.0.1:3306/test`,
+/// `postgres://postgres@127.0.0.1:5432/test`): the whole suite run against a shared store.
+pub const GATEWAY_STORE_VAR: &str = "IDEM_TEST_GATEWAY_STORE";
+
+/// The store of `IDEM_TEST_GATEWAY_STORE`, if set (and not empty).
+pub fn test_gateway_store() -> Option<String> {
+    std::env::var(GATEWAY_STORE_VAR)
+        .ok()
+        .filter(|url| !url.trim().is_empty())
+}
+
+/// `--store URL --store-namespace NS` for a gateway or command running in `dir` that
+/// names no store, under `IDEM_TEST_GATEWAY_STORE`; nothing otherwise.
+///
+/// The default store is the file `idem.db` in the directory the gateway runs in, which
+/// every gateway of one test shares (a restarted one finds its records) and no other
+/// test sees. The namespace does the same on a shared store: it is drawn from `dir`
+/// (`bb_` and 16 hex digits of a hash of its path, unique to each test's temporary
+/// directory, short enough for every store's derived names).
+pub fn test_store_args(dir: &Path) -> Vec<String> {
+    let Some(url) = test_gateway_store() else {
+        return Vec::new();
+    };
+    vec![
+        "--store".to_owned(),
+        url,
+        "--store-namespace".to_owned(),
+        test_namespace(dir),
+    ]
+}
+
+/// The OpenTelemetry `db.system.name` of the store a gateway started without one uses:
+/// `sqlite` (the default file), else that of `IDEM_TEST_GATEWAY_STORE`'s scheme.
+pub fn test_store_system() -> &'static str {
+    let Some(url) = test_gateway_store() else {
+        return "sqlite";
+    };
+    match url.split("://").next().unwrap_or_default() {
+        "postgres" | "postgresql" => "postgresql",
+        "mysql" | "mariadb" => "mysql",
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => "redis",
+        "sqlite" => "sqlite",
+        other => panic!("{GATEWAY_STORE_VAR}: no store system known for {other:?}"),
+    }
+}
+
+/// The namespace of the tests' shared store for the gateways running in `dir`.
+pub fn test_namespace(dir: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    dir.hash(&mut hasher);
+    format!("bb_{:016x}", hasher.finish())
+}
+
+/// Whether a gateway started with `extra` and `env` in `dir` names its own store: a
+/// `--store`, an `IDEM_STORE`, or a `store` line in its `--config` file.
+fn names_a_store(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> bool {
+    let config_names_one = extra
+        .iter()
+        .position(|a| *a == "--config")
+        .and_then(|i| extra.get(i + 1))
+        .and_then(|file| std::fs::read_to_string(dir.join(file)).ok())
+        .is_some_and(|text| {
+            text.lines()
+                .any(|l| l.trim_start().starts_with("store ") || l.trim_start().starts_with("store="))
+        });
+    extra.iter().any(|a| *a == "--store" || a.starts_with("--store="))
+        || env.iter().any(|(k, _)| *k == "IDEM_STORE")
+        || config_names_one
 }
 
 /// `idem check-config --upstream http://127.0.0.1:9 --store memory:// EXTRA…`, run to
@@ -122,8 +202,11 @@ impl Gateway {
         if !upstream.is_empty() {
             cmd.args(["--upstream", upstream]);
         }
-        cmd.args(extra)
-            .env("IDEM_LOG", "info,idem_gateway=debug")
+        cmd.args(extra);
+        if !names_a_store(log_dir, extra, env) {
+            cmd.args(test_store_args(log_dir));
+        }
+        cmd.env("IDEM_LOG", "info,idem_gateway=debug")
             .current_dir(log_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -302,7 +302,11 @@ async fn a_keyed_requests_trace_continues_the_clients_and_reaches_the_upstream()
     for kid in &kids {
         assert_eq!(kid.kind, SpanKind::Client as i32, "{}", kid.name);
         if kid.name.starts_with("store ") {
-            assert_eq!(attr(kid, "db.system.name").as_deref(), Some("sqlite"));
+            assert_eq!(
+                attr(kid, "db.system.name").as_deref(),
+                Some(crate::common::test_store_system()),
+                "the system of the store the gateway runs on"
+            );
         }
     }
     let reserve = kids.iter().find(|s| s.name == "store reserve").unwrap();
