@@ -28,6 +28,7 @@
 pub mod cluster;
 mod cpu;
 mod eventually;
+mod mariadb;
 pub mod jwt;
 mod pg;
 mod process;
@@ -41,6 +42,7 @@ pub mod upstream;
 pub use cluster::{REDIS_CLUSTER_ENV, RedisCluster, redis_cluster_url};
 pub use cpu::cpu_time;
 pub use eventually::{WAIT, eventually};
+pub use mariadb::MariaDbServer;
 pub use pg::PgServer;
 pub use relay::{Fault, Relay, RelayMode, service_addr, url_via};
 pub use services::{service_unavailable, service_url, services_required};
