@@ -28,8 +28,8 @@
 pub mod cluster;
 mod cpu;
 mod eventually;
-mod mariadb;
 pub mod jwt;
+mod mariadb;
 mod pg;
 mod process;
 mod relay;
