@@ -36,6 +36,11 @@
 //! PostgreSQL, its floor (`pgbench` when installed: a fresh key per transaction, an
 //! insert-if-absent and then an update, each its own synced commit, at as many clients
 //! as connections), and keyed PostgreSQL throughput as a ratio to it;
+//! with MySQL (MariaDB at `IDEM_TEST_MYSQL_URL`, else the local server), its floor (a
+//! driver here, `load/myfloor.rs`: a fresh key per request, an insert-if-absent and then
+//! an update, each its own autocommit, on as many connections as the gateway's), keyed
+//! MySQL throughput as a ratio to it (target 1.5), and the server's CPU time per request
+//! under both;
 //! `IDEM_LOAD_PEER=PATH` (the `idempotent-rs` peer proxy's binary) adds the peer on
 //! memory and on Redis, and idem's keyed throughput as a ratio to the peer's;
 //! `IDEM_LOAD_NGINX=PATH` (nginx's binary) adds nginx as a pass-through proxy with one
@@ -51,6 +56,8 @@
 
 #[path = "load/callgrind.rs"]
 mod callgrind;
+#[path = "load/myfloor.rs"]
+mod myfloor;
 #[path = "load/others.rs"]
 mod others;
 #[path = "load/wire.rs"]
@@ -130,6 +137,7 @@ async fn upstream(work: Duration) -> SocketAddr {
 enum Running {
     Proxy(Proxy, Wire),
     Floor(Floor),
+    MyFloor(myfloor::MyFloor),
 }
 
 /// Busy and total ticks of the whole machine, from /proc/stat (Linux); zeros elsewhere.
@@ -389,6 +397,7 @@ fn main() {
     rt.block_on(async move {
         let pg = idem_test_support::services::postgres_url();
         let redis = idem_test_support::services::redis_url();
+        let mysql = idem_test_support::services::mysql_url();
         let mut configs: Vec<(String, Vec<String>)> = vec![
             (
                 "pass-through".into(),
@@ -415,6 +424,11 @@ fn main() {
         } else {
             eprintln!("PostgreSQL unreachable: skipped");
         }
+        if reachable(&mysql).await {
+            configs.push(("mysql".into(), vec!["--store".into(), mysql.clone()]));
+        } else {
+            eprintln!("MySQL unreachable: skipped");
+        }
         // IDEM_LOAD_ONLY=memory,sqlite narrows the run (pass-through always runs).
         if let Ok(only) = std::env::var("IDEM_LOAD_ONLY") {
             let only: Vec<&str> = only.split(',').map(str::trim).collect();
@@ -438,6 +452,7 @@ fn main() {
         // The yardsticks, beside the configurations they measure.
         let has = |n: &str| configs.iter().any(|(name, _)| name == n);
         let (pg_on, redis_on, memory_on) = (has("postgres"), has("redis"), has("memory"));
+        let mysql_on = has("mysql");
         let mut configs: Vec<(String, Launch)> = configs
             .into_iter()
             .map(|(name, args)| (name, Launch::Idem(args)))
@@ -453,6 +468,9 @@ fn main() {
             if wanted {
                 configs.push((name, launch));
             }
+        }
+        if mysql_on {
+            configs.push(("mysql-floor".into(), Launch::MyFloor(mysql.clone())));
         }
 
         // IDEM_LOAD_CALLGRIND=1: instructions per request first (=only: nothing else).
@@ -528,6 +546,7 @@ async fn load_run(
                 Wire::h1(),
             ),
             Launch::Floor(url) => Running::Floor(Floor::new(url, dir.path()).await),
+            Launch::MyFloor(url) => Running::MyFloor(myfloor::MyFloor::new(url, connections).await),
         };
         gateways.push((name.as_str(), running));
     }
@@ -542,10 +561,17 @@ async fn load_run(
             let i = (k + round - 1) % gateways.len();
             let (name, gw) = &gateways[i];
             settle().await;
+            let server_before = myfloor::server_cpu();
             let f = match gw {
                 Running::Proxy(gw, wire) => run(name, gw, wire, connections, secs).await,
                 Running::Floor(floor) => floor_run(name, floor, connections, secs).await,
+                Running::MyFloor(floor) => {
+                    let machine_before = machine_ticks();
+                    let figures = floor.run(connections, secs).await;
+                    floor_figures(name, figures, machine_before)
+                }
             };
+            let server = myfloor::server_cpu().saturating_sub(server_before);
             println!(
                 "  {:<13} {:>7.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU/req: gateway {:>4.0} us, driver+upstream {:>4.0} us, rest {:>4.0} us  machine {:>3.0}% busy  errors {}",
                 f.name,
@@ -558,6 +584,14 @@ async fn load_run(
                 f.machine_busy,
                 f.errors
             );
+            // The MySQL pair: the server's own CPU time per request (part of the rest).
+            if name.starts_with("mysql") {
+                println!(
+                    "  {:<13} of which the MariaDB server {:>4.0} us per request",
+                    "",
+                    server.as_secs_f64() * 1e6 / f.requests.max(1) as f64
+                );
+            }
             this_round[i] = Some(f);
         }
         rounds_out.push(
@@ -640,6 +674,7 @@ async fn load_run(
 fn compare(configs: &[(String, Launch)], rounds: &[Vec<Figures>]) {
     const PAIRS: &[(&str, &str, f64)] = &[
         ("postgres", "pg-floor", 2.0),
+        ("mysql", "mysql-floor", 1.5),
         ("memory", "peer-memory", 1.5),
         ("redis", "peer-redis", 1.5),
         ("pass-through", "nginx-1w", 1.0),
@@ -695,6 +730,12 @@ fn compare(configs: &[(String, Launch)], rounds: &[Vec<Figures>]) {
 async fn floor_run(name: &str, floor: &Floor, connections: usize, secs: u64) -> Figures {
     let machine_before = machine_ticks();
     let f = floor.run(connections, secs).await;
+    floor_figures(name, f, machine_before)
+}
+
+/// A floor's run as figures like a proxy's, the machine's ticks taken at its start
+/// being `machine_before`.
+fn floor_figures(name: &str, f: others::FloorFigures, machine_before: (u64, u64)) -> Figures {
     let machine_after = machine_ticks();
     let busy = machine_after.0.saturating_sub(machine_before.0) as f64;
     let total = machine_after.1.saturating_sub(machine_before.1).max(1) as f64;

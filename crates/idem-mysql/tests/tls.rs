@@ -8,7 +8,7 @@
 use idem_core::testing::{test_fingerprint, test_scope};
 use idem_core::{OpenError, OpenStore, Reservation, ReserveRequest, Store, StoreOptions};
 use idem_mysql::MySqlStore;
-use idem_test_support::{CERT_USER, MYSQL_TLS_USER, MySqlServer, TestPki, service_unavailable};
+use idem_test_support::{CERT_USER, MYSQL_TLS_USER, MariaDbServer, TestPki, service_unavailable};
 
 fn options() -> StoreOptions {
     StoreOptions {
@@ -23,10 +23,10 @@ async fn open(url: &str) -> Result<MySqlStore, OpenError> {
 
 /// The PKI and a TLS-only server whose certificate names `names`; `None` (after a loud
 /// skip) when the machine has no MariaDB server binaries.
-fn tls_server(names: &[&str]) -> Option<(TestPki, MySqlServer)> {
+fn tls_server(names: &[&str]) -> Option<(TestPki, MariaDbServer)> {
     let started = TestPki::new().and_then(|pki| {
         let cert = pki.server("server", names)?;
-        let server = MySqlServer::start_tls(&cert, &pki.ca())?;
+        let server = MariaDbServer::start_tls(&cert, &pki.ca())?;
         Ok((pki, server))
     });
     match started {

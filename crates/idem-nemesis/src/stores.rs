@@ -1,6 +1,7 @@
 //! The stores a run breaks, each private to the run (never the machine's shared
 //! servers): a PostgreSQL server to restart, a Redis server with two replicas to fail
-//! over (with and without `?wait=1`), a Redis Cluster whose master is killed.
+//! over (with and without `?wait=1`), a Redis Cluster whose master is killed, a
+//! MariaDB server to crash and restart.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -8,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_test_support::{PgServer, RedisCluster};
+use idem_test_support::{MariaDbServer, PgServer, RedisCluster};
 
 /// Which store a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,15 +22,18 @@ pub enum StoreKind {
     RedisWait,
     /// A private Redis Cluster: three masters, one replica each.
     RedisCluster,
+    /// A private MariaDB server (the MySQL store).
+    MySql,
 }
 
 impl StoreKind {
     /// Every kind.
-    pub const ALL: [StoreKind; 4] = [
+    pub const ALL: [StoreKind; 5] = [
         StoreKind::Postgres,
         StoreKind::Redis,
         StoreKind::RedisWait,
         StoreKind::RedisCluster,
+        StoreKind::MySql,
     ];
 
     /// Its name in reports.
@@ -39,6 +43,7 @@ impl StoreKind {
             StoreKind::Redis => "redis",
             StoreKind::RedisWait => "redis?wait=1",
             StoreKind::RedisCluster => "redis-cluster",
+            StoreKind::MySql => "mysql",
         }
     }
 
@@ -50,6 +55,7 @@ impl StoreKind {
                 "master killed, a replica promoted, the store's address moved to it"
             }
             StoreKind::RedisCluster => "a master killed, its replica promoted by the cluster",
+            StoreKind::MySql => "MariaDB killed (SIGKILL) and restarted (InnoDB crash recovery)",
         }
     }
 }
@@ -62,6 +68,7 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
 pub struct Store {
     kind: StoreKind,
     pg: Option<PgServer>,
+    mysql: Option<MariaDbServer>,
     redis: Option<RedisCluster>,
     /// Where connections to each forwarded port go now.
     targets: HashMap<u16, Arc<Mutex<SocketAddr>>>,
@@ -77,11 +84,18 @@ impl Store {
     /// `replicas` replicas (one failover spends one); why not, when the machine lacks
     /// the server's binaries.
     pub fn start(kind: StoreKind, replicas: usize) -> Result<Store, String> {
+        let mut mysql = None;
         let (pg, redis, ports, master, replicas) = match kind {
             StoreKind::Postgres => {
                 let pg = PgServer::start_plaintext()?;
                 let port = pg.port();
                 (Some(pg), None, vec![port], 0, vec![])
+            }
+            StoreKind::MySql => {
+                let server = MariaDbServer::start()?;
+                let port = server.port();
+                mysql = Some(server);
+                (None, None, vec![port], 0, vec![])
             }
             StoreKind::Redis | StoreKind::RedisWait => {
                 let set = RedisCluster::start_replicated(replicas.max(1))?;
@@ -106,6 +120,7 @@ impl Store {
         Ok(Store {
             kind,
             pg,
+            mysql,
             redis,
             targets,
             ports,
@@ -124,6 +139,7 @@ impl Store {
     pub fn url(&self) -> String {
         match (self.kind, &self.pg, &self.redis) {
             (StoreKind::Postgres, Some(pg), _) => pg.url("sslmode=disable"),
+            (StoreKind::MySql, _, _) => self.mysql.as_ref().expect("mariadb").url(),
             (StoreKind::RedisWait, _, Some(r)) => format!("{}?wait=1&wait_timeout=1s", r.url()),
             (_, _, Some(r)) => r.url(),
             _ => unreachable!("a store has its server"),
@@ -140,12 +156,13 @@ impl Store {
         self.targets[&port].clone()
     }
 
-    /// Fails the store over (blocking): PostgreSQL restarts; Redis loses its master
+    /// Fails the store over (blocking): PostgreSQL and MariaDB restart; Redis loses its master
     /// and a replica takes its place at the same address; the cluster promotes a
     /// master's replica. Returns once the store serves again.
     pub fn fail_over(&mut self) -> Result<(), String> {
         match self.kind {
             StoreKind::Postgres => self.pg.as_mut().expect("postgres").restart(),
+            StoreKind::MySql => self.mysql.as_mut().expect("mariadb").restart(),
             StoreKind::Redis | StoreKind::RedisWait => self.promote_replica(),
             StoreKind::RedisCluster => {
                 let cluster = self.redis.as_mut().expect("a cluster");

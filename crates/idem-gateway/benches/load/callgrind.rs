@@ -80,7 +80,9 @@ pub async fn count(configs: &[(String, Launch)], upstream: SocketAddr, settings:
     let mut rows = Vec::new();
     for (name, launch) in configs {
         // nginx is counted once, as one process serving.
-        if matches!(launch, Launch::Nginx(_, w) if *w != 1) || matches!(launch, Launch::Floor(_)) {
+        if matches!(launch, Launch::Nginx(_, w) if *w != 1)
+            || matches!(launch, Launch::Floor(_) | Launch::MyFloor(_))
+        {
             continue;
         }
         let started = Instant::now();
@@ -201,7 +203,7 @@ async fn one(
             }
             (child, addr)
         }
-        Launch::Floor(_) => return None,
+        Launch::Floor(_) | Launch::MyFloor(_) => return None,
     };
     let per = requests.div_ceil(settings.connections);
     let mut drivers = Vec::new();

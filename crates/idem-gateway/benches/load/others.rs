@@ -85,6 +85,8 @@ pub enum Launch {
     Nginx(PathBuf, usize),
     /// `pgbench` against this PostgreSQL URL.
     Floor(String),
+    /// The MySQL floor's driver (`load/myfloor.rs`) against this MySQL URL.
+    MyFloor(String),
 }
 
 /// The optional configurations the environment asks for, named.

@@ -42,13 +42,136 @@ pub fn leaking_idem_vars() -> impl Iterator<Item = String> {
 
 /// Runs `idem ARGS…` in `dir` to its end, logging warnings only, without the tests'
 /// own `IDEM_*` variables.
+///
+/// Under `IDEM_TEST_GATEWAY_STORE`, an operator's command that opens a store (`keys`,
+/// `migrate`) and names none opens the one a gateway started in `dir` uses
+/// ([`test_store_args`]).
 pub fn idem_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
     let mut cmd = std::process::Command::new(binary());
     cmd.args(args).current_dir(dir).env("IDEM_LOG", "warn");
+    if matches!(args.first(), Some(&("keys" | "migrate"))) && !args.contains(&"--store") {
+        cmd.args(test_store_args(dir));
+    }
     for k in leaking_idem_vars() {
         cmd.env_remove(k);
     }
     cmd.output().expect("the idem binary runs")
+}
+
+/// The variable that makes every gateway the tests start without a store of its own,
+/// or on the bare memory store ([`gateway_args`]), use this one instead
+/// (`mysql://root@127.0.0.1:3306/test`, `postgres://postgres@127.0.0.1:5432/test`): the
+/// whole suite run against a shared store.
+pub const GATEWAY_STORE_VAR: &str = "IDEM_TEST_GATEWAY_STORE";
+
+/// The store of `IDEM_TEST_GATEWAY_STORE`, if set (and not empty).
+pub fn test_gateway_store() -> Option<String> {
+    std::env::var(GATEWAY_STORE_VAR)
+        .ok()
+        .filter(|url| !url.trim().is_empty())
+}
+
+/// `--store URL --store-namespace NS` for a gateway or command running in `dir` that
+/// names no store, under `IDEM_TEST_GATEWAY_STORE`; nothing otherwise.
+///
+/// The default store is the file `idem.db` in the directory the gateway runs in, which
+/// every gateway of one test shares (a restarted one finds its records) and no other
+/// test sees. The namespace does the same on a shared store: it is drawn from `dir`
+/// (`bb_` and 16 hex digits of a hash of its path, unique to each test's temporary
+/// directory, short enough for every store's derived names).
+pub fn test_store_args(dir: &Path) -> Vec<String> {
+    test_gateway_store().map_or_else(Vec::new, |url| store_args(url, dir))
+}
+
+/// `--store URL --store-namespace NS`, the namespace that of `dir`.
+fn store_args(url: String, dir: &Path) -> Vec<String> {
+    vec![
+        "--store".to_owned(),
+        url,
+        "--store-namespace".to_owned(),
+        test_namespace(dir),
+    ]
+}
+
+/// The OpenTelemetry `db.system.name` of the store a gateway started without one uses:
+/// `sqlite` (the default file), else that of `IDEM_TEST_GATEWAY_STORE`'s scheme.
+pub fn test_store_system() -> &'static str {
+    let Some(url) = test_gateway_store() else {
+        return "sqlite";
+    };
+    match url.split("://").next().unwrap_or_default() {
+        "postgres" | "postgresql" => "postgresql",
+        "mysql" | "mariadb" => "mysql",
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => "redis",
+        "sqlite" => "sqlite",
+        other => panic!("{GATEWAY_STORE_VAR}: no store system known for {other:?}"),
+    }
+}
+
+/// The namespace of the tests' shared store for the gateways running in `dir`.
+pub fn test_namespace(dir: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    dir.hash(&mut hasher);
+    format!("bb_{:016x}", hasher.finish())
+}
+
+/// The memory store at its default bound, written so that `IDEM_TEST_GATEWAY_STORE`
+/// keeps it: for the tests whose figures are the memory store's own (its descriptors,
+/// its `db.system.name`), which hold on no other store.
+pub const MEMORY_KEPT: &str = "memory://?max_entries=100000";
+
+/// A gateway's `EXTRA…` arguments, under `IDEM_TEST_GATEWAY_STORE` on that store
+/// where the test leaves the store to the harness: it names none (the default SQLite
+/// file), or names the bare `--store memory://` without a namespace of its own (the
+/// store a test picks when its subject is not the store). Any other store is kept: a
+/// memory store with settings, a file, a server, a `--config` or `IDEM_STORE` naming
+/// one.
+pub fn gateway_args(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Vec<String> {
+    args_on(test_gateway_store(), dir, extra, env)
+}
+
+/// [`gateway_args`] with `shared` for the variable's store.
+fn args_on(
+    shared: Option<String>,
+    dir: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<String> {
+    let mut args: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
+    let Some(url) = shared else {
+        return args;
+    };
+    let memory = extra.windows(2).position(|w| w == ["--store", "memory://"]);
+    match memory {
+        Some(i) if !extra.contains(&"--store-namespace") => {
+            args.splice(i..i + 2, store_args(url, dir));
+        }
+        _ if !names_a_store(dir, extra, env) => args.extend(store_args(url, dir)),
+        _ => {}
+    }
+    args
+}
+
+/// Whether a gateway started with `extra` and `env` in `dir` names its own store: a
+/// `--store`, an `IDEM_STORE`, or a `store` line in its `--config` file.
+fn names_a_store(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> bool {
+    let config_names_one = extra
+        .iter()
+        .position(|a| *a == "--config")
+        .and_then(|i| extra.get(i + 1))
+        .and_then(|file| std::fs::read_to_string(dir.join(file)).ok())
+        .is_some_and(|text| {
+            text.lines().any(|l| {
+                l.trim_start().starts_with("store ") || l.trim_start().starts_with("store=")
+            })
+        });
+    extra
+        .iter()
+        .any(|a| *a == "--store" || a.starts_with("--store="))
+        || env.iter().any(|(k, _)| *k == "IDEM_STORE")
+        || config_names_one
 }
 
 /// `idem check-config --upstream http://127.0.0.1:9 --store memory:// EXTRA…`, run to
@@ -122,8 +245,8 @@ impl Gateway {
         if !upstream.is_empty() {
             cmd.args(["--upstream", upstream]);
         }
-        cmd.args(extra)
-            .env("IDEM_LOG", "info,idem_gateway=debug")
+        cmd.args(gateway_args(log_dir, extra, env));
+        cmd.env("IDEM_LOG", "info,idem_gateway=debug")
             .current_dir(log_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -456,4 +579,77 @@ pub async fn metrics(http: &Http, gw: &Gateway) -> String {
     let m = http.send("GET", &gw.admin_url("/metrics"), &[], "").await;
     assert_eq!(m.status, 200);
     String::from_utf8(m.body.to_vec()).unwrap()
+}
+
+/// The shared-store mechanism's own rules, whatever store the run uses.
+mod shared_store {
+    use super::*;
+
+    #[test]
+    fn a_test_directory_has_one_namespace_that_every_store_admits() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let ns = test_namespace(a.path());
+        assert_eq!(
+            ns,
+            test_namespace(a.path()),
+            "every gateway of a test shares it"
+        );
+        assert_ne!(ns, test_namespace(b.path()), "no other test sees it");
+        assert!(ns.starts_with("bb_") && ns.len() == 19, "{ns}");
+        // The longest name a SQL store derives from it must pass the rule too.
+        let ns = idem_core::Namespace::new(&ns).unwrap();
+        ns.suffixed("_records_expires").unwrap();
+        ns.suffixed("_inbox_expires").unwrap();
+    }
+
+    #[test]
+    fn a_gateway_that_names_its_store_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!names_a_store(dir.path(), &["--ttl", "1m"], &[]));
+        assert!(names_a_store(dir.path(), &["--store", "memory://"], &[]));
+        assert!(names_a_store(dir.path(), &["--store=memory://"], &[]));
+        assert!(names_a_store(
+            dir.path(),
+            &[],
+            &[("IDEM_STORE", "sqlite://x.db")]
+        ));
+        std::fs::write(dir.path().join("a.toml"), "store = \"memory://\"\n").unwrap();
+        std::fs::write(dir.path().join("b.toml"), "store_namespace = \"x\"\n").unwrap();
+        assert!(names_a_store(dir.path(), &["--config", "a.toml"], &[]));
+        assert!(!names_a_store(dir.path(), &["--config", "b.toml"], &[]));
+    }
+
+    #[test]
+    fn the_shared_store_replaces_the_default_and_the_bare_memory_store_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let my = || Some("mysql://root@127.0.0.1:3306/test".to_owned());
+        let ns = test_namespace(dir.path());
+        let shared = [
+            "--store",
+            "mysql://root@127.0.0.1:3306/test",
+            "--store-namespace",
+            &ns,
+        ];
+        let on = |extra: &[&str], env: &[(&str, &str)]| args_on(my(), dir.path(), extra, env);
+        assert_eq!(
+            on(&["--ttl", "1m"], &[]),
+            [&["--ttl", "1m"][..], &shared].concat()
+        );
+        assert_eq!(
+            on(&["--store", "memory://", "--admin", "0"], &[]),
+            [&shared[..], &["--admin", "0"]].concat()
+        );
+        for kept in [
+            &["--store", "memory://?max_entries=3"][..],
+            &["--store", "memory://", "--store-namespace", "a"],
+            &["--store", "sqlite://idem.db"],
+        ] {
+            assert_eq!(on(kept, &[]), kept);
+        }
+        assert!(on(&[], &[("IDEM_STORE", "memory://")]).is_empty());
+        assert_eq!(
+            args_on(None, dir.path(), &["--ttl", "1m"], &[]),
+            ["--ttl", "1m"]
+        );
+    }
 }

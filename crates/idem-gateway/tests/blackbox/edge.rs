@@ -71,10 +71,12 @@ async fn the_soft_fd_limit_is_raised_to_the_hard_one_and_the_cap_derived_from_it
     let (_, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap();
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
+    // The memory store on every run: the cap below leaves no descriptors for a
+    // store's connections, as only the memory store has none.
     let gw = Gateway::start_with_fd_limit(
         &up.url(),
         dir.path(),
-        &["--store", "memory://", "--admin", "0"],
+        &["--store", crate::common::MEMORY_KEPT, "--admin", "0"],
         "-Sn 256",
     )
     .await;

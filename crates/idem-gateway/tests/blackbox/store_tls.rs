@@ -9,7 +9,7 @@
 use std::process::Stdio;
 
 use idem_test_support::{
-    MYSQL_TLS_USER, MySqlServer, PgServer, RedisCluster, RedisTlsServer, TestPki,
+    MYSQL_TLS_USER, MariaDbServer, PgServer, RedisCluster, RedisTlsServer, TestPki,
     service_unavailable,
 };
 use tokio::process::Command;
@@ -82,7 +82,7 @@ async fn a_verified_tls_store_carries_the_keyed_protocol() {
             service_unavailable("a private redis-server with TLS", "127.0.0.1", &e).unwrap_or(())
         }
     }
-    match MySqlServer::start_tls(&cert, &pki.ca()) {
+    match MariaDbServer::start_tls(&cert, &pki.ca()) {
         Ok(my) => {
             let query = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}");
             executes_once_and_replays(&my.url_as(MYSQL_TLS_USER, &query)).await;
@@ -244,7 +244,7 @@ async fn a_certificate_that_does_not_verify_is_said_to_be_one() {
         assert_eq!(code, Some(1), "{store}: {stderr}");
         assert!(stderr.contains(says), "{store}: {stderr}");
     }
-    match MySqlServer::start_tls(&cert, &pki.ca()) {
+    match MariaDbServer::start_tls(&cert, &pki.ca()) {
         Ok(my) => {
             let store = my.url_as(
                 MYSQL_TLS_USER,

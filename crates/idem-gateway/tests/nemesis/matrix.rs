@@ -130,6 +130,11 @@ async fn redis_cluster_under_every_nemesis() {
     every_nemesis(StoreKind::RedisCluster).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_under_every_nemesis() {
+    every_nemesis(StoreKind::MySql).await;
+}
+
 /// The longer run, by hand: `IDEM_NEMESIS_KEYS` keys per phase (default 200),
 /// `IDEM_NEMESIS_CYCLES` faults per phase (default 3), `IDEM_NEMESIS_SEED`,
 /// `IDEM_NEMESIS_STORES` (names, comma-separated; default all) and `IDEM_NEMESIS`
