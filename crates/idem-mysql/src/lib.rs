@@ -50,7 +50,8 @@
 //! The gateway opens it from `--store mysql://…` or `mariadb://…` (a namespace `NAME` is
 //! the table `NAME_records`), through [`OpenStore`](idem_core::OpenStore).
 //!
-//! Not yet: key-rate buckets shared by instances (each keeps its own).
+//! Key-rate buckets ([`Store::take_rate_token`](idem_core::Store::take_rate_token)) are
+//! shared by every instance on the table, in `TABLE_rate` ([`schema::rate_table`]).
 //!
 //! No RSA: the driver's `mysql-rsa` feature is off, so a MySQL 8 account on
 //! `caching_sha2_password` cannot send its password over plain TCP until the server

@@ -10,7 +10,7 @@ use idem_core::{Record, Scope, StoreError};
 use sqlx::mysql::MySqlRow;
 
 use crate::error::store_error;
-use crate::schema::meta_table;
+use crate::schema::{meta_table, rate_table};
 
 /// The columns a record is read from.
 pub(crate) const RECORD_COLUMNS: &str = "attempt, token, fingerprint, created_at, expires_at, \
@@ -64,6 +64,15 @@ pub(crate) struct Statements {
     pub(crate) init_secret: String,
     /// `name`.
     pub(crate) secret: String,
+    /// Takes a token from an existing bucket, refilled to now, where one is there:
+    /// `burst, now, tokens a second, now, keep_until, bucket, burst, now, tokens a
+    /// second`. Matches no row where the bucket is missing or empty.
+    pub(crate) take_token: String,
+    /// A new bucket, full less the token taken: `bucket, burst, now, keep_until`. Fails
+    /// with a duplicate key (1062) where the bucket exists.
+    pub(crate) new_bucket: String,
+    /// Deletes full buckets: `now, limit`.
+    pub(crate) purge_buckets: String,
 }
 
 /// The fenced match of a write on the lease's row: `id, token, now`.
@@ -105,6 +114,15 @@ impl Statements {
               WHERE {FENCED}"
         );
         let meta = meta_table(t);
+        // A bucket's tokens now: what it held at at_ms, refilled at the rate since, up to
+        // the burst. at_ms is assigned after tokens, which reads the old one.
+        let rate = rate_table(t);
+        let refilled = "LEAST(?, tokens + GREATEST(0, ? - at_ms) / 1000.0 * ?)";
+        let take_token = format!(
+            "UPDATE {rate} SET tokens = {refilled} - 1, at_ms = GREATEST(?, at_ms),
+                    keep_until_ms = ?
+              WHERE id = UNHEX(SHA2(?, 256)) AND {refilled} >= 1"
+        );
         Statements {
             table: t.to_owned(),
             insert,
@@ -139,6 +157,14 @@ impl Statements {
             ),
             init_secret: format!("INSERT INTO {meta} (name, value) VALUES (?, ?)"),
             secret: format!("SELECT value FROM {meta} WHERE name = ?"),
+            take_token,
+            new_bucket: format!(
+                "INSERT INTO {rate} (id, tokens, at_ms, keep_until_ms)
+                 VALUES (UNHEX(SHA2(?, 256)), ? - 1, ?, ?)"
+            ),
+            purge_buckets: format!(
+                "DELETE FROM {rate} WHERE keep_until_ms < ? ORDER BY keep_until_ms LIMIT ?"
+            ),
         }
     }
 }

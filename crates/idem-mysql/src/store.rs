@@ -187,7 +187,71 @@ impl Store for MySqlStore {
             left -= done.rows_affected().min(left);
         }
         let limit = u64::try_from(limit).unwrap_or(u64::MAX);
+        // Full rate buckets go too, as many again at most; they are no records, and not
+        // counted.
+        let now = self.clock.now().as_millis();
+        self.retrying(|| {
+            sqlx::query(AssertSqlSafe(self.sql.purge_buckets.as_str()))
+                .bind(now)
+                .bind(limit)
+                .execute(&self.pool)
+        })
+        .await?;
         Ok(usize::try_from(limit - left).unwrap_or(usize::MAX))
+    }
+
+    /// In `TABLE_rate` (migration 2), with the store's clock, as the records: an
+    /// `UPDATE` by primary key that refills the bucket and takes a token only where one
+    /// is there; where it matches nothing, a plain `INSERT` of a full bucket less the
+    /// token; where that finds the bucket made meanwhile (duplicate key), the `UPDATE`
+    /// again. One statement for a bucket in use, never a lock held past its statement:
+    /// two instances making one bucket at once both answer, neither deadlocks.
+    async fn take_rate_token(
+        &self,
+        bucket: &str,
+        rate: &idem_core::KeyRate,
+    ) -> Result<Option<bool>, StoreError> {
+        let now = self.clock.now();
+        let keep_until = now
+            .plus(rate.refill())
+            .plus(Duration::from_secs(1))
+            .as_millis();
+        let (now, burst, per_second) = (now.as_millis(), f64::from(rate.burst()), rate.per_second());
+        let take = || {
+            sqlx::query(AssertSqlSafe(self.sql.take_token.as_str()))
+                .bind(burst)
+                .bind(now)
+                .bind(per_second)
+                .bind(now)
+                .bind(keep_until)
+                .bind(bucket)
+                .bind(burst)
+                .bind(now)
+                .bind(per_second)
+                .execute(&self.pool)
+        };
+        let taken = self
+            .retrying(|| async {
+                if take().await?.rows_affected() == 1 {
+                    return Ok(true);
+                }
+                let inserted = sqlx::query(AssertSqlSafe(self.sql.new_bucket.as_str()))
+                    .bind(bucket)
+                    .bind(burst)
+                    .bind(now)
+                    .bind(keep_until)
+                    .execute(&self.pool)
+                    .await;
+                match inserted {
+                    Ok(_) => Ok(true),
+                    Err(e) if number(&e) == Some(DUPLICATE_KEY) => {
+                        Ok(take().await?.rows_affected() == 1)
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        Ok(Some(taken))
     }
 
     /// From the store's poller, which looks once per interval for every scope this
