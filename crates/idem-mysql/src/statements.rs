@@ -31,11 +31,10 @@ pub(crate) struct Statements {
     /// A fresh record: `id, tenant, endpoint, key, fingerprint, now, expires_at, token,
     /// lease_until`. Fails with a duplicate key (1062) where a row exists.
     pub(crate) insert: String,
-    /// Takes an existing row over: `now ×4, expires_at of a fresh record, lease_until,
-    /// fingerprint, token, lease_until, id`, then [`TAKES`]' four.
+    /// Takes an existing row over, if it is still the row the reserve read: `now ×4,
+    /// expires_at of a fresh record, lease_until, fingerprint, token, lease_until, id`,
+    /// the token, state and expires_at read, then [`TAKES`]' four.
     pub(crate) take_over: String,
-    /// The attempt a takeover wrote: `id, token`.
-    pub(crate) attempt: String,
     /// `status, headers, body, now, ambiguity, tombstone, ttl ×2, tombstone, ttl ×2,
     /// tombstone, ttl ×2, id, token, now` (the TTLs in ms, the tombstone's 0 for none).
     pub(crate) complete: String,
@@ -85,9 +84,11 @@ impl Statements {
                               expires_at, attempt, token, state, lease_until)
              VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, 'in_progress', ?)"
         );
-        // created_at and attempt read expires_at before it changes.
+        // created_at and attempt read expires_at before it changes. The primary key is
+        // forced: with expires_at among the fences, the optimizer may prefer its index,
+        // whose range a locking read under REPEATABLE READ would lock with its gaps.
         let take_over = format!(
-            "UPDATE {t} SET
+            "UPDATE {t} FORCE INDEX (PRIMARY) SET
                 created_at  = CASE WHEN expires_at <= ? THEN ? ELSE created_at END,
                 attempt     = CASE WHEN expires_at <= ? THEN 1
                                    ELSE LEAST(attempt, 2147483646) + 1 END,
@@ -96,7 +97,7 @@ impl Statements {
                 fingerprint = ?, token = ?, state = 'in_progress', lease_until = ?,
                 status = NULL, headers = NULL, body = NULL, completed_at = NULL,
                 tombstone_until = NULL, ambiguity = NULL
-              WHERE id = ? AND {TAKES}"
+              WHERE id = ? AND token = ? AND state = ? AND expires_at = ? AND {TAKES}"
         );
         // A completed record expires at creation + TTL (`Lease::completed_expires_at`),
         // its tombstone that long after (`Lease::tombstone_until`, 0 for none); CASEs,
@@ -127,7 +128,6 @@ impl Statements {
             table: t.to_owned(),
             insert,
             take_over,
-            attempt: format!("SELECT attempt FROM {t} WHERE id = ? AND token = ?"),
             complete,
             completed_by: format!(
                 "SELECT 1 FROM {t}
@@ -269,6 +269,9 @@ mod tests {
             .bind(7_i64)
             .bind(160_i64)
             .bind(id.clone())
+            .bind(7_i64)
+            .bind("in_progress")
+            .bind(100_i64)
             .bind(100_i64)
             .bind(100_i64)
             .bind(100_i64)
