@@ -21,8 +21,8 @@ use crate::statements::{Extra, Statements, record_from_row, row_id};
 /// A [`Store`] on MySQL or MariaDB, shared by every instance that points at the same
 /// table.
 ///
-/// Each operation is one to four statements on pooled connections, in autocommit but
-/// for a takeover; "now" comes from the injected clock. Cloning is cheap and shares the
+/// Each operation is one to three statements on pooled connections, each in autocommit;
+/// "now" comes from the injected clock. Cloning is cheap and shares the
 /// pool.
 #[derive(Clone)]
 pub struct MySqlStore {
@@ -108,7 +108,7 @@ impl MySqlStore {
 
 #[async_trait]
 impl Store for MySqlStore {
-    /// A plain insert, a fenced takeover, a plain read: see the crate's docs for why no
+    /// A plain insert, a plain read, a fenced takeover: see the crate's docs for why no
     /// statement takes a gap lock.
     async fn reserve(&self, req: &ReserveRequest) -> Result<Reservation, StoreError> {
         self.reserve_record(req).await
@@ -167,7 +167,8 @@ impl Store for MySqlStore {
 
     /// At most `limit` rows in all: completed records whose tombstone outlives them
     /// compacted into it first (SPEC S16), then expired rows deleted, each through the
-    /// `expires_at` index, oldest first.
+    /// `expires_at` index, oldest first; then up to `limit` full key-rate buckets, which
+    /// are not counted.
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         let mut left = u64::try_from(limit).unwrap_or(u64::MAX);
         for sql in [&self.sql.compact, &self.sql.purge] {
@@ -216,7 +217,8 @@ impl Store for MySqlStore {
             .plus(rate.refill())
             .plus(Duration::from_secs(1))
             .as_millis();
-        let (now, burst, per_second) = (now.as_millis(), f64::from(rate.burst()), rate.per_second());
+        let (now, burst, per_second) =
+            (now.as_millis(), f64::from(rate.burst()), rate.per_second());
         let take = || {
             sqlx::query(AssertSqlSafe(self.sql.take_token.as_str()))
                 .bind(burst)

@@ -40,9 +40,8 @@ async fn counters(store: &MySqlStore) -> Vec<(String, i64)> {
 /// What `op` cost on the store's one connection, less what reading the counters costs
 /// (measured the same way with nothing between).
 async fn cost_of(store: &MySqlStore, op: impl Future<Output = ()>) -> Cost {
-    let figure = |c: &[(String, i64)], name: &str| {
-        c.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v)
-    };
+    let figure =
+        |c: &[(String, i64)], name: &str| c.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
     let statements = |c: &[(String, i64)]| {
         [
             "Com_select",
@@ -87,7 +86,8 @@ async fn what_a_reserve_costs_the_server() {
     let Some(store) = common::connect(options, &ns).await else {
         return;
     };
-    let request = |key: &str| ReserveRequest::new(test_scope("/v1/charges", key), test_fingerprint("{}"));
+    let request =
+        |key: &str| ReserveRequest::new(test_scope("/v1/charges", key), test_fingerprint("{}"));
     let reserve = async |req: &ReserveRequest| store.reserve(req).await.expect("reserve");
     // Warm-up: every statement prepared once on the connection.
     let warm = request("warm");
@@ -95,7 +95,10 @@ async fn what_a_reserve_costs_the_server() {
         panic!("a new key");
     };
     reserve(&warm).await;
-    store.complete(&lease, &StoredResponse::new(201, "made")).await.unwrap();
+    store
+        .complete(&lease, &StoredResponse::new(201, "made"))
+        .await
+        .unwrap();
     reserve(&warm).await;
     let lapsed = request("warm-lapsed");
     reserve(&lapsed).await;
@@ -108,14 +111,20 @@ async fn what_a_reserve_costs_the_server() {
     })
     .await;
     let in_progress = cost_of(&store, async {
-        assert!(matches!(reserve(&fresh).await, Reservation::InProgress { .. }));
+        assert!(matches!(
+            reserve(&fresh).await,
+            Reservation::InProgress { .. }
+        ));
     })
     .await;
     let done = request("done");
     let Reservation::Acquired(lease) = reserve(&done).await else {
         panic!("a new key");
     };
-    store.complete(&lease, &StoredResponse::new(201, "made")).await.unwrap();
+    store
+        .complete(&lease, &StoredResponse::new(201, "made"))
+        .await
+        .unwrap();
     let completed = cost_of(&store, async {
         let answer = reserve(&done).await;
         assert!(matches!(answer, Reservation::Replay(_)), "{answer:?}");

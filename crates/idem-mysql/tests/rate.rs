@@ -58,9 +58,15 @@ async fn instances_on_one_table_share_each_bucket() {
     let rate = KeyRate::new(4.0, 8).expect("a rate");
     let bucket = format!("tenant-{ns}");
     assert_eq!(takes_at_once([&a, &b], &bucket, rate, 40).await, 8);
-    assert_eq!(b.take_rate_token(&bucket, &rate).await.unwrap(), Some(false));
+    assert_eq!(
+        b.take_rate_token(&bucket, &rate).await.unwrap(),
+        Some(false)
+    );
     clock.advance(Duration::from_millis(249));
-    assert_eq!(a.take_rate_token(&bucket, &rate).await.unwrap(), Some(false));
+    assert_eq!(
+        a.take_rate_token(&bucket, &rate).await.unwrap(),
+        Some(false)
+    );
     clock.advance(Duration::from_millis(1));
     assert_eq!(takes_at_once([&a, &b], &bucket, rate, 10).await, 1);
     clock.advance(Duration::from_secs(60));
@@ -119,15 +125,25 @@ async fn the_purge_forgets_full_buckets_only() {
     for _ in 0..2 {
         assert_eq!(store.take_rate_token("t", &rate).await.unwrap(), Some(true));
     }
-    assert_eq!(store.take_rate_token("t", &rate).await.unwrap(), Some(false));
+    assert_eq!(
+        store.take_rate_token("t", &rate).await.unwrap(),
+        Some(false)
+    );
     clock.advance(Duration::from_secs(2));
     assert_eq!(store.purge_expired(100).await.unwrap(), 0);
     assert_eq!(rows().await, 1, "a bucket within its refill time stays");
     clock.advance(Duration::from_millis(1001));
-    assert_eq!(store.purge_expired(100).await.unwrap(), 0, "no record purged");
+    assert_eq!(
+        store.purge_expired(100).await.unwrap(),
+        0,
+        "no record purged"
+    );
     assert_eq!(rows().await, 0, "a full bucket is forgotten");
     for _ in 0..2 {
         assert_eq!(store.take_rate_token("t", &rate).await.unwrap(), Some(true));
     }
-    assert_eq!(store.take_rate_token("t", &rate).await.unwrap(), Some(false));
+    assert_eq!(
+        store.take_rate_token("t", &rate).await.unwrap(),
+        Some(false)
+    );
 }

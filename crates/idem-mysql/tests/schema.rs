@@ -106,12 +106,22 @@ async fn a_table_at_version_1_is_brought_up_to_the_buckets() {
     assert_eq!(plan.len(), 3, "{plan:#?}");
     assert!(plan[0].contains("CREATE TABLE IF NOT EXISTS idem_schema_migrations"));
     assert!(plan[1].contains(&format!("CREATE TABLE IF NOT EXISTS {table}_rate")));
-    assert!(plan[2].ends_with(&format!("VALUES ('{table}', 2)")), "{}", plan[2]);
+    assert!(
+        plan[2].ends_with(&format!("VALUES ('{table}', 2)")),
+        "{}",
+        plan[2]
+    );
 
     store.migrate().await.expect("migrate");
     schema::check(store.pool(), &table).await.expect("current");
-    assert!(store.get(&req.scope).await.unwrap().is_some(), "the record stays");
+    assert!(
+        store.get(&req.scope).await.unwrap().is_some(),
+        "the record stays"
+    );
     let rate = idem_core::KeyRate::new(1.0, 1).unwrap();
     assert_eq!(store.take_rate_token("t", &rate).await.unwrap(), Some(true));
-    assert_eq!(store.take_rate_token("t", &rate).await.unwrap(), Some(false));
+    assert_eq!(
+        store.take_rate_token("t", &rate).await.unwrap(),
+        Some(false)
+    );
 }
