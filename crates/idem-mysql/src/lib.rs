@@ -11,14 +11,15 @@
 //!   ([`Scope::digest`](idem_core::Scope::digest)), 32 bytes, so that no key, tenant or
 //!   endpoint length can pass InnoDB's index limit ([`schema`]).
 //! - **Reserve without gap locks.** A plain `INSERT` that the primary key refuses
-//!   (duplicate key, 1062) where a row exists; a fenced `UPDATE` by primary key that
-//!   takes over an expired record or a lapsed lease; a plain read otherwise, which
-//!   [`idem_core::Reservation::from_existing`] interprets. Never
+//!   (duplicate key, 1062) where a row exists; then a plain read, which
+//!   [`idem_core::Reservation::from_existing`] interprets; and only where that says the
+//!   record may be taken over, an `UPDATE` by primary key fenced on the token, state and
+//!   expiry read. One statement for a new key, two for one in progress or completed,
+//!   three for a takeover. Never
 //!   `INSERT … ON DUPLICATE KEY UPDATE` nor `SELECT … FOR UPDATE` of a missing row, which
 //!   under REPEATABLE READ take next-key locks that concurrent duplicates deadlock on.
-//!   The store sets no isolation level: its statements run in autocommit (the
-//!   takeover and the read of its attempt in one short transaction) under the server's
-//!   default, REPEATABLE READ in both MySQL and MariaDB, and each reads what committed
+//!   The store sets no isolation level: its statements run in autocommit under the
+//!   server's default, REPEATABLE READ in both MySQL and MariaDB, and each reads what committed
 //!   before it.
 //! - **Deadlocks and lock waits are retried.** A statement InnoDB rolled back for a lock
 //!   (1213, 1205) runs again, a bounded number of times within the operation timeout;
@@ -50,7 +51,8 @@
 //! The gateway opens it from `--store mysql://…` or `mariadb://…` (a namespace `NAME` is
 //! the table `NAME_records`), through [`OpenStore`](idem_core::OpenStore).
 //!
-//! Not yet: key-rate buckets shared by instances (each keeps its own).
+//! Key-rate buckets ([`Store::take_rate_token`](idem_core::Store::take_rate_token)) are
+//! shared by every instance on the table, in `TABLE_rate` ([`schema::rate_table`]).
 //!
 //! No RSA: the driver's `mysql-rsa` feature is off, so a MySQL 8 account on
 //! `caching_sha2_password` cannot send its password over plain TCP until the server

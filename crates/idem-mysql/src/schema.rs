@@ -11,6 +11,9 @@
 //!   key keeps that index small.
 //! - **`expires_at`**: the purge's bounded `DELETE … ORDER BY expires_at LIMIT n` reads
 //!   the oldest rows from the start of this index and stops after its batch.
+//! - **`TABLE_rate`** (migration 2): the tenants' key-rate buckets, apart from the
+//!   records, keyed by the SHA-256 of the bucket's name (32 bytes, whatever the tenant's
+//!   length), with an index on `keep_until_ms` for the purge of full buckets.
 //!
 //! Every table is `ENGINE=InnoDB` (row locks, crash-safe commits) in `utf8mb4` with its
 //! binary collation, so that text compares as its bytes do; answers are `LONGBLOB`.
@@ -35,7 +38,7 @@ pub const MAX_TABLE_SUFFIX: &str = "_expires";
 pub const MIGRATIONS_TABLE: &str = "idem_schema_migrations";
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The migration lock's name, one for every table of the database: `GET_LOCK` names
 /// are the server's, not the database's.
@@ -57,6 +60,13 @@ pub fn table_name(name: &str) -> Result<Namespace, SetupError> {
 /// The table of the store's secrets, beside its records table `table`.
 pub fn meta_table(table: &str) -> String {
     format!("{table}_meta")
+}
+
+/// The table of the key-rate buckets beside the records table `table`
+/// ([`idem_core::Store::take_rate_token`]): one row per bucket that gave a token lately;
+/// a row past its `keep_until_ms` is a full bucket, which the purge deletes.
+pub fn rate_table(table: &str) -> String {
+    format!("{table}_rate")
 }
 
 /// The statements of each migration, in order, for the table `t`.
@@ -97,6 +107,19 @@ fn migration(version: i32, t: &str) -> Vec<String> {
                 bytes = MySql::BYTES,
             ),
         ],
+        // Key-rate buckets shared by every instance on the table: a row per bucket, its
+        // tokens as of `at_ms` (the store's clock), and when it is full again.
+        2 => vec![format!(
+            "CREATE TABLE IF NOT EXISTS {rate} (
+                id              BINARY(32)  NOT NULL,
+                tokens          DOUBLE      NOT NULL,
+                at_ms           BIGINT      NOT NULL,
+                keep_until_ms   BIGINT      NOT NULL,
+                PRIMARY KEY (id),
+                INDEX keep_until (keep_until_ms)
+            ) ENGINE=InnoDB",
+            rate = rate_table(t),
+        )],
         _ => Vec::new(),
     }
 }
@@ -222,7 +245,7 @@ async fn migrate_locked(conn: &mut MySqlConnection, table: &str) -> Result<(), S
     Ok(())
 }
 
-/// Drops `table`, its secrets table and its migration rows (tests, and an operator
+/// Drops `table`, its secrets and buckets tables and its migration rows (tests, and an operator
 /// removing a namespace).
 pub async fn drop_table(pool: &MySqlPool, table: &str) -> Result<(), SetupError> {
     let table = table_name(table)?;
@@ -230,6 +253,7 @@ pub async fn drop_table(pool: &MySqlPool, table: &str) -> Result<(), SetupError>
     for statement in [
         format!("DROP TABLE IF EXISTS {t}"),
         format!("DROP TABLE IF EXISTS {}", meta_table(t)),
+        format!("DROP TABLE IF EXISTS {}", rate_table(t)),
     ] {
         sqlx::query(AssertSqlSafe(statement))
             .execute(pool)

@@ -10,7 +10,7 @@ use idem_core::{Record, Scope, StoreError};
 use sqlx::mysql::MySqlRow;
 
 use crate::error::store_error;
-use crate::schema::meta_table;
+use crate::schema::{meta_table, rate_table};
 
 /// The columns a record is read from.
 pub(crate) const RECORD_COLUMNS: &str = "attempt, token, fingerprint, created_at, expires_at, \
@@ -31,11 +31,10 @@ pub(crate) struct Statements {
     /// A fresh record: `id, tenant, endpoint, key, fingerprint, now, expires_at, token,
     /// lease_until`. Fails with a duplicate key (1062) where a row exists.
     pub(crate) insert: String,
-    /// Takes an existing row over: `now ×4, expires_at of a fresh record, lease_until,
-    /// fingerprint, token, lease_until, id`, then [`TAKES`]' four.
+    /// Takes an existing row over, if it is still the row the reserve read: `now ×4,
+    /// expires_at of a fresh record, lease_until, fingerprint, token, lease_until, id`,
+    /// the token, state and expires_at read, then [`TAKES`]' four.
     pub(crate) take_over: String,
-    /// The attempt a takeover wrote: `id, token`.
-    pub(crate) attempt: String,
     /// `status, headers, body, now, ambiguity, tombstone, ttl ×2, tombstone, ttl ×2,
     /// tombstone, ttl ×2, id, token, now` (the TTLs in ms, the tombstone's 0 for none).
     pub(crate) complete: String,
@@ -64,6 +63,15 @@ pub(crate) struct Statements {
     pub(crate) init_secret: String,
     /// `name`.
     pub(crate) secret: String,
+    /// Takes a token from an existing bucket, refilled to now, where one is there:
+    /// `burst, now, tokens a second, now, keep_until, bucket, burst, now, tokens a
+    /// second`. Matches no row where the bucket is missing or empty.
+    pub(crate) take_token: String,
+    /// A new bucket, full less the token taken: `bucket, burst, now, keep_until`. Fails
+    /// with a duplicate key (1062) where the bucket exists.
+    pub(crate) new_bucket: String,
+    /// Deletes full buckets: `now, limit`.
+    pub(crate) purge_buckets: String,
 }
 
 /// The fenced match of a write on the lease's row: `id, token, now`.
@@ -76,9 +84,11 @@ impl Statements {
                               expires_at, attempt, token, state, lease_until)
              VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, 'in_progress', ?)"
         );
-        // created_at and attempt read expires_at before it changes.
+        // created_at and attempt read expires_at before it changes. The primary key is
+        // forced: with expires_at among the fences, the optimizer may prefer its index,
+        // whose range a locking read under REPEATABLE READ would lock with its gaps.
         let take_over = format!(
-            "UPDATE {t} SET
+            "UPDATE {t} FORCE INDEX (PRIMARY) SET
                 created_at  = CASE WHEN expires_at <= ? THEN ? ELSE created_at END,
                 attempt     = CASE WHEN expires_at <= ? THEN 1
                                    ELSE LEAST(attempt, 2147483646) + 1 END,
@@ -87,7 +97,7 @@ impl Statements {
                 fingerprint = ?, token = ?, state = 'in_progress', lease_until = ?,
                 status = NULL, headers = NULL, body = NULL, completed_at = NULL,
                 tombstone_until = NULL, ambiguity = NULL
-              WHERE id = ? AND {TAKES}"
+              WHERE id = ? AND token = ? AND state = ? AND expires_at = ? AND {TAKES}"
         );
         // A completed record expires at creation + TTL (`Lease::completed_expires_at`),
         // its tombstone that long after (`Lease::tombstone_until`, 0 for none); CASEs,
@@ -105,11 +115,19 @@ impl Statements {
               WHERE {FENCED}"
         );
         let meta = meta_table(t);
+        // A bucket's tokens now: what it held at at_ms, refilled at the rate since, up to
+        // the burst. at_ms is assigned after tokens, which reads the old one.
+        let rate = rate_table(t);
+        let refilled = "LEAST(?, tokens + GREATEST(0, ? - at_ms) / 1000.0 * ?)";
+        let take_token = format!(
+            "UPDATE {rate} SET tokens = {refilled} - 1, at_ms = GREATEST(?, at_ms),
+                    keep_until_ms = ?
+              WHERE id = UNHEX(SHA2(?, 256)) AND {refilled} >= 1"
+        );
         Statements {
             table: t.to_owned(),
             insert,
             take_over,
-            attempt: format!("SELECT attempt FROM {t} WHERE id = ? AND token = ?"),
             complete,
             completed_by: format!(
                 "SELECT 1 FROM {t}
@@ -139,6 +157,14 @@ impl Statements {
             ),
             init_secret: format!("INSERT INTO {meta} (name, value) VALUES (?, ?)"),
             secret: format!("SELECT value FROM {meta} WHERE name = ?"),
+            take_token,
+            new_bucket: format!(
+                "INSERT INTO {rate} (id, tokens, at_ms, keep_until_ms)
+                 VALUES (UNHEX(SHA2(?, 256)), ? - 1, ?, ?)"
+            ),
+            purge_buckets: format!(
+                "DELETE FROM {rate} WHERE keep_until_ms < ? ORDER BY keep_until_ms LIMIT ?"
+            ),
         }
     }
 }
@@ -243,6 +269,9 @@ mod tests {
             .bind(7_i64)
             .bind(160_i64)
             .bind(id.clone())
+            .bind(7_i64)
+            .bind("in_progress")
+            .bind(100_i64)
             .bind(100_i64)
             .bind(100_i64)
             .bind(100_i64)

@@ -21,8 +21,8 @@ use crate::statements::{Extra, Statements, record_from_row, row_id};
 /// A [`Store`] on MySQL or MariaDB, shared by every instance that points at the same
 /// table.
 ///
-/// Each operation is one to four statements on pooled connections, in autocommit but
-/// for a takeover; "now" comes from the injected clock. Cloning is cheap and shares the
+/// Each operation is one to three statements on pooled connections, each in autocommit;
+/// "now" comes from the injected clock. Cloning is cheap and shares the
 /// pool.
 #[derive(Clone)]
 pub struct MySqlStore {
@@ -108,7 +108,7 @@ impl MySqlStore {
 
 #[async_trait]
 impl Store for MySqlStore {
-    /// A plain insert, a fenced takeover, a plain read: see the crate's docs for why no
+    /// A plain insert, a plain read, a fenced takeover: see the crate's docs for why no
     /// statement takes a gap lock.
     async fn reserve(&self, req: &ReserveRequest) -> Result<Reservation, StoreError> {
         self.reserve_record(req).await
@@ -167,7 +167,8 @@ impl Store for MySqlStore {
 
     /// At most `limit` rows in all: completed records whose tombstone outlives them
     /// compacted into it first (SPEC S16), then expired rows deleted, each through the
-    /// `expires_at` index, oldest first.
+    /// `expires_at` index, oldest first; then up to `limit` full key-rate buckets, which
+    /// are not counted.
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         let mut left = u64::try_from(limit).unwrap_or(u64::MAX);
         for sql in [&self.sql.compact, &self.sql.purge] {
@@ -187,7 +188,72 @@ impl Store for MySqlStore {
             left -= done.rows_affected().min(left);
         }
         let limit = u64::try_from(limit).unwrap_or(u64::MAX);
+        // Full rate buckets go too, as many again at most; they are no records, and not
+        // counted.
+        let now = self.clock.now().as_millis();
+        self.retrying(|| {
+            sqlx::query(AssertSqlSafe(self.sql.purge_buckets.as_str()))
+                .bind(now)
+                .bind(limit)
+                .execute(&self.pool)
+        })
+        .await?;
         Ok(usize::try_from(limit - left).unwrap_or(usize::MAX))
+    }
+
+    /// In `TABLE_rate` (migration 2), with the store's clock, as the records: an
+    /// `UPDATE` by primary key that refills the bucket and takes a token only where one
+    /// is there; where it matches nothing, a plain `INSERT` of a full bucket less the
+    /// token; where that finds the bucket made meanwhile (duplicate key), the `UPDATE`
+    /// again. One statement for a bucket in use, never a lock held past its statement:
+    /// two instances making one bucket at once both answer, neither deadlocks.
+    async fn take_rate_token(
+        &self,
+        bucket: &str,
+        rate: &idem_core::KeyRate,
+    ) -> Result<Option<bool>, StoreError> {
+        let now = self.clock.now();
+        let keep_until = now
+            .plus(rate.refill())
+            .plus(Duration::from_secs(1))
+            .as_millis();
+        let (now, burst, per_second) =
+            (now.as_millis(), f64::from(rate.burst()), rate.per_second());
+        let take = || {
+            sqlx::query(AssertSqlSafe(self.sql.take_token.as_str()))
+                .bind(burst)
+                .bind(now)
+                .bind(per_second)
+                .bind(now)
+                .bind(keep_until)
+                .bind(bucket)
+                .bind(burst)
+                .bind(now)
+                .bind(per_second)
+                .execute(&self.pool)
+        };
+        let taken = self
+            .retrying(|| async {
+                if take().await?.rows_affected() == 1 {
+                    return Ok(true);
+                }
+                let inserted = sqlx::query(AssertSqlSafe(self.sql.new_bucket.as_str()))
+                    .bind(bucket)
+                    .bind(burst)
+                    .bind(now)
+                    .bind(keep_until)
+                    .execute(&self.pool)
+                    .await;
+                match inserted {
+                    Ok(_) => Ok(true),
+                    Err(e) if number(&e) == Some(DUPLICATE_KEY) => {
+                        Ok(take().await?.rows_affected() == 1)
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        Ok(Some(taken))
     }
 
     /// From the store's poller, which looks once per interval for every scope this

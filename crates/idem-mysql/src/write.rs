@@ -1,12 +1,13 @@
 //! The write path: a reserve without gap locks, and the fenced writes of an attempt.
 //!
 //! A reserve is a plain `INSERT` of the fresh record, which the primary key refuses
-//! with a duplicate-key error (1062) where a row exists; then an `UPDATE` of that row
-//! by its primary key, whose `WHERE` holds exactly the rows a reserve may take over;
-//! then a plain read of the row, which [`Reservation::from_existing`] interprets. Each
-//! is its own statement in autocommit (the takeover and the read of its attempt share
-//! a transaction), so no statement holds a lock past its own end, and none reads a
-//! range: the duplicate's shared lock on the existing key and the update's exclusive
+//! with a duplicate-key error (1062) where a row exists; then a plain read of the row,
+//! which [`Reservation::from_existing`] interprets; only where it says the record may
+//! be taken over, an `UPDATE` by primary key, fenced on the token, state and expiry
+//! read and on a `WHERE` that holds exactly the rows a reserve may take over (a row
+//! that changed in between is read again). New key: one statement; in progress or
+//! completed: two; takeover: three. Each is its own statement in autocommit, so no
+//! statement holds a lock past its own end, and none reads a range: the duplicate's shared lock on the existing key and the update's exclusive
 //! one on it are record locks, not the gap or next-key locks that
 //! `INSERT … ON DUPLICATE KEY UPDATE` or a `SELECT … FOR UPDATE` of a missing row take
 //! under REPEATABLE READ, on which concurrent duplicates deadlock. A deadlock (1213) or
@@ -43,7 +44,7 @@ enum Round {
 }
 
 impl MySqlStore {
-    /// [`Store::reserve`](idem_core::Store::reserve): rounds of insert, take over, read,
+    /// [`Store::reserve`](idem_core::Store::reserve): rounds of insert, read, take over,
     /// until one answers.
     pub(crate) async fn reserve_record(
         &self,
@@ -110,7 +111,31 @@ impl MySqlStore {
             Err(e) if number(&e) == Some(DUPLICATE_KEY) => {}
             Err(e) => return Err(e),
         }
-        let mut tx = self.pool.begin().await?;
+        // One connection for the read and the takeover: the pool pings each connection
+        // as it comes back (a command per release), so one release for both. The insert
+        // goes through the pool, as before: with a connection held across it, a reserve
+        // dropped mid-insert left its reservation unreleased (tests/unconfirmed.rs).
+        let mut conn = self.pool.acquire().await?;
+        // A plain read of the row, whose answer decide() gives unless the record may be
+        // taken over.
+        let row = sqlx::query(AssertSqlSafe(self.sql.get.as_str()))
+            .bind(&id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        // No row: it was released or removed since the insert; look again.
+        let Some(row) = row else {
+            return Ok(Round::Again);
+        };
+        let state: String = sqlx::Row::try_get(&row, "state")?;
+        let existing = record_from_row(scope, &row).map_err(|e| sqlx::Error::Decode(e.into()))?;
+        let read = (existing.token, existing.expires_at, existing.attempt);
+        if let Some(answer) = Reservation::from_existing(existing, &req.fingerprint, now) {
+            return Ok(Round::Answer(answer));
+        }
+        // decide() says Execute: the update takes the row over only if it is still the
+        // row read (same attempt's token, state and expiry) and its WHERE still holds, so
+        // the attempt it writes is the one computed here from what was read.
+        let (read_token, read_expires, read_attempt) = read;
         let took = sqlx::query(AssertSqlSafe(self.sql.take_over.as_str()))
             .bind(now.as_millis())
             .bind(now.as_millis())
@@ -122,39 +147,28 @@ impl MySqlStore {
             .bind(token.as_i64())
             .bind(lease_until)
             .bind(&id)
+            .bind(read_token.as_i64())
+            .bind(&state)
+            .bind(read_expires.as_millis())
             .bind(now.as_millis())
             .bind(now.as_millis())
             .bind(now.as_millis())
             .bind(fingerprint)
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await?;
-        if took.rows_affected() == 1 {
-            let attempt: i32 = sqlx::query_scalar(AssertSqlSafe(self.sql.attempt.as_str()))
-                .bind(&id)
-                .bind(token.as_i64())
-                .fetch_one(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            let attempt = u32::try_from(attempt).map_err(|_| {
-                sqlx::Error::Decode(format!("attempt {attempt} is not a count").into())
-            })?;
-            return Ok(Round::Answer(Reservation::Acquired(
-                req.lease_for(token, attempt),
-            )));
-        }
-        tx.rollback().await?;
-        let row = sqlx::query(AssertSqlSafe(self.sql.get.as_str()))
-            .bind(&id)
-            .fetch_optional(&self.pool)
-            .await?;
-        // No row: it was released or removed since the insert; a row `from_existing`
-        // does not answer for changed since the update. Either way, look again.
-        let Some(row) = row else {
+        if took.rows_affected() != 1 {
+            // Changed since the read (completed, released, renewed, taken by another):
+            // look again.
             return Ok(Round::Again);
+        }
+        let attempt = if read_expires.as_millis() <= now.as_millis() {
+            1
+        } else {
+            read_attempt.min(2_147_483_646) + 1
         };
-        let existing = record_from_row(scope, &row).map_err(|e| sqlx::Error::Decode(e.into()))?;
-        Ok(Reservation::from_existing(existing, &req.fingerprint, now)
-            .map_or(Round::Again, Round::Answer))
+        Ok(Round::Answer(Reservation::Acquired(
+            req.lease_for(token, attempt),
+        )))
     }
 
     /// Completes `lease` on `conn`: the fenced update, or, where it matched nothing,

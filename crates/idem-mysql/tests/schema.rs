@@ -65,3 +65,63 @@ async fn stores_starting_together_migrate_the_table_once() {
         .await
         .expect("the schema is current");
 }
+
+/// A table at schema version 1 (before the key-rate buckets) is brought up: a store
+/// that must not migrate refuses it, naming both versions; the dry run lists the
+/// buckets table and its row only; the migration adds them, keeping the records; and
+/// the buckets then work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_at_version_1_is_brought_up_to_the_buckets() {
+    use idem_mysql::schema;
+    let ns = unique_namespace("v1");
+    let table = common::table_for(&ns);
+    let Some(store) = common::connect(MySqlStore::builder(), &ns).await else {
+        return;
+    };
+    let req = ReserveRequest::new(
+        scope_of(Tenant::new("t"), "/v1/charges", "kept"),
+        test_fingerprint("{}"),
+    );
+    store.reserve(&req).await.expect("reserve");
+    // Back to version 1, as a table the previous build made.
+    for statement in [
+        format!("DROP TABLE {}", schema::rate_table(&table)),
+        format!("DELETE FROM idem_schema_migrations WHERE table_name = '{table}' AND version > 1"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(store.pool())
+            .await
+            .expect("undo migration 2");
+    }
+    let refused = schema::check(store.pool(), &table).await.unwrap_err();
+    assert!(
+        matches!(
+            &refused,
+            idem_core::SetupError::SchemaVersion { found, supported, .. }
+                if *found == 1 && *supported == 2
+        ),
+        "{refused:?}"
+    );
+    let plan = schema::migration_statements(&table, 1).unwrap();
+    assert_eq!(plan.len(), 3, "{plan:#?}");
+    assert!(plan[0].contains("CREATE TABLE IF NOT EXISTS idem_schema_migrations"));
+    assert!(plan[1].contains(&format!("CREATE TABLE IF NOT EXISTS {table}_rate")));
+    assert!(
+        plan[2].ends_with(&format!("VALUES ('{table}', 2)")),
+        "{}",
+        plan[2]
+    );
+
+    store.migrate().await.expect("migrate");
+    schema::check(store.pool(), &table).await.expect("current");
+    assert!(
+        store.get(&req.scope).await.unwrap().is_some(),
+        "the record stays"
+    );
+    let rate = idem_core::KeyRate::new(1.0, 1).unwrap();
+    assert_eq!(store.take_rate_token("t", &rate).await.unwrap(), Some(true));
+    assert_eq!(
+        store.take_rate_token("t", &rate).await.unwrap(),
+        Some(false)
+    );
+}

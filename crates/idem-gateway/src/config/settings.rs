@@ -322,8 +322,8 @@ settings! {
 
     /// At most this rate of new keys per tenant, `RATE/UNIT[,BURST]` (`10/s`,
     /// `600/min,50`); a new key beyond it is answered 429 `key-rate-exceeded` with
-    /// Retry-After and released. Shared by every instance on a PostgreSQL or Redis store,
-    /// per instance on memory and SQLite; replays are not counted [default: none].
+    /// Retry-After and released. Shared by every instance on a PostgreSQL, MySQL or Redis
+    /// store, per instance on memory and SQLite; replays are not counted [default: none].
     #[arg(long, env = "IDEM_TENANT_KEY_RATE", value_name = "RATE")]
     pub tenant_key_rate: Option<String>, live
         => tenant_key_rate: Option<idem_core::KeyRate> = resolve::tenant_key_rate,

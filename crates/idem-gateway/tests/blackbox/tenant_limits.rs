@@ -2,7 +2,7 @@
 //! holding every lease and the upstream's capacity; the excess is a 429 that reserved
 //! nothing, other tenants are not held up, and the refused key runs on retry.
 //! `--tenant-key-rate` bounds a tenant's new keys, per instance on memory and shared by
-//! every instance on PostgreSQL and Redis.
+//! every instance on PostgreSQL, MySQL and Redis.
 
 use std::time::Duration;
 
@@ -126,16 +126,22 @@ async fn new_keys_beyond_a_tenants_rate_get_429_and_replays_are_free() {
     );
 }
 
-/// On a PostgreSQL or Redis store, one tenant's rate is shared by every gateway on the
+/// On a PostgreSQL, MySQL or Redis store, one tenant's rate is shared by every gateway on the
 /// store: a tenant flooding two gateways with new keys gets the bucket's burst
 /// executed in all, and the rest refused, whichever gateway they reached.
 async fn the_rate_is_shared_by_every_gateway_on(store: Option<String>) {
     let Some(url) = store else { return };
+    let args = crate::shared::on_shared(&url, &["--tenant-key-rate", "5/min,5"]);
+    the_rate_is_shared_by_gateways_with(&args).await;
+}
+
+/// Two gateways started with `args` (one shared store): see
+/// [`the_rate_is_shared_by_every_gateway_on`].
+async fn the_rate_is_shared_by_gateways_with(args: &[&str]) {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let args = crate::shared::on_shared(&url, &["--tenant-key-rate", "5/min,5"]);
-    let a = Gateway::start(&up.url(), dir.path(), &args).await;
-    let b = Gateway::start(&up.url(), dir.path(), &args).await;
+    let a = Gateway::start(&up.url(), dir.path(), args).await;
+    let b = Gateway::start(&up.url(), dir.path(), args).await;
     let http = Http::new();
     // A tenant of this run only: buckets outlive a run by their refill time.
     let token = format!("Bearer sk_flood_{}", new_key());
@@ -177,6 +183,26 @@ async fn the_rate_is_shared_by_every_gateway_on(store: Option<String>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rate_is_shared_by_every_gateway_on_postgres() {
     the_rate_is_shared_by_every_gateway_on(crate::shared::postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_is_shared_by_every_gateway_on_mysql() {
+    let Some(url) = crate::shared::mysql().await else {
+        return;
+    };
+    // A namespace of its own, whose table has the buckets' schema: other suites'
+    // gateways on the shared one need not be of a build that has it.
+    let args = [
+        "--store",
+        &url,
+        "--store-namespace",
+        "idem_blackbox_rate",
+        "--ttl",
+        "2m",
+        "--tenant-key-rate",
+        "5/min,5",
+    ];
+    the_rate_is_shared_by_gateways_with(&args).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
