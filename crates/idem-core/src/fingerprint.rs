@@ -5,7 +5,7 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-use crate::json::{UnreadableJson, is_blank};
+use crate::json::{PointerError, UnreadableJson, is_blank, parse_pointer};
 use crate::multipart;
 
 /// The default limit on a buffered request body: 1 MiB (SPEC S4).
@@ -89,47 +89,6 @@ pub enum RefusedJson {
     /// ([`FingerprintOptions::reads_fields`]).
     #[error("the JSON body cannot be read: {0}")]
     Unreadable(#[from] UnreadableJson),
-}
-
-/// A JSON pointer that is not of RFC 6901's form.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid JSON pointer {pointer:?}: {reason}")]
-pub struct PointerError {
-    pointer: String,
-    reason: &'static str,
-}
-
-pub(crate) fn parse_pointer(pointer: &str) -> Result<Vec<String>, PointerError> {
-    let err = |reason| PointerError {
-        pointer: pointer.to_owned(),
-        reason,
-    };
-    if pointer.is_empty() {
-        return Err(err(
-            "the empty pointer names the whole body; it cannot be ignored",
-        ));
-    }
-    let Some(rest) = pointer.strip_prefix('/') else {
-        return Err(err("a pointer starts with '/'"));
-    };
-    rest.split('/')
-        .map(|token| {
-            let mut out = String::with_capacity(token.len());
-            let mut chars = token.chars();
-            while let Some(c) = chars.next() {
-                if c == '~' {
-                    match chars.next() {
-                        Some('0') => out.push('~'),
-                        Some('1') => out.push('/'),
-                        _ => return Err(err("'~' must be followed by '0' or '1'")),
-                    }
-                } else {
-                    out.push(c);
-                }
-            }
-            Ok(out)
-        })
-        .collect()
 }
 
 impl Fingerprint {

@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 
 use crate::canonical::{Document, Node, parse};
-use crate::json::UnreadableJson;
+use crate::json::unreadable::UnreadableJson;
 
 /// Appends the JCS form of `body` to `out`, leaving out the values at the `ignored`
 /// pointers. Returns the name repeated within an object, as

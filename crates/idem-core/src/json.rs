@@ -23,71 +23,9 @@ use std::borrow::Cow;
 
 use crate::canonical::{Node, parse};
 
-/// The most arrays and objects nested in one another that idem reads as JSON: 10 000,
-/// as Go's `encoding/json` allows. A deeper body is [`UnreadableJson::TooDeep`].
-pub const MAX_JSON_DEPTH: usize = 10_000;
+pub(crate) mod unreadable;
 
-/// The most significant digits a number's exponent may have (12): `1e999999999999` is
-/// read, `1e9999999999999` is [`UnreadableJson::LongExponent`].
-pub const MAX_EXPONENT_DIGITS: usize = 12;
-
-/// Why idem does not read a body as JSON, with the offset of the byte where it stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum UnreadableJson {
-    /// Not JSON's grammar (RFC 8259): a stray byte, a missing one, trailing data.
-    #[error("it is not JSON (at byte {at})")]
-    Syntax {
-        /// Where the parser stopped.
-        at: usize,
-    },
-    /// A byte in a string that is not UTF-8.
-    #[error("byte {at} is not UTF-8")]
-    InvalidUtf8 {
-        /// The first byte that is not.
-        at: usize,
-    },
-    /// A `\u` escape of half a surrogate pair without its other half (`"\ud800"`).
-    #[error("the escape at byte {at} is half of a surrogate pair without its other half")]
-    LoneSurrogate {
-        /// The escape's backslash.
-        at: usize,
-    },
-    /// Arrays and objects nested deeper than [`MAX_JSON_DEPTH`].
-    #[error("arrays and objects nest deeper than {MAX_JSON_DEPTH} levels (at byte {at})")]
-    TooDeep {
-        /// The bracket that opens one level too many.
-        at: usize,
-    },
-    /// A number whose exponent has more than [`MAX_EXPONENT_DIGITS`] significant digits.
-    #[error("the number at byte {at} has an exponent of more than {MAX_EXPONENT_DIGITS} digits")]
-    LongExponent {
-        /// The number's first byte.
-        at: usize,
-    },
-    /// A number beyond a double's range, where the body is compared by its JCS form
-    /// ([`FingerprintOptions::jcs`](crate::FingerprintOptions::jcs)), which has no
-    /// spelling for it.
-    #[error("the number at byte {at} is beyond a double's range, which JCS cannot write")]
-    BeyondDouble {
-        /// The number's first byte.
-        at: usize,
-    },
-}
-
-impl UnreadableJson {
-    /// The offset of the byte where reading stopped.
-    pub fn offset(&self) -> usize {
-        match *self {
-            UnreadableJson::Syntax { at }
-            | UnreadableJson::InvalidUtf8 { at }
-            | UnreadableJson::LoneSurrogate { at }
-            | UnreadableJson::TooDeep { at }
-            | UnreadableJson::LongExponent { at }
-            | UnreadableJson::BeyondDouble { at } => at,
-        }
-    }
-}
+pub use unreadable::{MAX_EXPONENT_DIGITS, MAX_JSON_DEPTH, UnreadableJson};
 
 /// Whether `body` holds nothing but JSON's whitespace: no JSON text, and nothing a
 /// parser could read a field from. idem reads such a body as naming nothing.
@@ -155,7 +93,7 @@ pub fn value_at_pointer(body: &[u8], pointer: &str) -> Result<PointerLookup, Unr
     }
     let document = parse(body, &[])?;
     lookup.repeated = document.duplicate.clone().map(Cow::into_owned);
-    let Ok(tokens) = crate::fingerprint::parse_pointer(pointer) else {
+    let Ok(tokens) = parse_pointer(pointer) else {
         return Ok(lookup);
     };
     let mut node = Some(&document.root);
@@ -188,4 +126,46 @@ pub fn value_at_pointer(body: &[u8], pointer: &str) -> Result<PointerLookup, Unr
         Some(Node::Object(_)) => PointedValue::Object,
     };
     Ok(lookup)
+}
+
+/// A JSON pointer that is not of RFC 6901's form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid JSON pointer {pointer:?}: {reason}")]
+pub struct PointerError {
+    pointer: String,
+    reason: &'static str,
+}
+
+/// The reference tokens of `pointer` (RFC 6901), unescaped.
+pub(crate) fn parse_pointer(pointer: &str) -> Result<Vec<String>, PointerError> {
+    let err = |reason| PointerError {
+        pointer: pointer.to_owned(),
+        reason,
+    };
+    if pointer.is_empty() {
+        return Err(err(
+            "the empty pointer names the whole body; it cannot be ignored",
+        ));
+    }
+    let Some(rest) = pointer.strip_prefix('/') else {
+        return Err(err("a pointer starts with '/'"));
+    };
+    rest.split('/')
+        .map(|token| {
+            let mut out = String::with_capacity(token.len());
+            let mut chars = token.chars();
+            while let Some(c) = chars.next() {
+                if c == '~' {
+                    match chars.next() {
+                        Some('0') => out.push('~'),
+                        Some('1') => out.push('/'),
+                        _ => return Err(err("'~' must be followed by '0' or '1'")),
+                    }
+                } else {
+                    out.push(c);
+                }
+            }
+            Ok(out)
+        })
+        .collect()
 }

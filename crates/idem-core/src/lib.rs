@@ -102,12 +102,12 @@ pub use decision::{Decision, Reservation, decide};
 #[cfg(feature = "tokio")]
 pub use feed::{Backoff, ChangeFeed, FEED_FIRST_BACKOFF, FEED_MAX_BACKOFF, FeedSession};
 pub use fingerprint::{
-    DEFAULT_BODY_LIMIT, DuplicateMember, Fingerprint, FingerprintOptions, PointerError,
-    RefusedJson, is_json_content_type,
+    DEFAULT_BODY_LIMIT, DuplicateMember, Fingerprint, FingerprintOptions, RefusedJson,
+    is_json_content_type,
 };
 pub use json::{
-    MAX_EXPONENT_DIGITS, MAX_JSON_DEPTH, PointedValue, PointerLookup, UnreadableJson, is_blank,
-    value_at_pointer,
+    MAX_EXPONENT_DIGITS, MAX_JSON_DEPTH, PointedValue, PointerError, PointerLookup, UnreadableJson,
+    is_blank, value_at_pointer,
 };
 pub use key::{Key, KeyError, MAX_KEY_LEN};
 pub use list::{
