@@ -95,6 +95,9 @@ pub struct PgServer {
     pub(crate) watchdog: Child,
 }
 
+/// How an error of a server that stopped before it was ready begins.
+const EXITED_EARLY: &str = "postgres stopped before it was ready";
+
 impl PgServer {
     /// Starts a server that takes only TLS connections (`ssl = on`, `hostssl` lines
     /// only) with `cert`, and asks for client certificates signed by `client_ca`:
@@ -109,7 +112,21 @@ impl PgServer {
         PgServer::start(None)
     }
 
+    /// Starts a server, on a new port again when the first one's server stopped before
+    /// it was ready: another process may take a free port between its choice and the
+    /// server's bind, and the port then answers for the other process.
     fn start(tls: Option<(&CertFiles, &Path)>) -> Result<PgServer, String> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match PgServer::start_on_a_free_port(tls) {
+                Err(e) if tries < 3 && e.starts_with(EXITED_EARLY) => continue,
+                started => return started,
+            }
+        }
+    }
+
+    fn start_on_a_free_port(tls: Option<(&CertFiles, &Path)>) -> Result<PgServer, String> {
         let bin = postgres_bin()?;
         let user = server_user()?;
         let template = template()?;
@@ -182,15 +199,25 @@ impl PgServer {
             server,
             watchdog,
         };
-        wait_listening(&mut pg.server, port, "postgres", &log)?;
+        if let Err(e) = wait_listening(&mut pg.server, port, "postgres", &log) {
+            return Err(match pg.server.try_wait() {
+                Ok(Some(_)) => format!("{EXITED_EARLY}: {e}"),
+                _ => e,
+            });
+        }
         pg.create_cert_user(&bin, user)?;
         Ok(pg)
     }
 
     /// Makes the role a client certificate logs in as, over the server's socket.
-    fn create_cert_user(&self, bin: &Path, user: Option<(u32, u32)>) -> Result<(), String> {
+    fn create_cert_user(&mut self, bin: &Path, user: Option<(u32, u32)>) -> Result<(), String> {
         let start = Instant::now();
         loop {
+            if let Ok(Some(status)) = self.server.try_wait() {
+                let log =
+                    std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default();
+                return Err(format!("{EXITED_EARLY} ({status}): {log}"));
+            }
             let mut psql = Command::new(bin.join("psql"));
             psql.arg("-h")
                 .arg(&self.dir)
