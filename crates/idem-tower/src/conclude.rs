@@ -15,6 +15,7 @@ use crate::handled::Handled;
 use crate::in_flight::InFlightGuard;
 use crate::keyed::Keyed;
 use crate::observer::Outcome;
+use crate::operation_state::OperationState;
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::Dialect;
 use crate::settle::{KeyWrite, Settled, stored_response};
@@ -82,7 +83,7 @@ impl<St: Store> Keyed<St> {
                 let write = KeyWrite::Complete(stored);
                 return self.streamed(head, body, write, lease, guard).await;
             }
-            Ok(Err(failed)) => self.failed(failed),
+            Ok(Err(failed)) => self.failed(failed, lease.recovered()),
             Err(panic) => {
                 let panic = panic_message(&*panic);
                 tracing::error!(panic, "handler panicked; recording a 500");
@@ -108,6 +109,11 @@ impl<St: Store> Keyed<St> {
         };
         self.observer().outcome(outcome);
         let handled = Handled::ran(outcome, &lease);
+        let state = match disposition {
+            Disposition::Release => OperationState::of_released(head.status, lease.recovered()),
+            Disposition::Record | Disposition::KeepInProgress => OperationState::Completed,
+        };
+        state.mark(&mut head.headers);
         self.settle(lease, write, guard).await;
         pass_on(&mut head.extensions, disposition);
         head.extensions.insert(handled);
@@ -115,8 +121,9 @@ impl<St: Store> Keyed<St> {
     }
 
     /// The problem in place of an answer that cannot be recorded as it is, and what it
-    /// means for the key.
-    fn failed(&self, failed: Failed) -> Whole {
+    /// means for the key; for a `recovered` attempt, whose key an earlier attempt may
+    /// have acted on, a released key's state is unknown.
+    fn failed(&self, failed: Failed, recovered: bool) -> Whole {
         let dialect = self.dialect();
         match failed {
             Failed::TooLarge => {
@@ -136,6 +143,12 @@ impl<St: Store> Keyed<St> {
             Failed::Upstream(failure, problem) => {
                 self.observer().upstream_failed(failure);
                 let (disposition, ambiguous) = (failure.disposition(), failure.ambiguity());
+                let problem = match disposition {
+                    Disposition::Release if recovered => problem.in_state(OperationState::Unknown),
+                    Disposition::Release | Disposition::Record | Disposition::KeepInProgress => {
+                        problem
+                    }
+                };
                 Whole::problem(&problem, dialect, disposition, ambiguous)
             }
             Failed::Handler(e) => {
@@ -171,6 +184,21 @@ impl<St: Store> Keyed<St> {
         };
         observer.outcome(outcome);
         let handled = Handled::ran(outcome, &lease);
+        // A problem says its own state; the handler's answer gets what its disposition
+        // means.
+        if head.extensions.get::<ProblemKind>().is_none() {
+            let state = match disposition {
+                Disposition::Record => OperationState::Completed,
+                // A gRPC call's status, in its trailers, released it: S18's codes are
+                // S6's statuses for gRPC.
+                Disposition::Release if self.answers.grpc.is_some() && !lease.recovered() => {
+                    OperationState::NotStarted
+                }
+                Disposition::Release => OperationState::of_released(head.status, lease.recovered()),
+                Disposition::KeepInProgress => OperationState::Unknown,
+            };
+            state.mark(&mut head.headers);
+        }
         match disposition {
             Disposition::Record => {
                 let extra = &self.answers.extra_headers;

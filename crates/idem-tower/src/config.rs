@@ -212,7 +212,8 @@ pub(crate) struct Config {
     /// How long a tombstone outlives a completed record (SPEC S16); zero for none.
     pub(crate) tombstone: Duration,
     pub(crate) stored_headers: Vec<HeaderName>,
-    pub(crate) release_statuses: ReleaseStatuses,
+    /// The layer's own set; `None` for the profile's ([`ReleaseStatuses::of_profile`]).
+    pub(crate) release_statuses: Option<ReleaseStatuses>,
     /// The gRPC statuses that release a gRPC call's key (SPEC S18).
     pub(crate) grpc_release_codes: GrpcReleaseCodes,
     pub(crate) route_config: Option<RouteConfigFn>,
@@ -279,7 +280,7 @@ impl Default for Config {
                 .iter()
                 .map(|h| HeaderName::from_static(h))
                 .collect(),
-            release_statuses: ReleaseStatuses::default(),
+            release_statuses: None,
             grpc_release_codes: GrpcReleaseCodes::default(),
             route_config: None,
             observer: Arc::new(NoopObserver),
@@ -447,7 +448,7 @@ impl RouteConfig {
     }
 
     /// The response statuses that release the key on this route. They replace the
-    /// layer's set. Built once, the set is shared by every request the route sees.
+    /// layer's set, and the route's profile's ([`ReleaseStatuses::of_profile`]). Built once, the set is shared by every request the route sees.
     pub fn release_statuses(mut self, statuses: ReleaseStatuses) -> RouteConfig {
         self.release_statuses = Some(statuses);
         self

@@ -32,6 +32,7 @@ use crate::heartbeat::with_heartbeat;
 use crate::in_flight::InFlightGuard;
 use crate::keyed::Keyed;
 use crate::observer::timed;
+use crate::operation_state::OperationState;
 use crate::plan::AnswerRules;
 use crate::problem::Problem;
 use crate::replay::refuse;
@@ -224,12 +225,30 @@ impl<St: Store> Keyed<St> {
             }
             (other, kept) => {
                 let replay = matches!(other, Ok(Reservation::Replay(_)));
-                let mut response = refuse(observer, other, dialect, hints);
+                let reused = match &other {
+                    Ok(Reservation::Mismatch) => self.held(scope).await,
+                    _ => None,
+                };
+                let mut response = refuse(observer, other, dialect, hints, reused);
                 Handled::scoped(&mut response, scope);
                 if let (true, Kept::Waited(Some(applied))) = (replay, kept) {
                     response.headers_mut().insert(PREFERENCE_APPLIED, applied);
                 }
                 Err(response)
+            }
+        }
+    }
+
+    /// Where the operation a reused key holds stands (SPEC S23): its record read again,
+    /// for the 422 alone; `None` (unknown) when it cannot be read or is gone.
+    async fn held(&self, scope: &Scope) -> Option<OperationState> {
+        let now = idem_core::Clock::now(&idem_core::SystemClock);
+        match self.store().get(scope).await {
+            Ok(Some(record)) => Some(OperationState::of_record(&record.state, now)),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the record of a reused key failed");
+                None
             }
         }
     }

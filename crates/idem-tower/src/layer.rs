@@ -355,10 +355,11 @@ impl<St> IdempotencyLayer<St> {
     }
 
     /// The response statuses that release the key instead of recording the response
-    /// (default SPEC S6's 400 401 403 404 405 408 409 413 415 422 429 503). Replaces the
-    /// set.
+    /// (default the profile's, [`ReleaseStatuses::of_profile`]: SPEC S6's 400 401 403
+    /// 404 405 408 409 413 415 422 429 503, and under `acp` every 5xx). Replaces the
+    /// set for every profile.
     pub fn release_statuses<I: IntoIterator<Item = StatusCode>>(mut self, statuses: I) -> Self {
-        self.config().release_statuses = ReleaseStatuses::new(statuses);
+        self.config().release_statuses = Some(ReleaseStatuses::new(statuses));
         self
     }
 

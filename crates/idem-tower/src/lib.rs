@@ -283,6 +283,7 @@ mod layer;
 mod look_alike;
 mod method_override;
 mod observer;
+mod operation_state;
 mod plan;
 mod principal;
 mod problem;
@@ -323,9 +324,14 @@ pub use hints::{STRIPE_SHOULD_RETRY, X_SHOULD_RETRY};
 /// | key malformed | 400 | 400 `invalid_request_error` | 400 `idempotency_key_invalid` | 400 `idempotency_key_invalid` |
 /// | key expired (tombstone) | 410 | 400 `idempotency_error` | 422 `idempotency_key_expired` | 409 `idempotency_key_expired` |
 /// | body | `application/problem+json` | `{"error": {"type", "code"?, "message", "doc_url"}}` | `{"type", "code", "message"}` | `{"code", "content"}` |
+/// | operation state in a problem | member `operation_state` | `error.operation_state` | member `operation_state` | member `operation_state` |
+/// | an upstream 5xx (but 503) | recorded | recorded | released | recorded |
 ///
 /// Every other answer of the layer (a store outage, a body too large, …) keeps its
-/// status and is written in the profile's body shape. Replays carry
+/// status and is written in the profile's body shape. Every answer to a keyed request
+/// carries [`IDEMPOTENCY_OPERATION_STATE`] under every profile. A profile's 5xx rule
+/// is the default of the statuses that release the key
+/// ([`ReleaseStatuses::of_profile`]); a set given to the layer or a route replaces it. Replays carry
 /// `Idempotent-Replayed: true` under every profile; under `acp` every answer to a
 /// keyed request also echoes its `Idempotency-Key`.
 pub use idem_core::Profile;
@@ -334,6 +340,7 @@ pub use in_flight::InFlight;
 pub use layer::IdempotencyLayer;
 pub use method_override::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use observer::{Observer, Outcome};
+pub use operation_state::{IDEMPOTENCY_OPERATION_STATE, OperationState};
 pub use principal::Principal;
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
 pub use replay::IDEMPOTENT_REPLAYED;

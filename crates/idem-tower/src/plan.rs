@@ -276,7 +276,7 @@ pub(crate) struct Plan {
 pub(crate) struct AnswerRules {
     /// Headers the route stores on top of the layer's allow-list.
     pub(crate) extra_headers: Vec<HeaderName>,
-    /// The statuses that release the key: the route's, or the layer's.
+    /// The statuses that release the key: the route's, the layer's, or the profile's.
     pub(crate) release_statuses: ReleaseStatuses,
     /// For a gRPC call (SPEC S18), the gRPC statuses that release the key: the route's,
     /// or the layer's. `None` for any other request.
@@ -305,6 +305,7 @@ impl Plan {
             .unwrap_or_else(|| parts.uri.path());
         let grpc_call = is_grpc(&parts.headers);
         let lease = route.lease.unwrap_or(config.lease);
+        let profile = route.profile.unwrap_or(config.profile);
         let grpc = grpc_call.then(|| {
             route
                 .grpc_release_codes
@@ -334,10 +335,11 @@ impl Plan {
                 extra_headers: route.stored_headers,
                 release_statuses: route
                     .release_statuses
-                    .unwrap_or_else(|| config.release_statuses.clone()),
+                    .or_else(|| config.release_statuses.clone())
+                    .unwrap_or_else(|| ReleaseStatuses::of_profile(profile)),
                 grpc,
                 retry_hints: route.retry_hints.unwrap_or(config.retry_hints),
-                profile: route.profile.unwrap_or(config.profile),
+                profile,
                 wait: Wait::new(
                     // gRPC has no `Prefer`; a route's default wait applies to it.
                     if grpc_call {

@@ -7,6 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
+use crate::operation_state::OperationState;
+
 /// The media type of problem bodies.
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
 
@@ -276,6 +278,9 @@ pub struct Problem {
     pub(crate) status: Option<StatusCode>,
     /// RFC 9457 extension members, after the standard ones.
     pub(crate) members: Vec<(&'static str, serde_json::Value)>,
+    /// Where the operation stands, where the layer knows better than the kind says (a
+    /// reused key's record, a takeover).
+    pub(crate) state: Option<OperationState>,
 }
 
 impl Problem {
@@ -333,6 +338,7 @@ impl Problem {
             retry_after,
             status: None,
             members: Vec::new(),
+            state: None,
         }
     }
 
@@ -366,6 +372,7 @@ impl Problem {
             retry_after: None,
             status: Some(StatusCode::INTERNAL_SERVER_ERROR),
             members: Vec::new(),
+            state: None,
         }
     }
 
@@ -378,6 +385,32 @@ impl Problem {
     pub fn retry_after(mut self, wait: Duration) -> Problem {
         self.retry_after = Some(wait);
         self
+    }
+
+    /// Where the operation under the key stands (SPEC S23): what the layer found, else
+    /// what the kind says ([`OperationState::of_problem`]). Written as the header
+    /// [`IDEMPOTENCY_OPERATION_STATE`](crate::IDEMPOTENCY_OPERATION_STATE) and the body's
+    /// member `operation_state`.
+    pub fn operation_state(&self) -> OperationState {
+        self.state
+            .unwrap_or_else(|| OperationState::of_problem(self.kind))
+    }
+
+    /// This problem saying `state` in place of what its kind says.
+    pub(crate) fn in_state(mut self, state: OperationState) -> Problem {
+        self.state = Some(state);
+        self
+    }
+
+    /// The extension members of every dialect's body: this problem's own, then
+    /// `operation_state`.
+    pub(crate) fn extension_members(&self) -> impl Iterator<Item = (String, serde_json::Value)> {
+        let state = ("operation_state", self.operation_state().as_str().into());
+        self.members
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .chain(std::iter::once(state))
+            .map(|(k, v)| (k.to_owned(), v))
     }
 
     /// The kind.
@@ -399,9 +432,7 @@ impl Problem {
             "detail": self.detail,
         });
         if let Some(object) = body.as_object_mut() {
-            for (name, value) in &self.members {
-                object.insert((*name).to_owned(), value.clone());
-            }
+            object.extend(self.extension_members());
         }
         Bytes::from(body.to_string())
     }
@@ -430,6 +461,7 @@ impl Problem {
         response.extensions_mut().insert(self.kind);
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        self.operation_state().mark(headers);
         if let Some(wait) = self.retry_after {
             let secs = wait.as_millis().div_ceil(1000).max(1);
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
@@ -477,6 +509,12 @@ mod tests {
         assert_eq!(v["title"], ProblemKind::KeyReused.title());
         assert_eq!(v["status"], 422);
         assert_eq!(v["detail"], "the key was used for another body");
+        assert_eq!(v["operation_state"], "unknown");
+        assert_eq!(r.headers()["idempotency-operation-state"], "unknown");
+        let held = p.in_state(OperationState::Completed).to_response();
+        assert_eq!(held.headers()["idempotency-operation-state"], "completed");
+        let v: serde_json::Value = serde_json::from_slice(held.body()).unwrap();
+        assert_eq!(v["operation_state"], "completed");
     }
 
     #[test]
@@ -491,6 +529,7 @@ mod tests {
         assert_eq!(v["status"], 410);
         assert_eq!(v["completed_at"], "2026-12-01T09:30:00.125Z");
         assert_eq!(v["completed_status"], 201);
+        assert_eq!(v["operation_state"], "completed");
         let detail = v["detail"].as_str().unwrap();
         assert!(detail.contains("2026-12-01T09:30:00.125Z") && detail.contains("201"));
         assert!(detail.contains("not executed again"), "{detail}");

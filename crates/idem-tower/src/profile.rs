@@ -3,15 +3,17 @@
 //! error envelope, the Agentic Commerce Protocol's and the Universal Commerce
 //! Protocol's flat errors).
 //!
-//! A profile changes how an answer is written, never what happens to the key: a key
-//! reused with another payload is refused under every profile, only its status and
-//! body differ.
+//! A profile changes how an answer is written, and one rule of what happens to the key
+//! (SPEC S23): which upstream statuses release it by default
+//! ([`ReleaseStatuses::of_profile`]). A key reused with another payload is refused
+//! under every profile, only its status and body differ.
 
 use bytes::Bytes;
 use http::StatusCode;
 use idem_core::Profile;
 use serde_json::{Map, Value};
 
+use crate::config::ReleaseStatuses;
 use crate::problem::{Problem, ProblemKind};
 
 /// What a [`Profile`] means to the layer: the statuses and bodies of its answers, as
@@ -20,6 +22,10 @@ pub(crate) trait Speaks: Copy {
     /// Whether every answer to a keyed request echoes its key (ACP: "echo on all POST
     /// responses").
     fn echoes_key(self) -> bool;
+    /// Whether an upstream 5xx releases the key by default, so the retry executes
+    /// afresh (ACP: "5xx responses MUST NOT be stored"), rather than being recorded
+    /// (SPEC S6). The layer's own 504s for an outcome it could not observe never do.
+    fn releases_server_errors(self) -> bool;
     /// The status `problem` is answered with under this profile.
     fn status(self, problem: &Problem) -> StatusCode;
     /// The body of `problem` under this profile, and its media type.
@@ -30,6 +36,15 @@ impl Speaks for Profile {
     fn echoes_key(self) -> bool {
         match self {
             Profile::Acp => true,
+            Profile::Ietf | Profile::Stripe | Profile::Ucp => false,
+        }
+    }
+
+    fn releases_server_errors(self) -> bool {
+        match self {
+            Profile::Acp => true,
+            // UCP's REST binding stores "the operation result" for duplicate keys,
+            // with no exception for 5xx.
             Profile::Ietf | Profile::Stripe | Profile::Ucp => false,
         }
     }
@@ -48,10 +63,7 @@ impl Speaks for Profile {
     fn body(self, problem: &Problem) -> (&'static str, Bytes) {
         let status = self.status(problem);
         let kind = problem.kind();
-        let members = problem
-            .members
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.clone()));
+        let members = problem.extension_members();
         let body = match self {
             Profile::Ietf => return (crate::PROBLEM_CONTENT_TYPE, problem.body()),
             Profile::Stripe => {
@@ -93,6 +105,64 @@ impl Problem {
     pub fn to_response_in(&self, profile: Profile) -> http::Response<Bytes> {
         let (content_type, body) = profile.body(self);
         self.respond(profile.status(self), content_type, body)
+    }
+}
+
+impl ReleaseStatuses {
+    /// The statuses that release the key under `profile` unless the layer or a route
+    /// is given its own (SPEC S6, S23): [`DEFAULT_RELEASE_STATUSES`](crate::DEFAULT_RELEASE_STATUSES),
+    /// and under `acp` every 5xx as well.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use idem_tower::{Profile, ReleaseStatuses};
+    ///
+    /// assert!(ReleaseStatuses::of_profile(Profile::Acp).contains(StatusCode::INTERNAL_SERVER_ERROR));
+    /// assert!(!ReleaseStatuses::of_profile(Profile::Ietf).contains(StatusCode::INTERNAL_SERVER_ERROR));
+    /// assert_eq!(ReleaseStatuses::of_profile(Profile::Stripe), ReleaseStatuses::default());
+    /// ```
+    pub fn of_profile(profile: Profile) -> ReleaseStatuses {
+        let defaults = ReleaseStatuses::default();
+        if !profile.releases_server_errors() {
+            return defaults;
+        }
+        let server_errors = (500..=599).filter_map(|c| StatusCode::from_u16(c).ok());
+        ReleaseStatuses::new(defaults.iter().chain(server_errors))
+    }
+
+    /// How this set, given in place of `profile`'s, contradicts its protocol's rule for
+    /// an upstream 5xx (SPEC S23), as the end of a sentence; `None` where it keeps it.
+    /// Under `acp` a registered 5xx (one with a reason phrase: 500 to 511) that is
+    /// recorded does; under the others, a 5xx other than 503 that is released.
+    pub fn contradicts(&self, profile: Profile) -> Option<String> {
+        let server_errors = (500..=599).filter_map(|c| StatusCode::from_u16(c).ok());
+        let registered = server_errors
+            .clone()
+            .filter(|s| s.canonical_reason().is_some());
+        let departs: Vec<StatusCode> = if profile.releases_server_errors() {
+            registered.filter(|s| !self.contains(*s)).collect()
+        } else {
+            let released = server_errors.filter(|s| self.contains(*s));
+            released
+                .filter(|s| *s != StatusCode::SERVICE_UNAVAILABLE)
+                .collect()
+        };
+        let departs: Vec<u16> = departs.iter().map(|s| s.as_u16()).collect();
+        let (first, more) = match departs.as_slice() {
+            [] => return None,
+            [first, rest @ ..] => (first, if rest.is_empty() { "" } else { " and others" }),
+        };
+        Some(if profile.releases_server_errors() {
+            format!(
+                "records an upstream {first}{more}, which the protocol says must not be \
+                 stored: a retry gets the 5xx again instead of reaching the upstream"
+            )
+        } else {
+            format!(
+                "releases an upstream {first}{more}, which the protocol records: a retry runs \
+                 again an operation that may have acted"
+            )
+        })
     }
 }
 
@@ -267,6 +337,75 @@ mod tests {
         }
         assert!(Profile::Acp.echoes_key());
         assert!(!Profile::Stripe.echoes_key());
+    }
+
+    #[test]
+    fn acp_releases_every_5xx_by_default_and_the_others_record_them() {
+        let acp = ReleaseStatuses::of_profile(Profile::Acp);
+        for code in [500, 501, 502, 503, 504, 599] {
+            assert!(acp.contains(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+        assert!(acp.contains(StatusCode::CONFLICT));
+        assert!(!acp.contains(StatusCode::PAYMENT_REQUIRED));
+        for profile in [Profile::Ietf, Profile::Stripe, Profile::Ucp] {
+            let set = ReleaseStatuses::of_profile(profile);
+            assert_eq!(set, ReleaseStatuses::default(), "{profile}");
+            assert!(!set.contains(StatusCode::INTERNAL_SERVER_ERROR));
+        }
+        for profile in Profile::ALL {
+            assert_eq!(
+                ReleaseStatuses::of_profile(profile).contradicts(profile),
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn a_list_that_departs_from_its_profiles_5xx_rule_is_named() {
+        let none = ReleaseStatuses::new([]);
+        let why = none.contradicts(Profile::Acp).unwrap();
+        assert!(
+            why.starts_with("records an upstream 500 and others"),
+            "{why}"
+        );
+        let only_500 = ReleaseStatuses::new([StatusCode::INTERNAL_SERVER_ERROR]);
+        assert!(only_500.contradicts(Profile::Acp).unwrap().contains("501"));
+        let why = only_500.contradicts(Profile::Stripe).unwrap();
+        assert!(why.starts_with("releases an upstream 500,"), "{why}");
+        assert!(
+            ReleaseStatuses::default()
+                .contradicts(Profile::Acp)
+                .is_some()
+        );
+        assert_eq!(none.contradicts(Profile::Ietf), None);
+    }
+
+    #[test]
+    fn every_dialect_says_where_the_operation_stands() {
+        let held = || reused().in_state(crate::OperationState::Completed);
+        for profile in Profile::ALL {
+            let (_, headers, body) = answer(profile, held());
+            assert_eq!(
+                headers["idempotency-operation-state"], "completed",
+                "{profile}"
+            );
+            let member = match profile {
+                Profile::Stripe => &body["error"]["operation_state"],
+                Profile::Ietf | Profile::Acp | Profile::Ucp => &body["operation_state"],
+            };
+            assert_eq!(member, "completed", "{profile}: {body}");
+            let (_, headers, body) = answer(profile, busy());
+            assert_eq!(headers["idempotency-operation-state"], "in_progress");
+            assert!(
+                body.to_string()
+                    .contains("\"operation_state\":\"in_progress\"")
+            );
+        }
+        let grpc = busy().answer(Dialect {
+            grpc: true,
+            profile: Profile::Ietf,
+        });
+        assert_eq!(grpc.headers()["idempotency-operation-state"], "in_progress");
     }
 
     #[test]

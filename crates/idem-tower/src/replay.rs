@@ -14,6 +14,7 @@ use crate::handled::Handled;
 use crate::hints::hint;
 use crate::keyed::Keyed;
 use crate::observer::{Observer, Outcome};
+use crate::operation_state::OperationState;
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::Dialect;
 
@@ -27,14 +28,16 @@ const KEY_REUSED_DETAIL: &str = "this key was already used for a request with a 
 /// The answer to a reservation that did not acquire the key: stage 5's replay, or a
 /// problem (a gRPC error to a gRPC call, SPEC S18). With `hints` (the route's retry
 /// hints), a replayed 5xx says a retry is useless, and a 409 in progress and a 503 for
-/// the store say it is worth it.
+/// the store say it is worth it. `reused` is the state of the record a key reused with
+/// another payload holds, where it was read (else it is unknown).
 pub(crate) fn refuse<B>(
     observer: &dyn Observer,
     reserved: idem_core::Result<Reservation>,
     dialect: Dialect,
     hints: bool,
+    reused: Option<OperationState>,
 ) -> Response<IdempotencyBody<B>> {
-    let (outcome, mut response) = answer(reserved, dialect);
+    let (outcome, mut response) = answer(reserved, dialect, reused);
     observer.outcome(outcome);
     Handled::mark(&mut response, outcome);
     if hints {
@@ -58,6 +61,7 @@ pub(crate) fn refuse<B>(
 fn answer<B>(
     reserved: idem_core::Result<Reservation>,
     dialect: Dialect,
+    reused: Option<OperationState>,
 ) -> (Outcome, Response<IdempotencyBody<B>>) {
     let (outcome, problem) = match reserved {
         Err(StoreError::Sealed(why)) => {
@@ -101,7 +105,12 @@ fn answer<B>(
             // The fingerprint is one digest over all four (SPEC S4), so which of them
             // differed cannot be told; each is named, the query string too, since a
             // changed query is as much another request as a changed body.
-            Problem::new(ProblemKind::KeyReused, KEY_REUSED_DETAIL),
+            match reused {
+                Some(state) => {
+                    Problem::new(ProblemKind::KeyReused, KEY_REUSED_DETAIL).in_state(state)
+                }
+                None => Problem::new(ProblemKind::KeyReused, KEY_REUSED_DETAIL),
+            },
         ),
         Ok(Reservation::Gone {
             completed_at,
@@ -149,7 +158,7 @@ impl<St: Store> Keyed<St> {
             return None;
         }
         let (dialect, hints) = (self.dialect(), self.answers.retry_hints);
-        let mut response = refuse(self.observer(), Ok(reservation), dialect, hints);
+        let mut response = refuse(self.observer(), Ok(reservation), dialect, hints, None);
         Handled::scoped(&mut response, scope);
         Some(response)
     }
@@ -176,6 +185,7 @@ impl<St: Store> Keyed<St> {
         }
         let mut response = render(inner, parts, stored, config, dialect).await;
         let outcome = if response.status().is_success() {
+            OperationState::Completed.mark(response.headers_mut());
             Outcome::Replayed
         } else {
             Outcome::ReplayUnavailable
@@ -224,6 +234,7 @@ fn replay(stored: StoredResponse) -> Response<Bytes> {
         }
     }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    OperationState::Completed.mark(headers);
     response
 }
 

@@ -198,7 +198,7 @@ impl<St: Store> Keyed<St> {
                     Ok(key) => key,
                     Err(e) => {
                         let hints = self.answers.retry_hints;
-                        return Err(refuse(observer, Err(e), self.dialect(), hints));
+                        return Err(refuse(observer, Err(e), self.dialect(), hints, None));
                     }
                 };
                 match sources.as_deref().or(config.sources.as_ref()) {
