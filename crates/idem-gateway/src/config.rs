@@ -63,6 +63,7 @@ pub(crate) use self::values::parse_tenant_headers;
 
 use self::error::invalid;
 use self::file::read_file;
+use crate::route::Route;
 
 /// The default listen address.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -97,11 +98,53 @@ impl GatewayConfig {
                 .all(|h| self.trusted_headers.contains(h))
     }
 
+    /// The profile `route` answers in: its own, or the global one.
+    pub(crate) fn profile_of(&self, route: &Route) -> idem_tower::Profile {
+        route.profile.unwrap_or(self.profile)
+    }
+
+    /// The statuses that release the key on `route`, as the layer resolves them: the
+    /// route's `release_statuses`, else the global one, else its profile's (SPEC S23).
+    pub(crate) fn release_statuses_of(&self, route: &Route) -> idem_tower::ReleaseStatuses {
+        route
+            .release_statuses
+            .as_ref()
+            .or(self.release_statuses.as_ref())
+            .cloned()
+            .unwrap_or_else(|| idem_tower::ReleaseStatuses::of_profile(self.profile_of(route)))
+    }
+
+    /// A sentence for each explicit `release_statuses` (a route's, or the global one
+    /// where the global profile or a route without a list of its own uses it) that
+    /// contradicts its profile's rule for an upstream 5xx.
+    fn release_warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let mut judge = |whose: String, set: &idem_tower::ReleaseStatuses, profile| {
+            if let Some(why) = set.contradicts(profile) {
+                warnings.push(format!("{whose} under the {profile} profile {why}"));
+            }
+        };
+        if let Some(set) = &self.release_statuses {
+            judge("release_statuses".to_owned(), set, self.profile);
+        }
+        for route in &self.routes {
+            let profile = self.profile_of(route);
+            let whose = format!("the route {}'s release_statuses", route.template.as_str());
+            match (&route.release_statuses, &self.release_statuses) {
+                (Some(own), _) => judge(whose, own, profile),
+                // The global list was judged under the global profile already.
+                (None, Some(global)) if profile != self.profile => judge(whose, global, profile),
+                (None, _) => {}
+            }
+        }
+        warnings
+    }
+
     /// Settings that work as written but probably do not do what was meant, each as a
     /// sentence; `serve` logs them as warnings at start, `check-config` prints them.
     /// The upstream's host is looked up (a name that does not resolve is one).
     pub async fn warnings(&self) -> Vec<String> {
-        let mut warnings = Vec::new();
+        let mut warnings = self.release_warnings();
         let lease = humantime::format_duration(self.lease);
         if self.ttl < self.lease {
             warnings.push(format!(

@@ -249,14 +249,7 @@ impl GatewayConfig {
             "store_headers",
             strings(r.store_headers.iter().map(|h| h.as_str())),
         );
-        t.set(
-            "release_statuses",
-            statuses(
-                r.release_statuses
-                    .as_ref()
-                    .unwrap_or(&self.release_statuses),
-            ),
-        );
+        t.set("release_statuses", statuses(&self.release_statuses_of(r)));
         t.set(
             "grpc_release_codes",
             grpc_codes(

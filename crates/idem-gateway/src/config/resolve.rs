@@ -111,11 +111,13 @@ pub(super) fn keyed_methods(a: &ServeArgs) -> Result<Vec<Method>, ConfigError> {
     Ok(methods)
 }
 
-pub(super) fn release_statuses(a: &ServeArgs) -> Result<ReleaseStatuses, ConfigError> {
-    match &a.release_statuses {
-        Some(list) => parse_release_statuses(list),
-        None => Ok(ReleaseStatuses::default()),
-    }
+/// The global `release_statuses`; `None` leaves each route its profile's
+/// ([`ReleaseStatuses::of_profile`]).
+pub(super) fn release_statuses(a: &ServeArgs) -> Result<Option<ReleaseStatuses>, ConfigError> {
+    a.release_statuses
+        .as_deref()
+        .map(parse_release_statuses)
+        .transpose()
 }
 
 pub(super) fn grpc_release_codes(a: &ServeArgs) -> Result<GrpcReleaseCodes, ConfigError> {

@@ -378,13 +378,15 @@ settings! {
         print |c, _| strings(c.keyed_methods.iter().map(|m| m.as_str()));
 
     /// Upstream statuses that release the key (the answer passes through unrecorded and
-    /// a retry executes again) instead of being recorded; 4xx and 5xx only, or `none`
-    /// [default: 400,401,403,404,405,408,409,413,415,422,429,503].
+    /// a retry executes again) instead of being recorded; 4xx and 5xx only, or `none`;
+    /// replaces the profile's [default: 400,401,403,404,405,408,409,413,415,422,429,503,
+    /// and under the acp profile every 5xx].
     #[arg(long, env = "IDEM_RELEASE_STATUSES", value_name = "LIST", value_delimiter = ',')]
     #[serde(deserialize_with = "toml_form::statuses")]
     pub release_statuses: Option<Vec<String>>, live
-        => release_statuses: ReleaseStatuses = resolve::release_statuses,
-        print |c, _| statuses(&c.release_statuses);
+        => release_statuses: Option<ReleaseStatuses> = resolve::release_statuses,
+        print |c, _| c.release_statuses.as_ref().map(statuses)
+            .ok_or("each route's profile's: S6's list, and every 5xx under acp");
 
     /// gRPC statuses (names or numbers) that release a gRPC call's key instead of being
     /// recorded, or `none`

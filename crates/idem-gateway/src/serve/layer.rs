@@ -54,7 +54,6 @@ fn layer_over_routes(
         .lease(config.lease)
         .max_wait(config.max_wait)
         .max_waiters(config.max_waiters)
-        .release_statuses(config.release_statuses.iter())
         .grpc_release_codes(config.grpc_release_codes.clone())
         // The inner service is the proxy: a replay's `GET <reference>` goes upstream.
         .render_references(true)
@@ -65,6 +64,9 @@ fn layer_over_routes(
         .unverified_key_rate(config.unverified_key_rate)
         .tenant_headers_verified(config.tenant_headers_asserted())
         .observer(metrics);
+    if let Some(statuses) = &config.release_statuses {
+        layer = layer.release_statuses(statuses.iter());
+    }
     for tenant in &config.tenant_overrides {
         layer = layer
             .tenant_override(tenant.id.clone(), tenant.to_override())

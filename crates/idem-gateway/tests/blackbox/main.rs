@@ -30,6 +30,7 @@ mod migration;
 mod mtls;
 mod nginx;
 mod packaging;
+mod policies;
 mod profiles;
 mod protocol;
 mod proxying;

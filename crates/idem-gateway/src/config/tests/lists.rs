@@ -4,7 +4,8 @@
 use super::*;
 
 fn codes(c: &GatewayConfig) -> Vec<u16> {
-    c.release_statuses.iter().map(|s| s.as_u16()).collect()
+    let set = c.release_statuses.as_ref().expect("a global list");
+    set.iter().map(|s| s.as_u16()).collect()
 }
 
 #[test]
@@ -45,9 +46,47 @@ fn routes_may_release_their_own_statuses() {
 }
 
 #[test]
-fn release_statuses_default_to_the_layers() {
-    let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), ServeArgs::default()).unwrap();
-    assert_eq!(codes(&c), idem_tower::DEFAULT_RELEASE_STATUSES.to_vec());
+fn release_statuses_default_to_each_routes_profiles() {
+    let file: ServeArgs = toml::from_str(
+        r#"
+        profile = "acp"
+
+        [[route]]
+        path = "/v1/checkout"
+
+        [[route]]
+        path = "/v1/payments"
+        profile = "stripe"
+
+        [[route]]
+        path = "/v1/orders"
+        release_statuses = [409]
+        "#,
+    )
+    .unwrap();
+    let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap();
+    assert!(c.release_statuses.is_none(), "no global list");
+    let of = |i: usize| -> Vec<u16> {
+        let set = c.release_statuses_of(&c.routes[i]);
+        set.iter().map(|s| s.as_u16()).collect()
+    };
+    let mut acp = idem_tower::DEFAULT_RELEASE_STATUSES.to_vec();
+    acp.extend(500..=599);
+    acp.sort_unstable();
+    acp.dedup();
+    assert_eq!(of(0), acp, "acp releases every 5xx");
+    assert_eq!(of(1), idem_tower::DEFAULT_RELEASE_STATUSES.to_vec());
+    assert_eq!(of(2), vec![409], "a route's own list wins over its profile");
+
+    let file: ServeArgs =
+        toml::from_str("profile = \"acp\"\nrelease_statuses = [503]\n[[route]]\npath = \"/x\"")
+            .unwrap();
+    let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap();
+    let set = c.release_statuses_of(&c.routes[0]);
+    assert_eq!(
+        set.iter().map(|s| s.as_u16()).collect::<Vec<_>>(),
+        vec![503]
+    );
 }
 
 #[test]
@@ -64,11 +103,11 @@ fn release_statuses_from_the_command_line_and_the_file() {
     for none in ["none", "NONE"] {
         cli.release_statuses = Some(vec![none.into()]);
         let c = GatewayConfig::merge(&cli, ServeArgs::default()).unwrap();
-        assert!(c.release_statuses.is_empty());
+        assert!(codes(&c).is_empty());
     }
     let file: ServeArgs = toml::from_str("release_statuses = []").unwrap();
     let c = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap();
-    assert!(c.release_statuses.is_empty());
+    assert!(codes(&c).is_empty());
 }
 
 #[test]
@@ -254,4 +293,51 @@ fn path_normalization_refuses_what_it_cannot_use() {
     let file: ServeArgs = toml::from_str("path_normalization = []").unwrap();
     let err = GatewayConfig::merge(&args("http://127.0.0.1:3000"), file).unwrap_err();
     assert!(err.to_string().contains("the list is empty"), "{err}");
+}
+
+#[tokio::test]
+async fn a_release_list_that_contradicts_its_profile_is_warned_of() {
+    let file: ServeArgs = toml::from_str(
+        r#"
+        upstream = "http://127.0.0.1:1"
+        profile = "acp"
+        release_statuses = [409]
+
+        [[route]]
+        path = "/v1/payments"
+        profile = "stripe"
+
+        [[route]]
+        path = "/v1/refunds"
+        profile = "ietf"
+        release_statuses = [500]
+
+        [[route]]
+        path = "/v1/checkout"
+        release_statuses = [409, 500]
+        "#,
+    )
+    .unwrap();
+    let c = GatewayConfig::merge(&ServeArgs::default(), file).unwrap();
+    let warnings = c.warnings().await;
+    let releases = |w: &&String| w.contains("release_statuses");
+    let warnings: Vec<&String> = warnings.iter().filter(releases).collect();
+    assert_eq!(warnings.len(), 3, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("release_statuses under the acp profile records an upstream 500"),
+        "{warnings:?}"
+    );
+    // The global list under the route's own profile says nothing against it.
+    assert!(
+        warnings[1].starts_with(
+            "the route /v1/refunds's release_statuses under the ietf profile releases an upstream 500"
+        ),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[2].starts_with(
+            "the route /v1/checkout's release_statuses under the acp profile records an upstream 501 and others"
+        ),
+        "{warnings:?}"
+    );
 }
