@@ -104,7 +104,8 @@ impl GatewayConfig {
     }
 
     /// The statuses that release the key on `route`, as the layer resolves them: the
-    /// route's `release_statuses`, else the global one, else its profile's (SPEC S23).
+    /// route's `release_statuses`, else the global one, else its profile's (the SPEC's
+    /// protocol policies).
     pub(crate) fn release_statuses_of(&self, route: &Route) -> idem_tower::ReleaseStatuses {
         route
             .release_statuses

@@ -1,5 +1,6 @@
-//! Where the operation under a key stands when the layer answers (SPEC S23), so that a
-//! client, or an agent, knows whether the same key, or a new one, is the safe retry.
+//! Where the operation under a key stands when the layer answers (the SPEC's protocol
+//! policies), so that a client, or an agent, knows whether the same key, or a new one,
+//! is the safe retry.
 //!
 //! Every answer of the layer to a keyed request carries it in the
 //! [`IDEMPOTENCY_OPERATION_STATE`] header, whatever the profile: replays, recorded and
