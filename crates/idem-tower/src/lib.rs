@@ -287,6 +287,7 @@ mod plan;
 mod principal;
 mod problem;
 mod profile;
+mod publish;
 mod replay;
 mod scope;
 mod service;
@@ -326,8 +327,10 @@ pub use hints::{STRIPE_SHOULD_RETRY, X_SHOULD_RETRY};
 ///
 /// Every other answer of the layer (a store outage, a body too large, …) keeps its
 /// status and is written in the profile's body shape. Replays carry
-/// `Idempotent-Replayed: true` under every profile; under `acp` every answer to a
-/// keyed request also echoes its `Idempotency-Key`.
+/// `Idempotent-Replayed: true` under every profile (or the name
+/// [`IdempotencyLayer::replay_header`] gives it); under `acp` every answer to a keyed
+/// request also echoes its `Idempotency-Key` as the client spelt it and publishes the
+/// record's lifetime in [`RETENTION_HEADER`].
 pub use idem_core::Profile;
 pub use idem_core::UnknownProfile;
 pub use in_flight::InFlight;
@@ -336,6 +339,7 @@ pub use method_override::DEFAULT_METHOD_OVERRIDE_HEADERS;
 pub use observer::{Observer, Outcome};
 pub use principal::Principal;
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
+pub use publish::{HeaderChoice, LAYER_HEADERS, RETENTION_HEADER, replay_marker};
 pub use replay::IDEMPOTENT_REPLAYED;
 pub use service::Idempotency;
 pub use sources::{Credential, TenantSources, Verified};

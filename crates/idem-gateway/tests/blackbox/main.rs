@@ -33,6 +33,7 @@ mod packaging;
 mod profiles;
 mod protocol;
 mod proxying;
+mod publishing;
 mod reload;
 mod sealing;
 mod shared;
