@@ -23,8 +23,9 @@ pub(crate) enum Admission {
     /// Answered with a problem, in the route's profile, before anything is reserved or
     /// forwarded.
     Reject(Problem, Profile),
-    /// Keyed, to be reserved and recorded as the plan says.
-    Keyed(Plan),
+    /// Keyed, to be reserved and recorded as the plan says (boxed: a plan is some
+    /// hundreds of bytes, a refusal a few dozen).
+    Keyed(Box<Plan>),
 }
 
 /// Decides what becomes of the request with head `parts`, on the method the upstream
@@ -68,8 +69,8 @@ pub(crate) fn admit(config: &Config, parts: &Parts) -> Admission {
 
     let pointer = route.key_pointer.as_deref();
     let found = key_from(&parts.headers, key_headers);
-    let spelling = match &found {
-        Ok(Some((_, field))) => crate::publish::spelling(field),
+    let quoted = match &found {
+        Ok(Some((_, field))) => Some(crate::publish::is_quoted(field)),
         _ => None,
     };
     let mut key = match found.map(|found| found.map(|(key, _)| key)) {
@@ -115,8 +116,8 @@ pub(crate) fn admit(config: &Config, parts: &Parts) -> Admission {
             PlanKey::Known(_) => return Admission::Reject(refusal, profile),
         }
     }
-    let mut plan = Plan::new(config, route, parts, &method, key, tenant);
-    plan.spelling = spelling;
+    let mut plan = Box::new(Plan::new(config, route, parts, &method, key, tenant));
+    plan.quoted = quoted;
     Admission::Keyed(plan)
 }
 
@@ -271,9 +272,9 @@ pub(crate) struct Plan {
     pub(crate) endpoint: Endpoint,
     /// The key, or how to find it in the body.
     pub(crate) key: PlanKey,
-    /// The key as its header spelt it (the field value without white space around
-    /// it), for a profile that echoes it; `None` when no header carried it.
-    pub(crate) spelling: Option<HeaderValue>,
+    /// Whether the key's header spelt it as a quoted string or bare, for a profile
+    /// that echoes it as sent; `None` when no header carried it.
+    pub(crate) quoted: Option<bool>,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     /// How long a tombstone outlives the completed record (SPEC S16); zero for none.
@@ -331,7 +332,7 @@ impl Plan {
             sources: route.tenant_sources,
             endpoint: endpoint(method, template),
             key,
-            spelling: None,
+            quoted: None,
             ttl: route.ttl.unwrap_or(config.ttl),
             lease,
             tombstone: route.tombstone.unwrap_or(config.tombstone),

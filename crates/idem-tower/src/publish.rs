@@ -62,19 +62,23 @@ impl HeaderChoice {
     }
 }
 
-/// A keyed request's key, the value its header carried: the field value without the
-/// white space around it, which is not part of it (RFC 9110 §5.5). It parses to the
-/// key it was read as, so it holds only printable ASCII.
-pub(crate) fn spelling(field: &HeaderValue) -> Option<HeaderValue> {
-    let trimmed = field.as_bytes().trim_ascii();
-    HeaderValue::from_bytes(trimmed).ok()
+/// Whether a key header's field spells its key as a quoted string (the draft's
+/// Structured Field form) rather than bare (Stripe's).
+pub(crate) fn is_quoted(field: &HeaderValue) -> bool {
+    field.as_bytes().trim_ascii_start().first() == Some(&b'"')
 }
 
-/// The echo of `key` that came in no header (a body's key): its Structured Field
-/// string, which every reader of the header parses back to the same key, whatever
-/// characters it holds.
-pub(crate) fn sf_echo(key: &Key) -> Option<HeaderValue> {
-    HeaderValue::from_str(&key.to_sf_string()).ok()
+/// The echo of `key` as its header spelt it (`quoted`), byte for byte: the field value
+/// without the white space around it (RFC 9110 §5.5), which is not part of it. Both
+/// spellings are canonical, so the key gives them back: a bare key is the trimmed
+/// value itself, and a quoted one escapes exactly its `"` and `\`, the only escapes a
+/// quoted key may hold. A key no header carried (`None`, a body's) is echoed as a
+/// Structured Field string, which every reader of the header parses back to it.
+pub(crate) fn echo(key: &Key, quoted: Option<bool>) -> Option<HeaderValue> {
+    match quoted {
+        Some(false) => HeaderValue::from_str(key.as_str()).ok(),
+        Some(true) | None => HeaderValue::from_str(&key.to_sf_string()).ok(),
+    }
 }
 
 /// What every answer to one keyed request carries besides the answer, decided from its
@@ -137,29 +141,29 @@ mod tests {
     use crate::Profile;
 
     #[test]
-    fn a_spelling_is_the_field_value_without_its_white_space() {
+    fn the_echo_is_the_field_value_without_its_white_space() {
         for (sent, spelt) in [
             (" \"a b\"\t", "\"a b\""),
             ("68332aa6-1c1f", "68332aa6-1c1f"),
-            ("\"q\\\"uote\"", "\"q\\\"uote\""),
+            ("\"q\\\"uo\\\\te\"", "\"q\\\"uo\\\\te\""),
+            ("\tbare \"inner\" quotes ", "bare \"inner\" quotes"),
+            ("a\\b", "a\\b"),
         ] {
             let field = HeaderValue::from_str(sent).unwrap();
-            let spelling = spelling(&field).unwrap();
-            assert_eq!(spelling, spelt);
+            let key = Key::parse(field.as_bytes()).unwrap();
+            let back = echo(&key, Some(is_quoted(&field))).unwrap();
+            assert_eq!(back, spelt, "{sent:?}");
             // The echo is the key the record holds.
-            assert_eq!(
-                Key::parse(spelling.as_bytes()),
-                Key::parse(field.as_bytes())
-            );
+            assert_eq!(Key::parse(back.as_bytes()).unwrap(), key);
         }
     }
 
     #[test]
     fn a_body_key_is_echoed_as_a_structured_field_string() {
         let key = Key::new(" \"odd\" ").unwrap();
-        let echo = sf_echo(&key).unwrap();
-        assert_eq!(echo, r#"" \"odd\" ""#);
-        assert_eq!(Key::parse(echo.as_bytes()).unwrap(), key);
+        let back = echo(&key, None).unwrap();
+        assert_eq!(back, r#"" \"odd\" ""#);
+        assert_eq!(Key::parse(back.as_bytes()).unwrap(), key);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::observer::Outcome;
 use crate::plan::{Plan, PlanKey};
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::Dialect;
-use crate::publish::{Published, sf_echo};
+use crate::publish::{Published, echo};
 use crate::replay::refuse;
 use crate::shared::Shared;
 use crate::sources::{Applying, TenantSources};
@@ -68,8 +68,8 @@ where
             &answers.retention,
             config.replay_header.as_ref(),
         );
-        // The key as its header spelt it; set once the request's key is known.
-        let (spelling, mut known) = (plan.spelling, None);
+        // How the key's header spelt it; the echo is set once the request's key is known.
+        let (quoted, mut known) = (plan.quoted, None);
         let mut ctx = Keyed {
             // As the endpoint names it: its scope may not.
             method: Method::from_bytes(plan.endpoint.method().as_bytes())
@@ -83,9 +83,8 @@ where
         let mut answered = 'steps: {
             let (key, incoming) = match ctx.key(&parts, plan.key, body).await {
                 Found::Key(key, incoming) => {
-                    // A header's spelling names this key: a body's key must be the
-                    // header's when both carry one.
-                    known = Some(spelling.or_else(|| sf_echo(&key)));
+                    // A body's key is the header's when both carry one.
+                    known = Some(echo(&key, quoted));
                     (key, incoming)
                 }
                 Found::Unkeyed(bytes) => break 'steps ctx.pass_through(inner, parts, bytes).await,

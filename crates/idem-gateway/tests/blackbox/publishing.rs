@@ -11,6 +11,9 @@ use crate::common::{Answer, Gateway, Http, Upstream, check_config, new_key};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 
+/// The retention header's name and value a gateway is expected to publish, if any.
+type Published = Option<(&'static str, &'static str)>;
+
 /// POSTs `body` to `path` with `headers` besides the JSON content type.
 async fn post(
     http: &Http,
@@ -140,7 +143,7 @@ async fn acp_echoes_the_key_byte_for_byte_as_sent() {
 async fn retention_is_published_where_the_profile_or_a_setting_says() {
     let up = Upstream::start().await;
     let http = Http::new();
-    let cases: [(&[&str], Option<(&str, &str)>); 6] = [
+    let cases: [(&[&str], Published); 6] = [
         (&["--profile", "acp"], Some(("idempotency-ttl", "7200"))),
         (&["--profile", "ietf"], None),
         (&["--profile", "stripe"], None),
