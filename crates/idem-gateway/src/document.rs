@@ -4,6 +4,8 @@
 //! record lifetime (`replay_ttl_seconds`, AdCP's name for it) and the headers its
 //! answers publish.
 //!
+//! In pass-through mode (`--passthrough`) no key is kept, and no document is served.
+//!
 //! It is for the clients the proxy serves, so the proxy listener serves it, and only
 //! what they already meet on every answer goes in: never the upstream, the store, a
 //! tenant, a limit or a secret. It is made once per configuration (a reload makes the

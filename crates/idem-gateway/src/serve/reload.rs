@@ -100,7 +100,10 @@ impl Generation {
                 .then_some(config.tenant_cert_name),
             profile: config.profile,
             layer,
-            document: crate::document::Document::of(&config).map(Arc::new),
+            // Without the layer no key is kept: a document saying otherwise would lie.
+            document: (parts.mode == Mode::Idempotent)
+                .then(|| crate::document::Document::of(&config).map(Arc::new))
+                .flatten(),
             exposed: config.published_headers().into(),
             config,
             args,

@@ -372,17 +372,22 @@ async fn the_idempotency_document_lists_each_routes_rules() {
         .await;
     assert_eq!(beside.json()["path"], "/.well-known/idempotency/x");
 
-    // Off by default: the path is the upstream's.
-    let dir = tempfile::tempdir().unwrap();
-    let gw = Gateway::start(&up.url(), dir.path(), &[]).await;
-    let a = http
-        .send("GET", &gw.url("/.well-known/idempotency"), &[], "")
-        .await;
-    let body: Value = a.json();
-    assert_eq!(
-        body["path"], "/.well-known/idempotency",
-        "forwarded: {body}"
-    );
+    // Off by default, and in pass-through mode, where no key is kept: the path is
+    // the upstream's.
+    let passthrough = [
+        "--passthrough",
+        "--idempotency-document",
+        "/.well-known/idempotency",
+    ];
+    for args in [&[][..], &passthrough[..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let gw = Gateway::start(&up.url(), dir.path(), args).await;
+        let a = http
+            .send("GET", &gw.url("/.well-known/idempotency"), &[], "")
+            .await;
+        let body: Value = a.json();
+        assert_eq!(body["path"], "/.well-known/idempotency", "{args:?}: {body}");
+    }
 }
 
 /// `check-config` shows the three settings, and refuses a name that is no header name,
