@@ -35,6 +35,7 @@ mod file;
 mod jwt;
 mod listeners;
 mod print;
+mod publish;
 mod resolve;
 mod routes;
 mod rules;
@@ -227,6 +228,6 @@ impl GatewayConfig {
                  client certificate is asked for",
             ));
         }
-        Ok(())
+        self.check_published()
     }
 }

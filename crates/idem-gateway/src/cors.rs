@@ -80,6 +80,46 @@ pub(crate) fn allow_origin(headers: &mut HeaderMap, origin: HeaderValue) {
     headers.append(header::VARY, HeaderValue::from_static("origin"));
 }
 
+/// Lets a page read the headers of `published` an answer carries, where the answer
+/// lets its origin read it at all (`Access-Control-Allow-Origin`, the upstream's, a
+/// replay's or the gateway's own): each one it carries is added to
+/// `Access-Control-Expose-Headers` unless already listed there (or `*` is). The
+/// gateway's replay marker and retention header are the gateway's to expose: the
+/// upstream does not know it writes them.
+pub(crate) fn expose(headers: &mut HeaderMap, published: &[header::HeaderName]) {
+    if !headers.contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN) {
+        return;
+    }
+    let listed: Vec<String> = headers
+        .get_all(header::ACCESS_CONTROL_EXPOSE_HEADERS)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect();
+    if listed.iter().any(|name| name == "*") {
+        return;
+    }
+    let missing: Vec<&str> = published
+        .iter()
+        .filter(|name| headers.contains_key(*name) && !listed.iter().any(|l| l == name.as_str()))
+        .map(|name| name.as_str())
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    let all = listed
+        .iter()
+        .map(String::as_str)
+        .chain(missing)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Ok(value) = HeaderValue::from_str(&all) {
+        headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, value);
+    }
+}
+
 /// [`allow_origin`] on an answer the gateway made itself: one that carries a
 /// [`ProblemKind`], the layer's own problems, its answers to the proxy's failures (an
 /// unreachable upstream, a timeout) among them, and the front's. Answers that came from the
@@ -109,6 +149,50 @@ mod tests {
     }
 
     const SHOP: &str = "https://shop.example";
+
+    #[test]
+    fn published_headers_an_answer_carries_are_exposed_where_its_origin_may_read_it() {
+        let published = [
+            header::HeaderName::from_static("idempotency-key"),
+            header::HeaderName::from_static("x-idempotent-replayed"),
+            header::HeaderName::from_static("idempotency-ttl"),
+        ];
+        let mut replay = headers(&[
+            ("access-control-allow-origin", SHOP),
+            ("access-control-expose-headers", "X-Order-Id"),
+            ("x-idempotent-replayed", "true"),
+            ("idempotency-ttl", "60"),
+        ]);
+        expose(&mut replay, &published);
+        assert_eq!(
+            replay["access-control-expose-headers"],
+            "x-order-id, x-idempotent-replayed, idempotency-ttl"
+        );
+        // Once is enough.
+        expose(&mut replay, &published);
+        assert_eq!(
+            replay
+                .get_all("access-control-expose-headers")
+                .iter()
+                .count(),
+            1
+        );
+        assert_eq!(
+            replay["access-control-expose-headers"],
+            "x-order-id, x-idempotent-replayed, idempotency-ttl"
+        );
+        // No origin allowed, nothing exposed; a wildcard already exposes everything.
+        let mut closed = headers(&[("x-idempotent-replayed", "true")]);
+        expose(&mut closed, &published);
+        assert!(!closed.contains_key("access-control-expose-headers"));
+        let mut open = headers(&[
+            ("access-control-allow-origin", "*"),
+            ("access-control-expose-headers", "*"),
+            ("idempotency-ttl", "60"),
+        ]);
+        expose(&mut open, &published);
+        assert_eq!(open["access-control-expose-headers"], "*");
+    }
 
     /// A method, request headers, and whether they prove a preflight.
     type Case<'a> = (&'a Method, &'a [(&'a str, &'a str)], bool);

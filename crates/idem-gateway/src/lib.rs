@@ -55,6 +55,7 @@ mod cli;
 mod command;
 pub mod config;
 mod cors;
+mod document;
 mod exit;
 mod forwarded;
 #[cfg(feature = "fuzzing")]

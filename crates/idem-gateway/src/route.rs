@@ -334,6 +334,8 @@ pub struct Route {
     pub(crate) retry_hints: Option<bool>,
     /// Overrides `--profile` on this route ([`RouteConfig::profile`]).
     pub(crate) profile: Option<idem_tower::Profile>,
+    /// Overrides `--retention-header` on this route ([`RouteConfig::retention_header`]).
+    pub(crate) retention_header: Option<idem_tower::HeaderChoice>,
     /// How its template matches paths (`--route-matching`).
     pub(crate) matching: RouteMatching,
     /// How long a duplicate of an in-progress request waits on this route without
@@ -390,6 +392,7 @@ impl Route {
             tombstone_ttl: None,
             retry_hints: None,
             profile: None,
+            retention_header: None,
             conflict_wait: None,
             matching: RouteMatching::default(),
             fingerprint,
@@ -487,6 +490,16 @@ impl Route {
         if let Some(profile) = profile {
             self.compiled = self.compiled.profile(profile);
         }
+        self
+    }
+
+    /// This rule, publishing its records' lifetime as `choice` says (`None`: the
+    /// layer's).
+    pub(crate) fn retention_header(mut self, choice: Option<idem_tower::HeaderChoice>) -> Route {
+        if let Some(choice) = &choice {
+            self.compiled = self.compiled.retention_header(choice.clone());
+        }
+        self.retention_header = choice;
         self
     }
 

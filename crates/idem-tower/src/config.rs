@@ -224,6 +224,10 @@ pub(crate) struct Config {
     /// The dialect of the layer's own answers (see
     /// [`IdempotencyLayer::profile`](crate::IdempotencyLayer::profile)).
     pub(crate) profile: crate::Profile,
+    /// Where a record's lifetime is published (SPEC S23).
+    pub(crate) retention_header: crate::HeaderChoice,
+    /// The replay marker's name; `None`: the profile's.
+    pub(crate) replay_header: Option<HeaderName>,
     /// How long a duplicate of an in-progress attempt waits without `Prefer: wait`
     /// (SPEC S15); zero answers 409 at once.
     pub(crate) conflict_wait: Duration,
@@ -286,6 +290,8 @@ impl Default for Config {
             observer: Arc::new(NoopObserver),
             retry_hints: false,
             profile: crate::Profile::Ietf,
+            retention_header: crate::HeaderChoice::Profile,
+            replay_header: None,
             conflict_wait: Duration::ZERO,
             max_wait: crate::wait::DEFAULT_MAX_WAIT,
             waiters: crate::wait::Waiters::new(crate::wait::DEFAULT_MAX_WAITERS),
@@ -319,6 +325,8 @@ impl fmt::Debug for Config {
             .field("route_config", &self.route_config.is_some())
             .field("retry_hints", &self.retry_hints)
             .field("profile", &self.profile)
+            .field("retention_header", &self.retention_header)
+            .field("replay_header", &self.replay_header)
             .field("conflict_wait", &self.conflict_wait)
             .field("max_wait", &self.max_wait)
             .field("waiters", &self.waiters)
@@ -363,6 +371,7 @@ pub struct RouteConfig {
     pub(crate) grpc_release_codes: Option<GrpcReleaseCodes>,
     pub(crate) retry_hints: Option<bool>,
     pub(crate) profile: Option<crate::Profile>,
+    pub(crate) retention_header: Option<crate::HeaderChoice>,
     pub(crate) conflict_wait: Option<Duration>,
     pub(crate) fingerprint_path: Option<String>,
 }
@@ -526,6 +535,13 @@ impl RouteConfig {
     /// ([`IdempotencyLayer::profile`](crate::IdempotencyLayer::profile)).
     pub fn profile(mut self, profile: crate::Profile) -> RouteConfig {
         self.profile = Some(profile);
+        self
+    }
+
+    /// Where this route's answers publish their record's lifetime, in place of the
+    /// layer's ([`IdempotencyLayer::retention_header`](crate::IdempotencyLayer::retention_header)).
+    pub fn retention_header(mut self, choice: crate::HeaderChoice) -> RouteConfig {
+        self.retention_header = Some(choice);
         self
     }
 

@@ -394,6 +394,23 @@ impl<St> IdempotencyLayer<St> {
         self
     }
 
+    /// Where every answer to a keyed request publishes its record's lifetime, in whole
+    /// seconds (SPEC S23): by default where the request's profile says (`acp`, in
+    /// [`RETENTION_HEADER`](crate::RETENTION_HEADER)), else nowhere. A route may say
+    /// otherwise ([`RouteConfig::retention_header`]).
+    pub fn retention_header(mut self, choice: crate::HeaderChoice) -> Self {
+        self.config().retention_header = choice;
+        self
+    }
+
+    /// The name of the header that marks a replay (default: the profile's,
+    /// [`IDEMPOTENT_REPLAYED`](crate::IDEMPOTENT_REPLAYED) under every profile). Not one
+    /// of [`LAYER_HEADERS`](crate::LAYER_HEADERS), which the layer writes for other ends.
+    pub fn replay_header(mut self, name: HeaderName) -> Self {
+        self.config().replay_header = Some(name);
+        self
+    }
+
     /// How long a duplicate that finds its key's first attempt in progress waits for
     /// that attempt's answer when it sends no `Prefer: wait=N` (default zero: 409 at
     /// once). A route may say otherwise ([`RouteConfig::conflict_wait`]). See

@@ -288,6 +288,7 @@ mod plan;
 mod principal;
 mod problem;
 mod profile;
+mod publish;
 mod replay;
 mod scope;
 mod service;
@@ -331,9 +332,11 @@ pub use hints::{STRIPE_SHOULD_RETRY, X_SHOULD_RETRY};
 /// status and is written in the profile's body shape. Every answer to a keyed request
 /// carries [`IDEMPOTENCY_OPERATION_STATE`] under every profile. A profile's 5xx rule
 /// is the default of the statuses that release the key
-/// ([`ReleaseStatuses::of_profile`]); a set given to the layer or a route replaces it. Replays carry
-/// `Idempotent-Replayed: true` under every profile; under `acp` every answer to a
-/// keyed request also echoes its `Idempotency-Key`.
+/// ([`ReleaseStatuses::of_profile`]); a set given to the layer or a route replaces it.
+/// Replays carry `Idempotent-Replayed: true` under every profile (or the name
+/// [`IdempotencyLayer::replay_header`] gives it); under `acp` every answer to a keyed
+/// request also echoes its `Idempotency-Key` as the client spelt it and publishes the
+/// record's lifetime in [`RETENTION_HEADER`].
 pub use idem_core::Profile;
 pub use idem_core::UnknownProfile;
 pub use in_flight::InFlight;
@@ -343,6 +346,7 @@ pub use observer::{Observer, Outcome};
 pub use operation_state::{IDEMPOTENCY_OPERATION_STATE, OperationState};
 pub use principal::Principal;
 pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_RETRY_AFTER};
+pub use publish::{HeaderChoice, LAYER_HEADERS, RETENTION_HEADER, replay_marker};
 pub use replay::IDEMPOTENT_REPLAYED;
 pub use service::Idempotency;
 pub use sources::{Credential, TenantSources, Verified};

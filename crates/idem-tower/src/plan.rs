@@ -23,8 +23,9 @@ pub(crate) enum Admission {
     /// Answered with a problem, in the route's profile, before anything is reserved or
     /// forwarded.
     Reject(Problem, Profile),
-    /// Keyed, to be reserved and recorded as the plan says.
-    Keyed(Plan),
+    /// Keyed, to be reserved and recorded as the plan says (boxed: a plan is some
+    /// hundreds of bytes, a refusal a few dozen).
+    Keyed(Box<Plan>),
 }
 
 /// Decides what becomes of the request with head `parts`, on the method the upstream
@@ -67,7 +68,12 @@ pub(crate) fn admit(config: &Config, parts: &Parts) -> Admission {
     }
 
     let pointer = route.key_pointer.as_deref();
-    let mut key = match key_from(&parts.headers, key_headers) {
+    let found = key_from(&parts.headers, key_headers);
+    let quoted = match &found {
+        Ok(Some((_, field))) => Some(crate::publish::is_quoted(field)),
+        _ => None,
+    };
+    let mut key = match found.map(|found| found.map(|(key, _)| key)) {
         // The body may carry a key too, which must be the same.
         Ok(Some(key)) if let Some(pointer) = &route.key_pointer => {
             PlanKey::Pending(Box::new(PendingKey {
@@ -110,7 +116,9 @@ pub(crate) fn admit(config: &Config, parts: &Parts) -> Admission {
             PlanKey::Known(_) => return Admission::Reject(refusal, profile),
         }
     }
-    Admission::Keyed(Plan::new(config, route, parts, &method, key, tenant))
+    let mut plan = Box::new(Plan::new(config, route, parts, &method, key, tenant));
+    plan.quoted = quoted;
+    Admission::Keyed(plan)
 }
 
 /// The 400 `ambiguous-header` for a request that sends one of the headers the key or
@@ -220,19 +228,23 @@ pub(crate) struct PendingKey {
     pub(crate) refusal: Option<Problem>,
 }
 
-/// The key `headers` carry in the first of `names` present. Several of them present
-/// must carry the same key: the upstream may read any one of them, so two different
-/// keys would let the layer and the upstream disagree about the operation.
-fn key_from(headers: &http::HeaderMap, names: &[HeaderName]) -> Result<Option<Key>, String> {
-    let mut found: Option<(&HeaderName, Key)> = None;
+/// The key `headers` carry in the first of `names` present, and that header's field
+/// (the key as sent, which is echoed). Several of them present must carry the same
+/// key: the upstream may read any one of them, so two different keys would let the
+/// layer and the upstream disagree about the operation.
+fn key_from<'h>(
+    headers: &'h http::HeaderMap,
+    names: &[HeaderName],
+) -> Result<Option<(Key, &'h HeaderValue)>, String> {
+    let mut found: Option<(&HeaderName, Key, &HeaderValue)> = None;
     for name in names {
         let fields = headers.get_all(name);
         match Key::from_fields(fields.iter().map(HeaderValue::as_bytes)) {
             Ok(None) => {}
             Ok(Some(key)) => match &found {
-                None => found = Some((name, key)),
-                Some((_, first)) if *first == key => {}
-                Some((first, _)) => {
+                None => found = Some((name, key, fields.iter().next().expect("one field"))),
+                Some((_, first, _)) if *first == key => {}
+                Some((first, _, _)) => {
                     return Err(format!(
                         "{first} and {name} carry different keys, and the upstream may read \
                          either; send one key; nothing was reserved or forwarded"
@@ -243,7 +255,7 @@ fn key_from(headers: &http::HeaderMap, names: &[HeaderName]) -> Result<Option<Ke
             Err(e) => return Err(format!("{name}: {e}")),
         }
     }
-    Ok(found.map(|(_, key)| key))
+    Ok(found.map(|(_, key, field)| (key, field)))
 }
 
 /// What a keyed request will be reserved and recorded as. The layer's settings stay in
@@ -260,6 +272,9 @@ pub(crate) struct Plan {
     pub(crate) endpoint: Endpoint,
     /// The key, or how to find it in the body.
     pub(crate) key: PlanKey,
+    /// Whether the key's header spelt it as a quoted string or bare, for a profile
+    /// that echoes it as sent; `None` when no header carried it.
+    pub(crate) quoted: Option<bool>,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     /// How long a tombstone outlives the completed record (SPEC S16); zero for none.
@@ -287,6 +302,8 @@ pub(crate) struct AnswerRules {
     pub(crate) profile: Profile,
     /// How long a duplicate may wait for an in-progress attempt (SPEC S15).
     pub(crate) wait: Option<Wait>,
+    /// Where its record's lifetime is published: the route's choice, or the layer's.
+    pub(crate) retention: crate::HeaderChoice,
 }
 
 impl Plan {
@@ -316,6 +333,7 @@ impl Plan {
             sources: route.tenant_sources,
             endpoint: endpoint(method, template),
             key,
+            quoted: None,
             ttl: route.ttl.unwrap_or(config.ttl),
             lease,
             tombstone: route.tombstone.unwrap_or(config.tombstone),
@@ -351,6 +369,9 @@ impl Plan {
                     config.max_wait,
                     lease,
                 ),
+                retention: route
+                    .retention_header
+                    .unwrap_or_else(|| config.retention_header.clone()),
             },
         }
     }

@@ -26,6 +26,12 @@ pub(crate) trait Speaks: Copy {
     /// afresh (ACP: "5xx responses MUST NOT be stored"), rather than being recorded
     /// (SPEC S6). The layer's own 504s for an outcome it could not observe never do.
     fn releases_server_errors(self) -> bool;
+    /// The header the record's lifetime is published in, unless a setting says
+    /// otherwise: ACP's agents asked for one (ACP issue 97); the other protocols
+    /// publish it in their documentation.
+    fn retention_header(self) -> Option<http::HeaderName>;
+    /// The name of the replay marker, unless a setting says otherwise.
+    fn replay_marker(self) -> http::HeaderName;
     /// The status `problem` is answered with under this profile.
     fn status(self, problem: &Problem) -> StatusCode;
     /// The body of `problem` under this profile, and its media type.
@@ -46,6 +52,22 @@ impl Speaks for Profile {
             // UCP's REST binding stores "the operation result" for duplicate keys,
             // with no exception for 5xx.
             Profile::Ietf | Profile::Stripe | Profile::Ucp => false,
+        }
+    }
+
+    fn retention_header(self) -> Option<http::HeaderName> {
+        match self {
+            Profile::Acp => Some(crate::publish::RETENTION_HEADER),
+            Profile::Ietf | Profile::Stripe | Profile::Ucp => None,
+        }
+    }
+
+    fn replay_marker(self) -> http::HeaderName {
+        match self {
+            // Stripe's name, which ACP's SEP #120 took.
+            Profile::Ietf | Profile::Stripe | Profile::Acp | Profile::Ucp => {
+                crate::IDEMPOTENT_REPLAYED
+            }
         }
     }
 

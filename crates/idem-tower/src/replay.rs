@@ -17,8 +17,10 @@ use crate::observer::{Observer, Outcome};
 use crate::operation_state::OperationState;
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::Dialect;
+use crate::publish::Replayed;
 
-/// The header that marks a replayed answer.
+/// The header that marks a replayed answer, unless the profile or a setting names
+/// another ([`IdempotencyLayer::replay_header`](crate::IdempotencyLayer::replay_header)).
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// The detail of the 422 `key-reused`.
@@ -42,7 +44,7 @@ pub(crate) fn refuse<B>(
     Handled::mark(&mut response, outcome);
     if hints {
         let status = response.status();
-        let replayed = response.headers().contains_key(IDEMPOTENT_REPLAYED);
+        let replayed = response.extensions().get::<Replayed>().is_some();
         if replayed && status.is_server_error() {
             hint(&mut response, false);
         } else if !replayed
@@ -216,7 +218,10 @@ fn trailers(stored: &StoredResponse) -> Option<HeaderMap> {
     (!trailers.is_empty()).then_some(trailers)
 }
 
-/// Stage 5: the recorded answer, marked as a replay.
+/// Stage 5: the recorded answer, marked as a replay (the marker's header is put on
+/// under its name once the answer leaves the request's steps, see [`Published`]).
+///
+/// [`Published`]: crate::publish::Published
 fn replay(stored: StoredResponse) -> Response<Bytes> {
     let mut response = Response::new(stored.body.clone());
     *response.status_mut() =
@@ -233,8 +238,8 @@ fn replay(stored: StoredResponse) -> Response<Bytes> {
             _ => tracing::warn!(header = %name, "skipping a stored header that is not valid HTTP"),
         }
     }
-    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     OperationState::Completed.mark(headers);
+    response.extensions_mut().insert(Replayed);
     response
 }
 

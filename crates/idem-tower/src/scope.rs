@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Method, Request, Response, header};
+use http::{Method, Request, Response, header};
 use http_body::Body;
 use http_body_util::BodyExt;
 use idem_core::{Fingerprint, Key, ReserveRequest, Scope, Store, Tenant, TenantKey};
@@ -27,18 +27,17 @@ use crate::observer::Outcome;
 use crate::plan::{Plan, PlanKey};
 use crate::problem::{Problem, ProblemKind};
 use crate::profile::Dialect;
+use crate::publish::{Published, echo};
 use crate::replay::refuse;
 use crate::shared::Shared;
 use crate::sources::{Applying, TenantSources};
 use crate::tenant_limit::TenantSlot;
 use crate::{BoxError, IdempotencyBody};
 
-/// The header ACP's profile echoes the key in.
-const ECHOED_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
-
 /// A keyed request, admitted with its `plan`: stage 1's steps, each of which gives the
-/// next what it needs or the answer, then its execution. Under ACP's profile every
-/// answer echoes the key the request's headers sent.
+/// next what it needs or the answer, then its execution. Every answer once its key is
+/// known carries what the request's profile and settings publish ([`Published`]): the
+/// key echoed as sent, the record's lifetime, the replay marker.
 ///
 /// A function returning an `async` block rather than an `async fn`: the block keeps its
 /// captures in place, where an `async fn` would hold its arguments twice, and this future
@@ -62,13 +61,15 @@ where
     ResBody: ReadBody,
 {
     async move {
-        let sent = match &plan.key {
-            PlanKey::Known(key) => Some(key),
-            PlanKey::Pending(pending) => pending.header_key.as_ref(),
-        };
-        let echo = sent
-            .filter(|_| crate::profile::Speaks::echoes_key(plan.answers.profile))
-            .and_then(|key| HeaderValue::from_str(&key.to_sf_string()).ok());
+        let (config, answers) = (&shared.config, &plan.answers);
+        let published = Published::new(
+            answers.profile,
+            plan.ttl,
+            &answers.retention,
+            config.replay_header.as_ref(),
+        );
+        // How the key's header spelt it; the echo is set once the request's key is known.
+        let (quoted, mut known) = (plan.quoted, None);
         let mut ctx = Keyed {
             // As the endpoint names it: its scope may not.
             method: Method::from_bytes(plan.endpoint.method().as_bytes())
@@ -81,7 +82,11 @@ where
         };
         let mut answered = 'steps: {
             let (key, incoming) = match ctx.key(&parts, plan.key, body).await {
-                Found::Key(key, incoming) => (key, incoming),
+                Found::Key(key, incoming) => {
+                    // A body's key is the header's when both carry one.
+                    known = Some(echo(&key, quoted));
+                    (key, incoming)
+                }
                 Found::Unkeyed(bytes) => break 'steps ctx.pass_through(inner, parts, bytes).await,
                 Found::Refused(answer) => break 'steps Ok(answer),
             };
@@ -111,8 +116,8 @@ where
             let execution = execute(ctx, inner, parts, bytes, request, guard);
             Ok(Execution::new(execution, parked, dialect).await)
         };
-        if let (Some(echo), Ok(response)) = (echo, &mut answered) {
-            response.headers_mut().insert(ECHOED_KEY, echo);
+        if let (Some(echo), Ok(response)) = (known, &mut answered) {
+            published.apply(response, echo);
         }
         answered
     }

@@ -121,7 +121,7 @@ where
             Admission::Reject(problem, profile) => {
                 reject(&*config.observer, problem, profile, &parts, body)
             }
-            Admission::Keyed(plan) => ResponseFuture::new(keyed(shared, inner, parts, body, plan)),
+            Admission::Keyed(plan) => ResponseFuture::new(keyed(shared, inner, parts, body, *plan)),
         }
     }
 }

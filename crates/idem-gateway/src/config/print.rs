@@ -266,6 +266,13 @@ impl GatewayConfig {
             Some(profile) => t.set("profile", quoted(profile.as_str())),
             None => t.note("profile", "the global profile"),
         }
+        match &r.retention_header {
+            Some(choice) => match super::publish::print_choice(choice) {
+                Ok(value) => t.set("retention_header", value),
+                Err(note) => t.note("retention_header", note),
+            },
+            None => t.note("retention_header", "the global retention_header"),
+        }
         if r.is_jcs() {
             t.set("canonical_json", quoted("jcs"));
         } else {

@@ -78,6 +78,13 @@ fn compile_route(
             ));
         }
     };
+    let retention = match rule.retention_header.as_deref() {
+        Some(given) => Some(super::publish::choice(
+            Some(given),
+            &format!("{name} retention_header"),
+        )?),
+        None => None,
+    };
     let route = Route::new(
         method,
         template,
@@ -91,6 +98,7 @@ fn compile_route(
         route
             .retry_hints(rule.retry_hints)
             .profile(rule.profile)
+            .retention_header(retention)
             .jcs(jcs)
             .require_tenant(rule.require_tenant)
             .tenant_from(tenant_from)

@@ -71,6 +71,9 @@ pub struct RouteRule {
     pub conflict_wait: Option<Duration>,
     /// The dialect of this route's answers, in place of the global `profile`.
     pub profile: Option<idem_core::Profile>,
+    /// The header this route's answers publish their record's lifetime in, or `off`,
+    /// in place of the global `retention_header`.
+    pub retention_header: Option<String>,
     /// How this route's JSON bodies are compared: `idem` (every digit of a number
     /// counts) or `jcs` (RFC 8785).
     pub canonical_json: Option<String>,

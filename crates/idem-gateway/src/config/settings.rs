@@ -19,7 +19,7 @@ use std::time::Duration;
 use clap::Args;
 use http::{HeaderName, Method};
 use idem_core::{DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_TTL, RecordKeys, ScopeMode, TenantKey};
-use idem_tower::{DEFAULT_RESPONSE_LIMIT, GrpcReleaseCodes, ReleaseStatuses};
+use idem_tower::{DEFAULT_RESPONSE_LIMIT, GrpcReleaseCodes, HeaderChoice, ReleaseStatuses};
 use serde::Deserialize;
 
 use super::declare::settings;
@@ -32,7 +32,7 @@ use super::tenants::{self, TenantLimits};
 use super::upstream::{self, Upstream, UpstreamProtocol};
 use super::values::{parse_byte_size, parse_duration};
 use super::{DEFAULT_STORE, DEFAULT_SWEEP_INTERVAL, DEFAULT_UPSTREAM_TIMEOUT};
-use super::{choices, listeners, print, routes, toml_form, values};
+use super::{choices, listeners, print, publish, routes, toml_form, values};
 use crate::listener::{CertName, Http2Limits, TlsFiles};
 use crate::path::PathNormalization;
 use crate::route::{Route, RouteMatching};
@@ -131,6 +131,28 @@ settings! {
     pub profile: Option<idem_core::Profile>, live
         => profile: idem_tower::Profile = |a| Ok(a.profile.unwrap_or_default()),
         print |c, _| quoted(c.profile.as_str());
+
+    /// The header every answer to a keyed request publishes its record's lifetime in
+    /// (whole seconds), or `off`; a route may name its own [default: the profile's,
+    /// Idempotency-TTL under acp, none under the others].
+    #[arg(long, env = "IDEM_RETENTION_HEADER", value_name = "NAME|off")]
+    pub retention_header: Option<String>, live
+        => retention_header: HeaderChoice = |a| publish::choice(a.retention_header.as_deref(), "retention_header"),
+        print |c, _| publish::print_choice(&c.retention_header);
+
+    /// The header that marks a replayed answer [default: Idempotent-Replayed].
+    #[arg(long, env = "IDEM_REPLAY_HEADER", value_name = "NAME")]
+    pub replay_header: Option<String>, live
+        => replay_header: Option<HeaderName> = publish::replay_header,
+        print |c, _| c.replay_header.as_ref().map(shown).ok_or("the profile's: Idempotent-Replayed");
+
+    /// A path (`/.well-known/idempotency`) where the proxy listener answers GET with a
+    /// JSON document of each route's key header, methods, record lifetime and profile
+    /// [default: off].
+    #[arg(long, env = "IDEM_IDEMPOTENCY_DOCUMENT", value_name = "PATH")]
+    pub idempotency_document: Option<String>, live
+        => idempotency_document: Option<String> = publish::document_path,
+        print |c, _| c.idempotency_document.as_deref().map(quoted).ok_or("off");
 
     /// How long records live, counted from the first request: a completed record is
     /// replayed until then; one in progress lives at least until its lease lapses

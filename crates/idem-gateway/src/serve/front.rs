@@ -88,6 +88,8 @@ impl Front {
         }
         let svc = live.service.clone();
         let profile = live.profile;
+        let document = live.document.clone().filter(|d| d.answers(&req));
+        let exposed = live.exposed.clone();
         // Without the layer (pass-through mode), the front answers the proxy's failures
         // to forward, and counts them; the layer answers and counts its own.
         let counts_failures = live.layer.is_none().then(|| self.metrics.clone());
@@ -114,6 +116,7 @@ impl Front {
                 _ => None,
             };
             let res = match invalid {
+                None if let Some(document) = &document => document.response(req.method()),
                 None => match svc.oneshot(req).await {
                     Ok(res) => res,
                     Err(failed) => {
@@ -142,6 +145,7 @@ impl Front {
             if let Some(origin) = origin {
                 cors::allow_origin_on_problem(&mut res, origin);
             }
+            cors::expose(res.headers_mut(), &exposed);
             if !grpc {
                 res = access::into_problem(res, &request_id).await;
             }

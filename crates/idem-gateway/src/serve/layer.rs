@@ -47,6 +47,7 @@ fn layer_over_routes(
         .require_key(config.require_key)
         .scope_mode(config.scope)
         .profile(config.profile)
+        .retention_header(config.retention_header.clone())
         .body_limit(config.body_limit)
         .response_limit(config.response_limit)
         .ttl(config.ttl)
@@ -74,6 +75,9 @@ fn layer_over_routes(
     }
     if let Some(key) = tenant_key {
         layer = layer.tenant_key(key);
+    }
+    if let Some(marker) = &config.replay_header {
+        layer = layer.replay_header(marker.clone());
     }
     // The client timeout bounds a keyed body's arrival too: it is buffered whole before
     // anything is reserved.

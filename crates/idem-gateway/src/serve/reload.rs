@@ -41,6 +41,10 @@ pub(super) struct Generation {
     pub(super) profile: idem_tower::Profile,
     /// The layer, for the next generation to take over from.
     pub(super) layer: Option<IdempotencyLayer<Arc<dyn Store>>>,
+    /// The idempotency document, where a path is set for it.
+    pub(super) document: Option<Arc<crate::document::Document>>,
+    /// The headers the gateway publishes, which browsers may read where CORS lets them.
+    pub(super) exposed: Arc<[http::HeaderName]>,
     /// The configuration, and the settings it was resolved from (for the files it
     /// names), to compare the next with.
     config: GatewayConfig,
@@ -96,6 +100,11 @@ impl Generation {
                 .then_some(config.tenant_cert_name),
             profile: config.profile,
             layer,
+            // Without the layer no key is kept: a document saying otherwise would lie.
+            document: (parts.mode == Mode::Idempotent)
+                .then(|| crate::document::Document::of(&config).map(Arc::new))
+                .flatten(),
+            exposed: config.published_headers().into(),
             config,
             args,
         })
@@ -113,6 +122,8 @@ impl Generation {
             cert_tenant: self.cert_tenant,
             profile: self.profile,
             layer: self.layer.clone(),
+            document: self.document.clone(),
+            exposed: self.exposed.clone(),
             config: self.config.clone(),
             args,
         }

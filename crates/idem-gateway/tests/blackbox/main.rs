@@ -34,6 +34,7 @@ mod policies;
 mod profiles;
 mod protocol;
 mod proxying;
+mod publishing;
 mod reload;
 mod sealing;
 mod shared;
