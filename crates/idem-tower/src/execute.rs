@@ -239,7 +239,7 @@ impl<St: Store> Keyed<St> {
         }
     }
 
-    /// Where the operation a reused key holds stands (the SPEC's protocol policies): its
+    /// Where the operation a reused key holds stands (SPEC S23): its
     /// record read again, for the 422 alone; `None` (unknown) when it cannot be read or is gone.
     async fn held(&self, scope: &Scope) -> Option<OperationState> {
         let now = idem_core::Clock::now(&idem_core::SystemClock);

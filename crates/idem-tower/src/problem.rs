@@ -387,7 +387,7 @@ impl Problem {
         self
     }
 
-    /// Where the operation under the key stands (the SPEC's protocol policies): what the
+    /// Where the operation under the key stands (SPEC S23): what the
     /// layer found, else what the kind says ([`OperationState::of_problem`]). Written as the header
     /// [`IDEMPOTENCY_OPERATION_STATE`](crate::IDEMPOTENCY_OPERATION_STATE) and the body's
     /// member `operation_state`.

@@ -4,7 +4,7 @@
 //! Protocol's flat errors).
 //!
 //! A profile changes how an answer is written, and one rule of what happens to the key
-//! (the SPEC's protocol policies): which upstream statuses release it by default
+//! (SPEC S23): which upstream statuses release it by default
 //! ([`ReleaseStatuses::of_profile`]). A key reused with another payload is refused
 //! under every profile, only its status and body differ.
 
@@ -153,7 +153,7 @@ impl ReleaseStatuses {
     }
 
     /// How this set, given in place of `profile`'s, contradicts its protocol's rule for
-    /// an upstream 5xx (the SPEC's protocol policies), as the end of a sentence; `None`
+    /// an upstream 5xx (SPEC S23), as the end of a sentence; `None`
     /// where it keeps it.
     /// Under `acp` a registered 5xx (one with a reason phrase: 500 to 511) that is
     /// recorded does; under the others, a 5xx other than 503 that is released.

@@ -1,4 +1,4 @@
-//! The SPEC's protocol policies in the layer: a profile's rule for a 5xx (released
+//! SPEC S23 in the layer: a profile's rule for a 5xx (released
 //! under `acp`, recorded otherwise, a set given to the layer replacing it) and the
 //! operation's state on every keyed answer. Every test runs against the memory store
 //! and the SQLite store.

@@ -1,4 +1,4 @@
-//! The SPEC's protocol policies: what each profile does with a key. Under `acp` an
+//! SPEC S23: what each profile does with a key. Under `acp` an
 //! upstream 5xx is released, so its retry reaches the upstream afresh, while an outcome
 //! the gateway could not observe (a timeout) keeps its lease; `ietf`, `stripe` and `ucp`
 //! record the 5xx; a `release_statuses` of the route's or the gateway's wins over the
