@@ -135,7 +135,10 @@
 //! read, a response future dropped before it finished hands the rest of its execution to
 //! the runtime, where the handler runs to completion and its answer is recorded, so the
 //! client's retry gets the replay. While the handler runs, the lease is renewed every
-//! third of its length. Its request carries an [`IdempotencyContext`] extension (key,
+//! third of its length, counted from when the store was asked. A reservation the store
+//! confirms half a lease or more after it was asked is not executed under: its lease may
+//! have lapsed and another attempt taken over; it is given back if still its own, and
+//! the client gets 503 `reservation-late` (SPEC S7). Its request carries an [`IdempotencyContext`] extension (key,
 //! scope, attempt, `recovered`, lease) with [`IdempotencyContext::derive`] for
 //! deterministic downstream keys.
 //!
