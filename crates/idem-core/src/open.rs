@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
 use crate::{DEFAULT_MAX_ENTRIES, MemoryStore, Namespace, NamespaceError, Store};
 
@@ -281,6 +282,13 @@ pub trait OpenStore: Store + Sized {
     /// Whether every store of this kind deletes expired records by itself
     /// ([`Store::expires_natively`]), known before one is open.
     const EXPIRES_NATIVELY: bool = false;
+
+    /// The longest one operation (a reserve, say) of a store opened from a URL may take,
+    /// its retries included, before it fails as unavailable, at the store's defaults;
+    /// `None` for a store in the process, which has no such bound. A reply that takes
+    /// longer than half a lease is not executed under (see `idem-tower`), so a lease
+    /// should be well over twice this.
+    const OPERATION_TIMEOUT: Option<Duration> = None;
 
     /// The most file descriptors a store opened with `options` holds, for a process
     /// that budgets its descriptors.

@@ -162,6 +162,18 @@ impl GatewayConfig {
                 humantime::format_duration(self.max_wait)
             ));
         }
+        if let Some(timeout) = crate::store::operation_timeout(&self.store)
+            && self.lease < 2 * timeout
+        {
+            warnings.push(format!(
+                "lease {lease} is not comfortably above the store's operation timeout {}: \
+                 a reservation the store confirms half a lease or more after it was asked \
+                 is not executed (503 reservation-late), so a store that is slow but \
+                 within its timeout refuses keyed requests; make the lease over twice the \
+                 timeout",
+                humantime::format_duration(timeout)
+            ));
+        }
         let authority = &self.upstream.authority;
         let port = authority
             .port_u16()

@@ -54,6 +54,7 @@ struct Opener {
     kind: &'static str,
     schemes: &'static [&'static str],
     expires_natively: bool,
+    operation_timeout: Option<Duration>,
     descriptors: fn(&StoreOptions) -> u64,
     open: fn(String, StoreOptions) -> Opening,
     plan: fn(String, StoreOptions) -> Planning,
@@ -65,6 +66,7 @@ impl Opener {
             kind: S::KIND,
             schemes: S::SCHEMES,
             expires_natively: S::EXPIRES_NATIVELY,
+            operation_timeout: S::OPERATION_TIMEOUT,
             descriptors: S::descriptors,
             open: open_as::<S>,
             plan: plan_as::<S>,
@@ -140,6 +142,12 @@ pub(crate) fn kind(url: &str) -> Option<&'static str> {
 /// (0 when it names none), as its crate counts them.
 pub(crate) fn descriptors(url: &str, options: &StoreOptions) -> u64 {
     opener(url.trim()).map_or(0, |opener| (opener.descriptors)(options))
+}
+
+/// The longest one operation of the store `url` names may take before it fails, at its
+/// defaults, as its crate says (`None` for one in the process, or a URL that names none).
+pub(crate) fn operation_timeout(url: &str) -> Option<Duration> {
+    opener(url.trim()).ok()?.operation_timeout
 }
 
 /// Opens (and for SQL stores migrates) the store a URL names, with default options.

@@ -4,7 +4,9 @@
 //! A token that names a key the set lacks makes the set load again, unless a load
 //! ended less than [`RELOAD_INTERVAL`] ago; a load going on is joined, never queued
 //! behind. Requests that joined it look again when it ends, and a `kid` still unknown
-//! then is refused at once, with no load of its own. A request waits for a load at
+//! then is refused at once, with no load of its own ([`JwtError::UnknownKey`]) when
+//! the load gave a set, or answered as unavailable ([`JwtError::KeysUnavailable`]) when
+//! it failed: a key a failed load did not find may exist all the same. A request waits for a load at
 //! most the ring's bound ([`DEFAULT_KEY_WAIT`]); the load goes on without it, and
 //! serves those that come after.
 
@@ -73,6 +75,8 @@ struct Loads {
     current: Option<watch::Receiver<Landed>>,
     /// When the last load after the start ended, for [`RELOAD_INTERVAL`].
     ended: Option<Instant>,
+    /// Whether that load failed: a key it did not find may exist all the same.
+    failed: bool,
     /// The keys the last load skipped, each warned about when first seen.
     skipped: Vec<Skipped>,
 }
@@ -159,11 +163,13 @@ impl KeyRing {
         // A task of its own: the load goes on when the request that started it stops
         // waiting or is dropped, and ends for all who joined it.
         tokio::spawn(async move {
-            let ended = Ended(ring.clone());
+            // Failed, unless it ends with a set.
+            let mut ended = Ended(ring.clone(), true);
             let result = ring.load(cause).await;
             if let Err(e) = &result {
                 tracing::warn!(source = %ring.source.describe(), error = %e, "could not load the JWKS again; keeping the old keys");
             }
+            ended.1 = result.is_err();
             drop(ended);
             let _ = landed.send(Some(result));
         });
@@ -222,34 +228,52 @@ impl KeyRing {
             }
             match &loads.current {
                 Some(rx) => rx.clone(),
+                // A key a set just loaded lacks does not exist; one a failed load did
+                // not find may.
                 None if loads.ended.is_some_and(|at| at.elapsed() < RELOAD_INTERVAL) => {
-                    return Err(unknown());
+                    return Err(match loads.failed {
+                        true => JwtError::KeysUnavailable,
+                        false => unknown(),
+                    });
                 }
                 None => self.start(&mut loads, LoadCause::UnknownKey),
             }
         };
         let waited = tokio::time::timeout(self.wait, async {
-            let _ = rx.wait_for(Option::is_some).await;
+            match rx.wait_for(Option::is_some).await {
+                Ok(landed) => landed.clone(),
+                Err(_) => None,
+            }
         })
         .await;
-        if waited.is_err() {
+        let Ok(landed) = waited else {
             if let Some(observer) = &self.observer {
                 observer.wait_timed_out();
             }
             return Err(JwtError::KeysLate(self.wait));
+        };
+        match (pick(&self.current()), landed) {
+            (Some(key), _) => Ok(key),
+            (None, Some(Ok(_))) => Err(unknown()),
+            // The load failed, or its task stopped: the key may exist all the same.
+            (None, _) => Err(JwtError::KeysUnavailable),
         }
-        pick(&self.current()).ok_or_else(unknown)
     }
 }
 
-/// Marks the load going on as ended when dropped, however its task ends: the set is
-/// swapped first, so a request that finds no load going on finds its keys.
-struct Ended(Arc<KeyRing>);
+/// Marks the load going on as ended when dropped, however its task ends, and whether
+/// it failed (the second field; a task stopped before the end counts as failed): the set
+/// is swapped first, so a request that finds no load going on finds its keys.
+struct Ended(Arc<KeyRing>, bool);
 
 impl Drop for Ended {
     fn drop(&mut self) {
         let mut loads = self.0.loads();
         loads.current = None;
         loads.ended = Some(Instant::now());
+        loads.failed = self.1;
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -67,7 +67,7 @@ use jsonwebtoken::errors::{Error, ErrorKind};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::Value;
 
-use idem_tower::{Credential, Principal, Verified};
+use idem_tower::{Credential, CredentialError, Principal, Verified};
 
 mod claims;
 mod keyring;
@@ -128,9 +128,22 @@ pub enum JwtError {
     /// the bound on the wait ([`JwtVerifierBuilder::key_wait`]).
     #[error("the signing keys did not load within {0:?}; try again")]
     KeysLate(Duration),
+    /// The token names a key the set lacks, and the last load of the set failed (the
+    /// JWKS could not be fetched or read): whether the key exists cannot be known until
+    /// a load succeeds. The failure's cause is logged, never told the client.
+    #[error("the signing keys could not be loaded; try again")]
+    KeysUnavailable,
 }
 
 impl JwtError {
+    /// Whether the token could not be checked for the verifier's own fault (its keys
+    /// did not load: [`KeysLate`](JwtError::KeysLate),
+    /// [`KeysUnavailable`](JwtError::KeysUnavailable)) rather than because it is bad:
+    /// the same token may verify on a retry.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, JwtError::KeysLate(_) | JwtError::KeysUnavailable)
+    }
+
     /// What `jsonwebtoken` refused, as the verifier names it.
     fn refused(e: &Error, alg: &'static str) -> JwtError {
         let claim = |name: &str| match name {
@@ -434,15 +447,27 @@ impl JwtVerifier {
 }
 
 /// A bearer JWT as a tenant source: a keyed request whose token does not verify is
-/// answered 401 `invalid-credential`; one without a bearer JWT goes on to the next
-/// source.
+/// answered 401 `invalid-credential`; one whose token cannot be checked because the
+/// key set did not load ([`JwtError::is_unavailable`]) 503 `credential-unavailable`
+/// with `Retry-After`, since the fault is the service's and the same token may verify
+/// on a retry; one without a bearer JWT goes on to the next source.
 impl Credential for JwtVerifier {
     fn find<'a>(&self, headers: &'a HeaderMap) -> Option<&'a str> {
         bearer_jwt(headers)
     }
 
     fn principal<'a>(&'a self, token: &'a str) -> Verified<'a> {
-        Box::pin(async move { self.verify(token).await.map_err(|e| e.to_string()) })
+        Box::pin(async move {
+            self.verify(token)
+                .await
+                .map_err(|e| match e.is_unavailable() {
+                    true => CredentialError::Unavailable {
+                        reason: e.to_string(),
+                        retry_after: RELOAD_INTERVAL,
+                    },
+                    false => CredentialError::Refused(e.to_string()),
+                })
+        })
     }
 }
 

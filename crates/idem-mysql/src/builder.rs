@@ -22,6 +22,10 @@ use crate::tls;
 /// The pool's default most connections.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 
+/// The bound on one operation of a [`MySqlStore`], its retries included, unless configured
+/// otherwise ([`MySqlStoreBuilder::operation_timeout`]).
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The URL schemes the store reads, one meaning: MySQL and MariaDB speak one protocol.
 pub const SCHEMES: &[&str] = &["mysql", "mariadb"];
 
@@ -68,7 +72,7 @@ impl Default for MySqlStoreBuilder {
             table: DEFAULT_TABLE.to_owned(),
             clock: Arc::new(SystemClock),
             acquire_timeout: Duration::from_secs(2),
-            operation_timeout: Duration::from_secs(5),
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             migrate: true,
             wait_poll: DEFAULT_WAIT_POLL,

@@ -107,7 +107,7 @@ mod store;
 mod tls;
 mod write;
 
-pub use builder::{DEFAULT_MAX_CONNECTIONS, MySqlStoreBuilder, SCHEMES};
+pub use builder::{DEFAULT_MAX_CONNECTIONS, DEFAULT_OPERATION_TIMEOUT, MySqlStoreBuilder, SCHEMES};
 /// What the builder, constructors and [`schema`] functions fail with: one type for
 /// every store.
 pub use idem_core::SetupError;

@@ -32,6 +32,7 @@ async fn connect(url: &str, options: &StoreOptions) -> Result<MySqlStore, OpenEr
 impl OpenStore for MySqlStore {
     const KIND: &'static str = crate::error::KIND;
     const SCHEMES: &'static [&'static str] = SCHEMES;
+    const OPERATION_TIMEOUT: Option<std::time::Duration> = Some(crate::DEFAULT_OPERATION_TIMEOUT);
 
     /// One per pooled connection.
     fn descriptors(options: &StoreOptions) -> u64 {

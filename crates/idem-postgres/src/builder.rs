@@ -27,6 +27,10 @@ pub type PgStoreOptions = PgStoreBuilder;
 /// Connections in the pool a [`PgStore`] builds unless configured otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 
+/// The bound on one operation of a [`PgStore`], its retries included, unless configured
+/// otherwise ([`PgStoreBuilder::operation_timeout`]).
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Settings for a [`PgStore`]; start from [`PgStore::builder`].
 #[derive(Clone)]
 pub struct PgStoreBuilder {
@@ -63,7 +67,7 @@ impl Default for PgStoreBuilder {
             table: DEFAULT_TABLE.to_owned(),
             clock: Arc::new(SystemClock),
             acquire_timeout: Duration::from_secs(2),
-            operation_timeout: Duration::from_secs(5),
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             migrate: true,
             batching: true,

@@ -105,7 +105,7 @@ mod write;
 pub use batch::{BatchStats, DEFAULT_MAX_BATCH};
 #[allow(deprecated)]
 pub use builder::PgStoreOptions;
-pub use builder::{DEFAULT_MAX_CONNECTIONS, PgStoreBuilder};
+pub use builder::{DEFAULT_MAX_CONNECTIONS, DEFAULT_OPERATION_TIMEOUT, PgStoreBuilder};
 pub use durability::DurabilityRisk;
 /// What the builder, constructors and [`schema`] functions fail with: one type for
 /// every store.

@@ -66,6 +66,7 @@ async fn connect(url: &str, options: &StoreOptions) -> Result<PgStore, OpenError
 impl OpenStore for PgStore {
     const KIND: &'static str = crate::error::KIND;
     const SCHEMES: &'static [&'static str] = &["postgres", "postgresql"];
+    const OPERATION_TIMEOUT: Option<std::time::Duration> = Some(crate::DEFAULT_OPERATION_TIMEOUT);
 
     /// One per pooled connection.
     fn descriptors(options: &StoreOptions) -> u64 {

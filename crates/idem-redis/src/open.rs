@@ -19,6 +19,8 @@ impl OpenStore for RedisStore {
     const SCHEMES: &'static [&'static str] =
         &["redis", "rediss", "redis+cluster", "rediss+cluster"];
     const EXPIRES_NATIVELY: bool = true;
+    /// One reply's bound; a URL with `wait` adds its `wait_timeout`.
+    const OPERATION_TIMEOUT: Option<std::time::Duration> = Some(crate::DEFAULT_TIMEOUT);
 
     /// The multiplexed connection, and a new one while it reconnects (on a cluster,
     /// that many per node).

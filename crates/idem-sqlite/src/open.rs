@@ -12,6 +12,8 @@ use crate::{DEFAULT_MAX_CONNECTIONS, SqliteStore, SqliteStoreBuilder};
 impl OpenStore for SqliteStore {
     const KIND: &'static str = crate::error::KIND;
     const SCHEMES: &'static [&'static str] = &["sqlite"];
+    /// A write waits this long for another's lock.
+    const OPERATION_TIMEOUT: Option<std::time::Duration> = Some(crate::DEFAULT_BUSY_TIMEOUT);
 
     /// Three per connection of the pool: the database, its WAL and its shared-memory
     /// index.

@@ -65,6 +65,9 @@ where
     ResBody: ReadBody,
 {
     async move {
+        // The lease starts when the store commits, after this: a reply that comes late
+        // leaves less of it than it says (see `late.rs`).
+        let sent = Instant::now();
         let (reserved, kept) = ctx.reserve(&mut request, &parts, bytes).await;
         let (lease, bytes) = match reserved {
             Ok(Reservation::Replay(stored)) if stored.reference().is_some() => {
@@ -78,6 +81,10 @@ where
                 Err(answer) => return answer,
             },
         };
+        if let Some(elapsed) = crate::late::overdue(sent, request.lease) {
+            // Boxed: a rare path, kept out of every keyed request's future.
+            return Box::pin(ctx.refuse_late(lease, elapsed)).await;
+        }
         if lease.recovered() {
             // An earlier attempt may have acted before its lease lapsed.
             let (observer, digest) = (ctx.observer(), lease.scope.digest());
@@ -92,7 +99,8 @@ where
         req.extensions_mut().insert(context);
         let ran = {
             let handler = pin!(run(inner, req, &ctx.answers, ctx.config()));
-            with_heartbeat(ctx.store(), ctx.observer(), &lease, ctx.lease_for, handler).await
+            let (store, observer) = (ctx.store(), ctx.observer());
+            with_heartbeat(store, observer, &lease, ctx.lease_for, sent, handler).await
         };
         ctx.conclude(lease, ran, guard).await
     }

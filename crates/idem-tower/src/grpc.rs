@@ -273,6 +273,8 @@ impl ProblemKind {
             | ProblemKind::UpstreamAnswerTooLarge => INTERNAL,
             // Nothing ran (or the outcome is held in progress): retry with the same key.
             ProblemKind::StoreUnavailable
+            | ProblemKind::ReservationLate
+            | ProblemKind::CredentialUnavailable
             | ProblemKind::ReplayUnavailable
             | ProblemKind::UpstreamUnreachable
             | ProblemKind::UpstreamConnectionLost => UNAVAILABLE,

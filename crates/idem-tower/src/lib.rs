@@ -135,7 +135,10 @@
 //! read, a response future dropped before it finished hands the rest of its execution to
 //! the runtime, where the handler runs to completion and its answer is recorded, so the
 //! client's retry gets the replay. While the handler runs, the lease is renewed every
-//! third of its length. Its request carries an [`IdempotencyContext`] extension (key,
+//! third of its length, counted from when the store was asked. A reservation the store
+//! confirms half a lease or more after it was asked is not executed under: its lease may
+//! have lapsed and another attempt taken over; it is given back if still its own, and
+//! the client gets 503 `reservation-late` (SPEC S7). Its request carries an [`IdempotencyContext`] extension (key,
 //! scope, attempt, `recovered`, lease) with [`IdempotencyContext::derive`] for
 //! deterministic downstream keys.
 //!
@@ -279,6 +282,7 @@ mod heartbeat;
 mod hints;
 mod in_flight;
 mod keyed;
+mod late;
 mod layer;
 mod look_alike;
 mod method_override;
@@ -349,7 +353,7 @@ pub use problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemKind, STORE_UNAVAILABLE_
 pub use publish::{HeaderChoice, LAYER_HEADERS, RETENTION_HEADER, replay_marker};
 pub use replay::IDEMPOTENT_REPLAYED;
 pub use service::Idempotency;
-pub use sources::{Credential, TenantSources, Verified};
+pub use sources::{Credential, CredentialError, TenantSources, Verified};
 pub use tenant::TenantHeaders;
 pub use tenant_limit::{MIN_TENANT_PREFIX, TenantNameError, TenantOverride, check_tenant_name};
 pub use wait::{DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS, PREFERENCE_APPLIED};

@@ -34,6 +34,10 @@ pub enum Outcome {
     Rejected,
     /// The store failed: 503, handler not called.
     StoreUnavailable,
+    /// The store granted the key, but its reply came too late to trust the lease
+    /// (SPEC S7): 503 `reservation-late`, handler not called, the reservation given back
+    /// if it was still this attempt's.
+    ReservationLate,
     /// The record's answer is a [`ResourceReference`](crate::ResourceReference), and rendering it again failed:
     /// 503 `replay-unavailable`, handler not called.
     ReplayUnavailable,
@@ -46,7 +50,7 @@ impl Outcome {
     /// Every outcome, for a metrics endpoint that lists each at zero before it first
     /// happens (so dashboards see zeros rather than gaps). Kept beside [`as_str`](Outcome::as_str): a
     /// variant added there belongs here too.
-    pub const ALL: [Outcome; 11] = [
+    pub const ALL: [Outcome; 12] = [
         Outcome::Executed,
         Outcome::Replayed,
         Outcome::Conflict,
@@ -56,6 +60,7 @@ impl Outcome {
         Outcome::KeptInProgress,
         Outcome::Rejected,
         Outcome::StoreUnavailable,
+        Outcome::ReservationLate,
         Outcome::ReplayUnavailable,
         Outcome::PassedThrough,
     ];
@@ -72,6 +77,7 @@ impl Outcome {
             Outcome::KeptInProgress => "kept_in_progress",
             Outcome::Rejected => "rejected",
             Outcome::StoreUnavailable => "store_unavailable",
+            Outcome::ReservationLate => "reservation_late",
             Outcome::ReplayUnavailable => "replay_unavailable",
             Outcome::PassedThrough => "passed_through",
         }

@@ -107,6 +107,16 @@ pub enum ProblemKind {
     /// 503 + `Retry-After`: the idempotency store is unreachable; the handler was not
     /// called (SPEC S10).
     StoreUnavailable,
+    /// 503 + `Retry-After`: the store granted the key, but its reply came so late (half
+    /// the lease or more after the reserve was sent) that the lease may have lapsed and
+    /// another attempt taken the key over (SPEC S7). The handler was not called; the
+    /// reservation was given back if it was still this attempt's. Retry with the same key.
+    ReservationLate,
+    /// 503 + `Retry-After`: the keyed request's credential could not be checked now, for
+    /// a fault of the service's, not the client's (the keys that verify it could not be
+    /// loaded in time: [`CredentialError::Unavailable`](crate::CredentialError::Unavailable)).
+    /// Nothing was reserved or forwarded; the same request may succeed on a retry.
+    CredentialUnavailable,
     /// 503 + `Retry-After`: the key's answer is recorded as a
     /// [`ResourceReference`](crate::ResourceReference)
     /// and rendering it again failed. The operation did run:
@@ -130,7 +140,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 26] = [
+    pub const ALL: [ProblemKind; 28] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
@@ -152,6 +162,8 @@ impl ProblemKind {
         ProblemKind::HandlerFailed,
         ProblemKind::ResponseTooLarge,
         ProblemKind::StoreUnavailable,
+        ProblemKind::ReservationLate,
+        ProblemKind::CredentialUnavailable,
         ProblemKind::ReplayUnavailable,
         ProblemKind::UpstreamUnreachable,
         ProblemKind::UpstreamTimeout,
@@ -185,6 +197,10 @@ impl ProblemKind {
             ProblemKind::HandlerFailed => "https://idem.dev/problems/handler-failed",
             ProblemKind::ResponseTooLarge => "https://idem.dev/problems/response-too-large",
             ProblemKind::StoreUnavailable => "https://idem.dev/problems/store-unavailable",
+            ProblemKind::ReservationLate => "https://idem.dev/problems/reservation-late",
+            ProblemKind::CredentialUnavailable => {
+                "https://idem.dev/problems/credential-unavailable"
+            }
             ProblemKind::ReplayUnavailable => "https://idem.dev/problems/replay-unavailable",
             ProblemKind::UpstreamUnreachable => "https://idem.dev/problems/upstream-unreachable",
             ProblemKind::UpstreamTimeout => "https://idem.dev/problems/upstream-timeout",
@@ -221,9 +237,10 @@ impl ProblemKind {
             ProblemKind::HandlerFailed | ProblemKind::ResponseTooLarge => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            ProblemKind::StoreUnavailable | ProblemKind::ReplayUnavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ProblemKind::StoreUnavailable
+            | ProblemKind::ReservationLate
+            | ProblemKind::CredentialUnavailable
+            | ProblemKind::ReplayUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ProblemKind::UpstreamUnreachable | ProblemKind::UpstreamAnswerTooLarge => {
                 StatusCode::BAD_GATEWAY
             }
@@ -257,6 +274,8 @@ impl ProblemKind {
             ProblemKind::HandlerFailed => "Request failed",
             ProblemKind::ResponseTooLarge => "Response too large to record",
             ProblemKind::StoreUnavailable => "Idempotency store unavailable",
+            ProblemKind::ReservationLate => "Reservation confirmed too late to execute",
+            ProblemKind::CredentialUnavailable => "Credential cannot be checked now",
             ProblemKind::ReplayUnavailable => "Recorded answer unavailable",
             ProblemKind::UpstreamUnreachable => "Upstream unreachable",
             ProblemKind::UpstreamTimeout => "Upstream timed out",
@@ -326,9 +345,10 @@ impl Problem {
     /// A problem of `kind` with a human-readable `detail`.
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Problem {
         let retry_after = match kind {
-            ProblemKind::StoreUnavailable | ProblemKind::ReplayUnavailable => {
-                Some(STORE_UNAVAILABLE_RETRY_AFTER)
-            }
+            ProblemKind::StoreUnavailable
+            | ProblemKind::ReservationLate
+            | ProblemKind::CredentialUnavailable
+            | ProblemKind::ReplayUnavailable => Some(STORE_UNAVAILABLE_RETRY_AFTER),
             ProblemKind::RequestInProgress => Some(Duration::from_secs(1)),
             _ => None,
         };

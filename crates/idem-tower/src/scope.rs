@@ -30,7 +30,7 @@ use crate::profile::Dialect;
 use crate::publish::{Published, echo};
 use crate::replay::refuse;
 use crate::shared::Shared;
-use crate::sources::{Applying, TenantSources};
+use crate::sources::{Applying, CredentialError, TenantSources};
 use crate::tenant_limit::TenantSlot;
 use crate::{BoxError, IdempotencyBody};
 
@@ -254,6 +254,20 @@ impl<St: Store> Keyed<St> {
             Some(Applying::Credential(credential, found)) => {
                 match credential.principal(found).await {
                     Ok(principal) => Ok((principal.tenant(key), true)),
+                    Err(CredentialError::Unavailable {
+                        reason,
+                        retry_after,
+                    }) => {
+                        let detail = format!(
+                            "{} {} is keyed, and its bearer token cannot be checked now: \
+                             {reason}; nothing was reserved or forwarded: retry the same \
+                             request, with the same token and key",
+                            self.method,
+                            parts.uri.path()
+                        );
+                        let problem = Problem::new(ProblemKind::CredentialUnavailable, detail);
+                        Err(problem.retry_after(retry_after))
+                    }
                     Err(e) => {
                         let detail = format!(
                             "{} {} is keyed, and its bearer token was not accepted: {e}; \

@@ -2,8 +2,8 @@
 //! a file each: `plan.rs` decides from its head whether it is keyed; a keyed one's
 //! stages are steps over one context per request (`keyed.rs`, as pingora's phases share
 //! one `CTX`): `scope.rs` names its key and tenant, reads its body and fingerprints it,
-//! `execute.rs` reserves the key and runs the handler (its lease renewed by
-//! `heartbeat.rs`), `conclude.rs` decides what its answer means for the key, `settle.rs`
+//! `execute.rs` reserves the key and runs the handler (not under a reservation the
+//! store confirmed too late, `late.rs`; its lease renewed by `heartbeat.rs`), `conclude.rs` decides what its answer means for the key, `settle.rs`
 //! records the answer or releases the key, and `replay.rs` answers the retries.
 
 use std::fmt;

@@ -4,12 +4,52 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::principal::Principal;
 
-/// What [`Credential::principal`] comes to: the principal, or why the credential is
-/// not believed (the 401's `detail`).
-pub type Verified<'a> = Pin<Box<dyn Future<Output = Result<Principal, String>> + Send + 'a>>;
+/// What [`Credential::principal`] comes to: the principal, or why there is none
+/// ([`CredentialError`]).
+pub type Verified<'a> =
+    Pin<Box<dyn Future<Output = Result<Principal, CredentialError>> + Send + 'a>>;
+
+/// Why a [`Credential`] named no principal: the client's fault, or the service's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CredentialError {
+    /// The credential is not believed (a bad signature, an expired token, another
+    /// issuer): 401 `invalid-credential`, whose `detail` this is. The client must not
+    /// send it again as it is.
+    Refused(String),
+    /// The credential could not be checked now, for a fault of the service's: the keys
+    /// that verify it could not be loaded in time, say. 503 `credential-unavailable`
+    /// with `Retry-After: retry_after`, whose `detail` `reason` is: the same request
+    /// may succeed later, and the client must not take its credential for a bad one.
+    Unavailable {
+        /// Why, for the answer's `detail`: never a secret, a key or an internal address.
+        reason: String,
+        /// How long the client should wait before it retries.
+        retry_after: Duration,
+    },
+}
+
+impl From<String> for CredentialError {
+    /// A refusal ([`CredentialError::Refused`]) saying `detail`.
+    fn from(detail: String) -> CredentialError {
+        CredentialError::Refused(detail)
+    }
+}
+
+impl std::fmt::Display for CredentialError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CredentialError::Refused(detail) => f.write_str(detail),
+            CredentialError::Unavailable { reason, .. } => f.write_str(reason),
+        }
+    }
+}
+
+impl std::error::Error for CredentialError {}
 
 /// A credential a request carries that names its principal once verified, for
 /// [`TenantSources::credential`]: a bearer JWT (the `idem-jwt` crate's `JwtVerifier`),
@@ -19,7 +59,9 @@ pub trait Credential: Send + Sync + 'static {
     /// The credential `headers` carry, if they carry one of this kind.
     fn find<'a>(&self, headers: &'a http::HeaderMap) -> Option<&'a str>;
 
-    /// The principal `credential` names, or why it is not believed.
+    /// The principal `credential` names, or why there is none: it is not believed
+    /// ([`CredentialError::Refused`], a 401), or it cannot be checked now
+    /// ([`CredentialError::Unavailable`], a 503).
     fn principal<'a>(&'a self, credential: &'a str) -> Verified<'a>;
 }
 
@@ -51,8 +93,9 @@ impl TenantSources {
     }
 
     /// A verified [`Credential`] (a bearer JWT, with the `idem-jwt` crate). A keyed
-    /// request whose credential does not verify is answered 401 `invalid-credential`;
-    /// one without such a credential goes on to the next source.
+    /// request whose credential does not verify is answered 401 `invalid-credential`,
+    /// one whose credential cannot be checked now 503 `credential-unavailable`; one
+    /// without such a credential goes on to the next source.
     pub fn credential(mut self, credential: Arc<dyn Credential>) -> TenantSources {
         self.credential = Some(credential);
         self

@@ -21,7 +21,7 @@ use idem_core::{Lease, Reservation, Store};
 use crate::IdempotencyBody;
 use crate::handled::Handled;
 use crate::hints::hint;
-use crate::observer::{Observer, Outcome, timed};
+use crate::observer::{Observer, Outcome};
 use crate::problem::{Problem, ProblemKind};
 
 /// The header that says which preference was honoured (RFC 7240 §3).
@@ -224,12 +224,7 @@ pub(crate) async fn hand_back<St: Store + ?Sized, B>(
     dialect: crate::profile::Dialect,
     hints: bool,
 ) -> http::Response<crate::IdempotencyBody<B>> {
-    let handed = if lease.recovered() {
-        timed(observer, "renew", store.renew(&lease, Duration::ZERO)).await
-    } else {
-        timed(observer, "release", store.release(&lease)).await
-    };
-    if let Err(e) = handed {
+    if let Err(e) = crate::late::give_back(store, observer, &lease).await {
         // The key stays in progress until this lease lapses; the retry then takes over.
         tracing::warn!(
             error = %e,

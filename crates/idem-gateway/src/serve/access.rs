@@ -9,7 +9,7 @@
 //! | `method`, `path` | as normalised and forwarded (the path without its query) |
 //! | `route` | the matched `[[route]]`'s template, when one matched |
 //! | `status` | the answer's status |
-//! | `outcome` | what the idempotency layer did (`executed`, `replayed`, `conflict`, `mismatch`, `expired`, `released`, `kept_in_progress`, `rejected`, `store_unavailable`, `replay_unavailable`, `passed_through`), as the metric `idem_requests_total` names it |
+//! | `outcome` | what the idempotency layer did (`executed`, `replayed`, `conflict`, `mismatch`, `expired`, `released`, `kept_in_progress`, `rejected`, `store_unavailable`, `reservation_late`, `replay_unavailable`, `passed_through`), as the metric `idem_requests_total` names it |
 //! | `attempt` | the attempt that ran, when one did |
 //! | `scope` | the record's scope digest (never the key or the credential) |
 //! | `upstream_ms` | from sending the request upstream to its answer's head, when it went upstream |

@@ -28,8 +28,15 @@ pub(crate) struct JwksServer {
 
 impl JwksServer {
     pub(crate) async fn start(doc: Value, delay: Duration) -> JwksServer {
+        JwksServer::start_on(0, doc, delay).await
+    }
+
+    /// [`start`](Self::start) on the loopback port `port` (0 for any).
+    pub(crate) async fn start_on(port: u16, doc: Value, delay: Duration) -> JwksServer {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
         let port = listener.local_addr().unwrap().port();
         let doc = Arc::new(Mutex::new(doc.to_string()));
         let fetches = Arc::new(AtomicUsize::new(0));
@@ -162,6 +169,16 @@ fn assert_refused(answer: &Answer) {
     );
 }
 
+/// The gateway's own fault: the token could not be checked, and may verify on a retry.
+fn assert_unavailable(answer: &Answer) {
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(
+        answer.problem_type(),
+        "https://idem.dev/problems/credential-unavailable"
+    );
+    assert_eq!(answer.header("retry-after"), Some("1"), "{answer:?}");
+}
+
 /// Issue 61 item 2: tokens with random `kid`s against a slow JWKS endpoint share one
 /// fetch, all answered 401 when it ends (on main each fetched in turn behind one lock:
 /// answers at 1.5, 3.0, 4.5 … s and a fetch each); a kid still unknown right after is
@@ -262,8 +279,10 @@ async fn a_newly_published_kid_is_not_stuck_behind_strangers() {
 }
 
 /// Issue 61 item 2: a request waits for keys at most `--jwt-jwks-wait`, and is then
-/// refused, saying why; the fetch goes on, and the same token verifies once it has
-/// ended, with no fetch of its own.
+/// answered 503 `credential-unavailable` with `Retry-After`, saying why (the keys are
+/// late, not the token bad: a 401 would make the client give up on a good token); the
+/// fetch goes on, and the same token verifies once it has ended, with no fetch of its
+/// own.
 #[tokio::test]
 async fn a_request_waits_for_a_slow_jwks_at_most_jwt_jwks_wait() {
     let up = Upstream::start().await;
@@ -279,7 +298,7 @@ async fn a_request_waits_for_a_slow_jwks_at_most_jwt_jwks_wait() {
     let began = Instant::now();
     let late = charge(&http, &gw, &new_key(), &token).await;
     assert!(began.elapsed() < FETCH, "waited {:?}", began.elapsed());
-    assert_refused(&late);
+    assert_unavailable(&late);
     let body = String::from_utf8_lossy(&late.body).into_owned();
     assert!(body.contains("did not load within 200ms"), "{body}");
 
@@ -293,6 +312,62 @@ async fn a_request_waits_for_a_slow_jwks_at_most_jwt_jwks_wait() {
     assert_eq!(server.fetches(), 2);
     let m = metrics(&http, &gw).await;
     assert_eq!(metric(&m, "idem_jwks_wait_timeouts_total"), Some(1));
+}
+
+/// A JWKS endpoint that is down: a token naming a kid the held set lacks cannot be
+/// checked, which is the gateway's fault, not the client's: 503
+/// `credential-unavailable` with `Retry-After` (it was a 401, and the client gave up
+/// on a good token), at once again right after the failed fetch. A token the held set
+/// can check and refuses is still 401. Once the endpoint is back, the same token
+/// verifies; nothing was forwarded before.
+#[tokio::test]
+async fn a_jwks_that_cannot_be_fetched_is_503_and_a_bad_token_still_401() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let old = Signer::ed25519("old");
+    let server = JwksServer::start(jwks(&[&old]), Duration::ZERO).await;
+    let port = server.port;
+    let gw = gateway(&up, dir.path(), &server, &[]).await;
+    let http = Http::new();
+    drop(server);
+    eventually("the JWKS endpoint is down", WAIT, async || {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+    })
+    .await;
+
+    let new = Signer::es256("2026-12");
+    let token = new.sign(&claims("cus_1", "n"));
+    let down = charge(&http, &gw, &new_key(), &token).await;
+    assert_unavailable(&down);
+    let body = String::from_utf8_lossy(&down.body).into_owned();
+    assert!(body.contains("could not be loaded"), "{body}");
+    assert!(!body.contains(&port.to_string()), "no address told: {body}");
+    assert_unavailable(&charge(&http, &gw, &new_key(), &token).await);
+    // Another key under the held kid: checked, and refused.
+    let forged = Signer::ed25519("old").sign(&claims("cus_1", "f"));
+    assert_refused(&charge(&http, &gw, &new_key(), &forged).await);
+    assert_eq!(up.total(), 0);
+
+    let _back = JwksServer::start_on(port, jwks(&[&old, &new]), Duration::ZERO).await;
+    let key = new_key();
+    eventually(
+        "the token verifies once the JWKS is back",
+        WAIT,
+        async || {
+            let answer = charge(&http, &gw, &key, &token).await;
+            if answer.status != 201 {
+                assert_unavailable(&answer);
+            }
+            answer.status == 201
+        },
+    )
+    .await;
+    assert_eq!(up.total(), 1);
+    let m = metrics(&http, &gw).await;
+    let failed = metric(&m, "idem_jwks_fetch_failures_total{cause=\"unknown_kid\"}");
+    assert!(failed >= Some(1), "{m}");
 }
 
 /// An RSA public key as a JWK for `alg`: the gateway skips it without reading it.

@@ -25,6 +25,7 @@ mod jwks;
 mod jwt;
 mod key_lines;
 mod key_sources;
+mod late_reply;
 mod log_pipes;
 mod migration;
 mod mtls;

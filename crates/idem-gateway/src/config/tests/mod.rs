@@ -415,6 +415,25 @@ async fn settings_that_defeat_themselves_are_warned_of() {
         warnings[1].starts_with("max_wait 1m 30s is longer"),
         "{warnings:?}"
     );
+    // A lease the store's own timeout could use up: a slow reserve would be refused.
+    let shared = |lease: &str| {
+        let store = "store = \"postgres://u@127.0.0.1/test\"";
+        GatewayConfig::merge(&ServeArgs::default(), args(&format!("{store}\n{lease}"))).unwrap()
+    };
+    let warnings = shared("lease = \"8s\"\nmax_wait = \"8s\"").warnings().await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0]
+            .starts_with("lease 8s is not comfortably above the store's operation timeout 5s"),
+        "{warnings:?}"
+    );
+    assert!(warnings[0].contains("reservation-late"), "{warnings:?}");
+    assert_eq!(
+        shared("lease = \"11s\"\nmax_wait = \"11s\"")
+            .warnings()
+            .await,
+        Vec::<String>::new()
+    );
     let unknown: ServeArgs =
         toml::from_str("upstream = \"http://no-such-host.invalid:80\"").unwrap();
     let c = GatewayConfig::merge(&ServeArgs::default(), unknown).unwrap();
