@@ -69,6 +69,7 @@ impl OperationState {
             | ProblemKind::BodyUnreadable
             | ProblemKind::MissingTenant
             | ProblemKind::InvalidCredential
+            | ProblemKind::CredentialUnavailable
             | ProblemKind::InvalidPath
             | ProblemKind::InvalidHost
             | ProblemKind::InvalidMethodOverride
@@ -89,8 +90,11 @@ impl OperationState {
             | ProblemKind::ReplayUnavailable
             | ProblemKind::UpstreamAnswerTooLarge => OperationState::Completed,
             // The record could not be read; or the request was sent and no answer came.
-            // A reused key's record is read for its state where it can be.
+            // A reused key's record is read for its state where it can be. A reservation
+            // confirmed late was not executed under, but its lease may have lapsed in
+            // the meantime and another attempt taken the key over and acted.
             ProblemKind::StoreUnavailable
+            | ProblemKind::ReservationLate
             | ProblemKind::UpstreamTimeout
             | ProblemKind::UpstreamConnectionLost
             | ProblemKind::KeyReused => OperationState::Unknown,
