@@ -281,6 +281,7 @@ mod in_flight;
 mod keyed;
 mod layer;
 mod look_alike;
+pub mod mcp;
 mod method_override;
 mod observer;
 mod plan;

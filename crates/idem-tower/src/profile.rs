@@ -1,7 +1,7 @@
 //! Profiles: the dialect the layer's own answers are written in, so that each client
 //! reads them as its protocol's SDK expects (the IETF draft's problem details, Stripe's
 //! error envelope, the Agentic Commerce Protocol's and the Universal Commerce
-//! Protocol's flat errors).
+//! Protocol's flat errors, JSON-RPC errors to MCP tool calls).
 //!
 //! A profile changes how an answer is written, never what happens to the key: a key
 //! reused with another payload is refused under every profile, only its status and
@@ -30,7 +30,7 @@ impl Speaks for Profile {
     fn echoes_key(self) -> bool {
         match self {
             Profile::Acp => true,
-            Profile::Ietf | Profile::Stripe | Profile::Ucp => false,
+            Profile::Ietf | Profile::Stripe | Profile::Ucp | Profile::Mcp => false,
         }
     }
 
@@ -41,6 +41,7 @@ impl Speaks for Profile {
             Profile::Stripe if reused_or_expired => StatusCode::BAD_REQUEST,
             Profile::Acp if kind == ProblemKind::KeyExpired => StatusCode::UNPROCESSABLE_ENTITY,
             Profile::Ucp if reused_or_expired => StatusCode::CONFLICT,
+            Profile::Mcp => crate::mcp::reply::status(problem),
             Profile::Ietf | Profile::Stripe | Profile::Acp | Profile::Ucp => problem.status(),
         }
     }
@@ -82,6 +83,7 @@ impl Speaks for Profile {
                 error.extend(members);
                 Value::Object(error)
             }
+            Profile::Mcp => crate::mcp::reply::body(problem),
         };
         ("application/json", Bytes::from(body.to_string()))
     }
@@ -121,7 +123,7 @@ fn acp_type(status: StatusCode) -> &'static str {
 
 /// The `code` of ACP's and UCP's errors: ACP's own for the idempotency answers, else
 /// the problem's slug with `_` (`body_too_large`).
-fn code(kind: ProblemKind) -> String {
+pub(crate) fn code(kind: ProblemKind) -> String {
     match kind {
         ProblemKind::KeyReused => "idempotency_conflict".to_owned(),
         ProblemKind::RequestInProgress => "idempotency_in_flight".to_owned(),

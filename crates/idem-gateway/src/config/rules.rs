@@ -71,6 +71,10 @@ pub struct RouteRule {
     pub conflict_wait: Option<Duration>,
     /// The dialect of this route's answers, in place of the global `profile`.
     pub profile: Option<idem_core::Profile>,
+    /// Under the `mcp` profile, the JSON-RPC methods keyed on this route (default
+    /// `tools/call`); a list or one comma-separated string.
+    #[serde(default, deserialize_with = "toml_form::list")]
+    pub rpc_methods: Option<Vec<String>>,
     /// How this route's JSON bodies are compared: `idem` (every digit of a number
     /// counts) or `jcs` (RFC 8785).
     pub canonical_json: Option<String>,

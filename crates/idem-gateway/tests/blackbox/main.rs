@@ -26,6 +26,7 @@ mod jwt;
 mod key_lines;
 mod key_sources;
 mod log_pipes;
+mod mcp;
 mod migration;
 mod mtls;
 mod nginx;
