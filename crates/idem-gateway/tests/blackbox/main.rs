@@ -27,6 +27,7 @@ mod key_lines;
 mod key_sources;
 mod log_pipes;
 mod mcp;
+mod mcp_sdk;
 mod migration;
 mod mtls;
 mod nginx;
