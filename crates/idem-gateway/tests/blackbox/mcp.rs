@@ -356,3 +356,39 @@ async fn a_call_in_progress_is_a_json_rpc_error_with_a_retry_hint_or_waits_for_i
     assert_eq!(first.json()["id"], 1);
     assert_eq!(r.runs.of("slow"), 1);
 }
+
+/// `idem check-config` (and so `idem config print`) shows an `mcp` route's keyed methods,
+/// its ignored pointers as written, and the JSON-RPC codes its answers carry; the global
+/// profile's too. `rpc_methods` on a route of another profile is refused.
+#[test]
+fn check_config_prints_the_keyed_methods_and_the_json_rpc_error_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("idem.toml");
+    std::fs::write(&config, ROUTES).unwrap();
+    let out = crate::common::check_config(&["--config", config.to_str().unwrap()]);
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{printed}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(printed.contains("rpc_methods = [\"tools/call\"]\n"), "{printed}");
+    assert!(
+        printed.contains("rpc_methods = [\"tools/call\", \"payments/refund\"]\n"),
+        "{printed}"
+    );
+    assert!(printed.contains("ignore = [\"/sent_at\"]\n"), "{printed}");
+    let codes = "# json_rpc_errors: -32700 body not JSON (HTTP 400); -32600";
+    assert_eq!(printed.matches(codes).count(), 3, "one per mcp route: {printed}");
+    assert!(printed.contains("-32602 key missing or malformed"), "{printed}");
+    assert!(printed.contains("-32000 key reused with other arguments"), "{printed}");
+
+    let global = crate::common::check_config(&["--profile", "mcp"]);
+    let printed = String::from_utf8_lossy(&global.stdout);
+    assert!(printed.contains("profile = \"mcp\"\n"), "{printed}");
+    assert!(printed.contains(codes), "{printed}");
+
+    std::fs::write(&config, "[[route]]\npath = \"/a\"\nrpc_methods = [\"x\"]\n").unwrap();
+    let bad = crate::common::check_config(&["--config", config.to_str().unwrap()]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("rpc_methods applies to routes of the mcp profile only"),
+        "{bad:?}"
+    );
+}
