@@ -112,12 +112,16 @@ fn expects(profile: Profile, refusal: Refusal) -> (u16, &'static [Field], bool) 
         (Profile::Ucp, InProgress) => (409, &[], false),
         (Profile::Mcp, Mismatch) => (200, &[("/error/data/code", "idempotency_conflict")], false),
         (Profile::Mcp, InProgress) => (200, &[("/error/data/code", "idempotency_in_flight")], true),
-        (Profile::Mcp, MissingKey) => {
-            (200, &[("/error/data/code", "idempotency_key_required")], false)
-        }
-        (Profile::Mcp, MalformedKey) => {
-            (200, &[("/error/data/code", "idempotency_key_invalid")], false)
-        }
+        (Profile::Mcp, MissingKey) => (
+            200,
+            &[("/error/data/code", "idempotency_key_required")],
+            false,
+        ),
+        (Profile::Mcp, MalformedKey) => (
+            200,
+            &[("/error/data/code", "idempotency_key_invalid")],
+            false,
+        ),
     }
 }
 

@@ -253,7 +253,10 @@ async fn connection(
             .header("authorization", tenant.clone());
         let req = if tool_calls {
             // The key in the call's `_meta`, a request id of its own (issue 64).
-            req.body(Full::new(Bytes::from(tool_call(&format!("{prefix}-{i}"), i))))
+            req.body(Full::new(Bytes::from(tool_call(
+                &format!("{prefix}-{i}"),
+                i,
+            ))))
         } else {
             req.header("idempotency-key", format!("{prefix}-{i}"))
                 .body(Full::new(Bytes::from_static(BODY.as_bytes())))

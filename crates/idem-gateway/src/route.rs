@@ -418,7 +418,9 @@ impl Route {
     /// ([`RouteConfig::rpc_methods`]; `None`: `tools/call`).
     pub(crate) fn rpc_methods(mut self, methods: Option<Vec<String>>) -> Route {
         if let Some(methods) = &methods {
-            self.compiled = self.compiled.rpc_methods(methods.iter().map(String::as_str));
+            self.compiled = self
+                .compiled
+                .rpc_methods(methods.iter().map(String::as_str));
         }
         self.rpc_methods = methods;
         self

@@ -151,11 +151,16 @@ impl PendingCall {
             return invalid(&format!("the member {name:?} is named twice"), Some(id));
         }
         // serde reads a struct from an array too: by-position params are no tool call.
-        let params = match envelope.params.map(|p| (p.get(), serde_json::from_str::<Params<'_>>(p.get()))) {
+        let params = match envelope
+            .params
+            .map(|p| (p.get(), serde_json::from_str::<Params<'_>>(p.get())))
+        {
             None => None,
             Some((raw, Ok(params))) if raw.starts_with('{') => Some(params),
             Some((_, Ok(_))) => return invalid("the params are no object", Some(id)),
-            Some((_, Err(e))) => return invalid(&format!("the params cannot be read: {e}"), Some(id)),
+            Some((_, Err(e))) => {
+                return invalid(&format!("the params cannot be read: {e}"), Some(id));
+            }
         };
         let key = match self.key(content, meta.value) {
             Ok(key) => key,
@@ -219,7 +224,11 @@ impl PendingCall {
                          call as a message of its own"
                     ));
                 }
-                None => return refused("a JSON-RPC batch holds a message whose method cannot be read".to_owned()),
+                None => {
+                    return refused(
+                        "a JSON-RPC batch holds a message whose method cannot be read".to_owned(),
+                    );
+                }
             }
         }
         Read::Unkeyed

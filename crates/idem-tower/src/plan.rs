@@ -8,10 +8,10 @@ use http::{HeaderName, HeaderValue, Method};
 use idem_core::{Endpoint, FingerprintOptions, Key, Tenant};
 
 use crate::Profile;
-use crate::mcp::{META_KEY_POINTER, PendingCall};
 use crate::config::{Config, ReleaseStatuses, RouteConfig};
 use crate::grpc::{GrpcReleaseCodes, is_grpc};
 use crate::look_alike::look_alike;
+use crate::mcp::{META_KEY_POINTER, PendingCall};
 use crate::method_override::{decided_method, same_method};
 use crate::problem::{Problem, ProblemKind};
 use crate::wait::{Wait, preferred_wait};

@@ -279,7 +279,9 @@ impl GatewayConfig {
         if r.profile.unwrap_or(self.profile) == idem_tower::Profile::Mcp {
             let methods = match &r.rpc_methods {
                 Some(methods) => methods.clone(),
-                None => idem_tower::mcp::DEFAULT_KEYED_METHODS.map(str::to_owned).to_vec(),
+                None => idem_tower::mcp::DEFAULT_KEYED_METHODS
+                    .map(str::to_owned)
+                    .to_vec(),
             };
             t.set("rpc_methods", strings(&methods));
             t.note("json_rpc_errors", MCP_ERRORS);

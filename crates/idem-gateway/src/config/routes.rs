@@ -84,11 +84,18 @@ fn compile_route(
     // ignored pointers name members of the arguments.
     let mcp = rule.profile.or(profile) == Some(idem_core::Profile::Mcp);
     let compiled_ignore = match mcp {
-        true => rule.ignore.iter().map(|p| format!("/arguments{p}")).collect(),
+        true => rule
+            .ignore
+            .iter()
+            .map(|p| format!("/arguments{p}"))
+            .collect(),
         false => rule.ignore.clone(),
     };
     if rule.rpc_methods.is_some() && !mcp {
-        return Err(invalid(&name, "rpc_methods applies to routes of the mcp profile only"));
+        return Err(invalid(
+            &name,
+            "rpc_methods applies to routes of the mcp profile only",
+        ));
     }
     let route = Route::new(
         method,

@@ -74,7 +74,8 @@ async fn serve(State(runs): State<Arc<Runs>>, req: Request) -> Response {
     let (content_type, body) = if parts.uri.path().ends_with("/sse") {
         let progress = json!({"jsonrpc": "2.0", "method": "notifications/message",
             "params": {"level": "info", "data": {"id": message["id"]}}});
-        let events = format!("event: message\ndata: {progress}\n\nevent: message\ndata: {answer}\n\n");
+        let events =
+            format!("event: message\ndata: {progress}\n\nevent: message\ndata: {answer}\n\n");
         ("text/event-stream", events)
     } else {
         ("application/json", answer)
@@ -123,9 +124,7 @@ async fn rig() -> Rig {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("idem.toml"), ROUTES).unwrap();
     let runs = Arc::new(Runs::default());
-    let app = axum::Router::new()
-        .fallback(serve)
-        .with_state(runs.clone());
+    let app = axum::Router::new().fallback(serve).with_state(runs.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -160,16 +159,20 @@ fn call(id: &str, tool: &str, key: &str, arguments: &str) -> String {
 
 /// `body` with its first `"id":` value replaced by `id`, as the test expects a replay.
 fn with_id(body: &[u8], from: &str, to: &str) -> String {
-    String::from_utf8(body.to_vec())
-        .unwrap()
-        .replacen(&format!(r#""id":{from}"#), &format!(r#""id":{to}"#), 1)
+    String::from_utf8(body.to_vec()).unwrap().replacen(
+        &format!(r#""id":{from}"#),
+        &format!(r#""id":{to}"#),
+        1,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tool_call_retried_with_a_new_id_runs_once_and_the_replay_carries_the_retrys_id() {
     let r = rig().await;
     let key = new_key();
-    let first = r.send("/mcp", &[], call("1", "pay", &key, r#"{"amount":5}"#)).await;
+    let first = r
+        .send("/mcp", &[], call("1", "pay", &key, r#"{"amount":5}"#))
+        .await;
     assert_eq!(first.status, 200, "{first:?}");
     assert!(!first.replayed());
     assert_eq!(first.json()["id"], 1);
@@ -185,7 +188,10 @@ async fn a_tool_call_retried_with_a_new_id_runs_once_and_the_replay_carries_the_
             with_id(&first.body, "1", id),
             "the recorded answer, byte for byte, but for the retry's own id"
         );
-        assert_eq!(retry.header("content-length"), Some(&*retry.body.len().to_string()));
+        assert_eq!(
+            retry.header("content-length"),
+            Some(&*retry.body.len().to_string())
+        );
     }
     assert_eq!(r.runs.of("pay"), 1, "the tool ran once for four calls");
 }
@@ -198,7 +204,9 @@ async fn an_event_stream_answer_is_replayed_with_the_retrys_id_in_its_data_line(
     assert_eq!(first.header("content-type"), Some("text/event-stream"));
     let first_text = String::from_utf8(first.body.to_vec()).unwrap();
     assert!(first_text.contains(r#""id":7,"jsonrpc""#), "{first_text}");
-    let retry = r.send("/mcp/sse", &[], call(r#""eight""#, "ship", &key, "{}")).await;
+    let retry = r
+        .send("/mcp/sse", &[], call(r#""eight""#, "ship", &key, "{}"))
+        .await;
     assert!(retry.replayed(), "{retry:?}");
     let text = String::from_utf8(retry.body.to_vec()).unwrap();
     // The notification's own `id` member (inside its params) is no response id.
@@ -228,7 +236,11 @@ async fn other_messages_pass_untouched_key_or_not() {
         }
         // A key header that is no key at all is none of their business either.
         let a = r
-            .send("/mcp", &[("idempotency-key", &"k".repeat(300))], messages[1].to_owned())
+            .send(
+                "/mcp",
+                &[("idempotency-key", &"k".repeat(300))],
+                messages[1].to_owned(),
+            )
             .await;
         assert_eq!(a.status, 200, "{a:?}");
     }
@@ -246,7 +258,9 @@ async fn other_messages_pass_untouched_key_or_not() {
 async fn a_reused_key_with_other_arguments_is_a_json_rpc_error_with_the_requests_id() {
     let r = rig().await;
     let key = new_key();
-    let first = r.send("/mcp", &[], call("1", "pay", &key, r#"{"amount":5}"#)).await;
+    let first = r
+        .send("/mcp", &[], call("1", "pay", &key, r#"{"amount":5}"#))
+        .await;
     assert!(!first.replayed());
     for (body, what) in [
         (call("2", "pay", &key, r#"{"amount":6}"#), "other arguments"),
@@ -258,9 +272,15 @@ async fn a_reused_key_with_other_arguments_is_a_json_rpc_error_with_the_requests
         let error = a.json();
         assert_eq!(error["jsonrpc"], "2.0");
         assert_eq!(error["id"], 2, "{what}: the request's own id");
-        assert_eq!(error["error"]["code"], -32000, "UCP's binding: its 409 is -32000");
+        assert_eq!(
+            error["error"]["code"], -32000,
+            "UCP's binding: its 409 is -32000"
+        );
         assert_eq!(error["error"]["data"]["code"], "idempotency_conflict");
-        assert_eq!(error["error"]["data"]["type"], "https://idem.dev/problems/key-reused");
+        assert_eq!(
+            error["error"]["data"]["type"],
+            "https://idem.dev/problems/key-reused"
+        );
         assert_eq!(error["error"]["data"]["status"], 422);
     }
     assert_eq!((r.runs.of("pay"), r.runs.of("refund")), (1, 0));
@@ -270,22 +290,42 @@ async fn a_reused_key_with_other_arguments_is_a_json_rpc_error_with_the_requests
 async fn keys_that_disagree_are_missing_or_malformed_are_json_rpc_errors_and_reach_nobody() {
     let r = rig().await;
     let (a, b) = (new_key(), new_key());
-    let disagree = r.send("/mcp", &[("idempotency-key", &a)], call("3", "pay", &b, "{}")).await;
+    let disagree = r
+        .send(
+            "/mcp",
+            &[("idempotency-key", &a)],
+            call("3", "pay", &b, "{}"),
+        )
+        .await;
     assert_eq!(disagree.status, 200, "{disagree:?}");
     let e = disagree.json();
-    assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (json!(3), json!(-32602)));
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (json!(3), json!(-32602))
+    );
     assert_eq!(e["error"]["data"]["code"], "idempotency_key_invalid");
-    assert!(e["error"]["data"]["detail"].as_str().unwrap().contains("different keys"));
+    assert!(
+        e["error"]["data"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("different keys")
+    );
 
     // The strict route requires a key, and takes it from the arguments too.
     let bare = r#"{"jsonrpc":"2.0","id":"m","method":"tools/call","params":{"name":"pay","arguments":{}}}"#;
     let missing = r.send("/strict/mcp", &[], bare.to_owned()).await;
     let e = missing.json();
-    assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (json!("m"), json!(-32602)));
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (json!("m"), json!(-32602))
+    );
     assert_eq!(e["error"]["data"]["code"], "idempotency_key_required");
     let malformed = call("4", "pay", &"k".repeat(300), "{}");
     let e = r.send("/mcp", &[], malformed).await.json();
-    assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (json!(4), json!(-32602)));
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (json!(4), json!(-32602))
+    );
     let in_arguments = |id: u32, arg_key: &str, sent_at: u32| {
         format!(
             r#"{{"jsonrpc":"2.0","id":{id},"method":"payments/refund","params":{{"name":"r","arguments":{{"idempotency_key":"{arg_key}","sent_at":{sent_at}}}}}}}"#
@@ -324,7 +364,11 @@ async fn a_batch_or_a_body_that_does_not_parse_is_refused_never_forwarded_unkeye
     let list = r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#;
     let passed = r.send("/mcp", &[], list.to_owned()).await;
     assert_eq!(passed.status, 202, "the upstream's own answer: {passed:?}");
-    assert_eq!(r.runs.total(), 1, "only the unkeyed batch reached the upstream");
+    assert_eq!(
+        r.runs.total(),
+        1,
+        "only the unkeyed batch reached the upstream"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -333,7 +377,11 @@ async fn a_call_in_progress_is_a_json_rpc_error_with_a_retry_hint_or_waits_for_i
     let key = new_key();
     let slow = r#"{"delay_ms":1500}"#;
     let first = {
-        let (http, url, body) = (r.http.clone(), r.gw.url("/mcp"), call("1", "slow", &key, slow));
+        let (http, url, body) = (
+            r.http.clone(),
+            r.gw.url("/mcp"),
+            call("1", "slow", &key, slow),
+        );
         tokio::spawn(async move {
             let headers = [("content-type", "application/json")];
             http.send("POST", &url, &headers, body).await
@@ -344,11 +392,18 @@ async fn a_call_in_progress_is_a_json_rpc_error_with_a_retry_hint_or_waits_for_i
     assert_eq!(busy.status, 200, "{busy:?}");
     assert!(busy.header("retry-after").is_some(), "{busy:?}");
     let e = busy.json();
-    assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (json!(2), json!(-32000)));
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (json!(2), json!(-32000))
+    );
     assert_eq!(e["error"]["data"]["code"], "idempotency_in_flight");
     assert!(e["error"]["data"]["retry_after"].as_u64().unwrap() >= 1);
     let waited = r
-        .send("/mcp", &[("prefer", "wait=5")], call("3", "slow", &key, slow))
+        .send(
+            "/mcp",
+            &[("prefer", "wait=5")],
+            call("3", "slow", &key, slow),
+        )
         .await;
     assert!(waited.replayed(), "{waited:?}");
     assert_eq!(waited.json()["id"], 3);
@@ -367,17 +422,34 @@ fn check_config_prints_the_keyed_methods_and_the_json_rpc_error_codes() {
     std::fs::write(&config, ROUTES).unwrap();
     let out = crate::common::check_config(&["--config", config.to_str().unwrap()]);
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{printed}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(printed.contains("rpc_methods = [\"tools/call\"]\n"), "{printed}");
+    assert!(
+        out.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        printed.contains("rpc_methods = [\"tools/call\"]\n"),
+        "{printed}"
+    );
     assert!(
         printed.contains("rpc_methods = [\"tools/call\", \"payments/refund\"]\n"),
         "{printed}"
     );
     assert!(printed.contains("ignore = [\"/sent_at\"]\n"), "{printed}");
     let codes = "# json_rpc_errors: -32700 body not JSON (HTTP 400); -32600";
-    assert_eq!(printed.matches(codes).count(), 3, "one per mcp route: {printed}");
-    assert!(printed.contains("-32602 key missing or malformed"), "{printed}");
-    assert!(printed.contains("-32000 key reused with other arguments"), "{printed}");
+    assert_eq!(
+        printed.matches(codes).count(),
+        3,
+        "one per mcp route: {printed}"
+    );
+    assert!(
+        printed.contains("-32602 key missing or malformed"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("-32000 key reused with other arguments"),
+        "{printed}"
+    );
 
     let global = crate::common::check_config(&["--profile", "mcp"]);
     let printed = String::from_utf8_lossy(&global.stdout);
@@ -388,7 +460,8 @@ fn check_config_prints_the_keyed_methods_and_the_json_rpc_error_codes() {
     let bad = crate::common::check_config(&["--config", config.to_str().unwrap()]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(
-        String::from_utf8_lossy(&bad.stderr).contains("rpc_methods applies to routes of the mcp profile only"),
+        String::from_utf8_lossy(&bad.stderr)
+            .contains("rpc_methods applies to routes of the mcp profile only"),
         "{bad:?}"
     );
 }

@@ -58,7 +58,10 @@ async fn server(sdk: &str, answers: &str) -> (tokio::process::Child, u16) {
         .spawn()
         .unwrap();
     for _ in 0..200 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
             return (child, port);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -102,7 +105,10 @@ async fn the_mcp_python_sdk_runs_a_tool_once_and_accepts_the_replay_of_a_lost_an
     // Straight to the server: the SDK's retry runs the tool again.
     let (_direct, port) = server(&sdk, "json").await;
     let direct = client(&sdk, &format!("http://127.0.0.1:{port}/mcp"), dir.path()).await;
-    assert_eq!(direct["first"], "MCPError", "the first answer is lost: {direct}");
+    assert_eq!(
+        direct["first"], "MCPError",
+        "the first answer is lost: {direct}"
+    );
     assert_eq!(direct["executions"], json!(["2"]), "{direct}");
 
     for answers in ["json", "sse"] {
@@ -110,14 +116,21 @@ async fn the_mcp_python_sdk_runs_a_tool_once_and_accepts_the_replay_of_a_lost_an
         let args = ["--store", "memory://", "--config", "idem.toml"];
         let gw = Gateway::start(&format!("http://127.0.0.1:{port}"), dir.path(), &args).await;
         let out = client(&sdk, &gw.url("/mcp"), dir.path()).await;
-        assert_eq!(out["first"], "MCPError", "{answers}: the first answer is lost: {out}");
+        assert_eq!(
+            out["first"], "MCPError",
+            "{answers}: the first answer is lost: {out}"
+        );
         assert_eq!(
             out["retry"],
             json!(["paid 5 (execution 1)"]),
             "{answers}: the SDK took the replay of the first execution: {out}"
         );
         assert_eq!(out["retry_error"], false, "{answers}: {out}");
-        assert_eq!(out["executions"], json!(["1"]), "{answers}: the tool ran once: {out}");
+        assert_eq!(
+            out["executions"],
+            json!(["1"]),
+            "{answers}: the tool ran once: {out}"
+        );
         assert!(gw.logs().contains("outcome=\"replayed\""), "{answers}");
     }
 }

@@ -90,7 +90,10 @@ pub(crate) fn body(problem: &Problem) -> Value {
     data.insert("detail".into(), problem.detail().into());
     if let Some(wait) = problem.retry_after {
         let secs = wait.as_millis().div_ceil(1000).max(1);
-        data.insert("retry_after".into(), u64::try_from(secs).unwrap_or(u64::MAX).into());
+        data.insert(
+            "retry_after".into(),
+            u64::try_from(secs).unwrap_or(u64::MAX).into(),
+        );
     }
     for (name, value) in &problem.members {
         data.insert((*name).to_owned(), value.clone());
@@ -127,7 +130,11 @@ pub(crate) async fn stamp<B: ReadBody>(
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream"));
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        });
     let rewritten = if event_stream {
         with_id_in_events(plain, id.as_str())
     } else {
@@ -147,7 +154,10 @@ pub(crate) async fn stamp<B: ReadBody>(
         }
         None => bytes,
     };
-    Response::from_parts(head, IdempotencyBody::buffered_with_trailers(body, trailers))
+    Response::from_parts(
+        head,
+        IdempotencyBody::buffered_with_trailers(body, trailers),
+    )
 }
 
 /// The members of a JSON-RPC response that say it is one.

@@ -26,22 +26,31 @@ fn refused(read: Read) -> (ProblemKind, Option<String>) {
 
 #[test]
 fn a_tool_call_is_keyed_by_its_meta_key_and_fingerprinted_without_id_or_meta() {
-    let Read::Call(first) = pending(None, None, false).read(call("1", "K1", r#"{"a":1}"#).as_bytes())
+    let Read::Call(first) =
+        pending(None, None, false).read(call("1", "K1", r#"{"a":1}"#).as_bytes())
     else {
         panic!("a call")
     };
     assert_eq!(first.key.as_str(), "K1");
     assert_eq!(first.id.as_str(), "1");
-    let Read::Call(retry) = pending(None, None, false).read(call("\"x-2\"", "K1", r#"{ "a" : 1 }"#).as_bytes())
+    let Read::Call(retry) =
+        pending(None, None, false).read(call("\"x-2\"", "K1", r#"{ "a" : 1 }"#).as_bytes())
     else {
         panic!("a call")
     };
     assert_eq!(retry.id.as_str(), "\"x-2\"");
     let normal = |doc: &[u8]| {
-        idem_core::Fingerprint::compute("POST", "POST /mcp", Some("application/json"), doc, &Default::default())
+        idem_core::Fingerprint::compute(
+            "POST",
+            "POST /mcp",
+            Some("application/json"),
+            doc,
+            &Default::default(),
+        )
     };
     assert_eq!(normal(&first.document), normal(&retry.document));
-    let Read::Call(other) = pending(None, None, false).read(call("3", "K1", r#"{"a":2}"#).as_bytes())
+    let Read::Call(other) =
+        pending(None, None, false).read(call("3", "K1", r#"{"a":2}"#).as_bytes())
     else {
         panic!("a call")
     };
@@ -55,14 +64,26 @@ fn other_messages_pass_whatever_key_they_carry() {
     let init = br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"_meta":{"idempotency-key":"K"}}}"#;
     assert!(matches!(broken.read(init), Read::Unkeyed));
     let note = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-    assert!(matches!(pending(None, None, true).read(note), Read::Unkeyed));
+    assert!(matches!(
+        pending(None, None, true).read(note),
+        Read::Unkeyed
+    ));
     let response = br#"{"jsonrpc":"2.0","id":4,"result":{}}"#;
-    assert!(matches!(pending(None, None, true).read(response), Read::Unkeyed));
+    assert!(matches!(
+        pending(None, None, true).read(response),
+        Read::Unkeyed
+    ));
     let batch = br#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#;
-    assert!(matches!(pending(None, None, true).read(batch), Read::Unkeyed));
+    assert!(matches!(
+        pending(None, None, true).read(batch),
+        Read::Unkeyed
+    ));
     // Without a key, on a route that does not require one.
     let bare = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}"#;
-    assert!(matches!(pending(None, None, false).read(bare), Read::Unkeyed));
+    assert!(matches!(
+        pending(None, None, false).read(bare),
+        Read::Unkeyed
+    ));
     assert_eq!(
         refused(pending(None, None, true).read(bare)),
         (ProblemKind::MissingKey, Some("1".into()))
@@ -79,8 +100,12 @@ fn what_could_be_a_keyed_call_and_cannot_be_read_is_refused() {
     let escaped = br#"[{"jsonrpc":"2.0","id":1,"method":"tools\/call"}]"#;
     assert_eq!(read(escaped), (ProblemKind::InvalidJsonRpc, None));
     let null_id = call("null", "K", "{}");
-    assert_eq!(read(null_id.as_bytes()), (ProblemKind::InvalidJsonRpc, None));
-    let no_id = br#"{"jsonrpc":"2.0","method":"tools/call","params":{"_meta":{"idempotency-key":"K"}}}"#;
+    assert_eq!(
+        read(null_id.as_bytes()),
+        (ProblemKind::InvalidJsonRpc, None)
+    );
+    let no_id =
+        br#"{"jsonrpc":"2.0","method":"tools/call","params":{"_meta":{"idempotency-key":"K"}}}"#;
     assert_eq!(read(no_id), (ProblemKind::InvalidJsonRpc, None));
     let twice = br#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/call"}"#;
     assert_eq!(read(twice), (ProblemKind::InvalidJsonRpc, None));
@@ -90,9 +115,15 @@ fn what_could_be_a_keyed_call_and_cannot_be_read_is_refused() {
         (ProblemKind::InvalidJsonRpc, Some("5".into()))
     );
     let bad_params = br#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":[1]}"#;
-    assert_eq!(read(bad_params), (ProblemKind::InvalidJsonRpc, Some("6".into())));
+    assert_eq!(
+        read(bad_params),
+        (ProblemKind::InvalidJsonRpc, Some("6".into()))
+    );
     let number_key = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"_meta":{"idempotency-key":5}}}"#;
-    assert_eq!(read(number_key), (ProblemKind::InvalidKey, Some("7".into())));
+    assert_eq!(
+        read(number_key),
+        (ProblemKind::InvalidKey, Some("7".into()))
+    );
 }
 
 #[test]
@@ -124,13 +155,17 @@ fn keys_from_meta_the_pointer_and_the_header_must_agree() {
 
 #[test]
 fn a_replay_carries_the_retrys_id_and_nothing_else_changes() {
-    let recorded = br#"{"jsonrpc":"2.0", "id" : 1 ,"result":{"content":[{"type":"text","text":"id: 1"}]}}"#;
+    let recorded =
+        br#"{"jsonrpc":"2.0", "id" : 1 ,"result":{"content":[{"type":"text","text":"id: 1"}]}}"#;
     let out = with_id(recorded, "\"retry-7\"").unwrap();
     assert_eq!(
         out,
         br#"{"jsonrpc":"2.0", "id" : "retry-7" ,"result":{"content":[{"type":"text","text":"id: 1"}]}}"#
     );
-    assert_eq!(with_id(br#"{"result":1,"id":2.0}"#, "3").unwrap(), br#"{"result":1,"id":3}"#);
+    assert_eq!(
+        with_id(br#"{"result":1,"id":2.0}"#, "3").unwrap(),
+        br#"{"result":1,"id":3}"#
+    );
     let error = br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"m"}}"#;
     assert_eq!(
         with_id(error, "4").unwrap(),
@@ -147,7 +182,10 @@ fn an_event_streams_responses_carry_the_retrys_id() {
     let stream = b"event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"id\":1}}\r\n\r\nevent: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\r\n\r\n";
     let out = with_id_in_events(stream, "12").unwrap();
     let expected = b"event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"id\":1}}\r\n\r\nevent: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":12,\"result\":{}}\r\n\r\n";
-    assert_eq!(String::from_utf8(out).unwrap(), String::from_utf8(expected.to_vec()).unwrap());
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(expected.to_vec()).unwrap()
+    );
     let split = b"data: {\"jsonrpc\":\"2.0\",\ndata:\"id\":\"a\",\ndata: \"result\":{}}\n\n";
     let out = with_id_in_events(split, "\"b\"").unwrap();
     assert_eq!(
