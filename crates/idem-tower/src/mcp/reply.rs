@@ -40,7 +40,7 @@ pub const INVALID_PARAMS: i64 = -32602;
 pub const SERVER_ERROR: i64 = -32000;
 
 /// A JSON-RPC 2.0 error response with `code`, `message` and `data`, its `id` `null`
-/// until the request's is known (see [`stamp`]).
+/// until the request's is known: the layer sets it in every answer to a call.
 pub fn error_response(code: i64, message: &str, data: Map<String, Value>) -> Value {
     serde_json::json!({
         "jsonrpc": "2.0",
