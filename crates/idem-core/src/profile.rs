@@ -26,7 +26,7 @@ pub enum Profile {
     Acp,
     /// Google's Universal Commerce Protocol's REST binding.
     Ucp,
-    /// JSON-RPC 2.0 as MCP's Streamable HTTP transport carries it (SPEC S24): the
+    /// JSON-RPC 2.0 as MCP's Streamable HTTP transport carries it (S24 of the SPEC): the
     /// operation is the tool call in the body, keyed by `params._meta`'s
     /// `idempotency-key`, and the answers are JSON-RPC errors carrying the request's
     /// `id`.

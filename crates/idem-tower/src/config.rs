@@ -496,7 +496,7 @@ impl RouteConfig {
     }
 
     /// The JSON-RPC methods keyed on this route when its profile is
-    /// [`Profile::Mcp`](crate::Profile::Mcp) (SPEC S24), in place of
+    /// [`Profile::Mcp`](crate::Profile::Mcp) (S24 of the SPEC), in place of
     /// [`DEFAULT_KEYED_METHODS`](crate::mcp::DEFAULT_KEYED_METHODS) (`tools/call`).
     /// Every other message (`initialize`, `tools/list`, notifications, responses)
     /// passes untouched, key or not.

@@ -38,7 +38,7 @@ pub(crate) fn fingerprint(
     Fingerprint::compute_checked(method, &request_target, content_type, body, options)
 }
 
-/// A JSON-RPC call's fingerprint (SPEC S24): over `METHOD request-target` as
+/// A JSON-RPC call's fingerprint (S24 of the SPEC): over `METHOD request-target` as
 /// [`fingerprint`] has it, and the call's `document` (its method, tool name and
 /// arguments, JSON normalised) in place of the body.
 pub(crate) fn call_fingerprint(

@@ -1,4 +1,4 @@
-//! MCP tool calls over JSON-RPC 2.0 (SPEC S24): on a route of the `mcp` profile the
+//! MCP tool calls over JSON-RPC 2.0 (S24 of the SPEC): on a route of the `mcp` profile the
 //! operation is the call in the body, not the HTTP request. This file reads a call's
 //! envelope once its body is in hand: whether its method is keyed, its key (from
 //! `params._meta["idempotency-key"]`, a configured pointer or the key header, which

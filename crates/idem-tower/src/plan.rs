@@ -119,7 +119,7 @@ pub(crate) fn admit(config: &Config, parts: &Parts) -> Admission {
     Admission::Keyed(Plan::new(config, route, parts, &method, key, tenant))
 }
 
-/// A request on a route of the `mcp` profile (SPEC S24): whether it is keyed, and by
+/// A request on a route of the `mcp` profile (S24 of the SPEC): whether it is keyed, and by
 /// what key, is its body's to say, so every refusal waits for the body too (a call that
 /// is not keyed passes, whatever its headers carry).
 fn admit_call(
@@ -218,7 +218,7 @@ pub(crate) enum PlanKey {
     Known(Key),
     /// It is to be found in the body, once read.
     Pending(Box<PendingKey>),
-    /// A JSON-RPC call's (SPEC S24), whose body says whether it is keyed at all.
+    /// A JSON-RPC call's (S24 of the SPEC), whose body says whether it is keyed at all.
     Call(Box<PendingCall>),
 }
 

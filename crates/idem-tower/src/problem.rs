@@ -69,7 +69,7 @@ pub enum ProblemKind {
     /// upstream's own parser might still read a key in it, so it is refused rather than
     /// passed on unkeyed or hashed as bytes. Nothing was reserved or forwarded (SPEC S4).
     UnreadableJson,
-    /// 400 `invalid-json-rpc`: on a route of the `mcp` profile (SPEC S24), a body that
+    /// 400 `invalid-json-rpc`: on a route of the `mcp` profile (S24 of the SPEC), a body that
     /// is JSON but no JSON-RPC message the layer can read where a keyed call may be:
     /// a batch holding a keyed method, a keyed method without a request `id` (or with
     /// `null`), a member named twice, or an envelope whose `method` or `params` is of

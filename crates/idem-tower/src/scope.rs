@@ -70,7 +70,7 @@ where
             PlanKey::Call(_) => None,
         };
         let response_limit = shared.config.response_limit;
-        // A JSON-RPC call's request id, once read: its answers carry it (SPEC S24).
+        // A JSON-RPC call's request id, once read: its answers carry it (S24 of the SPEC).
         let mut call_id: Option<RequestId> = None;
         let echo = sent
             .filter(|_| crate::profile::Speaks::echoes_key(plan.answers.profile))
@@ -138,7 +138,7 @@ where
 enum Found<B, A> {
     /// The key, and the body: read already where the key was in it.
     Key(Key, Incoming<B>),
-    /// A keyed JSON-RPC call (SPEC S24), and its body, read.
+    /// A keyed JSON-RPC call (S24 of the SPEC), and its body, read.
     Call(Call, Bytes),
     /// No key where its route does not require one: the body, read, passes through.
     Unkeyed(Bytes),

@@ -80,7 +80,7 @@ fn compile_route(
             ));
         }
     };
-    // A tool call's fingerprint covers its method, name and arguments (SPEC S24): its
+    // A tool call's fingerprint covers its method, name and arguments (S24 of the SPEC): its
     // ignored pointers name members of the arguments.
     let mcp = rule.profile.or(profile) == Some(idem_core::Profile::Mcp);
     let compiled_ignore = match mcp {

@@ -1,4 +1,4 @@
-//! MCP tool calls over JSON-RPC (issue 64, SPEC S24): a route of the `mcp` profile keys
+//! MCP tool calls over JSON-RPC (issue 64, S24 of the SPEC): a route of the `mcp` profile keys
 //! `tools/call` by `params._meta["idempotency-key"]`, replays it with the retry's own
 //! request id (JSON and event-stream answers alike), answers with JSON-RPC errors, lets
 //! every other message pass, and refuses what it cannot read rather than forward a

@@ -1,4 +1,4 @@
-//! The answers to MCP tool calls (SPEC S24): the layer's own as JSON-RPC errors, and a
+//! The answers to MCP tool calls (S24 of the SPEC): the layer's own as JSON-RPC errors, and a
 //! replay carrying the retry's own request `id` in place of the first attempt's, in a
 //! JSON body and in a `text/event-stream` one alike; nothing else in the recorded answer
 //! changes.
