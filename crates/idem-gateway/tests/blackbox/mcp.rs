@@ -121,6 +121,11 @@ rpc_methods = ["tools/call", "payments/refund"]
 "#;
 
 async fn rig() -> Rig {
+    rig_with(&[]).await
+}
+
+/// A rig whose gateway gets `extra` flags too.
+async fn rig_with(extra: &[&str]) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("idem.toml"), ROUTES).unwrap();
     let runs = Arc::new(Runs::default());
@@ -128,7 +133,8 @@ async fn rig() -> Rig {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let args = ["--store", "memory://", "--config", "idem.toml"];
+    let mut args = vec!["--store", "memory://", "--config", "idem.toml"];
+    args.extend_from_slice(extra);
     let gw = Gateway::start(&url, dir.path(), &args).await;
     Rig {
         runs,
@@ -464,4 +470,58 @@ fn check_config_prints_the_keyed_methods_and_the_json_rpc_error_codes() {
             .contains("rpc_methods applies to routes of the mcp profile only"),
         "{bad:?}"
     );
+}
+
+/// Tombstones and tenant limits hold for tool calls as for any keyed request: a key
+/// past its record's life, its tombstone kept, is refused rather than run again; a
+/// tenant at its most calls in progress is refused with a retry hint; both as JSON-RPC
+/// errors with the call's id.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_key_and_an_overloaded_tenant_are_json_rpc_errors_and_run_nothing() {
+    let r = rig_with(&[
+        "--ttl",
+        "1s",
+        "--tombstone-ttl",
+        "1h",
+        "--tenant-max-in-flight",
+        "1",
+    ])
+    .await;
+    let key = new_key();
+    let first = r.send("/mcp", &[], call("1", "pay", &key, "{}")).await;
+    assert!(!first.replayed(), "{first:?}");
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let late = r.send("/mcp", &[], call("2", "pay", &key, "{}")).await;
+    assert_eq!(late.status, 200, "{late:?}");
+    let e = late.json();
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (json!(2), json!(-32000))
+    );
+    assert_eq!(e["error"]["data"]["code"], "idempotency_key_expired");
+    assert_eq!(e["error"]["data"]["completed_status"], 200);
+    assert_eq!(r.runs.of("pay"), 1, "not run again");
+
+    let slow = {
+        let (http, url) = (r.http.clone(), r.gw.url("/mcp"));
+        let body = call("3", "slow", &new_key(), r#"{"delay_ms":1000}"#);
+        tokio::spawn(async move {
+            let headers = [("content-type", "application/json")];
+            http.send("POST", &url, &headers, body).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let busy = r
+        .send("/mcp", &[], call("\"b\"", "pay", &new_key(), "{}"))
+        .await;
+    assert_eq!(busy.status, 200, "{busy:?}");
+    assert!(busy.header("retry-after").is_some(), "{busy:?}");
+    let e = busy.json();
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (json!("b"), json!(-32000))
+    );
+    assert_eq!(e["error"]["data"]["code"], "too_many_in_flight");
+    assert!(slow.await.unwrap().json()["result"].is_object());
+    assert_eq!((r.runs.of("pay"), r.runs.of("slow")), (1, 1));
 }
