@@ -525,3 +525,40 @@ async fn an_expired_key_and_an_overloaded_tenant_are_json_rpc_errors_and_run_not
     assert!(slow.await.unwrap().json()["result"].is_object());
     assert_eq!((r.runs.of("pay"), r.runs.of("slow")), (1, 1));
 }
+
+/// `idem check --profile mcp`, given a tool call as its body, finds idempotency holding
+/// through the gateway: one execution for parallel duplicates (the JSON-RPC errors of a
+/// call in progress counted as such), a reused key with other arguments refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn idem_check_with_the_mcp_profile_finds_idempotency_holding() {
+    let r = rig().await;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"pay","arguments":{"amount":5,"delay_ms":200}}}"#;
+    let url = r.gw.url("/mcp");
+    let out = tokio::task::spawn_blocking({
+        let dir = r._dir.path().to_owned();
+        move || {
+            let args = ["check", url.as_str(), "--profile", "mcp", "--body", body];
+            crate::common::idem_in(&dir, &args)
+        }
+    })
+    .await
+    .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        printed.contains("idempotency holds for every probe"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("[pass]            Payload mismatch"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("[pass]            Concurrent duplicates"),
+        "{printed}"
+    );
+}
