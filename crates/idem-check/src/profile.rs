@@ -9,6 +9,7 @@
 //! | `stripe` | 400, `error.type` `idempotency_error` | 409, `error.code` `idempotency_key_in_use` | 400, `error.type` `invalid_request_error` | 400, `error.type` `invalid_request_error` |
 //! | `acp` | 422, `type` `invalid_request`, `code` `idempotency_conflict` | 409, `code` `idempotency_in_flight`, `Retry-After` | 400, `code` `idempotency_key_required` | 400, `type` `invalid_request` |
 //! | `ucp` | 409, `code` `idempotency_conflict` | 409 | 400 | 400 |
+//! | `mcp` | 200, JSON-RPC `error.data.code` `idempotency_conflict` | 200, `error.data.code` `idempotency_in_flight`, `Retry-After` | 200, `error.data.code` `idempotency_key_required` | 200, `error.data.code` `idempotency_key_invalid` |
 
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use serde_json::Value;
@@ -28,6 +29,7 @@ pub fn parser() -> impl TypedValueParser<Value = Profile> {
             Profile::Stripe => "Stripe's API: 400/409 with an `error` object",
             Profile::Acp => "The Agentic Commerce Protocol: flat `type`/`code` error bodies",
             Profile::Ucp => "The Universal Commerce Protocol: 409 with `code` for a reused key",
+            Profile::Mcp => "MCP tool calls: JSON-RPC errors with `error.data.code`, the call's id",
         })
     });
     PossibleValuesParser::new(values).map(|name| {
@@ -108,6 +110,18 @@ fn expects(profile: Profile, refusal: Refusal) -> (u16, &'static [Field], bool) 
         (Profile::Acp, MalformedKey) => (400, &[("/type", "invalid_request")], false),
         (Profile::Ucp, Mismatch) => (409, &[("/code", "idempotency_conflict")], false),
         (Profile::Ucp, InProgress) => (409, &[], false),
+        (Profile::Mcp, Mismatch) => (200, &[("/error/data/code", "idempotency_conflict")], false),
+        (Profile::Mcp, InProgress) => (200, &[("/error/data/code", "idempotency_in_flight")], true),
+        (Profile::Mcp, MissingKey) => (
+            200,
+            &[("/error/data/code", "idempotency_key_required")],
+            false,
+        ),
+        (Profile::Mcp, MalformedKey) => (
+            200,
+            &[("/error/data/code", "idempotency_key_invalid")],
+            false,
+        ),
     }
 }
 
@@ -127,6 +141,10 @@ impl Expectations for Profile {
     }
 
     fn in_progress(self, a: &Answer) -> bool {
+        if self == Profile::Mcp {
+            // A tool call's refusals are all 200s, told apart by their code.
+            return self.judge(Refusal::InProgress, a).ok;
+        }
         a.status == 409
             && !(self.status(Refusal::Mismatch) == 409 && self.judge(Refusal::Mismatch, a).ok)
     }

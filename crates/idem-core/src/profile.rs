@@ -26,11 +26,22 @@ pub enum Profile {
     Acp,
     /// Google's Universal Commerce Protocol's REST binding.
     Ucp,
+    /// JSON-RPC 2.0 as MCP's Streamable HTTP transport carries it (SPEC S24): the
+    /// operation is the tool call in the body, keyed by `params._meta`'s
+    /// `idempotency-key`, and the answers are JSON-RPC errors carrying the request's
+    /// `id`.
+    Mcp,
 }
 
 impl Profile {
     /// Every profile, in the order the guide lists them.
-    pub const ALL: [Profile; 4] = [Profile::Ietf, Profile::Stripe, Profile::Acp, Profile::Ucp];
+    pub const ALL: [Profile; 5] = [
+        Profile::Ietf,
+        Profile::Stripe,
+        Profile::Acp,
+        Profile::Ucp,
+        Profile::Mcp,
+    ];
 
     /// The names of [`ALL`](Profile::ALL), in its order.
     pub const NAMES: [&'static str; Profile::ALL.len()] = {
@@ -43,13 +54,14 @@ impl Profile {
         names
     };
 
-    /// The name in settings: `ietf`, `stripe`, `acp` or `ucp`.
+    /// The name in settings: `ietf`, `stripe`, `acp`, `ucp` or `mcp`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Profile::Ietf => "ietf",
             Profile::Stripe => "stripe",
             Profile::Acp => "acp",
             Profile::Ucp => "ucp",
+            Profile::Mcp => "mcp",
         }
     }
 }
@@ -119,12 +131,12 @@ mod tests {
             assert_eq!(p.as_str().parse::<Profile>(), Ok(p));
             assert_eq!(p.to_string(), p.as_str());
         }
-        assert_eq!(Profile::NAMES, ["ietf", "stripe", "acp", "ucp"]);
+        assert_eq!(Profile::NAMES, ["ietf", "stripe", "acp", "ucp", "mcp"]);
         assert_eq!(" Stripe ".parse::<Profile>(), Ok(Profile::Stripe));
         let e = "paypal".parse::<Profile>().unwrap_err().to_string();
         assert_eq!(
             e,
-            "unknown profile \"paypal\": one of ietf, stripe, acp, ucp"
+            "unknown profile \"paypal\": one of ietf, stripe, acp, ucp, mcp"
         );
         assert_eq!(Profile::default(), Profile::Ietf);
     }
@@ -136,7 +148,7 @@ mod tests {
         let e = read("Stripe".into()).unwrap_err().to_string();
         assert_eq!(
             e,
-            "unknown variant `Stripe`, expected one of `ietf`, `stripe`, `acp`, `ucp`"
+            "unknown variant `Stripe`, expected one of `ietf`, `stripe`, `acp`, `ucp`, `mcp`"
         );
     }
 }

@@ -13,7 +13,9 @@
 //! quiet. The medians are reported, each ratio taken within a round and followed by the
 //! rounds' lowest and highest, and then what the SQLite and Redis targets allow in CPU
 //! time per request against what was spent.
-//! `IDEM_LOAD_ONLY=memory,sqlite` runs only those stores (and pass-through), and
+//! `IDEM_LOAD_ONLY=memory,sqlite` runs only those stores (and pass-through);
+//! `IDEM_LOAD_ONLY=mcp` runs MCP tool calls (JSON-RPC, the key in `params._meta`) keyed
+//! under `--profile mcp` on the memory store against the same calls passed through; and
 //! `IDEM_LOAD_EXTRA=name=URL,...` adds stores under names of one's own, to compare
 //! settings in one run (`sqlite-off=sqlite://off.db?synchronous=off`, say); flags after
 //! the URL go to that gateway (`redis-rate=redis://127.0.0.1:6379 --tenant-key-rate
@@ -133,6 +135,21 @@ async fn upstream(work: Duration) -> SocketAddr {
     addr
 }
 
+/// Whether the run measures MCP tool calls (`IDEM_LOAD_ONLY` names `mcp`): then every
+/// configuration's requests, pass-through's too, are JSON-RPC `tools/call`s carrying
+/// their key in `params._meta`, so that the keyed call and the pass-through one are
+/// the same bytes on the wire.
+fn tool_calls() -> bool {
+    std::env::var("IDEM_LOAD_ONLY").is_ok_and(|only| only.split(',').any(|n| n.trim() == "mcp"))
+}
+
+/// A `tools/call` of the charge `BODY` under `key`, its request id `id`.
+fn tool_call(key: &str, id: u64) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"charge","arguments":{BODY},"_meta":{{"idempotency-key":"{key}"}}}}}}"#
+    )
+}
+
 /// A configuration started for the run: a proxy the driver loads, or the floor.
 enum Running {
     Proxy(Proxy, Wire),
@@ -221,6 +238,7 @@ async fn connection(
         Proto::H2 => "http://gateway/v1/charges",
         Proto::Tls => "https://gateway/v1/charges",
     };
+    let tool_calls = tool_calls();
     let mut latencies = Vec::with_capacity(16_384);
     let mut errors = 0;
     let mut i = 0u64;
@@ -232,10 +250,18 @@ async fn connection(
         }
         let req = req
             .header("content-type", "application/json")
-            .header("authorization", tenant.clone())
-            .header("idempotency-key", format!("{prefix}-{i}"))
-            .body(Full::new(Bytes::from_static(BODY.as_bytes())))
-            .unwrap();
+            .header("authorization", tenant.clone());
+        let req = if tool_calls {
+            // The key in the call's `_meta`, a request id of its own (issue 64).
+            req.body(Full::new(Bytes::from(tool_call(
+                &format!("{prefix}-{i}"),
+                i,
+            ))))
+        } else {
+            req.header("idempotency-key", format!("{prefix}-{i}"))
+                .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+        }
+        .unwrap();
         let measured = warm.load(Ordering::Relaxed);
         let t = Instant::now();
         if sender.ready().await.is_err() {
@@ -428,6 +454,18 @@ fn main() {
             configs.push(("mysql".into(), vec!["--store".into(), mysql.clone()]));
         } else {
             eprintln!("MySQL unreachable: skipped");
+        }
+        if tool_calls() {
+            // Keyed tool calls (issue 64) on the memory store, against pass-through.
+            configs.push((
+                "mcp".into(),
+                vec![
+                    "--store".into(),
+                    "memory://?max_entries=2000000".into(),
+                    "--profile".into(),
+                    "mcp".into(),
+                ],
+            ));
         }
         // IDEM_LOAD_ONLY=memory,sqlite narrows the run (pass-through always runs).
         if let Ok(only) = std::env::var("IDEM_LOAD_ONLY") {

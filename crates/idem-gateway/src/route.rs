@@ -341,6 +341,8 @@ pub struct Route {
     /// How long a duplicate of an in-progress request waits on this route without
     /// `Prefer: wait` ([`RouteConfig::conflict_wait`]); `None`: no wait.
     pub(crate) conflict_wait: Option<Duration>,
+    /// Under the `mcp` profile, the JSON-RPC methods keyed (`None`: `tools/call`).
+    pub(crate) rpc_methods: Option<Vec<String>>,
     fingerprint: FingerprintOptions,
     /// What the layer applies to a request that matches, made from the fields above.
     compiled: RouteConfig,
@@ -394,6 +396,7 @@ impl Route {
             profile: None,
             retention_header: None,
             conflict_wait: None,
+            rpc_methods: None,
             matching: RouteMatching::default(),
             fingerprint,
             compiled,
@@ -404,6 +407,25 @@ impl Route {
     pub(crate) fn with_grpc_release_codes(mut self, codes: GrpcReleaseCodes) -> Route {
         self.compiled = self.compiled.grpc_release_codes(codes.clone());
         self.grpc_release_codes = Some(codes);
+        self
+    }
+
+    /// This rule, its ignored pointers shown as `written` (an `mcp` route's name
+    /// members of a tool call's arguments, and are compiled under `/arguments`).
+    pub(crate) fn ignore_as_written(mut self, written: Vec<String>) -> Route {
+        self.ignore = written;
+        self
+    }
+
+    /// This rule, keying the JSON-RPC methods `methods` under the `mcp` profile
+    /// ([`RouteConfig::rpc_methods`]; `None`: `tools/call`).
+    pub(crate) fn rpc_methods(mut self, methods: Option<Vec<String>>) -> Route {
+        if let Some(methods) = &methods {
+            self.compiled = self
+                .compiled
+                .rpc_methods(methods.iter().map(String::as_str));
+        }
+        self.rpc_methods = methods;
         self
     }
 

@@ -65,7 +65,23 @@ pub(crate) fn key_in_body(
         Err(why) if json => return Err(why),
         Err(_) => return Ok(BodyKey::default()),
     };
-    let key = match found.value {
+    let key = key_at(found.value, pointer);
+    let repeated = found
+        .repeated
+        .map(|name| Repeated {
+            name,
+            on_pointer: found.repeated_on_pointer,
+        })
+        // Outside the key's way, such a body's members are not the layer's business:
+        // it is fingerprinted as its bytes.
+        .filter(|r| json || r.on_pointer);
+    Ok(BodyKey { key, repeated })
+}
+
+/// The key `value` (found at `pointer` in a body) names: none for a missing or `null`
+/// value, `Err` with what is wrong for one that is no string or no valid key.
+pub(crate) fn key_at(value: PointedValue, pointer: &str) -> Result<Option<Key>, String> {
+    match value {
         PointedValue::Missing | PointedValue::Null => Ok(None),
         PointedValue::String(s) => Key::new(s)
             .map(Some)
@@ -80,17 +96,7 @@ pub(crate) fn key_in_body(
                 _ => "an object",
             }
         )),
-    };
-    let repeated = found
-        .repeated
-        .map(|name| Repeated {
-            name,
-            on_pointer: found.repeated_on_pointer,
-        })
-        // Outside the key's way, such a body's members are not the layer's business:
-        // it is fingerprinted as its bytes.
-        .filter(|r| json || r.on_pointer);
-    Ok(BodyKey { key, repeated })
+    }
 }
 
 /// What a request on a route whose key may be in its body is, once its body is read.

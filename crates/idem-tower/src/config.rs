@@ -374,6 +374,7 @@ pub struct RouteConfig {
     pub(crate) retention_header: Option<crate::HeaderChoice>,
     pub(crate) conflict_wait: Option<Duration>,
     pub(crate) fingerprint_path: Option<String>,
+    pub(crate) rpc_methods: Option<Arc<[Box<str>]>>,
 }
 
 impl RouteConfig {
@@ -502,6 +503,27 @@ impl RouteConfig {
         FingerprintOptions::default().ignore_pointer(pointer)?;
         self.key_pointer = Some(Arc::from(pointer));
         Ok(self)
+    }
+
+    /// The JSON-RPC methods keyed on this route when its profile is
+    /// [`Profile::Mcp`](crate::Profile::Mcp) (SPEC S24), in place of
+    /// [`DEFAULT_KEYED_METHODS`](crate::mcp::DEFAULT_KEYED_METHODS) (`tools/call`).
+    /// Every other message (`initialize`, `tools/list`, notifications, responses)
+    /// passes untouched, key or not.
+    ///
+    /// On such a route the key comes from `params._meta["idempotency-key"]`, the key
+    /// header, or [`key_pointer`](RouteConfig::key_pointer) (a pointer into the whole
+    /// message, `/params/arguments/idempotency_key`); two that disagree are refused.
+    /// The fingerprint covers the document `{"method", "name", "arguments"}` (the
+    /// method, `params.name`, `params.arguments`), so [`ignore_pointer`](RouteConfig::ignore_pointer)s
+    /// name members of it (`/arguments/sent_at`).
+    pub fn rpc_methods<I, M>(mut self, methods: I) -> RouteConfig
+    where
+        I: IntoIterator<Item = M>,
+        M: Into<Box<str>>,
+    {
+        self.rpc_methods = Some(methods.into_iter().map(Into::into).collect());
+        self
     }
 
     /// Whether a keyed request on this route must name a tenant, in place of the

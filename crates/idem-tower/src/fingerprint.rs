@@ -27,6 +27,35 @@ pub(crate) fn fingerprint(
     limit: usize,
     options: &FingerprintOptions,
 ) -> Result<Fingerprint, RefusedJson> {
+    let request_target = request_target(parts, method, path);
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let content = crate::coding::decoded(&parts.headers, body, limit);
+    let body = content.as_deref().unwrap_or(body);
+    let method = &request_target[..method.len()];
+    Fingerprint::compute_checked(method, &request_target, content_type, body, options)
+}
+
+/// A JSON-RPC call's fingerprint (SPEC S24): over `METHOD request-target` as
+/// [`fingerprint`] has it, and the call's `document` (its method, tool name and
+/// arguments, JSON normalised) in place of the body.
+pub(crate) fn call_fingerprint(
+    parts: &Parts,
+    method: &str,
+    path: Option<&str>,
+    document: &[u8],
+    options: &FingerprintOptions,
+) -> Result<Fingerprint, RefusedJson> {
+    let request_target = request_target(parts, method, path);
+    let method = &request_target[..method.len()];
+    let json = Some("application/json");
+    Fingerprint::compute_checked(method, &request_target, json, document, options)
+}
+
+/// `METHOD path?query`, the method upper-cased, `path` standing for the request's.
+fn request_target(parts: &Parts, method: &str, path: Option<&str>) -> String {
     let path = path.unwrap_or_else(|| parts.uri.path());
     let query = parts.uri.query();
     let mut request_target =
@@ -39,12 +68,5 @@ pub(crate) fn fingerprint(
         request_target.push('?');
         request_target.push_str(query);
     }
-    let content_type = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
-    let content = crate::coding::decoded(&parts.headers, body, limit);
-    let body = content.as_deref().unwrap_or(body);
-    let method = &request_target[..method.len()];
-    Fingerprint::compute_checked(method, &request_target, content_type, body, options)
+    request_target
 }

@@ -253,7 +253,8 @@ impl ProblemKind {
             | ProblemKind::InvalidMethodOverride
             | ProblemKind::AmbiguousHeader
             | ProblemKind::DuplicateJsonMember
-            | ProblemKind::UnreadableJson => INVALID_ARGUMENT,
+            | ProblemKind::UnreadableJson
+            | ProblemKind::InvalidJsonRpc => INVALID_ARGUMENT,
             // The client's own stream broke off; nothing was reserved.
             ProblemKind::BodyUnreadable => CANCELLED,
             ProblemKind::MissingTenant | ProblemKind::InvalidCredential => UNAUTHENTICATED,

@@ -285,6 +285,7 @@ mod keyed;
 mod late;
 mod layer;
 mod look_alike;
+pub mod mcp;
 mod method_override;
 mod observer;
 mod operation_state;

@@ -76,6 +76,7 @@ impl OperationState {
             | ProblemKind::AmbiguousHeader
             | ProblemKind::DuplicateJsonMember
             | ProblemKind::UnreadableJson
+            | ProblemKind::InvalidJsonRpc
             | ProblemKind::BodyTooLarge
             | ProblemKind::BodyTimeout
             | ProblemKind::TooManyInFlight

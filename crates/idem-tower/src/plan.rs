@@ -11,6 +11,7 @@ use crate::Profile;
 use crate::config::{Config, ReleaseStatuses, RouteConfig};
 use crate::grpc::{GrpcReleaseCodes, is_grpc};
 use crate::look_alike::look_alike;
+use crate::mcp::{META_KEY_POINTER, PendingCall};
 use crate::method_override::{decided_method, same_method};
 use crate::problem::{Problem, ProblemKind};
 use crate::wait::{Wait, preferred_wait};
@@ -63,6 +64,10 @@ pub(crate) fn admit(config: &Config, parts: &Parts) -> Admission {
         .key_headers
         .as_deref()
         .unwrap_or(std::slice::from_ref(&config.header_name));
+    if profile == Profile::Mcp {
+        let key_headers = key_headers.to_vec();
+        return admit_call(config, route, parts, &method, &key_headers);
+    }
     if let Some(refusal) = ambiguous_header(config, parts, key_headers) {
         return Admission::Reject(refusal, profile);
     }
@@ -114,12 +119,53 @@ pub(crate) fn admit(config: &Config, parts: &Parts) -> Admission {
             // Refused only if the body turns out to carry a key.
             PlanKey::Pending(pending) => pending.refusal = Some(refusal),
             PlanKey::Known(_) => return Admission::Reject(refusal, profile),
+            PlanKey::Call(call) => call.refusal = Some(refusal),
         }
     }
     let mut plan = Box::new(Plan::new(config, route, parts, &method, key, tenant));
     plan.quoted = quoted;
     Admission::Keyed(plan)
 }
+
+/// A request on a route of the `mcp` profile (SPEC S24): whether it is keyed, and by
+/// what key, is its body's to say, so every refusal waits for the body too (a call that
+/// is not keyed passes, whatever its headers carry).
+fn admit_call(
+    config: &Config,
+    route: RouteConfig,
+    parts: &Parts,
+    method: &Method,
+    key_headers: &[HeaderName],
+) -> Admission {
+    let tenant = config.tenant_from.as_ref().map(|f| f(parts));
+    let refusal = ambiguous_header(config, parts, key_headers)
+        .or_else(|| missing_tenant(config, &route, method, parts, tenant.as_ref()));
+    let required = route
+        .require_key
+        .unwrap_or_else(|| (config.require_key)(method, parts));
+    let wanted = route.key_pointer.as_deref().unwrap_or(META_KEY_POINTER);
+    let call = PendingCall {
+        header_key: key_from(&parts.headers, key_headers).map(|found| found.map(|(key, _)| key)),
+        pointer: route.key_pointer.clone(),
+        methods: route
+            .rpc_methods
+            .clone()
+            .unwrap_or_else(|| DEFAULT_METHODS.clone()),
+        missing: required.then(|| missing_key(method, parts, key_headers, Some(wanted))),
+        refusal,
+    };
+    let key = PlanKey::Call(Box::new(call));
+    Admission::Keyed(Box::new(Plan::new(config, route, parts, method, key, tenant)))
+}
+
+/// [`DEFAULT_KEYED_METHODS`](crate::mcp::DEFAULT_KEYED_METHODS), made once.
+static DEFAULT_METHODS: std::sync::LazyLock<std::sync::Arc<[Box<str>]>> =
+    std::sync::LazyLock::new(|| {
+        crate::mcp::DEFAULT_KEYED_METHODS
+            .iter()
+            .map(|m| Box::from(*m))
+            .collect()
+    });
 
 /// The 400 `ambiguous-header` for a request that sends one of the headers the key or
 /// the tenant is read from spelt with `_` for `-` (SPEC S14).
@@ -180,6 +226,8 @@ pub(crate) enum PlanKey {
     Known(Key),
     /// It is to be found in the body, once read.
     Pending(Box<PendingKey>),
+    /// A JSON-RPC call's (SPEC S24), whose body says whether it is keyed at all.
+    Call(Box<PendingCall>),
 }
 
 /// The 400 `missing-key` for a request on a route that requires a key and got none.
@@ -323,6 +371,7 @@ impl Plan {
         let grpc_call = is_grpc(&parts.headers);
         let lease = route.lease.unwrap_or(config.lease);
         let profile = route.profile.unwrap_or(config.profile);
+        let is_call = matches!(key, PlanKey::Call(_));
         let grpc = grpc_call.then(|| {
             route
                 .grpc_release_codes
@@ -337,8 +386,22 @@ impl Plan {
             ttl: route.ttl.unwrap_or(config.ttl),
             lease,
             tombstone: route.tombstone.unwrap_or(config.tombstone),
-            // The key's own field never makes two attempts differ.
+            // The key's own field never makes two attempts differ. A call's document
+            // holds its params' `name` and `arguments` (see `mcp.rs`).
             fingerprint: match &route.key_pointer {
+                Some(pointer) if is_call => match pointer
+                    .strip_prefix("/params")
+                    .filter(|p| p.starts_with("/arguments/"))
+                {
+                    Some(in_document) => Some(
+                        route
+                            .fingerprint
+                            .unwrap_or_else(|| config.fingerprint.clone())
+                            .ignore_pointer(in_document)
+                            .expect("checked by RouteConfig::key_pointer"),
+                    ),
+                    None => route.fingerprint,
+                },
                 Some(pointer) => Some(
                     route
                         .fingerprint

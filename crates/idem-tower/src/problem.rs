@@ -71,6 +71,13 @@ pub enum ProblemKind {
     /// upstream's own parser might still read a key in it, so it is refused rather than
     /// passed on unkeyed or hashed as bytes. Nothing was reserved or forwarded (SPEC S4).
     UnreadableJson,
+    /// 400 `invalid-json-rpc`: on a route of the `mcp` profile (SPEC S24), a body that
+    /// is JSON but no JSON-RPC message the layer can read where a keyed call may be:
+    /// a batch holding a keyed method, a keyed method without a request `id` (or with
+    /// `null`), a member named twice, or an envelope whose `method` or `params` is of
+    /// the wrong type. The upstream might still run the call, so it is refused rather
+    /// than passed on unkeyed; nothing was reserved or forwarded.
+    InvalidJsonRpc,
     /// 413: the body is over the limit; nothing was reserved (SPEC S4).
     BodyTooLarge,
     /// 408: the body did not arrive within the layer's body timeout; nothing was
@@ -140,7 +147,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProblemKind; 28] = [
+    pub const ALL: [ProblemKind; 29] = [
         ProblemKind::InvalidKey,
         ProblemKind::MissingKey,
         ProblemKind::BodyUnreadable,
@@ -152,6 +159,7 @@ impl ProblemKind {
         ProblemKind::AmbiguousHeader,
         ProblemKind::DuplicateJsonMember,
         ProblemKind::UnreadableJson,
+        ProblemKind::InvalidJsonRpc,
         ProblemKind::BodyTooLarge,
         ProblemKind::BodyTimeout,
         ProblemKind::TooManyInFlight,
@@ -189,6 +197,7 @@ impl ProblemKind {
             ProblemKind::AmbiguousHeader => "https://idem.dev/problems/ambiguous-header",
             ProblemKind::DuplicateJsonMember => "https://idem.dev/problems/duplicate-json-member",
             ProblemKind::UnreadableJson => "https://idem.dev/problems/unreadable-json",
+            ProblemKind::InvalidJsonRpc => "https://idem.dev/problems/invalid-json-rpc",
             ProblemKind::BodyTooLarge => "https://idem.dev/problems/body-too-large",
             ProblemKind::BodyTimeout => "https://idem.dev/problems/body-timeout",
             ProblemKind::RequestInProgress => "https://idem.dev/problems/request-in-progress",
@@ -224,7 +233,8 @@ impl ProblemKind {
             | ProblemKind::InvalidMethodOverride
             | ProblemKind::AmbiguousHeader
             | ProblemKind::DuplicateJsonMember
-            | ProblemKind::UnreadableJson => StatusCode::BAD_REQUEST,
+            | ProblemKind::UnreadableJson
+            | ProblemKind::InvalidJsonRpc => StatusCode::BAD_REQUEST,
             ProblemKind::MissingTenant | ProblemKind::InvalidCredential => StatusCode::UNAUTHORIZED,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -266,6 +276,7 @@ impl ProblemKind {
             ProblemKind::AmbiguousHeader => "Ambiguous header name",
             ProblemKind::DuplicateJsonMember => "Duplicate member name in JSON body",
             ProblemKind::UnreadableJson => "JSON body cannot be read",
+            ProblemKind::InvalidJsonRpc => "Invalid JSON-RPC request",
             ProblemKind::BodyTooLarge => "Request body too large",
             ProblemKind::BodyTimeout => "Request body too slow",
             ProblemKind::RequestInProgress => "Request in progress",

@@ -1,7 +1,7 @@
 //! Profiles: the dialect the layer's own answers are written in, so that each client
 //! reads them as its protocol's SDK expects (the IETF draft's problem details, Stripe's
 //! error envelope, the Agentic Commerce Protocol's and the Universal Commerce
-//! Protocol's flat errors).
+//! Protocol's flat errors, JSON-RPC errors to MCP tool calls).
 //!
 //! A profile changes how an answer is written, and one rule of what happens to the key
 //! (SPEC S23): which upstream statuses release it by default
@@ -42,7 +42,7 @@ impl Speaks for Profile {
     fn echoes_key(self) -> bool {
         match self {
             Profile::Acp => true,
-            Profile::Ietf | Profile::Stripe | Profile::Ucp => false,
+            Profile::Ietf | Profile::Stripe | Profile::Ucp | Profile::Mcp => false,
         }
     }
 
@@ -50,22 +50,23 @@ impl Speaks for Profile {
         match self {
             Profile::Acp => true,
             // UCP's REST binding stores "the operation result" for duplicate keys,
-            // with no exception for 5xx.
-            Profile::Ietf | Profile::Stripe | Profile::Ucp => false,
+            // with no exception for 5xx. MCP says nothing of it: a tool's own failure is a
+            // JSON-RPC result, and an HTTP 5xx is recorded as S6 says.
+            Profile::Ietf | Profile::Stripe | Profile::Ucp | Profile::Mcp => false,
         }
     }
 
     fn retention_header(self) -> Option<http::HeaderName> {
         match self {
             Profile::Acp => Some(crate::publish::RETENTION_HEADER),
-            Profile::Ietf | Profile::Stripe | Profile::Ucp => None,
+            Profile::Ietf | Profile::Stripe | Profile::Ucp | Profile::Mcp => None,
         }
     }
 
     fn replay_marker(self) -> http::HeaderName {
         match self {
             // Stripe's name, which ACP's SEP #120 took.
-            Profile::Ietf | Profile::Stripe | Profile::Acp | Profile::Ucp => {
+            Profile::Ietf | Profile::Stripe | Profile::Acp | Profile::Ucp | Profile::Mcp => {
                 crate::IDEMPOTENT_REPLAYED
             }
         }
@@ -78,6 +79,7 @@ impl Speaks for Profile {
             Profile::Stripe if reused_or_expired => StatusCode::BAD_REQUEST,
             Profile::Acp if kind == ProblemKind::KeyExpired => StatusCode::UNPROCESSABLE_ENTITY,
             Profile::Ucp if reused_or_expired => StatusCode::CONFLICT,
+            Profile::Mcp => crate::mcp::reply::status(problem),
             Profile::Ietf | Profile::Stripe | Profile::Acp | Profile::Ucp => problem.status(),
         }
     }
@@ -116,6 +118,7 @@ impl Speaks for Profile {
                 error.extend(members);
                 Value::Object(error)
             }
+            Profile::Mcp => crate::mcp::reply::body(problem),
         };
         ("application/json", Bytes::from(body.to_string()))
     }
@@ -214,7 +217,7 @@ fn acp_type(status: StatusCode) -> &'static str {
 
 /// The `code` of ACP's and UCP's errors: ACP's own for the idempotency answers, else
 /// the problem's slug with `_` (`body_too_large`).
-fn code(kind: ProblemKind) -> String {
+pub(crate) fn code(kind: ProblemKind) -> String {
     match kind {
         ProblemKind::KeyReused => "idempotency_conflict".to_owned(),
         ProblemKind::RequestInProgress => "idempotency_in_flight".to_owned(),

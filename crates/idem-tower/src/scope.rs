@@ -23,6 +23,8 @@ use crate::detach::Execution;
 use crate::drain::{drain_body, drain_in_background};
 use crate::execute::execute;
 use crate::keyed::Keyed;
+use crate::mcp::reply::stamp;
+use crate::mcp::{self, Call, RequestId};
 use crate::observer::Outcome;
 use crate::plan::{Plan, PlanKey};
 use crate::problem::{Problem, ProblemKind};
@@ -70,6 +72,9 @@ where
         );
         // How the key's header spelt it; the echo is set once the request's key is known.
         let (quoted, mut known) = (plan.quoted, None);
+        let response_limit = config.response_limit;
+        // A JSON-RPC call's request id, once read: its answers carry it (SPEC S24).
+        let mut call_id: Option<RequestId> = None;
         let mut ctx = Keyed {
             // As the endpoint names it: its scope may not.
             method: Method::from_bytes(plan.endpoint.method().as_bytes())
@@ -81,14 +86,23 @@ where
             unverified: false,
         };
         let mut answered = 'steps: {
-            let (key, incoming) = match ctx.key(&parts, plan.key, body).await {
+            let (key, incoming, document) = match ctx.key(&parts, plan.key, body).await {
                 Found::Key(key, incoming) => {
                     // A body's key is the header's when both carry one.
                     known = Some(echo(&key, quoted));
-                    (key, incoming)
+                    (key, incoming, None)
+                }
+                Found::Call(call, bytes) => {
+                    // The mcp profile echoes no key; the rest it publishes still holds.
+                    known = Some(None);
+                    call_id = Some(call.id);
+                    (call.key, Incoming::Read(bytes), Some(call.document))
                 }
                 Found::Unkeyed(bytes) => break 'steps ctx.pass_through(inner, parts, bytes).await,
-                Found::Refused(answer) => break 'steps Ok(answer),
+                Found::Refused(answer, id) => {
+                    call_id = id;
+                    break 'steps Ok(answer);
+                }
             };
             let let_in = ctx.let_in(&parts, plan.tenant, plan.sources, incoming);
             let (tenant, slot, incoming, verified) = match let_in.await {
@@ -100,7 +114,7 @@ where
             let options = plan.fingerprint.as_ref();
             let options = options.unwrap_or(&ctx.config().fingerprint);
             let path = plan.fingerprint_path.as_deref();
-            let read = ctx.read(&parts, &scope, incoming, options, path);
+            let read = ctx.read(&parts, &scope, incoming, options, path, document);
             let (bytes, fingerprint) = match read.await {
                 Ok(read) => read,
                 Err(answer) => break 'steps Ok(answer),
@@ -119,7 +133,10 @@ where
         if let (Some(echo), Ok(response)) = (known, &mut answered) {
             published.apply(response, echo);
         }
-        answered
+        match (answered, call_id) {
+            (Ok(response), Some(id)) => Ok(stamp(response, &id, response_limit).await),
+            (answered, _) => answered,
+        }
     }
 }
 
@@ -127,31 +144,42 @@ where
 enum Found<B, A> {
     /// The key, and the body: read already where the key was in it.
     Key(Key, Incoming<B>),
+    /// A keyed JSON-RPC call (SPEC S24), and its body, read.
+    Call(Call, Bytes),
     /// No key where its route does not require one: the body, read, passes through.
     Unkeyed(Bytes),
-    /// The answer: a key that cannot be, or none where one is required.
-    Refused(Response<IdempotencyBody<A>>),
+    /// The answer: a key that cannot be, or none where one is required; and the
+    /// request id of the JSON-RPC call refused, where one was read.
+    Refused(Response<IdempotencyBody<A>>, Option<RequestId>),
 }
 
 impl<St: Store> Keyed<St> {
     /// The request's key: its header's, or on a route that takes it from the body, the
     /// body's, read first.
     async fn key<B: ReadBody, A>(&self, parts: &Parts, key: PlanKey, body: B) -> Found<B, A> {
-        let pending = match key {
-            PlanKey::Known(key) => return Found::Key(key, Incoming::Stream(body)),
-            PlanKey::Pending(pending) => pending,
-        };
+        if let PlanKey::Known(key) = key {
+            return Found::Key(key, Incoming::Stream(body));
+        }
         let config = self.config();
         let bytes = match read_body(parts, body, config.body_limit, config.body_timeout).await {
             Ok(bytes) => bytes,
-            Err(problem) => return Found::Refused(self.rejected(&problem)),
+            Err(problem) => return Found::Refused(self.rejected(&problem), None),
         };
         // Read as the fingerprint reads it: a compressed body by its content.
         let content = crate::coding::decoded(&parts.headers, &bytes, config.body_limit);
-        match pending.resolve(&parts.headers, content.as_deref().unwrap_or(&bytes)) {
-            Resolved::Key(key) => Found::Key(key, Incoming::Read(bytes)),
-            Resolved::Refused(problem) => Found::Refused(self.rejected(&problem)),
-            Resolved::Unkeyed => Found::Unkeyed(bytes),
+        let content = content.as_deref().unwrap_or(&bytes);
+        match key {
+            PlanKey::Known(_) => unreachable!("answered above"),
+            PlanKey::Pending(pending) => match pending.resolve(&parts.headers, content) {
+                Resolved::Key(key) => Found::Key(key, Incoming::Read(bytes)),
+                Resolved::Refused(problem) => Found::Refused(self.rejected(&problem), None),
+                Resolved::Unkeyed => Found::Unkeyed(bytes),
+            },
+            PlanKey::Call(call) => match call.read(content) {
+                mcp::Read::Call(call) => Found::Call(call, bytes),
+                mcp::Read::Refused(problem, id) => Found::Refused(self.rejected(&problem), id),
+                mcp::Read::Unkeyed => Found::Unkeyed(bytes),
+            },
         }
     }
 
@@ -294,6 +322,7 @@ impl<St: Store> Keyed<St> {
         incoming: Incoming<B>,
         options: &idem_core::FingerprintOptions,
         path: Option<&str>,
+        document: Option<Bytes>,
     ) -> Result<(Bytes, Fingerprint), Response<IdempotencyBody<A>>> {
         let config = self.config();
         let bytes = match incoming {
@@ -313,7 +342,11 @@ impl<St: Store> Keyed<St> {
         }
         let method = self.method.as_str();
         let limit = config.body_limit;
-        match crate::fingerprint::fingerprint(parts, method, path, &bytes, limit, options) {
+        let fingerprint = match document {
+            Some(doc) => crate::fingerprint::call_fingerprint(parts, method, path, &doc, options),
+            None => crate::fingerprint::fingerprint(parts, method, path, &bytes, limit, options),
+        };
+        match fingerprint {
             Ok(fingerprint) => Ok((bytes, fingerprint)),
             Err(refused) => {
                 let problem = Problem::refused_json(&refused);

@@ -76,6 +76,9 @@ pub(super) async fn concurrent_duplicates(p: &mut Probe<'_>) -> Result<(), Stop>
         }
         p.exchanges.push(exchange);
         match answer {
+            // Under a profile whose refusal of a request in progress is a 2xx (`mcp`:
+            // a JSON-RPC error), it is a conflict, never an execution.
+            Ok(a) if a.status != 409 && p.opts.profile.in_progress(&a) => conflicts.push(a),
             Ok(a) if a.accepted() => {
                 if a.replay_marker() {
                     replays.push(timing);
@@ -292,7 +295,8 @@ pub(super) async fn payload_mismatch(p: &mut Probe<'_>) -> Result<(), Stop> {
     let profile = p.opts.profile;
     let judged = profile.judge(Refusal::Mismatch, &b);
     let mut detail = judged.detail;
-    if b.accepted() {
+    // A refusal that is a 2xx (`mcp`: a JSON-RPC error) is no execution.
+    if b.accepted() && !judged.ok {
         match (p.id_of(&a), p.id_of(&b)) {
             (Some(x), Some(y)) if x != y => {
                 p.executed_again = true;
@@ -317,6 +321,13 @@ pub(super) fn changed_body(body: &Bytes, kind: &BodyKind) -> Bytes {
         BodyKind::Json(Value::Object(map)) => {
             let mut map = map.clone();
             map.insert("idem_check_changed".to_owned(), Value::Bool(true));
+            // A JSON-RPC tool call is fingerprinted by its arguments, not its envelope
+            // (MCP, SPEC S24): they change too.
+            if let Some(Value::Object(arguments)) =
+                map.get_mut("params").and_then(|p| p.get_mut("arguments"))
+            {
+                arguments.insert("idem_check_changed".to_owned(), Value::Bool(true));
+            }
             Bytes::from(Value::Object(map).to_string())
         }
         BodyKind::Json(other) => {
@@ -334,6 +345,17 @@ pub(super) fn changed_body(body: &Bytes, kind: &BodyKind) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tool_calls_arguments_change_too() {
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "pay", "arguments": {"amount": 5}}});
+        let body = Bytes::from(call.to_string());
+        let changed = changed_body(&body, &BodyKind::Json(call));
+        let changed: Value = serde_json::from_slice(&changed).unwrap();
+        assert_eq!(changed["params"]["arguments"]["idem_check_changed"], true);
+        assert_eq!(changed["params"]["arguments"]["amount"], 5);
+    }
 
     #[test]
     fn changed_body_differs_as_json() {

@@ -12,6 +12,7 @@ pub(super) fn profile() -> impl TypedValueParser<Value = Profile> {
         Profile::Stripe => "Stripe's error envelope (a reused key is a 400 `idempotency_error`)",
         Profile::Acp => "The Agentic Commerce Protocol's flat errors",
         Profile::Ucp => "The Universal Commerce Protocol's errors (a reused key is a 409)",
+        Profile::Mcp => "MCP tool calls over JSON-RPC: keyed by the call, JSON-RPC errors",
     })
 }
 

@@ -214,6 +214,9 @@ impl GatewayConfig {
         for (name, line) in self.lines(args) {
             t.line(name, line);
         }
+        if self.profile == idem_tower::Profile::Mcp {
+            t.note("json_rpc_errors", MCP_ERRORS);
+        }
         for route in &self.routes {
             t.out.push('\n');
             t.out.push_str(&self.route_toml(route));
@@ -273,6 +276,16 @@ impl GatewayConfig {
             },
             None => t.note("retention_header", "the global retention_header"),
         }
+        if r.profile.unwrap_or(self.profile) == idem_tower::Profile::Mcp {
+            let methods = match &r.rpc_methods {
+                Some(methods) => methods.clone(),
+                None => idem_tower::mcp::DEFAULT_KEYED_METHODS
+                    .map(str::to_owned)
+                    .to_vec(),
+            };
+            t.set("rpc_methods", strings(&methods));
+            t.note("json_rpc_errors", MCP_ERRORS);
+        }
         if r.is_jcs() {
             t.set("canonical_json", quoted("jcs"));
         } else {
@@ -308,6 +321,12 @@ impl GatewayConfig {
         t.out
     }
 }
+
+/// What a route of the `mcp` profile answers with, as `idem config print` notes it.
+pub(crate) const MCP_ERRORS: &str = "-32700 body not JSON (HTTP 400); -32600 no readable \
+     JSON-RPC request, a keyed method in a batch (HTTP 400); -32602 key missing or malformed \
+     (HTTP 200); -32000 key reused with other arguments, call in progress, store \
+     unavailable, overload and the rest (HTTP 200, error.data.type names it)";
 
 /// One `[[tenant]]` table, as it overrides the global limits.
 fn tenant_toml(limits: &super::TenantLimits) -> String {

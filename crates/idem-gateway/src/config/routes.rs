@@ -19,17 +19,19 @@ pub(super) fn resolve(a: &ServeArgs) -> Result<Vec<Route>, ConfigError> {
     let matching = super::resolve::route_matching(a)?;
     let rules = a.route.iter().cloned().enumerate();
     rules
-        .map(|(i, rule)| compile_route(i, rule, paths, matching))
+        .map(|(i, rule)| compile_route(i, rule, paths, matching, a.profile))
         .collect()
 }
 
 /// The `i`th `[[route]]` rule, checked and compiled for requests whose paths are
-/// normalised as `paths` says, to match them as `matching` says.
+/// normalised as `paths` says, to match them as `matching` says, `profile` being the
+/// global one.
 fn compile_route(
     i: usize,
     rule: RouteRule,
     paths: PathNormalization,
     matching: RouteMatching,
+    profile: Option<idem_core::Profile>,
 ) -> Result<Route, ConfigError> {
     let name = rule.name(i);
     let method = match rule.method.as_deref().map(str::trim) {
@@ -85,12 +87,29 @@ fn compile_route(
         )?),
         None => None,
     };
+    // A tool call's fingerprint covers its method, name and arguments (SPEC S24): its
+    // ignored pointers name members of the arguments.
+    let mcp = rule.profile.or(profile) == Some(idem_core::Profile::Mcp);
+    let compiled_ignore = match mcp {
+        true => rule
+            .ignore
+            .iter()
+            .map(|p| format!("/arguments{p}"))
+            .collect(),
+        false => rule.ignore.clone(),
+    };
+    if rule.rpc_methods.is_some() && !mcp {
+        return Err(invalid(
+            &name,
+            "rpc_methods applies to routes of the mcp profile only",
+        ));
+    }
     let route = Route::new(
         method,
         template,
         rule.require_key,
         rule.ttl,
-        rule.ignore,
+        compiled_ignore,
         store_headers,
         release_statuses,
     )
@@ -105,6 +124,8 @@ fn compile_route(
             .key_headers(key_headers)
             .conflict_wait(rule.conflict_wait)
             .tombstone_ttl(rule.tombstone_ttl)
+            .rpc_methods(rule.rpc_methods)
+            .ignore_as_written(rule.ignore)
             .matching(matching)
     })
     .and_then(|route| route.key_pointer(rule.key_pointer))

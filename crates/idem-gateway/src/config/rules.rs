@@ -74,6 +74,10 @@ pub struct RouteRule {
     /// The header this route's answers publish their record's lifetime in, or `off`,
     /// in place of the global `retention_header`.
     pub retention_header: Option<String>,
+    /// Under the `mcp` profile, the JSON-RPC methods keyed on this route (default
+    /// `tools/call`); a list or one comma-separated string.
+    #[serde(default, deserialize_with = "toml_form::list")]
+    pub rpc_methods: Option<Vec<String>>,
     /// How this route's JSON bodies are compared: `idem` (every digit of a number
     /// counts) or `jcs` (RFC 8785).
     pub canonical_json: Option<String>,

@@ -125,8 +125,9 @@ settings! {
 
     /// The dialect of the gateway's own answers (a key reused with another payload, a
     /// request in progress, a missing key…): ietf (problem details, 422), stripe (400
-    /// idempotency_error), acp (422 idempotency_conflict) or ucp (409); a route may
-    /// name its own [default: ietf].
+    /// idempotency_error), acp (422 idempotency_conflict), ucp (409) or mcp (JSON-RPC
+    /// tool calls keyed by the call in the body, answered with JSON-RPC errors); a
+    /// route may name its own [default: ietf].
     #[arg(long, env = "IDEM_PROFILE", value_parser = choices::profile())]
     pub profile: Option<idem_core::Profile>, live
         => profile: idem_tower::Profile = |a| Ok(a.profile.unwrap_or_default()),

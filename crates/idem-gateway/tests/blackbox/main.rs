@@ -27,6 +27,8 @@ mod key_lines;
 mod key_sources;
 mod late_reply;
 mod log_pipes;
+mod mcp;
+mod mcp_sdk;
 mod migration;
 mod mtls;
 mod nginx;

@@ -399,7 +399,7 @@ fn profiles_and_scopes_are_spelt_exactly_and_refused_with_the_choices() {
         "{said}"
     );
     assert!(
-        said.contains("[possible values: ietf, stripe, acp, ucp]"),
+        said.contains("[possible values: ietf, stripe, acp, ucp, mcp]"),
         "{said}"
     );
     let bad = check_config(&["--scope", "everywhere"]);
@@ -411,6 +411,6 @@ fn profiles_and_scopes_are_spelt_exactly_and_refused_with_the_choices() {
     let bad = check_config(&["--config", config.to_str().unwrap()]);
     let said = text(&bad);
     assert_eq!(bad.status.code(), Some(2), "{said}");
-    let refusal = "unknown variant `paypal`, expected one of `ietf`, `stripe`, `acp`, `ucp`";
+    let refusal = "unknown variant `paypal`, expected one of `ietf`, `stripe`, `acp`, `ucp`, `mcp`";
     assert!(said.contains(refusal), "{said}");
 }
