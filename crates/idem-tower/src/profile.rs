@@ -418,6 +418,7 @@ mod tests {
             let member = match profile {
                 Profile::Stripe => &body["error"]["operation_state"],
                 Profile::Ietf | Profile::Acp | Profile::Ucp => &body["operation_state"],
+                Profile::Mcp => &body["error"]["data"]["operation_state"],
             };
             assert_eq!(member, "completed", "{profile}: {body}");
             let (_, headers, body) = answer(profile, busy());
