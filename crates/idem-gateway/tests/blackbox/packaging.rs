@@ -506,7 +506,8 @@ fn example_config_resolves_with_every_setting_uncommented() {
         .collect::<Vec<_>>();
     assert!(left.is_empty(), "still commented: {left:?}");
     let c = resolve(&all, dir.path()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(c.routes.len(), 1);
+    // The route of every field, and the MCP route.
+    assert_eq!(c.routes.len(), 2);
     assert!(c.admin.is_some() && c.admin_token.is_some() && c.tenant_key.is_some());
     let jwt = c.jwt.expect("tenant_from names jwt");
     assert!(jwt.jwks_file.is_some() && jwt.hs256_secret.is_some());

@@ -594,7 +594,7 @@ async fn the_gateways_own_answers_are_readable_across_origins() {
     assert!(allows(&conflict), "{conflict:?}");
     assert_eq!(
         conflict.header("access-control-expose-headers"),
-        Some("retry-after")
+        Some("retry-after, idempotency-operation-state")
     );
     let plain = s.http.post(&url, &key, "{}", &[]).await;
     assert_eq!(plain.status, 409);
