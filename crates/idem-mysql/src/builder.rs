@@ -154,8 +154,8 @@ impl MySqlStoreBuilder {
     }
 
     /// The most batches written at once, each on a pooled connection of its own
-    /// (default: half the pool, at least one). Fewer make larger batches and leave
-    /// more connections to everything else.
+    /// (default: a quarter of the pool, at least one). Fewer make larger batches and
+    /// leave more connections to everything else.
     pub fn batches_in_flight(mut self, n: usize) -> Self {
         self.batches_in_flight = Some(n.max(1));
         self
@@ -217,8 +217,12 @@ impl MySqlStoreBuilder {
                 self.operation_timeout,
             ))
         });
+        // A quarter of the pool: fewer, larger batches cost the server less per
+        // operation (measured: 2 at a time on MariaDB cost it half what 5 did per
+        // request, at the same throughput), and leave the rest of the pool to the
+        // single-row statements, the poller and a batch's one-by-one retries.
         let in_flight = self.batches_in_flight.unwrap_or_else(|| {
-            usize::try_from(pool.options().get_max_connections() / 2).unwrap_or(1)
+            usize::try_from(pool.options().get_max_connections() / 4).unwrap_or(1)
         });
         let batch = self.batching.then(|| {
             Arc::new(Batcher::new(
