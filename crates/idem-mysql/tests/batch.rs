@@ -109,6 +109,11 @@ impl Gate {
     }
 }
 
+/// Held by each test that closes a gate, one at a time: run side by side, one test's
+/// gated reserve was at times never seen waiting within 30 s (not yet understood; see
+/// the branch's report), while each alone passes every time.
+static GATED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Operations queued until the store shows `n` of them waiting.
 async fn queued(store: &common::TempStore, n: u64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -138,6 +143,7 @@ fn delta(after: BatchStats, before: BatchStats) -> (u64, u64, u64) {
 async fn one_statement_for_a_queued_batch_and_one_winner_per_scope() {
     const DISTINCT: usize = 20;
     const SHARED: usize = 12;
+    let _one_at_a_time = GATED.lock().await;
     let Some(store) = store("batch_queued").await else {
         return;
     };
@@ -196,8 +202,8 @@ async fn one_statement_for_a_queued_batch_and_one_winner_per_scope() {
     let (gate, gated) = Gate::close(&store, "gate-2").await;
     let before = store.batch_stats();
     let mut calls = Vec::new();
-    for lease in leases.iter().cloned() {
-        let store = store.inner.clone();
+    for lease in &leases {
+        let (store, lease) = (store.inner.clone(), lease.clone());
         calls.push(tokio::spawn(async move {
             store
                 .complete(&lease, &StoredResponse::new(201, "charged"))
@@ -229,6 +235,7 @@ async fn one_statement_for_a_queued_batch_and_one_winner_per_scope() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_member_fails_alone() {
     const NEIGHBOURS: usize = 10;
+    let _one_at_a_time = GATED.lock().await;
     let Some(store) = store("batch_poison").await else {
         return;
     };

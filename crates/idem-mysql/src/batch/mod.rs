@@ -12,7 +12,7 @@
 //!   a lone operation is written alone, straight away. Only what queues while every
 //!   drainer is busy waits, and goes in the next batch.
 //! - **A drainer keeps its connection while batches keep coming**, and a moment after
-//!   ([`LINGER`](run)), so that a request's completion and the next request are written
+//!   (`run::LINGER`), so that a request's completion and the next request are written
 //!   with no connection taken from the pool and given back (which sqlx pings).
 //! - **A reserve batch** is one `INSERT IGNORE` of every scope's fresh record, in the
 //!   scopes' primary-key order (the same in every batch, so that two batches lock what
