@@ -12,6 +12,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::pool::PoolConnectionMetadata;
 use sqlx::{Connection, MySqlConnection, MySqlPool};
 
+use crate::batch::{BatchConfig, Batcher, DEFAULT_MAX_BATCH};
 use crate::error::{KIND, connect_error};
 use crate::poller::{DEFAULT_WAIT_POLL, Poller};
 use crate::schema::{self, DEFAULT_TABLE};
@@ -50,6 +51,9 @@ pub struct MySqlStoreBuilder {
     max_connections: u32,
     migrate: bool,
     wait_poll: Duration,
+    batching: bool,
+    max_batch: usize,
+    batches_in_flight: Option<usize>,
 }
 
 impl fmt::Debug for MySqlStoreBuilder {
@@ -62,6 +66,9 @@ impl fmt::Debug for MySqlStoreBuilder {
             .field("max_connections", &self.max_connections)
             .field("migrate", &self.migrate)
             .field("wait_poll", &self.wait_poll)
+            .field("batching", &self.batching)
+            .field("max_batch", &self.max_batch)
+            .field("batches_in_flight", &self.batches_in_flight)
             .finish()
     }
 }
@@ -76,6 +83,9 @@ impl Default for MySqlStoreBuilder {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             migrate: true,
             wait_poll: DEFAULT_WAIT_POLL,
+            batching: true,
+            max_batch: DEFAULT_MAX_BATCH,
+            batches_in_flight: None,
         }
     }
 }
@@ -128,6 +138,30 @@ impl MySqlStoreBuilder {
     /// `wait-poll-ms` overrides it.
     pub fn wait_poll(mut self, every: Duration) -> Self {
         self.wait_poll = every;
+        self
+    }
+
+    /// Whether reserves and completions that queue while others are written go to the
+    /// server together, one statement and one commit per kind of operation for the
+    /// whole batch (on by default). A lone operation is written at once, alone. See
+    /// [`MySqlStore::batch_stats`].
+    pub fn batching(mut self, on: bool) -> Self {
+        self.batching = on;
+        self
+    }
+
+    /// The most operations one batch carries (default [`DEFAULT_MAX_BATCH`], at most
+    /// 256); more wait for the next batch.
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.max_batch = n.max(1);
+        self
+    }
+
+    /// The most batches written at once, each on a pooled connection of its own
+    /// (default: a quarter of the pool, at least one). Fewer make larger batches and
+    /// leave more connections to everything else.
+    pub fn batches_in_flight(mut self, n: usize) -> Self {
+        self.batches_in_flight = Some(n.max(1));
         self
     }
 
@@ -187,7 +221,24 @@ impl MySqlStoreBuilder {
                 self.operation_timeout,
             ))
         });
+        // A quarter of the pool: fewer, larger batches cost the server less per
+        // operation (measured: 2 at a time on MariaDB cost it half what 5 did per
+        // request, at the same throughput), and leave the rest of the pool to the
+        // single-row statements, the poller and a batch's one-by-one retries.
+        let in_flight = self.batches_in_flight.unwrap_or_else(|| {
+            usize::try_from(pool.options().get_max_connections() / 4).unwrap_or(1)
+        });
+        let batch = self.batching.then(|| {
+            Arc::new(Batcher::new(
+                BatchConfig {
+                    max_batch: self.max_batch,
+                    in_flight,
+                },
+                table.as_str(),
+            ))
+        });
         Ok(MySqlStore {
+            batch,
             sql: Arc::new(Statements::for_table(table.as_str())),
             poller,
             pool,

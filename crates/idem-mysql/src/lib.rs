@@ -21,6 +21,12 @@
 //!   The store sets no isolation level: its statements run in autocommit under the
 //!   server's default, REPEATABLE READ in both MySQL and MariaDB, and each reads what committed
 //!   before it.
+//! - **Shared commits** ([`MySqlStoreBuilder::batching`], on by default): reserves and
+//!   completions that queue while others are written go to the server together, one
+//!   multi-row statement (and so one commit) per kind of operation for the whole batch,
+//!   with exactly the single-row outcomes; a lone operation is written at once, alone.
+//!   A batch the server refuses (a deadlock among them) is written again one operation
+//!   at a time through the single-row statements ([`MySqlStore::batch_stats`]).
 //! - **Deadlocks and lock waits are retried.** A statement InnoDB rolled back for a lock
 //!   (1213, 1205) runs again, a bounded number of times within the operation timeout;
 //!   then the operation is [`StoreError::Unavailable`](idem_core::StoreError::Unavailable).
@@ -96,6 +102,7 @@
 //! # Ok(()) }
 //! ```
 
+mod batch;
 mod builder;
 mod error;
 mod list;
@@ -107,6 +114,7 @@ mod store;
 mod tls;
 mod write;
 
+pub use batch::{BatchStats, DEFAULT_MAX_BATCH};
 pub use builder::{DEFAULT_MAX_CONNECTIONS, DEFAULT_OPERATION_TIMEOUT, MySqlStoreBuilder, SCHEMES};
 /// What the builder, constructors and [`schema`] functions fail with: one type for
 /// every store.

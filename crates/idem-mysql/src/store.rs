@@ -13,6 +13,7 @@ use idem_core::{
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, MySqlPool};
 
+use crate::batch::{BatchStats, Batcher};
 use crate::error::{DUPLICATE_KEY, number, store_error};
 use crate::poller::Poller;
 use crate::schema;
@@ -21,9 +22,10 @@ use crate::statements::{Extra, Statements, record_from_row, row_id};
 /// A [`Store`] on MySQL or MariaDB, shared by every instance that points at the same
 /// table.
 ///
-/// Each operation is one to three statements on pooled connections, each in autocommit;
-/// "now" comes from the injected clock. Cloning is cheap and shares the
-/// pool.
+/// Each operation is one to three statements on pooled connections, each in autocommit,
+/// or, for reserves and completions, a share of a batch's
+/// ([`batching`](crate::MySqlStoreBuilder::batching)); "now" comes from the injected
+/// clock. Cloning is cheap and shares the pool.
 #[derive(Clone)]
 pub struct MySqlStore {
     pub(crate) pool: MySqlPool,
@@ -35,6 +37,9 @@ pub struct MySqlStore {
     /// What wakes waiting duplicates ([`crate::poller`]); `None` when turned off, or
     /// when the store was built outside a tokio runtime: its waiters poll.
     pub(crate) poller: Option<Arc<Poller>>,
+    /// The queue that writes reserves and completions in shared statements
+    /// ([`crate::batch`]); `None` when batching is off.
+    pub(crate) batch: Option<Arc<Batcher>>,
 }
 
 impl fmt::Debug for MySqlStore {
@@ -51,6 +56,14 @@ impl MySqlStore {
     /// [`complete_in`](Self::complete_in)).
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
+    }
+
+    /// Counters of the batching since the store was built (all zero when it is off):
+    /// how many batches and statements carried how many operations.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.batch
+            .as_ref()
+            .map_or_else(BatchStats::default, |b| b.stats())
     }
 
     /// The records table.
@@ -111,11 +124,21 @@ impl Store for MySqlStore {
     /// A plain insert, a plain read, a fenced takeover: see the crate's docs for why no
     /// statement takes a gap lock.
     async fn reserve(&self, req: &ReserveRequest) -> Result<Reservation, StoreError> {
-        self.reserve_record(req).await
+        if let Some(batch) = &self.batch {
+            return self.bounded(self.reserve_batched(batch, req)).await;
+        }
+        // Boxed: its state (a pooled connection's acquire, three statements) is
+        // kilobytes, which the batched path above would otherwise carry and copy.
+        Box::pin(self.reserve_record(req)).await
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        self.complete_pooled(lease, response).await
+        if let Some(batch) = &self.batch {
+            return self
+                .bounded(self.complete_batched(batch, lease, response))
+                .await;
+        }
+        Box::pin(self.complete_pooled(lease, response)).await
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<(), StoreError> {
@@ -332,6 +355,9 @@ impl Store for MySqlStore {
                 self.lock_retries.load(Ordering::Relaxed),
             ),
         ];
+        if let Some(batch) = &self.batch {
+            metrics.extend(batch.metrics());
+        }
         if let Some(poller) = &self.poller {
             metrics.push(StoreMetric::gauge(
                 "idem_mysql_watches",

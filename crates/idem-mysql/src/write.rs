@@ -18,11 +18,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use idem_core::{
-    FencingToken, Lease, Reservation, ReserveRequest, StoreError, StoredResponse, duration_millis,
-    release_unconfirmed_with,
+    FencingToken, Lease, Reservation, ReserveRequest, StoreError, StoredResponse, Timestamp,
+    duration_millis, release_unconfirmed_with,
 };
 use sqlx::AssertSqlSafe;
-use sqlx::mysql::MySqlConnection;
+use sqlx::mysql::{MySqlConnection, MySqlRow};
 
 use crate::error::{DUPLICATE_KEY, fenced_unless_one, lost_a_lock, number, store_error};
 use crate::statements::{Extra, record_from_row, row_id};
@@ -30,7 +30,7 @@ use crate::store::MySqlStore;
 
 /// How many times a reserve looks again at a row that changed under it (a release or
 /// an expiry between its statements) before it gives up as unavailable.
-const RESERVE_ROUNDS: usize = 16;
+pub(crate) const RESERVE_ROUNDS: usize = 16;
 
 /// How many times a statement InnoDB rolled back for a lock (1213, 1205) runs again
 /// before the operation fails as unavailable.
@@ -38,7 +38,7 @@ pub(crate) const LOCK_RETRIES: u32 = 8;
 
 /// What one round of a reserve found: an answer, or a row that changed between its
 /// statements, to look at again.
-enum Round {
+pub(crate) enum Round {
     Answer(Reservation),
     Again,
 }
@@ -126,8 +126,23 @@ impl MySqlStore {
         let Some(row) = row else {
             return Ok(Round::Again);
         };
-        let state: String = sqlx::Row::try_get(&row, "state")?;
-        let existing = record_from_row(scope, &row).map_err(|e| sqlx::Error::Decode(e.into()))?;
+        self.settle_on(&mut conn, req, token, now, &row).await
+    }
+
+    /// What a reserve of `req` makes of the row it read: the answer decide() gives, or
+    /// where that is to execute, the row taken over under `token` on `conn` if it is
+    /// still the row read.
+    pub(crate) async fn settle_on(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &ReserveRequest,
+        token: FencingToken,
+        now: Timestamp,
+        row: &MySqlRow,
+    ) -> Result<Round, sqlx::Error> {
+        let scope = &req.scope;
+        let state: String = sqlx::Row::try_get(row, "state")?;
+        let existing = record_from_row(scope, row).map_err(|e| sqlx::Error::Decode(e.into()))?;
         let read = (existing.token, existing.expires_at, existing.attempt);
         if let Some(answer) = Reservation::from_existing(existing, &req.fingerprint, now) {
             return Ok(Round::Answer(answer));
@@ -136,6 +151,9 @@ impl MySqlStore {
         // row read (same attempt's token, state and expiry) and its WHERE still holds, so
         // the attempt it writes is the one computed here from what was read.
         let (read_token, read_expires, read_attempt) = read;
+        let lease_until = now.plus(req.lease).as_millis();
+        let expires_at = req.expires_at(now).as_millis();
+        let fingerprint = &req.fingerprint.as_bytes()[..];
         let took = sqlx::query(AssertSqlSafe(self.sql.take_over.as_str()))
             .bind(now.as_millis())
             .bind(now.as_millis())
@@ -146,7 +164,7 @@ impl MySqlStore {
             .bind(fingerprint)
             .bind(token.as_i64())
             .bind(lease_until)
-            .bind(&id)
+            .bind(row_id(scope))
             .bind(read_token.as_i64())
             .bind(&state)
             .bind(read_expires.as_millis())
@@ -299,10 +317,10 @@ async fn backoff(lost: u32) {
 /// A first attempt's reservation whose insert may have committed unseen; released by
 /// its token when dropped armed, so that a retry soon executes rather than waiting out
 /// the lease.
-struct Unconfirmed<'a> {
-    store: &'a MySqlStore,
+pub(crate) struct Unconfirmed<'a> {
+    pub(crate) store: &'a MySqlStore,
     /// The reservation, while its outcome is unknown.
-    lease: Option<Lease>,
+    pub(crate) lease: Option<Lease>,
 }
 
 impl Drop for Unconfirmed<'_> {
