@@ -40,6 +40,7 @@ mod form;
 mod probes;
 pub mod profile;
 pub mod report;
+mod rpc;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -52,7 +53,7 @@ use clap::{Args, ValueEnum};
 use http::{HeaderName, HeaderValue, Method, Uri};
 
 pub use client::REDACTED;
-pub use probes::{Check, PROBES, ProbeReport, Status, describe};
+pub use probes::{Check, MCP_PROBES, PROBES, ProbeReport, Status, describe, probes_for};
 pub use profile::Profile;
 pub use report::Report;
 
@@ -299,6 +300,7 @@ fn target(args: &CheckArgs) -> Result<client::Target, UsageError> {
         kind,
         id_pointer: args.id_pointer.clone(),
         other_tenant,
+        rpc: args.profile == Profile::Mcp,
     })
 }
 
@@ -392,12 +394,13 @@ async fn run_probes(session: &client::Session, args: &CheckArgs) -> Report {
     };
     let progress = std::io::stderr().is_terminal();
     let mut reports = Vec::new();
-    for (i, (id, name)) in PROBES.iter().enumerate() {
+    let probes = probes_for(args.profile);
+    for (i, (id, name)) in probes.iter().enumerate() {
         if progress {
             eprint!(
                 "\r\x1b[2K[{}/{}] {name}… ({} requests so far)",
                 i + 1,
-                PROBES.len(),
+                probes.len(),
                 session.sent()
             );
             let _ = std::io::stderr().flush();

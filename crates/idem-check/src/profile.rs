@@ -225,6 +225,7 @@ mod tests {
             headers: map,
             body: bytes::Bytes::from(body.to_owned()),
             received: Instant::now(),
+            request_id: None,
         }
     }
 
