@@ -46,7 +46,7 @@ pub(super) async fn replay_id(p: &mut Probe<'_>) -> Result<(), Stop> {
         return Err(Stop("the retry was sent without an id".to_owned()));
     };
     let (ok, detail) = match rpc::answered_id(&b) {
-        Some(got) if got == Value::from(sent) => (
+        Some(got) if got == sent => (
             true,
             format!(
                 "the replay answered id {sent} to a request with id {sent} ({})",
