@@ -182,6 +182,7 @@ fn sent_ids(probe: &Value) -> Vec<u64> {
         .collect()
 }
 
+const ENVELOPE_LINE: &str = "[pass]            Envelope (MCP) — a new id and progressToken are the same call; changed arguments are refused";
 const REPLAY_ID_LINE: &str = "[fail]            Replay id (MCP) — a tool call's replay answers with the retry's own JSON-RPC id (JSON or event stream)";
 
 #[tokio::test(flavor = "multi_thread")]
@@ -274,11 +275,7 @@ async fn check_mcp_finds_a_replay_that_answers_the_first_requests_id() {
             && check.ends_with(": an MCP client waits for its own id and hangs (a JSON answer)"),
         "{check}"
     );
-    assert!(
-        lines.contains(&"[pass]            Envelope (MCP) — a new id and progressToken are the same call; changed arguments are refused"),
-        "{}",
-        run.stdout
-    );
+    assert!(lines.contains(&ENVELOPE_LINE), "{}", run.stdout);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -363,4 +360,26 @@ async fn check_mcp_passes_every_probe_through_the_gateway_json_and_event_stream(
             bodies[2]["params"]["arguments"]
         );
     }
+    let run = check(&gw.url("/rpc/sse"), &[]).await;
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        "Bottom line: idempotency holds for every probe that applied."
+    );
+    let passed = REPLAY_ID_LINE.replace("[fail]", "[pass]");
+    assert!(lines.contains(&passed.as_str()), "{}", run.stdout);
+    assert!(lines.contains(&ENVELOPE_LINE), "{}", run.stdout);
+    // Ten probes: tenants alone does not apply (no --other-tenant-header).
+    assert!(
+        lines.contains(&"[not applicable]  Tenants — the same key under another tenant never gets this tenant's answer"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains("\nPASSED: 10 probes: 9 passed, 0 failed, 1 not applicable; "),
+        "{}",
+        run.stdout
+    );
 }
