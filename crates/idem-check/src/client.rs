@@ -8,7 +8,7 @@
 //! write theirs by hand and read the answer with [`raw`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -80,6 +80,9 @@ pub struct Target {
     pub id_pointer: Option<String>,
     /// `--other-tenant-header`: replaces the header of the same name in the tenants probe.
     pub other_tenant: Option<(HeaderName, HeaderValue)>,
+    /// `--profile mcp`: every request carries a fresh JSON-RPC `id` and accepts JSON and
+    /// an event stream alike, as an MCP client does.
+    pub rpc: bool,
 }
 
 impl Target {
@@ -136,6 +139,9 @@ pub struct Answer {
     pub body: Bytes,
     /// When it was read.
     pub received: Instant,
+    /// The JSON-RPC `id` the request carried, when the checker gave it one
+    /// (`--profile mcp`).
+    pub request_id: Option<u64>,
 }
 
 impl Answer {
@@ -185,6 +191,8 @@ pub struct Session {
     /// The API under test.
     pub target: Target,
     sent: AtomicU32,
+    /// The last JSON-RPC `id` given to a request (`--profile mcp`).
+    rpc_id: AtomicU64,
     max_requests: u32,
     timeout: Duration,
     started: Instant,
@@ -223,6 +231,7 @@ impl Session {
         Session {
             target,
             sent: AtomicU32::new(0),
+            rpc_id: AtomicU64::new(0),
             max_requests,
             timeout,
             started: now,
@@ -318,6 +327,13 @@ impl Session {
                 out.push((http::header::CONTENT_TYPE, HeaderValue::from_static(ct)));
             }
         }
+        // An MCP client accepts both framings of an answer (Streamable HTTP).
+        if t.rpc && !t.headers.iter().any(|(n, _)| n == http::header::ACCEPT) {
+            out.push((
+                http::header::ACCEPT,
+                HeaderValue::from_static("application/json, text/event-stream"),
+            ));
+        }
         for k in &req.keys {
             // The probes only build keys a header can carry (the control-character one
             // is a tab, which HTTP allows in a field value).
@@ -330,10 +346,10 @@ impl Session {
 
     /// Sends `req` and reads the whole answer; the exchange is the evidence either way.
     pub async fn send(&self, label: &str, req: &Req) -> (Exchange, Result<Answer, Stop>) {
-        let (exchange, body, headers) = self.exchange(label, req);
+        let (exchange, body, headers, rpc_id) = self.exchange(label, req);
         let timeout = match self.take() {
             Ok(t) => t,
-            Err(stop) => return self.ended(exchange, None, Err(stop)),
+            Err(stop) => return self.ended(exchange, None, rpc_id, Err(stop)),
         };
         let path = self.target.uri.path_and_query().map_or("/", |p| p.as_str());
         let mut builder = http::Request::builder()
@@ -347,7 +363,7 @@ impl Session {
             Ok(r) => r,
             Err(e) => {
                 let stop = Stop(format!("the request cannot be built: {e}"));
-                return self.ended(exchange, None, Err(stop));
+                return self.ended(exchange, None, rpc_id, Err(stop));
             }
         };
         let sent = Instant::now();
@@ -377,6 +393,7 @@ impl Session {
                     headers,
                     body,
                     received: Instant::now(),
+                    request_id: None,
                 };
                 Ok::<_, String>((answer, head))
             };
@@ -391,7 +408,7 @@ impl Session {
                 humantime::format_duration(timeout)
             ))),
         };
-        self.ended(exchange, Some(sent), result)
+        self.ended(exchange, Some(sent), rpc_id, result)
     }
 
     /// The bytes of `req` on the wire, written by hand: HTTP/1.1, `Connection: close`.
@@ -426,10 +443,10 @@ impl Session {
         mut arrival: Arrival,
         mut go: watch::Receiver<bool>,
     ) -> (Exchange, Result<Answer, Stop>) {
-        let (exchange, body, headers) = self.exchange(label, req);
+        let (exchange, body, headers, rpc_id) = self.exchange(label, req);
         let timeout = match self.take() {
             Ok(t) => t,
-            Err(stop) => return self.ended(exchange, None, Err(stop)),
+            Err(stop) => return self.ended(exchange, None, rpc_id, Err(stop)),
         };
         let raw = self.raw_request(&headers, &body);
         let (all_but_last, last) = raw.split_at(raw.len() - 1);
@@ -466,13 +483,13 @@ impl Session {
             ))),
         };
         drop(arrival);
-        self.ended(exchange, sent, result)
+        self.ended(exchange, sent, rpc_id, result)
     }
 
     /// Writes `req` on a fresh connection and closes it before reading anything: a
     /// client whose answer was lost.
     pub async fn send_and_hang_up(&self, label: &str, req: &Req) -> (Exchange, Result<(), Stop>) {
-        let (mut exchange, body, headers) = self.exchange(label, req);
+        let (mut exchange, body, headers, _) = self.exchange(label, req);
         let timeout = match self.take() {
             Ok(t) => t,
             Err(stop) => {

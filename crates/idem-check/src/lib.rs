@@ -2,10 +2,11 @@
 //!
 //! The checker sends requests to that one URL (`http://` or `https://`), bounded in
 //! count (`--max-requests`) and time (`--timeout` per request, `--total-timeout` for the
-//! run), and reports eight probes, each pass, fail or not applicable, with the requests
-//! and answers behind the verdict (credential headers redacted). The report starts with
-//! its bottom line in one plain sentence: the API ignores the key (a retry executed
-//! again), idempotency holds for every probe that applied, or which guarantee broke.
+//! run), and reports eight probes (ten under `--profile mcp`), each pass, fail or not
+//! applicable, with the requests and answers behind the verdict (credential headers
+//! redacted). The report starts with its bottom line in one plain sentence: the API
+//! ignores the key (a retry executed again), idempotency holds for every probe that
+//! applied, or which guarantee broke.
 //!
 //! | probe | passes when |
 //! |---|---|
@@ -18,12 +19,19 @@
 //! | `tenants` | with `--other-tenant-header`, the same key under another tenant gets its own answer, never the first tenant's (nor a 409 or a mismatch refusal from its record) |
 //! | `replayed_headers` | a replay a second later carries no recorded `Set-Cookie` or `Date`; `Idempotent-Replayed` is reported when present (and under `--profile acp`, an echoed `Idempotency-Key`) |
 //!
+//! | `mcp_replay_id` (`--profile mcp`) | a tool call's replay answers the retry's own JSON-RPC `id`, in a JSON answer or an event stream |
+//! | `mcp_envelope` (`--profile mcp`) | a new `id` and `_meta.progressToken` are the same call (a replay, not a refusal); changed `params.arguments` are refused |
+//!
+//! Under `--profile mcp` every request carries a fresh JSON-RPC `id` (the body's
+//! top-level `id` value rewritten in place) and accepts JSON and event-stream answers,
+//! which are compared as responses with their `id`s aside.
+//!
 //! When the replay probe sees the retry execute again, `equivalent_json`, `tenants` and
 //! `replayed_headers` are not applicable ("replay does not hold, so … cannot be
 //! judged"), and no check that a second execution would satisfy by chance (a matching
 //! status) reads as a pass.
 //!
-//! `--profile ietf|stripe|acp|ucp` says which dialect the API's refusals are judged by
+//! `--profile ietf|stripe|acp|ucp|mcp` says which dialect the API's refusals are judged by
 //! (see [`profile`]). Every probe uses keys of its own (`idem-check-` and 32 random hex
 //! digits), so a run creates resources: point it at a staging API.
 //!
@@ -40,6 +48,7 @@ mod form;
 mod probes;
 pub mod profile;
 pub mod report;
+mod rpc;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -52,7 +61,7 @@ use clap::{Args, ValueEnum};
 use http::{HeaderName, HeaderValue, Method, Uri};
 
 pub use client::REDACTED;
-pub use probes::{Check, PROBES, ProbeReport, Status, describe};
+pub use probes::{Check, MCP_PROBES, PROBES, ProbeReport, Status, describe, probes_for};
 pub use profile::Profile;
 pub use report::Report;
 
@@ -299,6 +308,7 @@ fn target(args: &CheckArgs) -> Result<client::Target, UsageError> {
         kind,
         id_pointer: args.id_pointer.clone(),
         other_tenant,
+        rpc: args.profile == Profile::Mcp,
     })
 }
 
@@ -392,12 +402,13 @@ async fn run_probes(session: &client::Session, args: &CheckArgs) -> Report {
     };
     let progress = std::io::stderr().is_terminal();
     let mut reports = Vec::new();
-    for (i, (id, name)) in PROBES.iter().enumerate() {
+    let probes = probes_for(args.profile);
+    for (i, (id, name)) in probes.iter().enumerate() {
         if progress {
             eprint!(
                 "\r\x1b[2K[{}/{}] {name}… ({} requests so far)",
                 i + 1,
-                PROBES.len(),
+                probes.len(),
                 session.sent()
             );
             let _ = std::io::stderr().flush();

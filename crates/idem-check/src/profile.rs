@@ -154,7 +154,12 @@ impl Expectations for Profile {
         let mut seen = vec![format!("answered {}", a.status)];
         let mut ok = a.status == status;
         if ok {
-            let body = a.json();
+            // A tool call's refusal may come framed as an event stream.
+            let body = if self == Profile::Mcp {
+                super::rpc::response(a)
+            } else {
+                a.json()
+            };
             for (pointer, want) in fields {
                 let got = body
                     .as_ref()
@@ -225,6 +230,7 @@ mod tests {
             headers: map,
             body: bytes::Bytes::from(body.to_owned()),
             received: Instant::now(),
+            request_id: None,
         }
     }
 
@@ -362,6 +368,31 @@ mod tests {
         );
         assert!(Profile::Acp.judge(Refusal::MalformedKey, &malformed).ok);
         assert!(!Profile::Acp.judge(Refusal::MissingKey, &malformed).ok);
+    }
+
+    #[test]
+    fn mcp_refusals_are_read_from_json_and_from_an_event_stream() {
+        let error = r#"{"jsonrpc":"2.0","id":2,"error":{"code":-32600,"message":"…","data":{"code":"idempotency_conflict"}}}"#;
+        let json = answer(200, &[("content-type", "application/json")], error);
+        assert!(Profile::Mcp.judge(Refusal::Mismatch, &json).ok);
+        let sse = answer(
+            200,
+            &[("content-type", "text/event-stream")],
+            &format!("event: message\ndata: {error}\n\n"),
+        );
+        assert!(Profile::Mcp.judge(Refusal::Mismatch, &sse).ok);
+        let result = answer(
+            200,
+            &[("content-type", "text/event-stream")],
+            "data: {\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{}}\n\n",
+        );
+        let j = Profile::Mcp.judge(Refusal::Mismatch, &result);
+        assert!(!j.ok);
+        assert_eq!(
+            j.detail,
+            "answered 200, no error.data.code instead of 200, error.data.code \
+             \"idempotency_conflict\" (--profile mcp)"
+        );
     }
 
     #[test]

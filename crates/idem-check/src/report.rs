@@ -130,6 +130,14 @@ pub fn bottom_line(probes: &[ProbeReport]) -> String {
             "replayed_headers" => {
                 "a replay carries headers it must not (Set-Cookie or Date)".to_owned()
             }
+            "mcp_replay_id" => {
+                "a tool call's replay answers with another request's id, so the client waits \
+                 for its own"
+                    .to_owned()
+            }
+            "mcp_envelope" => {
+                "a tool call is told apart by its envelope, not its arguments".to_owned()
+            }
             other => format!("the {other} probe failed"),
         }
     } else {

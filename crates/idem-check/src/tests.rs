@@ -157,3 +157,24 @@ fn credential_headers_are_secret() {
         assert!(!t.is_secret(&HeaderName::from_static(name)), "{name}");
     }
 }
+
+#[test]
+fn only_the_mcp_profile_runs_the_mcp_probes_and_gives_fresh_ids() {
+    for profile in Profile::ALL {
+        let ids: Vec<&str> = probes_for(profile).iter().map(|(id, _)| *id).collect();
+        let base: Vec<&str> = PROBES.iter().map(|(id, _)| *id).collect();
+        if profile == Profile::Mcp {
+            assert_eq!(ids[..base.len()], base[..]);
+            assert_eq!(ids[base.len()..], ["mcp_replay_id", "mcp_envelope"]);
+        } else {
+            assert_eq!(ids, base, "{profile:?}");
+        }
+        for id in ids {
+            assert!(!describe(id).is_empty(), "{id}");
+        }
+    }
+    let mcp = target(&parse(&["http://127.0.0.1:1/mcp", "--profile", "mcp"])).unwrap();
+    assert!(mcp.rpc);
+    let ietf = target(&parse(&["http://127.0.0.1:1/mcp"])).unwrap();
+    assert!(!ietf.rpc);
+}

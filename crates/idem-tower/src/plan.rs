@@ -155,7 +155,9 @@ fn admit_call(
         refusal,
     };
     let key = PlanKey::Call(Box::new(call));
-    Admission::Keyed(Box::new(Plan::new(config, route, parts, method, key, tenant)))
+    Admission::Keyed(Box::new(Plan::new(
+        config, route, parts, method, key, tenant,
+    )))
 }
 
 /// [`DEFAULT_KEYED_METHODS`](crate::mcp::DEFAULT_KEYED_METHODS), made once.

@@ -5,6 +5,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 use serde::Serialize;
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{Answer, EVIDENCE_BODY_CHARS, REDACTED, Req, Session, Stop};
@@ -104,12 +105,22 @@ impl Session {
         }
     }
 
+    /// The evidence of `req` before it is sent, its body and headers, and the JSON-RPC
+    /// `id` its body was given (`--profile mcp`: a fresh one for every request).
     pub(super) fn exchange(
         &self,
         label: &str,
         req: &Req,
-    ) -> (Exchange, Bytes, Vec<(HeaderName, HeaderValue)>) {
-        let body = req.body.clone().unwrap_or_else(|| self.target.body.clone());
+    ) -> (Exchange, Bytes, Vec<(HeaderName, HeaderValue)>, Option<u64>) {
+        let mut body = req.body.clone().unwrap_or_else(|| self.target.body.clone());
+        let mut rpc_id = None;
+        if self.target.rpc {
+            let id = self.rpc_id.fetch_add(1, Ordering::SeqCst) + 1;
+            if let Some(with_id) = crate::rpc::with_id(&body, id) {
+                body = Bytes::from(with_id);
+                rpc_id = Some(id);
+            }
+        }
         let headers = self.headers(req);
         let exchange = Exchange {
             label: label.to_owned(),
@@ -118,7 +129,7 @@ impl Session {
             error: None,
             timing: None,
         };
-        (exchange, body, headers)
+        (exchange, body, headers, rpc_id)
     }
 
     /// Records how an exchange ended: its answer, or why there is none.
@@ -126,6 +137,7 @@ impl Session {
         &self,
         mut exchange: Exchange,
         sent: Option<Instant>,
+        rpc_id: Option<u64>,
         result: Result<(Answer, Instant), Stop>,
     ) -> (Exchange, Result<Answer, Stop>) {
         let answered = result.as_ref().ok().map(|(_, head)| self.micros(*head));
@@ -134,7 +146,8 @@ impl Session {
             answered_us: answered,
         });
         match result {
-            Ok((answer, _)) => {
+            Ok((mut answer, _)) => {
+                answer.request_id = rpc_id;
                 exchange.response = Some(self.show_answer(&answer));
                 (exchange, Ok(answer))
             }

@@ -35,6 +35,7 @@ pub(super) async fn read_answer<R: AsyncRead + Unpin>(
                 headers,
                 body,
                 received: Instant::now(),
+                request_id: None,
             };
             return Ok((answer, head));
         }

@@ -254,7 +254,7 @@ fn identity(p: &Probe<'_>, a: &Answer) -> String {
     match p.id_of(a) {
         Some(id) => format!("id {id}"),
         None if p.s.target.id_pointer.is_some() => "no id".to_owned(),
-        None => format!("body {}", String::from_utf8_lossy(&a.body)),
+        None => format!("body {}", p.body_identity(a)),
     }
 }
 
@@ -302,7 +302,7 @@ pub(super) async fn payload_mismatch(p: &mut Probe<'_>) -> Result<(), Stop> {
                 p.executed_again = true;
                 detail.push_str(&format!(": it executed again (id {x}, then {y})"));
             }
-            _ if a.body != b.body => detail.push_str(": a new answer (it executed again?)"),
+            _ if !p.same_body(&a, &b) => detail.push_str(": a new answer (it executed again?)"),
             _ => detail.push_str(": the first answer, replayed for another payload"),
         }
     }

@@ -8,6 +8,7 @@ use super::client::{Exchange, Session, Stop};
 use super::profile::Profile;
 
 mod execution;
+mod mcp;
 pub(crate) mod probe;
 mod requests;
 
@@ -53,7 +54,8 @@ pub struct Check {
 #[derive(Debug, Clone, Serialize)]
 pub struct ProbeReport {
     /// A stable identifier: `replay`, `concurrent_duplicates`, `lost_answer`,
-    /// `payload_mismatch`, `keys`, `equivalent_json`, `tenants`, `replayed_headers`.
+    /// `payload_mismatch`, `keys`, `equivalent_json`, `tenants`, `replayed_headers`;
+    /// under `--profile mcp` also `mcp_replay_id` and `mcp_envelope`.
     pub id: &'static str,
     /// A human name.
     pub name: &'static str,
@@ -73,7 +75,7 @@ pub struct ProbeReport {
     pub executed_again: bool,
 }
 
-/// The probes, in the order they run: `(id, name)`.
+/// The probes every profile runs, in the order they run: `(id, name)`.
 pub const PROBES: &[(&str, &str)] = &[
     ("replay", "Replay"),
     ("concurrent_duplicates", "Concurrent duplicates"),
@@ -86,6 +88,22 @@ pub const PROBES: &[(&str, &str)] = &[
     ("tenants", "Tenants"),
     ("replayed_headers", "Replayed headers"),
 ];
+
+/// The probes only `--profile mcp` runs, after [`PROBES`]: `(id, name)`.
+pub const MCP_PROBES: &[(&str, &str)] = &[
+    ("mcp_replay_id", "Replay id (MCP)"),
+    ("mcp_envelope", "Envelope (MCP)"),
+];
+
+/// The probes a run under `profile` makes, in the order they run: [`PROBES`], and under
+/// `mcp` the [`MCP_PROBES`] after them.
+pub fn probes_for(profile: Profile) -> Vec<(&'static str, &'static str)> {
+    let mut all = PROBES.to_vec();
+    if profile == Profile::Mcp {
+        all.extend_from_slice(MCP_PROBES);
+    }
+    all
+}
 
 /// What the probe `id` tests, in one line.
 pub fn describe(id: &str) -> &'static str {
@@ -103,6 +121,13 @@ pub fn describe(id: &str) -> &'static str {
         }
         "tenants" => "the same key under another tenant never gets this tenant's answer",
         "replayed_headers" => "a replay carries no recorded Set-Cookie or Date",
+        "mcp_replay_id" => {
+            "a tool call's replay answers with the retry's own JSON-RPC id (JSON or event \
+             stream)"
+        }
+        "mcp_envelope" => {
+            "a new id and progressToken are the same call; changed arguments are refused"
+        }
         _ => "",
     }
 }
@@ -135,6 +160,8 @@ pub async fn run(id: &'static str, name: &'static str, s: &Session, opts: Option
         "equivalent_json" => equivalent_json(&mut p).await,
         "tenants" => tenants(&mut p).await,
         "replayed_headers" => replayed_headers(&mut p).await,
+        "mcp_replay_id" => mcp::replay_id(&mut p).await,
+        "mcp_envelope" => mcp::envelope(&mut p).await,
         other => Err(Stop(format!("no probe named {other}"))),
     };
     p.finish(id, name, result.err(), started)

@@ -80,6 +80,22 @@ impl<'a> Probe<'a> {
         Ok(a)
     }
 
+    /// What tells `a`'s execution from another's by its body: the bytes, or under
+    /// `--profile mcp` the JSON-RPC response with its `id` left out (every request
+    /// carries an id of its own, and a replay answers with the retry's).
+    pub(super) fn body_identity(&self, a: &Answer) -> String {
+        if self.s.target.rpc {
+            crate::rpc::identity(a)
+        } else {
+            String::from_utf8_lossy(&a.body).into_owned()
+        }
+    }
+
+    /// Whether `a` and `b` carry the same body, as [`Probe::body_identity`] tells them.
+    pub(super) fn same_body(&self, a: &Answer, b: &Answer) -> bool {
+        a.body == b.body || (self.s.target.rpc && self.body_identity(a) == self.body_identity(b))
+    }
+
     pub(super) fn id_of(&self, a: &Answer) -> Option<String> {
         a.id(self.s.target.id_pointer.as_deref()?)
     }
@@ -103,7 +119,7 @@ impl<'a> Probe<'a> {
                 ),
             ));
         }
-        let same_body = a.body == b.body;
+        let same_body = self.same_body(a, b);
         another |= !same_body && a.accepted() && b.accepted();
         if another {
             self.executed_again = true;
@@ -129,7 +145,9 @@ impl<'a> Probe<'a> {
         self.judge(
             &format!("{name}: same body"),
             same_body,
-            if same_body {
+            if same_body && a.body != b.body {
+                "the same JSON-RPC response, each with its request's id".to_owned()
+            } else if same_body {
                 count(a.body.len(), "identical byte", "identical bytes")
             } else if another {
                 "the bodies differ: the request executed again (see the exchanges)".to_owned()

@@ -28,6 +28,7 @@ mod key_sources;
 mod late_reply;
 mod log_pipes;
 mod mcp;
+mod mcp_check;
 mod mcp_sdk;
 mod migration;
 mod mtls;
