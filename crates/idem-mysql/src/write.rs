@@ -326,15 +326,30 @@ pub(crate) struct Unconfirmed<'a> {
 impl Drop for Unconfirmed<'_> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
-            let store = self.store.clone();
-            release_unconfirmed_with(move || {
-                let (store, lease) = (store.clone(), lease.clone());
-                async move {
-                    let sql = store.sql.release_unconfirmed.as_str();
-                    store.fenced(sql, &lease, &[]).await
-                }
-            });
+            self.store.release_in_background(lease);
         }
+    }
+}
+
+/// The least time a release of an unconfirmed reservation gets, whatever the store's
+/// operation timeout: the caller that timed out gave up on its reserve, not on freeing
+/// the key its reserve may have taken.
+const MIN_RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl MySqlStore {
+    /// Releases, fenced by its token and in the background, a reservation written (or
+    /// perhaps written) for a caller that never heard of it, so that its retry executes
+    /// at once rather than after the lease.
+    pub(crate) fn release_in_background(&self, lease: Lease) {
+        let mut store = self.clone();
+        store.operation_timeout = store.operation_timeout.max(MIN_RELEASE_TIMEOUT);
+        release_unconfirmed_with(move || {
+            let (store, lease) = (store.clone(), lease.clone());
+            async move {
+                let sql = store.sql.release_unconfirmed.as_str();
+                store.fenced(sql, &lease, &[]).await
+            }
+        });
     }
 }
 

@@ -5,10 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{
-    FencingToken, Lease, Reservation, ReserveRequest, StoreError, StoredResponse,
-    release_unconfirmed_with,
-};
+use idem_core::{FencingToken, Lease, Reservation, ReserveRequest, StoreError, StoredResponse};
 use sqlx::MySql;
 use sqlx::pool::PoolConnection;
 use tokio::sync::oneshot;
@@ -134,13 +131,30 @@ impl MySqlStore {
             };
             batcher.count_batch(batch.len());
             // Dropped mid-statement by the timeout, the batch's members hear nothing:
-            // their callers answer `Unavailable` and release what they may have written.
-            let fit = tokio::time::timeout(
+            // their callers answer `Unavailable`. What its reserves may have written is
+            // released here, by their tokens, since a caller that already gave up (and
+            // released before the insert landed) would leave its key held for a lease.
+            let reserved: Vec<Lease> = batch
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Reserve(op) => Some(op.req.lease_for(op.token, 1)),
+                    Op::Complete(_) => None,
+                })
+                .collect();
+            let fit = match tokio::time::timeout(
                 self.operation_timeout,
                 self.write(&batcher, &mut conn, batch),
             )
             .await
-            .unwrap_or(false);
+            {
+                Ok(fit) => fit,
+                Err(_) => {
+                    reserved
+                        .into_iter()
+                        .for_each(|lease| self.release_in_background(lease));
+                    false
+                }
+            };
             written += 1;
             if !fit {
                 // Not given back to the pool for the next caller: closed.
@@ -190,14 +204,7 @@ impl MySqlStore {
             })) => op.req.lease_for(op.token, 1),
             Err(_) => return,
         };
-        let store = self.clone();
-        release_unconfirmed_with(move || {
-            let (store, lease) = (store.clone(), unheard.clone());
-            async move {
-                let sql = store.sql.release_unconfirmed.as_str();
-                store.fenced(sql, &lease, &[]).await
-            }
-        });
+        self.release_in_background(unheard);
     }
 
     /// Queues the operation `make` builds around its reply channel, starts a drainer
