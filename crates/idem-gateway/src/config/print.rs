@@ -53,6 +53,15 @@ pub(super) fn quoted(s: &str) -> String {
     toml::Value::String(s.to_owned()).to_string()
 }
 
+/// A retention choice as `check-config` prints it.
+pub(super) fn print_choice(choice: &idem_tower::HeaderChoice) -> Result<String, &'static str> {
+    match choice {
+        idem_tower::HeaderChoice::Profile => Err("the profile's: Idempotency-TTL under acp, none otherwise"),
+        idem_tower::HeaderChoice::Off => Ok(quoted("off")),
+        idem_tower::HeaderChoice::Named(name) => Ok(quoted(name.as_str())),
+    }
+}
+
 /// A value's `Display`, as a TOML string.
 pub(super) fn shown(value: impl Display) -> String {
     quoted(&value.to_string())
@@ -270,7 +279,7 @@ impl GatewayConfig {
             None => t.note("profile", "the global profile"),
         }
         match &r.retention_header {
-            Some(choice) => match super::publish::print_choice(choice) {
+            Some(choice) => match print_choice(choice) {
                 Ok(value) => t.set("retention_header", value),
                 Err(note) => t.note("retention_header", note),
             },

@@ -8,7 +8,6 @@ use http::HeaderName;
 use idem_tower::{HeaderChoice, LAYER_HEADERS};
 
 use super::error::{ConfigError, invalid};
-use super::print::quoted;
 use super::{GatewayConfig, ServeArgs};
 
 /// Headers the gateway writes or that carry something else end to end, besides those
@@ -111,15 +110,6 @@ pub(super) fn document_path(a: &ServeArgs) -> Result<Option<String>, ConfigError
         return Err(refuse("has an empty, `.` or `..` segment"));
     }
     Ok(Some(path.to_owned()))
-}
-
-/// A retention choice as `check-config` prints it.
-pub(super) fn print_choice(choice: &HeaderChoice) -> Result<String, &'static str> {
-    match choice {
-        HeaderChoice::Profile => Err("the profile's: Idempotency-TTL under acp, none otherwise"),
-        HeaderChoice::Off => Ok(quoted("off")),
-        HeaderChoice::Named(name) => Ok(quoted(name.as_str())),
-    }
 }
 
 impl GatewayConfig {

@@ -139,7 +139,7 @@ settings! {
     #[arg(long, env = "IDEM_RETENTION_HEADER", value_name = "NAME|off")]
     pub retention_header: Option<String>, live
         => retention_header: HeaderChoice = |a| publish::choice(a.retention_header.as_deref(), "retention_header"),
-        print |c, _| publish::print_choice(&c.retention_header);
+        print |c, _| print::print_choice(&c.retention_header);
 
     /// The header that marks a replayed answer [default: Idempotent-Replayed].
     #[arg(long, env = "IDEM_REPLAY_HEADER", value_name = "NAME")]
