@@ -28,6 +28,19 @@ pub const DEFAULT_RESPONSE_LIMIT: usize = 8 * 1024 * 1024;
 pub const DEFAULT_RELEASE_STATUSES: [u16; 12] =
     [400, 401, 403, 404, 405, 408, 409, 413, 415, 422, 429, 503];
 
+impl crate::OperationState {
+    /// The state after the upstream's answer with `status` released the key: not
+    /// started only where the status is one SPEC S6 defines as "did not start" and no
+    /// earlier attempt may have acted (`recovered` is false).
+    pub fn of_released(status: StatusCode, recovered: bool) -> crate::OperationState {
+        if !recovered && DEFAULT_RELEASE_STATUSES.contains(&status.as_u16()) {
+            crate::OperationState::NotStarted
+        } else {
+            crate::OperationState::Unknown
+        }
+    }
+}
+
 /// The response statuses that release the key instead of recording the answer (SPEC
 /// S6); by default [`DEFAULT_RELEASE_STATUSES`]. Cheap to clone: the set is shared.
 ///

@@ -7,10 +7,7 @@
 //! released answers, and the layer's own problems. A problem carries it in its body as
 //! well, as the member `operation_state` of the profile's error object.
 
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-
-use crate::config::DEFAULT_RELEASE_STATUSES;
-use crate::problem::ProblemKind;
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The header that says where the operation under the request's key stands.
 pub const IDEMPOTENCY_OPERATION_STATE: HeaderName =
@@ -55,61 +52,6 @@ impl OperationState {
             OperationState::InProgress => "in_progress",
             OperationState::Completed => "completed",
             OperationState::Unknown => "unknown",
-        }
-    }
-
-    /// The state a problem of `kind` says by itself; where it depends on the key's
-    /// record (a key reused with another payload, a takeover), the layer says it instead.
-    pub fn of_problem(kind: ProblemKind) -> OperationState {
-        match kind {
-            // Refused before the key was reserved, or (a new key over its rate) reserved
-            // and released before anything was forwarded.
-            ProblemKind::InvalidKey
-            | ProblemKind::MissingKey
-            | ProblemKind::BodyUnreadable
-            | ProblemKind::MissingTenant
-            | ProblemKind::InvalidCredential
-            | ProblemKind::CredentialUnavailable
-            | ProblemKind::InvalidPath
-            | ProblemKind::InvalidHost
-            | ProblemKind::InvalidMethodOverride
-            | ProblemKind::AmbiguousHeader
-            | ProblemKind::DuplicateJsonMember
-            | ProblemKind::UnreadableJson
-            | ProblemKind::InvalidJsonRpc
-            | ProblemKind::BodyTooLarge
-            | ProblemKind::BodyTimeout
-            | ProblemKind::TooManyInFlight
-            | ProblemKind::KeyRateExceeded
-            | ProblemKind::UpstreamUnreachable => OperationState::NotStarted,
-            ProblemKind::RequestInProgress => OperationState::InProgress,
-            // A tombstone: it completed once. The others are recorded in place of an
-            // answer, or are a recorded answer that cannot be given now.
-            ProblemKind::KeyExpired
-            | ProblemKind::HandlerFailed
-            | ProblemKind::ResponseTooLarge
-            | ProblemKind::ReplayUnavailable
-            | ProblemKind::UpstreamAnswerTooLarge => OperationState::Completed,
-            // The record could not be read; or the request was sent and no answer came.
-            // A reused key's record is read for its state where it can be. A reservation
-            // confirmed late was not executed under, but its lease may have lapsed in
-            // the meantime and another attempt taken the key over and acted.
-            ProblemKind::StoreUnavailable
-            | ProblemKind::ReservationLate
-            | ProblemKind::UpstreamTimeout
-            | ProblemKind::UpstreamConnectionLost
-            | ProblemKind::KeyReused => OperationState::Unknown,
-        }
-    }
-
-    /// The state after the upstream's answer with `status` released the key: not
-    /// started only where the status is one SPEC S6 defines as "did not start" and no
-    /// earlier attempt may have acted (`recovered` is false).
-    pub fn of_released(status: StatusCode, recovered: bool) -> OperationState {
-        if !recovered && DEFAULT_RELEASE_STATUSES.contains(&status.as_u16()) {
-            OperationState::NotStarted
-        } else {
-            OperationState::Unknown
         }
     }
 
@@ -158,39 +100,6 @@ mod tests {
     }
 
     #[test]
-    fn problems_say_where_the_operation_stands() {
-        use OperationState::*;
-        let cases = [
-            (ProblemKind::InvalidKey, NotStarted),
-            (ProblemKind::MissingKey, NotStarted),
-            (ProblemKind::KeyRateExceeded, NotStarted),
-            (ProblemKind::UpstreamUnreachable, NotStarted),
-            (ProblemKind::RequestInProgress, InProgress),
-            (ProblemKind::KeyExpired, Completed),
-            (ProblemKind::HandlerFailed, Completed),
-            (ProblemKind::UpstreamAnswerTooLarge, Completed),
-            (ProblemKind::UpstreamTimeout, Unknown),
-            (ProblemKind::UpstreamConnectionLost, Unknown),
-            (ProblemKind::StoreUnavailable, Unknown),
-        ];
-        for (kind, state) in cases {
-            assert_eq!(OperationState::of_problem(kind), state, "{kind:?}");
-        }
-    }
-
-    #[test]
-    fn a_released_answer_is_not_started_only_for_s6_statuses_on_a_first_attempt() {
-        let of = |code: u16, recovered| {
-            OperationState::of_released(StatusCode::from_u16(code).unwrap(), recovered)
-        };
-        assert_eq!(of(409, false), OperationState::NotStarted);
-        assert_eq!(of(503, false), OperationState::NotStarted);
-        assert_eq!(of(500, false), OperationState::Unknown);
-        assert_eq!(of(502, false), OperationState::Unknown);
-        assert_eq!(of(409, true), OperationState::Unknown);
-    }
-
-    #[test]
     fn a_record_in_progress_is_unknown_once_its_lease_lapsed() {
         let at = idem_core::Timestamp::from_millis(1_000);
         let live = idem_core::RecordState::InProgress {
@@ -213,5 +122,17 @@ mod tests {
             OperationState::of_record(&gone, at),
             OperationState::Completed
         );
+    }
+
+    #[test]
+    fn a_released_answer_is_not_started_only_for_s6_statuses_on_a_first_attempt() {
+        let of = |code: u16, recovered| {
+            OperationState::of_released(http::StatusCode::from_u16(code).unwrap(), recovered)
+        };
+        assert_eq!(of(409, false), OperationState::NotStarted);
+        assert_eq!(of(503, false), OperationState::NotStarted);
+        assert_eq!(of(500, false), OperationState::Unknown);
+        assert_eq!(of(502, false), OperationState::Unknown);
+        assert_eq!(of(409, true), OperationState::Unknown);
     }
 }

@@ -56,7 +56,9 @@ pub(super) fn quoted(s: &str) -> String {
 /// A retention choice as `check-config` prints it.
 pub(super) fn print_choice(choice: &idem_tower::HeaderChoice) -> Result<String, &'static str> {
     match choice {
-        idem_tower::HeaderChoice::Profile => Err("the profile's: Idempotency-TTL under acp, none otherwise"),
+        idem_tower::HeaderChoice::Profile => {
+            Err("the profile's: Idempotency-TTL under acp, none otherwise")
+        }
         idem_tower::HeaderChoice::Off => Ok(quoted("off")),
         idem_tower::HeaderChoice::Named(name) => Ok(quoted(name.as_str())),
     }
