@@ -42,31 +42,39 @@ async fn sdk() -> Option<String> {
 }
 
 /// The SDK's server on a port of its own, answering in `answers` (`json` or `sse`),
-/// once it accepts connections.
+/// once it accepts connections. Its imports take seconds on a busy machine: it is given
+/// a minute, and a server that exits first is reported with what it said.
 async fn server(sdk: &str, answers: &str) -> (tokio::process::Child, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let child = tokio::process::Command::new("python3")
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = tokio::process::Command::new("python3")
         .env("PYTHONPATH", sdk)
         .args([SERVER, &port.to_string(), answers])
         .kill_on_drop(true)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(log.reopen().unwrap())
         .spawn()
         .unwrap();
-    for _ in 0..200 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while tokio::time::Instant::now() < deadline {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
         {
             return (child, port);
         }
+        if let Some(status) = child.try_wait().unwrap() {
+            let said = std::fs::read_to_string(log.path()).unwrap_or_default();
+            panic!("the MCP server exited ({status}) before it listened on {port}:\n{said}");
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("the MCP server did not listen on {port} within 10 s");
+    let said = std::fs::read_to_string(log.path()).unwrap_or_default();
+    panic!("the MCP server did not listen on {port} within 60 s:\n{said}");
 }
 
 /// The SDK client's run against `url`, as the JSON line it prints.
